@@ -1,0 +1,28 @@
+// A read-only memory-mapped file. Model weights are used in place (zero-copy) from the map.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ember {
+
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Asks the kernel to read the whole file ahead (used before timing generation).
+  void prefetch() const;
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace ember

@@ -1,0 +1,145 @@
+#include "gguf/writer.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.hpp"
+
+namespace ember::gguf {
+namespace {
+
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+  size_t n = out.size();
+  out.resize(n + sizeof(T));
+  std::memcpy(out.data() + n, &v, sizeof(T));
+}
+
+void put_string(std::vector<uint8_t>& out, const std::string& s) {
+  put<uint64_t>(out, s.size());
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+void put_value(std::vector<uint8_t>& out, const Value& v) {
+  switch (v.type) {
+    case ValueType::U8: put<uint8_t>(out, static_cast<uint8_t>(v.i)); break;
+    case ValueType::I8: put<int8_t>(out, static_cast<int8_t>(v.i)); break;
+    case ValueType::U16: put<uint16_t>(out, static_cast<uint16_t>(v.i)); break;
+    case ValueType::I16: put<int16_t>(out, static_cast<int16_t>(v.i)); break;
+    case ValueType::U32: put<uint32_t>(out, static_cast<uint32_t>(v.i)); break;
+    case ValueType::I32: put<int32_t>(out, static_cast<int32_t>(v.i)); break;
+    case ValueType::U64: put<uint64_t>(out, v.u()); break;
+    case ValueType::I64: put<int64_t>(out, v.i); break;
+    case ValueType::F32: put<float>(out, static_cast<float>(v.f)); break;
+    case ValueType::F64: put<double>(out, v.f); break;
+    case ValueType::BOOL: put<uint8_t>(out, v.i ? 1 : 0); break;
+    case ValueType::STRING: put_string(out, v.s); break;
+    case ValueType::ARRAY:
+      put<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
+      put<uint64_t>(out, v.arr.size());
+      for (const auto& e : v.arr) {
+        if (e.type != v.elem_type) fail("GGUF writer: array element of type {} in an array of {}",
+                                        value_type_name(e.type), value_type_name(v.elem_type));
+        put_value(out, e);
+      }
+      break;
+  }
+}
+
+}  // namespace
+
+void Writer::set(const std::string& key, Value v) {
+  for (auto& [k, old] : kv_) {
+    if (k == key) {
+      old = std::move(v);
+      return;
+    }
+  }
+  kv_.emplace_back(key, std::move(v));
+}
+
+void Writer::add_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne,
+                        std::vector<uint8_t> data) {
+  EMBER_CHECK(!ne.empty() && ne.size() <= 4, "tensor '{}': 1 to 4 dimensions required", name);
+  int64_t n = 1;
+  for (int64_t d : ne) n *= d;
+  EMBER_CHECK(ne[0] % info(type).block_size == 0, "tensor '{}': row length {} is not a multiple of {}'s block size",
+              name, ne[0], dtype_name(type));
+  size_t expect = row_bytes(type, ne[0]) * static_cast<size_t>(n / ne[0]);
+  EMBER_CHECK(data.size() == expect, "tensor '{}': {} bytes given, {} expected", name, data.size(), expect);
+  for (const auto& t : tensors_) EMBER_CHECK(t.name != name, "tensor '{}' added twice", name);
+  tensors_.push_back({name, type, ne, std::move(data)});
+}
+
+std::vector<uint8_t> Writer::header_bytes() const {
+  std::vector<uint8_t> out;
+  out.insert(out.end(), {'G', 'G', 'U', 'F'});
+  if (powerinfer_) std::memcpy(out.data(), "PWRI", 4);
+  put<uint32_t>(out, 3);
+  put<uint64_t>(out, tensors_.size());
+  bool has_alignment = false;
+  for (const auto& [k, v] : kv_) has_alignment |= k == "general.alignment";
+  put<uint64_t>(out, kv_.size() + (alignment_ != 32 && !has_alignment ? 1 : 0));
+  for (const auto& [k, v] : kv_) {
+    put_string(out, k);
+    put<uint32_t>(out, static_cast<uint32_t>(v.type));
+    put_value(out, v);
+  }
+  if (alignment_ != 32 && !has_alignment) {
+    put_string(out, "general.alignment");
+    put<uint32_t>(out, static_cast<uint32_t>(ValueType::U32));
+    put<uint32_t>(out, static_cast<uint32_t>(alignment_));
+  }
+  auto align = [&](size_t x) { return (x + alignment_ - 1) / alignment_ * alignment_; };
+  uint64_t offset = 0;
+  for (const auto& t : tensors_) {
+    put_string(out, t.name);
+    put<uint32_t>(out, static_cast<uint32_t>(t.ne.size()));
+    for (int64_t d : t.ne) put<uint64_t>(out, static_cast<uint64_t>(d));
+    put<uint32_t>(out, static_cast<uint32_t>(t.type));
+    put<uint64_t>(out, offset);
+    offset = align(offset + t.data.size());
+  }
+  out.resize(align(out.size()), 0);
+  return out;
+}
+
+size_t Writer::padding(size_t n) const { return (alignment_ - n % alignment_) % alignment_; }
+
+std::vector<uint8_t> Writer::to_bytes() const {
+  std::vector<uint8_t> out = header_bytes();
+  for (const auto& t : tensors_) {
+    out.insert(out.end(), t.data.begin(), t.data.end());
+    out.resize(out.size() + padding(t.data.size()), 0);
+  }
+  return out;
+}
+
+void Writer::write(const std::string& path) const {
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  EMBER_CHECK(f, "cannot write '{}': {}", tmp, std::strerror(errno));
+  // Streamed tensor by tensor: a multi-gigabyte model is never copied whole.
+  std::vector<uint8_t> header = header_bytes();
+  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  static const uint8_t zeros[256] = {};
+  for (const auto& t : tensors_) {
+    ok = ok && std::fwrite(t.data.data(), 1, t.data.size(), f) == t.data.size();
+    size_t pad = padding(t.data.size());
+    while (ok && pad > 0) {
+      size_t k = pad < sizeof(zeros) ? pad : sizeof(zeros);
+      ok = std::fwrite(zeros, 1, k, f) == k;
+      pad -= k;
+    }
+  }
+  int closed = std::fclose(f);
+  if (!ok || closed != 0) {
+    std::remove(tmp.c_str());
+    fail("writing '{}' failed (disk full?)", path);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace ember::gguf

@@ -1,0 +1,41 @@
+// GGUF v3 writer: metadata in insertion order, tensors aligned. Used by `synth` and by the
+// offline tools that write prepared models.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf/value.hpp"
+#include "tensor/dtype.hpp"
+
+namespace ember::gguf {
+
+class Writer {
+ public:
+  explicit Writer(size_t alignment = 32) : alignment_(alignment) {}
+
+  void set_powerinfer_magic(bool on) { powerinfer_ = on; }
+  void set(const std::string& key, Value v);
+  // Adds a tensor; `data` must hold exactly row_bytes(type, ne[0]) * rows bytes.
+  void add_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne, std::vector<uint8_t> data);
+
+  // Serializes to bytes / to a file (written to a temporary name, then renamed).
+  std::vector<uint8_t> to_bytes() const;
+  void write(const std::string& path) const;
+
+ private:
+  std::vector<uint8_t> header_bytes() const;  // everything before the first tensor's data
+  size_t padding(size_t n) const;
+  struct Tensor {
+    std::string name;
+    DType type;
+    std::vector<int64_t> ne;
+    std::vector<uint8_t> data;
+  };
+  size_t alignment_;
+  bool powerinfer_ = false;
+  std::vector<std::pair<std::string, Value>> kv_;
+  std::vector<Tensor> tensors_;
+};
+
+}  // namespace ember::gguf

@@ -1,0 +1,39 @@
+// Element types of GGUF tensors. The numeric values are the GGUF/ggml type ids on disk.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace ember {
+
+enum class DType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
+  IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
+  TQ1_0 = 34, TQ2_0 = 35,
+};
+
+struct DTypeInfo {
+  std::string_view name;
+  int64_t block_size;   // elements per block
+  size_t block_bytes;   // bytes per block
+};
+
+// Layout of a type id read from a file; nullopt for ids that no GGUF writer produces.
+std::optional<DTypeInfo> dtype_info(uint32_t id);
+const DTypeInfo& info(DType t);  // t must be a known type
+inline std::string_view dtype_name(DType t) { return info(t).name; }
+std::optional<DType> dtype_from_name(std::string_view name);  // case-insensitive: "q4_0", "F16"
+
+// Bytes for n elements (n must be a multiple of the block size).
+inline size_t row_bytes(DType t, int64_t n) {
+  const DTypeInfo& i = info(t);
+  return static_cast<size_t>(n / i.block_size) * i.block_bytes;
+}
+
+// Whether Ember has kernels (dequantize, dot products) for the type.
+bool dtype_supported(DType t);
+
+}  // namespace ember

@@ -1,0 +1,29 @@
+// A non-owning view of a tensor's bytes (usually inside the mmap'd model file).
+// ne[0] is the contiguous (innermost) dimension, as in GGUF. A weight matrix used as
+// y = W x has ne[0] = input size (k) and ne[1] = output rows.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tensor/dtype.hpp"
+
+namespace ember {
+
+struct TensorView {
+  std::string name;
+  DType type = DType::F32;
+  int n_dims = 0;
+  int64_t ne[4] = {1, 1, 1, 1};
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+
+  int64_t cols() const { return ne[0]; }
+  int64_t rows() const { return ne[1] * ne[2] * ne[3]; }
+  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+  size_t row_stride() const { return row_bytes(type, ne[0]); }
+  const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_stride(); }
+  bool valid() const { return data != nullptr; }
+};
+
+}  // namespace ember

@@ -1,0 +1,12 @@
+// One function per subcommand; each adds its CLI11 subcommand and the callback that runs it.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace ember::cli {
+
+void add_generate(CLI::App& app);
+void add_inspect(CLI::App& app);
+void add_synth(CLI::App& app);
+void add_bench(CLI::App& app);
+
+}  // namespace ember::cli

@@ -13,13 +13,14 @@ TEST(ThreadPool, EveryThreadRunsOncePerJob) {
   for (int n : {1, 2, 3, 7}) {
     ThreadPool pool(n);
     std::vector<std::atomic<int>> hits(n);
-    for (int job = 0; job < 500; ++job) {
+    const int jobs = n <= 2 ? 500 : 50;  // more threads than cores: each job waits on wake-ups
+    for (int job = 0; job < jobs; ++job) {
       pool.run([&](int ith, int nth) {
         ASSERT_EQ(nth, n);
         hits[ith].fetch_add(1);
       });
     }
-    for (int i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 500) << "thread " << i << " of " << n;
+    for (int i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), jobs) << "thread " << i << " of " << n;
   }
 }
 

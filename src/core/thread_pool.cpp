@@ -7,7 +7,8 @@
 namespace ember {
 
 namespace {
-constexpr int kSpinIterations = 1 << 16;
+// About 100 microseconds of spinning (pause is ~40-140 cycles) before a thread sleeps.
+constexpr int kSpinIterations = 1 << 11;
 }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine for Ember: installs the build dependencies that are
+# missing, downloads the default model (verified by SHA-256; nothing is downloaded twice) and
+# builds a Release binary in build/.
+#   scripts/setup.sh            deps + model + build
+#   scripts/setup.sh --no-build deps + model only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) build=0 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --no-build)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(build-essential cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev
+          libgmock-dev libbenchmark-dev python3 python3-pip unzip)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+scripts/get_model.sh smollm2
+
+if ((build)); then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j"$(nproc)"
+fi

@@ -1,0 +1,45 @@
+// Token sampling as llama.cpp's default chain does it: repetition penalty, top-k, top-p,
+// min-p, temperature, then a draw from the distribution. Greedy when temperature <= 0.
+// Deterministic for a seed. Buffers are sized once for the vocabulary.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <vector>
+
+namespace ember {
+
+struct SamplerParams {
+  float temperature = 0.8f;
+  int top_k = 40;          // <= 0: off
+  float top_p = 0.95f;     // >= 1: off
+  float min_p = 0.05f;     // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int repeat_last_n = 64;
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplerParams& params, int64_t n_vocab);
+  // Picks the next token from logits (n_vocab floats).
+  int32_t sample(const float* logits);
+  // Records a token (prompt or generated) for the repetition penalty.
+  void accept(int32_t token);
+  void reset();
+  const SamplerParams& params() const { return params_; }
+
+ private:
+  struct Candidate {
+    int32_t id;
+    float logit;
+  };
+  SamplerParams params_;
+  int64_t n_vocab_;
+  std::mt19937_64 rng_;
+  std::vector<Candidate> cand_;
+  std::vector<float> probs_;
+  std::deque<int32_t> recent_;
+};
+
+}  // namespace ember

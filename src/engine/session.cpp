@@ -1,0 +1,59 @@
+#include "engine/session.hpp"
+
+#include <algorithm>
+#include <thread>
+
+#include "core/error.hpp"
+
+namespace ember {
+
+int default_thread_count() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+namespace {
+int resolve_threads(int n) {
+  EMBER_CHECK(n >= 0 && n <= 1024, "thread count must be between 1 and 1024, got {}", n);
+  return n == 0 ? default_thread_count() : n;
+}
+}  // namespace
+
+Session::Session(const Model& model, const SessionParams& p) : model_(model), pool_(resolve_threads(p.n_threads)) {
+  EMBER_CHECK(p.n_ctx >= 1, "context size must be positive, got {}", p.n_ctx);
+  EMBER_CHECK(p.n_batch >= 1, "batch size must be positive, got {}", p.n_batch);
+  int64_t n_ctx = std::min(p.n_ctx, model.hp.n_ctx_train);
+  const Hparams& hp = model.hp;
+  kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
+  ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
+  logits_.resize(hp.n_vocab);
+}
+
+void Session::eval(const std::vector<int32_t>& tokens) { eval(tokens.data(), static_cast<int64_t>(tokens.size())); }
+
+void Session::eval(const int32_t* tokens, int64_t n) {
+  for (int64_t done = 0; done < n;) {
+    int64_t chunk = std::min(ws_.max_batch, n - done);
+    forward(model_, pool_, kv_, ws_, tokens + done, chunk, pos_, logits_.data(), false);
+    pos_ += chunk;
+    done += chunk;
+  }
+}
+
+void Session::eval_all_logits(const int32_t* tokens, int64_t n, float* all_logits) {
+  const int64_t nv = model_.hp.n_vocab;
+  for (int64_t done = 0; done < n;) {
+    int64_t chunk = std::min(ws_.max_batch, n - done);
+    forward(model_, pool_, kv_, ws_, tokens + done, chunk, pos_, all_logits + done * nv, true);
+    pos_ += chunk;
+    done += chunk;
+  }
+  std::copy(all_logits + (n - 1) * nv, all_logits + n * nv, logits_.begin());
+}
+
+void Session::truncate(int64_t pos) {
+  EMBER_CHECK(pos >= 0 && pos <= pos_, "cannot truncate to {} (sequence has {} tokens)", pos, pos_);
+  pos_ = pos;
+}
+
+}  // namespace ember

@@ -1,0 +1,56 @@
+// A Session runs one sequence through a model: it owns the thread pool, the KV cache and the
+// activation workspace (all allocated at creation), evaluates prompt tokens in batches and
+// generated tokens one at a time.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.hpp"
+#include "model/forward.hpp"
+#include "model/kv_cache.hpp"
+#include "model/model.hpp"
+
+namespace ember {
+
+struct SessionParams {
+  int n_threads = 0;     // 0: all hardware threads
+  int64_t n_ctx = 4096;  // capped at the model's training context
+  int64_t n_batch = 512; // prompt tokens per forward pass
+};
+
+class Session {
+ public:
+  Session(const Model& model, const SessionParams& params);
+
+  // Appends tokens to the sequence; afterwards logits() holds the last token's logits.
+  void eval(const std::vector<int32_t>& tokens);
+  void eval(const int32_t* tokens, int64_t n);
+  // As eval, but also writes every token's logits (n * n_vocab floats) to `all_logits`.
+  void eval_all_logits(const int32_t* tokens, int64_t n, float* all_logits);
+  const float* logits() const { return logits_.data(); }
+
+  int64_t pos() const { return pos_; }
+  int64_t n_ctx() const { return kv_.n_ctx; }
+  void reset() { pos_ = 0; }
+  // Drops the cached positions from `pos` on (pos <= current position).
+  void truncate(int64_t pos);
+
+  const Model& model() const { return model_; }
+  ThreadPool& pool() { return pool_; }
+  int n_threads() const { return pool_.size(); }
+  size_t kv_bytes() const { return kv_.bytes(); }
+  size_t workspace_bytes() const { return ws_.bytes(); }
+
+ private:
+  const Model& model_;
+  ThreadPool pool_;
+  KvCache kv_;
+  Workspace ws_;
+  std::vector<float> logits_;
+  int64_t pos_ = 0;
+};
+
+int default_thread_count();
+
+}  // namespace ember

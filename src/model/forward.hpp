@@ -1,0 +1,29 @@
+// Running tokens through a model: the per-sequence workspace and the forward entry point.
+#pragma once
+#include <cstdint>
+
+#include "core/aligned_buffer.hpp"
+#include "core/thread_pool.hpp"
+#include "model/kv_cache.hpp"
+#include "model/model.hpp"
+
+namespace ember {
+
+// Activation buffers for up to `max_batch` tokens at a time, allocated once.
+struct Workspace {
+  int64_t max_batch = 0;
+  int64_t n_ctx = 0;
+  AlignedBuffer<float> x, xn, q, k, v, attn, o, gate, up, cos_sin, att_scratch, logits_tmp;
+  AlignedBuffer<uint8_t> mm_scratch;
+
+  void init(const Model& model, int64_t max_batch, int64_t n_ctx, int n_threads);
+  size_t bytes() const;
+};
+
+// Runs tokens[0..n) at positions pos0..pos0+n-1 (n <= ws.max_batch, pos0 + n <= kv.n_ctx),
+// appending to the KV cache. Writes logits of the last token to `logits` (n_vocab floats), or
+// of every token (n * n_vocab) when `logits_all`.
+void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
+             int64_t pos0, float* logits, bool logits_all);
+
+}  // namespace ember

@@ -1,0 +1,96 @@
+#include "model/llama.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "model/ffn.hpp"
+#include "model/loader.hpp"
+#include "ops/cpu/attention.hpp"
+#include "ops/cpu/matmul.hpp"
+#include "ops/cpu/norm.hpp"
+#include "ops/cpu/vec.hpp"
+
+namespace ember {
+
+void load_llama(Model& m) {
+  const gguf::Reader& r = *m.file;
+  Hparams& hp = m.hp;
+  hp.arch = "llama";
+  read_common_hparams(r, hp);
+  hp.act = cpu::Activation::silu;
+  if (auto act = r.opt_string("llama.ffn_activation")) {
+    if (*act == "relu") hp.act = cpu::Activation::relu;
+    else if (*act != "silu") fail("{}: llama.ffn_activation '{}' is not supported (silu or relu)", r.path(), *act);
+  }
+  hp.rope.layout = cpu::RopeLayout::normal;  // llama GGUF files store Q/K permuted for it
+
+  TensorBinder b(r, hp);
+  bind_embeddings(b, m);
+  m.layers.resize(hp.n_layer);
+  const int64_t d = hp.n_embd, nq = hp.n_head * hp.head_dim, nkv = hp.n_head_kv * hp.head_dim;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& L = m.layers[il];
+    auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+    L.attn_norm = b.norm(name("attn_norm"), d);
+    L.wq = b.matrix(name("attn_q"), d, nq);
+    L.wk = b.matrix(name("attn_k"), d, nkv);
+    L.wv = b.matrix(name("attn_v"), d, nkv);
+    L.wo = b.matrix(name("attn_output"), nq, d);
+    L.ffn.norm = b.norm(name("ffn_norm"), d);
+    L.ffn.gate = b.matrix(name("ffn_gate"), d, hp.n_ff);
+    L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
+    L.ffn.down = b.matrix(name("ffn_down"), hp.n_ff, d);
+  }
+  build_rope(m);
+}
+
+void llama_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
+                   int64_t pos0, float* logits, bool logits_all) {
+  const Hparams& hp = m.hp;
+  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
+  const int64_t n_rot = hp.rope.n_rot;
+  float* x = ws.x.data();
+  float* xn = ws.xn.data();
+  float* cs = ws.cos_sin.data();
+  void* mm = ws.mm_scratch.data();
+
+  cpu::get_rows(m.tok_embd, tokens, n, x);
+  for (int64_t t = 0; t < n; ++t) m.rope->angles(pos0 + t, cs + t * n_rot);
+
+  cpu::AttentionShape shape;
+  shape.n_head = hp.n_head;
+  shape.n_head_kv = hp.n_head_kv;
+  shape.head_dim = hd;
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = m.layers[il];
+    cpu::rms_norm(x, as_floats(L.attn_norm), xn, n, d, hp.norm_eps);
+    cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
+    cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
+    cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
+    float* kc = kv.k_layer(il);
+    float* vc = kv.v_layer(il);
+    for (int64_t t = 0; t < n; ++t) {
+      m.rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
+      m.rope->apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
+    }
+    std::memcpy(kc + pos0 * nkv, ws.k.data(), sizeof(float) * n * nkv);
+    std::memcpy(vc + pos0 * nkv, ws.v.data(), sizeof(float) * n * nkv);
+    cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
+    cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
+    cpu::add_f32(ws.o.data(), x, n * d);
+
+    cpu::rms_norm(x, as_floats(L.ffn.norm), xn, n, d, hp.norm_eps);
+    dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws.gate.data(), ws.up.data(), mm);
+    cpu::add_f32(ws.o.data(), x, n * d);
+  }
+
+  const int64_t first = logits_all ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  cpu::rms_norm(x + first * d, as_floats(m.output_norm), xn, n_out, d, hp.norm_eps);
+  cpu::matmul(pool, m.output, xn, n_out, logits, mm);
+}
+
+}  // namespace ember

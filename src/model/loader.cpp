@@ -1,0 +1,89 @@
+#include "model/loader.hpp"
+
+#include "core/error.hpp"
+
+namespace ember {
+
+void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
+  const std::string a = hp.arch;
+  auto key = [&](const char* k) { return a + "." + k; };
+  hp.n_layer = r.get_int(key("block_count"));
+  hp.n_embd = r.get_int(key("embedding_length"));
+  hp.n_ff = r.get_int(key("feed_forward_length"));
+  hp.n_head = r.get_int(key("attention.head_count"));
+  hp.n_head_kv = r.opt_int(key("attention.head_count_kv")).value_or(hp.n_head);
+  hp.n_ctx_train = r.opt_int(key("context_length")).value_or(2048);
+  hp.norm_eps = static_cast<float>(r.opt_float(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
+  EMBER_CHECK(hp.n_layer >= 1 && hp.n_layer <= 1024, "{}: block_count {} is out of range", r.path(), hp.n_layer);
+  EMBER_CHECK(hp.n_embd >= 1 && hp.n_embd <= (1 << 20), "{}: embedding_length {} is out of range", r.path(), hp.n_embd);
+  EMBER_CHECK(hp.n_ff >= 1 && hp.n_ff <= (1 << 22), "{}: feed_forward_length {} is out of range", r.path(), hp.n_ff);
+  EMBER_CHECK(hp.n_head >= 1 && hp.n_head_kv >= 1 && hp.n_head % hp.n_head_kv == 0,
+              "{}: head counts {} / {} (KV) are inconsistent", r.path(), hp.n_head, hp.n_head_kv);
+  hp.head_dim = r.opt_int(key("attention.key_length")).value_or(hp.n_embd / hp.n_head);
+  EMBER_CHECK(hp.head_dim >= 2 && hp.head_dim % 2 == 0, "{}: head size {} must be even", r.path(), hp.head_dim);
+  EMBER_CHECK(hp.n_ctx_train >= 1, "{}: context_length must be positive", r.path());
+
+  hp.rope.n_rot = static_cast<int>(r.opt_int(key("rope.dimension_count")).value_or(hp.head_dim));
+  EMBER_CHECK(hp.rope.n_rot >= 2 && hp.rope.n_rot <= hp.head_dim && hp.rope.n_rot % 2 == 0,
+              "{}: rope.dimension_count {} is invalid for head size {}", r.path(), hp.rope.n_rot, hp.head_dim);
+  hp.rope.base = r.opt_float(key("rope.freq_base")).value_or(10000.0);
+  std::string scaling = r.opt_string(key("rope.scaling.type")).value_or("none");
+  double factor = r.opt_float(key("rope.scaling.factor")).value_or(0.0);
+  if (auto legacy = r.opt_float(key("rope.scale_linear"))) {
+    scaling = "linear";
+    factor = *legacy;
+  }
+  if (scaling == "linear" && factor > 0) {
+    hp.rope.linear_scale = factor;
+  } else if (scaling != "none" && scaling != "linear") {
+    fail("{}: rope scaling type '{}' is not supported (none, linear)", r.path(), scaling);
+  }
+
+  // The vocabulary size: explicit key, else the embedding's row count (bound later).
+  hp.n_vocab = r.opt_int(key("vocab_size")).value_or(0);
+}
+
+TensorView TensorBinder::require(const std::string& name) const {
+  TensorView t = r_.view(name);
+  EMBER_CHECK(t.valid(), "{}: tensor '{}' is missing; the file is incomplete or not a {} model", r_.path(), name,
+              hp_.arch);
+  return t;
+}
+
+TensorView TensorBinder::matrix(const std::string& name, int64_t in, int64_t out) const {
+  TensorView t = require(name);
+  EMBER_CHECK(t.ne[0] == in && t.rows() == out && t.ne[2] == 1 && t.ne[3] == 1,
+              "{}: tensor '{}' has shape [{}, {}], expected [{}, {}]", r_.path(), name, t.ne[0], t.ne[1], in, out);
+  EMBER_CHECK(dtype_supported(t.type), "{}: tensor '{}' has type {}, which Ember cannot compute with yet", r_.path(),
+              name, dtype_name(t.type));
+  return t;
+}
+
+TensorView TensorBinder::norm(const std::string& name, int64_t n) const {
+  TensorView t = require(name);
+  EMBER_CHECK(t.n_elements() == n, "{}: tensor '{}' has {} elements, expected {}", r_.path(), name, t.n_elements(), n);
+  EMBER_CHECK(t.type == DType::F32, "{}: tensor '{}' must be F32, is {}", r_.path(), name, dtype_name(t.type));
+  return t;
+}
+
+void bind_embeddings(const TensorBinder& b, Model& m) {
+  Hparams& hp = m.hp;
+  TensorView emb = b.optional("token_embd.weight");
+  EMBER_CHECK(emb.valid(), "{}: tensor 'token_embd.weight' is missing", m.file->path());
+  if (hp.n_vocab == 0) hp.n_vocab = emb.rows();
+  m.tok_embd = b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+  m.output_norm = b.norm("output_norm.weight", hp.n_embd);
+  m.output = b.optional("output.weight").valid() ? b.matrix("output.weight", hp.n_embd, hp.n_vocab) : m.tok_embd;
+}
+
+void build_rope(Model& m) {
+  TensorView f = m.file->view("rope_freqs.weight");
+  if (f.valid()) {
+    EMBER_CHECK(f.type == DType::F32 && f.n_elements() == m.hp.rope.n_rot / 2,
+                "{}: rope_freqs.weight must be F32 with {} elements", m.file->path(), m.hp.rope.n_rot / 2);
+    m.hp.rope.freq_factors.assign(as_floats(f), as_floats(f) + f.n_elements());
+  }
+  m.rope = std::make_unique<cpu::RopeTable>(m.hp.rope);
+}
+
+}  // namespace ember

@@ -1,0 +1,37 @@
+// Shared pieces of the architecture loaders: reading the common hyperparameters and binding
+// tensors with shape and type checks that name what is wrong.
+#pragma once
+#include <string>
+
+#include "gguf/reader.hpp"
+#include "model/model.hpp"
+
+namespace ember {
+
+// Reads {arch}.block_count, embedding_length, feed_forward_length, attention.head_count(_kv),
+// key_length, layer_norm_rms_epsilon, context_length, rope.* and the vocabulary size.
+void read_common_hparams(const gguf::Reader& r, Hparams& hp);
+
+class TensorBinder {
+ public:
+  TensorBinder(const gguf::Reader& r, const Hparams& hp) : r_(r), hp_(hp) {}
+  // A weight matrix mapping `in` inputs to `out` outputs: ne = [in, out], a supported type.
+  TensorView matrix(const std::string& name, int64_t in, int64_t out) const;
+  // A 1-D F32 vector of length n.
+  TensorView norm(const std::string& name, int64_t n) const;
+  TensorView optional(const std::string& name) const { return r_.view(name); }
+
+ private:
+  TensorView require(const std::string& name) const;
+  const gguf::Reader& r_;
+  const Hparams& hp_;
+};
+
+// token_embd, output_norm and output (tied to token_embd when absent).
+void bind_embeddings(const TensorBinder& b, Model& m);
+// Builds m.rope from m.hp.rope (plus rope_freqs.weight when the file has it).
+void build_rope(Model& m);
+
+inline const float* as_floats(const TensorView& t) { return reinterpret_cast<const float*>(t.data); }
+
+}  // namespace ember

@@ -1,0 +1,30 @@
+#include "model/model.hpp"
+
+#include "core/error.hpp"
+#include "model/llama.hpp"
+
+namespace ember {
+
+size_t Model::weight_bytes_per_token() const {
+  size_t total = output.nbytes;
+  for (const auto& l : layers) {
+    for (const TensorView* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.norm, &l.ffn.gate, &l.ffn.up,
+                                &l.ffn.down})
+      total += t->nbytes;
+  }
+  return total;
+}
+
+std::unique_ptr<Model> load_model(const std::string& path) {
+  auto model = std::make_unique<Model>();
+  model->file = std::make_unique<gguf::Reader>(path);
+  std::string arch = model->file->opt_string("general.architecture").value_or("");
+  if (arch == "llama") {
+    load_llama(*model);
+  } else {
+    fail("{}: architecture '{}' is not supported (Ember runs: llama)", path, arch.empty() ? "<none>" : arch);
+  }
+  return model;
+}
+
+}  // namespace ember

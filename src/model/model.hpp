@@ -1,0 +1,58 @@
+// A loaded model: hyperparameters and weight views into the mmap'd GGUF file (zero-copy).
+// Each architecture has its own file (llama.cpp, ...) that reads its hyperparameters, binds
+// the tensors it needs and implements its forward pass with the ops.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/reader.hpp"
+#include "ops/cpu/activation.hpp"
+#include "ops/cpu/rope.hpp"
+#include "tensor/tensor_view.hpp"
+
+namespace ember {
+
+struct Hparams {
+  std::string arch;
+  int64_t n_vocab = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  int64_t n_ff = 0;
+  int64_t n_ctx_train = 0;
+  float norm_eps = 1e-5f;
+  cpu::Activation act = cpu::Activation::silu;
+  cpu::RopeConfig rope;
+};
+
+// The FFN of one layer. Neurons are the unit of placement: neuron j is row j of gate and up
+// (ne[0] = n_embd) and column j of down (ne[0] = n_ff).
+struct FfnWeights {
+  TensorView norm, gate, up, down;
+};
+
+struct LayerWeights {
+  TensorView attn_norm, wq, wk, wv, wo;
+  FfnWeights ffn;
+};
+
+struct Model {
+  std::unique_ptr<gguf::Reader> file;
+  Hparams hp;
+  TensorView tok_embd, output_norm, output;  // output == tok_embd when tied
+  std::vector<LayerWeights> layers;
+  std::unique_ptr<cpu::RopeTable> rope;  // built from hp.rope at load
+
+  // Bytes of weights read per generated token (every layer tensor plus the output matrix).
+  size_t weight_bytes_per_token() const;
+  size_t file_bytes() const { return file->file_size(); }
+};
+
+// Opens a GGUF file and binds an architecture Ember knows; errors name what is missing.
+std::unique_ptr<Model> load_model(const std::string& path);
+
+}  // namespace ember

@@ -1,0 +1,84 @@
+#include "ops/cpu/attention.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ops/cpu/vec.hpp"
+
+namespace ember::cpu {
+namespace {
+
+// One (token, head) pair: softmax(q.K^T * scale) V over the visible positions.
+void attend_one(const AttentionShape& s, const float* qh, int64_t pos, const float* k, const float* v,
+                int64_t kv_stride, int64_t kv_head, float* outh, float* scores) {
+  const int64_t hd = s.head_dim;
+  int64_t first = 0;
+  if (s.window > 0 && pos - s.window + 1 > 0) first = pos - s.window + 1;
+  const int64_t n = pos - first + 1;
+  const float* kb = k + kv_head * hd;
+  const float* vb = v + kv_head * hd;
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    float sc = dot_f32(qh, kb + (first + j) * kv_stride, hd) * s.scale;
+    if (s.softcap > 0) sc = s.softcap * std::tanh(sc / s.softcap);
+    scores[j] = sc;
+    mx = sc > mx ? sc : mx;
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - mx);
+    sum += scores[j];
+  }
+  float inv = static_cast<float>(1.0 / sum);
+  std::memset(outh, 0, sizeof(float) * hd);
+  for (int64_t j = 0; j < n; ++j) axpy_f32(scores[j] * inv, vb + (first + j) * kv_stride, outh, hd);
+}
+
+}  // namespace
+
+void attention(ThreadPool& pool, const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+               const float* k, const float* v, int64_t kv_stride, float* out, float* scratch) {
+  const int64_t group = s.n_head / s.n_head_kv;
+  const int64_t n_ctx = pos0 + n_tokens;
+  const int64_t pairs = n_tokens * s.n_head;
+  pool.parallel_for(pairs, 1, [&](int64_t begin, int64_t end, int ith) {
+    float* scores = scratch + ith * n_ctx;
+    for (int64_t p = begin; p < end; ++p) {
+      int64_t t = p / s.n_head, h = p % s.n_head;
+      attend_one(s, q + (t * s.n_head + h) * s.head_dim, pos0 + t, k, v, kv_stride, h / group,
+                 out + (t * s.n_head + h) * s.head_dim, scores);
+    }
+  });
+}
+
+void attention_reference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0, const float* k,
+                         const float* v, int64_t kv_stride, float* out) {
+  const int64_t hd = s.head_dim, group = s.n_head / s.n_head_kv;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    int64_t pos = pos0 + t;
+    for (int64_t h = 0; h < s.n_head; ++h) {
+      const float* qh = q + (t * s.n_head + h) * hd;
+      int64_t kvh = h / group;
+      std::vector<double> sc;
+      int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
+      for (int64_t j = first; j <= pos; ++j) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i) d += double(qh[i]) * k[j * kv_stride + kvh * hd + i];
+        d *= s.scale;
+        if (s.softcap > 0) d = s.softcap * std::tanh(d / s.softcap);
+        sc.push_back(d);
+      }
+      double mx = -INFINITY, sum = 0;
+      for (double x : sc) mx = std::max(mx, x);
+      for (double& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t i = 0; i < hd; ++i) {
+        double o = 0;
+        for (size_t j = 0; j < sc.size(); ++j) o += sc[j] / sum * v[(first + j) * kv_stride + kvh * hd + i];
+        out[(t * s.n_head + h) * hd + i] = static_cast<float>(o);
+      }
+    }
+  }
+}
+
+}  // namespace ember::cpu

@@ -1,0 +1,30 @@
+// Causal multi-head attention with grouped-query heads, over a KV cache.
+#pragma once
+#include <cstdint>
+
+#include "core/thread_pool.hpp"
+
+namespace ember::cpu {
+
+struct AttentionShape {
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  float scale = 1.0f;       // applied to q.k (usually 1/sqrt(head_dim))
+  int64_t window = 0;       // sliding window (keys within the last `window` positions); 0 = none
+  float softcap = 0.0f;     // logit soft-capping (tanh), 0 = none
+};
+
+// q:   [n_tokens][n_head * head_dim], token t sits at position pos0 + t.
+// k,v: caches with rows of n_head_kv * head_dim floats at stride kv_stride floats per
+//      position, already holding positions 0 .. pos0 + n_tokens - 1.
+// out: [n_tokens][n_head * head_dim].
+// scratch: pool.size() * (pos0 + n_tokens) floats.
+void attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n_tokens, int64_t pos0,
+               const float* k, const float* v, int64_t kv_stride, float* out, float* scratch);
+
+// Plain single-threaded reference of the same computation (tests).
+void attention_reference(const AttentionShape& shape, const float* q, int64_t n_tokens, int64_t pos0,
+                         const float* k, const float* v, int64_t kv_stride, float* out);
+
+}  // namespace ember::cpu

@@ -1,0 +1,19 @@
+// Small float vector routines used by norms, attention and activations. Each is compiled for
+// AVX-512, AVX2 and baseline and picked at load time (GCC target_clones), so the library
+// stays runnable on any x86-64 CPU.
+#pragma once
+#include <cstdint>
+
+namespace ember::cpu {
+
+float dot_f32(const float* a, const float* b, int64_t n);
+// y += a * x
+void axpy_f32(float a, const float* x, float* y, int64_t n);
+// y *= a
+void scale_f32(float a, float* y, int64_t n);
+// y += x
+void add_f32(const float* x, float* y, int64_t n);
+float sum_squares_f32(const float* x, int64_t n);
+float max_f32(const float* x, int64_t n);
+
+}  // namespace ember::cpu

@@ -1,0 +1,119 @@
+// An independent, plain double-precision forward pass of the llama architecture, written
+// straight from the math (no Ember ops), used to check the engine's logits.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "model/model.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::testing {
+
+inline std::vector<double> dequant_matrix(const TensorView& t) {
+  std::vector<float> row(t.cols());
+  std::vector<double> out(static_cast<size_t>(t.n_elements()));
+  for (int64_t r = 0; r < t.rows(); ++r) {
+    dequantize_row(t.type, t.row(r), row.data(), t.cols());
+    for (int64_t i = 0; i < t.cols(); ++i) out[r * t.cols() + i] = row[i];
+  }
+  return out;
+}
+
+// Returns logits for every token of `tokens` (processed from position 0).
+inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  const Hparams& hp = m.hp;
+  const int64_t d = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, nff = hp.n_ff;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  auto matvec = [](const std::vector<double>& W, int64_t rows, int64_t cols, const std::vector<double>& x) {
+    std::vector<double> y(rows, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t i = 0; i < cols; ++i) s += W[r * cols + i] * x[i];
+      y[r] = s;
+    }
+    return y;
+  };
+  auto rmsnorm = [&](const std::vector<double>& x, const TensorView& w) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    double scale = 1.0 / std::sqrt(ss / x.size() + hp.norm_eps);
+    const float* wf = reinterpret_cast<const float*>(w.data);
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * scale * wf[i];
+    return y;
+  };
+  auto rope = [&](std::vector<double>& v, int64_t heads, int64_t pos) {
+    const int n_rot = hp.rope.n_rot;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int i = 0; i < n_rot / 2; ++i) {
+        double freq = std::pow(hp.rope.base, -2.0 * i / n_rot) / hp.rope.linear_scale;
+        double th = pos * freq, c = std::cos(th), s = std::sin(th);
+        int64_t a = h * hd + 2 * i, b = a + 1;
+        if (hp.rope.layout == cpu::RopeLayout::neox) {
+          a = h * hd + i;
+          b = a + n_rot / 2;
+        }
+        double x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+      }
+    }
+  };
+  auto act = [&](double g) {
+    if (hp.act == cpu::Activation::relu) return g > 0 ? g : 0.0;
+    return g / (1.0 + std::exp(-g));
+  };
+
+  std::vector<double> emb = dequant_matrix(m.tok_embd);
+  std::vector<std::vector<double>> x(T, std::vector<double>(d));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < d; ++i) x[t][i] = emb[tokens[t] * d + i];
+
+  for (const LayerWeights& L : m.layers) {
+    auto wq = dequant_matrix(L.wq), wk = dequant_matrix(L.wk), wv = dequant_matrix(L.wv), wo = dequant_matrix(L.wo);
+    auto wg = dequant_matrix(L.ffn.gate), wu = dequant_matrix(L.ffn.up), wd = dequant_matrix(L.ffn.down);
+    std::vector<std::vector<double>> K(T), V(T);
+    std::vector<std::vector<double>> attn_out(T);
+    for (int64_t t = 0; t < T; ++t) {
+      auto xn = rmsnorm(x[t], L.attn_norm);
+      auto q = matvec(wq, nh * hd, d, xn);
+      K[t] = matvec(wk, nkv * hd, d, xn);
+      V[t] = matvec(wv, nkv * hd, d, xn);
+      rope(q, nh, t);
+      rope(K[t], nkv, t);
+      std::vector<double> o(nh * hd, 0.0);
+      for (int64_t h = 0; h < nh; ++h) {
+        int64_t kh = h / (nh / nkv);
+        std::vector<double> sc(t + 1);
+        double mx = -1e300;
+        for (int64_t j = 0; j <= t; ++j) {
+          double s = 0;
+          for (int64_t i = 0; i < hd; ++i) s += q[h * hd + i] * K[j][kh * hd + i];
+          sc[j] = s / std::sqrt(double(hd));
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (auto& s : sc) sum += (s = std::exp(s - mx));
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t i = 0; i < hd; ++i) o[h * hd + i] += sc[j] / sum * V[j][kh * hd + i];
+      }
+      attn_out[t] = o;
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      auto o = matvec(wo, d, nh * hd, attn_out[t]);
+      for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
+      auto xn = rmsnorm(x[t], L.ffn.norm);
+      auto g = matvec(wg, nff, d, xn), u = matvec(wu, nff, d, xn);
+      for (int64_t j = 0; j < nff; ++j) g[j] = act(g[j]) * u[j];
+      auto dn = matvec(wd, d, nff, g);
+      for (int64_t i = 0; i < d; ++i) x[t][i] += dn[i];
+    }
+  }
+  auto wout = dequant_matrix(m.output);
+  std::vector<std::vector<double>> logits(T);
+  for (int64_t t = 0; t < T; ++t) logits[t] = matvec(wout, hp.n_vocab, d, rmsnorm(x[t], m.output_norm));
+  return logits;
+}
+
+}  // namespace ember::testing

@@ -1,0 +1,144 @@
+// `ember bench`: prompt-processing and generation throughput, like llama-bench.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "core/cpu_features.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/timer.hpp"
+#include "ops/cpu/bandwidth.hpp"
+
+namespace ember::cli {
+namespace {
+
+struct BenchFlags {
+  EngineFlags engine;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int reps = 5;
+  std::string json_path;
+  bool bandwidth = false;
+};
+
+struct Stats {
+  double median = 0, min = 0, max = 0, stddev = 0;
+};
+
+Stats stats_of(std::vector<double> v) {
+  Stats s;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  s.min = v.front();
+  s.max = v.back();
+  double mean = 0;
+  for (double x : v) mean += x / n;
+  for (double x : v) s.stddev += (x - mean) * (x - mean) / std::max<size_t>(n - 1, 1);
+  s.stddev = std::sqrt(s.stddev);
+  return s;
+}
+
+void run_bench(const BenchFlags& f) {
+  auto model = load_model_logged(f.engine, nullptr);
+  model->file->prefetch();
+  SessionParams sp = f.engine.session_params();
+  sp.n_ctx = std::max<int64_t>(sp.n_ctx, f.n_prompt + f.n_gen + 1);
+  Session session(*model, sp);
+  EMBER_CHECK(f.n_prompt + f.n_gen < session.n_ctx(), "-p {} plus -n {} does not fit the model's context of {}",
+              f.n_prompt, f.n_gen, session.n_ctx());
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(model->hp.n_vocab - 1));
+  std::vector<int32_t> prompt(std::max(f.n_prompt, 1));
+  for (auto& t : prompt) t = pick(rng);
+
+  auto time_pp = [&] {
+    session.reset();
+    Timer t;
+    session.eval(prompt.data(), f.n_prompt);
+    return f.n_prompt / t.seconds();
+  };
+  auto time_tg = [&] {
+    session.reset();
+    int32_t tok = prompt[0];
+    Timer t;
+    for (int i = 0; i < f.n_gen; ++i) {
+      session.eval(&tok, 1);
+      tok = static_cast<int32_t>(std::max_element(session.logits(), session.logits() + model->hp.n_vocab) -
+                                 session.logits());
+    }
+    return f.n_gen / t.seconds();
+  };
+
+  // One untimed warm-up of each (pages the weights in, settles the clocks).
+  if (f.n_prompt > 0) time_pp();
+  if (f.n_gen > 0) time_tg();
+  std::vector<double> pp, tg;
+  for (int r = 0; r < f.reps; ++r) {
+    if (f.n_prompt > 0) pp.push_back(time_pp());
+    if (f.n_gen > 0) tg.push_back(time_tg());
+    log_info("repetition {}/{} done", r + 1, f.reps);
+  }
+
+  double bw = f.bandwidth ? cpu::measure_read_bandwidth(session.pool(), size_t{1} << 30) : 0.0;
+  const double bytes_per_token = static_cast<double>(model->weight_bytes_per_token());
+  nlohmann::json out;
+  out["model"] = f.engine.model_path;
+  out["model_bytes"] = model->file_bytes();
+  out["weight_bytes_per_token"] = bytes_per_token;
+  out["threads"] = session.n_threads();
+  out["kernels"] = simd_level_name(simd_level());
+  out["repetitions"] = f.reps;
+  std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
+  std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  auto row = [&](const char* name, int n, const std::vector<double>& v) {
+    if (v.empty()) return;
+    Stats s = stats_of(v);
+    std::string test = fmt::format("{}{}", name, n);
+    std::printf("| %s | %d | %s | %.2f | %.2f | %.2f | %.2f |\n", f.engine.model_path.c_str(), session.n_threads(),
+                test.c_str(), s.median, s.min, s.max, s.stddev);
+    out[test] = {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"stddev", s.stddev}, {"samples", v}};
+  };
+  row("pp", f.n_prompt, pp);
+  row("tg", f.n_gen, tg);
+  if (!tg.empty()) {
+    double achieved = stats_of(tg).median * bytes_per_token;
+    out["tg_weight_bytes_per_s"] = achieved;
+    std::printf("\ngeneration reads %.2f GB/s of weights", achieved / 1e9);
+    if (bw > 0) {
+      out["read_bandwidth_bytes_per_s"] = bw;
+      out["tg_bandwidth_fraction"] = achieved / bw;
+      std::printf(" = %.1f%% of the measured read bandwidth (%.2f GB/s)", 100 * achieved / bw, bw / 1e9);
+    }
+    std::printf("\n");
+  }
+  out["peak_rss_bytes"] = peak_rss_bytes();
+  std::printf("peak RSS: %.1f MiB\n", peak_rss_bytes() / 1048576.0);
+  std::printf("%s\n", out.dump().c_str());
+  if (!f.json_path.empty()) {
+    std::ofstream js(f.json_path);
+    EMBER_CHECK(js, "cannot write '{}'", f.json_path);
+    js << out.dump(2) << "\n";
+  }
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench", "measure prompt processing and generation speed");
+  f->engine.add_to(cmd);
+  cmd->add_option("-p,--n-prompt", f->n_prompt, "prompt tokens (0 = skip)")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-n,--n-gen", f->n_gen, "generated tokens (0 = skip)")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-r,--repetitions", f->reps, "repetitions")->check(CLI::Range(1, 1000));
+  cmd->add_option("--json", f->json_path, "also write the results as JSON to this file");
+  cmd->add_flag("--bandwidth", f->bandwidth, "also measure the machine's memory read bandwidth");
+  cmd->callback([f] { run_bench(*f); });
+}
+
+}  // namespace ember::cli

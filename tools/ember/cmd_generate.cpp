@@ -1,0 +1,133 @@
+// `ember generate`: stream a continuation of a prompt (optionally through the chat template).
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/timer.hpp"
+#include "engine/sampler.hpp"
+#include "tokenizer/chat_template.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace ember::cli {
+namespace {
+
+struct GenerateFlags {
+  EngineFlags engine;
+  std::string prompt;
+  std::string prompt_file;
+  std::string system;
+  int n_predict = 128;
+  bool chat = false;
+  bool ignore_eos = false;
+  bool no_echo = false;
+  int64_t seed = -1;
+  SamplerParams sampling;
+};
+
+void run_generate(GenerateFlags& f) {
+  if (!f.prompt_file.empty()) {
+    std::ifstream in(f.prompt_file, std::ios::binary);
+    EMBER_CHECK(in, "cannot read prompt file '{}'", f.prompt_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    f.prompt = ss.str();
+  }
+  double load_s = 0;
+  auto model = load_model_logged(f.engine, &load_s);
+  Tokenizer tok(*model->file);
+
+  std::string text = f.prompt;
+  if (f.chat) {
+    std::vector<ChatMessage> messages;
+    if (!f.system.empty()) messages.push_back({"system", f.system});
+    messages.push_back({"user", f.prompt});
+    text = apply_chat_template(model->file->opt_string("tokenizer.chat_template").value_or(""), messages, true);
+  }
+  std::vector<int32_t> prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
+  EMBER_CHECK(!prompt.empty(), "the prompt is empty: give one with -p or -f");
+
+  Session session(*model, f.engine.session_params());
+  EMBER_CHECK(static_cast<int64_t>(prompt.size()) < session.n_ctx(),
+              "the prompt has {} tokens but the context holds {}; use a larger -c", prompt.size(), session.n_ctx());
+  SamplerParams sp = f.sampling;
+  sp.seed = f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
+  Sampler sampler(sp, model->hp.n_vocab);
+  for (int32_t t : prompt) sampler.accept(t);
+  log_info("prompt: {} tokens; threads {}; context {}; seed {}", prompt.size(), session.n_threads(), session.n_ctx(),
+           sp.seed);
+
+  Utf8Streamer out;
+  if (!f.chat && !f.no_echo) {
+    std::fputs(f.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+
+  Timer prompt_timer;
+  session.eval(prompt);
+  double prompt_s = prompt_timer.seconds();
+
+  int64_t limit = f.n_predict < 0 ? session.n_ctx() - session.pos() : f.n_predict;
+  int n_generated = 0;
+  Timer gen_timer;
+  while (n_generated < limit && session.pos() < session.n_ctx()) {
+    int32_t next = sampler.sample(session.logits());
+    sampler.accept(next);
+    ++n_generated;
+    if (tok.is_eog(next) && !f.ignore_eos) break;
+    std::string piece = out.push(tok.token_to_piece(next));
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    if (n_generated >= limit || session.pos() >= session.n_ctx()) break;
+    session.eval(&next, 1);
+  }
+  double gen_s = gen_timer.seconds();
+  std::string rest = out.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+
+  int n_evals = n_generated > 0 ? n_generated - 1 : 0;  // the last sampled token is not evaluated
+  std::fprintf(stderr,
+               "\nload: %.0f ms | prompt: %zu tokens in %.0f ms, %.2f tokens/s | generation: %d tokens in %.0f ms, "
+               "%.2f tokens/s | peak RSS %.0f MiB\n",
+               load_s * 1e3, prompt.size(), prompt_s * 1e3, prompt.size() / prompt_s, n_generated, gen_s * 1e3,
+               n_evals > 0 ? n_evals / gen_s : 0.0, peak_rss_bytes() / 1048576.0);
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto f = std::make_shared<GenerateFlags>();
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a prompt, streaming tokens as they come");
+  f->engine.add_to(cmd);
+  auto* p = cmd->add_option("-p,--prompt", f->prompt, "prompt text");
+  auto* pf = cmd->add_option("-f,--file", f->prompt_file, "read the prompt from a file");
+  p->excludes(pf);
+  cmd->add_option("-n,--n-predict", f->n_predict, "tokens to generate (-1: until the context is full)")
+      ->check(CLI::Range(-1, 1 << 24));
+  cmd->add_flag("--chat", f->chat, "wrap the prompt in the model's chat template");
+  cmd->add_option("--system", f->system, "system message (with --chat)");
+  cmd->add_option("--temp", f->sampling.temperature, "temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-k", f->sampling.top_k, "top-k (0 = off)")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--top-p", f->sampling.top_p, "top-p (1 = off)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", f->sampling.min_p, "min-p (0 = off)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--repeat-penalty", f->sampling.repeat_penalty, "repetition penalty (1 = off)")
+      ->check(CLI::Range(0.01, 100.0));
+  cmd->add_option("--repeat-last-n", f->sampling.repeat_last_n, "tokens the penalty looks back over")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-s,--seed", f->seed, "random seed (-1 = random)");
+  cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
+  cmd->add_flag("--no-echo", f->no_echo, "do not print the prompt");
+  f->sampling.repeat_penalty = 1.0f;
+  cmd->callback([f] {
+    if (f->prompt.empty() && f->prompt_file.empty()) throw CLI::ValidationError("--prompt", "give a prompt with -p or -f");
+    run_generate(*f);
+  });
+}
+
+}  // namespace ember::cli

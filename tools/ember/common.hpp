@@ -1,0 +1,29 @@
+// Flags shared by the subcommands that run a model, and helpers they share.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "engine/session.hpp"
+#include "model/model.hpp"
+
+namespace ember::cli {
+
+struct EngineFlags {
+  std::string model_path;
+  int threads = 0;
+  int64_t ctx = 4096;
+  int64_t batch = 512;
+  bool verbose = false;
+
+  void add_to(CLI::App* app, bool model_required = true);
+  SessionParams session_params() const { return {threads, ctx, batch}; }
+};
+
+// Loads the model named by the flags, logging what it is and how long it took.
+std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds);
+
+// Peak resident memory of this process, in bytes.
+size_t peak_rss_bytes();
+
+}  // namespace ember::cli

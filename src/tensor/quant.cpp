@@ -138,7 +138,8 @@ void quant_q8_1(const float* x, BlockQ8_1* b, int64_t nb) {
     int sum = 0;
     for (int j = 0; j < kQK; ++j) sum += b[i].qs[j];
     b[i].d = fp32_to_fp16(d);
-    b[i].s = fp32_to_fp16(d * static_cast<float>(sum));
+    // s from the stored (rounded) d, so that s matches the sum of the dequantized values.
+    b[i].s = fp32_to_fp16(fp16_to_fp32(b[i].d) * static_cast<float>(sum));
   }
 }
 

@@ -246,7 +246,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
 
   if (vocab_.type == VocabType::Bpe) {
     std::vector<Symbol> symbols;
-    std::vector<BpeBigram> heap_storage;
+    std::vector<BpeBigram> heap;
     std::string word, key;
     for (const Fragment& f : frags) {
       if (f.token != kNoToken) {
@@ -277,20 +277,23 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
           symbols.push_back({m.byte_token[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n_sym ? i + 1 : -1,
                              static_cast<uint32_t>(i), 1});
         }
-        std::priority_queue<BpeBigram, std::vector<BpeBigram>, std::greater<>> queue(std::greater<>{},
-                                                                                      std::move(heap_storage));
+        // A min-heap in a vector that keeps its capacity from word to word.
+        heap.clear();
+        const std::greater<> cmp;
         auto add_bigram = [&](int32_t left, int32_t right) {
           if (left < 0 || right < 0) return;
           const int32_t a = symbols[left].id, b = symbols[right].id;
           if (a < 0 || b < 0) return;
           auto it = m.merges.find(pair_key(a, b));
           if (it == m.merges.end()) return;
-          queue.push({it->second.rank, left, right, a, b});
+          heap.push_back({it->second.rank, left, right, a, b});
+          std::push_heap(heap.begin(), heap.end(), cmp);
         };
         for (int32_t i = 1; i < n_sym; ++i) add_bigram(i - 1, i);
-        while (!queue.empty()) {
-          const BpeBigram bg = queue.top();
-          queue.pop();
+        while (!heap.empty()) {
+          std::pop_heap(heap.begin(), heap.end(), cmp);
+          const BpeBigram bg = heap.back();
+          heap.pop_back();
           Symbol& l = symbols[bg.left];
           Symbol& r = symbols[bg.right];
           // Stale entries: one side was merged away or grew since the pair was queued.
@@ -303,10 +306,6 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
           add_bigram(l.prev, bg.left);
           add_bigram(bg.left, l.next);
         }
-        // Hand the queue's storage back for the next word (it is empty now).
-        heap_storage = std::vector<BpeBigram>();
-        heap_storage.reserve(64);
-
         for (int32_t i = 0; i >= 0 && n_sym > 0; i = symbols[i].next) {
           const Symbol& s = symbols[i];
           if (s.id >= 0 && s.id < n_vocab()) {

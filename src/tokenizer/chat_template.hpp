@@ -1,0 +1,46 @@
+// Chat templates: turns a conversation into the prompt text a model was trained on. The style
+// is detected from the model's tokenizer.chat_template (a Jinja source) the way llama.cpp's
+// llm_chat_detect_template does, and rendered in C++; no Jinja engine.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ember {
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+enum class ChatStyle {
+  ChatML,   // <|im_start|>role\n...<|im_end|>\n (SmolLM, Qwen, ...)
+  Llama3,   // <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+  Llama2,   // [INST] ... [/INST] (with <<SYS>> when the template supports it)
+  Gemma,    // <start_of_turn>user\n...<end_of_turn>\n, assistant is "model", system merged into the first user turn
+};
+
+struct ChatTemplate {
+  ChatStyle style = ChatStyle::ChatML;
+  // Llama-2 variants (llama.cpp's LLAMA_2, _SYS, _SYS_BOS, _SYS_STRIP).
+  bool llama2_system = false;        // <<SYS>> block
+  bool llama2_bos_in_history = false;  // "<s>[INST] " for later turns
+  bool llama2_strip = false;         // content is trimmed
+  // System text the template inserts when the conversation does not start with a system
+  // message (SmolLM2: "You are a helpful AI assistant named SmolLM, trained by Hugging Face").
+  std::string default_system;
+};
+
+// Detects the style of a template source. An empty source means ChatML (llama.cpp's default);
+// a style name ("chatml", "llama3", "llama2", "gemma") is accepted too. Throws ember::Error
+// naming the supported styles when the template is not recognized.
+ChatTemplate parse_chat_template(const std::string& template_source);
+
+std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
+
+// parse_chat_template + render_chat.
+std::string apply_chat_template(const std::string& template_source, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt);
+
+const char* chat_style_name(ChatStyle style);
+
+}  // namespace ember

@@ -1,0 +1,125 @@
+// Chat template detection and rendering. The SmolLM2 expectations were produced by rendering
+// the model's own template with Jinja2 3.1.6; the others follow llama.cpp's llm_chat_apply_template.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "gguf/reader.hpp"
+#include "tokenizer/chat_template.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+using namespace ember;
+namespace fs = std::filesystem;
+
+namespace {
+
+// tokenizer.chat_template of SmolLM2-135M-Instruct.
+const std::string kSmolLM2Template =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' "
+    "}}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor "
+    "%}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+const std::vector<ChatMessage> kThreeTurns = {
+    {"user", "Hi there"}, {"assistant", "Hello!"}, {"user", "How are you?"}};
+
+const std::string kSmolLM2ThreeTurns =
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    "<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n";
+
+}  // namespace
+
+TEST(ChatTemplate, SmolLM2DefaultSystem) {
+  const ChatTemplate t = parse_chat_template(kSmolLM2Template);
+  EXPECT_EQ(t.style, ChatStyle::ChatML);
+  EXPECT_EQ(t.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  EXPECT_EQ(apply_chat_template(kSmolLM2Template, kThreeTurns, true), kSmolLM2ThreeTurns);
+  // An explicit system message replaces the default.
+  EXPECT_EQ(apply_chat_template(kSmolLM2Template, {{"system", "Be brief."}, {"user", "Hi"}}, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(ChatTemplate, SmolLM2FromModel) {
+  const char* dir = std::getenv("EMBER_MODEL_DIR");
+  const char* src = std::getenv("EMBER_SOURCE_DIR");
+  const fs::path path = fs::path(dir ? dir : std::string(src ? src : EMBER_SOURCE_DIR) + "/models") /
+                        "SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << "model " << path << " not found (set EMBER_MODEL_DIR)";
+  gguf::Reader r(path.string());
+  const std::string tmpl = r.get_string("tokenizer.chat_template");
+  const std::string prompt = apply_chat_template(tmpl, kThreeTurns, true);
+  EXPECT_EQ(prompt, kSmolLM2ThreeTurns);
+  // The rendered prompt tokenizes with the control tokens recognized.
+  Tokenizer tok(r);
+  const auto ids = tok.encode(prompt, true, true);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), 1);  // <|im_start|>
+  EXPECT_EQ(tok.decode(ids), prompt);
+}
+
+TEST(ChatTemplate, PlainChatMLHasNoDefaultSystem) {
+  const std::string tmpl =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+      "'<|im_end|>\\n'}}{% endfor %}";
+  EXPECT_TRUE(parse_chat_template(tmpl).default_system.empty());
+  EXPECT_EQ(apply_chat_template(tmpl, {{"user", "hi"}}, true), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  // Empty template: ChatML, as llama.cpp does.
+  EXPECT_EQ(apply_chat_template("", {{"user", "hi"}}, false), "<|im_start|>user\nhi<|im_end|>\n");
+}
+
+TEST(ChatTemplate, Llama3) {
+  const std::string tmpl =
+      "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+      "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+      "'<|eot_id|>' %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+      "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+  EXPECT_EQ(parse_chat_template(tmpl).style, ChatStyle::Llama3);
+  EXPECT_EQ(apply_chat_template(tmpl, {{"system", "Be nice."}, {"user", " Hi \n"}}, true),
+            "<|start_header_id|>system<|end_header_id|>\n\nBe nice.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(ChatTemplate, Llama2) {
+  const std::string tmpl =
+      "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + messages[0]['content'] "
+      "| trim + '\\n<</SYS>>\\n\\n' %}{% endif %}{% for message in messages %}{% if message['role'] == 'user' "
+      "%}{{ bos_token + '[INST] ' + message['content'] | trim + ' [/INST]' }}{% endif %}{% endfor %}";
+  const ChatTemplate t = parse_chat_template(tmpl);
+  EXPECT_EQ(t.style, ChatStyle::Llama2);
+  EXPECT_TRUE(t.llama2_system);
+  EXPECT_EQ(render_chat(t, {{"system", "Sys"}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "Again"}}, true),
+            "[INST] <<SYS>>\nSys\n<</SYS>>\n\nHi [/INST]Yo</s><s>[INST] Again [/INST]");  // bos_token + '[INST]: BOS inside history
+}
+
+TEST(ChatTemplate, GemmaMergesSystemAndRenamesAssistant) {
+  const std::string tmpl =
+      "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'assistant') %}{% set role = 'model' "
+      "%}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + "
+      "message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt "
+      "%}{{'<start_of_turn>model\n'}}{% endif %}";
+  EXPECT_EQ(parse_chat_template(tmpl).style, ChatStyle::Gemma);
+  EXPECT_EQ(apply_chat_template(tmpl, {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}},
+                                true),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+            "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+}
+
+TEST(ChatTemplate, UnknownTemplateIsAClearError) {
+  try {
+    apply_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}", {{"user", "x"}}, true);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* s : {"chatml", "llama3", "llama2", "gemma"}) EXPECT_NE(what.find(s), std::string::npos) << what;
+  }
+}
+
+TEST(ChatTemplate, StyleNames) {
+  EXPECT_EQ(parse_chat_template("llama3").style, ChatStyle::Llama3);
+  EXPECT_EQ(parse_chat_template("gemma").style, ChatStyle::Gemma);
+  EXPECT_STREQ(chat_style_name(ChatStyle::ChatML), "chatml");
+}

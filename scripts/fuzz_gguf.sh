@@ -21,8 +21,10 @@ fi
 cp -n tests/fuzz/corpus/* "$out/corpus/" 2>/dev/null || true
 cp -n tests/data/gguf_malformed/* "$out/corpus/" 2>/dev/null || true
 status=0
-"$out/fuzz_gguf" "$out/corpus" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 \
-  -artifact_prefix="$out/artifacts/" -jobs="$jobs" -workers="$jobs" -print_final_stats=1 || status=$?
+parallel=()
+[[ $jobs -gt 1 ]] && parallel=(-jobs="$jobs" -workers="$jobs")  # logs go to $out/fuzz-N.log
+(cd "$out" && ./fuzz_gguf corpus -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 \
+  -artifact_prefix=artifacts/ -print_final_stats=1 "${parallel[@]}") || status=$?
 found=$(find "$out/artifacts" -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) | wc -l)
 if [[ $found -gt 0 ]]; then
   cp "$out"/artifacts/* tests/data/gguf_malformed/

@@ -1,0 +1,39 @@
+// Register-tile driver shared by the SIMD kernel files. Include it only inside an anonymous
+// namespace of a *_avx2.cpp / *_avx512.cpp file, so that each ISA gets its own instantiations
+// (one shared definition would break the one-definition rule across target flags).
+//
+// A kernel K provides kRows, kTokens and `template <int R, int T> static void tile(args, r0, t0)`
+// computing rows [r0, r0+R) x tokens [t0, t0+T); gemm<K> covers any block with tiles of at most
+// kRows x kTokens, the remainders with smaller instantiations.
+
+using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
+
+template <class K, int R, int T>
+void tile_call(const GemmArgs& a, int64_t r0, int64_t t0) {
+  K::template tile<R, T>(a, r0, t0);
+}
+
+template <class K, int RM, int TM, int I = 0>
+constexpr void fill_tiles(std::array<TileFn, RM * TM>& table) {
+  if constexpr (I < RM * TM) {
+    table[I] = &tile_call<K, I / TM + 1, I % TM + 1>;
+    fill_tiles<K, RM, TM, I + 1>(table);
+  }
+}
+
+template <class K>
+void gemm(const GemmArgs& a) {
+  constexpr int RM = K::kRows, TM = K::kTokens;
+  static constexpr std::array<TileFn, RM * TM> table = [] {
+    std::array<TileFn, RM * TM> t{};
+    fill_tiles<K, RM, TM>(t);
+    return t;
+  }();
+  for (int64_t r0 = 0; r0 < a.nrows; r0 += RM) {
+    const int nr = static_cast<int>(a.nrows - r0 < RM ? a.nrows - r0 : RM);
+    for (int64_t t0 = 0; t0 < a.ntok; t0 += TM) {
+      const int nt = static_cast<int>(a.ntok - t0 < TM ? a.ntok - t0 : TM);
+      table[(nr - 1) * TM + nt - 1](a, r0, t0);
+    }
+  }
+}

@@ -1,0 +1,248 @@
+// AVX-512 (F, BW, VL, DQ, VNNI) kernels. Integer dots use vpdpbusd (u8 x s8): 4-bit weights
+// enter as unsigned 0..15 and 8-bit weights as w + 128, and the offset times the activation sum
+// (itself one vpdpbusd per token, shared by all rows of a tile) is subtracted. Each 512-bit step
+// covers two 32-element blocks; block scales go to the two 256-bit halves.
+// GCC 12 flags the self-initialized "undefined" vectors inside its own AVX-512 intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <array>
+#include <type_traits>
+
+#include "ops/cpu/kernels.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+#include "ops/cpu/tile_driver.hpp"
+
+// Two fp16 values to floats [a, b, 0, 0].
+inline __m128 half2(uint16_t a, uint16_t b) {
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(a | static_cast<uint32_t>(b) << 16)));
+}
+
+// Lanes 0..7 <- element 0, lanes 8..15 <- element 1.
+inline __m512 spread2(__m128 v) {
+  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(v));
+}
+
+// ---- float weights ----------------------------------------------------------------------
+
+template <DType WT>
+struct FloatKernel {
+  static constexpr int kRows = 4, kTokens = 4;
+
+  static __m512 load_w(const uint8_t* p, int64_t i) {
+    if constexpr (WT == DType::F32) {
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
+    } else if constexpr (WT == DType::F16) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(p) + i)));
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(p) + i));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+  static __m512 load_w_masked(const uint8_t* p, int64_t i, __mmask16 m) {
+    if constexpr (WT == DType::F32) {
+      return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(p) + i);
+    } else if constexpr (WT == DType::F16) {
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(p) + i));
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(p) + i);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    const uint8_t* w[R];
+    const float* x[T];
+    for (int r = 0; r < R; ++r) w[r] = a.w + (r0 + r) * a.w_stride;
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(a.x + (t0 + t) * a.x_stride);
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= a.k; i += 16) {
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load_w(w[r], i);
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv = _mm512_loadu_ps(x[t] + i);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    if (i < a.k) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (a.k - i)) - 1);
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load_w_masked(w[r], i, m);
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x[t] + i);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+// ---- 32-element block types: Q4_0 x Q8_0, Q8_0 x Q8_0, Q4_1 x Q8_1 ----------------------
+
+template <DType WT>
+struct Block32Kernel {
+  static constexpr int kRows = 4, kTokens = 4;
+  using WB = std::conditional_t<WT == DType::Q4_0, BlockQ4_0, std::conditional_t<WT == DType::Q4_1, BlockQ4_1, BlockQ8_0>>;
+  using XB = std::conditional_t<WT == DType::Q4_1, BlockQ8_1, BlockQ8_0>;
+  static constexpr bool kHasMin = WT == DType::Q4_1;
+
+  // Weights of blocks b0, b1 as unsigned bytes (q for 4-bit, w + 128 for 8-bit).
+  static __m512i decode(const WB* b0, const WB* b1) {
+    if constexpr (WT == DType::Q8_0) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0->qs));
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1->qs));
+      return _mm512_xor_si512(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1), _mm512_set1_epi8(static_cast<char>(0x80)));
+    } else {
+      const __m256i v = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0->qs))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1->qs)), 1);
+      __m512i z = _mm512_zextsi256_si512(v);
+      z = _mm512_shuffle_i64x2(z, z, 0x50);  // 128-bit lanes [b0, b0, b1, b1]
+      z = _mm512_mask_blend_epi64(0xCC, z, _mm512_srli_epi16(z, 4));  // high nibbles in lanes 1, 3
+      return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+    }
+  }
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    const int64_t nb = a.k / kQK;
+    const WB* w[R];
+    const XB* x[T];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const XB*>(a.x + (t0 + t) * a.x_stride);
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    const __m512i offset = _mm512_set1_epi8(static_cast<char>(WT == DType::Q8_0 ? 0x80 : 8));
+    for (int64_t b = 0; b < nb; b += 2) {
+      // An odd last block is paired with itself, its second copy weighted by 0.
+      const bool pair = b + 1 < nb;
+      const int64_t b1 = pair ? b + 1 : b;
+      __m512i q[R];
+      __m128 dw[R];
+      [[maybe_unused]] __m512 mw[R];
+      for (int r = 0; r < R; ++r) {
+        q[r] = decode(w[r] + b, w[r] + b1);
+        dw[r] = half2(w[r][b].d, pair ? w[r][b1].d : 0);
+        if constexpr (kHasMin)
+          mw[r] = _mm512_maskz_permutexvar_ps(0x0101, _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                              _mm512_zextps128_ps512(half2(w[r][b].m, pair ? w[r][b1].m : 0)));
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512i xa = _mm512_inserti64x4(
+            _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b1].qs)), 1);
+        const __m128 da = half2(x[t][b].d, x[t][b1].d);
+        [[maybe_unused]] __m512i off;
+        [[maybe_unused]] __m512 sx;
+        if constexpr (kHasMin) {
+          sx = spread2(half2(x[t][b].s, x[t][b1].s));
+        } else {
+          off = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, xa);
+        }
+        for (int r = 0; r < R; ++r) {
+          __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], xa);
+          if constexpr (!kHasMin) p = _mm512_sub_epi32(p, off);
+          const __m512 scale = spread2(_mm_mul_ps(dw[r], da));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[r][t]);
+          if constexpr (kHasMin) acc[r][t] = _mm512_fmadd_ps(mw[r], sx, acc[r][t]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+// ---- Q6_K x Q8_K ------------------------------------------------------------------------
+// Each super-block is four 64-element steps. Weights enter as unsigned q + 32 (0..63);
+// vpmaddubsw gives pair sums, from which 32 * (pair sums of the activations) is subtracted, and
+// vpdpwssd multiplies by the 16-element group scales (one per 128-bit lane) and accumulates.
+
+struct Q6KKernel {
+  static constexpr int kRows = 2, kTokens = 4;
+
+  static __m512i decode(const BlockQ6_K& blk, int i) {
+    const int h = i >> 1;
+    const __m512i ql = _mm512_loadu_si512(blk.ql + 64 * h);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
+    const __m512i qh2 = _mm512_inserti64x4(_mm512_zextsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    if (i & 1)
+      return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(qh2, m30));
+    return _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30));
+  }
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    alignas(64) static constexpr auto kIdx = [] {
+      std::array<int16_t, 128> idx{};
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 32; ++j) idx[i * 32 + j] = static_cast<int16_t>(4 * i + j / 8);
+      return idx;
+    }();
+    const int64_t nb = a.k / kQK_K;
+    const BlockQ6_K* w[R];
+    const BlockQ8_K* x[T];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const BlockQ6_K*>(a.w + (r0 + r) * a.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a.x + (t0 + t) * a.x_stride);
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    const __m512i k32 = _mm512_set1_epi8(32);
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i s16[R];
+      for (int r = 0; r < R; ++r)
+        s16[r] = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r][b].scales))));
+      __m512i isum[R][T];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) isum[r][t] = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i) {
+        const __m512i idx = _mm512_load_si512(kIdx.data() + 32 * i);
+        __m512i q[R], sc[R];
+        for (int r = 0; r < R; ++r) {
+          q[r] = decode(w[r][b], i);
+          sc[r] = _mm512_permutexvar_epi16(idx, s16[r]);
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m512i xa = _mm512_loadu_si512(x[t][b].qs + 64 * i);
+          const __m512i off = _mm512_maddubs_epi16(k32, xa);
+          for (int r = 0; r < R; ++r) {
+            const __m512i p = _mm512_sub_epi16(_mm512_maddubs_epi16(q[r], xa), off);
+            isum[r][t] = _mm512_dpwssd_epi32(isum[r][t], p, sc[r]);
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const float dw = _cvtsh_ss(w[r][b].d);
+        for (int t = 0; t < T; ++t)
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_set1_ps(dw * x[t][b].d), acc[r][t]);
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+}  // namespace
+
+const KernelSet& kernels_avx512() {
+  static const KernelSet set{
+      &gemm<FloatKernel<DType::F32>>,    &gemm<FloatKernel<DType::F16>>,    &gemm<FloatKernel<DType::BF16>>,
+      &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Block32Kernel<DType::Q4_0>>, &gemm<Block32Kernel<DType::Q4_1>>,
+      &gemm<Q6KKernel>};
+  return set;
+}
+
+}  // namespace ember::cpu::detail

@@ -1,0 +1,273 @@
+#include "tensor/quant.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "tensor/fp16.hpp"
+
+namespace ember {
+namespace {
+
+inline int round_int(float x) { return static_cast<int>(std::lrintf(x)); }  // nearest, ties even
+
+void check_multiple(DType type, int64_t n) {
+  int64_t bs = info(type).block_size;
+  EMBER_CHECK(n % bs == 0, "row of {} elements is not a multiple of the {} block size {}", n, dtype_name(type), bs);
+}
+
+// ---- dequantize -------------------------------------------------------------------------
+
+void dequant_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = d * static_cast<float>((b[i].qs[j] & 0x0F) - 8);
+      y[j + kQK / 2] = d * static_cast<float>((b[i].qs[j] >> 4) - 8);
+    }
+  }
+}
+
+void dequant_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = fp16_to_fp32(b[i].d), m = fp16_to_fp32(b[i].m);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = d * static_cast<float>(b[i].qs[j] & 0x0F) + m;
+      y[j + kQK / 2] = d * static_cast<float>(b[i].qs[j] >> 4) + m;
+    }
+  }
+}
+
+void dequant_q8_0(const BlockQ8_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < kQK; ++j) y[j] = d * static_cast<float>(b[i].qs[j]);
+  }
+}
+
+void dequant_q8_1(const BlockQ8_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < kQK; ++j) y[j] = d * static_cast<float>(b[i].qs[j]);
+  }
+}
+
+void dequant_q8_k(const BlockQ8_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK_K)
+    for (int j = 0; j < kQK_K; ++j) y[j] = b[i].d * static_cast<float>(b[i].qs[j]);
+}
+
+// Q6_K: each half of 128 elements takes 64 bytes of ql and 32 of qh. Element l (< 32) of the four
+// quarters comes from: low nibble of ql[l], low nibble of ql[l+32], high nibble of ql[l], high
+// nibble of ql[l+32]; its 2 high bits from qh[l] bits 0-1, 2-3, 4-5, 6-7. Element i of the
+// super-block uses scale scales[i / 16].
+void dequant_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    const uint8_t* ql = b[i].ql;
+    const uint8_t* qh = b[i].qh;
+    const int8_t* sc = b[i].scales;
+    for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
+      for (int l = 0; l < 32; ++l) {
+        const int q0 = ((ql[l] & 0x0F) | ((qh[l] >> 0) & 3) << 4) - 32;
+        const int q1 = ((ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4) - 32;
+        const int q2 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+        const int q3 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+        const int s = l / 16;
+        y[l] = d * static_cast<float>(sc[s]) * static_cast<float>(q0);
+        y[l + 32] = d * static_cast<float>(sc[s + 2]) * static_cast<float>(q1);
+        y[l + 64] = d * static_cast<float>(sc[s + 4]) * static_cast<float>(q2);
+        y[l + 96] = d * static_cast<float>(sc[s + 6]) * static_cast<float>(q3);
+      }
+    }
+  }
+}
+
+// ---- quantize ---------------------------------------------------------------------------
+
+void quant_q4_0(const float* x, BlockQ4_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float amax = 0.f, max = 0.f;  // max keeps its sign: it maps to q = 0 (i.e. -8)
+    for (int j = 0; j < kQK; ++j)
+      if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+    const float d = max / -8.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    b[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::min(15, static_cast<int>(x[j] * id + 8.5f));
+      const int q1 = std::min(15, static_cast<int>(x[j + kQK / 2] * id + 8.5f));
+      b[i].qs[j] = static_cast<uint8_t>(q0 | q1 << 4);
+    }
+  }
+}
+
+void quant_q4_1(const float* x, BlockQ4_1* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < kQK; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+    const float d = (hi - lo) / 15.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    b[i].d = fp32_to_fp16(d);
+    b[i].m = fp32_to_fp16(lo);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::clamp(static_cast<int>((x[j] - lo) * id + 0.5f), 0, 15);
+      const int q1 = std::clamp(static_cast<int>((x[j + kQK / 2] - lo) * id + 0.5f), 0, 15);
+      b[i].qs[j] = static_cast<uint8_t>(q0 | q1 << 4);
+    }
+  }
+}
+
+// Symmetric 8-bit block: d = amax / 127, q = round(x / d). Returns d; writes qs.
+float quant_sym8(const float* x, int8_t* qs, int n) {
+  float amax = 0.f;
+  for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  for (int j = 0; j < n; ++j) qs[j] = static_cast<int8_t>(std::clamp(round_int(x[j] * id), -127, 127));
+  return d;
+}
+
+void quant_q8_0(const float* x, BlockQ8_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) b[i].d = fp32_to_fp16(quant_sym8(x, b[i].qs, kQK));
+}
+
+void quant_q8_1(const float* x, BlockQ8_1* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    const float d = quant_sym8(x, b[i].qs, kQK);
+    int sum = 0;
+    for (int j = 0; j < kQK; ++j) sum += b[i].qs[j];
+    b[i].d = fp32_to_fp16(d);
+    // s from the stored (rounded) d, so that s matches the sum of the dequantized values.
+    b[i].s = fp32_to_fp16(fp16_to_fp32(b[i].d) * static_cast<float>(sum));
+  }
+}
+
+void quant_q8_k(const float* x, BlockQ8_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    b[i].d = quant_sym8(x, b[i].qs, kQK_K);
+    for (int g = 0; g < kQK_K / 16; ++g) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += b[i].qs[g * 16 + j];
+      b[i].bsums[g] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+// Best scale for 16 values quantized to [-32, 31]: tries a few divisors of the signed max and
+// keeps the one with the least squared error (a light version of ggml's make_qx_quants).
+float q6_sub_scale(const float* x) {
+  float amax = 0.f, max = 0.f;
+  for (int j = 0; j < 16; ++j)
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+  if (amax == 0.f) return 0.f;
+  float best_scale = max / -32.f, best_err = INFINITY;
+  for (int step = -6; step <= 6; ++step) {
+    const float scale = max / (-32.f + 0.25f * static_cast<float>(step));
+    const float inv = 1.f / scale;
+    float err = 0.f;
+    for (int j = 0; j < 16; ++j) {
+      const int q = std::clamp(round_int(x[j] * inv), -32, 31);
+      const float e = x[j] - scale * static_cast<float>(q);
+      err += e * e;
+    }
+    if (err < best_err) best_err = err, best_scale = scale;
+  }
+  return best_scale;
+}
+
+void quant_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float sub[kQK_K / 16];
+    float max_scale = 0.f, amax_scale = 0.f;
+    for (int g = 0; g < kQK_K / 16; ++g) {
+      sub[g] = q6_sub_scale(x + 16 * g);
+      if (std::fabs(sub[g]) > amax_scale) amax_scale = std::fabs(sub[g]), max_scale = sub[g];
+    }
+    BlockQ6_K& blk = b[i];
+    std::memset(&blk, 0, sizeof(blk));
+    uint8_t q[kQK_K];
+    if (amax_scale == 0.f) {
+      std::fill(q, q + kQK_K, 32);
+    } else {
+      // Sub-block scales as int8 relative to the super-block scale d: the largest maps to -128.
+      const float iscale = -128.f / max_scale;
+      const float d = 1.f / iscale;
+      blk.d = fp32_to_fp16(d);
+      const float dq = fp16_to_fp32(blk.d);
+      for (int g = 0; g < kQK_K / 16; ++g) {
+        blk.scales[g] = static_cast<int8_t>(std::min(127, round_int(iscale * sub[g])));
+        const float s = dq * static_cast<float>(blk.scales[g]);
+        const float inv = s != 0.f ? 1.f / s : 0.f;
+        for (int j = 0; j < 16; ++j)
+          q[16 * g + j] = static_cast<uint8_t>(std::clamp(round_int(x[16 * g + j] * inv), -32, 31) + 32);
+      }
+    }
+    // Pack: the inverse of dequant_q6_k's layout.
+    for (int half = 0; half < 2; ++half) {
+      uint8_t* ql = blk.ql + 64 * half;
+      uint8_t* qh = blk.qh + 32 * half;
+      const uint8_t* qq = q + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        ql[l] = static_cast<uint8_t>((qq[l] & 0x0F) | (qq[l + 64] & 0x0F) << 4);
+        ql[l + 32] = static_cast<uint8_t>((qq[l + 32] & 0x0F) | (qq[l + 96] & 0x0F) << 4);
+        qh[l] = static_cast<uint8_t>((qq[l] >> 4) | (qq[l + 32] >> 4) << 2 | (qq[l + 64] >> 4) << 4 |
+                                     (qq[l + 96] >> 4) << 6);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
+  check_multiple(type, n);
+  const int64_t nb = n / info(type).block_size;
+  switch (type) {
+    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case DType::F16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+      return;
+    }
+    case DType::Q4_0: dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb); return;
+    case DType::Q4_1: dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb); return;
+    case DType::Q8_0: dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb); return;
+    case DType::Q8_1: dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb); return;
+    case DType::Q6_K: dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); return;
+    case DType::Q8_K: dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb); return;
+    default: fail("dequantize: type {} is not supported", dtype_name(type));
+  }
+}
+
+void quantize_row(DType type, const float* src, void* dst, int64_t n) {
+  check_multiple(type, n);
+  const int64_t nb = n / info(type).block_size;
+  switch (type) {
+    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case DType::F16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
+      return;
+    }
+    case DType::BF16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
+      return;
+    }
+    case DType::Q4_0: quant_q4_0(src, static_cast<BlockQ4_0*>(dst), nb); return;
+    case DType::Q4_1: quant_q4_1(src, static_cast<BlockQ4_1*>(dst), nb); return;
+    case DType::Q8_0: quant_q8_0(src, static_cast<BlockQ8_0*>(dst), nb); return;
+    case DType::Q8_1: quant_q8_1(src, static_cast<BlockQ8_1*>(dst), nb); return;
+    case DType::Q6_K: quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); return;
+    case DType::Q8_K: quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb); return;
+    default: fail("quantize: type {} is not supported", dtype_name(type));
+  }
+}
+
+}  // namespace ember

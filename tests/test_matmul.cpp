@@ -1,0 +1,306 @@
+#include "ops/cpu/matmul.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/aligned_buffer.hpp"
+#include "core/cpu_features.hpp"
+#include "core/error.hpp"
+#include "gguf/reader.hpp"
+#include "ops/cpu/bandwidth.hpp"
+#include "tensor/fp16.hpp"
+#include "tensor/quant.hpp"
+
+using namespace ember;
+
+namespace {
+
+const DType kWeightTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q6_K};
+
+DType act_type(DType w) {
+  switch (w) {
+    case DType::Q8_0: case DType::Q4_0: return DType::Q8_0;
+    case DType::Q4_1: return DType::Q8_1;
+    case DType::Q6_K: return DType::Q8_K;
+    default: return DType::F32;
+  }
+}
+
+bool is_float(DType w) { return w == DType::F32 || w == DType::F16 || w == DType::BF16; }
+
+// Restores the SIMD level a test changed.
+struct SimdGuard {
+  SimdLevel saved = simd_level();
+  ~SimdGuard() { set_simd_level(saved); }
+};
+
+std::vector<SimdLevel> levels() {
+  std::vector<SimdLevel> v{SimdLevel::scalar};
+  if (cpu_features().avx2) v.push_back(SimdLevel::avx2);
+  if (cpu_features().avx512 && cpu_features().avx512_vnni) v.push_back(SimdLevel::avx512);
+  return v;
+}
+
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+};
+
+Matrix random_matrix(DType t, int64_t rows, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  Matrix m;
+  const size_t stride = row_bytes(t, k);
+  m.bytes.resize(stride * rows);
+  std::vector<float> row(k);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = 0.2f + static_cast<float>(r % 7);  // rows of different magnitude
+    for (auto& x : row) x = dist(rng) * scale;
+    quantize_row(t, row.data(), m.bytes.data() + r * stride, k);
+  }
+  m.view.name = "W";
+  m.view.type = t;
+  m.view.n_dims = 2;
+  m.view.ne[0] = k;
+  m.view.ne[1] = rows;
+  m.view.data = m.bytes.data();
+  m.view.nbytes = m.bytes.size();
+  return m;
+}
+
+std::vector<float> random_acts(int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> x(n * k);
+  for (auto& v : x) v = dist(rng);
+  for (size_t i = 0; i < x.size(); i += 53) x[i] *= 10.f;
+  return x;
+}
+
+struct Result {
+  std::vector<float> y;
+  std::vector<double> ref, l1;  // double-precision dot over dequantized operands, and sum |w x|
+  // Q4_1 x Q8_1 takes the activation block sums from the fp16 field s = d * sum(q), so the
+  // product differs from the plain dot by up to half an fp16 ulp of s times |m| per block.
+  std::vector<double> fp16_sum_slack;
+  double bound(size_t i, double rel) const { return rel * l1[i] + fp16_sum_slack[i] + 1e-30; }
+};
+
+// Reference: dequantize weights and the quantized activations, dot in double.
+void reference(const Matrix& m, const std::vector<float>& X, int64_t n, Result& res) {
+  const int64_t k = m.view.cols(), rows = m.view.rows();
+  const DType at = act_type(m.view.type);
+  std::vector<uint8_t> xq(cpu::matmul_scratch_bytes(m.view.type, k, n));
+  cpu::quantize_activations(m.view.type, X.data(), n, k, xq.data());
+  std::vector<float> xd(n * k), wd(k);
+  for (int64_t t = 0; t < n; ++t) dequantize_row(at, xq.data() + t * row_bytes(at, k), xd.data() + t * k, k);
+  res.ref.assign(n * rows, 0.0);
+  res.l1.assign(n * rows, 0.0);
+  res.fp16_sum_slack.assign(n * rows, 0.0);
+  if (m.view.type == DType::Q4_1) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t < n; ++t) {
+        const auto* wb = reinterpret_cast<const BlockQ4_1*>(m.view.row(r));
+        const auto* xb = reinterpret_cast<const BlockQ8_1*>(xq.data() + t * row_bytes(at, k));
+        double slack = 0;
+        for (int64_t b = 0; b < k / kQK; ++b)
+          slack += std::fabs(fp16_to_fp32(wb[b].m) * fp16_to_fp32(xb[b].s)) * 0x1p-11;
+        res.fp16_sum_slack[t * rows + r] = slack;
+      }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(m.view.type, m.view.row(r), wd.data(), k);
+    for (int64_t t = 0; t < n; ++t) {
+      double s = 0, a = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double p = static_cast<double>(wd[i]) * xd[t * k + i];
+        s += p;
+        a += std::fabs(p);
+      }
+      res.ref[t * rows + r] = s;
+      res.l1[t * rows + r] = a;
+    }
+  }
+}
+
+std::vector<float> run_matmul(ThreadPool& pool, const Matrix& m, const std::vector<float>& X, int64_t n) {
+  AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(m.view.type, m.view.cols(), n) + 1);
+  std::vector<float> y(n * m.view.rows(), NAN);
+  cpu::matmul(pool, m.view, X.data(), n, y.data(), scratch.data());
+  return y;
+}
+
+// Integer paths differ from the double reference only by float summation of block terms.
+double tolerance(DType t) { return is_float(t) ? 2e-6 : 1e-5; }
+
+struct Shape {
+  int64_t rows, k;
+};
+
+std::vector<Shape> shapes(DType t) {
+  if (t == DType::Q6_K) return {{1, 256}, {3, 512}, {17, 768}, {1000, 256}};
+  if (is_float(t)) return {{1, 7}, {3, 33}, {17, 1000}, {1000, 48}};
+  return {{1, 32}, {3, 96}, {17, 800}, {1000, 64}};  // 96, 800: not multiples of 256
+}
+
+}  // namespace
+
+// Every SIMD level's matmul matches the double-precision product of the dequantized operands,
+// and the SIMD levels match the scalar kernels.
+TEST(Matmul, AllLevelsMatchReference) {
+  SimdGuard guard;
+  ThreadPool pool(2);
+  for (DType t : kWeightTypes) {
+    uint32_t seed = 10;
+    for (Shape s : shapes(t)) {
+      const Matrix m = random_matrix(t, s.rows, s.k, ++seed);
+      for (int64_t n : {1, 2, 5, 13}) {
+        const auto X = random_acts(n, s.k, ++seed);
+        Result res;
+        reference(m, X, n, res);
+        std::vector<float> scalar_y;
+        for (SimdLevel level : levels()) {
+          set_simd_level(level);
+          const auto y = run_matmul(pool, m, X, n);
+          if (level == SimdLevel::scalar) scalar_y = y;
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_NEAR(y[i], res.ref[i], res.bound(i, tolerance(t)))
+                << dtype_name(t) << " " << simd_level_name(level) << " rows=" << s.rows << " k=" << s.k << " n=" << n
+                << " i=" << i;
+            ASSERT_NEAR(y[i], scalar_y[i], tolerance(t) * res.l1[i] + 1e-30)
+                << dtype_name(t) << " " << simd_level_name(level) << " vs scalar, rows=" << s.rows << " k=" << s.k
+                << " n=" << n << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, VecDotAllLevelsMatchScalar) {
+  SimdGuard guard;
+  for (DType t : kWeightTypes) {
+    const int64_t k = t == DType::Q6_K ? 1280 : is_float(t) ? 1001 : 1248;
+    const Matrix m = random_matrix(t, 4, k, 99);
+    const auto X = random_acts(1, k, 100);
+    std::vector<uint8_t> xq(cpu::matmul_scratch_bytes(t, k, 1));
+    cpu::quantize_activations(t, X.data(), 1, k, xq.data());
+    Result res;
+    reference(m, X, 1, res);
+    for (int64_t r = 0; r < 4; ++r) {
+      set_simd_level(SimdLevel::scalar);
+      const float want = cpu::vec_dot(t, k, m.view.row(r), xq.data());
+      EXPECT_NEAR(want, res.ref[r], res.bound(r, tolerance(t))) << dtype_name(t);
+      for (SimdLevel level : levels()) {
+        set_simd_level(level);
+        EXPECT_NEAR(cpu::vec_dot(t, k, m.view.row(r), xq.data()), want, tolerance(t) * res.l1[r])
+            << dtype_name(t) << " " << simd_level_name(level);
+      }
+    }
+  }
+}
+
+// The split over threads changes nothing: results are bit-identical for 1, 2 and 3 threads.
+TEST(Matmul, DeterministicAcrossThreadCounts) {
+  ThreadPool p1(1), p2(2), p3(3);
+  for (DType t : kWeightTypes) {
+    const int64_t k = t == DType::Q6_K ? 512 : 160;
+    const Matrix m = random_matrix(t, 203, k, 7);
+    for (int64_t n : {1, 13, 70}) {
+      const auto X = random_acts(n, k, 8);
+      const auto y1 = run_matmul(p1, m, X, n);
+      const auto y2 = run_matmul(p2, m, X, n);
+      const auto y3 = run_matmul(p3, m, X, n);
+      EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << dtype_name(t) << " n=" << n;
+      EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float))) << dtype_name(t) << " n=" << n;
+    }
+  }
+}
+
+TEST(Matmul, RowsSubsetMatchesFullProduct) {
+  ThreadPool pool(1);
+  const int64_t k = 256, rows = 37, n = 5;
+  for (DType t : kWeightTypes) {
+    const Matrix m = random_matrix(t, rows, k, 21);
+    const auto X = random_acts(n, k, 22);
+    const auto full = run_matmul(pool, m, X, n);
+    std::vector<uint8_t> xq(cpu::matmul_scratch_bytes(t, k, n));
+    cpu::quantize_activations(t, X.data(), n, k, xq.data());
+    const int64_t r0 = 5, r1 = 30;
+    std::vector<float> part(n * (r1 - r0));
+    cpu::matmul_rows(m.view, xq.data(), n, r0, r1, part.data(), r1 - r0);
+    for (int64_t tk = 0; tk < n; ++tk)
+      for (int64_t r = r0; r < r1; ++r) EXPECT_EQ(part[tk * (r1 - r0) + r - r0], full[tk * rows + r]) << dtype_name(t);
+  }
+}
+
+TEST(Matmul, GetRowsDequantizes) {
+  for (DType t : kWeightTypes) {
+    const int64_t k = 256;
+    const Matrix m = random_matrix(t, 10, k, 31);
+    const int32_t ids[3] = {9, 0, 4};
+    std::vector<float> out(3 * k), want(k);
+    cpu::get_rows(m.view, ids, 3, out.data());
+    for (int i = 0; i < 3; ++i) {
+      dequantize_row(t, m.view.row(ids[i]), want.data(), k);
+      EXPECT_EQ(0, std::memcmp(out.data() + i * k, want.data(), k * sizeof(float))) << dtype_name(t);
+    }
+    const int32_t bad = 10;
+    EXPECT_THROW(cpu::get_rows(m.view, &bad, 1, out.data()), Error);
+  }
+}
+
+TEST(Matmul, ScratchSizeAndBadShapes) {
+  EXPECT_EQ(cpu::matmul_scratch_bytes(DType::Q4_0, 64, 3), 3 * 2 * sizeof(BlockQ8_0));
+  EXPECT_EQ(cpu::matmul_scratch_bytes(DType::Q4_1, 64, 1), 2 * sizeof(BlockQ8_1));
+  EXPECT_EQ(cpu::matmul_scratch_bytes(DType::Q6_K, 512, 2), 4 * sizeof(BlockQ8_K));
+  EXPECT_THROW(cpu::matmul_scratch_bytes(DType::Q4_0, 48, 1), Error);
+  EXPECT_THROW(cpu::matmul_scratch_bytes(DType::Q5_0, 64, 1), Error);
+}
+
+// Real weights: rows of SmolLM2's Q4_1 FFN matrix against the double-precision reference.
+TEST(Matmul, RealModelQ4_1Rows) {
+  std::string path = "/work/main/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (const char* dir = std::getenv("EMBER_SOURCE_DIR")) {
+    const std::string local = std::string(dir) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (std::filesystem::exists(local)) path = local;
+  }
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "model not installed: " << path;
+  gguf::Reader reader(path);
+  int checked = 0;
+  for (const auto& info : reader.tensors()) {
+    TensorView w = reader.view(info);
+    if (w.type != DType::Q4_1 && w.type != DType::Q8_0) continue;
+    if (w.n_dims != 2 || checked >= 3) continue;
+    ++checked;
+    Matrix m;
+    m.view = w;
+    const int64_t k = w.cols();
+    const auto X = random_acts(2, k, 5);
+    ThreadPool pool(2);
+    const auto y = run_matmul(pool, m, X, 2);
+    Result res;
+    Matrix head = m;  // reference over the first 64 rows only
+    head.view.ne[1] = 64;
+    head.view.ne[2] = head.view.ne[3] = 1;
+    reference(head, X, 2, res);
+    for (int64_t t = 0; t < 2; ++t)
+      for (int64_t r = 0; r < 64; ++r)
+        ASSERT_NEAR(y[t * w.rows() + r], res.ref[t * 64 + r], res.bound(t * 64 + r, 1e-5)) << w.name;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(Bandwidth, ProbeReturnsPositiveFinite) {
+  ThreadPool pool(2);
+  const double bw = cpu::measure_read_bandwidth(pool, size_t{32} << 20);
+  EXPECT_TRUE(std::isfinite(bw));
+  EXPECT_GT(bw, 1e8);  // any machine reads faster than 100 MB/s
+}

@@ -1,0 +1,213 @@
+#include "tensor/quant.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.hpp"
+#include "tensor/fp16.hpp"
+
+using namespace ember;
+
+namespace {
+
+std::vector<float> random_floats(int64_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  // Some outliers and a constant run make the per-block ranges uneven.
+  for (size_t i = 0; i < v.size(); i += 97) v[i] *= 6.f;
+  for (size_t i = 64; i < std::min<size_t>(v.size(), 96); ++i) v[i] = 0.75f;
+  return v;
+}
+
+std::vector<float> round_trip(DType t, const std::vector<float>& x) {
+  std::vector<uint8_t> q(row_bytes(t, static_cast<int64_t>(x.size())));
+  quantize_row(t, x.data(), q.data(), static_cast<int64_t>(x.size()));
+  std::vector<float> y(x.size());
+  dequantize_row(t, q.data(), y.data(), static_cast<int64_t>(x.size()));
+  return y;
+}
+
+float block_amax(const std::vector<float>& x, size_t i, size_t bs) {
+  size_t b = i / bs * bs;
+  float m = 0.f;
+  for (size_t j = b; j < b + bs; ++j) m = std::max(m, std::fabs(x[j]));
+  return m;
+}
+
+}  // namespace
+
+TEST(Quant, FloatTypesRoundTrip) {
+  const auto x = random_floats(1024, 1);
+  EXPECT_EQ(round_trip(DType::F32, x), x);
+  const auto h = round_trip(DType::F16, x);
+  const auto b = round_trip(DType::BF16, x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_LE(std::fabs(h[i] - x[i]), std::fabs(x[i]) * 0x1p-11f) << i;
+    EXPECT_LE(std::fabs(b[i] - x[i]), std::fabs(x[i]) * 0x1p-8f) << i;
+  }
+}
+
+// 8-bit symmetric types: error at most half a step (d = amax / 127) plus the fp16 rounding of d.
+TEST(Quant, Q8ErrorBounds) {
+  const auto x = random_floats(2048, 2, 3.f);
+  for (DType t : {DType::Q8_0, DType::Q8_1, DType::Q8_K}) {
+    const size_t bs = static_cast<size_t>(info(t).block_size);
+    const auto y = round_trip(t, x);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float d = block_amax(x, i, bs) / 127.f;
+      const float bound = t == DType::Q8_K ? 0.5001f * d : 0.5f * d + 127.f * d * 0x1p-11f + 1e-7f;
+      ASSERT_LE(std::fabs(y[i] - x[i]), bound) << dtype_name(t) << " element " << i;
+    }
+  }
+}
+
+TEST(Quant, Q4_0ErrorBound) {
+  const auto x = random_floats(2048, 3);
+  const auto y = round_trip(DType::Q4_0, x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float d = block_amax(x, i, 32) / 8.f;
+    // Half a step, except the value opposite the max may clip by a whole step.
+    ASSERT_LE(std::fabs(y[i] - x[i]), d * (1.f + 0x1p-8f)) << i;
+  }
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < x.size(); ++i) err += (y[i] - x[i]) * (y[i] - x[i]), ref += x[i] * x[i];
+  EXPECT_LT(std::sqrt(err / ref), 0.12);
+}
+
+TEST(Quant, Q4_1ErrorBound) {
+  const auto x = random_floats(2048, 4);
+  const auto y = round_trip(DType::Q4_1, x);
+  for (size_t i = 0; i < x.size(); i += 32) {
+    const auto [lo, hi] = std::minmax_element(x.begin() + i, x.begin() + i + 32);
+    const float d = (*hi - *lo) / 15.f;
+    for (size_t j = i; j < i + 32; ++j)
+      ASSERT_LE(std::fabs(y[j] - x[j]), 0.5f * d + 16.f * d * 0x1p-11f + std::fabs(*lo) * 0x1p-10f) << j;
+  }
+}
+
+TEST(Quant, Q6_KRelativeError) {
+  const auto x = random_floats(4096, 5);
+  const auto y = round_trip(DType::Q6_K, x);
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < x.size(); ++i) err += (y[i] - x[i]) * (y[i] - x[i]), ref += x[i] * x[i];
+  EXPECT_LT(std::sqrt(err / ref), 0.03);
+  // Each element within about one step of its 16-element group.
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_LE(std::fabs(y[i] - x[i]), block_amax(x, i, 16) / 16.f + 1e-6f) << i;
+}
+
+TEST(Quant, Q8_1AndQ8_KSums) {
+  const auto x = random_floats(512, 6);
+  std::vector<BlockQ8_1> b1(512 / 32);
+  quantize_row(DType::Q8_1, x.data(), b1.data(), 512);
+  for (const auto& b : b1) {
+    int sum = 0;
+    for (int8_t q : b.qs) sum += q;
+    EXPECT_NEAR(fp16_to_fp32(b.s), fp16_to_fp32(b.d) * sum, std::fabs(fp16_to_fp32(b.d) * sum) * 2e-3f + 1e-6f);
+  }
+  std::vector<BlockQ8_K> bk(2);
+  quantize_row(DType::Q8_K, x.data(), bk.data(), 512);
+  for (const auto& b : bk)
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += b.qs[16 * g + j];
+      EXPECT_EQ(b.bsums[g], sum);
+    }
+}
+
+TEST(Quant, ZerosStayZero) {
+  std::vector<float> x(256, 0.f);
+  for (DType t : {DType::Q8_0, DType::Q8_1, DType::Q4_0, DType::Q4_1, DType::Q6_K, DType::Q8_K})
+    for (float v : round_trip(t, x)) ASSERT_EQ(v, 0.f) << dtype_name(t);
+}
+
+// ---- hand-made blocks ------------------------------------------------------------------
+
+TEST(Quant, KnownFloatBits) {
+  const uint16_t h[4] = {0x3C00, 0xC000, 0x3800, 0x0000};
+  float y[4];
+  dequantize_row(DType::F16, h, y, 4);
+  EXPECT_EQ(y[0], 1.f); EXPECT_EQ(y[1], -2.f); EXPECT_EQ(y[2], 0.5f); EXPECT_EQ(y[3], 0.f);
+  const uint16_t b[3] = {0x3F80, 0xC040, 0x4120};
+  dequantize_row(DType::BF16, b, y, 3);
+  EXPECT_EQ(y[0], 1.f); EXPECT_EQ(y[1], -3.f); EXPECT_EQ(y[2], 10.f);
+}
+
+TEST(Quant, KnownQ4_0Block) {
+  BlockQ4_0 b;
+  b.d = 0x3800;  // 0.5
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | (15 - j) << 4);
+  float y[32];
+  dequantize_row(DType::Q4_0, &b, y, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 0.5f * (j - 8)) << j;              // low nibbles: elements 0..15
+    EXPECT_EQ(y[j + 16], 0.5f * (15 - j - 8)) << j;    // high nibbles: elements 16..31
+  }
+}
+
+TEST(Quant, KnownQ4_1Block) {
+  BlockQ4_1 b;
+  b.d = 0x3400;  // 0.25
+  b.m = 0xBC00;  // -1
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>((j * 7) % 16 | j << 4);
+  float y[32];
+  dequantize_row(DType::Q4_1, &b, y, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 0.25f * ((j * 7) % 16) - 1.f) << j;
+    EXPECT_EQ(y[j + 16], 0.25f * j - 1.f) << j;
+  }
+}
+
+TEST(Quant, KnownQ8_0Block) {
+  BlockQ8_0 b[2];
+  b[0].d = 0x4000;  // 2
+  b[1].d = 0xB800;  // -0.5
+  for (int j = 0; j < 32; ++j) b[0].qs[j] = static_cast<int8_t>(j - 16), b[1].qs[j] = static_cast<int8_t>(127 - 8 * j);
+  float y[64];
+  dequantize_row(DType::Q8_0, b, y, 64);
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(y[j], 2.f * (j - 16));
+    EXPECT_EQ(y[32 + j], -0.5f * (127 - 8 * j));
+  }
+}
+
+// Q6_K packed by hand from the layout description: element i of a super-block lives in half
+// h = i / 128; with w = i % 128, quarter c = w / 32 and l = w % 32 its low 4 bits are the
+// (c >= 2 ? high : low) nibble of ql[64h + l + 32 (c & 1)] and its high 2 bits are bits 2c, 2c+1
+// of qh[32h + l]; its scale is scales[i / 16].
+TEST(Quant, KnownQ6_KBlock) {
+  BlockQ6_K b;
+  std::memset(&b, 0, sizeof(b));
+  b.d = 0x3C00;  // 1
+  int q[256];
+  for (int i = 0; i < 256; ++i) q[i] = (i * 37 + 11) % 64;
+  for (int g = 0; g < 16; ++g) b.scales[g] = static_cast<int8_t>(g * 9 - 70);
+  for (int i = 0; i < 256; ++i) {
+    const int h = i / 128, w = i % 128, c = w / 32, l = w % 32;
+    uint8_t& lo = b.ql[64 * h + l + 32 * (c & 1)];
+    lo |= static_cast<uint8_t>((q[i] & 0x0F) << (c >= 2 ? 4 : 0));
+    b.qh[32 * h + l] |= static_cast<uint8_t>((q[i] >> 4) << (2 * c));
+  }
+  float y[256];
+  dequantize_row(DType::Q6_K, &b, y, 256);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], static_cast<float>(b.scales[i / 16] * (q[i] - 32))) << i;
+  // The quantizer packs the same layout: quantizing these values gives them back up to the
+  // rounding of the group scales to 8 bits.
+  std::vector<float> x(y, y + 256);
+  const auto z = round_trip(DType::Q6_K, x);
+  for (int i = 0; i < 256; ++i) EXPECT_NEAR(z[i], y[i], 0.004f * std::fabs(y[i]) + 0.5f * std::fabs(b.scales[i / 16])) << i;
+}
+
+TEST(Quant, RejectsPartialBlocks) {
+  std::vector<float> x(40, 1.f);
+  std::vector<uint8_t> q(64);
+  EXPECT_THROW(quantize_row(DType::Q4_0, x.data(), q.data(), 40), Error);
+  EXPECT_THROW(dequantize_row(DType::Q6_K, q.data(), x.data(), 32), Error);
+  EXPECT_THROW(dequantize_row(DType::Q5_0, q.data(), x.data(), 32), Error);
+}

@@ -12,6 +12,11 @@ constexpr int kMaxArrayDepth = 4;
 constexpr uint64_t kMaxTensors = 1u << 20;
 constexpr uint64_t kMaxKeys = 1u << 20;
 constexpr uint64_t kMaxNameLength = 1u << 16;
+// Every decoded array element becomes a Value (about 90 bytes), so a length that the file's
+// bytes could hold may still need many gigabytes. Real vocabularies have well under a million
+// entries; these limits leave a wide margin and bound the memory a corrupt file can claim.
+constexpr uint64_t kMaxArrayElements = uint64_t{1} << 24;
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 25;
 
 // A bounds-checked cursor over the file's bytes.
 class Cursor {
@@ -66,7 +71,7 @@ size_t scalar_size(ValueType t) {
 
 bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::F64); }
 
-Value read_value(Cursor& c, ValueType type, int depth, const std::string& key) {
+Value read_value(Cursor& c, ValueType type, int depth, const std::string& key, uint64_t& budget) {
   Value v;
   v.type = type;
   switch (type) {
@@ -96,9 +101,13 @@ Value read_value(Cursor& c, ValueType type, int depth, const std::string& key) {
       if (n > c.remaining() / scalar_size(static_cast<ValueType>(et)))
         fail("{}: key '{}' claims an array of {} elements, more than the {} bytes left can hold", c.label(), key,
              n, c.remaining());
+      if (n > kMaxArrayElements || n > budget)
+        fail("{}: key '{}' has an array of {} elements; Ember reads at most {} elements per array and {} in all",
+             c.label(), key, n, kMaxArrayElements, kMaxMetadataValues);
+      budget -= n;
       v.elem_type = static_cast<ValueType>(et);
       v.arr.reserve(n);
-      for (uint64_t k = 0; k < n; ++k) v.arr.push_back(read_value(c, v.elem_type, depth + 1, key));
+      for (uint64_t k = 0; k < n; ++k) v.arr.push_back(read_value(c, v.elem_type, depth + 1, key, budget));
       break;
     }
   }
@@ -142,11 +151,12 @@ void Reader::parse() {
     fail("{}: absurd tensor count {}", path_, n_tensors);
   if (n_kv > kMaxKeys || n_kv > c.remaining() / 12) fail("{}: absurd metadata count {}", path_, n_kv);
 
+  uint64_t value_budget = kMaxMetadataValues;
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.read_string("metadata key", kMaxNameLength);
     uint32_t t = c.read<uint32_t>("metadata value type");
     if (!valid_type(t)) fail("{}: key '{}' has unknown value type {}", path_, key, t);
-    Value v = read_value(c, static_cast<ValueType>(t), 0, key);
+    Value v = read_value(c, static_cast<ValueType>(t), 0, key, value_budget);
     if (kv_.count(key)) fail("{}: metadata key '{}' appears twice", path_, key);
     key_order_.push_back(key);
     kv_.emplace(std::move(key), std::move(v));

@@ -48,9 +48,22 @@ void put_value(std::vector<uint8_t>& out, const Value& v) {
   }
 }
 
+void check_alignment(size_t a) {
+  EMBER_CHECK(a >= 1 && a <= (size_t{1} << 20) && (a & (a - 1)) == 0,
+              "GGUF writer: alignment must be a power of two up to 1 MiB, got {}", a);
+}
+
 }  // namespace
 
+Writer::Writer(size_t alignment) : alignment_(alignment) { check_alignment(alignment); }
+
 void Writer::set(const std::string& key, Value v) {
+  if (key == "general.alignment") {
+    EMBER_CHECK(is_integer(v.type) && v.i > 0, "GGUF writer: general.alignment must be a positive integer, got {}",
+                v.to_string());
+    check_alignment(static_cast<size_t>(v.i));
+    alignment_ = static_cast<size_t>(v.i);
+  }
   for (auto& [k, old] : kv_) {
     if (k == key) {
       old = std::move(v);
@@ -64,7 +77,10 @@ void Writer::add_tensor(const std::string& name, DType type, const std::vector<i
                         std::vector<uint8_t> data) {
   EMBER_CHECK(!ne.empty() && ne.size() <= 4, "tensor '{}': 1 to 4 dimensions required", name);
   int64_t n = 1;
-  for (int64_t d : ne) n *= d;
+  for (int64_t d : ne) {
+    EMBER_CHECK(d >= 1, "tensor '{}': dimension of size {} (must be at least 1)", name, d);
+    EMBER_CHECK(!__builtin_mul_overflow(n, d, &n), "tensor '{}': too many elements", name);
+  }
   EMBER_CHECK(ne[0] % info(type).block_size == 0, "tensor '{}': row length {} is not a multiple of {}'s block size",
               name, ne[0], dtype_name(type));
   size_t expect = row_bytes(type, ne[0]) * static_cast<size_t>(n / ne[0]);
@@ -74,9 +90,8 @@ void Writer::add_tensor(const std::string& name, DType type, const std::vector<i
 }
 
 std::vector<uint8_t> Writer::header_bytes() const {
-  std::vector<uint8_t> out;
-  out.insert(out.end(), {'G', 'G', 'U', 'F'});
-  if (powerinfer_) std::memcpy(out.data(), "PWRI", 4);
+  const char* magic = powerinfer_ ? "PWRI" : "GGUF";
+  std::vector<uint8_t> out(magic, magic + 4);
   put<uint32_t>(out, 3);
   put<uint64_t>(out, tensors_.size());
   bool has_alignment = false;
@@ -107,6 +122,12 @@ std::vector<uint8_t> Writer::header_bytes() const {
 }
 
 size_t Writer::padding(size_t n) const { return (alignment_ - n % alignment_) % alignment_; }
+
+size_t Writer::file_size() const {
+  size_t n = header_bytes().size();
+  for (const auto& t : tensors_) n += t.data.size() + padding(t.data.size());
+  return n;
+}
 
 std::vector<uint8_t> Writer::to_bytes() const {
   std::vector<uint8_t> out = header_bytes();

@@ -12,16 +12,23 @@ namespace ember::gguf {
 
 class Writer {
  public:
-  explicit Writer(size_t alignment = 32) : alignment_(alignment) {}
+  // `alignment`: a power of two up to 1 MiB; written as general.alignment when not 32.
+  explicit Writer(size_t alignment = 32);
 
   void set_powerinfer_magic(bool on) { powerinfer_ = on; }
+  // Sets (or replaces) a key. Setting general.alignment changes the alignment used.
   void set(const std::string& key, Value v);
-  // Adds a tensor; `data` must hold exactly row_bytes(type, ne[0]) * rows bytes.
+  // Adds a tensor; `data` must hold exactly row_bytes(type, ne[0]) * rows bytes. Tensors are
+  // written in the order they were added.
   void add_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne, std::vector<uint8_t> data);
 
   // Serializes to bytes / to a file (written to a temporary name, then renamed).
   std::vector<uint8_t> to_bytes() const;
   void write(const std::string& path) const;
+
+  size_t n_tensors() const { return tensors_.size(); }
+  // Bytes of the whole file as to_bytes() / write() would produce it.
+  size_t file_size() const;
 
  private:
   std::vector<uint8_t> header_bytes() const;  // everything before the first tensor's data

@@ -96,6 +96,7 @@ struct Block32Kernel {
   using WB = std::conditional_t<WT == DType::Q4_0, BlockQ4_0, std::conditional_t<WT == DType::Q4_1, BlockQ4_1, BlockQ8_0>>;
   using XB = std::conditional_t<WT == DType::Q4_1, BlockQ8_1, BlockQ8_0>;
   static constexpr bool kHasMin = WT == DType::Q4_1;
+  static constexpr int kPrefetchBytes = 4096;
 
   // Weights of blocks b0, b1 as unsigned bytes (q for 4-bit, w + 128 for 8-bit).
   static __m512i decode(const WB* b0, const WB* b1) {
@@ -133,6 +134,8 @@ struct Block32Kernel {
       __m128 dw[R];
       [[maybe_unused]] __m512 mw[R];
       for (int r = 0; r < R; ++r) {
+        // Several rows are read in step; help the hardware prefetcher keep all streams ahead.
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + b) + kPrefetchBytes, _MM_HINT_T0);
         q[r] = decode(w[r] + b, w[r] + b1);
         dw[r] = half2(w[r][b].d, pair ? w[r][b1].d : 0);
         if constexpr (kHasMin)

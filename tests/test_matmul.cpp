@@ -304,3 +304,23 @@ TEST(Bandwidth, ProbeReturnsPositiveFinite) {
   EXPECT_TRUE(std::isfinite(bw));
   EXPECT_GT(bw, 1e8);  // any machine reads faster than 100 MB/s
 }
+
+// quantize_activations may use SIMD; it must give the bytes quantize_row gives.
+TEST(Matmul, QuantizeActivationsMatchesQuantizeRow) {
+  SimdGuard guard;
+  const int64_t k = 320, n = 3;
+  auto X = random_acts(n, k, 77);
+  for (int i = 0; i < 32; ++i) X[32 + i] = 0.f;           // an all-zero block
+  for (int i = 0; i < 32; ++i) X[96 + i] = (i - 16) * 0.5f;  // exact multiples: rounding ties
+  for (DType w : {DType::Q4_0, DType::Q4_1}) {
+    const DType at = act_type(w);
+    std::vector<uint8_t> want(row_bytes(at, k) * n);
+    for (int64_t t = 0; t < n; ++t) quantize_row(at, X.data() + t * k, want.data() + t * row_bytes(at, k), k);
+    for (SimdLevel level : levels()) {
+      set_simd_level(level);
+      std::vector<uint8_t> got(want.size());
+      cpu::quantize_activations(w, X.data(), n, k, got.data());
+      EXPECT_EQ(got, want) << dtype_name(w) << " " << simd_level_name(level);
+    }
+  }
+}

@@ -28,6 +28,9 @@ using GemmFn = void (*)(const GemmArgs&);
 // One entry per weight type with a kernel; null where the ISA has none (falls back to scalar).
 struct KernelSet {
   GemmFn f32, f16, bf16, q8_0, q4_0, q4_1, q6_k;
+  // Activation quantizers, bit-identical to quantize_row (null: use quantize_row).
+  void (*quantize_q8_0)(const float* x, void* out, int64_t k) = nullptr;
+  void (*quantize_q8_1)(const float* x, void* out, int64_t k) = nullptr;
 };
 
 const KernelSet& kernels_scalar();

@@ -75,8 +75,16 @@ void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, i
   check_k(weight_type, k);
   const DType at = activation_type(weight_type);
   const size_t stride = row_bytes(at, k);
-  for (int64_t t = 0; t < n_tokens; ++t)
-    quantize_row(at, X + t * k, static_cast<uint8_t*>(out) + t * stride, k);
+  void (*fast)(const float*, void*, int64_t) = nullptr;
+  if (simd_level() == SimdLevel::avx512) {
+    const KernelSet& s = detail::kernels_avx512();
+    fast = at == DType::Q8_0 ? s.quantize_q8_0 : at == DType::Q8_1 ? s.quantize_q8_1 : nullptr;
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    uint8_t* dst = static_cast<uint8_t*>(out) + t * stride;
+    if (fast) fast(X + t * k, dst, k);
+    else quantize_row(at, X + t * k, dst, k);
+  }
 }
 
 void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens, int64_t row_begin,

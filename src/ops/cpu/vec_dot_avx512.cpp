@@ -96,6 +96,7 @@ struct Block32Kernel {
   using WB = std::conditional_t<WT == DType::Q4_0, BlockQ4_0, std::conditional_t<WT == DType::Q4_1, BlockQ4_1, BlockQ8_0>>;
   using XB = std::conditional_t<WT == DType::Q4_1, BlockQ8_1, BlockQ8_0>;
   static constexpr bool kHasMin = WT == DType::Q4_1;
+  static constexpr int kPrefetchBytes = 4096;
 
   // Weights of blocks b0, b1 as unsigned bytes (q for 4-bit, w + 128 for 8-bit).
   static __m512i decode(const WB* b0, const WB* b1) {
@@ -133,6 +134,8 @@ struct Block32Kernel {
       __m128 dw[R];
       [[maybe_unused]] __m512 mw[R];
       for (int r = 0; r < R; ++r) {
+        // Several rows are read in step; help the hardware prefetcher keep all streams ahead.
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + b) + kPrefetchBytes, _MM_HINT_T0);
         q[r] = decode(w[r] + b, w[r] + b1);
         dw[r] = half2(w[r][b].d, pair ? w[r][b1].d : 0);
         if constexpr (kHasMin)
@@ -235,13 +238,37 @@ struct Q6KKernel {
   }
 };
 
+// ---- activation quantizers (bit-identical to the scalar quantize_row) ---------------------
+
+template <bool kWithSum>
+void quantize_q8(const float* x, void* out, int64_t k) {
+  using XB = std::conditional_t<kWithSum, BlockQ8_1, BlockQ8_0>;
+  auto* b = static_cast<XB*>(out);
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t i = 0; i < k / kQK; ++i, x += kQK) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));  // nearest-even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs + 16), _mm512_cvtsepi32_epi8(q1));
+    b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    if constexpr (kWithSum) {
+      const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      b[i].s = _cvtss_sh(_cvtsh_ss(b[i].d) * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT);
+    }
+  }
+}
+
 }  // namespace
 
 const KernelSet& kernels_avx512() {
   static const KernelSet set{
       &gemm<FloatKernel<DType::F32>>,    &gemm<FloatKernel<DType::F16>>,    &gemm<FloatKernel<DType::BF16>>,
       &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Block32Kernel<DType::Q4_0>>, &gemm<Block32Kernel<DType::Q4_1>>,
-      &gemm<Q6KKernel>};
+      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>};
   return set;
 }
 

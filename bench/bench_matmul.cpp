@@ -1,0 +1,116 @@
+// Micro-benchmarks of the CPU matmul: decode (n = 1, memory-bound: bytes/s of weights read) and
+// prompt processing (n = 512, compute-bound: also reports FLOP/s) at two Llama-1B-like shapes.
+//   ember-bench-micro --benchmark_filter=Matvec
+// Thread count: EMBER_BENCH_THREADS (default 2).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/aligned_buffer.hpp"
+#include "ops/cpu/bandwidth.hpp"
+#include "ops/cpu/matmul.hpp"
+#include "tensor/quant.hpp"
+
+using namespace ember;
+
+namespace {
+
+int bench_threads() {
+  const char* env = std::getenv("EMBER_BENCH_THREADS");
+  return env ? std::atoi(env) : 2;
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(bench_threads());
+  return p;
+}
+
+struct Weights {
+  AlignedBuffer<uint8_t> bytes;
+  TensorView view;
+};
+
+Weights make_weights(DType t, int64_t rows, int64_t k) {
+  Weights w;
+  const size_t stride = row_bytes(t, k);
+  w.bytes.resize(stride * rows);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> row(k);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (auto& x : row) x = dist(rng);
+    quantize_row(t, row.data(), w.bytes.data() + r * stride, k);
+  }
+  w.view.type = t;
+  w.view.n_dims = 2;
+  w.view.ne[0] = k;
+  w.view.ne[1] = rows;
+  w.view.data = w.bytes.data();
+  w.view.nbytes = stride * rows;
+  return w;
+}
+
+void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_t n) {
+  // Decode reads weights from memory, not cache: cycle through copies totalling >= 256 MiB
+  // (8x a 32 MiB L3).
+  const Weights w = make_weights(t, rows, k);
+  const size_t copies = n == 1 ? std::max<size_t>(1, (size_t{256} << 20) / w.view.nbytes + 1) : 1;
+  AlignedBuffer<uint8_t> pool_bytes(w.view.nbytes * copies);
+  for (size_t c = 0; c < copies; ++c) std::memcpy(pool_bytes.data() + c * w.view.nbytes, w.view.data, w.view.nbytes);
+  TensorView view = w.view;
+  size_t next = 0;
+  std::vector<float> x(n * k), y(n * rows);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (auto& v : x) v = dist(rng);
+  AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(t, k, n) + 1);
+  for (auto _ : state) {
+    view.data = pool_bytes.data() + next * w.view.nbytes;
+    next = next + 1 == copies ? 0 : next + 1;
+    cpu::matmul(pool(), view, x.data(), n, y.data(), scratch.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.view.nbytes));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * k * n * 1e-9 * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+  state.counters["threads"] = pool().size();
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  double bw = 0;
+  for (auto _ : state) bw = cpu::measure_read_bandwidth(pool(), size_t{1} << 30);
+  state.counters["GB/s"] = bw * 1e-9;
+  state.counters["threads"] = pool().size();
+}
+
+const struct {
+  const char* name;
+  DType type;
+} kTypes[] = {{"Q4_0", DType::Q4_0}, {"Q4_1", DType::Q4_1}, {"Q8_0", DType::Q8_0}, {"F16", DType::F16}};
+
+const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}};
+
+int register_all() {
+  benchmark::RegisterBenchmark("ReadBandwidth/1GiB", BM_ReadBandwidth)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const auto& t : kTypes)
+    for (const auto& s : kShapes) {
+      for (int64_t n : {1, 512}) {
+        const std::string name =
+            std::string(n == 1 ? "Matvec/" : "Matmul512/") + t.name + "/" + std::to_string(s[0]) + "x" + std::to_string(s[1]);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t.type, s[0], s[1], n)
+            ->Unit(n == 1 ? benchmark::kMicrosecond : benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace

@@ -2,7 +2,10 @@
 // (see src/model/synth.hpp). Individual flags override the preset's values.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "commands.hpp"
@@ -42,16 +45,22 @@ void run_synth(const SynthArgs& a) {
   if (a.o_rope->count() > 0) o.rope_base = a.rope_base;
   o.n_threads = a.threads;
   validate(o);
+  // Fail before minutes of generation, not after.
+  auto dir = std::filesystem::absolute(a.out).parent_path();
+  EMBER_CHECK(std::filesystem::is_directory(dir), "cannot write '{}': directory '{}' does not exist", a.out,
+              dir.string());
 
   fmt::print(stderr, "synth: {} layers, n_embd {}, n_ff {}, heads {}/{}, vocab {}, type {}, {}{}, ~{:.1f} MiB\n",
              o.n_layer, o.n_embd, o.n_ff, o.n_head, o.n_head_kv, o.n_vocab, dtype_name(o.type),
              ffn_activation_name(o.act), o.tied ? ", tied" : "", synth_file_size(o) / 1048576.0);
   Timer timer;
-  gguf::Writer w = synth_model(o, [](int64_t done, int64_t total) {
-    fmt::print(stderr, "\rsynth: layer {}/{}", done, total);
+  const bool tty = ::isatty(STDERR_FILENO);
+  gguf::Writer w = synth_model(o, [tty](int64_t done, int64_t total) {
+    // On a terminal one line updated in place; in a log one line per layer.
+    fmt::print(stderr, "{}synth: layer {}/{}{}", tty ? "\r" : "", done, total, tty ? "" : "\n");
     std::fflush(stderr);
   });
-  fmt::print(stderr, "\nsynth: writing {}\n", a.out);
+  fmt::print(stderr, "{}synth: writing {}\n", tty ? "\n" : "", a.out);
   w.write(a.out);
   fmt::print(stderr, "synth: wrote {} ({:.1f} MiB, {} tensors) in {:.1f} s\n", a.out, w.file_size() / 1048576.0,
              w.n_tensors(), timer.seconds());

@@ -74,7 +74,8 @@ std::string Value::to_string(size_t max_items) const {
       if (arr.size() > max_items) out += ", ...";
       return out + "]";
     }
-    case ValueType::F32:
+    case ValueType::F32:  // shortest text that reads back as the same float: 1e-05, not 9.99999974e-06
+      return fmt::format("{}", static_cast<float>(f));
     case ValueType::F64:
       return fmt::format("{}", f);
     case ValueType::BOOL:

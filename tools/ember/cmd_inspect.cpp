@@ -2,6 +2,8 @@
 // table with totals per type; `--json` prints the same as one JSON object.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,7 +44,12 @@ json value_json(const gguf::Value& v, size_t max_items) {
   switch (v.type) {
     case ValueType::STRING: return v.s;
     case ValueType::BOOL: return v.i != 0;
-    case ValueType::F32:
+    case ValueType::F32: {
+      // The double nearest the float's shortest decimal form, so JSON shows 1e-05 rather than
+      // 9.999999747378752e-06 (both read back as the same float).
+      if (!std::isfinite(v.f)) return v.f;  // JSON has no inf/nan: null
+      return std::strtod(fmt::format("{}", static_cast<float>(v.f)).c_str(), nullptr);
+    }
     case ValueType::F64: return v.f;
     case ValueType::U64: return v.u();
     case ValueType::ARRAY: {

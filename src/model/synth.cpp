@@ -1,0 +1,339 @@
+#include "model/synth.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/thread_pool.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember {
+namespace {
+
+// ---- random numbers ------------------------------------------------------------------------
+// splitmix64 (Steele, Lea, Flood 2014): tiny state, good enough for weights, identical output
+// on every platform. Normals are approximated by the sum of four 16-bit uniforms (Irwin-Hall,
+// n = 4), scaled to unit variance: plain integer and float arithmetic, so no libm function can
+// make the bytes differ between machines, and one 64-bit draw per weight keeps it fast.
+
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() { return mix64(state += 0x9e3779b97f4a7c15ULL); }
+  // Roughly standard normal, bounded to +-2*sqrt(3).
+  float normal() {
+    uint64_t r = next();
+    uint32_t sum = static_cast<uint32_t>(r & 0xffff) + static_cast<uint32_t>((r >> 16) & 0xffff) +
+                   static_cast<uint32_t>((r >> 32) & 0xffff) + static_cast<uint32_t>(r >> 48);
+    // mean 4 * 65535/2, variance 4 * (65536^2 - 1) / 12
+    constexpr float kMean = 131070.0f;
+    constexpr float kInvStd = 1.0f / 37837.2f;
+    return (static_cast<float>(sum) - kMean) * kInvStd;
+  }
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+// ---- tensors ---------------------------------------------------------------------------------
+
+struct TensorSpec {
+  std::string name;
+  DType type;
+  int64_t ne0, ne1;  // ne1 == 0: a 1-D tensor
+  float mean, std;
+};
+
+uint32_t file_type_of(DType t) {  // llama.cpp's llama_ftype
+  switch (t) {
+    case DType::F32: return 0;
+    case DType::F16: return 1;
+    case DType::Q4_0: return 2;
+    case DType::Q4_1: return 3;
+    case DType::Q8_0: return 7;
+    case DType::Q6_K: return 18;
+    case DType::BF16: return 32;
+    default: fail("synth: no llama file type for {}", dtype_name(t));
+  }
+}
+
+bool synth_type_ok(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
+    case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& pool) {
+  const int64_t rows = t.ne1 > 0 ? t.ne1 : 1;
+  const size_t stride = row_bytes(t.type, t.ne0);
+  std::vector<uint8_t> data(stride * static_cast<size_t>(rows));
+  const uint64_t tensor_seed = mix64(seed) ^ fnv1a(t.name);
+  std::vector<std::vector<float>> scratch(pool.size());
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / t.ne0);
+  pool.parallel_for(rows, grain, [&](int64_t begin, int64_t end, int ith) {
+    std::vector<float>& buf = scratch[ith];
+    buf.resize(t.ne0);
+    for (int64_t r = begin; r < end; ++r) {
+      SplitMix64 rng{mix64(tensor_seed + static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ULL)};
+      for (int64_t k = 0; k < t.ne0; ++k) buf[k] = t.mean + t.std * rng.normal();
+      quantize_row(t.type, buf.data(), data.data() + static_cast<size_t>(r) * stride, t.ne0);
+    }
+  });
+  return data;
+}
+
+std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
+  const int64_t head_dim = o.n_embd / o.n_head;
+  const int64_t n_embd_kv = o.n_head_kv * head_dim;
+  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
+  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
+  const std::string p = "blk." + std::to_string(il) + ".";
+  const float norm_std = 0.02f;
+  return {
+      {p + "attn_norm.weight", DType::F32, o.n_embd, 0, 1.0f, norm_std},
+      {p + "attn_q.weight", o.type, o.n_embd, o.n_embd, 0.0f, s_embd},
+      {p + "attn_k.weight", o.type, o.n_embd, n_embd_kv, 0.0f, s_embd},
+      {p + "attn_v.weight", o.type, o.n_embd, n_embd_kv, 0.0f, s_embd},
+      {p + "attn_output.weight", o.type, o.n_embd, o.n_embd, 0.0f, s_embd},
+      {p + "ffn_norm.weight", DType::F32, o.n_embd, 0, 1.0f, norm_std},
+      {p + "ffn_gate.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
+      {p + "ffn_up.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
+      {p + "ffn_down.weight", o.type, o.n_ff, o.n_embd, 0.0f, s_ff},
+  };
+}
+
+std::vector<TensorSpec> global_specs(const SynthOptions& o) {
+  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
+  std::vector<TensorSpec> v = {
+      {"token_embd.weight", o.type, o.n_embd, o.n_vocab, 0.0f, s_embd},
+      {"output_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.02f},
+  };
+  if (!o.tied) v.push_back({"output.weight", o.type, o.n_embd, o.n_vocab, 0.0f, s_embd});
+  return v;
+}
+
+size_t spec_bytes(const TensorSpec& t) { return row_bytes(t.type, t.ne0) * static_cast<size_t>(t.ne1 > 0 ? t.ne1 : 1); }
+
+// ---- vocabulary ----------------------------------------------------------------------------
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// GPT-2's byte-to-unicode table: printable Latin-1 bytes stand for themselves, the others
+// (controls, space, 0x7F-0xA0, 0xAD) map to U+0100 upwards in byte order.
+std::vector<std::string> gpt2_byte_symbols() {
+  std::vector<std::string> out(256);
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    append_utf8(out[b], printable ? b : next++);
+  }
+  return out;
+}
+
+constexpr const char* kChatTemplate =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+}  // namespace
+
+// ---- presets, validation -------------------------------------------------------------------
+
+const std::vector<std::string>& synth_preset_names() {
+  static const std::vector<std::string> names = {"tiny", "smollm2-135m", "1.1b", "7b"};
+  return names;
+}
+
+SynthOptions synth_preset(const std::string& name) {
+  SynthOptions o;
+  if (name == "tiny") {
+    o.n_embd = 64, o.n_ff = 160, o.n_layer = 2, o.n_head = 4, o.n_head_kv = 2, o.n_vocab = 300, o.n_ctx = 2048;
+  } else if (name == "smollm2-135m") {
+    o.n_embd = 576, o.n_ff = 1536, o.n_layer = 30, o.n_head = 9, o.n_head_kv = 3, o.n_vocab = 49152;
+    o.n_ctx = 8192, o.rope_base = 100000.0f, o.tied = true;
+  } else if (name == "1.1b") {
+    o.n_embd = 2048, o.n_ff = 5632, o.n_layer = 22, o.n_head = 32, o.n_head_kv = 4, o.n_vocab = 32000;
+    o.n_ctx = 2048;
+  } else if (name == "7b") {
+    o.n_embd = 4096, o.n_ff = 11008, o.n_layer = 32, o.n_head = 32, o.n_head_kv = 32, o.n_vocab = 32000;
+    o.n_ctx = 4096;
+  } else {
+    std::string known;
+    for (const auto& n : synth_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    fail("unknown synth preset '{}' (known: {})", name, known);
+  }
+  o.name = "ember-synth-" + name;
+  return o;
+}
+
+FfnActivation parse_ffn_activation(const std::string& s) {
+  if (s == "silu") return FfnActivation::silu;
+  if (s == "relu") return FfnActivation::relu;
+  fail("unknown FFN activation '{}' (expected silu or relu)", s);
+}
+
+const char* ffn_activation_name(FfnActivation a) { return a == FfnActivation::relu ? "relu" : "silu"; }
+
+void validate(const SynthOptions& o) {
+  auto positive = [](const char* what, int64_t v, int64_t max) {
+    EMBER_CHECK(v >= 1 && v <= max, "synth: {} must be between 1 and {}, got {}", what, max, v);
+  };
+  positive("n_embd", o.n_embd, int64_t{1} << 20);
+  positive("n_ff", o.n_ff, int64_t{1} << 20);
+  positive("n_layer", o.n_layer, 1024);
+  positive("n_head", o.n_head, 4096);
+  positive("n_head_kv", o.n_head_kv, 4096);
+  positive("n_ctx", o.n_ctx, int64_t{1} << 24);
+  EMBER_CHECK(o.n_vocab >= 260 && o.n_vocab <= (int64_t{1} << 21),
+              "synth: n_vocab must be between 260 (256 bytes + 4 control tokens) and {}, got {}",
+              int64_t{1} << 21, o.n_vocab);
+  EMBER_CHECK(o.n_embd % o.n_head == 0, "synth: n_head ({}) must divide n_embd ({})", o.n_head, o.n_embd);
+  EMBER_CHECK(o.n_head % o.n_head_kv == 0, "synth: n_head_kv ({}) must divide n_head ({})", o.n_head_kv, o.n_head);
+  EMBER_CHECK((o.n_embd / o.n_head) % 2 == 0, "synth: the head size n_embd/n_head = {} must be even (RoPE rotates pairs)",
+              o.n_embd / o.n_head);
+  EMBER_CHECK(synth_type_ok(o.type), "synth: --type {} is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q6_k)",
+              dtype_name(o.type));
+  const int64_t bs = info(o.type).block_size;
+  EMBER_CHECK(o.n_embd % bs == 0, "synth: type {} needs n_embd to be a multiple of its block size {}, got {}",
+              dtype_name(o.type), bs, o.n_embd);
+  EMBER_CHECK(o.n_ff % bs == 0, "synth: type {} needs n_ff to be a multiple of its block size {}, got {}",
+              dtype_name(o.type), bs, o.n_ff);
+  EMBER_CHECK(std::isfinite(o.rope_base) && o.rope_base > 0, "synth: rope base must be positive, got {}", o.rope_base);
+  EMBER_CHECK(std::isfinite(o.rms_eps) && o.rms_eps > 0, "synth: rms epsilon must be positive, got {}", o.rms_eps);
+  EMBER_CHECK(o.n_threads >= 0 && o.n_threads <= 1024, "synth: thread count must be 0 to 1024, got {}", o.n_threads);
+}
+
+// ---- vocabulary ----------------------------------------------------------------------------
+
+SynthVocab synth_vocab(int64_t n_vocab) {
+  EMBER_CHECK(n_vocab >= 260, "synth: n_vocab must be at least 260, got {}", n_vocab);
+  SynthVocab v;
+  v.tokens = gpt2_byte_symbols();
+  v.token_types.assign(256, 1);
+  v.bos_id = 256;
+  v.eos_id = 257;
+  for (const char* s : {"<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"}) {
+    v.tokens.push_back(s);
+    v.token_types.push_back(3);
+  }
+  // Merged tokens, level by level: level 2 pairs a word-start marker (GPT-2's 'Ġ', the space
+  // byte) or a letter with a letter; each further level appends a letter to a token of the
+  // previous level. Within a level, pairs are taken along anti-diagonals of (rank of left,
+  // rank of right) with letters in English frequency order, so frequent combinations ("Ġt",
+  // "th", "he", "Ġth", ...) come first and get the lowest merge ranks.
+  const std::string letters = "etaoinshrdlcumwfgypbvkjxqz";
+  std::vector<std::string> right;
+  for (char c : letters) right.push_back(std::string(1, c));
+  std::vector<std::string> left = {v.tokens[' ']};
+  left.insert(left.end(), right.begin(), right.end());
+  auto full = [&] { return static_cast<int64_t>(v.tokens.size()) >= n_vocab; };
+  while (!full()) {
+    std::vector<std::string> made;
+    const int64_t A = static_cast<int64_t>(left.size()), B = static_cast<int64_t>(right.size());
+    for (int64_t s = 0; s <= A + B - 2 && !full(); ++s) {
+      for (int64_t i = std::max<int64_t>(0, s - B + 1); i <= std::min(s, A - 1) && !full(); ++i) {
+        const std::string& a = left[i];
+        const std::string& b = right[s - i];
+        v.tokens.push_back(a + b);
+        v.token_types.push_back(1);
+        v.merges.push_back(a + " " + b);
+        made.push_back(a + b);
+      }
+    }
+    left = std::move(made);
+  }
+  return v;
+}
+
+// ---- the model -----------------------------------------------------------------------------
+
+uint64_t synth_file_size(const SynthOptions& o) {
+  uint64_t n = 0;
+  auto add = [&](const TensorSpec& t) { n += (spec_bytes(t) + 31) / 32 * 32; };
+  for (const auto& t : global_specs(o)) add(t);
+  for (int64_t il = 0; il < o.n_layer; ++il)
+    for (const auto& t : layer_specs(o, il)) add(t);
+  return n + 64 * static_cast<uint64_t>(o.n_vocab) + 4096;  // plus roughly the header
+}
+
+gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
+  validate(o);
+  const int64_t head_dim = o.n_embd / o.n_head;
+  gguf::Writer w;
+  using gguf::Value;
+  auto u32 = [](int64_t x) { return Value::u32(static_cast<uint32_t>(x)); };
+  w.set("general.architecture", Value::str("llama"));
+  w.set("general.name", Value::str(o.name));
+  w.set("general.file_type", Value::u32(file_type_of(o.type)));
+  w.set("general.quantization_version", Value::u32(2));
+  w.set("llama.block_count", u32(o.n_layer));
+  w.set("llama.context_length", u32(o.n_ctx));
+  w.set("llama.embedding_length", u32(o.n_embd));
+  w.set("llama.feed_forward_length", u32(o.n_ff));
+  w.set("llama.attention.head_count", u32(o.n_head));
+  w.set("llama.attention.head_count_kv", u32(o.n_head_kv));
+  w.set("llama.rope.freq_base", Value::f32(o.rope_base));
+  w.set("llama.rope.dimension_count", u32(head_dim));
+  w.set("llama.attention.layer_norm_rms_epsilon", Value::f32(o.rms_eps));
+  w.set("llama.vocab_size", u32(o.n_vocab));
+  // Ember's own key (llama.cpp has none): the FFN activation, "silu" (SwiGLU: down(silu(gate x)
+  // * up x), as in every llama) or "relu" (ReluLLaMA / ProSparse: down(relu(gate x) * up x)).
+  // Readers treat a missing key as "silu".
+  w.set("llama.ffn_activation", Value::str(ffn_activation_name(o.act)));
+  w.set("ember.synth.seed", Value::u64(o.seed));
+
+  SynthVocab vocab = synth_vocab(o.n_vocab);
+  w.set("tokenizer.ggml.model", Value::str("gpt2"));
+  w.set("tokenizer.ggml.pre", Value::str("default"));
+  w.set("tokenizer.ggml.tokens", Value::strings(vocab.tokens));
+  w.set("tokenizer.ggml.token_type", Value::ints(vocab.token_types));
+  w.set("tokenizer.ggml.merges", Value::strings(vocab.merges));
+  w.set("tokenizer.ggml.bos_token_id", Value::u32(static_cast<uint32_t>(vocab.bos_id)));
+  w.set("tokenizer.ggml.eos_token_id", Value::u32(static_cast<uint32_t>(vocab.eos_id)));
+  w.set("tokenizer.ggml.add_bos_token", Value::boolean(false));
+  w.set("tokenizer.chat_template", Value::str(kChatTemplate));
+
+  int n_threads = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(n_threads);
+  auto emit = [&](const TensorSpec& t) {
+    std::vector<int64_t> ne = {t.ne0};
+    if (t.ne1 > 0) ne.push_back(t.ne1);
+    w.add_tensor(t.name, t.type, ne, generate(t, o.seed, pool));
+  };
+  for (const auto& t : global_specs(o)) emit(t);
+  for (int64_t il = 0; il < o.n_layer; ++il) {
+    for (const auto& t : layer_specs(o, il)) emit(t);
+    if (progress) progress(il + 1, o.n_layer);
+  }
+  return w;
+}
+
+void synth_write(const SynthOptions& o, const std::string& path, const SynthProgress& progress) {
+  synth_model(o, progress).write(path);
+}
+
+}  // namespace ember

@@ -1,0 +1,73 @@
+// Synthetic llama-architecture models: a valid GGUF with llama.cpp's metadata keys and tensor
+// names, random weights (deterministic for a seed) and a working byte-level BPE vocabulary.
+// They stand in for models that no registry ships (ReLU llamas) and give tests and benchmarks
+// models of real shapes (up to 7B) without a download.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gguf/writer.hpp"
+#include "tensor/dtype.hpp"
+
+namespace ember {
+
+enum class FfnActivation { silu, relu };
+
+struct SynthOptions {
+  int64_t n_embd = 64;
+  int64_t n_ff = 160;
+  int64_t n_layer = 2;
+  int64_t n_head = 4;
+  int64_t n_head_kv = 2;
+  int64_t n_vocab = 300;
+  int64_t n_ctx = 2048;
+  DType type = DType::F32;  // of the 2-D weights, token_embd included; norms are always F32
+  FfnActivation act = FfnActivation::silu;
+  bool tied = false;        // no output.weight: the output projection reuses token_embd
+  uint64_t seed = 1;
+  float rope_base = 10000.0f;
+  float rms_eps = 1e-5f;
+  std::string name = "ember-synth";
+  int n_threads = 0;        // 0: all hardware threads
+};
+
+// Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes).
+// Throws ember::Error naming the known presets for any other name.
+SynthOptions synth_preset(const std::string& name);
+const std::vector<std::string>& synth_preset_names();
+// Parses "silu" / "relu".
+FfnActivation parse_ffn_activation(const std::string& s);
+const char* ffn_activation_name(FfnActivation a);
+
+// Throws ember::Error naming the first invalid option (e.g. n_head not dividing n_embd, a row
+// length that is not a multiple of the type's block size).
+void validate(const SynthOptions& opts);
+
+// Called after each layer's tensors are generated: (layers done, n_layer).
+using SynthProgress = std::function<void(int64_t done, int64_t total)>;
+
+// Builds the model in a Writer (holding only the encoded tensor bytes). Weights are roughly
+// normal with standard deviation 1/sqrt(fan_in) (fan_in = ne[0]), norm weights near 1. Every
+// row has its own random stream, so the bytes depend on the seed only, not on the thread count.
+gguf::Writer synth_model(const SynthOptions& opts, const SynthProgress& progress = {});
+// synth_model, then written to `path`.
+void synth_write(const SynthOptions& opts, const std::string& path, const SynthProgress& progress = {});
+
+// The vocabulary `synth_model` writes: 256 byte tokens in GPT-2's byte-to-unicode spelling
+// (token id = byte value), the control tokens, then merged tokens up to n_vocab; `merges` holds
+// one "left right" entry per merged token, in rank order.
+struct SynthVocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> token_types;  // 1 normal, 3 control
+  std::vector<std::string> merges;
+  int32_t bos_id = 0;
+  int32_t eos_id = 0;
+};
+SynthVocab synth_vocab(int64_t n_vocab);
+
+// Bytes of the file synth_model would write (header estimate included).
+uint64_t synth_file_size(const SynthOptions& opts);
+
+}  // namespace ember

@@ -1,0 +1,103 @@
+// `ember synth -o OUT.gguf [--preset P] [flags]`: writes a random-weight llama-architecture GGUF
+// (see src/model/synth.hpp). Individual flags override the preset's values.
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "model/synth.hpp"
+
+namespace ember::cli {
+namespace {
+
+struct SynthArgs {
+  std::string out;
+  std::string preset = "tiny";
+  int64_t n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_vocab = 0, n_ctx = 0;
+  std::string type = "f32";
+  std::string act = "silu";
+  bool tied = false;
+  uint64_t seed = 1;
+  float rope_base = 0;
+  int threads = 0;
+  // Which flags were given (they override the preset).
+  std::vector<std::pair<CLI::Option*, int64_t*>> dims;
+  CLI::Option *o_tied = nullptr, *o_rope = nullptr;
+};
+
+void run_synth(const SynthArgs& a) {
+  SynthOptions o = synth_preset(a.preset);
+  int64_t* fields[] = {&o.n_embd, &o.n_ff, &o.n_layer, &o.n_head, &o.n_head_kv, &o.n_vocab, &o.n_ctx};
+  for (size_t k = 0; k < a.dims.size(); ++k)
+    if (a.dims[k].first->count() > 0) *fields[k] = *a.dims[k].second;
+  auto t = dtype_from_name(a.type);
+  EMBER_CHECK(t.has_value(), "unknown --type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q6_k)", a.type);
+  o.type = *t;
+  o.act = parse_ffn_activation(a.act);
+  if (a.o_tied->count() > 0) o.tied = a.tied;
+  o.seed = a.seed;
+  if (a.o_rope->count() > 0) o.rope_base = a.rope_base;
+  o.n_threads = a.threads;
+  validate(o);
+  // Fail before minutes of generation, not after.
+  auto dir = std::filesystem::absolute(a.out).parent_path();
+  EMBER_CHECK(std::filesystem::is_directory(dir), "cannot write '{}': directory '{}' does not exist", a.out,
+              dir.string());
+
+  fmt::print(stderr, "synth: {} layers, n_embd {}, n_ff {}, heads {}/{}, vocab {}, type {}, {}{}, ~{:.1f} MiB\n",
+             o.n_layer, o.n_embd, o.n_ff, o.n_head, o.n_head_kv, o.n_vocab, dtype_name(o.type),
+             ffn_activation_name(o.act), o.tied ? ", tied" : "", synth_file_size(o) / 1048576.0);
+  Timer timer;
+  const bool tty = ::isatty(STDERR_FILENO);
+  gguf::Writer w = synth_model(o, [tty](int64_t done, int64_t total) {
+    // On a terminal one line updated in place; in a log one line per layer.
+    fmt::print(stderr, "{}synth: layer {}/{}{}", tty ? "\r" : "", done, total, tty ? "" : "\n");
+    std::fflush(stderr);
+  });
+  fmt::print(stderr, "{}synth: writing {}\n", tty ? "\n" : "", a.out);
+  w.write(a.out);
+  fmt::print(stderr, "synth: wrote {} ({:.1f} MiB, {} tensors) in {:.1f} s\n", a.out, w.file_size() / 1048576.0,
+             w.n_tensors(), timer.seconds());
+}
+
+}  // namespace
+
+void add_synth(CLI::App& app) {
+  auto* cmd = app.add_subcommand("synth", "Write a random-weight llama-architecture GGUF model");
+  auto a = std::make_shared<SynthArgs>();
+  cmd->add_option("-o,--output", a->out, "Output GGUF file")->required();
+  std::string presets;
+  for (const auto& n : synth_preset_names()) presets += (presets.empty() ? "" : "|") + n;
+  cmd->add_option("--preset", a->preset, "Shape preset: " + presets)->capture_default_str();
+  struct Dim {
+    const char* flag;
+    int64_t* field;
+    const char* help;
+  };
+  const Dim dims[] = {
+      {"--n-embd", &a->n_embd, "Embedding width"},
+      {"--n-ff", &a->n_ff, "FFN hidden width"},
+      {"--n-layer", &a->n_layer, "Number of transformer blocks"},
+      {"--n-head", &a->n_head, "Attention heads"},
+      {"--n-head-kv", &a->n_head_kv, "Key/value heads (grouped-query attention)"},
+      {"--n-vocab", &a->n_vocab, "Vocabulary size (at least 260)"},
+      {"--ctx", &a->n_ctx, "Context length written to the metadata"},
+  };
+  for (const auto& d : dims) a->dims.push_back({cmd->add_option(d.flag, *d.field, d.help), d.field});
+  cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q6_k")
+                  ->capture_default_str();
+  cmd->add_option("--act", a->act, "FFN activation: silu or relu")->capture_default_str();
+  a->o_tied = cmd->add_flag("--tied,!--untied", a->tied, "Share token_embd as the output projection");
+  cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
+  a->o_rope = cmd->add_option("--rope-base", a->rope_base, "RoPE frequency base (default: the preset's)");
+  cmd->add_option("-t,--threads", a->threads, "Threads (0: all)")->capture_default_str();
+  cmd->callback([a] { run_synth(*a); });
+}
+
+}  // namespace ember::cli

@@ -109,7 +109,7 @@ TEST(Quant, Q8_1AndQ8_KSums) {
   for (const auto& b : b1) {
     int sum = 0;
     for (int8_t q : b.qs) sum += q;
-    EXPECT_NEAR(fp16_to_fp32(b.s), fp16_to_fp32(b.d) * sum, std::fabs(fp16_to_fp32(b.d) * sum) * 2e-3f + 1e-6f);
+    EXPECT_NEAR(fp16_to_fp32(b.s), fp16_to_fp32(b.d) * sum, std::fabs(fp16_to_fp32(b.d) * sum) * 2e-3f + 1e-6f);  // s uses the unrounded d
   }
   std::vector<BlockQ8_K> bk(2);
   quantize_row(DType::Q8_K, x.data(), bk.data(), 512);

@@ -36,6 +36,10 @@ class Reader {
   size_t alignment() const { return alignment_; }
   size_t data_offset() const { return data_offset_; }
   size_t file_size() const { return size_; }
+  // Asks the kernel to read the mapped file ahead (no-op for in-memory images).
+  void prefetch() const {
+    if (file_) file_->prefetch();
+  }
 
   const std::map<std::string, Value>& metadata() const { return kv_; }
   const std::vector<std::string>& keys() const { return key_order_; }

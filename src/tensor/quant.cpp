@@ -122,8 +122,10 @@ void quant_q4_1(const float* x, BlockQ4_1* b, int64_t nb) {
 float quant_sym8(const float* x, int8_t* qs, int n) {
   float amax = 0.f;
   for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
+  // id = 127 / amax (not 1 / d) as ggml's activation quantizers compute it, so that Ember's
+  // activations round exactly as llama.cpp's do.
   const float d = amax / 127.f;
-  const float id = d != 0.f ? 1.f / d : 0.f;
+  const float id = amax != 0.f ? 127.f / amax : 0.f;
   for (int j = 0; j < n; ++j) qs[j] = static_cast<int8_t>(std::clamp(round_int(x[j] * id), -127, 127));
   return d;
 }
@@ -138,8 +140,9 @@ void quant_q8_1(const float* x, BlockQ8_1* b, int64_t nb) {
     int sum = 0;
     for (int j = 0; j < kQK; ++j) sum += b[i].qs[j];
     b[i].d = fp32_to_fp16(d);
-    // s from the stored (rounded) d, so that s matches the sum of the dequantized values.
-    b[i].s = fp32_to_fp16(fp16_to_fp32(b[i].d) * static_cast<float>(sum));
+    // s from the unrounded d, as ggml computes it (llama.cpp agreement); it differs from the
+    // sum of the dequantized values by at most half an fp16 ulp of d per block.
+    b[i].s = fp32_to_fp16(d * static_cast<float>(sum));
   }
 }
 

@@ -8,7 +8,7 @@
 #include "model/model.hpp"
 #include "tensor/quant.hpp"
 
-namespace ember::testing {
+namespace ember::test_support {
 
 inline std::vector<double> dequant_matrix(const TensorView& t) {
   std::vector<float> row(t.cols());
@@ -116,4 +116,4 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
   return logits;
 }
 
-}  // namespace ember::testing
+}  // namespace ember::test_support

@@ -249,7 +249,7 @@ void quantize_q8(const float* x, void* out, int64_t k) {
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
     const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));  // nearest-even
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs), _mm512_cvtsepi32_epi8(q0));
@@ -257,7 +257,7 @@ void quantize_q8(const float* x, void* out, int64_t k) {
     b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
     if constexpr (kWithSum) {
       const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-      b[i].s = _cvtss_sh(_cvtsh_ss(b[i].d) * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT);
+      b[i].s = _cvtss_sh(d * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT);
     }
   }
 }

@@ -1,0 +1,110 @@
+// End-to-end: Ember on the real SmolLM2 file agrees with llama.cpp run on the same file.
+// tests/data/llamacpp_smollm2.json was produced by llama.cpp (commit recorded in the file)
+// for 10 prompts: the prompt's token ids, llama.cpp's greedy 64-token continuation, and for
+// every position (prompt + continuation) the top-10 logits and every `stride`-th logit.
+//
+// SmolLM2 with 8-bit activation quantization is chaotic at the rounding level: llama.cpp
+// against itself with an F32 instead of an F16 KV cache moves logits by up to ~2 and changes
+// the greedy continuation of most prompts (docs/agreement.md). So logits are compared under
+// teacher forcing (Ember is fed llama.cpp's tokens), and greedy continuations are compared up
+// to their first difference, which must fall on a near-tie of llama.cpp's own logits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/session.hpp"
+#include "model/model.hpp"
+#include "support/paths.hpp"
+
+using namespace ember;
+
+namespace {
+
+int32_t argmax(const float* l, int64_t n) { return static_cast<int32_t>(std::max_element(l, l + n) - l); }
+
+// Logit of token `id` in a reference position, when the position's summary holds it.
+std::optional<double> ref_logit(const nlohmann::json& pos, int32_t id, int stride) {
+  for (const auto& e : pos["top"])
+    if (e[0].get<int32_t>() == id) return e[1].get<double>();
+  if (id % stride == 0) return pos["strided"][id / stride].get<double>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST(LlamaCppAgreement, SmolLM2) {
+  std::string path = test_support::model_path(test_support::kSmolLM2);
+  if (path.empty()) GTEST_SKIP() << "SmolLM2 model not found (run scripts/get_model.sh smollm2)";
+  std::ifstream in(test_support::data_path("llamacpp_smollm2.json"));
+  ASSERT_TRUE(in) << "missing tests/data/llamacpp_smollm2.json";
+  nlohmann::json ref = nlohmann::json::parse(in);
+  const int stride = ref["stride"];
+
+  auto model = load_model(path);
+  const int64_t nv = model->hp.n_vocab;
+  ASSERT_EQ(nv, ref["n_vocab"].get<int64_t>());
+  Session session(*model, SessionParams{2, 512, 512});
+
+  double max_abs_diff = 0, sum_abs_diff = 0;
+  int64_t n_diff = 0, positions = 0, top1_same = 0, identical_prompts = 0, greedy_same_prefix = 0;
+  for (const auto& p : ref["prompts"]) {
+    const std::vector<int32_t> tokens = p["tokens"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> greedy_ref = p["greedy"].get<std::vector<int32_t>>();
+    const auto& pos = p["positions"];
+    // Teacher forcing: the prompt and llama.cpp's continuation (but its last token) in one go.
+    std::vector<int32_t> seq = tokens;
+    seq.insert(seq.end(), greedy_ref.begin(), greedy_ref.end() - 1);
+    ASSERT_EQ(seq.size(), pos.size());
+    std::vector<float> logits(seq.size() * nv);
+    session.reset();
+    session.eval_all_logits(seq.data(), static_cast<int64_t>(seq.size()), logits.data());
+    for (size_t t = 0; t < seq.size(); ++t) {
+      const float* l = logits.data() + t * nv;
+      ++positions;
+      top1_same += argmax(l, nv) == pos[t]["top"][0][0].get<int32_t>();
+      auto diff = [&](int32_t id, double r) {
+        double d = std::fabs(l[id] - r);
+        max_abs_diff = std::max(max_abs_diff, d);
+        sum_abs_diff += d;
+        ++n_diff;
+      };
+      for (const auto& e : pos[t]["top"]) diff(e[0].get<int32_t>(), e[1].get<double>());
+      const auto& s = pos[t]["strided"];
+      for (size_t k = 0; k < s.size(); ++k) diff(static_cast<int32_t>(k * stride), s[k].get<double>());
+    }
+
+    // Free-running greedy continuation from Ember's own choices.
+    session.reset();
+    session.eval(tokens);
+    size_t same = 0;
+    for (; same < greedy_ref.size(); ++same) {
+      int32_t next = argmax(session.logits(), nv);
+      if (next != greedy_ref[same]) {
+        // Where they part, llama.cpp itself had the two tokens within a whisker of each other.
+        const auto& at = pos[tokens.size() - 1 + same];
+        double top = at["top"][0][1].get<double>();
+        auto mine = ref_logit(at, next, stride);
+        ASSERT_TRUE(mine.has_value()) << "Ember's greedy token " << next << " is not in llama.cpp's top 10 at step "
+                                      << same << " of prompt " << p["text"];
+        EXPECT_LT(top - *mine, 1.0) << "greedy continuation departs from llama.cpp on a clear choice at step "
+                                    << same << " of prompt " << p["text"];
+        break;
+      }
+      if (same + 1 < greedy_ref.size()) session.eval(&next, 1);
+    }
+    greedy_same_prefix += same;
+    identical_prompts += same == greedy_ref.size();
+  }
+  const double top1 = double(top1_same) / positions;
+  std::printf(
+      "SmolLM2 vs llama.cpp (teacher forced): %ld positions, top-1 agreement %.4f, max |logit diff| %.3f, mean %.4f\n"
+      "greedy: %ld of %zu prompts identical for 64 tokens; %ld tokens in identical prefixes\n",
+      long(positions), top1, max_abs_diff, sum_abs_diff / n_diff, long(identical_prompts), ref["prompts"].size(),
+      long(greedy_same_prefix));
+  EXPECT_GE(top1, 0.96);
+  EXPECT_LT(max_abs_diff, 2.5);
+  EXPECT_LT(sum_abs_diff / n_diff, 0.3);
+}

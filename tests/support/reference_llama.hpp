@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "model/model.hpp"
@@ -20,12 +21,35 @@ inline std::vector<double> dequant_matrix(const TensorView& t) {
   return out;
 }
 
-// Returns logits for every token of `tokens` (processed from position 0).
-inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, const std::vector<int32_t>& tokens) {
+// The activation type a quantized weight type multiplies with (8-bit, as llama.cpp).
+inline std::optional<DType> activation_type(DType w) {
+  switch (w) {
+    case DType::Q4_0: case DType::Q8_0: return DType::Q8_0;
+    case DType::Q4_1: return DType::Q8_1;
+    case DType::Q6_K: return DType::Q8_K;
+    default: return std::nullopt;
+  }
+}
+
+// Returns logits for every token of `tokens` (processed from position 0). With
+// `emulate_int8_activations`, the input of every product with a quantized weight is first
+// rounded through the 8-bit activation format (scalar quantize_row / dequantize_row), which
+// isolates the engine's arithmetic from that format's rounding.
+inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, const std::vector<int32_t>& tokens,
+                                                               bool emulate_int8_activations = false) {
   const Hparams& hp = m.hp;
   const int64_t d = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, nff = hp.n_ff;
   const int64_t T = static_cast<int64_t>(tokens.size());
-  auto matvec = [](const std::vector<double>& W, int64_t rows, int64_t cols, const std::vector<double>& x) {
+  auto round_input = [&](const TensorView& w, const std::vector<double>& x) {
+    auto at = activation_type(w.type);
+    if (!emulate_int8_activations || !at) return x;
+    std::vector<float> f(x.begin(), x.end()), back(x.size());
+    std::vector<uint8_t> q(row_bytes(*at, static_cast<int64_t>(x.size())));
+    quantize_row(*at, f.data(), q.data(), static_cast<int64_t>(x.size()));
+    dequantize_row(*at, q.data(), back.data(), static_cast<int64_t>(x.size()));
+    return std::vector<double>(back.begin(), back.end());
+  };
+  auto matvec_raw = [](const std::vector<double>& W, int64_t rows, int64_t cols, const std::vector<double>& x) {
     std::vector<double> y(rows, 0.0);
     for (int64_t r = 0; r < rows; ++r) {
       double s = 0;
@@ -33,6 +57,9 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
       y[r] = s;
     }
     return y;
+  };
+  auto matvec = [&](const std::vector<double>& W, const TensorView& w, const std::vector<double>& x) {
+    return matvec_raw(W, w.rows(), w.cols(), round_input(w, x));
   };
   auto rmsnorm = [&](const std::vector<double>& x, const TensorView& w) {
     double ss = 0;
@@ -77,9 +104,9 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
     std::vector<std::vector<double>> attn_out(T);
     for (int64_t t = 0; t < T; ++t) {
       auto xn = rmsnorm(x[t], L.attn_norm);
-      auto q = matvec(wq, nh * hd, d, xn);
-      K[t] = matvec(wk, nkv * hd, d, xn);
-      V[t] = matvec(wv, nkv * hd, d, xn);
+      auto q = matvec(wq, L.wq, xn);
+      K[t] = matvec(wk, L.wk, xn);
+      V[t] = matvec(wv, L.wv, xn);
       rope(q, nh, t);
       rope(K[t], nkv, t);
       std::vector<double> o(nh * hd, 0.0);
@@ -101,18 +128,18 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
       attn_out[t] = o;
     }
     for (int64_t t = 0; t < T; ++t) {
-      auto o = matvec(wo, d, nh * hd, attn_out[t]);
+      auto o = matvec(wo, L.wo, attn_out[t]);
       for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
       auto xn = rmsnorm(x[t], L.ffn.norm);
-      auto g = matvec(wg, nff, d, xn), u = matvec(wu, nff, d, xn);
+      auto g = matvec(wg, L.ffn.gate, xn), u = matvec(wu, L.ffn.up, xn);
       for (int64_t j = 0; j < nff; ++j) g[j] = act(g[j]) * u[j];
-      auto dn = matvec(wd, d, nff, g);
+      auto dn = matvec(wd, L.ffn.down, g);
       for (int64_t i = 0; i < d; ++i) x[t][i] += dn[i];
     }
   }
   auto wout = dequant_matrix(m.output);
   std::vector<std::vector<double>> logits(T);
-  for (int64_t t = 0; t < T; ++t) logits[t] = matvec(wout, hp.n_vocab, d, rmsnorm(x[t], m.output_norm));
+  for (int64_t t = 0; t < T; ++t) logits[t] = matvec(wout, m.output, rmsnorm(x[t], m.output_norm));
   return logits;
 }
 

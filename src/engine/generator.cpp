@@ -1,6 +1,7 @@
 #include "engine/generator.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "core/error.hpp"
@@ -82,7 +83,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   session.eval(prompt);
   res.prompt_seconds = prompt_timer.seconds();
 
-  const int64_t limit = params.max_tokens < 0 ? session.n_ctx() - session.pos() : params.max_tokens;
+  // No limit: the end of the context stops it.
+  const int64_t limit = params.max_tokens < 0 ? INT64_MAX : params.max_tokens;
   res.finish = FinishReason::length;
   Timer gen_timer;
   while (res.n_generated < limit) {

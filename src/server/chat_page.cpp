@@ -23,6 +23,8 @@ const char* const kChatPageHtml = R"HTML(<!doctype html>
   form { display: flex; gap: 0.5em; padding: 0.8em 1em; border-top: 1px solid #ccc; background: #fff; }
   textarea { flex: 1; font: inherit; padding: 0.4em; resize: vertical; }
   button { font: inherit; padding: 0 1.2em; }
+  #settings { font-size: 0.8em; padding: 0 1em 0.4em; background: #fff; display: flex; gap: 1em; }
+  #settings input { width: 5em; }
   #status { font-size: 0.8em; color: #777; padding: 0 1em 0.4em; background: #fff; }
 </style>
 </head>
@@ -34,6 +36,11 @@ const char* const kChatPageHtml = R"HTML(<!doctype html>
   <button id="send" type="submit">Send</button>
   <button id="stop" type="button" disabled>Stop</button>
 </form>
+<div id="settings">
+  <label>temperature <input id="temperature" type="number" min="0" max="2" step="0.1" value="0.7"></label>
+  <label>max tokens <input id="max_tokens" type="number" min="1" step="1" value="512"></label>
+  <button id="clear" type="button">New chat</button>
+</div>
 <div id="status">ready</div>
 <script>
 "use strict";
@@ -72,7 +79,12 @@ async function sendMessage(text) {
     const resp = await fetch("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ messages: history, stream: true, max_tokens: 512 }),
+      body: JSON.stringify({
+        messages: history,
+        stream: true,
+        temperature: Number(document.getElementById("temperature").value),
+        max_tokens: Number(document.getElementById("max_tokens").value),
+      }),
       signal: controller.signal,
     });
     if (!resp.ok) {
@@ -138,6 +150,12 @@ input.addEventListener("keydown", e => {
   }
 });
 stopBtn.addEventListener("click", () => { if (controller) controller.abort(); });
+document.getElementById("clear").addEventListener("click", () => {
+  if (controller) controller.abort();
+  history.length = 0;
+  log.textContent = "";
+  statusEl.textContent = "ready";
+});
 </script>
 </body>
 </html>

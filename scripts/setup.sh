@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for Ember: installs the build dependencies that are
-# missing, downloads the default model (verified by SHA-256; nothing is downloaded twice) and
-# builds a Release binary in build/.
+# missing, the Python packages the server tests use (the `openai` client and selenium, into
+# .venv, which tests/server/run.sh picks up), downloads the default model (verified by SHA-256;
+# nothing is downloaded twice) and builds a Release binary in build/.
 #   scripts/setup.sh            deps + model + build
 #   scripts/setup.sh --no-build deps + model only
 set -euo pipefail
@@ -16,7 +17,8 @@ for arg in "$@"; do
 done
 
 packages=(build-essential cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev
-          libgmock-dev libbenchmark-dev python3 python3-pip unzip)
+          libgmock-dev libbenchmark-dev python3 python3-pip python3-venv unzip
+          libcpp-httplib-dev curl chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,6 +29,15 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python packages of the server tests (tests/server/), versions as tested. A venv, because
+# Debian 12's pip refuses to install into the system Python (PEP 668).
+py_packages=(openai==3.54.0 selenium==4.51.0)
+if ! .venv/bin/python -c "import openai, selenium" 2>/dev/null; then
+  echo "setup: installing ${py_packages[*]} into .venv" >&2
+  python3 -m venv .venv
+  .venv/bin/python -m pip install --quiet "${py_packages[@]}"
 fi
 
 scripts/get_model.sh smollm2

@@ -62,6 +62,10 @@ expect_error "unknown flag" "not expected|unknown|extra" "$ember" generate -m "$
 expect_error "no prompt" "prompt" "$ember" generate -m "$tmp/tiny.gguf"
 expect_error "prompt over context" "context" "$ember" generate -m "$tmp/tiny.gguf" -p "a b c d e f g h i j k l m n o p" -c 4
 expect_error "zero threads ok but 5000 not" "thread|range" "$ember" generate -m "$tmp/tiny.gguf" -p hi -t 5000
+expect_ok "serve help" "$ember" serve --help
+contains "serve help lists --parallel" "$tmp/out" "parallel"
+expect_error "serve zero parallel" "parallel|range" "$ember" serve -m "$tmp/tiny.gguf" --parallel 0
+expect_error "serve bad host" "cannot listen" "$ember" serve -m "$tmp/tiny.gguf" --host 203.0.113.7 --port 1
 expect_error "bad synth type" "type" "$ember" synth --preset tiny --type q9_9 -o "$tmp/x.gguf"
 expect_error "bad synth heads" "head" "$ember" synth --preset tiny --n-head 5 -o "$tmp/x.gguf"
 
@@ -71,6 +75,8 @@ if [ -f "$smol" ]; then
   contains "greedy continuation" "$tmp/out" "Paris"
   expect_ok "chat SmolLM2" "$ember" generate -m "$smol" --chat -p "What is the capital of France? Answer in one word." -n 16 --temp 0
   contains "chat answer" "$tmp/out" "Paris"
+  expect_ok "stop string" "$ember" generate -m "$smol" -p "The capital of France is" -n 12 --temp 0 --stop " Paris"
+  if grep -q "Paris" "$tmp/out"; then fail "--stop printed the stop string"; else pass; fi
 else
   echo "note: $smol not installed; skipping the real-model checks" >&2
 fi

@@ -8,8 +8,7 @@
 #include "common.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "core/timer.hpp"
-#include "engine/sampler.hpp"
+#include "engine/generator.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -26,6 +25,7 @@ struct GenerateFlags {
   bool ignore_eos = false;
   bool no_echo = false;
   int64_t seed = -1;
+  std::vector<std::string> stop;
   SamplerParams sampling;
 };
 
@@ -56,40 +56,28 @@ void run_generate(GenerateFlags& f) {
               "the prompt has {} tokens but the context holds {}; use a larger -c", prompt.size(), session.n_ctx());
   SamplerParams sp = f.sampling;
   sp.seed = f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
-  Sampler sampler(sp, model->hp.n_vocab);
-  for (int32_t t : prompt) sampler.accept(t);
   log_info("prompt: {} tokens; threads {}; context {}; seed {}", prompt.size(), session.n_threads(), session.n_ctx(),
            sp.seed);
 
-  Utf8Streamer out;
   if (!f.chat && !f.no_echo) {
     std::fputs(f.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
 
-  Timer prompt_timer;
-  session.eval(prompt);
-  double prompt_s = prompt_timer.seconds();
-
-  int64_t limit = f.n_predict < 0 ? session.n_ctx() - session.pos() : f.n_predict;
-  int n_generated = 0;
-  Timer gen_timer;
-  while (n_generated < limit && session.pos() < session.n_ctx()) {
-    int32_t next = sampler.sample(session.logits());
-    sampler.accept(next);
-    ++n_generated;
-    if (tok.is_eog(next) && !f.ignore_eos) break;
-    std::string piece = out.push(tok.token_to_piece(next));
+  GenerateParams gp;
+  gp.sampling = sp;
+  gp.max_tokens = f.n_predict;
+  gp.stop = f.stop;
+  gp.ignore_eos = f.ignore_eos;
+  GenerateResult r = generate(session, tok, prompt, gp, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    if (n_generated >= limit || session.pos() >= session.n_ctx()) break;
-    session.eval(&next, 1);
-  }
-  double gen_s = gen_timer.seconds();
-  std::string rest = out.flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
+    return true;
+  });
   std::fputs("\n", stdout);
   std::fflush(stdout);
+  const double prompt_s = r.prompt_seconds, gen_s = r.gen_seconds;
+  const int n_generated = static_cast<int>(r.n_generated);
 
   int n_evals = n_generated > 0 ? n_generated - 1 : 0;  // the last sampled token is not evaluated
   std::fprintf(stderr,
@@ -121,6 +109,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--repeat-last-n", f->sampling.repeat_last_n, "tokens the penalty looks back over")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-s,--seed", f->seed, "random seed (-1 = random)");
+  cmd->add_option("--stop", f->stop, "stop when the output contains this text (repeatable; the text is not printed)");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
   cmd->add_flag("--no-echo", f->no_echo, "do not print the prompt");
   f->sampling.repeat_penalty = 1.0f;

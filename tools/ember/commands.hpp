@@ -8,5 +8,6 @@ void add_generate(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_synth(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace ember::cli

@@ -1,0 +1,128 @@
+#include "engine/generator.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "engine/session.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace ember {
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) {
+  for (auto& s : stops)
+    if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+std::string StopMatcher::push(std::string_view text) {
+  if (stopped_) return {};
+  pending_.append(text);
+  if (stops_.empty()) return std::exchange(pending_, {});
+  // The earliest full match wins; text before it is emitted, the rest dropped.
+  size_t first = std::string::npos;
+  for (const auto& s : stops_) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    pending_.resize(first);
+    return std::exchange(pending_, {});
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string. Stop strings are
+  // valid UTF-8, so such a suffix starts on a character boundary and what is emitted stays valid.
+  size_t hold = 0;
+  for (const auto& s : stops_) {
+    size_t max_len = std::min(s.size() - 1, pending_.size());
+    for (size_t len = max_len; len > hold; --len) {
+      if (std::string_view(pending_).substr(pending_.size() - len) == std::string_view(s).substr(0, len)) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  if (stopped_) return {};
+  return std::exchange(pending_, {});
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::length: return "length";
+    case FinishReason::context: return "context";
+    case FinishReason::eog: return "eog";
+    case FinishReason::stop: return "stop";
+    case FinishReason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                        const GenerateParams& params, const PieceCallback& on_piece) {
+  EMBER_CHECK(!prompt.empty(), "the prompt is empty");
+  EMBER_CHECK(session.pos() + static_cast<int64_t>(prompt.size()) < session.n_ctx(),
+              "the prompt has {} tokens but the context holds {}", session.pos() + prompt.size(), session.n_ctx());
+  GenerateResult res;
+  res.n_prompt = static_cast<int64_t>(prompt.size());
+
+  Sampler sampler(params.sampling, session.model().hp.n_vocab);
+  for (int32_t t : prompt) sampler.accept(t);
+  Utf8Streamer utf8;
+  StopMatcher stops(params.stop);
+
+  bool cancelled = false;
+  auto emit = [&](const std::string& text) {
+    if (!text.empty() && !cancelled && !on_piece(text)) cancelled = true;
+  };
+
+  Timer prompt_timer;
+  session.eval(prompt);
+  res.prompt_seconds = prompt_timer.seconds();
+
+  // No limit: the end of the context stops it.
+  const int64_t limit = params.max_tokens < 0 ? INT64_MAX : params.max_tokens;
+  res.finish = FinishReason::length;
+  Timer gen_timer;
+  while (res.n_generated < limit) {
+    if (session.pos() >= session.n_ctx()) {
+      res.finish = FinishReason::context;
+      break;
+    }
+    int32_t next = sampler.sample(session.logits());
+    sampler.accept(next);
+    ++res.n_generated;
+    if (tok.is_eog(next) && !params.ignore_eos) {
+      res.finish = FinishReason::eog;
+      break;
+    }
+    emit(stops.push(utf8.push(tok.token_to_piece(next))));
+    if (stops.stopped()) {
+      res.finish = FinishReason::stop;
+      break;
+    }
+    if (cancelled) {
+      res.finish = FinishReason::cancelled;
+      break;
+    }
+    if (res.n_generated >= limit) break;
+    if (session.pos() >= session.n_ctx()) {
+      res.finish = FinishReason::context;
+      break;
+    }
+    session.eval(&next, 1);
+  }
+  res.gen_seconds = gen_timer.seconds();
+  if (res.finish != FinishReason::cancelled && res.finish != FinishReason::stop) {
+    emit(stops.push(utf8.flush()));
+    if (stops.stopped()) res.finish = FinishReason::stop;
+    emit(stops.flush());
+    if (cancelled) res.finish = FinishReason::cancelled;
+  }
+  return res;
+}
+
+}  // namespace ember

@@ -1,0 +1,73 @@
+// The generation loop shared by the CLI and the server: prompt tokens in, a stream of text
+// pieces out. It samples, stops at end-of-generation tokens, at a token limit, at the end of the
+// context or at stop strings (matched across token boundaries), and hands the caller only
+// valid UTF-8 that can never turn out to be the start of a stop string.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.hpp"
+
+namespace ember {
+
+class Session;
+class Tokenizer;
+
+// Finds the first occurrence of any stop string in a text that arrives in pieces. Text that
+// could still be the start of a stop string is held back until the next piece decides it.
+class StopMatcher {
+ public:
+  StopMatcher() = default;
+  explicit StopMatcher(std::vector<std::string> stops);  // empty strings are ignored
+
+  // Appends text; returns what is now safe to emit. After a match stopped() is true, the
+  // returned text is everything before the stop string, and later pushes return nothing.
+  std::string push(std::string_view text);
+  // Returns the held-back text (no stop string can match any more) and clears it.
+  std::string flush();
+  bool stopped() const { return stopped_; }
+  size_t held() const { return pending_.size(); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+struct GenerateParams {
+  SamplerParams sampling;
+  int64_t max_tokens = 128;  // < 0: until the context is full
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+};
+
+enum class FinishReason {
+  length,     // max_tokens reached
+  context,    // the context is full
+  eog,        // the model emitted an end-of-generation token
+  stop,       // a stop string matched
+  cancelled,  // the callback returned false
+};
+const char* finish_reason_name(FinishReason r);
+
+struct GenerateResult {
+  int64_t n_prompt = 0;     // tokens evaluated for the prompt
+  int64_t n_generated = 0;  // tokens sampled (including a final EOG token, as llama.cpp counts)
+  FinishReason finish = FinishReason::length;
+  double prompt_seconds = 0;
+  double gen_seconds = 0;
+};
+
+// Called with each nonempty piece of text (valid UTF-8); return false to stop generating.
+using PieceCallback = std::function<bool(std::string_view piece)>;
+
+// Evaluates `prompt` after what the session already holds (reset it first for a fresh
+// sequence), then generates. The prompt must be nonempty and fit in the context (throws
+// ember::Error otherwise). The sampler sees the prompt tokens (repetition penalty).
+GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                        const GenerateParams& params, const PieceCallback& on_piece);
+
+}  // namespace ember

@@ -1,0 +1,329 @@
+#include "server/api.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace ember::server {
+
+json error_json(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  return json{{"error", err}};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string error_body(const ApiError& e) { return dump(error_json(e)); }
+
+namespace {
+
+ApiError bad(std::string param, std::string message, std::string code = "") {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
+}
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "an array";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a number";
+    default: return "an unsupported value";
+  }
+}
+
+// Reads an optional field; null counts as absent. Each getter returns an error on a wrong type.
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<ApiError> get_number(const json& obj, const char* name, double lo, double hi, float& out) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) return bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, v->dump()));
+  out = static_cast<float>(d);
+  return std::nullopt;
+}
+
+// An integer: JSON integers, or floats with an integral value (as JavaScript sends 5.0).
+std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) return bad(name, fmt::format("'{}' must be at most {}, got {}", name, hi, u));
+    x = static_cast<int64_t>(u);
+  } else if (v->is_number_integer()) {
+    x = v->get<int64_t>();
+  } else if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9e15)
+      return bad(name, fmt::format("'{}' must be an integer, got {}", name, v->dump()));
+    x = static_cast<int64_t>(d);
+  } else {
+    return bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));
+  }
+  if (x < lo || x > hi) return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) return bad(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
+  out = v->get<bool>();
+  return std::nullopt;
+}
+
+// Message content: a string, or an array of {"type": "text", "text": ...} parts.
+std::optional<ApiError> get_content(const json& msg, size_t i, std::string& out) {
+  const std::string param = fmt::format("messages[{}].content", i);
+  auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return bad(param, fmt::format("'{}' is required", param));
+  if (it->is_string()) {
+    out = it->get<std::string>();
+    return std::nullopt;
+  }
+  if (!it->is_array()) return bad(param, fmt::format("'{}' must be a string or an array of text parts, got {}", param, type_name(*it)));
+  for (const json& part : *it) {
+    if (!part.is_object()) return bad(param, fmt::format("each part of '{}' must be an object", param));
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string() || *type != "text")
+      return bad(param, fmt::format("'{}': only parts of type \"text\" are supported", param));
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) return bad(param, fmt::format("'{}': a text part needs a string 'text'", param));
+    out += text->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, bool chat,
+                                                                   const ServedModel& model) {
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return bad("", "the request body is not valid JSON (expected an object such as {\"model\": ..., \"" +
+                       std::string(chat ? "messages" : "prompt") + "\": ...})");
+  if (!j.is_object()) return bad("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+
+  CompletionRequest r;
+  r.chat = chat;
+
+  if (const json* m = field(j, "model")) {
+    if (!m->is_string()) return bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
+    const std::string name = m->get<std::string>();
+    if (name != model.id)
+      return ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'", name, model.id),
+                      "invalid_request_error", "model", "model_not_found"};
+  }
+
+  if (chat) {
+    const json* msgs = field(j, "messages");
+    if (!msgs) return bad("messages", "'messages' is required: an array of {\"role\", \"content\"} objects");
+    if (!msgs->is_array()) return bad("messages", fmt::format("'messages' must be an array, got {}", type_name(*msgs)));
+    if (msgs->empty()) return bad("messages", "'messages' must contain at least one message");
+    for (size_t i = 0; i < msgs->size(); ++i) {
+      const json& msg = (*msgs)[i];
+      if (!msg.is_object()) return bad(fmt::format("messages[{}]", i), fmt::format("messages[{}] must be an object", i));
+      auto role = msg.find("role");
+      if (role == msg.end() || !role->is_string())
+        return bad(fmt::format("messages[{}].role", i), fmt::format("messages[{}].role must be a string", i));
+      std::string r_name = role->get<std::string>();
+      if (r_name == "developer") r_name = "system";
+      if (r_name != "system" && r_name != "user" && r_name != "assistant")
+        return bad(fmt::format("messages[{}].role", i),
+                   fmt::format("messages[{}].role '{}' is not supported (use system, user or assistant)", i, r_name));
+      ChatMessage cm{r_name, {}};
+      if (auto e = get_content(msg, i, cm.content)) return *e;
+      r.messages.push_back(std::move(cm));
+    }
+  } else {
+    const json* p = field(j, "prompt");
+    if (!p) return bad("prompt", "'prompt' is required");
+    if (p->is_string()) {
+      r.prompt = p->get<std::string>();
+    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+      r.prompt = (*p)[0].get<std::string>();
+    } else if (p->is_array()) {
+      return bad("prompt", "'prompt' must be a string (or an array of exactly one string: only n = 1 is supported)");
+    } else {
+      return bad("prompt", fmt::format("'prompt' must be a string, got {}", type_name(*p)));
+    }
+  }
+
+  // Token limit: max_completion_tokens (newer chat API) or max_tokens. At most the context.
+  std::optional<int64_t> max_tokens;
+  if (auto e = get_int(j, "max_tokens", 1, model.n_ctx, max_tokens)) {
+    e->message += fmt::format(" (the context holds {} tokens)", model.n_ctx);
+    return *e;
+  }
+  if (chat) {
+    std::optional<int64_t> mct;
+    if (auto e = get_int(j, "max_completion_tokens", 1, model.n_ctx, mct)) {
+      e->message += fmt::format(" (the context holds {} tokens)", model.n_ctx);
+      return *e;
+    }
+    if (mct) max_tokens = mct;
+  }
+  r.max_tokens = max_tokens;
+
+  if (auto e = get_number(j, "temperature", 0.0, 2.0, r.sampling.temperature)) return *e;
+  if (auto e = get_number(j, "top_p", 0.0, 1.0, r.sampling.top_p)) return *e;
+  if (auto e = get_number(j, "min_p", 0.0, 1.0, r.sampling.min_p)) return *e;  // llama.cpp extension
+  std::optional<int64_t> top_k;
+  if (auto e = get_int(j, "top_k", 0, 1 << 24, top_k)) return *e;  // llama.cpp extension
+  if (top_k) r.sampling.top_k = static_cast<int>(*top_k);
+  std::optional<int64_t> seed;
+  if (auto e = get_int(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed))
+    return *e;
+  if (seed) r.seed = static_cast<uint64_t>(*seed);
+  std::optional<int64_t> n;
+  if (auto e = get_int(j, "n", 1, 1, n)) {
+    e->message = "only n = 1 is supported";
+    return *e;
+  }
+  if (auto e = get_bool(j, "stream", r.stream)) return *e;
+  if (const json* so = field(j, "stream_options")) {
+    if (!so->is_object()) return bad("stream_options", "'stream_options' must be an object");
+    if (!r.stream) return bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (auto e = get_bool(*so, "include_usage", r.include_usage)) {
+      e->param = "stream_options.include_usage";
+      return *e;
+    }
+  }
+  if (const json* s = field(j, "stop")) {
+    if (s->is_string()) {
+      r.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      if (s->size() > kMaxStopStrings) return bad("stop", fmt::format("'stop' may hold at most {} strings", kMaxStopStrings));
+      for (const json& x : *s) {
+        if (!x.is_string()) return bad("stop", fmt::format("'stop' must hold strings, got {}", type_name(x)));
+        r.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return bad("stop", fmt::format("'stop' must be a string or an array of strings, got {}", type_name(*s)));
+    }
+    for (const auto& x : r.stop)
+      if (x.size() > kMaxStopBytes) return bad("stop", fmt::format("each stop string must be at most {} bytes", kMaxStopBytes));
+  }
+  if (const json* lp = field(j, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
+    return bad("logprobs", "'logprobs' is not supported");
+  if (const json* tools = field(j, "tools"); tools && !(tools->is_array() && tools->empty()))
+    return bad("tools", "'tools' (function calling) is not supported");
+  return r;
+}
+
+std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest& req, const Tokenizer& tok,
+                                                        const ServedModel& model, uint64_t random_seed) {
+  PreparedRequest p;
+  std::string text;
+  if (req.chat) {
+    try {
+      text = apply_chat_template(model.chat_template, req.messages, /*add_generation_prompt=*/true);
+    } catch (const Error& e) {
+      return ApiError{500, fmt::format("cannot apply the model's chat template: {}", e.what()), "server_error", "", ""};
+    }
+  } else {
+    text = req.prompt;
+  }
+  p.prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
+  const std::string param = req.chat ? "messages" : "prompt";
+  if (p.prompt.empty()) return bad(param, "the prompt is empty");
+  const int64_t n_prompt = static_cast<int64_t>(p.prompt.size());
+  if (n_prompt >= model.n_ctx)
+    return bad(param,
+               fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens; "
+                           "shorten it (no room is left to generate)",
+                           model.n_ctx, n_prompt),
+               "context_length_exceeded");
+  const int64_t room = model.n_ctx - n_prompt;
+  int64_t max_tokens = req.max_tokens.value_or(req.chat ? room : kCompletionsDefaultMaxTokens);
+  p.gen.max_tokens = std::min(max_tokens, room);
+  p.gen.sampling = req.sampling;
+  p.gen.sampling.seed = req.seed.value_or(random_seed);
+  p.gen.stop = req.stop;
+  return p;
+}
+
+const char* openai_finish_reason(FinishReason r) {
+  switch (r) {
+    case FinishReason::length:
+    case FinishReason::context: return "length";
+    case FinishReason::eog:
+    case FinishReason::stop:
+    case FinishReason::cancelled: return "stop";
+  }
+  return "stop";
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+namespace {
+json base(const ResponseMeta& m, bool chunk) {
+  const char* object = m.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model}, {"system_fingerprint", "ember"}};
+}
+}  // namespace
+
+json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u) {
+  json j = base(m, false);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(finish)}};
+  if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(u);
+  return j;
+}
+
+json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish) {
+  json j = base(m, true);
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  choice["finish_reason"] = finish ? json(openai_finish_reason(*finish)) : json(nullptr);
+  if (m.chat) choice["delta"] = finish ? json::object() : json{{"content", text}};
+  else choice["text"] = text;
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+json role_chunk_json(const ResponseMeta& m) {
+  json j = base(m, true);
+  j["choices"] = json::array(
+      {{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+  return j;
+}
+
+json usage_chunk_json(const ResponseMeta& m, const Usage& u) {
+  json j = base(m, true);
+  j["choices"] = json::array();
+  j["usage"] = usage_json(u);
+  return j;
+}
+
+json models_json(const ServedModel& model) {
+  return {{"object", "list"},
+          {"data", json::array({{{"id", model.id}, {"object", "model"}, {"created", model.created}, {"owned_by", "ember"},
+                                 {"meta", {{"n_ctx", model.n_ctx}}}}})}};
+}
+
+}  // namespace ember::server

@@ -1,0 +1,106 @@
+// The OpenAI-compatible API as plain data: request bodies parsed and validated into structs,
+// errors in OpenAI's shape, and the JSON of responses and stream chunks. No sockets here, so
+// all of it is unit-tested directly.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/generator.hpp"
+#include "tokenizer/chat_template.hpp"
+
+namespace ember {
+class Tokenizer;
+}
+
+namespace ember::server {
+
+using json = nlohmann::json;
+
+// An error as OpenAI sends it: {"error": {"message", "type", "param", "code"}} with an HTTP
+// status. Empty param / code are sent as null.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;
+  std::string code;
+};
+json error_json(const ApiError& e);
+// error_json as text; never throws (invalid UTF-8 in a message is replaced).
+std::string error_body(const ApiError& e);
+// Serializes any JSON we send, replacing invalid UTF-8 rather than throwing.
+std::string dump(const json& j);
+
+// What the server serves, which requests are checked against.
+struct ServedModel {
+  std::string id;           // the name clients pass as "model"
+  int64_t n_ctx = 0;        // context of each session, tokens
+  std::string chat_template;  // tokenizer.chat_template source ("" = ChatML)
+  int64_t created = 0;      // unix time, for /v1/models
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::vector<ChatMessage> messages;  // chat
+  std::string prompt;                 // completions
+  std::optional<int64_t> max_tokens;  // absent: chat until the context is full, completions 16
+  SamplerParams sampling;             // llama.cpp's defaults, overridden by the request
+  std::optional<uint64_t> seed;       // absent: random
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+constexpr size_t kMaxStopStrings = 4;  // as OpenAI
+constexpr size_t kMaxStopBytes = 1024;
+constexpr int64_t kCompletionsDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
+
+// Parses a request body for /v1/chat/completions (chat) or /v1/completions. Every malformed
+// or unsupported field gives an ApiError naming it; an unknown model gives 404.
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, bool chat,
+                                                                   const ServedModel& model);
+
+// A request ready to run: prompt tokens and generation parameters.
+struct PreparedRequest {
+  std::vector<int32_t> prompt;
+  GenerateParams gen;
+};
+
+// Applies the chat template, tokenizes, checks the prompt against the context and sets the
+// token limit (never past the end of the context).
+std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest& req, const Tokenizer& tok,
+                                                        const ServedModel& model, uint64_t random_seed);
+
+// "stop" for EOG and stop strings, "length" for the token limit or a full context.
+const char* openai_finish_reason(FinishReason r);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+json usage_json(const Usage& u);
+
+// Identity of one response, shared by all of its chunks.
+struct ResponseMeta {
+  std::string id;  // chatcmpl-... / cmpl-...
+  int64_t created = 0;
+  std::string model;
+  bool chat = false;
+};
+
+json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u);
+// A stream chunk carrying text (finish absent) or the final chunk (empty text, finish set).
+// For chat the first chunk should carry the role: role_chunk.
+json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish);
+json role_chunk_json(const ResponseMeta& m);
+// The extra chunk of stream_options.include_usage: no choices, usage set.
+json usage_chunk_json(const ResponseMeta& m, const Usage& u);
+json models_json(const ServedModel& model);
+
+}  // namespace ember::server

@@ -1,0 +1,267 @@
+#include "server/server.hpp"
+
+#include <httplib.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <random>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/timer.hpp"
+#include "engine/generator.hpp"
+
+namespace ember::server {
+
+namespace {
+
+int64_t unix_now() {
+  using namespace std::chrono;
+  return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e), "application/json");
+}
+
+const char* status_error_type(int status) {
+  if (status == 401) return "authentication_error";
+  if (status == 404) return "not_found_error";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
+
+}  // namespace
+
+Server::Server(const Model& model, std::string model_path, const ServerOptions& options)
+    : model_(model), opts_(options), tok_(*model.file), queue_(options.parallel, options.queue) {
+  EMBER_CHECK(opts_.parallel >= 1 && opts_.parallel <= 256, "--parallel must be between 1 and 256, got {}", opts_.parallel);
+  EMBER_CHECK(opts_.queue <= 100000, "--queue must be at most 100000, got {}", opts_.queue);
+  for (size_t i = 0; i < opts_.parallel; ++i) sessions_.push_back(std::make_unique<Session>(model_, opts_.session));
+  // Each session computes with its own pool of -t threads; busy sessions run side by side.
+  const size_t n_compute = opts_.parallel * static_cast<size_t>(sessions_[0]->n_threads());
+  if (n_compute > static_cast<size_t>(default_thread_count()))
+    log_warn("{} sessions x {} threads = {} compute threads on {} hardware threads: concurrent requests will "
+             "contend; pass -t {} to give each session its share",
+             opts_.parallel, sessions_[0]->n_threads(), n_compute, default_thread_count(),
+             std::max<int>(1, default_thread_count() / static_cast<int>(opts_.parallel)));
+  served_.id = opts_.model_id;
+  if (served_.id.empty()) {
+    served_.id = std::filesystem::path(model_path).filename().string();
+    if (served_.id.size() > 5 && served_.id.ends_with(".gguf")) served_.id.resize(served_.id.size() - 5);
+  }
+  served_.n_ctx = sessions_[0]->n_ctx();
+  served_.chat_template = model_.file->opt_string("tokenizer.chat_template").value_or("");
+  served_.created = unix_now();
+  // Fail at start, not per request, when the chat template is unknown.
+  parse_chat_template(served_.chat_template);
+  id_salt_ = std::random_device{}();
+
+  http_ = std::make_unique<httplib::Server>();
+  // Worker threads: enough for every admitted request (running + queued) plus headroom for
+  // /health, /v1/models, the page, turning requests away with 503 and idle keep-alive
+  // connections. httplib's own queue behind these threads is unbounded, so admission control
+  // must happen in our handlers, which needs a thread free to run them.
+  const size_t n_workers = opts_.parallel + opts_.queue + 16;
+  http_->new_task_queue = [n_workers] { return new httplib::ThreadPool(n_workers); };
+  http_->set_payload_max_length(opts_.max_body_bytes);
+  http_->set_read_timeout(opts_.read_timeout_s, 0);
+  http_->set_write_timeout(10, 0);
+  http_->set_keep_alive_timeout(5);
+  // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm and delayed ACKs
+  // hold them (and small keep-alive responses) back by up to 40 ms.
+  http_->set_tcp_nodelay(true);
+  install_routes();
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  if (opts_.port == 0) {
+    int port = http_->bind_to_any_port(opts_.host);
+    EMBER_CHECK(port > 0, "cannot listen on {}: no free port", opts_.host);
+    opts_.port = port;
+    return port;
+  }
+  EMBER_CHECK(http_->bind_to_port(opts_.host, opts_.port),
+              "cannot listen on {}:{} (is the port in use, or the host not an address of this machine?)", opts_.host,
+              opts_.port);
+  return opts_.port;
+}
+
+void Server::listen() {
+  log_info("serving {} on http://{}:{} ({} parallel sessions of {} tokens, {} threads each; queue {})", served_.id,
+           opts_.host, opts_.port, opts_.parallel, served_.n_ctx, sessions_[0]->n_threads(), opts_.queue);
+  http_->listen_after_bind();
+}
+
+void Server::stop() {
+  stopping_ = true;
+  if (http_) http_->stop();
+}
+
+void Server::install_routes() {
+  httplib::Server& s = *http_;
+
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string msg;
+    if (res.status == 404) msg = fmt::format("no such endpoint: {} {}", req.method, req.path);
+    else if (res.status == 413) msg = "the request body is too large (see --max-body)";
+    else if (res.status == 400) msg = "malformed HTTP request";
+    else msg = fmt::format("HTTP error {}", res.status);
+    send_error(res, ApiError{res.status, msg, status_error_type(res.status), "", ""});
+  });
+  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    ++n_errors_;
+    std::string msg = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::bad_alloc&) {
+      msg = "out of memory";
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+    }
+    log_warn("request failed: {}", msg);
+    send_error(res, ApiError{500, msg, "server_error", "", ""});
+  });
+
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    SlotQueue::Stats q = queue_.stats();
+    json j = {{"status", "ok"},
+              {"model", served_.id},
+              {"slots_total", q.n_slots},
+              {"slots_busy", q.busy},
+              {"queued", q.waiting},
+              {"queue_limit", q.max_waiting},
+              {"requests", n_requests_.load()},
+              {"completed", n_completed_.load()},
+              {"cancelled", n_cancelled_.load()},
+              {"rejected", q.rejected},
+              // Bytes malloc has handed out and not got back (all arenas): a leak shows here
+              // even when fragmentation hides it from the resident size.
+              {"heap_in_use", mallinfo2().uordblks}};
+    res.set_content(dump(j), "application/json");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(models_json(served_)), "application/json");
+  });
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != served_.id)
+      return send_error(res, ApiError{404, fmt::format("The model '{}' does not exist", req.matches[1].str()),
+                                      "invalid_request_error", "model", "model_not_found"});
+    res.set_content(dump(models_json(served_)["data"][0]), "application/json");
+  });
+  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kChatPageHtml, "text/html; charset=utf-8");
+  });
+
+  auto completion = [this](bool chat) {
+    return [this, chat](const httplib::Request& req, httplib::Response& res) {
+      ++n_requests_;
+      auto parsed = parse_completion_request(req.body, chat, served_);
+      if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+      const CompletionRequest& creq = std::get<CompletionRequest>(parsed);
+      auto prepared = prepare_request(creq, tok_, served_, std::random_device{}());
+      if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(res, *e);
+      auto prep = std::make_shared<PreparedRequest>(std::move(std::get<PreparedRequest>(prepared)));
+
+      std::unique_ptr<SlotQueue::Ticket> ticket = queue_.enqueue();
+      if (!ticket) {
+        SlotQueue::Stats q = queue_.stats();
+        res.set_header("Retry-After", "1");
+        return send_error(res, ApiError{503,
+                                        fmt::format("The server is busy: {} requests are generating and {} are waiting, "
+                                                    "the most it takes (--parallel {}, --queue {}); retry later",
+                                                    q.busy, q.waiting, q.n_slots, q.max_waiting),
+                                        "server_error", "", "server_busy"});
+      }
+      ResponseMeta meta{fmt::format("{}{:08x}{:08x}", chat ? "chatcmpl-" : "cmpl-", id_salt_ & 0xffffffff, next_id_++),
+                        unix_now(), served_.id, chat};
+
+      // Runs the request on its session; `write` gets each piece and returns false to stop.
+      auto run = [this, prep](int slot, const PieceCallback& write) {
+        Session& session = *sessions_[slot];
+        session.reset();
+        Timer t;
+        GenerateResult r = generate(session, tok_, prep->prompt, prep->gen, write);
+        log_info("slot {}: prompt {} tokens, generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot, r.n_prompt,
+                 r.n_generated, finish_reason_name(r.finish), t.seconds() * 1e3,
+                 r.gen_seconds > 0 ? r.n_generated / r.gen_seconds : 0.0);
+        if (r.finish == FinishReason::cancelled) ++n_cancelled_;
+        else ++n_completed_;
+        return r;
+      };
+
+      if (!creq.stream) {
+        int slot = ticket->wait([this] { return stopping_.load(); });
+        if (slot < 0) return send_error(res, ApiError{503, "the server is shutting down", "server_error", "", ""});
+        std::string text;
+        GenerateResult r = run(slot, [&](std::string_view piece) {
+          text.append(piece);
+          return !stopping_.load();
+        });
+        ticket.reset();
+        res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated})), "application/json");
+        return;
+      }
+
+      const bool include_usage = creq.include_usage;
+      // httplib may copy the provider; the ticket lives in one shared place so that releasing
+      // it from any copy frees the session.
+      auto held = std::make_shared<std::unique_ptr<SlotQueue::Ticket>>(std::move(ticket));
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Accel-Buffering", "no");
+      res.set_chunked_content_provider(
+          "text/event-stream", [this, held, meta, include_usage, run](size_t, httplib::DataSink& sink) {
+            if (!*held) return false;  // already ran
+            auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+            // While waiting, an SSE comment every half second finds clients that went away
+            // (a write to a closed connection fails), so they leave the line.
+            int slot = (*held)->wait(
+                [&] { return stopping_.load() || !write(": waiting for a free session\n\n"); },
+                std::chrono::milliseconds(500));
+            if (slot < 0) {
+              ++n_cancelled_;
+              held->reset();
+              return false;
+            }
+            try {
+              if (meta.chat && !write(sse(dump(role_chunk_json(meta))))) {
+                ++n_cancelled_;
+                held->reset();
+                return false;
+              }
+              GenerateResult r = run(slot, [&](std::string_view piece) {
+                return !stopping_.load() && write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt))));
+              });
+              held->reset();  // the session is free for the next request from here on
+              if (r.finish == FinishReason::cancelled) return false;
+              bool ok = write(sse(dump(chunk_json(meta, "", r.finish))));
+              if (ok && include_usage) ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated}))));
+              if (ok) ok = write("data: [DONE]\n\n");
+              if (ok) sink.done();
+              return ok;
+            } catch (const std::exception& e) {
+              ++n_errors_;
+              held->reset();
+              log_warn("streaming request failed: {}", e.what());
+              write(sse(error_body(ApiError{500, e.what(), "server_error", "", ""})));
+              return false;
+            }
+          });
+    };
+  };
+  s.Post("/v1/chat/completions", completion(true));
+  s.Post("/v1/completions", completion(false));
+  s.Post("/chat/completions", completion(true));  // clients configured without the /v1 prefix
+  s.Post("/completions", completion(false));
+}
+
+}  // namespace ember::server

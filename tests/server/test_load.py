@@ -1,0 +1,114 @@
+"""A bounded load test: several concurrent `openai` clients send a fixed number of requests (a mix
+of chat and completions, streaming and not, and cheap ones: bad input, /health, /v1/models);
+every response is checked, and the server's resident memory (VmRSS from /proc) is compared
+before and after. A warm-up first brings every session, worker thread and malloc arena to its
+steady size."""
+import concurrent.futures
+import json
+import os
+import threading
+import time
+import urllib.request
+
+import common
+
+ember, model = common.args()
+try:
+    import openai
+except ImportError:
+    common.skip("the `openai` Python package is not installed (scripts/setup.sh installs it into .venv)")
+
+N_CLIENTS = int(os.environ.get("EMBER_LOAD_CLIENTS", "6"))
+N_REQUESTS = int(os.environ.get("EMBER_LOAD_REQUESTS", "2000"))
+MAX_GROWTH_KIB = 16 * 1024  # resident size: allows malloc arenas of worker threads to settle
+MAX_HEAP_GROWTH = 512 * 1024
+
+c = common.Checks("load")
+lock = threading.Lock()
+failures = []
+local = threading.local()
+
+
+def client(srv):
+    if not hasattr(local, "client"):
+        local.client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return local.client
+
+
+def one(srv, i):
+    """Request number i; returns None when its response is right, else what was wrong. Three in
+    ten generate (through the openai client), the rest are cheap (through urllib, which costs
+    the test less CPU on a small machine), so that thousands of requests take about a minute."""
+    kind = i % 10
+    chat_url, comp_url = srv.url + "/v1/chat/completions", srv.url + "/v1/completions"
+    try:
+        if kind == 0:
+            r = client(srv).chat.completions.create(
+                model=srv.model_id, max_tokens=6, temperature=0.7, seed=i,
+                messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"{i}?"}])
+            ok = r.choices[0].message.role == "assistant" and 1 <= r.usage.completion_tokens <= 6
+            return None if ok else f"chat {r}"
+        if kind == 1:
+            chunks = list(client(srv).completions.create(model=srv.model_id, prompt=f"Item {i}:", max_tokens=6,
+                                                         stream=True, stream_options={"include_usage": True}, seed=i))
+            usage = [ch.usage for ch in chunks if ch.usage]
+            fin = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+            ok = len(usage) == 1 and usage[0].completion_tokens <= 6 and len(fin) == 1
+            return None if ok else f"stream {chunks[-3:]}"
+        if kind == 2:
+            status, r = common.post(comp_url, {"prompt": "Hello", "max_tokens": 1, "temperature": 0})
+            return None if status == 200 and r["usage"]["completion_tokens"] == 1 else f"max_tokens 1: {status} {r}"
+        if kind in (3, 4):
+            status, r = common.post(chat_url, b'{"messages": [' + str(i).encode())
+            return None if status == 400 and "error" in r else f"bad JSON: {status} {r}"
+        if kind == 5:
+            status, r = common.post(chat_url, {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})
+            return None if status == 400 and r["error"]["param"] == "temperature" else f"wrong type: {status} {r}"
+        if kind == 6:
+            return None if srv.health()["status"] == "ok" else "health"
+        if kind == 7:
+            with urllib.request.urlopen(srv.url + "/v1/models", timeout=30) as resp:
+                return None if json.loads(resp.read())["data"][0]["id"] == srv.model_id else "models"
+        if kind == 8:
+            status, r = common.post(chat_url, {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+            return None if status == 404 and r["error"]["code"] == "model_not_found" else f"unknown model: {status} {r}"
+        status, r = common.post(comp_url, {"prompt": "word " * 600})
+        return None if status == 400 and r["error"]["code"] == "context_length_exceeded" else f"long: {status} {r}"
+    except Exception as e:  # noqa: BLE001 - every failure is reported, none ends the test
+        return f"{type(e).__name__}: {e}"
+
+
+def run(srv, first, count):
+    bad = []
+    with concurrent.futures.ThreadPoolExecutor(N_CLIENTS) as pool:
+        for i, err in zip(range(first, first + count), pool.map(lambda i: one(srv, i), range(first, first + count))):
+            if err:
+                bad.append(f"#{i}: {err}")
+    return bad
+
+
+with common.Server(ember, model, parallel=2, queue=16) as srv:
+    with urllib.request.urlopen(srv.url + "/v1/models") as resp:
+        srv.model_id = json.loads(resp.read())["data"][0]["id"]
+    t0 = time.time()
+    bad = run(srv, 0, 300)  # warm-up
+    c.check(not bad, f"warm-up failures: {bad[:5]}")
+    rss_before, heap_before = srv.rss_kib(), srv.health()["heap_in_use"]
+    t1 = time.time()
+    bad = run(srv, 300, N_REQUESTS)
+    elapsed = time.time() - t1
+    rss_after, heap_after = srv.rss_kib(), srv.health()["heap_in_use"]
+    c.check(not bad, f"{len(bad)} of {N_REQUESTS} responses wrong: {bad[:5]}")
+    h = srv.health()
+    growth = rss_after - rss_before
+    print(f"load: {N_REQUESTS} requests from {N_CLIENTS} clients in {elapsed:.1f} s ({N_REQUESTS / elapsed:.0f}/s); "
+          f"RSS before {rss_before / 1024:.1f} MiB, after {rss_after / 1024:.1f} MiB (growth {growth} KiB); "
+          f"malloc in use before {heap_before} B, after {heap_after} B; "
+          f"health {h}", flush=True)
+    c.check(growth <= MAX_GROWTH_KIB, f"RSS grew by {growth} KiB (limit {MAX_GROWTH_KIB})")
+    # What malloc holds must not grow with the number of requests (a few KiB of noise: buffers
+    # of connections that are open at that moment).
+    c.check(heap_after - heap_before <= MAX_HEAP_GROWTH, f"heap in use grew by {heap_after - heap_before} B")
+    c.check(h["slots_busy"] == 0 and h["queued"] == 0 and h["rejected"] == 0, f"health at the end {h}")
+    c.check(srv.alive(), "server alive")
+c.done()

@@ -1,0 +1,196 @@
+// Request parsing and validation of the OpenAI-compatible API, without sockets.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "server/api.hpp"
+#include "support/paths.hpp"
+#include "model/model.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+using namespace ember;
+using namespace ember::server;
+
+namespace {
+
+ServedModel served() {
+  ServedModel m;
+  m.id = "smol";
+  m.n_ctx = 256;
+  return m;
+}
+
+CompletionRequest ok(const std::string& body, bool chat = true) {
+  auto r = parse_completion_request(body, chat, served());
+  if (auto* e = std::get_if<ApiError>(&r)) ADD_FAILURE() << body << " -> " << e->message;
+  return std::holds_alternative<CompletionRequest>(r) ? std::get<CompletionRequest>(r) : CompletionRequest{};
+}
+
+ApiError err(const std::string& body, bool chat = true) {
+  auto r = parse_completion_request(body, chat, served());
+  if (!std::holds_alternative<ApiError>(r)) {
+    ADD_FAILURE() << "accepted: " << body;
+    return {};
+  }
+  return std::get<ApiError>(r);
+}
+
+}  // namespace
+
+TEST(ServerApi, ChatRequestWithAllFields) {
+  CompletionRequest r = ok(R"({"model":"smol","messages":[{"role":"system","content":"be brief"},
+    {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
+    "max_tokens":12,"temperature":0.5,"top_p":0.9,"seed":42,"stop":["\n\n","User:"],"n":1,
+    "stream":true,"stream_options":{"include_usage":true},"frequency_penalty":0,"user":"x"})");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "hi there");
+  EXPECT_EQ(r.max_tokens, 12);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.seed, 42u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n\n", "User:"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(ServerApi, DefaultsAndNulls) {
+  CompletionRequest r = ok(R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":null,"stop":null,"seed":null})");
+  EXPECT_FALSE(r.max_tokens);
+  EXPECT_FALSE(r.seed);
+  EXPECT_TRUE(r.stop.empty());
+  EXPECT_FALSE(r.stream);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, SamplerParams{}.temperature);
+  CompletionRequest c = ok(R"({"prompt":"abc","stop":"x","max_tokens":3.0})", false);
+  EXPECT_EQ(c.prompt, "abc");
+  EXPECT_EQ(c.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(c.max_tokens, 3);
+  EXPECT_EQ(ok(R"({"prompt":["one"]})", false).prompt, "one");
+  EXPECT_EQ(ok(R"({"messages":[{"role":"developer","content":"d"},{"role":"user","content":"u"}],
+                   "max_completion_tokens":5})").max_tokens, 5);
+}
+
+TEST(ServerApi, MalformedBodies) {
+  for (const char* body : {"", "{", "{\"messages\": [", "not json", "\xff\xfe", "{\"a\":1}}", "[1,2"}) {
+    ApiError e = err(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_NE(e.message.find("not valid JSON"), std::string::npos) << body;
+  }
+  EXPECT_NE(err("[]").message.find("must be a JSON object"), std::string::npos);
+  EXPECT_NE(err("42").message.find("must be a JSON object"), std::string::npos);
+}
+
+TEST(ServerApi, WrongTypesNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+  } cases[] = {
+      {R"({"messages":"hi"})", "messages"},
+      {R"({})", "messages"},
+      {R"({"messages":[]})", "messages"},
+      {R"({"messages":[42]})", "messages[0]"},
+      {R"({"messages":[{"role":"user"}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"tool","content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":1,"content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":"5"})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1.5})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":-0.1})", "top_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"seed":"1"})", "seed"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})", "stop"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]})", "stop"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":{}})", "stop"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"model":7})", "model"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})", "stream_options"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", "logprobs"},
+  };
+  for (const auto& c : cases) {
+    ApiError e = err(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  EXPECT_EQ(err(R"({"prompt":42})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":["a","b"]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"messages":[]})", false).param, "prompt");
+}
+
+TEST(ServerApi, AbsurdMaxTokens) {
+  for (const char* mt : {"0", "-1", "257", "1000000000000", "1e300", "18446744073709551615"}) {
+    ApiError e = err(std::string(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":)") + mt + "}");
+    EXPECT_EQ(e.status, 400) << mt;
+    EXPECT_EQ(e.param, "max_tokens") << mt;
+  }
+  EXPECT_EQ(ok(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":256})").max_tokens, 256);
+}
+
+TEST(ServerApi, UnknownModelIs404) {
+  ApiError e = err(R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.code, "model_not_found");
+  EXPECT_NE(e.message.find("gpt-4"), std::string::npos);
+  EXPECT_NE(e.message.find("smol"), std::string::npos);
+}
+
+TEST(ServerApi, ErrorShape) {
+  nlohmann::json j = error_json(ApiError{400, "bad", "invalid_request_error", "stop", ""});
+  EXPECT_EQ(j["error"]["message"], "bad");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "stop");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  // Invalid UTF-8 in a message never throws.
+  EXPECT_NO_THROW(error_body(ApiError{400, "bad \xff byte", "x", "", ""}));
+}
+
+TEST(ServerApi, ResponseShapes) {
+  ResponseMeta m{"chatcmpl-1", 123, "smol", true};
+  auto c = completion_json(m, "hi", FinishReason::eog, {5, 2});
+  EXPECT_EQ(c["object"], "chat.completion");
+  EXPECT_EQ(c["choices"][0]["message"]["content"], "hi");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(c["usage"]["total_tokens"], 7);
+  auto k = chunk_json(m, "h", std::nullopt);
+  EXPECT_EQ(k["object"], "chat.completion.chunk");
+  EXPECT_EQ(k["choices"][0]["delta"]["content"], "h");
+  EXPECT_TRUE(k["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(chunk_json(m, "", FinishReason::context)["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(usage_chunk_json(m, {1, 1})["choices"].empty());
+  ResponseMeta t{"cmpl-1", 123, "smol", false};
+  EXPECT_EQ(completion_json(t, "x", FinishReason::length, {1, 1})["choices"][0]["text"], "x");
+  EXPECT_EQ(chunk_json(t, "y", std::nullopt)["object"], "text_completion");
+}
+
+TEST(ServerApi, PrepareChecksTheContext) {
+  std::string path = test_support::model_path(test_support::kSmolLM2);
+  if (path.empty()) GTEST_SKIP() << "SmolLM2 not installed";
+  auto model = load_model(path);
+  Tokenizer tok(*model->file);
+  ServedModel sm = served();
+  sm.n_ctx = 64;
+  sm.chat_template = model->file->opt_string("tokenizer.chat_template").value_or("");
+
+  auto p = prepare_request(ok(R"({"messages":[{"role":"user","content":"hi"}]})"), tok, sm, 9);
+  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(p));
+  auto& pr = std::get<PreparedRequest>(p);
+  EXPECT_EQ(pr.gen.max_tokens, 64 - static_cast<int64_t>(pr.prompt.size()));  // chat default: fill the context
+  EXPECT_EQ(pr.gen.sampling.seed, 9u);
+
+  auto q = prepare_request(ok(R"({"prompt":"The capital","seed":3})", false), tok, sm, 9);
+  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(q));
+  EXPECT_EQ(std::get<PreparedRequest>(q).gen.max_tokens, kCompletionsDefaultMaxTokens);
+  EXPECT_EQ(std::get<PreparedRequest>(q).gen.sampling.seed, 3u);
+
+  std::string long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt += "word ";
+  auto l = prepare_request(ok(R"({"prompt":")" + long_prompt + R"("})", false), tok, sm, 0);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(l));
+  EXPECT_EQ(std::get<ApiError>(l).code, "context_length_exceeded");
+  EXPECT_EQ(std::get<ApiError>(l).status, 400);
+
+  auto e = prepare_request(ok(R"({"prompt":""})", false), tok, sm, 0);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(e));
+}

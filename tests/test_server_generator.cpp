@@ -1,0 +1,194 @@
+// The engine's generation loop and its stop-string matcher (used by the CLI and the server).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <cstdio>
+#include <vector>
+
+#include "core/error.hpp"
+#include "engine/generator.hpp"
+#include "engine/session.hpp"
+#include "model/model.hpp"
+#include "model/synth.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+using namespace ember;
+
+namespace {
+// Feeds `pieces` one by one; returns the concatenated output (after flush unless stopped).
+std::string feed(StopMatcher& m, const std::vector<std::string>& pieces) {
+  std::string out;
+  for (const auto& p : pieces) {
+    out += m.push(p);
+    if (m.stopped()) return out;
+  }
+  return out + m.flush();
+}
+}  // namespace
+
+TEST(StopMatcher, NoStopsPassesEverythingThrough) {
+  StopMatcher m;
+  EXPECT_EQ(m.push("abc"), "abc");
+  EXPECT_EQ(m.push(""), "");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopMatcher, MatchInsideOnePiece) {
+  StopMatcher m({"STOP"});
+  EXPECT_EQ(m.push("helloSTOPworld"), "hello");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.push("more"), "");
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopMatcher, MatchAcrossPiecesHoldsBackThePrefix) {
+  StopMatcher m({"</end>"});
+  EXPECT_EQ(m.push("text </"), "text ");  // "</" could start the stop string
+  EXPECT_EQ(m.held(), 2u);
+  EXPECT_EQ(m.push("en"), "");
+  EXPECT_EQ(m.push("d> tail"), "");
+  EXPECT_TRUE(m.stopped());
+}
+
+TEST(StopMatcher, FalseStartIsReleased) {
+  StopMatcher m({"</end>"});
+  EXPECT_EQ(m.push("a </e"), "a ");
+  EXPECT_EQ(m.push("x"), "</ex");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.push("</en"), "");
+  EXPECT_EQ(m.flush(), "</en");  // the end of the stream releases the held text
+}
+
+TEST(StopMatcher, EarliestOfSeveralWins) {
+  StopMatcher m({"world", "lo w", "zzz"});
+  EXPECT_EQ(feed(m, {"hel", "lo", " wor", "ld"}), "hel");
+  EXPECT_TRUE(m.stopped());
+}
+
+TEST(StopMatcher, OverlappingPrefixes) {
+  // "aab": after "aaa" the held suffix must be "aa", not "a".
+  StopMatcher m({"aab"});
+  EXPECT_EQ(feed(m, {"a", "a", "a", "b", "c"}), "a");
+  EXPECT_TRUE(m.stopped());
+}
+
+TEST(StopMatcher, EmptyStopStringsAreIgnored) {
+  StopMatcher m({"", "x"});
+  EXPECT_EQ(feed(m, {"ab", "cx"}), "abc");
+}
+
+TEST(StopMatcher, StopAtTheVeryStart) {
+  StopMatcher m({"Q"});
+  EXPECT_EQ(feed(m, {"Qabc"}), "");
+  EXPECT_TRUE(m.stopped());
+}
+
+TEST(StopMatcher, MultiByteUtf8StaysWhole) {
+  // A stop string starting with "é" (C3 A9): the held suffix starts on a character boundary.
+  StopMatcher m({"\xC3\xA9t\xC3\xA9"});
+  std::string out = feed(m, {"caf\xC3\xA9", " \xC3\xA9", "t", "\xC3\xA9!"});
+  EXPECT_EQ(out, "caf\xC3\xA9 ");
+  EXPECT_TRUE(m.stopped());
+}
+
+TEST(StopMatcher, EveryPieceSplitGivesTheSameResult) {
+  const std::string text = "The answer is 42.\nUser: next question";
+  const std::vector<std::string> stops = {"\nUser:", "###"};
+  for (size_t cut1 = 0; cut1 <= text.size(); ++cut1) {
+    for (size_t cut2 = cut1; cut2 <= text.size(); cut2 += 3) {
+      StopMatcher m(stops);
+      std::string out = feed(m, {text.substr(0, cut1), text.substr(cut1, cut2 - cut1), text.substr(cut2)});
+      ASSERT_EQ(out, "The answer is 42.") << cut1 << " " << cut2;
+      ASSERT_TRUE(m.stopped());
+    }
+  }
+}
+
+class GeneratorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = ::testing::TempDir() + "ember_generator_test.gguf";
+    SynthOptions o = synth_preset("tiny");
+    o.n_ctx = 64;
+    synth_write(o, path_);
+    model_ = load_model(path_).release();
+    tok_ = new Tokenizer(*model_->file);
+  }
+  static void TearDownTestSuite() {
+    delete tok_;
+    delete model_;
+    std::remove(path_.c_str());
+  }
+  static GenerateParams greedy(int64_t n) {
+    GenerateParams g;
+    g.sampling.temperature = 0;
+    g.max_tokens = n;
+    g.ignore_eos = true;
+    return g;
+  }
+  static std::string run(const GenerateParams& g, GenerateResult* res = nullptr, int stop_after = -1) {
+    Session s(*model_, {1, 64, 16});
+    std::string out;
+    int calls = 0;
+    GenerateResult r = generate(s, *tok_, tok_->encode("hello world", true, false), g, [&](std::string_view p) {
+      out.append(p);
+      return ++calls != stop_after;
+    });
+    if (res) *res = r;
+    return out;
+  }
+  static inline std::string path_;
+  static inline Model* model_ = nullptr;
+  static inline Tokenizer* tok_ = nullptr;
+};
+
+TEST_F(GeneratorTest, CountsAndLengthLimit) {
+  GenerateResult r;
+  std::string out = run(greedy(10), &r);
+  EXPECT_EQ(r.n_prompt, static_cast<int64_t>(tok_->encode("hello world", true, false).size()));
+  EXPECT_EQ(r.n_generated, 10);
+  EXPECT_EQ(r.finish, FinishReason::length);
+  EXPECT_FALSE(out.empty());
+}
+
+TEST_F(GeneratorTest, ContextLimitEndsGeneration) {
+  GenerateResult r;
+  run(greedy(-1), &r);
+  EXPECT_EQ(r.finish, FinishReason::context);
+  EXPECT_EQ(r.n_prompt + r.n_generated, 64);  // each sampled token is evaluated until the context is full
+}
+
+TEST_F(GeneratorTest, StopStringCutsTheOutputAtItsFirstOccurrence) {
+  std::string full = run(greedy(40));
+  ASSERT_GE(full.size(), 6u);
+  // Stop on a substring from the middle of the greedy output.
+  std::string stop = full.substr(full.size() / 2, 3);
+  GenerateParams g = greedy(40);
+  g.stop = {stop};
+  GenerateResult r;
+  std::string out = run(g, &r);
+  EXPECT_EQ(r.finish, FinishReason::stop);
+  EXPECT_EQ(out, full.substr(0, full.find(stop)));
+}
+
+TEST_F(GeneratorTest, CallbackReturningFalseCancels) {
+  GenerateResult r;
+  run(greedy(40), &r, 2);
+  EXPECT_EQ(r.finish, FinishReason::cancelled);
+  EXPECT_LT(r.n_generated, 40);
+}
+
+TEST_F(GeneratorTest, SameSeedSameText) {
+  GenerateParams g = greedy(20);
+  g.sampling.temperature = 0.9f;
+  g.sampling.seed = 7;
+  EXPECT_EQ(run(g), run(g));
+}
+
+TEST_F(GeneratorTest, PromptLongerThanTheContextThrows) {
+  Session s(*model_, {1, 8, 16});
+  std::vector<int32_t> prompt(8, 65);
+  EXPECT_THROW(generate(s, *tok_, prompt, greedy(4), [](std::string_view) { return true; }), Error);
+  EXPECT_THROW(generate(s, *tok_, {}, greedy(4), [](std::string_view) { return true; }), Error);
+}

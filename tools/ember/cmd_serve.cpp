@@ -1,0 +1,75 @@
+// `ember serve`: an OpenAI-compatible HTTP server (see src/server/server.hpp).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "core/log.hpp"
+#include "server/server.hpp"
+
+namespace ember::cli {
+namespace {
+
+struct ServeFlags {
+  EngineFlags engine;
+  server::ServerOptions server;
+  size_t max_body_kib = 1024;
+};
+
+void run_serve(ServeFlags& f) {
+  // SIGINT/SIGTERM are taken by one thread with sigwait, which stops the server cleanly. Block
+  // them before any thread exists so that all threads inherit the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that goes away must not kill the server
+
+  auto model = load_model_logged(f.engine, nullptr);
+  f.server.session = f.engine.session_params();
+  f.server.max_body_bytes = f.max_body_kib * 1024;
+  server::Server srv(*model, f.engine.model_path, f.server);
+  srv.bind();
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    log_info("signal {}: shutting down", sig);
+    srv.stop();
+  });
+  srv.listen();
+  kill(getpid(), SIGTERM);  // wakes the signal thread when listen() returned on its own
+  signal_thread.join();
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "serve a model over an OpenAI-compatible HTTP API (with a chat page at /)");
+  f->engine.add_to(cmd);
+  cmd->add_option("--host", f->server.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", f->server.port, "port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--parallel", f->server.parallel,
+                  "sessions generating at once, each with its own KV cache and -t threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--queue", f->server.queue, "requests that may wait for a session; more get 503")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  cmd->add_option("--max-body", f->max_body_kib, "largest request body in KiB; larger ones get 413")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--timeout", f->server.read_timeout_s, "seconds to wait for a client's request")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--alias", f->server.model_id, "model name clients use (default: the file name without .gguf)");
+  cmd->callback([f] { run_serve(*f); });
+}
+
+}  // namespace ember::cli

@@ -150,7 +150,10 @@ struct Shape {
 std::vector<Shape> shapes(DType t) {
   if (t == DType::Q6_K) return {{1, 256}, {3, 512}, {17, 768}, {1000, 256}};
   if (is_float(t)) return {{1, 7}, {3, 33}, {17, 1000}, {1000, 48}};
-  return {{1, 32}, {3, 96}, {17, 800}, {1000, 64}};  // 96, 800: not multiples of 256
+  // 96, 800: not multiples of 256. The 4-bit AVX-512 kernels step over four blocks at a time:
+  // k of 1, 2, 3, 5, 7 and 25 blocks leave 1..3 in a last partial step, 4 and 16 none; row counts
+  // are not multiples of the 4-row tile.
+  return {{1, 32}, {3, 96}, {17, 800}, {1000, 64}, {5, 160}, {6, 128}, {13, 224}, {9, 512}};
 }
 
 }  // namespace

@@ -242,8 +242,13 @@ struct Q4QuadKernel {
         __m512i p = kHasMin ? _mm512_setzero_si512() : _mm512_load_si512(xq + 192);
         p = _mm512_dpbusd_epi32(p, lo[r], xlo);
         p = _mm512_dpbusd_epi32(p, hi[r], xhi);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
-        if constexpr (kHasMin) acc[r][t] = _mm512_fmadd_ps(mw[r], _mm512_load_ps(xq + 192), acc[r][t]);
+        if constexpr (kHasMin) {
+          // The min term first, off the accumulator's dependency chain: one add per step on it.
+          const __m512 m = _mm512_mul_ps(mw[r], _mm512_load_ps(xq + 192));
+          acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), m));
+        } else {
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+        }
       }
     }
   }

@@ -2,13 +2,31 @@
 
 #include <immintrin.h>
 
+#include <chrono>
+
 #include "core/error.hpp"
 
 namespace ember {
 
 namespace {
-// About 100 microseconds of spinning (pause is ~40-140 cycles) before a thread sleeps.
-constexpr int kSpinIterations = 1 << 11;
+// How long a thread spins before it sleeps. Timed rather than counted: the cost of a pause
+// ranges from ~10 to ~140 cycles across CPUs, and 2048 of them (the count used before) lasted
+// only ~10-30 us on Zen 4, so decode steps went to sleep between jobs and paid a futex wake-up
+// (tens of microseconds) on many of their ~150 jobs per token.
+constexpr auto kSpin = std::chrono::microseconds(500);
+
+// Spins while pred() holds, for at most kSpin; returns whether pred() still holds.
+template <class Pred>
+bool spin_while(Pred pred) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (!pred()) return false;
+      _mm_pause();
+    }
+    if (std::chrono::steady_clock::now() - start > kSpin) return pred();
+  }
+}
 }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
@@ -36,29 +54,17 @@ void ThreadPool::run_raw(RawFn fn, void* ctx) {
   generation_.notify_all();
   fn(ctx, 0, n_threads_);
   // Wait for the workers: spin first (jobs are short), then block.
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
-    if (spins < kSpinIterations) {
-      _mm_pause();
-    } else {
-      int p = pending_.load(std::memory_order_acquire);
-      if (p != 0) pending_.wait(p, std::memory_order_acquire);
-    }
-  }
+  if (!spin_while([&] { return pending_.load(std::memory_order_acquire) != 0; })) return;
+  for (int p; (p = pending_.load(std::memory_order_acquire)) != 0;) pending_.wait(p, std::memory_order_acquire);
 }
 
 void ThreadPool::worker_main(int ith) {
   uint32_t seen = 0;
   for (;;) {
     uint32_t gen;
-    for (int spins = 0;; ++spins) {
-      gen = generation_.load(std::memory_order_acquire);
-      if (gen != seen) break;
-      if (spins < kSpinIterations) {
-        _mm_pause();
-      } else {
-        generation_.wait(seen, std::memory_order_acquire);
-      }
-    }
+    if (spin_while([&] { return generation_.load(std::memory_order_acquire) == seen; }))
+      while (generation_.load(std::memory_order_acquire) == seen) generation_.wait(seen, std::memory_order_acquire);
+    gen = generation_.load(std::memory_order_acquire);
     seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
     fn_(ctx_, ith, n_threads_);

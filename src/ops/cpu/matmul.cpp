@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/aligned_buffer.hpp"
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
 #include "ops/cpu/kernels.hpp"
 #include "ops/cpu/kquant.hpp"
+#include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember::cpu {
@@ -43,16 +45,50 @@ GemmFn pick(const KernelSet& s, DType w) {
   }
 }
 
-GemmFn gemm_for(DType w) {
+// The kernel for a weight type at the current SIMD level, and whether it takes its activations
+// in the quad layout (kernels.hpp) rather than as plain quantized rows.
+struct Kernel {
   GemmFn fn = nullptr;
+  bool quads = false;
+};
+
+Kernel gemm_for(DType w) {
+  const KernelSet* set = nullptr;
   switch (simd_level()) {
-    case SimdLevel::avx512: fn = pick(detail::kernels_avx512(), w); break;
-    case SimdLevel::avx2: fn = pick(detail::kernels_avx2(), w); break;
+    case SimdLevel::avx512: set = &detail::kernels_avx512(); break;
+    case SimdLevel::avx2: set = &detail::kernels_avx2(); break;
     default: break;
   }
-  if (!fn) fn = pick(detail::kernels_scalar(), w);
-  EMBER_CHECK(fn != nullptr, "matmul: no kernel for weight type {}", dtype_name(w));
-  return fn;
+  Kernel k;
+  if (set && (k.fn = pick(*set, w)) != nullptr) {
+    k.quads = set->q4_quads && (w == DType::Q4_0 || w == DType::Q4_1);
+    return k;
+  }
+  k.fn = pick(detail::kernels_scalar(), w);
+  EMBER_CHECK(k.fn != nullptr, "matmul: no kernel for weight type {}", dtype_name(w));
+  return k;
+}
+
+bool may_use_quads(DType w) { return w == DType::Q4_0 || w == DType::Q4_1; }
+
+uint8_t* align64(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+
+// Runs a kernel on activations given as quantize_activations() rows, preparing quads first
+// where the kernel wants them (into a per-thread buffer that only grows).
+void run_on_quantized(const Kernel& kern, DType w, GemmArgs a) {
+  if (!kern.quads) {
+    kern.fn(a);
+    return;
+  }
+  thread_local AlignedBuffer<uint8_t> buf;
+  const size_t qstride = detail::quad_row_bytes(a.k);
+  buf.resize(qstride * static_cast<size_t>(a.ntok));
+  for (int64_t t = 0; t < a.ntok; ++t) detail::prepare_quads(w, a.x + t * a.x_stride, buf.data() + t * qstride, a.k);
+  a.x = buf.data();
+  a.x_stride = qstride;
+  kern.fn(a);
 }
 
 void check_k(DType w, int64_t k) {
@@ -70,9 +106,41 @@ constexpr int64_t kRowAlign = 16;  // decode splits rows in multiples of this
 
 }  // namespace
 
+void detail::prepare_quads(DType weight_type, const void* xq_row, void* out, int64_t k) {
+  const int64_t nb = k / kQK, nq = (nb + 3) / 4;
+  const bool q4_1 = weight_type == DType::Q4_1;
+  const auto* b0 = static_cast<const BlockQ8_0*>(xq_row);
+  const auto* b1 = static_cast<const BlockQ8_1*>(xq_row);
+  auto* o = static_cast<uint8_t*>(out);
+  std::memset(o, 0, static_cast<size_t>(nq) * kQuadBytes);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* quad = o + (b / 4) * kQuadBytes;
+    const int i = static_cast<int>(b % 4);
+    const int8_t* qs = q4_1 ? b1[b].qs : b0[b].qs;
+    const float d = fp16_to_fp32(q4_1 ? b1[b].d : b0[b].d);
+    std::memcpy(quad + 16 * i, qs, 16);
+    std::memcpy(quad + 64 + 16 * i, qs + 16, 16);
+    auto* dl = reinterpret_cast<float*>(quad + 128);
+    for (int j = 0; j < 4; ++j) dl[4 * i + j] = d;
+    if (q4_1) {
+      reinterpret_cast<float*>(quad + 192)[4 * i] = fp16_to_fp32(b1[b].s);
+    } else {
+      auto* c = reinterpret_cast<int32_t*>(quad + 192);
+      for (int j = 0; j < 4; ++j) {
+        int32_t sum = 0;
+        for (int e = 0; e < 4; ++e) sum += qs[4 * j + e] + qs[16 + 4 * j + e];
+        c[4 * i + j] = -8 * sum;
+      }
+    }
+  }
+}
+
 size_t matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_tokens) {
   check_k(weight_type, k);
-  return row_bytes(activation_type(weight_type), k) * static_cast<size_t>(n_tokens);
+  size_t bytes = row_bytes(activation_type(weight_type), k) * static_cast<size_t>(n_tokens);
+  // Room for the quad layout after the quantized rows (64-byte aligned).
+  if (may_use_quads(weight_type)) bytes += 64 + detail::quad_row_bytes(k) * static_cast<size_t>(n_tokens);
+  return bytes;
 }
 
 void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, int64_t k, void* out) {
@@ -99,7 +167,7 @@ void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens,
   GemmArgs a{k,        W.row(row_begin), W.row_stride(), row_end - row_begin,
              static_cast<const uint8_t*>(x_quantized), row_bytes(activation_type(W.type), k),
              n_tokens, Y,   y_stride};
-  gemm_for(W.type)(a);
+  run_on_quantized(gemm_for(W.type), W.type, a);
 }
 
 void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch) {
@@ -108,23 +176,36 @@ void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tok
   if (n_tokens <= 0 || rows <= 0) return;
   const DType at = activation_type(W.type);
   const size_t x_stride = row_bytes(at, k);
+  const Kernel kern = gemm_for(W.type);
+  const GemmFn fn = kern.fn;
   const uint8_t* xq;
+  size_t x_stride_k = x_stride;  // stride of the activation rows the kernel reads
   if (at == DType::F32) {
     xq = reinterpret_cast<const uint8_t*>(X);  // float weights take X as it is
   } else {
     auto* out = static_cast<uint8_t*>(scratch);
+    // Quad-layout kernels: the quantized rows are rearranged once per call, after them in the
+    // scratch.
+    uint8_t* quads = kern.quads ? align64(out + x_stride * n_tokens) : nullptr;
+    const size_t qstride = detail::quad_row_bytes(k);
+    const auto prepare = [&](int64_t t0, int64_t t1) {
+      if (t1 <= t0) return;
+      quantize_activations(W.type, X + t0 * k, t1 - t0, k, out + t0 * x_stride);
+      if (quads)
+        for (int64_t t = t0; t < t1; ++t) detail::prepare_quads(W.type, out + t * x_stride, quads + t * qstride, k);
+    };
     if (n_tokens == 1 || pool.size() == 1) {
-      quantize_activations(W.type, X, n_tokens, k, out);
+      prepare(0, n_tokens);
     } else {
       pool.run([&](int ith, int nth) {
         int64_t t0, t1;
         split_range(n_tokens, ith, nth, t0, t1);
-        if (t1 > t0) quantize_activations(W.type, X + t0 * k, t1 - t0, k, out + t0 * x_stride);
+        prepare(t0, t1);
       });
     }
-    xq = out;
+    xq = quads ? quads : out;
+    if (quads) x_stride_k = qstride;
   }
-  const GemmFn fn = gemm_for(W.type);
   const uint8_t* w = W.data;
   const size_t w_stride = W.row_stride();
 
@@ -136,7 +217,7 @@ void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tok
       split_range(groups, ith, nth, g0, g1);
       const int64_t r0 = g0 * kRowAlign, r1 = std::min(rows, g1 * kRowAlign);
       if (r1 <= r0) return;
-      GemmArgs a{k, w + r0 * w_stride, w_stride, r1 - r0, xq, x_stride, 1, Y + r0, rows};
+      GemmArgs a{k, w + r0 * w_stride, w_stride, r1 - r0, xq, x_stride_k, 1, Y + r0, rows};
       fn(a);
     });
     return;
@@ -147,7 +228,7 @@ void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tok
       const int64_t r0 = b * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
       for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
         const int64_t nt = std::min(kTokenBlock, n_tokens - t0);
-        GemmArgs a{k, w + r0 * w_stride, w_stride, r1 - r0, xq + t0 * x_stride, x_stride, nt, Y + t0 * rows + r0, rows};
+        GemmArgs a{k, w + r0 * w_stride, w_stride, r1 - r0, xq + t0 * x_stride_k, x_stride_k, nt, Y + t0 * rows + r0, rows};
         fn(a);
       }
     }
@@ -166,7 +247,7 @@ float vec_dot(DType type, int64_t k, const void* w_row, const void* x_quantized_
   check_k(type, k);
   float y = 0.f;
   GemmArgs a{k, static_cast<const uint8_t*>(w_row), 0, 1, static_cast<const uint8_t*>(x_quantized_row), 0, 1, &y, 1};
-  gemm_for(type)(a);
+  run_on_quantized(gemm_for(type), type, a);
   return y;
 }
 

@@ -22,8 +22,24 @@ constexpr void fill_tiles(std::array<TileFn, RM * TM>& table) {
 }
 
 template <class K>
+constexpr int decode_rows() {
+  if constexpr (requires { K::kDecodeRows; }) return K::kDecodeRows;
+  else return K::kRows;
+}
+
+template <class K>
 void gemm(const GemmArgs& a) {
   constexpr int RM = K::kRows, TM = K::kTokens;
+  if constexpr (decode_rows<K>() != RM) {
+    if (a.ntok == 1) {
+      constexpr int RD = decode_rows<K>();
+      static_assert(RD <= RM);
+      int64_t r0 = 0;
+      for (; r0 + RD <= a.nrows; r0 += RD) K::template tile<RD, 1>(a, r0, 0);
+      for (; r0 < a.nrows; ++r0) K::template tile<1, 1>(a, r0, 0);
+      return;
+    }
+  }
   static constexpr std::array<TileFn, RM * TM> table = [] {
     std::array<TileFn, RM * TM> t{};
     fill_tiles<K, RM, TM>(t);

@@ -78,6 +78,8 @@ struct FloatKernel {
 template <DType WT>
 struct Block32Kernel {
   static constexpr int kRows = 2, kTokens = 4;
+  // Decode reads one row at a time: one sequential weight stream per thread (see Q4QuadKernel).
+  static constexpr int kDecodeRows = 1;
   using WB = std::conditional_t<WT == DType::Q4_0, BlockQ4_0, std::conditional_t<WT == DType::Q4_1, BlockQ4_1, BlockQ8_0>>;
   using XB = std::conditional_t<WT == DType::Q4_1, BlockQ8_1, BlockQ8_0>;
 

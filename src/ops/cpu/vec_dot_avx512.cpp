@@ -93,6 +93,8 @@ struct FloatKernel {
 template <DType WT>
 struct Block32Kernel {
   static constexpr int kRows = 4, kTokens = 4;
+  // Decode reads one row at a time: one sequential weight stream per thread (see Q4QuadKernel).
+  static constexpr int kDecodeRows = 1;
   using WB = std::conditional_t<WT == DType::Q4_0, BlockQ4_0, std::conditional_t<WT == DType::Q4_1, BlockQ4_1, BlockQ8_0>>;
   using XB = std::conditional_t<WT == DType::Q4_1, BlockQ8_1, BlockQ8_0>;
   static constexpr bool kHasMin = WT == DType::Q4_1;
@@ -163,6 +165,109 @@ struct Block32Kernel {
         }
       }
     }
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+// ---- 4-bit weights in steps of four blocks: Q4_0 x Q8_0, Q4_1 x Q8_1 ----------------------
+// The activations come in the quad layout (kernels.hpp). Four consecutive weight blocks (72 or 80
+// bytes) are two overlapping loads; one vpermt2w gathers their 64 quant bytes (every block's qs
+// starts at an even offset) so that 128-bit lane i holds block i, and/shift split the nibbles
+// into elements 0..15 (lo) and 16..31 (hi) of each block, the order of the activation quad. One
+// vpermw spreads the four fp16 scales (and Q4_1 mins) to their four 32-bit lanes each, one
+// vcvtph2ps converts them. Accumulators stay lane-wise and are reduced once per row.
+
+template <DType WT>
+struct Q4QuadKernel {
+  static constexpr bool kHasMin = WT == DType::Q4_1;
+  static constexpr int kRows = 4, kTokens = kHasMin ? 3 : 4;
+  // Decode (one token) goes one row at a time: each thread then reads one sequential stream,
+  // which the hardware prefetcher follows at full bandwidth (several interleaved row streams
+  // per thread measured 30-40% slower on Zen 4).
+  static constexpr int kDecodeRows = 1;
+  static constexpr int kBlockBytes = kHasMin ? 20 : 18;
+  static constexpr int kQsOffset = kHasMin ? 4 : 2;
+  static constexpr int kQuadWBytes = 4 * kBlockBytes;
+  static constexpr int kSecond = kQuadWBytes - 64;  // offset of the second load
+  static constexpr int kPrefetchBytes = 1024;
+
+  // vpermt2w indices: word 8i + w <- word w of block i's qs, from the first load (index < 32)
+  // or the second one (32 + its word index there).
+  static __m512i qs_index() {
+    alignas(64) int16_t idx[32];
+    for (int j = 0; j < 32; ++j) {
+      const int byte = kBlockBytes * (j / 8) + kQsOffset + 2 * (j % 8);
+      idx[j] = static_cast<int16_t>(byte < 64 ? byte / 2 : 32 + (byte - kSecond) / 2);
+    }
+    return _mm512_load_si512(idx);
+  }
+  // vpermw indices: words 0..15 <- d of block j / 4; words 16..31 <- m of block (j - 16) / 4.
+  static __m512i scale_index() {
+    alignas(64) int16_t idx[32];
+    for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(kBlockBytes * ((j % 16) / 4) / 2 + (j >= 16 ? 1 : 0));
+    return _mm512_load_si512(idx);
+  }
+
+  template <int R, int T, bool kTail>
+  static inline void step(const uint8_t* const* w, const uint8_t* const* x, int64_t q, int nvalid, __m512 (&acc)[R][T],
+                          __m512i qidx, __m512i sidx) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i lo[R], hi[R];
+    __m512 dw[R];
+    [[maybe_unused]] __m512 mw[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = w[r] + q * kQuadWBytes;
+      __m512i a, b;
+      if constexpr (kTail) {
+        // Bytes of blocks past the row end read as zero (and their activations are zero).
+        const int n = nvalid * kBlockBytes;
+        a = _mm512_maskz_loadu_epi8(n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1, p);
+        b = _mm512_maskz_loadu_epi8(n > kSecond ? (__mmask64{1} << (n - kSecond)) - 1 : 0, p + kSecond);
+      } else {
+        _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+        a = _mm512_loadu_si512(p);
+        b = _mm512_loadu_si512(p + kSecond);
+      }
+      const __m512i qs = _mm512_permutex2var_epi16(a, qidx, b);
+      lo[r] = _mm512_and_si512(qs, m4);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+      const __m512i sc = _mm512_permutexvar_epi16(sidx, a);
+      dw[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
+      if constexpr (kHasMin) mw[r] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc, 1));
+    }
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* xq = x[t] + q * kQuadBytes;
+      const __m512i xlo = _mm512_load_si512(xq), xhi = _mm512_load_si512(xq + 64);
+      const __m512 dx = _mm512_load_ps(xq + 128);
+      for (int r = 0; r < R; ++r) {
+        __m512i p = kHasMin ? _mm512_setzero_si512() : _mm512_load_si512(xq + 192);
+        p = _mm512_dpbusd_epi32(p, lo[r], xlo);
+        p = _mm512_dpbusd_epi32(p, hi[r], xhi);
+        if constexpr (kHasMin) {
+          // The min term first, off the accumulator's dependency chain: one add per step on it.
+          const __m512 m = _mm512_mul_ps(mw[r], _mm512_load_ps(xq + 192));
+          acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), m));
+        } else {
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+        }
+      }
+    }
+  }
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    const int64_t nb = a.k / kQK, nfull = nb / 4;
+    const uint8_t* w[R];
+    const uint8_t* x[T];
+    for (int r = 0; r < R; ++r) w[r] = a.w + (r0 + r) * a.w_stride;
+    for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.x_stride;
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    const __m512i qidx = qs_index(), sidx = scale_index();
+    for (int64_t q = 0; q < nfull; ++q) step<R, T, false>(w, x, q, 4, acc, qidx, sidx);
+    if (nb % 4) step<R, T, true>(w, x, nfull, static_cast<int>(nb % 4), acc, qidx, sidx);
     for (int t = 0; t < T; ++t)
       for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
   }
@@ -267,8 +372,8 @@ void quantize_q8(const float* x, void* out, int64_t k) {
 const KernelSet& kernels_avx512() {
   static const KernelSet set{
       &gemm<FloatKernel<DType::F32>>,    &gemm<FloatKernel<DType::F16>>,    &gemm<FloatKernel<DType::BF16>>,
-      &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Block32Kernel<DType::Q4_0>>, &gemm<Block32Kernel<DType::Q4_1>>,
-      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>};
+      &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Q4QuadKernel<DType::Q4_0>>, &gemm<Q4QuadKernel<DType::Q4_1>>,
+      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>, /*q4_quads=*/true};
   return set;
 }
 

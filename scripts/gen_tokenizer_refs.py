@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Writes tests/data/tokenizer_smollm2.json: reference token ids from llama.cpp's tokenizer.
+"""Writes tests/data/tokenizer_<model>.json: reference token ids from llama.cpp's tokenizer.
 
-Usage: scripts/gen_tokenizer_refs.py LLAMA_TOKENIZE MODEL.gguf [OUT.json]
+Usage: scripts/gen_tokenizer_refs.py LLAMA_TOKENIZE MODEL.gguf [OUT.json] [LLAMA_CPP_COMMIT]
+
+  SmolLM2: llama.cpp c392e509 (the default commit).
+  Gemma 3 (a model file named gemma*): a newer llama.cpp that knows gemma3, e.g. d32676d7; the
+  chat-markup cases use Gemma's control tokens instead of SmolLM2's.
 
 Each text is written to a temporary file and passed with -f --no-escape, so the bytes reach the
 tokenizer unchanged. llama-tokenize adds BOS when the model's add_bos_token says so (SmolLM2: no),
@@ -57,6 +61,16 @@ CASES = [
 ]
 
 
+GEMMA_CASES = [
+    ("<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", True),
+    ("<start_of_turn>user\nhi<end_of_turn>", False),
+    ("text before<eos>text after", True),
+    ("<bos>already a bos", True),
+    ("Bytes beyond the vocabulary: \u0007\u0001 and \U0001F9EC\U0001FAE0", True),
+    ("    indented code\n        more", True),
+]
+
+
 def tokenize(exe, model, text, parse_special):
     with tempfile.NamedTemporaryFile("wb", delete=False) as f:
         f.write(text.encode("utf-8"))
@@ -77,11 +91,15 @@ def tokenize(exe, model, text, parse_special):
 def main():
     exe, model = sys.argv[1], sys.argv[2]
     out = sys.argv[3] if len(sys.argv) > 3 else "tests/data/tokenizer_smollm2.json"
-    cases = [{"text": t, "parse_special": ps, "ids": tokenize(exe, model, t, ps)} for t, ps in CASES]
+    commit = sys.argv[4] if len(sys.argv) > 4 else LLAMA_CPP_COMMIT
+    texts = CASES
+    if os.path.basename(model).lower().startswith("gemma"):
+        texts = [c for c in CASES if "<|" not in c[0]] + GEMMA_CASES
+    cases = [{"text": t, "parse_special": ps, "ids": tokenize(exe, model, t, ps)} for t, ps in texts]
     doc = {
         "model": os.path.basename(model),
         "generator": "llama.cpp llama-tokenize -f FILE --no-escape --ids (add_special as the model says)",
-        "llama_cpp_commit": LLAMA_CPP_COMMIT,
+        "llama_cpp_commit": commit,
         "cases": cases,
     }
     # One case per line keeps the file short and diffs readable.

@@ -5,14 +5,17 @@
 # nothing is downloaded twice) and builds a Release binary in build/.
 #   scripts/setup.sh            deps + model + build
 #   scripts/setup.sh --no-build deps + model only
+#   scripts/setup.sh --gemma    also the second real model, Gemma-3-270M Q4_K_M (240 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=1
+gemma=0
 for arg in "$@"; do
   case "$arg" in
     --no-build) build=0 ;;
-    *) echo "setup.sh: unknown option '$arg' (known: --no-build)" >&2; exit 2 ;;
+    --gemma) gemma=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --no-build, --gemma)" >&2; exit 2 ;;
   esac
 done
 
@@ -41,6 +44,7 @@ if ! .venv/bin/python -c "import openai, selenium" 2>/dev/null; then
 fi
 
 scripts/get_model.sh smollm2
+if ((gemma)); then scripts/get_model.sh gemma3; fi
 
 if ((build)); then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

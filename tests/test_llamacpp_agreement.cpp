@@ -33,13 +33,13 @@ std::optional<double> ref_logit(const nlohmann::json& pos, int32_t id, int strid
   return std::nullopt;
 }
 
-}  // namespace
+struct Limits {
+  double min_top1, max_abs, max_mean;
+};
 
-TEST(LlamaCppAgreement, SmolLM2) {
-  std::string path = test_support::model_path(test_support::kSmolLM2);
-  if (path.empty()) GTEST_SKIP() << "SmolLM2 model not found (run scripts/get_model.sh smollm2)";
-  std::ifstream in(test_support::data_path("llamacpp_smollm2.json"));
-  ASSERT_TRUE(in) << "missing tests/data/llamacpp_smollm2.json";
+void check_agreement(const std::string& label, const std::string& path, const std::string& data, Limits lim) {
+  std::ifstream in(test_support::data_path(data));
+  ASSERT_TRUE(in) << "missing tests/data/" << data;
   nlohmann::json ref = nlohmann::json::parse(in);
   const int stride = ref["stride"];
 
@@ -100,11 +100,25 @@ TEST(LlamaCppAgreement, SmolLM2) {
   }
   const double top1 = double(top1_same) / positions;
   std::printf(
-      "SmolLM2 vs llama.cpp (teacher forced): %ld positions, top-1 agreement %.4f, max |logit diff| %.3f, mean %.4f\n"
+      "%s vs llama.cpp (teacher forced): %ld positions, top-1 agreement %.4f, max |logit diff| %.3f, mean %.4f\n"
       "greedy: %ld of %zu prompts identical for 64 tokens; %ld tokens in identical prefixes\n",
-      long(positions), top1, max_abs_diff, sum_abs_diff / n_diff, long(identical_prompts), ref["prompts"].size(),
-      long(greedy_same_prefix));
-  EXPECT_GE(top1, 0.96);
-  EXPECT_LT(max_abs_diff, 2.5);
-  EXPECT_LT(sum_abs_diff / n_diff, 0.3);
+      label.c_str(), long(positions), top1, max_abs_diff, sum_abs_diff / n_diff, long(identical_prompts),
+      ref["prompts"].size(), long(greedy_same_prefix));
+  EXPECT_GE(top1, lim.min_top1);
+  EXPECT_LT(max_abs_diff, lim.max_abs);
+  EXPECT_LT(sum_abs_diff / n_diff, lim.max_mean);
+}
+
+}  // namespace
+
+TEST(LlamaCppAgreement, SmolLM2) {
+  std::string path = test_support::model_path(test_support::kSmolLM2);
+  if (path.empty()) GTEST_SKIP() << "SmolLM2 model not found (run scripts/get_model.sh smollm2)";
+  check_agreement("SmolLM2", path, "llamacpp_smollm2.json", {0.96, 2.5, 0.3});
+}
+
+TEST(LlamaCppAgreement, Gemma3) {
+  std::string path = test_support::model_path(test_support::kGemma3);
+  if (path.empty()) GTEST_SKIP() << "Gemma 3 model not found (run scripts/get_model.sh gemma3)";
+  check_agreement("Gemma3", path, "llamacpp_gemma3.json", {0.95, 4.5, 0.35});
 }

@@ -24,13 +24,16 @@ using namespace ember;
 
 namespace {
 
-const DType kWeightTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q6_K};
+const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
+                              DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+bool is_k(DType w) { return info(w).block_size == 256; }
 
 DType act_type(DType w) {
   switch (w) {
-    case DType::Q8_0: case DType::Q4_0: return DType::Q8_0;
-    case DType::Q4_1: return DType::Q8_1;
-    case DType::Q6_K: return DType::Q8_K;
+    case DType::Q8_0: case DType::Q4_0: case DType::Q5_0: return DType::Q8_0;
+    case DType::Q4_1: case DType::Q5_1: return DType::Q8_1;
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return DType::Q8_K;
     default: return DType::F32;
   }
 }
@@ -89,7 +92,7 @@ std::vector<float> random_acts(int64_t n, int64_t k, uint32_t seed) {
 struct Result {
   std::vector<float> y;
   std::vector<double> ref, l1;  // double-precision dot over dequantized operands, and sum |w x|
-  // Q4_1 x Q8_1 takes the activation block sums from the fp16 field s = d * sum(q), computed
+  // Q4_1 / Q5_1 x Q8_1 take the activation block sums from the fp16 field s = d * sum(q), computed
   // (as ggml does) from the unrounded d: the product differs from the plain dot by up to half
   // an fp16 ulp of s plus the rounding of d, times |m|, per block.
   std::vector<double> fp16_sum_slack;
@@ -107,14 +110,17 @@ void reference(const Matrix& m, const std::vector<float>& X, int64_t n, Result& 
   res.ref.assign(n * rows, 0.0);
   res.l1.assign(n * rows, 0.0);
   res.fp16_sum_slack.assign(n * rows, 0.0);
-  if (m.view.type == DType::Q4_1) {
+  if (m.view.type == DType::Q4_1 || m.view.type == DType::Q5_1) {
+    const size_t wbytes = info(m.view.type).block_bytes;  // both start with fp16 d, fp16 m
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t t = 0; t < n; ++t) {
-        const auto* wb = reinterpret_cast<const BlockQ4_1*>(m.view.row(r));
         const auto* xb = reinterpret_cast<const BlockQ8_1*>(xq.data() + t * row_bytes(at, k));
         double slack = 0;
-        for (int64_t b = 0; b < k / kQK; ++b)
-          slack += std::fabs(fp16_to_fp32(wb[b].m) * fp16_to_fp32(xb[b].s)) * 0x1p-10;
+        for (int64_t b = 0; b < k / kQK; ++b) {
+          uint16_t mh;
+          std::memcpy(&mh, m.view.row(r) + b * wbytes + 2, 2);
+          slack += std::fabs(fp16_to_fp32(mh) * fp16_to_fp32(xb[b].s)) * 0x1p-10;
+        }
         res.fp16_sum_slack[t * rows + r] = slack;
       }
   }
@@ -148,7 +154,7 @@ struct Shape {
 };
 
 std::vector<Shape> shapes(DType t) {
-  if (t == DType::Q6_K) return {{1, 256}, {3, 512}, {17, 768}, {1000, 256}};
+  if (is_k(t)) return {{1, 256}, {3, 512}, {17, 768}, {1000, 256}};
   if (is_float(t)) return {{1, 7}, {3, 33}, {17, 1000}, {1000, 48}};
   // 96, 800: not multiples of 256. The 4-bit AVX-512 kernels step over four blocks at a time:
   // k of 1, 2, 3, 5, 7 and 25 blocks leave 1..3 in a last partial step, 4 and 16 none; row counts
@@ -193,7 +199,7 @@ TEST(Matmul, AllLevelsMatchReference) {
 TEST(Matmul, VecDotAllLevelsMatchScalar) {
   SimdGuard guard;
   for (DType t : kWeightTypes) {
-    const int64_t k = t == DType::Q6_K ? 1280 : is_float(t) ? 1001 : 1248;
+    const int64_t k = is_k(t) ? 1280 : is_float(t) ? 1001 : 1248;
     const Matrix m = random_matrix(t, 4, k, 99);
     const auto X = random_acts(1, k, 100);
     std::vector<uint8_t> xq(cpu::matmul_scratch_bytes(t, k, 1));
@@ -217,7 +223,7 @@ TEST(Matmul, VecDotAllLevelsMatchScalar) {
 TEST(Matmul, DeterministicAcrossThreadCounts) {
   ThreadPool p1(1), p2(2), p3(3);
   for (DType t : kWeightTypes) {
-    const int64_t k = t == DType::Q6_K ? 512 : 160;
+    const int64_t k = is_k(t) ? 512 : 160;
     const Matrix m = random_matrix(t, 203, k, 7);
     for (int64_t n : {1, 13, 70}) {
       const auto X = random_acts(n, k, 8);
@@ -270,7 +276,7 @@ TEST(Matmul, ScratchSizeAndBadShapes) {
   EXPECT_EQ(cpu::matmul_scratch_bytes(DType::Q8_0, 64, 3), 3 * 2 * sizeof(BlockQ8_0));
   EXPECT_EQ(cpu::matmul_scratch_bytes(DType::Q6_K, 512, 2), 4 * sizeof(BlockQ8_K));
   EXPECT_THROW(cpu::matmul_scratch_bytes(DType::Q4_0, 48, 1), Error);
-  EXPECT_THROW(cpu::matmul_scratch_bytes(DType::Q5_0, 64, 1), Error);
+  EXPECT_THROW(cpu::matmul_scratch_bytes(DType::IQ4_NL, 64, 1), Error);
 }
 
 // Real weights: rows of SmolLM2's Q4_1 FFN matrix against the double-precision reference.

@@ -123,7 +123,8 @@ TEST(Quant, Q8_1AndQ8_KSums) {
 
 TEST(Quant, ZerosStayZero) {
   std::vector<float> x(256, 0.f);
-  for (DType t : {DType::Q8_0, DType::Q8_1, DType::Q4_0, DType::Q4_1, DType::Q6_K, DType::Q8_K})
+  for (DType t : {DType::Q8_0, DType::Q8_1, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K,
+                  DType::Q5_K, DType::Q6_K, DType::Q8_K})
     for (float v : round_trip(t, x)) ASSERT_EQ(v, 0.f) << dtype_name(t);
 }
 
@@ -209,5 +210,105 @@ TEST(Quant, RejectsPartialBlocks) {
   std::vector<uint8_t> q(64);
   EXPECT_THROW(quantize_row(DType::Q4_0, x.data(), q.data(), 40), Error);
   EXPECT_THROW(dequantize_row(DType::Q6_K, q.data(), x.data(), 32), Error);
-  EXPECT_THROW(dequantize_row(DType::Q5_0, q.data(), x.data(), 32), Error);
+  EXPECT_THROW(dequantize_row(DType::Q5_0, q.data(), x.data(), 16), Error);
+  EXPECT_THROW(dequantize_row(DType::Q4_K, q.data(), x.data(), 32), Error);
+}
+
+// Q5_0 / Q5_1: low 4 bits as Q4_0 (element j < 16 in the low nibble of qs[j], j + 16 in the high
+// nibble), bit 4 of element j in bit j of the little-endian 32-bit qh.
+TEST(Quant, KnownQ5_0AndQ5_1Blocks) {
+  int q[32];
+  for (int j = 0; j < 32; ++j) q[j] = (j * 13 + 5) % 32;
+  uint32_t qh = 0;
+  uint8_t qs[16];
+  for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>((q[j] & 15) | (q[j + 16] & 15) << 4);
+  for (int j = 0; j < 32; ++j) qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+  BlockQ5_0 b0;
+  b0.d = 0xB800;  // -0.5
+  std::memcpy(b0.qh, &qh, 4);
+  std::memcpy(b0.qs, qs, 16);
+  BlockQ5_1 b1;
+  b1.d = 0x3400;  // 0.25
+  b1.m = 0xC000;  // -2
+  std::memcpy(b1.qh, &qh, 4);
+  std::memcpy(b1.qs, qs, 16);
+  float y0[32], y1[32];
+  dequantize_row(DType::Q5_0, &b0, y0, 32);
+  dequantize_row(DType::Q5_1, &b1, y1, 32);
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(y0[j], -0.5f * (q[j] - 16)) << j;
+    EXPECT_EQ(y1[j], 0.25f * q[j] - 2.f) << j;
+  }
+}
+
+namespace {
+// Packs 6-bit sub-block scales and mins as ggml does (written from the layout, not the decoder):
+// j < 4: low 6 bits of bytes j (scale) and j + 4 (min); j >= 4: low / high nibble of byte j + 4,
+// top 2 bits in bits 6-7 of bytes j - 4 (scale) and j (min).
+void pack_scales(const int sc[8], const int m[8], uint8_t out[12]) {
+  std::memset(out, 0, 12);
+  for (int j = 0; j < 4; ++j) {
+    out[j] |= static_cast<uint8_t>(sc[j]);
+    out[j + 4] |= static_cast<uint8_t>(m[j]);
+  }
+  for (int j = 4; j < 8; ++j) {
+    out[j + 4] = static_cast<uint8_t>((sc[j] & 15) | (m[j] & 15) << 4);
+    out[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+    out[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
+  }
+}
+}  // namespace
+
+// Q4_K / Q5_K: element i of the super-block is in sub-block j = i / 32 (scale sc[j], min m[j]);
+// with c = i / 64, l = i % 32 its low 4 bits are the (j odd ? high : low) nibble of qs[32c + l]
+// and (Q5_K) its bit 4 is bit j of qh[l]. Value: d * sc[j] * q - dmin * m[j].
+TEST(Quant, KnownQ4_KAndQ5_KBlocks) {
+  int sc[8], m[8], q[256];
+  for (int j = 0; j < 8; ++j) sc[j] = (j * 23 + 7) % 64, m[j] = (j * 41 + 3) % 64;
+  for (int i = 0; i < 256; ++i) q[i] = (i * 29 + 3) % 32;
+  BlockQ4_K b4;
+  BlockQ5_K b5;
+  std::memset(&b4, 0, sizeof(b4));
+  std::memset(&b5, 0, sizeof(b5));
+  b4.d = b5.d = 0x3800;     // 0.5
+  b4.dmin = b5.dmin = 0x3400;  // 0.25
+  pack_scales(sc, m, b4.scales);
+  pack_scales(sc, m, b5.scales);
+  for (int i = 0; i < 256; ++i) {
+    const int j = i / 32, c = i / 64, l = i % 32;
+    b4.qs[32 * c + l] |= static_cast<uint8_t>((q[i] & 15) << (j % 2 ? 4 : 0));
+    b5.qs[32 * c + l] |= static_cast<uint8_t>((q[i] & 15) << (j % 2 ? 4 : 0));
+    b5.qh[l] |= static_cast<uint8_t>((q[i] >> 4) << j);
+  }
+  float y4[256], y5[256];
+  dequantize_row(DType::Q4_K, &b4, y4, 256);
+  dequantize_row(DType::Q5_K, &b5, y5, 256);
+  for (int i = 0; i < 256; ++i) {
+    const int j = i / 32;
+    EXPECT_EQ(y4[i], 0.5f * sc[j] * (q[i] & 15) - 0.25f * m[j]) << i;
+    EXPECT_EQ(y5[i], 0.5f * sc[j] * q[i] - 0.25f * m[j]) << i;
+  }
+  // The quantizers pack the same layout: quantizing the values gives them back closely.
+  for (DType t : {DType::Q4_K, DType::Q5_K}) {
+    std::vector<float> x(t == DType::Q4_K ? y4 : y5, (t == DType::Q4_K ? y4 : y5) + 256);
+    const auto z = round_trip(t, x);
+    for (int i = 0; i < 256; ++i) EXPECT_NEAR(z[i], x[i], 0.75f * 0.5f * sc[i / 32] + 1.f) << dtype_name(t) << " " << i;
+  }
+}
+
+// 5-bit and K-quant types: error within about one quantization step of the (sub-)block range.
+TEST(Quant, FiveBitAndKQuantErrors) {
+  const auto x = random_floats(4096, 7);
+  const struct { DType t; size_t group; float levels; double rel; } cases[] = {
+      {DType::Q5_0, 32, 31.f, 0.08}, {DType::Q5_1, 32, 31.f, 0.06}, {DType::Q4_K, 32, 15.f, 0.12},
+      {DType::Q5_K, 32, 31.f, 0.06}};
+  for (const auto& c : cases) {
+    const auto y = round_trip(c.t, x);
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) err += (y[i] - x[i]) * (y[i] - x[i]), ref += x[i] * x[i];
+    EXPECT_LT(std::sqrt(err / ref), c.rel) << dtype_name(c.t);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_LE(std::fabs(y[i] - x[i]), 2.f * block_amax(x, i, c.group) / c.levels * 1.1f + 1e-6f)
+          << dtype_name(c.t) << " " << i;
+  }
 }

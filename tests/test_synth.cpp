@@ -275,8 +275,14 @@ TEST(Synth, BadOptionsGiveClearErrors) {
   o.type = DType::Q6_K;
   expect_error(o, "multiple of its block size 256, got 64");
   o = small_opts();
-  o.type = DType::Q5_0;
+  o.type = DType::IQ4_NL;
   expect_error(o, "not supported");
+  o = small_opts();
+  o.arch = "mistral";
+  expect_error(o, "--arch must be llama or gemma3");
+  o = small_opts();
+  o.head_dim = 32;
+  expect_error(o, "explicit head size needs --arch gemma3");
   o = small_opts();
   o.n_vocab = 100;
   expect_error(o, "n_vocab must be between 260");

@@ -432,3 +432,65 @@ TEST(Utf8Streamer, HoldsIncompleteSequences) {
   EXPECT_TRUE(s.empty());
   EXPECT_EQ(s.push("\xFF!"), "\xEF\xBF\xBD!");
 }
+
+// ---- Gemma 3's SentencePiece vocabulary (262k tokens, byte fallback, no space prefix) -------
+
+namespace {
+class Gemma3Tokenizer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = model_path("gemma-3-270m-q4_k_m.gguf");
+    if (!fs::exists(path)) return;
+    reader_ = new gguf::Reader(path);
+    tok_ = new Tokenizer(*reader_);
+  }
+  static void TearDownTestSuite() {
+    delete tok_;
+    delete reader_;
+    tok_ = nullptr;
+    reader_ = nullptr;
+  }
+  void SetUp() override {
+    if (!tok_) GTEST_SKIP() << "Gemma 3 model not installed (scripts/get_model.sh gemma3)";
+  }
+  static gguf::Reader* reader_;
+  static Tokenizer* tok_;
+};
+gguf::Reader* Gemma3Tokenizer::reader_ = nullptr;
+Tokenizer* Gemma3Tokenizer::tok_ = nullptr;
+}  // namespace
+
+TEST_F(Gemma3Tokenizer, VocabMetadata) {
+  const Vocab& v = tok_->vocab();
+  EXPECT_EQ(v.type, VocabType::Spm);
+  EXPECT_EQ(tok_->n_vocab(), 262144);
+  EXPECT_EQ(tok_->bos(), 2);
+  EXPECT_EQ(tok_->eos(), 1);
+  EXPECT_TRUE(v.add_bos);
+  EXPECT_TRUE(tok_->is_eog(1));  // <eos>
+  EXPECT_FALSE(tok_->is_eog(2));
+}
+
+TEST_F(Gemma3Tokenizer, MatchesLlamaCpp) {
+  std::ifstream in(source_dir() + "/tests/data/tokenizer_gemma3.json");
+  ASSERT_TRUE(in) << "missing tests/data/tokenizer_gemma3.json";
+  const auto doc = nlohmann::json::parse(in);
+  ASSERT_GE(doc["cases"].size(), 30u);
+  for (const auto& c : doc["cases"]) {
+    const std::string text = c["text"];
+    const bool parse_special = c["parse_special"];
+    const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> got = tok_->encode(text, /*add_special=*/true, parse_special);
+    EXPECT_EQ(got, want) << "text: '" << text << "'\n got: " << show(got) << "\nwant: " << show(want);
+    // BOS (id 2) renders as nothing; everything else decodes back to the text.
+    std::vector<int32_t> body(got.begin() + (got.empty() || got[0] != 2 ? 0 : 1), got.end());
+    EXPECT_EQ(tok_->decode(body), text) << "round trip of '" << text << "'";
+  }
+}
+
+TEST_F(Gemma3Tokenizer, InvalidUtf8NeverThrows) {
+  const std::string bad = "ok \xff\xfe bad \xc3 trail \xe2\x82";
+  std::vector<int32_t> ids;
+  EXPECT_NO_THROW(ids = tok_->encode(bad, true, true));
+  EXPECT_FALSE(ids.empty());
+}

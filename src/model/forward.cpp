@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "model/gemma3.hpp"
 #include "model/llama.hpp"
 #include "ops/cpu/matmul.hpp"
 
@@ -23,7 +24,7 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
   o.resize(batch * hp.n_embd);
   gate.resize(batch * hp.n_ff);
   up.resize(batch * hp.n_ff);
-  cos_sin.resize(batch * std::max<int64_t>(hp.rope.n_rot, 2));
+  cos_sin.resize(2 * batch * std::max<int64_t>(hp.rope.n_rot, 2));  // global + local RoPE (gemma3)
   att_scratch.resize(static_cast<size_t>(n_threads) * ctx);
   size_t mm = 0;
   auto need = [&](const TensorView& t) {
@@ -52,6 +53,8 @@ void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, c
                 tokens[t], model.hp.n_vocab);
   if (model.hp.arch == "llama") {
     llama_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
+  } else if (model.hp.arch == "gemma3") {
+    gemma3_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
   } else {
     fail("no forward pass for architecture '{}'", model.hp.arch);
   }

@@ -1,6 +1,7 @@
 #include "model/model.hpp"
 
 #include "core/error.hpp"
+#include "model/gemma3.hpp"
 #include "model/llama.hpp"
 
 namespace ember {
@@ -9,7 +10,7 @@ size_t Model::weight_bytes_per_token() const {
   size_t total = output.nbytes;
   for (const auto& l : layers) {
     for (const TensorView* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.norm, &l.ffn.gate, &l.ffn.up,
-                                &l.ffn.down})
+                                &l.ffn.down, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.ffn_post_norm})
       total += t->nbytes;
   }
   return total;
@@ -21,8 +22,10 @@ std::unique_ptr<Model> load_model(const std::string& path) {
   std::string arch = model->file->opt_string("general.architecture").value_or("");
   if (arch == "llama") {
     load_llama(*model);
+  } else if (arch == "gemma3") {
+    load_gemma3(*model);
   } else {
-    fail("{}: architecture '{}' is not supported (Ember runs: llama)", path, arch.empty() ? "<none>" : arch);
+    fail("{}: architecture '{}' is not supported (Ember runs: llama, gemma3)", path, arch.empty() ? "<none>" : arch);
   }
   return model;
 }

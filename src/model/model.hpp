@@ -27,6 +27,12 @@ struct Hparams {
   float norm_eps = 1e-5f;
   cpu::Activation act = cpu::Activation::silu;
   cpu::RopeConfig rope;
+  // Architecture-specific settings (defaults: none).
+  float attn_scale = 0.0f;        // q.k scale; 0 = 1/sqrt(head_dim)
+  int64_t sliding_window = 0;     // window of the local (sliding-window) layers; 0 = none
+  std::vector<bool> swa_layers;   // per layer: uses the sliding window (and rope_local)
+  cpu::RopeConfig rope_local;     // RoPE of the sliding-window layers (gemma3)
+  float final_softcap = 0.0f;     // logits = c * tanh(logits / c); 0 = none
 };
 
 // The FFN of one layer. Neurons are the unit of placement: neuron j is row j of gate and up
@@ -38,6 +44,8 @@ struct FfnWeights {
 struct LayerWeights {
   TensorView attn_norm, wq, wk, wv, wo;
   FfnWeights ffn;
+  // Gemma 3: RMSNorm of each q / k head (over head_dim) and of the attention / FFN outputs.
+  TensorView q_norm, k_norm, attn_post_norm, ffn_post_norm;
 };
 
 struct Model {
@@ -46,6 +54,7 @@ struct Model {
   TensorView tok_embd, output_norm, output;  // output == tok_embd when tied
   std::vector<LayerWeights> layers;
   std::unique_ptr<cpu::RopeTable> rope;  // built from hp.rope at load
+  std::unique_ptr<cpu::RopeTable> rope_local;  // from hp.rope_local, for the swa_layers (gemma3)
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;

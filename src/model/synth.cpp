@@ -61,6 +61,10 @@ uint32_t file_type_of(DType t) {  // llama.cpp's llama_ftype
     case DType::Q4_0: return 2;
     case DType::Q4_1: return 3;
     case DType::Q8_0: return 7;
+    case DType::Q5_0: return 8;
+    case DType::Q5_1: return 9;
+    case DType::Q4_K: return 15;  // Q4_K_M's id; every weight is Q4_K here
+    case DType::Q5_K: return 17;
     case DType::Q6_K: return 18;
     case DType::BF16: return 32;
     default: fail("synth: no llama file type for {}", dtype_name(t));
@@ -70,7 +74,7 @@ uint32_t file_type_of(DType t) {  // llama.cpp's llama_ftype
 bool synth_type_ok(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
-    case DType::Q6_K:
+    case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
       return true;
     default:
       return false;
@@ -96,24 +100,36 @@ std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& po
   return data;
 }
 
+int64_t head_dim_of(const SynthOptions& o) { return o.head_dim > 0 ? o.head_dim : o.n_embd / o.n_head; }
+
 std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
-  const int64_t head_dim = o.n_embd / o.n_head;
+  const int64_t head_dim = head_dim_of(o);
   const int64_t n_embd_kv = o.n_head_kv * head_dim;
+  const int64_t n_embd_q = o.n_head * head_dim;
   const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
   const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
   const std::string p = "blk." + std::to_string(il) + ".";
+  const float s_q = 1.0f / std::sqrt(static_cast<float>(n_embd_q));
   const float norm_std = 0.02f;
-  return {
+  std::vector<TensorSpec> v = {
       {p + "attn_norm.weight", DType::F32, o.n_embd, 0, 1.0f, norm_std},
-      {p + "attn_q.weight", o.type, o.n_embd, o.n_embd, 0.0f, s_embd},
+      {p + "attn_q.weight", o.type, o.n_embd, n_embd_q, 0.0f, s_embd},
       {p + "attn_k.weight", o.type, o.n_embd, n_embd_kv, 0.0f, s_embd},
       {p + "attn_v.weight", o.type, o.n_embd, n_embd_kv, 0.0f, s_embd},
-      {p + "attn_output.weight", o.type, o.n_embd, o.n_embd, 0.0f, s_embd},
+      {p + "attn_output.weight", o.type, n_embd_q, o.n_embd, 0.0f, s_q},
       {p + "ffn_norm.weight", DType::F32, o.n_embd, 0, 1.0f, norm_std},
       {p + "ffn_gate.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
       {p + "ffn_up.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
       {p + "ffn_down.weight", o.type, o.n_ff, o.n_embd, 0.0f, s_ff},
   };
+  if (o.arch == "gemma3") {
+    // Norm weights as the GGUF stores them (llama.cpp's converter has already added Gemma's 1).
+    v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
+    v.push_back({p + "attn_k_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
+    v.push_back({p + "post_attention_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
+    v.push_back({p + "post_ffw_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
+  }
+  return v;
 }
 
 std::vector<TensorSpec> global_specs(const SynthOptions& o) {
@@ -211,17 +227,23 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.n_vocab >= 260 && o.n_vocab <= (int64_t{1} << 21),
               "synth: n_vocab must be between 260 (256 bytes + 4 control tokens) and {}, got {}",
               int64_t{1} << 21, o.n_vocab);
-  EMBER_CHECK(o.n_embd % o.n_head == 0, "synth: n_head ({}) must divide n_embd ({})", o.n_head, o.n_embd);
+  EMBER_CHECK(o.arch == "llama" || o.arch == "gemma3", "synth: --arch must be llama or gemma3, got '{}'", o.arch);
+  EMBER_CHECK(o.head_dim == 0 || o.arch == "gemma3", "synth: an explicit head size needs --arch gemma3");
+  EMBER_CHECK(o.head_dim > 0 || o.n_embd % o.n_head == 0, "synth: n_head ({}) must divide n_embd ({})", o.n_head, o.n_embd);
+  EMBER_CHECK(o.head_dim >= 0 && o.head_dim <= 4096 && head_dim_of(o) % 2 == 0, "synth: head size {} must be even",
+              head_dim_of(o));
+  EMBER_CHECK(o.sliding_window >= 1 && o.swa_period >= 1, "synth: sliding window and its period must be positive");
   EMBER_CHECK(o.n_head % o.n_head_kv == 0, "synth: n_head_kv ({}) must divide n_head ({})", o.n_head_kv, o.n_head);
-  EMBER_CHECK((o.n_embd / o.n_head) % 2 == 0, "synth: the head size n_embd/n_head = {} must be even (RoPE rotates pairs)",
-              o.n_embd / o.n_head);
-  EMBER_CHECK(synth_type_ok(o.type), "synth: --type {} is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q6_k)",
+
+  EMBER_CHECK(synth_type_ok(o.type), "synth: --type {} is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)",
               dtype_name(o.type));
   const int64_t bs = info(o.type).block_size;
   EMBER_CHECK(o.n_embd % bs == 0, "synth: type {} needs n_embd to be a multiple of its block size {}, got {}",
               dtype_name(o.type), bs, o.n_embd);
   EMBER_CHECK(o.n_ff % bs == 0, "synth: type {} needs n_ff to be a multiple of its block size {}, got {}",
               dtype_name(o.type), bs, o.n_ff);
+  EMBER_CHECK(o.n_head * head_dim_of(o) % bs == 0, "synth: type {} needs n_head * head size to be a multiple of {}",
+              dtype_name(o.type), bs);
   EMBER_CHECK(std::isfinite(o.rope_base) && o.rope_base > 0, "synth: rope base must be positive, got {}", o.rope_base);
   EMBER_CHECK(std::isfinite(o.rms_eps) && o.rms_eps > 0, "synth: rms epsilon must be positive, got {}", o.rms_eps);
   EMBER_CHECK(o.n_threads >= 0 && o.n_threads <= 1024, "synth: thread count must be 0 to 1024, got {}", o.n_threads);
@@ -282,28 +304,37 @@ uint64_t synth_file_size(const SynthOptions& o) {
 
 gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   validate(o);
-  const int64_t head_dim = o.n_embd / o.n_head;
+  const int64_t head_dim = head_dim_of(o);
   gguf::Writer w;
   using gguf::Value;
   auto u32 = [](int64_t x) { return Value::u32(static_cast<uint32_t>(x)); };
-  w.set("general.architecture", Value::str("llama"));
+  const std::string a = o.arch;
+  w.set("general.architecture", Value::str(a));
   w.set("general.name", Value::str(o.name));
   w.set("general.file_type", Value::u32(file_type_of(o.type)));
   w.set("general.quantization_version", Value::u32(2));
-  w.set("llama.block_count", u32(o.n_layer));
-  w.set("llama.context_length", u32(o.n_ctx));
-  w.set("llama.embedding_length", u32(o.n_embd));
-  w.set("llama.feed_forward_length", u32(o.n_ff));
-  w.set("llama.attention.head_count", u32(o.n_head));
-  w.set("llama.attention.head_count_kv", u32(o.n_head_kv));
-  w.set("llama.rope.freq_base", Value::f32(o.rope_base));
-  w.set("llama.rope.dimension_count", u32(head_dim));
-  w.set("llama.attention.layer_norm_rms_epsilon", Value::f32(o.rms_eps));
-  w.set("llama.vocab_size", u32(o.n_vocab));
-  // Ember's own key (llama.cpp has none): the FFN activation, "silu" (SwiGLU: down(silu(gate x)
-  // * up x), as in every llama) or "relu" (ReluLLaMA / ProSparse: down(relu(gate x) * up x)).
-  // Readers treat a missing key as "silu".
-  w.set("llama.ffn_activation", Value::str(ffn_activation_name(o.act)));
+  w.set(a + ".block_count", u32(o.n_layer));
+  w.set(a + ".context_length", u32(o.n_ctx));
+  w.set(a + ".embedding_length", u32(o.n_embd));
+  w.set(a + ".feed_forward_length", u32(o.n_ff));
+  w.set(a + ".attention.head_count", u32(o.n_head));
+  w.set(a + ".attention.head_count_kv", u32(o.n_head_kv));
+  w.set(a + ".rope.freq_base", Value::f32(o.rope_base));
+  w.set(a + ".attention.layer_norm_rms_epsilon", Value::f32(o.rms_eps));
+  if (a == "llama") {
+    w.set("llama.rope.dimension_count", u32(head_dim));
+    w.set("llama.vocab_size", u32(o.n_vocab));
+    // Ember's own key (llama.cpp has none): the FFN activation, "silu" (SwiGLU: down(silu(gate x)
+    // * up x), as in every llama) or "relu" (ReluLLaMA / ProSparse: down(relu(gate x) * up x)).
+    // Readers treat a missing key as "silu".
+    w.set("llama.ffn_activation", Value::str(ffn_activation_name(o.act)));
+  } else {  // gemma3, with the keys llama.cpp's converter writes
+    w.set("gemma3.attention.key_length", u32(head_dim));
+    w.set("gemma3.attention.value_length", u32(head_dim));
+    w.set("gemma3.attention.sliding_window", u32(o.sliding_window));
+    w.set("gemma3.attention.sliding_window_pattern", u32(o.swa_period));
+    if (o.final_softcap > 0) w.set("gemma3.final_logit_softcapping", Value::f32(o.final_softcap));
+  }
   w.set("ember.synth.seed", Value::u64(o.seed));
 
   SynthVocab vocab = synth_vocab(o.n_vocab);

@@ -30,6 +30,13 @@ struct SynthOptions {
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   std::string name = "ember-synth";
+  // "llama", or "gemma3": Gemma 3's tensors and keys (QK-norm, post-norms, GeGLU, interleaved
+  // sliding-window layers); head_dim (0: n_embd / n_head) may then differ from n_embd / n_head.
+  std::string arch = "llama";
+  int64_t head_dim = 0;
+  int64_t sliding_window = 4;  // gemma3: window of the local layers (small, so tests cross it)
+  int64_t swa_period = 3;      // gemma3: every swa_period-th layer is global (llama.cpp: 6)
+  float final_softcap = 0.0f;  // gemma3: final logit soft-capping, 0 = none (key omitted)
   int n_threads = 0;        // 0: all hardware threads
 };
 

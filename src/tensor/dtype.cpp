@@ -54,7 +54,8 @@ std::optional<DType> dtype_from_name(std::string_view name) {
 bool dtype_supported(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_1: case DType::Q6_K:
+    case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K:
+    case DType::Q6_K:
       return true;
     default:
       return false;

@@ -84,6 +84,64 @@ void dequant_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+uint32_t load_qh(const uint8_t* qh) {
+  uint32_t v;
+  std::memcpy(&v, qh, 4);
+  return v;
+}
+
+void dequant_q5_0(const BlockQ5_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = fp16_to_fp32(b[i].d);
+    const uint32_t qh = load_qh(b[i].qh);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
+      y[j] = d * static_cast<float>(((b[i].qs[j] & 0x0F) | h0) - 16);
+      y[j + kQK / 2] = d * static_cast<float>(((b[i].qs[j] >> 4) | h1) - 16);
+    }
+  }
+}
+
+void dequant_q5_1(const BlockQ5_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = fp16_to_fp32(b[i].d), m = fp16_to_fp32(b[i].m);
+    const uint32_t qh = load_qh(b[i].qh);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
+      y[j] = d * static_cast<float>((b[i].qs[j] & 0x0F) | h0) + m;
+      y[j + kQK / 2] = d * static_cast<float>((b[i].qs[j] >> 4) | h1) + m;
+    }
+  }
+}
+
+// Q4_K / Q5_K (qh == nullptr for Q4_K), in ggml's order of operations: d1 * q - m1.
+void dequant_k45(uint16_t dh, uint16_t dminh, const uint8_t* scales, const uint8_t* qs, const uint8_t* qh, float* y) {
+  const float d = fp16_to_fp32(dh), dmin = fp16_to_fp32(dminh);
+  for (int c = 0; c < 4; ++c, qs += 32) {
+    uint8_t sc, m;
+    kquant_scale_min(scales, 2 * c, sc, m);
+    const float d1 = d * sc, m1 = dmin * m;
+    kquant_scale_min(scales, 2 * c + 1, sc, m);
+    const float d2 = d * sc, m2 = dmin * m;
+    for (int l = 0; l < 32; ++l) {
+      const int h = qh ? ((qh[l] >> (2 * c)) & 1) << 4 : 0;
+      *y++ = d1 * static_cast<float>((qs[l] & 0x0F) | h) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int h = qh ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;
+      *y++ = d2 * static_cast<float>((qs[l] >> 4) | h) - m2;
+    }
+  }
+}
+
+void dequant_q4_k(const BlockQ4_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK_K) dequant_k45(b[i].d, b[i].dmin, b[i].scales, b[i].qs, nullptr, y);
+}
+
+void dequant_q5_k(const BlockQ5_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK_K) dequant_k45(b[i].d, b[i].dmin, b[i].scales, b[i].qs, b[i].qh, y);
+}
+
 // ---- quantize ---------------------------------------------------------------------------
 
 void quant_q4_0(const float* x, BlockQ4_0* b, int64_t nb) {
@@ -221,6 +279,100 @@ void quant_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
   }
 }
 
+void quant_q5_0(const float* x, BlockQ5_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float amax = 0.f, max = 0.f;
+    for (int j = 0; j < kQK; ++j)
+      if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+    const float d = max / -16.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    b[i].d = fp32_to_fp16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::min(31, static_cast<int>(x[j] * id + 16.5f));
+      const int q1 = std::min(31, static_cast<int>(x[j + kQK / 2] * id + 16.5f));
+      b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | (q1 & 0x0F) << 4);
+      qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
+    }
+    std::memcpy(b[i].qh, &qh, 4);
+  }
+}
+
+void quant_q5_1(const float* x, BlockQ5_1* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < kQK; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+    const float d = (hi - lo) / 31.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    b[i].d = fp32_to_fp16(d);
+    b[i].m = fp32_to_fp16(lo);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::clamp(static_cast<int>((x[j] - lo) * id + 0.5f), 0, 31);
+      const int q1 = std::clamp(static_cast<int>((x[j + kQK / 2] - lo) * id + 0.5f), 0, 31);
+      b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | (q1 & 0x0F) << 4);
+      qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
+    }
+    std::memcpy(b[i].qh, &qh, 4);
+  }
+}
+
+// Q4_K / Q5_K (nmax 15 or 31): per sub-block an affine map of [min(x, 0), max(x)] onto [0, nmax];
+// the sub-block scales and mins are then quantized to 6 bits against the super-block d, dmin.
+void quant_k45(const float* x, int nmax, uint16_t& dh, uint16_t& dminh, uint8_t* scales, uint8_t* q) {
+  float sub_scale[8], sub_min[8], max_scale = 0.f, max_min = 0.f;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0.f, hi = x[32 * j];
+    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
+    sub_scale[j] = (hi - lo) / static_cast<float>(nmax);
+    sub_min[j] = -lo;
+    max_scale = std::max(max_scale, sub_scale[j]);
+    max_min = std::max(max_min, sub_min[j]);
+  }
+  dh = fp32_to_fp16(max_scale / 63.f);
+  dminh = fp32_to_fp16(max_min / 63.f);
+  const float d = fp16_to_fp32(dh), dmin = fp16_to_fp32(dminh);
+  uint8_t ls[8], lm[8];
+  for (int j = 0; j < 8; ++j) {
+    // Scales round up so that the range is covered: no top values clamped off.
+    ls[j] = static_cast<uint8_t>(d > 0.f ? std::clamp(static_cast<int>(std::ceil(sub_scale[j] / d)), 0, 63) : 0);
+    lm[j] = static_cast<uint8_t>(dmin > 0.f ? std::clamp(round_int(sub_min[j] / dmin), 0, 63) : 0);
+  }
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = static_cast<uint8_t>(ls[j] | (ls[j + 4] >> 4) << 6);
+    scales[j + 4] = static_cast<uint8_t>(lm[j] | (lm[j + 4] >> 4) << 6);
+    scales[j + 8] = static_cast<uint8_t>((ls[j + 4] & 0xF) | (lm[j + 4] & 0xF) << 4);
+  }
+  for (int j = 0; j < 8; ++j) {
+    const float s = d * ls[j], m = dmin * lm[j];
+    for (int l = 0; l < 32; ++l)
+      q[32 * j + l] = static_cast<uint8_t>(s > 0.f ? std::clamp(round_int((x[32 * j + l] + m) / s), 0, nmax) : 0);
+  }
+}
+
+void quant_q4_k(const float* x, BlockQ4_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    uint8_t q[kQK_K];
+    quant_k45(x, 15, b[i].d, b[i].dmin, b[i].scales, q);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) b[i].qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+  }
+}
+
+void quant_q5_k(const float* x, BlockQ5_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    uint8_t q[kQK_K];
+    quant_k45(x, 31, b[i].d, b[i].dmin, b[i].scales, q);
+    std::memset(b[i].qh, 0, sizeof(b[i].qh));
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t a = q[64 * c + l], h = q[64 * c + 32 + l];
+        b[i].qs[32 * c + l] = static_cast<uint8_t>((a & 0xF) | (h & 0xF) << 4);
+        b[i].qh[l] |= static_cast<uint8_t>((a >> 4) << (2 * c) | (h >> 4) << (2 * c + 1));
+      }
+  }
+}
+
 }  // namespace
 
 void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
@@ -242,6 +394,10 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
     case DType::Q4_1: dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb); return;
     case DType::Q8_0: dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb); return;
     case DType::Q8_1: dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb); return;
+    case DType::Q5_0: dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb); return;
+    case DType::Q5_1: dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb); return;
+    case DType::Q4_K: dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb); return;
+    case DType::Q5_K: dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb); return;
     case DType::Q6_K: dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); return;
     case DType::Q8_K: dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb); return;
     default: fail("dequantize: type {} is not supported", dtype_name(type));
@@ -267,6 +423,10 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
     case DType::Q4_1: quant_q4_1(src, static_cast<BlockQ4_1*>(dst), nb); return;
     case DType::Q8_0: quant_q8_0(src, static_cast<BlockQ8_0*>(dst), nb); return;
     case DType::Q8_1: quant_q8_1(src, static_cast<BlockQ8_1*>(dst), nb); return;
+    case DType::Q5_0: quant_q5_0(src, static_cast<BlockQ5_0*>(dst), nb); return;
+    case DType::Q5_1: quant_q5_1(src, static_cast<BlockQ5_1*>(dst), nb); return;
+    case DType::Q4_K: quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); return;
+    case DType::Q5_K: quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb); return;
     case DType::Q6_K: quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); return;
     case DType::Q8_K: quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb); return;
     default: fail("quantize: type {} is not supported", dtype_name(type));

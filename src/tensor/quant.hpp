@@ -27,6 +27,31 @@ struct BlockQ8_1 {   // as Q8_0 plus s = d * sum(q), used against Q4_1
   uint16_t d, s;
   int8_t qs[kQK];
 };
+struct BlockQ5_0 {   // x = d * (q - 16), q in [0, 31]: low 4 bits as Q4_0, bit 4 of element j in qh bit j
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ5_1 {   // x = d * q + m, q in [0, 31], bits as Q5_0
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+// Q4_K / Q5_K: 8 sub-blocks of 32, x = d * sc[j] * q - dmin * m[j] with 6-bit sc, m packed in
+// `scales` (see kquant_scale_min). Each 32 bytes of qs hold two sub-blocks: low nibbles sub-block
+// 2i, high nibbles 2i+1. Q5_K: bit 4 of element 64i + l (l < 32) is bit 2i of qh[l], of element
+// 64i + 32 + l bit 2i + 1.
+struct BlockQ4_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qs[kQK_K / 2];
+};
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
 struct BlockQ6_K {
   uint8_t ql[kQK_K / 2];      // low 4 bits
   uint8_t qh[kQK_K / 4];      // high 2 bits
@@ -40,10 +65,27 @@ struct BlockQ8_K {   // activations against K-quants
 };
 #pragma pack(pop)
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(BlockQ4_K) == 144 &&
+              sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ8_1) == 36 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
 
+// Scale and min (6 bits each) of sub-block j < 8 of a Q4_K / Q5_K super-block, as ggml packs
+// them: j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 plus
+// the top 2 bits of bytes j - 4 (scale) and j (min).
+inline void kquant_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
 // Scalar reference conversions. dequantize_row supports every type in dtype_supported();
-// quantize_row supports F32, F16, BF16, Q8_0, Q8_1, Q4_0, Q4_1, Q6_K and Q8_K.
+// quantize_row supports F32, F16, BF16, Q8_0, Q8_1, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and
+// Q8_K. (The K-quant quantizers are simple min/max searches, not ggml's error-minimizing ones:
+// Ember quantizes weights only for tests and synthetic models; dequantization is bit-exact.)
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 void quantize_row(DType type, const float* src, void* dst, int64_t n);
 

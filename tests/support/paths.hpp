@@ -25,5 +25,6 @@ inline std::string model_path(const std::string& file) {
 }
 
 inline const char* kSmolLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf";
+inline const char* kGemma3 = "gemma-3-270m-q4_k_m.gguf";
 
 }  // namespace ember::test_support

@@ -22,6 +22,8 @@ struct SynthArgs {
   int64_t n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_vocab = 0, n_ctx = 0;
   std::string type = "f32";
   std::string act = "silu";
+  std::string arch = "llama";
+  int64_t head_dim = 0;
   bool tied = false;
   uint64_t seed = 1;
   float rope_base = 0;
@@ -37,9 +39,11 @@ void run_synth(const SynthArgs& a) {
   for (size_t k = 0; k < a.dims.size(); ++k)
     if (a.dims[k].first->count() > 0) *fields[k] = *a.dims[k].second;
   auto t = dtype_from_name(a.type);
-  EMBER_CHECK(t.has_value(), "unknown --type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q6_k)", a.type);
+  EMBER_CHECK(t.has_value(), "unknown --type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)", a.type);
   o.type = *t;
   o.act = parse_ffn_activation(a.act);
+  o.arch = a.arch;
+  o.head_dim = a.head_dim;
   if (a.o_tied->count() > 0) o.tied = a.tied;
   o.seed = a.seed;
   if (a.o_rope->count() > 0) o.rope_base = a.rope_base;
@@ -69,7 +73,7 @@ void run_synth(const SynthArgs& a) {
 }  // namespace
 
 void add_synth(CLI::App& app) {
-  auto* cmd = app.add_subcommand("synth", "Write a random-weight llama-architecture GGUF model");
+  auto* cmd = app.add_subcommand("synth", "Write a random-weight llama- or gemma3-architecture GGUF model");
   auto a = std::make_shared<SynthArgs>();
   cmd->add_option("-o,--output", a->out, "Output GGUF file")->required();
   std::string presets;
@@ -90,9 +94,11 @@ void add_synth(CLI::App& app) {
       {"--ctx", &a->n_ctx, "Context length written to the metadata"},
   };
   for (const auto& d : dims) a->dims.push_back({cmd->add_option(d.flag, *d.field, d.help), d.field});
-  cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q6_k")
+  cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k")
                   ->capture_default_str();
   cmd->add_option("--act", a->act, "FFN activation: silu or relu")->capture_default_str();
+  cmd->add_option("--arch", a->arch, "Architecture: llama or gemma3")->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dim, "Head size (gemma3 only; 0: n_embd / n_head)")->capture_default_str();
   a->o_tied = cmd->add_flag("--tied,!--untied", a->tied, "Share token_embd as the output projection");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   a->o_rope = cmd->add_option("--rope-base", a->rope_base, "RoPE frequency base (default: the preset's)");

@@ -7,6 +7,7 @@
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
 #include "ops/cpu/kernels.hpp"
+#include "ops/cpu/kquant.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -24,6 +25,9 @@ DType activation_type(DType w) {
     case DType::Q8_0: case DType::Q4_0: return DType::Q8_0;
     case DType::Q4_1: return DType::Q8_1;
     case DType::Q6_K: return DType::Q8_K;
+    case DType::Q5_0: return DType::Q8_0;
+    case DType::Q5_1: return DType::Q8_1;
+    case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
     default: fail("matmul: no kernel for weight type {}", dtype_name(w));
   }
 }
@@ -37,7 +41,7 @@ GemmFn pick(const KernelSet& s, DType w) {
     case DType::Q4_0: return s.q4_0;
     case DType::Q4_1: return s.q4_1;
     case DType::Q6_K: return s.q6_k;
-    default: return nullptr;
+    default: return detail::kquant_pick(s, w);  // Q5_0, Q5_1, Q4_K, Q5_K (kquant_*.cpp)
   }
 }
 

@@ -1,0 +1,156 @@
+// Gemma 3, as llama.cpp runs it (src/models/gemma3.cpp there) from the keys its converter writes:
+//
+//   x = embed(token) * sqrt(n_embd)
+//   per layer:  h = x + post_attn_norm(attn(attn_norm(x)))
+//               x = h + post_ffw_norm(down(gelu_tanh(gate(ffn_norm h)) * up(ffn_norm h)))
+//   attn: q, k get an RMSNorm per head (over head_dim) before RoPE (NeoX layout); one KV head
+//         may serve several query heads; q.k is scaled by 1/sqrt(head_dim) (27B:
+//         1/sqrt(n_embd / n_head), as llama.cpp / gemma_pytorch's query_pre_attn_scalar).
+//   logits = output(output_norm x), soft-capped when final_logit_softcapping is set.
+//
+// Norm weights: Gemma's RMSNorm multiplies by (1 + w); llama.cpp's converter stores w + 1 in the
+// GGUF (convert_hf_to_gguf: Gemma3Model.norm_shift), so the weights are used as they are.
+//
+// Layers: with gemma3.attention.sliding_window set, layer il is local (sliding window of that
+// many positions, RoPE base gemma3.rope.freq_base_swa, default 10000, no scaling) unless
+// il % P == P - 1 with P = gemma3.attention.sliding_window_pattern (default 6, as llama.cpp),
+// which makes every P-th layer global (full attention, RoPE base gemma3.rope.freq_base and the
+// file's rope scaling). Without the key every layer is global.
+#include "model/gemma3.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "model/ffn.hpp"
+#include "model/loader.hpp"
+#include "ops/cpu/attention.hpp"
+#include "ops/cpu/matmul.hpp"
+#include "ops/cpu/norm.hpp"
+#include "ops/cpu/vec.hpp"
+
+namespace ember {
+
+void load_gemma3(Model& m) {
+  const gguf::Reader& r = *m.file;
+  Hparams& hp = m.hp;
+  hp.arch = "gemma3";
+  read_common_hparams(r, hp);
+  if (!r.opt_float("gemma3.attention.layer_norm_rms_epsilon")) hp.norm_eps = 1e-6f;  // Gemma's default
+  hp.act = cpu::Activation::gelu_tanh;
+  hp.rope.layout = cpu::RopeLayout::neox;
+  EMBER_CHECK(hp.rope.n_rot == hp.head_dim, "{}: gemma3 rotates whole heads, rope.dimension_count {} != head size {}",
+              r.path(), hp.rope.n_rot, hp.head_dim);
+  if (auto v = r.opt_int("gemma3.attention.value_length"))
+    EMBER_CHECK(*v == hp.head_dim, "{}: value_length {} must equal key_length {}", r.path(), *v, hp.head_dim);
+
+  hp.sliding_window = r.opt_int("gemma3.attention.sliding_window").value_or(0);
+  EMBER_CHECK(hp.sliding_window >= 0, "{}: sliding_window must not be negative", r.path());
+  const int64_t period = r.opt_int("gemma3.attention.sliding_window_pattern").value_or(6);
+  EMBER_CHECK(period >= 1, "{}: sliding_window_pattern must be positive", r.path());
+  hp.swa_layers.assign(hp.n_layer, false);
+  if (hp.sliding_window > 0)
+    for (int64_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = il % period < period - 1;
+  hp.rope_local = hp.rope;
+  hp.rope_local.base = r.opt_float("gemma3.rope.freq_base_swa").value_or(10000.0);
+  hp.rope_local.linear_scale = 1.0;
+
+  // 27B (62 layers) scales by n_embd / n_head; the others by head_dim (llama.cpp's rule).
+  const double q_scalar = hp.n_layer == 62 ? static_cast<double>(hp.n_embd / hp.n_head) : static_cast<double>(hp.head_dim);
+  hp.attn_scale = static_cast<float>(1.0 / std::sqrt(q_scalar));
+  hp.final_softcap = static_cast<float>(r.opt_float("gemma3.final_logit_softcapping").value_or(0.0));
+  EMBER_CHECK(hp.final_softcap >= 0 && std::isfinite(hp.final_softcap), "{}: final_logit_softcapping is invalid",
+              r.path());
+
+  TensorBinder b(r, hp);
+  bind_embeddings(b, m);
+  m.layers.resize(hp.n_layer);
+  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& L = m.layers[il];
+    auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+    L.attn_norm = b.norm(name("attn_norm"), d);
+    L.wq = b.matrix(name("attn_q"), d, nq);
+    L.wk = b.matrix(name("attn_k"), d, nkv);
+    L.wv = b.matrix(name("attn_v"), d, nkv);
+    L.wo = b.matrix(name("attn_output"), nq, d);
+    L.q_norm = b.norm(name("attn_q_norm"), hd);
+    L.k_norm = b.norm(name("attn_k_norm"), hd);
+    L.attn_post_norm = b.norm(name("post_attention_norm"), d);
+    L.ffn.norm = b.norm(name("ffn_norm"), d);
+    L.ffn.gate = b.matrix(name("ffn_gate"), d, hp.n_ff);
+    L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
+    L.ffn.down = b.matrix(name("ffn_down"), hp.n_ff, d);
+    L.ffn_post_norm = b.norm(name("post_ffw_norm"), d);
+  }
+  build_rope(m);
+  m.rope_local = std::make_unique<cpu::RopeTable>(hp.rope_local);
+}
+
+void gemma3_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
+                    int64_t pos0, float* logits, bool logits_all) {
+  const Hparams& hp = m.hp;
+  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
+  const int64_t n_rot = hp.rope.n_rot;
+  float* x = ws.x.data();
+  float* xn = ws.xn.data();
+  float* cs_global = ws.cos_sin.data();
+  float* cs_local = cs_global + n * n_rot;
+  void* mm = ws.mm_scratch.data();
+
+  cpu::get_rows(m.tok_embd, tokens, n, x);
+  cpu::scale_f32(std::sqrt(static_cast<float>(d)), x, n * d);
+  for (int64_t t = 0; t < n; ++t) {
+    m.rope->angles(pos0 + t, cs_global + t * n_rot);
+    m.rope_local->angles(pos0 + t, cs_local + t * n_rot);
+  }
+
+  cpu::AttentionShape shape;
+  shape.n_head = hp.n_head;
+  shape.n_head_kv = hp.n_head_kv;
+  shape.head_dim = hd;
+  shape.scale = hp.attn_scale;
+
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = m.layers[il];
+    const bool local = hp.swa_layers[il];
+    const cpu::RopeTable& rope = local ? *m.rope_local : *m.rope;
+    const float* cs = local ? cs_local : cs_global;
+    shape.window = local ? hp.sliding_window : 0;
+
+    cpu::rms_norm(x, as_floats(L.attn_norm), xn, n, d, hp.norm_eps);
+    cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
+    cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
+    cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
+    cpu::rms_norm(ws.q.data(), as_floats(L.q_norm), ws.q.data(), n * hp.n_head, hd, hp.norm_eps);
+    cpu::rms_norm(ws.k.data(), as_floats(L.k_norm), ws.k.data(), n * hp.n_head_kv, hd, hp.norm_eps);
+    for (int64_t t = 0; t < n; ++t) {
+      rope.apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
+      rope.apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
+    }
+    float* kc = kv.k_layer(il);
+    float* vc = kv.v_layer(il);
+    std::memcpy(kc + pos0 * nkv, ws.k.data(), sizeof(float) * n * nkv);
+    std::memcpy(vc + pos0 * nkv, ws.v.data(), sizeof(float) * n * nkv);
+    cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
+    cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
+    cpu::rms_norm(ws.o.data(), as_floats(L.attn_post_norm), ws.o.data(), n, d, hp.norm_eps);
+    cpu::add_f32(ws.o.data(), x, n * d);
+
+    cpu::rms_norm(x, as_floats(L.ffn.norm), xn, n, d, hp.norm_eps);
+    dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws.gate.data(), ws.up.data(), mm);
+    cpu::rms_norm(ws.o.data(), as_floats(L.ffn_post_norm), ws.o.data(), n, d, hp.norm_eps);
+    cpu::add_f32(ws.o.data(), x, n * d);
+  }
+
+  const int64_t first = logits_all ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  cpu::rms_norm(x + first * d, as_floats(m.output_norm), xn, n_out, d, hp.norm_eps);
+  cpu::matmul(pool, m.output, xn, n_out, logits, mm);
+  if (hp.final_softcap > 0) {
+    const float c = hp.final_softcap;
+    for (int64_t i = 0; i < n_out * hp.n_vocab; ++i) logits[i] = c * std::tanh(logits[i] / c);
+  }
+}
+
+}  // namespace ember

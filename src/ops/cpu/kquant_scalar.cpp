@@ -1,0 +1,107 @@
+// Scalar reference dot products for Q5_0, Q5_1, Q4_K and Q5_K: integer sums per (sub-)block,
+// one float accumulator, as vec_dot_scalar.cpp does for the other types.
+#include <cstring>
+
+#include "ops/cpu/kquant.hpp"
+#include "tensor/fp16.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+template <class WB>
+void unpack5(const WB& b, int q[kQK]) {  // 5-bit unsigned values of a Q5_0 / Q5_1 block
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  for (int j = 0; j < kQK / 2; ++j) {
+    q[j] = (b.qs[j] & 0x0F) | static_cast<int>((qh >> j) & 1) << 4;
+    q[j + kQK / 2] = (b.qs[j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1) << 4;
+  }
+}
+
+float dot_q5_0(int64_t k, const uint8_t* w, const uint8_t* x) {
+  const auto* a = reinterpret_cast<const BlockQ5_0*>(w);
+  const auto* b = reinterpret_cast<const BlockQ8_0*>(x);
+  float sum = 0.f;
+  for (int64_t i = 0; i < k / kQK; ++i) {
+    int q[kQK], s = 0;
+    unpack5(a[i], q);
+    for (int j = 0; j < kQK; ++j) s += (q[j] - 16) * b[i].qs[j];
+    sum += static_cast<float>(s) * (fp16_to_fp32(a[i].d) * fp16_to_fp32(b[i].d));
+  }
+  return sum;
+}
+
+float dot_q5_1(int64_t k, const uint8_t* w, const uint8_t* x) {
+  const auto* a = reinterpret_cast<const BlockQ5_1*>(w);
+  const auto* b = reinterpret_cast<const BlockQ8_1*>(x);
+  float sum = 0.f;
+  for (int64_t i = 0; i < k / kQK; ++i) {
+    int q[kQK], s = 0;
+    unpack5(a[i], q);
+    for (int j = 0; j < kQK; ++j) s += q[j] * b[i].qs[j];
+    sum += static_cast<float>(s) * (fp16_to_fp32(a[i].d) * fp16_to_fp32(b[i].d)) +
+           fp16_to_fp32(a[i].m) * fp16_to_fp32(b[i].s);
+  }
+  return sum;
+}
+
+// Q4_K / Q5_K: sum_j d*sc_j*(q.x)_j - dmin*m_j*(sum x)_j, the sums of x from the Q8_K bsums.
+template <class WB>
+float dot_k45(int64_t k, const uint8_t* w, const uint8_t* x) {
+  const auto* a = reinterpret_cast<const WB*>(w);
+  const auto* b = reinterpret_cast<const BlockQ8_K*>(x);
+  float sum = 0.f;
+  for (int64_t i = 0; i < k / kQK_K; ++i) {
+    int isum = 0, msum = 0;
+    for (int c = 0; c < 4; ++c) {
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * c + h;
+        uint8_t sc, m;
+        kquant_scale_min(a[i].scales, j, sc, m);
+        int s = 0;
+        for (int l = 0; l < 32; ++l) {
+          int q = h == 0 ? a[i].qs[32 * c + l] & 0x0F : a[i].qs[32 * c + l] >> 4;
+          if constexpr (sizeof(WB) == sizeof(BlockQ5_K)) q |= ((a[i].qh[l] >> j) & 1) << 4;
+          s += q * b[i].qs[32 * j + l];
+        }
+        isum += s * sc;
+        msum += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+      }
+    }
+    sum += fp16_to_fp32(a[i].d) * b[i].d * static_cast<float>(isum) -
+           fp16_to_fp32(a[i].dmin) * b[i].d * static_cast<float>(msum);
+  }
+  return sum;
+}
+
+using DotFn = float (*)(int64_t, const uint8_t*, const uint8_t*);
+
+template <DotFn dot>
+void gemm(const GemmArgs& a) {
+  for (int64_t t = 0; t < a.ntok; ++t)
+    for (int64_t r = 0; r < a.nrows; ++r)
+      a.y[t * a.y_stride + r] = dot(a.k, a.w + r * a.w_stride, a.x + t * a.x_stride);
+}
+
+}  // namespace
+
+const KQuantSet& kquant_scalar() {
+  static const KQuantSet set{&gemm<dot_q5_0>, &gemm<dot_q5_1>, &gemm<dot_k45<BlockQ4_K>>, &gemm<dot_k45<BlockQ5_K>>};
+  return set;
+}
+
+GemmFn kquant_pick(const KernelSet& s, DType w) {
+  const KQuantSet& q = &s == &kernels_avx512() ? kquant_avx512()
+                       : &s == &kernels_avx2() ? kquant_avx2()
+                                               : kquant_scalar();
+  switch (w) {
+    case DType::Q5_0: return q.q5_0;
+    case DType::Q5_1: return q.q5_1;
+    case DType::Q4_K: return q.q4_k;
+    case DType::Q5_K: return q.q5_k;
+    default: return nullptr;
+  }
+}
+
+}  // namespace ember::cpu::detail

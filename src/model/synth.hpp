@@ -31,6 +31,11 @@ struct SynthOptions {
   float rms_eps = 1e-5f;
   std::string name = "ember-synth";
   int n_threads = 0;        // 0: all hardware threads
+  // Activation profile (ReLU only; 0 = off): neuron j of each layer fires with probability
+  // p_j = min(0.999, C * rank_j^-zipf) on random inputs, ranks a random permutation per layer
+  // and C set so that the mean of p_j is 1 - sparsity. See "Activation profile" in synth.cpp.
+  float sparsity = 0.0f;
+  float zipf = 1.1f;
 };
 
 // Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes).
@@ -66,6 +71,10 @@ struct SynthVocab {
   int32_t eos_id = 0;
 };
 SynthVocab synth_vocab(int64_t n_vocab);
+
+// The per-neuron firing probabilities of layer `il` under opts.sparsity / opts.zipf (empty when
+// the profile is off).
+std::vector<float> synth_firing_probabilities(const SynthOptions& opts, int64_t il);
 
 // Bytes of the file synth_model would write (header estimate included).
 uint64_t synth_file_size(const SynthOptions& opts);

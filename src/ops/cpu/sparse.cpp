@@ -33,6 +33,13 @@ detail::SparseKernels sparse_kernels(DType t) {
 // operations (vector body or scalar tail) does not depend on where a slice starts.
 int64_t slice_unit(DType t) { return std::max<int64_t>(64, info(t).block_size); }
 
+// Active rows are scattered, so the hardware prefetchers cannot see the next one coming: ask
+// for it a couple of rows ahead (the cost of a row is one DRAM latency otherwise).
+constexpr int64_t kPrefetchRows = 2;
+inline void prefetch_bytes(const uint8_t* p, size_t n) {
+  for (size_t b = 0; b < n; b += 64) __builtin_prefetch(p + b);
+}
+
 }  // namespace
 
 // ---- gather-matmul ---------------------------------------------------------------------------
@@ -43,7 +50,10 @@ size_t gather_matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_token
 
 void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, const int32_t* active,
                         int64_t n_active, float* Y, int64_t y_stride) {
+  const size_t stride = W.row_stride();
+  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), stride);
   for (int64_t i = 0; i < n_active;) {
+    if (i + kPrefetchRows < n_active) prefetch_bytes(W.row(active[i + kPrefetchRows]), stride);
     // A run of consecutive rows is one call of the dense row kernel (its register tiles span
     // several rows when the run is long).
     int64_t e = i + 1;
@@ -82,7 +92,10 @@ void sparse_axpy_rows(const TensorView& D, const int32_t* active, int64_t n_acti
   if (len <= 0) return;
   const size_t offset = row_bytes(D.type, col_begin);
   const detail::SparseKernels k = sparse_kernels(D.type);
+  const size_t slice_bytes = row_bytes(D.type, col_end) - offset;
+  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(D.row(active[i]) + offset, slice_bytes);
   for (int64_t i = 0; i < n_active; ++i) {
+    if (i + kPrefetchRows < n_active) prefetch_bytes(D.row(active[i + kPrefetchRows]) + offset, slice_bytes);
     const uint8_t* src = D.row(active[i]) + offset;
     if (n_tokens == 1 && k.axpy) {
       const float h = H[i];

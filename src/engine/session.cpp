@@ -27,6 +27,10 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
+  if (p.sparse.mode != FfnMode::dense) {
+    sparse_ = std::make_unique<SparseFfn>(model, pool_, p.sparse, ws_.max_batch);
+    ws_.ffn = sparse_.get();
+  }
 }
 
 void Session::eval(const std::vector<int32_t>& tokens) { eval(tokens.data(), static_cast<int64_t>(tokens.size())); }

@@ -10,6 +10,7 @@
 #include "model/forward.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model.hpp"
+#include "sparse/ffn_sparse.hpp"
 
 namespace ember {
 
@@ -17,6 +18,7 @@ struct SessionParams {
   int n_threads = 0;     // 0: all hardware threads
   int64_t n_ctx = 4096;  // capped at the model's training context
   int64_t n_batch = 512; // prompt tokens per forward pass
+  SparseFfnOptions sparse; // FFN executor: dense (default) or neuron-sparse
 };
 
 class Session {
@@ -41,12 +43,15 @@ class Session {
   int n_threads() const { return pool_.size(); }
   size_t kv_bytes() const { return kv_.bytes(); }
   size_t workspace_bytes() const { return ws_.bytes(); }
+  // The neuron-sparse FFN executor; null in dense mode.
+  SparseFfn* sparse_ffn() { return sparse_.get(); }
 
  private:
   const Model& model_;
   ThreadPool pool_;
   KvCache kv_;
   Workspace ws_;
+  std::unique_ptr<SparseFfn> sparse_;
   std::vector<float> logits_;
   int64_t pos_ = 0;
 };

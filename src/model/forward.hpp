@@ -9,12 +9,15 @@
 
 namespace ember {
 
+class FfnExecutor;
+
 // Activation buffers for up to `max_batch` tokens at a time, allocated once.
 struct Workspace {
   int64_t max_batch = 0;
   int64_t n_ctx = 0;
   AlignedBuffer<float> x, xn, q, k, v, attn, o, gate, up, cos_sin, att_scratch, logits_tmp;
   AlignedBuffer<uint8_t> mm_scratch;
+  FfnExecutor* ffn = nullptr;  // null: dense_ffn (model/ffn.hpp)
 
   void init(const Model& model, int64_t max_batch, int64_t n_ctx, int n_threads);
   size_t bytes() const;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <numeric>
 #include <thread>
 
 #include "core/error.hpp"
@@ -47,12 +49,74 @@ uint64_t fnv1a(const std::string& s) {
 
 // ---- tensors ---------------------------------------------------------------------------------
 
+// What the activation profile changes in a tensor (see "Activation profile" below).
+enum class Edit { none, set_col, zero_col, zero_row, gate_bias };
+
 struct TensorSpec {
   std::string name;
   DType type;
   int64_t ne0, ne1;  // ne1 == 0: a 1-D tensor
   float mean, std;
+  Edit edit = Edit::none;
+  int64_t col = -1;   // the bias channel
+  float value = 0;    // set_col: the value; gate_bias: s0 / A
+  std::shared_ptr<const std::vector<float>> z;  // gate_bias: per-row probit of the firing probability
 };
+
+// ---- activation profile ------------------------------------------------------------------------
+// Llama has no bias tensors, so the per-neuron gate offsets travel through a constant input
+// direction, the "bias channel" c = n_embd - 1:
+//   * every token's embedding has x_c = A (its other elements have standard deviation s0);
+//   * no layer writes to it (row c of attn_output and ffn_down is zero), so x_c = A in every
+//     layer; no projection but the gate reads it (column c of q, k, v, up and output is zero);
+//   * gate row j gets w_jc = z_j * |w_j,rest| * s0 / A, with z_j = Phi^-1(p_j).
+// The ReLU neuron fires when w_j,rest . (x_rest * n) + w_jc * A * n_c > 0 (RMS norm divides both
+// terms by the same positive number, so it does not matter), where n is the ffn_norm weight
+// (n_c = 1). For inputs whose elements have standard deviation s0 the first term is about
+// N(0, |w_j,rest|^2 s0^2), so the neuron fires with probability Phi(z_j) = p_j.
+// To keep the residual stream's spread near s0 in every layer, the embedding is drawn with
+// s0 = 1 and the attention and FFN output projections are scaled down by kProfileOutScale: the
+// layers perturb the stream rather than dominate it (the measured sparsity per layer stays
+// within a few points of the target; `ember bench -v --sparse-mode oracle` prints it).
+constexpr float kProfileOutScale = 0.25f;
+
+// exp(x) for x <= 0 with only +, *, / (no libm: the same bytes on every machine): Taylor series of
+// x / 1024, then squared ten times.
+double det_exp(double x) {
+  const double y = x / 1024.0;
+  double term = 1.0, sum = 1.0;
+  for (int k = 1; k < 12; ++k) sum += (term *= y / k);
+  for (int k = 0; k < 10; ++k) sum *= sum;
+  return sum;
+}
+
+// Standard normal CDF (Zelen & Severo, Abramowitz-Stegun 26.2.17, |error| < 7.5e-8).
+double normal_cdf(double z) {
+  const double t = 1.0 / (1.0 + 0.2316419 * (z < 0 ? -z : z));
+  const double poly = t * (0.319381530 + t * (-0.356563782 + t * (1.781477937 + t * (-1.821255978 + t * 1.330274429))));
+  const double tail = 0.3989422804014327 * det_exp(-0.5 * z * z) * poly;
+  return z < 0 ? tail : 1.0 - tail;
+}
+
+double normal_quantile(double p) {  // by bisection on normal_cdf, z in [-6, 6]
+  double lo = -6.0, hi = 6.0;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (normal_cdf(mid) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+// x^-s for x >= 1 without libm: exp(-s ln x), ln by bisection on det_exp is too slow for n_ff
+// calls, so ln uses the series of atanh: ln x = 2 atanh((x-1)/(x+1)) after halving into [1, 2).
+double det_log(double x) {
+  double r = 0.0;
+  while (x >= 2.0) x *= 0.5, r += 0.6931471805599453;
+  const double u = (x - 1.0) / (x + 1.0), u2 = u * u;
+  double term = u, sum = 0.0;
+  for (int k = 1; k < 40; k += 2) sum += term / k, term *= u2;
+  return r + 2.0 * sum;
+}
 
 uint32_t file_type_of(DType t) {  // llama.cpp's llama_ftype
   switch (t) {
@@ -94,6 +158,18 @@ std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& po
     for (int64_t r = begin; r < end; ++r) {
       SplitMix64 rng{mix64(tensor_seed + static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ULL)};
       for (int64_t k = 0; k < t.ne0; ++k) buf[k] = t.mean + t.std * rng.normal();
+      switch (t.edit) {
+        case Edit::none: break;
+        case Edit::set_col: buf[t.col] = t.value; break;
+        case Edit::zero_col: buf[t.col] = 0.0f; break;
+        case Edit::zero_row: if (r == t.col) std::fill(buf.begin(), buf.end(), 0.0f); break;
+        case Edit::gate_bias: {
+          double rest = 0;
+          for (int64_t k = 0; k < t.ne0; ++k) rest += k == t.col ? 0.0 : static_cast<double>(buf[k]) * buf[k];
+          buf[t.col] = static_cast<float>((*t.z)[r] * std::sqrt(rest) * t.value);
+          break;
+        }
+      }
       quantize_row(t.type, buf.data(), data.data() + static_cast<size_t>(r) * stride, t.ne0);
     }
   });
@@ -101,6 +177,13 @@ std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& po
 }
 
 int64_t head_dim_of(const SynthOptions& o) { return o.head_dim > 0 ? o.head_dim : o.n_embd / o.n_head; }
+bool profile_on(const SynthOptions& o) { return o.act == FfnActivation::relu && o.sparsity > 0.0f; }
+// The embedding's spread s0 and the bias channel's value A (= s0 sqrt(n_embd): x_c as large as
+// the rest of the vector together, which keeps w_jc at the scale of the other gate weights).
+constexpr float kProfileEmbdStd = 1.0f;
+float profile_bias_value(const SynthOptions& o) {
+  return kProfileEmbdStd * std::sqrt(static_cast<float>(o.n_embd));
+}
 
 std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
   const int64_t head_dim = head_dim_of(o);
@@ -129,6 +212,17 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
     v.push_back({p + "post_attention_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
     v.push_back({p + "post_ffw_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
   }
+  if (profile_on(o)) {  // edits the nine llama tensors above (indices 0-8)
+    const int64_t c = o.n_embd - 1;
+    for (int i : {1, 2, 3, 7}) v[i].edit = Edit::zero_col, v[i].col = c;  // q, k, v, up do not read it
+    v[4].edit = Edit::zero_row, v[4].col = c, v[4].std *= kProfileOutScale;  // nor write it
+    v[8].edit = Edit::zero_row, v[8].col = c, v[8].std *= kProfileOutScale;
+    v[5].edit = Edit::set_col, v[5].col = c, v[5].value = 1.0f;
+    auto probs = synth_firing_probabilities(o, il);
+    auto z = std::make_shared<std::vector<float>>(probs.size());
+    for (size_t j = 0; j < probs.size(); ++j) (*z)[j] = static_cast<float>(normal_quantile(probs[j]));
+    v[6].edit = Edit::gate_bias, v[6].col = c, v[6].value = kProfileEmbdStd / profile_bias_value(o), v[6].z = z;
+  }
   return v;
 }
 
@@ -139,6 +233,11 @@ std::vector<TensorSpec> global_specs(const SynthOptions& o) {
       {"output_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.02f},
   };
   if (!o.tied) v.push_back({"output.weight", o.type, o.n_embd, o.n_vocab, 0.0f, s_embd});
+  if (profile_on(o)) {
+    const int64_t c = o.n_embd - 1;
+    v[0].std = kProfileEmbdStd, v[0].edit = Edit::set_col, v[0].col = c, v[0].value = profile_bias_value(o);
+    if (!o.tied) v[2].edit = Edit::zero_col, v[2].col = c;  // (tied: a constant logit shift)
+  }
   return v;
 }
 
@@ -176,6 +275,37 @@ constexpr const char* kChatTemplate =
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 }  // namespace
+
+// ---- activation profile ------------------------------------------------------------------------
+
+std::vector<float> synth_firing_probabilities(const SynthOptions& o, int64_t il) {
+  if (!profile_on(o)) return {};
+  const int64_t n = o.n_ff;
+  const double target = 1.0 - o.sparsity, p_max = 0.999;
+  std::vector<double> power(n);  // rank^-zipf for ranks 1..n
+  for (int64_t r = 0; r < n; ++r) power[r] = det_exp(-static_cast<double>(o.zipf) * det_log(static_cast<double>(r + 1)));
+  auto mean_for = [&](double c) {
+    double s = 0;
+    for (double x : power) s += std::min(p_max, c * x);
+    return s / static_cast<double>(n);
+  };
+  double lo = 0.0, hi = 1.0;
+  while (mean_for(hi) < target && hi < 1e30) hi *= 2.0;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (mean_for(mid) < target ? lo : hi) = mid;
+  }
+  const double c = 0.5 * (lo + hi);
+  // Which neuron gets which rank: a random permutation per layer (hot neurons are scattered,
+  // as in a real model before PowerInfer-style reordering).
+  std::vector<int64_t> perm(n);
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  SplitMix64 rng{mix64(o.seed) ^ fnv1a("ember.synth.profile") ^ mix64(static_cast<uint64_t>(il) + 1)};
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % static_cast<uint64_t>(i + 1)]);
+  std::vector<float> p(n);
+  for (int64_t r = 0; r < n; ++r) p[perm[r]] = static_cast<float>(std::min(p_max, c * power[r]));
+  return p;
+}
 
 // ---- presets, validation -------------------------------------------------------------------
 
@@ -246,6 +376,12 @@ void validate(const SynthOptions& o) {
               dtype_name(o.type), bs);
   EMBER_CHECK(std::isfinite(o.rope_base) && o.rope_base > 0, "synth: rope base must be positive, got {}", o.rope_base);
   EMBER_CHECK(std::isfinite(o.rms_eps) && o.rms_eps > 0, "synth: rms epsilon must be positive, got {}", o.rms_eps);
+  EMBER_CHECK(o.sparsity == 0.0f || (o.sparsity >= 0.01f && o.sparsity <= 0.999f),
+              "synth: sparsity must be 0 (off) or between 0.01 and 0.999, got {}", o.sparsity);
+  EMBER_CHECK(o.sparsity == 0.0f || o.act == FfnActivation::relu,
+              "synth: an activation profile (sparsity {}) needs --act relu", o.sparsity);
+  EMBER_CHECK(std::isfinite(o.zipf) && o.zipf >= 0.0f && o.zipf <= 4.0f, "synth: zipf exponent must be 0 to 4, got {}",
+              o.zipf);
   EMBER_CHECK(o.n_threads >= 0 && o.n_threads <= 1024, "synth: thread count must be 0 to 1024, got {}", o.n_threads);
 }
 
@@ -336,6 +472,11 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
     if (o.final_softcap > 0) w.set("gemma3.final_logit_softcapping", Value::f32(o.final_softcap));
   }
   w.set("ember.synth.seed", Value::u64(o.seed));
+  if (profile_on(o)) {
+    w.set("ember.synth.sparsity", Value::f32(o.sparsity));
+    w.set("ember.synth.zipf", Value::f32(o.zipf));
+    w.set("ember.synth.bias_channel", Value::u32(static_cast<uint32_t>(o.n_embd - 1)));
+  }
 
   SynthVocab vocab = synth_vocab(o.n_vocab);
   w.set("tokenizer.ggml.model", Value::str("gpt2"));

@@ -38,6 +38,11 @@ struct SynthOptions {
   int64_t swa_period = 3;      // gemma3: every swa_period-th layer is global (llama.cpp: 6)
   float final_softcap = 0.0f;  // gemma3: final logit soft-capping, 0 = none (key omitted)
   int n_threads = 0;        // 0: all hardware threads
+  // Activation profile (ReLU only; 0 = off): neuron j of each layer fires with probability
+  // p_j = min(0.999, C * rank_j^-zipf) on random inputs, ranks a random permutation per layer
+  // and C set so that the mean of p_j is 1 - sparsity. See "Activation profile" in synth.cpp.
+  float sparsity = 0.0f;
+  float zipf = 1.1f;
 };
 
 // Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes).
@@ -73,6 +78,10 @@ struct SynthVocab {
   int32_t eos_id = 0;
 };
 SynthVocab synth_vocab(int64_t n_vocab);
+
+// The per-neuron firing probabilities of layer `il` under opts.sparsity / opts.zipf (empty when
+// the profile is off).
+std::vector<float> synth_firing_probabilities(const SynthOptions& opts, int64_t il);
 
 // Bytes of the file synth_model would write (header estimate included).
 uint64_t synth_file_size(const SynthOptions& opts);

@@ -117,6 +117,14 @@ void run_bench(const BenchFlags& f) {
     }
     std::printf("\n");
   }
+  out["sparse_mode"] = f.engine.sparse_mode;
+  if (SparseFfn* sp = session.sparse_ffn()) {
+    out["ffn_sparsity"] = sp->stats().sparsity();
+    out["sparse_extra_bytes"] = sp->bytes();
+    std::printf("FFN sparsity (%s): %.1f%% of neurons inactive; neuron-major down copies %.1f MiB\n",
+                f.engine.sparse_mode.c_str(), 100.0 * sp->stats().sparsity(), sp->neuron_major_bytes() / 1048576.0);
+    log_ffn_sparsity(session);
+  }
   out["peak_rss_bytes"] = peak_rss_bytes();
   std::printf("peak RSS: %.1f MiB\n", peak_rss_bytes() / 1048576.0);
   std::printf("%s\n", out.dump().c_str());

@@ -85,6 +85,7 @@ void run_generate(GenerateFlags& f) {
                "%.2f tokens/s | peak RSS %.0f MiB\n",
                load_s * 1e3, prompt.size(), prompt_s * 1e3, prompt.size() / prompt_s, n_generated, gen_s * 1e3,
                n_evals > 0 ? n_evals / gen_s : 0.0, peak_rss_bytes() / 1048576.0);
+  log_ffn_sparsity(session);
 }
 
 }  // namespace

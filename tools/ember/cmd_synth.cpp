@@ -28,6 +28,7 @@ struct SynthArgs {
   uint64_t seed = 1;
   float rope_base = 0;
   int threads = 0;
+  float sparsity = 0.0f, zipf = 1.1f;
   // Which flags were given (they override the preset).
   std::vector<std::pair<CLI::Option*, int64_t*>> dims;
   CLI::Option *o_tied = nullptr, *o_rope = nullptr;
@@ -48,6 +49,8 @@ void run_synth(const SynthArgs& a) {
   o.seed = a.seed;
   if (a.o_rope->count() > 0) o.rope_base = a.rope_base;
   o.n_threads = a.threads;
+  o.sparsity = a.sparsity;
+  o.zipf = a.zipf;
   validate(o);
   // Fail before minutes of generation, not after.
   auto dir = std::filesystem::absolute(a.out).parent_path();
@@ -102,6 +105,10 @@ void add_synth(CLI::App& app) {
   a->o_tied = cmd->add_flag("--tied,!--untied", a->tied, "Share token_embd as the output projection");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   a->o_rope = cmd->add_option("--rope-base", a->rope_base, "RoPE frequency base (default: the preset's)");
+  cmd->add_option("--sparsity", a->sparsity,
+                  "ReLU activation profile: mean fraction of inactive FFN neurons on random inputs (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--zipf", a->zipf, "Power-law exponent of the per-neuron firing probabilities")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Threads (0: all)")->capture_default_str();
   cmd->callback([a] { run_synth(*a); });
 }

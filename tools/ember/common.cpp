@@ -15,6 +15,19 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("-c,--ctx-size", ctx, "context size in tokens (capped at the model's)")->check(CLI::Range(1, 1 << 20));
   app->add_option("-b,--batch-size", batch, "prompt tokens per forward pass")->check(CLI::Range(1, 8192));
   app->add_flag("-v,--verbose", verbose, "more log output");
+  app->add_option("--sparse-mode", sparse_mode,
+                  "FFN: dense, or oracle (gate for all neurons, up and down only for the active ones)")
+      ->check(CLI::IsMember({"dense", "oracle"}))
+      ->capture_default_str();
+  app->add_option("--sparse-threshold", sparse_threshold, "oracle: a neuron is active when |act(gate)| > this")
+      ->check(CLI::Range(0.0f, 1e30f));
+}
+
+SessionParams EngineFlags::session_params() const {
+  SessionParams p{threads, ctx, batch};
+  p.sparse.mode = parse_ffn_mode(sparse_mode);
+  p.sparse.threshold = sparse_threshold;
+  return p;
 }
 
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds) {
@@ -28,6 +41,20 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
            model->file_bytes() / 1048576.0);
   log_debug("kernels: {}", simd_level_name(simd_level()));
   return model;
+}
+
+void log_ffn_sparsity(Session& session) {
+  const SparseFfn* sp = session.sparse_ffn();
+  if (!sp) return;
+  const FfnSparsityStats& st = sp->stats();
+  uint64_t seen = 0;
+  for (uint64_t v : st.neurons) seen += v;
+  log_info("FFN sparsity ({}): {:.1f}% of neurons inactive over {} token-neurons{}", ffn_mode_name(sp->options().mode),
+           100.0 * st.sparsity(), seen,
+           st.dense_tokens ? fmt::format(" ({} token-layers of long batches ran dense)", st.dense_tokens) : "");
+  std::string per_layer;
+  for (size_t l = 0; l < st.neurons.size(); ++l) per_layer += fmt::format(" {:.3f}", st.layer_sparsity(l));
+  log_debug("FFN sparsity per layer:{}", per_layer);
 }
 
 size_t peak_rss_bytes() {

@@ -15,13 +15,19 @@ struct EngineFlags {
   int64_t ctx = 4096;
   int64_t batch = 512;
   bool verbose = false;
+  std::string sparse_mode = "dense";
+  float sparse_threshold = 0.0f;
 
   void add_to(CLI::App* app, bool model_required = true);
-  SessionParams session_params() const { return {threads, ctx, batch}; }
+  SessionParams session_params() const;
 };
 
 // Loads the model named by the flags, logging what it is and how long it took.
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds);
+
+// Logs the FFN sparsity the session measured (oracle mode; nothing in dense mode): the total
+// at info level, per layer at debug level (-v).
+void log_ffn_sparsity(Session& session);
 
 // Peak resident memory of this process, in bytes.
 size_t peak_rss_bytes();

@@ -1,0 +1,70 @@
+// The neuron-sparse FFN executor on the CPU (PowerInfer's CPU path, without a predictor yet).
+//
+//   dense:  every neuron (dense_ffn), no executor installed.
+//   oracle: the gate is computed for all neurons; a neuron is active for a token when
+//           |act(gate)| > threshold (threshold 0: act(gate) != 0, which for ReLU is gate > 0
+//           and makes the result exact); up is computed only for the active rows
+//           (gather_matmul) and down only over them (sparse_axpy on a neuron-major copy of
+//           down built when the executor is made).
+//
+// Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
+// token contributes an exact zero). Batches of kDenseBatch tokens or more run dense_ffn: over
+// a long prompt nearly every neuron fires for some token, and the dense kernels reuse weights
+// across tokens.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.hpp"
+#include "model/ffn.hpp"
+#include "model/forward.hpp"
+#include "ops/cpu/sparse.hpp"
+
+namespace ember {
+
+enum class FfnMode { dense, oracle };
+FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle"
+const char* ffn_mode_name(FfnMode m);
+
+struct SparseFfnOptions {
+  FfnMode mode = FfnMode::dense;
+  float threshold = 0.0f;  // a neuron is active when |act(gate)| > threshold
+  cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
+  cpu::AxpySplit split = cpu::AxpySplit::columns;
+};
+
+// Counts over the tokens the sparse path evaluated (per layer and in total).
+struct FfnSparsityStats {
+  std::vector<uint64_t> neurons, active;  // per layer: token-neurons seen, of which active
+  uint64_t dense_tokens = 0;              // token-layers that took the dense path (long batches)
+  double sparsity() const;                // fraction of inactive neurons, 0 when none seen
+  double layer_sparsity(size_t layer) const;
+};
+
+class SparseFfn final : public FfnExecutor {
+ public:
+  static constexpr int64_t kDenseBatch = 16;
+
+  // Builds the neuron-major copies of every layer's down matrix (threaded on `pool`).
+  SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOptions& opts, int64_t max_batch);
+
+  void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
+           float* out, Workspace& ws) override;
+
+  const SparseFfnOptions& options() const { return opts_; }
+  size_t neuron_major_bytes() const;  // the down copies
+  size_t bytes() const;               // everything the executor holds
+  const FfnSparsityStats& stats() const { return stats_; }
+  void reset_stats();
+
+ private:
+  const Model& model_;
+  SparseFfnOptions opts_;
+  std::vector<cpu::NeuronMajorMatrix> down_nm_;  // per layer
+  std::vector<int32_t> active_;
+  std::vector<float> axpy_scratch_;
+  FfnSparsityStats stats_;
+};
+
+}  // namespace ember

@@ -1,0 +1,125 @@
+// The sparse FFN executor in a whole forward pass: on ReLU synth models with an activation
+// profile, oracle mode gives dense mode's logits (exact up to float rounding for float
+// weights), measures the profile's sparsity, and does not depend on the thread count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <algorithm>
+#include <random>
+
+#include "core/error.hpp"
+#include "engine/session.hpp"
+#include "model/model.hpp"
+#include "model/synth.hpp"
+
+using namespace ember;
+
+namespace {
+
+std::string write_model(DType type, float sparsity, const std::string& name) {
+  SynthOptions o;
+  o.type = type;
+  o.act = FfnActivation::relu;
+  o.sparsity = sparsity;
+  o.zipf = 1.1f;
+  o.n_embd = 128;
+  o.n_ff = 352;
+  o.n_layer = 3;
+  o.n_head = 4;
+  o.n_head_kv = 2;
+  o.seed = 3;
+  o.n_threads = 1;
+  auto dir = std::filesystem::temp_directory_path() / "ember-test-sparse-ffn";
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / (name + ".gguf")).string();
+  synth_write(o, path);
+  return path;
+}
+
+// Logits of a 12-token batched prompt, then 6 single tokens (each row n_vocab floats).
+std::vector<std::vector<float>> run(const Model& m, FfnMode mode, int threads, FfnSparsityStats* stats = nullptr) {
+  SessionParams p;
+  p.n_threads = threads;
+  p.n_ctx = 64;
+  p.sparse.mode = mode;
+  Session s(m, p);
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(m.hp.n_vocab - 1));
+  std::vector<int32_t> tokens(18);
+  for (auto& t : tokens) t = pick(rng);
+  const int64_t nv = m.hp.n_vocab;
+  std::vector<float> all(12 * nv);
+  s.eval_all_logits(tokens.data(), 12, all.data());
+  std::vector<std::vector<float>> out;
+  for (int64_t t = 0; t < 12; ++t) out.emplace_back(all.begin() + t * nv, all.begin() + (t + 1) * nv);
+  for (int64_t t = 12; t < 18; ++t) {
+    s.eval(&tokens[t], 1);
+    out.emplace_back(s.logits(), s.logits() + nv);
+  }
+  if (stats && s.sparse_ffn()) *stats = s.sparse_ffn()->stats();
+  return out;
+}
+
+double rel_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double d = 0, m = 0;
+  for (size_t t = 0; t < a.size(); ++t)
+    for (size_t i = 0; i < a[t].size(); ++i) {
+      d = std::max(d, static_cast<double>(std::fabs(a[t][i] - b[t][i])));
+      m = std::max(m, static_cast<double>(std::fabs(a[t][i])));
+    }
+  return d / m;
+}
+
+}  // namespace
+
+TEST(SparseFfn, OracleMatchesDenseOnReluModel) {
+  for (DType type : {DType::F32, DType::F16, DType::Q4_0}) {
+    auto path = write_model(type, 0.9f, std::string(dtype_name(type)));
+    auto model = load_model(path);
+    auto dense = run(*model, FfnMode::dense, 2);
+    FfnSparsityStats st;
+    auto oracle = run(*model, FfnMode::oracle, 2, &st);
+    const double rel = rel_diff(dense, oracle);
+    std::printf("%s: max |oracle - dense| / max |logit| = %.2e, sparsity %.3f (layers %.3f %.3f %.3f)\n",
+                std::string(dtype_name(type)).c_str(), rel, st.sparsity(), st.layer_sparsity(0), st.layer_sparsity(1),
+                st.layer_sparsity(2));
+    // Float weights: the same products in another order. Q4_0: the dense down product rounds
+    // its activations to 8 bits and the oracle's neuron-major copy is Q8_0, so they differ by
+    // 8-bit roundings.
+    EXPECT_LT(rel, type == DType::Q4_0 ? 2e-2 : 1e-4) << dtype_name(type);
+    EXPECT_NEAR(st.sparsity(), 0.9, 0.05) << dtype_name(type);
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(SparseFfn, OracleIsIdenticalForAnyThreadCount) {
+  auto path = write_model(DType::Q4_0, 0.8f, "threads");
+  auto model = load_model(path);
+  auto a = run(*model, FfnMode::oracle, 1);
+  auto b = run(*model, FfnMode::oracle, 2);
+  auto c = run(*model, FfnMode::oracle, 3);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+  std::filesystem::remove(path);
+}
+
+TEST(SparseFfn, SynthProfileIsAPowerLawWithTheTargetMean) {
+  SynthOptions o;
+  o.act = FfnActivation::relu;
+  o.n_ff = 5632;
+  o.sparsity = 0.9f;
+  o.zipf = 1.1f;
+  auto p = synth_firing_probabilities(o, 0);
+  ASSERT_EQ(p.size(), 5632u);
+  double mean = 0;
+  for (float x : p) mean += x / p.size();
+  EXPECT_NEAR(mean, 0.1, 1e-4);
+  std::vector<float> sorted = p;
+  std::sort(sorted.rbegin(), sorted.rend());
+  EXPECT_GT(sorted[0], 0.9f);                 // hot neurons fire nearly always
+  EXPECT_LT(sorted[5000], 0.05f);             // the tail rarely
+  EXPECT_NE(p, synth_firing_probabilities(o, 1));  // another permutation per layer
+  o.act = FfnActivation::silu;
+  EXPECT_THROW(validate(o), Error);           // the profile needs ReLU
+}

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/simd_levels.hpp"
+
 #include "support/paths.hpp"
 
 #include <cmath>
@@ -40,18 +42,8 @@ DType act_type(DType w) {
 
 bool is_float(DType w) { return w == DType::F32 || w == DType::F16 || w == DType::BF16; }
 
-// Restores the SIMD level a test changed.
-struct SimdGuard {
-  SimdLevel saved = simd_level();
-  ~SimdGuard() { set_simd_level(saved); }
-};
-
-std::vector<SimdLevel> levels() {
-  std::vector<SimdLevel> v{SimdLevel::scalar};
-  if (cpu_features().avx2) v.push_back(SimdLevel::avx2);
-  if (cpu_features().avx512 && cpu_features().avx512_vnni) v.push_back(SimdLevel::avx512);
-  return v;
-}
+using test_support::SimdGuard;
+std::vector<SimdLevel> levels() { return test_support::simd_levels(); }
 
 struct Matrix {
   std::vector<uint8_t> bytes;

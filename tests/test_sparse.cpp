@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/simd_levels.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -22,17 +24,8 @@ namespace {
 
 const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q6_K};
 
-struct SimdGuard {
-  SimdLevel saved = simd_level();
-  ~SimdGuard() { set_simd_level(saved); }
-};
-
-std::vector<SimdLevel> levels() {
-  std::vector<SimdLevel> v{SimdLevel::scalar};
-  if (cpu_features().avx2) v.push_back(SimdLevel::avx2);
-  if (cpu_features().avx512 && cpu_features().avx512_vnni) v.push_back(SimdLevel::avx512);
-  return v;
-}
+using test_support::SimdGuard;
+std::vector<SimdLevel> levels() { return test_support::simd_levels(); }
 
 struct Matrix {
   std::vector<uint8_t> bytes;

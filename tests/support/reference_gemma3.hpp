@@ -19,13 +19,7 @@ inline std::vector<std::vector<double>> reference_gemma3_logits(const Model& m, 
   const int64_t d = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, nff = hp.n_ff;
   const int64_t T = static_cast<int64_t>(tokens.size());
   auto round_input = [&](const TensorView& w, const std::vector<double>& x) {
-    auto at = activation_type(w.type);
-    if (!emulate_int8_activations || !at) return x;
-    std::vector<float> f(x.begin(), x.end()), back(x.size());
-    std::vector<uint8_t> q(row_bytes(*at, static_cast<int64_t>(x.size())));
-    quantize_row(*at, f.data(), q.data(), static_cast<int64_t>(x.size()));
-    dequantize_row(*at, q.data(), back.data(), static_cast<int64_t>(x.size()));
-    return std::vector<double>(back.begin(), back.end());
+    return emulate_int8_activations ? round_through_activation_format(w.type, x) : x;
   };
   auto matvec = [&](const std::vector<double>& W, const TensorView& w, const std::vector<double>& xin) {
     const auto x = round_input(w, xin);

@@ -31,6 +31,19 @@ inline std::optional<DType> activation_type(DType w) {
   }
 }
 
+// x rounded through the 8-bit format a weight of type w multiplies with (unchanged for float
+// weights), via the scalar quantize_row / dequantize_row.
+inline std::vector<double> round_through_activation_format(DType w, const std::vector<double>& x) {
+  auto at = activation_type(w);
+  if (!at) return x;
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> f(x.begin(), x.end()), back(x.size());
+  std::vector<uint8_t> q(row_bytes(*at, n));
+  quantize_row(*at, f.data(), q.data(), n);
+  dequantize_row(*at, q.data(), back.data(), n);
+  return std::vector<double>(back.begin(), back.end());
+}
+
 // Returns logits for every token of `tokens` (processed from position 0). With
 // `emulate_int8_activations`, the input of every product with a quantized weight is first
 // rounded through the 8-bit activation format (scalar quantize_row / dequantize_row), which
@@ -41,13 +54,7 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
   const int64_t d = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, nff = hp.n_ff;
   const int64_t T = static_cast<int64_t>(tokens.size());
   auto round_input = [&](const TensorView& w, const std::vector<double>& x) {
-    auto at = activation_type(w.type);
-    if (!emulate_int8_activations || !at) return x;
-    std::vector<float> f(x.begin(), x.end()), back(x.size());
-    std::vector<uint8_t> q(row_bytes(*at, static_cast<int64_t>(x.size())));
-    quantize_row(*at, f.data(), q.data(), static_cast<int64_t>(x.size()));
-    dequantize_row(*at, q.data(), back.data(), static_cast<int64_t>(x.size()));
-    return std::vector<double>(back.begin(), back.end());
+    return emulate_int8_activations ? round_through_activation_format(w.type, x) : x;
   };
   auto matvec_raw = [](const std::vector<double>& W, int64_t rows, int64_t cols, const std::vector<double>& x) {
     std::vector<double> y(rows, 0.0);

@@ -91,17 +91,4 @@ const KQuantSet& kquant_scalar() {
   return set;
 }
 
-GemmFn kquant_pick(const KernelSet& s, DType w) {
-  const KQuantSet& q = &s == &kernels_avx512() ? kquant_avx512()
-                       : &s == &kernels_avx2() ? kquant_avx2()
-                                               : kquant_scalar();
-  switch (w) {
-    case DType::Q5_0: return q.q5_0;
-    case DType::Q5_1: return q.q5_1;
-    case DType::Q4_K: return q.q4_k;
-    case DType::Q5_K: return q.q5_k;
-    default: return nullptr;
-  }
-}
-
 }  // namespace ember::cpu::detail

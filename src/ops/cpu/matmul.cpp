@@ -32,7 +32,8 @@ DType activation_type(DType w) {
   }
 }
 
-GemmFn pick(const KernelSet& s, DType w) {
+// The kernel for w from an ISA's two tables (kernels.hpp and kquant.hpp); null when it has none.
+GemmFn pick(const KernelSet& s, const detail::KQuantSet& q, DType w) {
   switch (w) {
     case DType::F32: return s.f32;
     case DType::F16: return s.f16;
@@ -41,7 +42,11 @@ GemmFn pick(const KernelSet& s, DType w) {
     case DType::Q4_0: return s.q4_0;
     case DType::Q4_1: return s.q4_1;
     case DType::Q6_K: return s.q6_k;
-    default: return detail::kquant_pick(s, w);  // Q5_0, Q5_1, Q4_K, Q5_K (kquant_*.cpp)
+    case DType::Q5_0: return q.q5_0;
+    case DType::Q5_1: return q.q5_1;
+    case DType::Q4_K: return q.q4_k;
+    case DType::Q5_K: return q.q5_k;
+    default: return nullptr;
   }
 }
 
@@ -54,17 +59,18 @@ struct Kernel {
 
 Kernel gemm_for(DType w) {
   const KernelSet* set = nullptr;
+  const detail::KQuantSet* kq = nullptr;
   switch (simd_level()) {
-    case SimdLevel::avx512: set = &detail::kernels_avx512(); break;
-    case SimdLevel::avx2: set = &detail::kernels_avx2(); break;
+    case SimdLevel::avx512: set = &detail::kernels_avx512(), kq = &detail::kquant_avx512(); break;
+    case SimdLevel::avx2: set = &detail::kernels_avx2(), kq = &detail::kquant_avx2(); break;
     default: break;
   }
   Kernel k;
-  if (set && (k.fn = pick(*set, w)) != nullptr) {
+  if (set && (k.fn = pick(*set, *kq, w)) != nullptr) {
     k.quads = set->q4_quads && (w == DType::Q4_0 || w == DType::Q4_1);
     return k;
   }
-  k.fn = pick(detail::kernels_scalar(), w);
+  k.fn = pick(detail::kernels_scalar(), detail::kquant_scalar(), w);
   EMBER_CHECK(k.fn != nullptr, "matmul: no kernel for weight type {}", dtype_name(w));
   return k;
 }

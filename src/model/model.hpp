@@ -39,6 +39,12 @@ struct Hparams {
 // (ne[0] = n_embd) and column j of down (ne[0] = n_ff).
 struct FfnWeights {
   TensorView norm, gate, up, down;
+  // Optional, present in sparse-ready files (PowerInfer's layout, written by `ember prepare`);
+  // empty views (data == nullptr) when the file has none:
+  //   down_t: the down projection stored neuron-major, ne = [n_embd, n_ff] (one row per neuron);
+  //   fc1, fc2: the activation predictor, fc2(relu(fc1 x)), ne = [n_embd, rank] and [rank, n_ff];
+  //             neuron j is predicted active when its score >= Model::predictor_threshold.
+  TensorView down_t, fc1, fc2;
 };
 
 struct LayerWeights {
@@ -50,11 +56,18 @@ struct LayerWeights {
 
 struct Model {
   std::unique_ptr<gguf::Reader> file;
+  // Further files whose tensors the views point into (a predictor file attached after load).
+  std::vector<std::unique_ptr<gguf::Reader>> side_files;
   Hparams hp;
   TensorView tok_embd, output_norm, output;  // output == tok_embd when tied
   std::vector<LayerWeights> layers;
   std::unique_ptr<cpu::RopeTable> rope;  // built from hp.rope at load
   std::unique_ptr<cpu::RopeTable> rope_local;  // from hp.rope_local, for the swa_layers (gemma3)
+  // Sparse-ready files: the predictor's score threshold (`powerinfer.sparse_threshold`, 0 when
+  // absent) and calibrated per-layer thresholds on |act(gate)| (`ember.sparse.thresholds`,
+  // empty when absent). See docs/sparse_formats.md.
+  float predictor_threshold = 0.0f;
+  std::vector<float> gate_thresholds;
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;

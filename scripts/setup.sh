@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for Ember: installs the build dependencies that are
 # missing, the Python packages the server tests use (the `openai` client and selenium, into
-# .venv, which tests/server/run.sh picks up), downloads the default model (verified by SHA-256;
-# nothing is downloaded twice) and builds a Release binary in build/.
+# .venv, which tests/server/run.sh picks up), downloads the default model and the English text
+# corpus of the accuracy tools (scripts/get_corpus.sh; both verified by SHA-256, nothing is
+# downloaded twice) and builds a Release binary in build/.
 #   scripts/setup.sh            deps + model + build
 #   scripts/setup.sh --no-build deps + model only
 #   scripts/setup.sh --gemma    also the second real model, Gemma-3-270M Q4_K_M (240 MB)
@@ -45,6 +46,7 @@ fi
 
 scripts/get_model.sh smollm2
 if ((gemma)); then scripts/get_model.sh gemma3; fi
+scripts/get_corpus.sh
 
 if ((build)); then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

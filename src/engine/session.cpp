@@ -28,7 +28,10 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
   if (p.sparse.mode != FfnMode::dense) {
-    sparse_ = std::make_unique<SparseFfn>(model, pool_, p.sparse, ws_.max_batch);
+    SparseFfnOptions so = p.sparse;
+    // Threshold mode without thresholds given: the calibrated ones stored in the model file.
+    if (so.mode == FfnMode::threshold && so.layer_thresholds.empty()) so.layer_thresholds = model.gate_thresholds;
+    sparse_ = std::make_unique<SparseFfn>(model, pool_, so, ws_.max_batch);
     ws_.ffn = sparse_.get();
   }
 }

@@ -45,6 +45,9 @@ class Session {
   size_t workspace_bytes() const { return ws_.bytes(); }
   // The neuron-sparse FFN executor; null in dense mode.
   SparseFfn* sparse_ffn() { return sparse_.get(); }
+  // Replaces the FFN executor (e.g. the profiler's); null restores the session's own (dense or
+  // sparse). The executor must outlive its use.
+  void set_ffn_executor(FfnExecutor* e) { ws_.ffn = e ? e : sparse_.get(); }
 
  private:
   const Model& model_;

@@ -1,5 +1,7 @@
 #include "model/model.hpp"
 
+#include <cmath>
+
 #include "core/error.hpp"
 #include "model/gemma3.hpp"
 #include "model/llama.hpp"
@@ -26,6 +28,16 @@ std::unique_ptr<Model> load_model(const std::string& path) {
     load_gemma3(*model);
   } else {
     fail("{}: architecture '{}' is not supported (Ember runs: llama, gemma3)", path, arch.empty() ? "<none>" : arch);
+  }
+  // Calibrated per-layer gate thresholds of sparse-ready files (docs/sparse_formats.md).
+  if (model->file->has("ember.sparse.thresholds")) {
+    model->gate_thresholds = model->file->get_float_array("ember.sparse.thresholds");
+    EMBER_CHECK(static_cast<int64_t>(model->gate_thresholds.size()) == model->hp.n_layer,
+                "{}: ember.sparse.thresholds has {} entries for {} layers", path, model->gate_thresholds.size(),
+                model->hp.n_layer);
+    for (float t : model->gate_thresholds)
+      EMBER_CHECK(std::isfinite(t) && t >= 0.0f, "{}: ember.sparse.thresholds holds {}, not a finite value >= 0", path,
+                  t);
   }
   return model;
 }

@@ -14,10 +14,17 @@ namespace ember {
 FfnMode parse_ffn_mode(const std::string& s) {
   if (s == "dense") return FfnMode::dense;
   if (s == "oracle") return FfnMode::oracle;
-  fail("unknown sparse mode '{}' (expected dense or oracle)", s);
+  if (s == "threshold") return FfnMode::threshold;
+  fail("unknown sparse mode '{}' (expected dense, oracle or threshold)", s);
 }
 
-const char* ffn_mode_name(FfnMode m) { return m == FfnMode::oracle ? "oracle" : "dense"; }
+const char* ffn_mode_name(FfnMode m) {
+  switch (m) {
+    case FfnMode::oracle: return "oracle";
+    case FfnMode::threshold: return "threshold";
+    default: return "dense";
+  }
+}
 
 double FfnSparsityStats::sparsity() const {
   uint64_t n = 0, a = 0;
@@ -35,6 +42,16 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "sparse threshold must be >= 0, got {}",
               opts.threshold);
   const Hparams& hp = model.hp;
+  if (opts.mode == FfnMode::threshold) {
+    EMBER_CHECK(!opts.layer_thresholds.empty(),
+                "sparse mode threshold needs per-layer thresholds: give --sparse-profile FILE --sparsity S (a profile "
+                "from `ember profile`) or use a model prepared with `ember prepare --sparsity`");
+    EMBER_CHECK(static_cast<int64_t>(opts.layer_thresholds.size()) == hp.n_layer,
+                "{} per-layer thresholds for a model of {} layers (profile or thresholds of another model?)",
+                opts.layer_thresholds.size(), hp.n_layer);
+    for (float t : opts.layer_thresholds)
+      EMBER_CHECK(std::isfinite(t) && t >= 0.0f, "per-layer threshold {} is not a finite value >= 0", t);
+  }
   Timer timer;
   down_nm_.reserve(model.layers.size());
   for (const LayerWeights& L : model.layers) {
@@ -47,7 +64,8 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   stats_.neurons.assign(model.layers.size(), 0);
   stats_.active.assign(model.layers.size(), 0);
   log_info("sparse FFN: mode {}, threshold {}, neuron-major down copies ({} from {}) {:.1f} MiB extra, built in {:.2f} s",
-           ffn_mode_name(opts.mode), opts.threshold,
+           ffn_mode_name(opts.mode),
+           opts.mode == FfnMode::threshold ? std::string("per layer") : fmt::format("{}", opts.threshold),
            down_nm_.empty() ? "-" : std::string(dtype_name(down_nm_[0].view.type)),
            model.layers.empty() ? "-" : std::string(dtype_name(model.layers[0].ffn.down.type)),
            neuron_major_bytes() / 1048576.0, timer.seconds());
@@ -72,18 +90,38 @@ void SparseFfn::reset_stats() {
 void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                     int64_t n, float* out, Workspace& ws) {
   void* mm = ws.mm_scratch.data();
+  const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
+                                                     : opts_.threshold;
+  const int64_t n_ff = w.gate.rows(), n_embd = w.down.rows();
   if (n >= kDenseBatch) {
-    dense_ffn(pool, w, act, x, n, out, ws.gate.data(), ws.up.data(), mm);
+    if (thr == 0.0f) {  // exact: dropping act(gate) == 0 changes nothing
+      dense_ffn(pool, w, act, x, n, out, ws.gate.data(), ws.up.data(), mm);
+    } else {  // dense kernels, inactive act(gate) zeroed
+      float* g = ws.gate.data();
+      float* u = ws.up.data();
+      cpu::matmul(pool, w.gate, x, n, g, mm);
+      cpu::activation_inplace(act, g, n * n_ff);
+      uint64_t n_active = 0;
+      for (int64_t i = 0; i < n * n_ff; ++i) {
+        if (std::fabs(g[i]) > thr)
+          ++n_active;
+        else
+          g[i] = 0.0f;
+      }
+      stats_.neurons[layer] += static_cast<uint64_t>(n * n_ff);
+      stats_.active[layer] += n_active;
+      cpu::matmul(pool, w.up, x, n, u, mm);
+      for (int64_t i = 0; i < n * n_ff; ++i) g[i] *= u[i];
+      cpu::matmul(pool, w.down, g, n, out, mm);
+    }
     stats_.dense_tokens += static_cast<uint64_t>(n);
     return;
   }
-  const int64_t n_ff = w.gate.rows(), n_embd = w.down.rows();
   float* a = ws.gate.data();  // [n][n_ff]: act(gate), zero where inactive
   cpu::matmul(pool, w.gate, x, n, a, mm);
   cpu::activation_inplace(act, a, n * n_ff);
 
   // The active set: neurons active for at least one token of the batch.
-  const float thr = opts_.threshold;
   int64_t na = 0;
   uint64_t n_active_tokens = 0;
   for (int64_t j = 0; j < n_ff; ++j) {

@@ -6,11 +6,15 @@
 //           and makes the result exact); up is computed only for the active rows
 //           (gather_matmul) and down only over them (sparse_axpy on a neuron-major copy of
 //           down built when the executor is made).
+//   threshold: as oracle, with a calibrated threshold per layer on |act(gate)| (CATS / TEAL:
+//           training-free sparsity for SwiGLU/GeGLU models; sparse/threshold.hpp). Approximate:
+//           the dropped neurons' small contributions are lost.
 //
 // Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
-// token contributes an exact zero). Batches of kDenseBatch tokens or more run dense_ffn: over
-// a long prompt nearly every neuron fires for some token, and the dense kernels reuse weights
-// across tokens.
+// token contributes an exact zero). Batches of kDenseBatch tokens or more run the dense kernels:
+// over a long prompt nearly every neuron fires for some token, and the dense kernels reuse
+// weights across tokens. With a nonzero threshold the dense path still zeroes every inactive
+// act(gate), so a prompt sees the same function as single tokens (what perplexity measures).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,13 +27,16 @@
 
 namespace ember {
 
-enum class FfnMode { dense, oracle };
-FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle"
+enum class FfnMode { dense, oracle, threshold };
+FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle" | "threshold"
 const char* ffn_mode_name(FfnMode m);
 
 struct SparseFfnOptions {
   FfnMode mode = FfnMode::dense;
-  float threshold = 0.0f;  // a neuron is active when |act(gate)| > threshold
+  float threshold = 0.0f;  // oracle: a neuron is active when |act(gate)| > threshold
+  // threshold mode: per layer, a neuron is active when |act(gate)| > layer_thresholds[layer]
+  // (empty in SessionParams: the model file's Model::gate_thresholds).
+  std::vector<float> layer_thresholds;
   cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
   cpu::AxpySplit split = cpu::AxpySplit::columns;
 };

@@ -10,5 +10,6 @@ void add_synth(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_perplexity(CLI::App& app);
+void add_profile(CLI::App& app);
 
 }  // namespace ember::cli

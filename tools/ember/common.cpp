@@ -3,8 +3,10 @@
 #include <sys/resource.h>
 
 #include "core/cpu_features.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "sparse/threshold.hpp"
 
 namespace ember::cli {
 
@@ -16,17 +18,29 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("-b,--batch-size", batch, "prompt tokens per forward pass")->check(CLI::Range(1, 8192));
   app->add_flag("-v,--verbose", verbose, "more log output");
   app->add_option("--sparse-mode", sparse_mode,
-                  "FFN: dense, or oracle (gate for all neurons, up and down only for the active ones)")
-      ->check(CLI::IsMember({"dense", "oracle"}))
+                  "FFN: dense, oracle (gate for all neurons, up and down only for the active ones), or "
+                  "threshold (as oracle with calibrated per-layer thresholds: --sparse-profile, or the model's)")
+      ->check(CLI::IsMember({"dense", "oracle", "threshold"}))
       ->capture_default_str();
   app->add_option("--sparse-threshold", sparse_threshold, "oracle: a neuron is active when |act(gate)| > this")
       ->check(CLI::Range(0.0f, 1e30f));
+  app->add_option("--sparse-profile", sparse_profile,
+                  "threshold mode: calibrate per-layer thresholds on |act(gate)| from this profile (`ember profile`)");
+  app->add_option("--sparsity", sparsity, "target fraction of inactive neurons (threshold mode with --sparse-profile; profile: where "
+                  "the per-layer firing thresholds lie)")
+      ->check(CLI::Range(0.0f, 0.999f))
+      ->capture_default_str();
 }
 
 SessionParams EngineFlags::session_params() const {
   SessionParams p{threads, ctx, batch};
   p.sparse.mode = parse_ffn_mode(sparse_mode);
   p.sparse.threshold = sparse_threshold;
+  if (!sparse_profile.empty()) {
+    EMBER_CHECK(p.sparse.mode == FfnMode::threshold, "--sparse-profile is for --sparse-mode threshold");
+    p.sparse.layer_thresholds = calibrate_thresholds(sparse_profile, sparsity);
+    log_info("threshold mode: per-layer thresholds for sparsity {:.2f} from {}", sparsity, sparse_profile);
+  }
   return p;
 }
 

@@ -17,6 +17,8 @@ struct EngineFlags {
   bool verbose = false;
   std::string sparse_mode = "dense";
   float sparse_threshold = 0.0f;
+  std::string sparse_profile;  // threshold mode: calibrate per-layer thresholds from this profile
+  float sparsity = 0.5f;       // ... at this target sparsity
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;

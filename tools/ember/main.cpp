@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   ember::cli::add_bench(app);
   ember::cli::add_serve(app);
   ember::cli::add_perplexity(app);
+  ember::cli::add_profile(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,302 @@
+#include "sparse/profile.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "gguf/reader.hpp"
+#include "gguf/writer.hpp"
+#include "ops/cpu/activation.hpp"
+#include "ops/cpu/matmul.hpp"
+#include "sparse/threshold.hpp"
+
+namespace ember {
+
+namespace {
+constexpr uint32_t kLowBits = static_cast<uint32_t>(127 + AbsHistogram::kMinExp) << 23;
+constexpr uint32_t kHighBits = static_cast<uint32_t>(127 + AbsHistogram::kMaxExp) << 23;
+constexpr int kShift = 23 - AbsHistogram::kMantBits;
+constexpr int64_t kQuantiles = 1001;
+
+float bin_lower(int64_t b) { return std::bit_cast<float>(kLowBits + (static_cast<uint32_t>(b) << kShift)); }
+}  // namespace
+
+void AbsHistogram::add(const float* x, int64_t n) {
+  uint64_t* c = counts_.data();
+  const size_t last = counts_.size() - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu;
+    if (bits < kLowBits)
+      ++c[0];
+    else if (bits >= kHighBits)  // also inf and NaN
+      ++c[last];
+    else
+      ++c[1 + ((bits - kLowBits) >> kShift)];
+  }
+  total_ += static_cast<uint64_t>(n);
+}
+
+void AbsHistogram::merge(const AbsHistogram& o) {
+  for (size_t i = 0; i < counts_.size(); ++i) counts_[i] += o.counts_[i];
+  total_ += o.total_;
+}
+
+std::vector<float> AbsHistogram::quantiles(int64_t n) const {
+  EMBER_CHECK(n >= 2, "need at least 2 quantiles, got {}", n);
+  std::vector<float> q(static_cast<size_t>(n), 0.0f);
+  if (total_ == 0) return q;
+  // Value of the bin holding rank r (in (cum, cum + count]), linear inside the bin.
+  size_t bin = 0;
+  uint64_t cum = 0;  // counts of the bins before `bin`
+  const size_t last = counts_.size() - 1;
+  for (int64_t k = 0; k < n; ++k) {
+    const double r = static_cast<double>(k) / static_cast<double>(n - 1) * static_cast<double>(total_);
+    while (bin < last && (counts_[bin] == 0 || static_cast<double>(cum + counts_[bin]) < r)) cum += counts_[bin++];
+    const double f = counts_[bin] ? std::clamp((r - static_cast<double>(cum)) / counts_[bin], 0.0, 1.0) : 1.0;
+    double v;
+    if (bin == 0)
+      v = 0.0;  // below 2^kMinExp: zero for every purpose here
+    else if (bin == last)
+      v = std::ldexp(1.0, kMaxExp);
+    else {
+      const double lo = bin_lower(static_cast<int64_t>(bin) - 1), hi = bin_lower(static_cast<int64_t>(bin));
+      v = lo + f * (hi - lo);
+    }
+    q[static_cast<size_t>(k)] = static_cast<float>(v);
+  }
+  for (size_t k = 1; k < q.size(); ++k) q[k] = std::max(q[k], q[k - 1]);
+  return q;
+}
+
+ProfileFfn::ProfileFfn(const Model& model)
+    : hist_(static_cast<size_t>(model.hp.n_layer)),
+      counts_(static_cast<size_t>(model.hp.n_layer), std::vector<uint64_t>(static_cast<size_t>(model.hp.n_ff), 0)) {}
+
+void ProfileFfn::set_count_thresholds(std::vector<float> t) {
+  EMBER_CHECK(t.empty() || t.size() == counts_.size(), "{} thresholds for {} layers", t.size(), counts_.size());
+  thresholds_ = std::move(t);
+}
+
+void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                     int64_t n, float* out, Workspace& ws) {
+  void* mm = ws.mm_scratch.data();
+  const int64_t n_ff = w.gate.rows();
+  float* g = ws.gate.data();
+  float* u = ws.up.data();
+  cpu::matmul(pool, w.gate, x, n, g, mm);
+  cpu::activation_inplace(act, g, n * n_ff);
+  const size_t l = static_cast<size_t>(layer);
+  if (record_hist_) hist_[l].add(g, n * n_ff);
+  if (!thresholds_.empty()) {
+    const float t = thresholds_[l];
+    uint64_t* c = counts_[l].data();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n_ff; ++j) c[j] += std::fabs(g[i * n_ff + j]) > t;
+    if (layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
+  }
+  cpu::matmul(pool, w.up, x, n, u, mm);
+  for (int64_t i = 0; i < n * n_ff; ++i) g[i] *= u[i];
+  cpu::matmul(pool, w.down, g, n, out, mm);
+}
+
+Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const ProfileOptions& opts,
+                    const std::function<void(int64_t, int64_t, int)>& progress) {
+  const Model& model = session.model();
+  const Hparams& hp = model.hp;
+  EMBER_CHECK(opts.n_ctx >= 1 && opts.n_ctx <= session.n_ctx(), "profile chunk length {} must be in [1, {}]",
+              opts.n_ctx, session.n_ctx());
+  EMBER_CHECK(opts.threshold >= 0.0f || (opts.sparsity > 0.0f && opts.sparsity < 1.0f),
+              "--sparsity must be in (0, 1), got {}", opts.sparsity);
+  int64_t n_tok = static_cast<int64_t>(tokens.size());
+  if (opts.max_tokens > 0) n_tok = std::min(n_tok, opts.max_tokens);
+  EMBER_CHECK(n_tok >= 1, "the corpus has no tokens to profile");
+  for (int64_t i = 0; i < n_tok; ++i)
+    EMBER_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab, "token id {} out of the vocabulary ({})", tokens[i],
+                hp.n_vocab);
+
+  ProfileFfn ffn(model);
+  session.set_ffn_executor(&ffn);
+  auto run_pass = [&](int pass) {
+    for (int64_t done = 0; done < n_tok;) {
+      const int64_t len = std::min(opts.n_ctx, n_tok - done);
+      session.reset();
+      session.eval(tokens.data() + done, len);
+      done += len;
+      if (progress) progress(done, n_tok, pass);
+    }
+  };
+  Profile p;
+  p.model_name = std::filesystem::path(model.file->path()).filename().string();
+  p.n_layer = hp.n_layer;
+  p.n_ff = hp.n_ff;
+  try {
+    if (opts.threshold >= 0.0f) {
+      p.thresholds.assign(static_cast<size_t>(hp.n_layer), opts.threshold);
+      ffn.set_count_thresholds(p.thresholds);
+      run_pass(1);
+    } else {
+      ffn.set_count_thresholds({});
+      run_pass(1);
+      for (int64_t l = 0; l < hp.n_layer; ++l) {
+        auto q = ffn.histogram(l).quantiles(kQuantiles);
+        p.thresholds.push_back(quantile_at(q.data(), kQuantiles, opts.sparsity));
+      }
+      ffn.set_record_histograms(false);
+      ffn.set_count_thresholds(p.thresholds);
+      run_pass(2);
+      p.sparsity = opts.sparsity;
+    }
+  } catch (...) {
+    session.set_ffn_executor(nullptr);
+    throw;
+  }
+  session.set_ffn_executor(nullptr);
+  p.n_tokens = ffn.tokens_counted();
+  double tsum = 0;
+  for (float t : p.thresholds) tsum += t;
+  p.threshold = opts.threshold >= 0.0f ? opts.threshold : static_cast<float>(tsum / static_cast<double>(hp.n_layer));
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    p.quantiles.push_back(ffn.histogram(l).quantiles(kQuantiles));
+    const auto& c = ffn.counts(l);
+    p.counts.emplace_back(c.begin(), c.end());
+  }
+  return p;
+}
+
+void write_profile(const Profile& p, const std::string& path) {
+  gguf::Writer w;
+  using gguf::Value;
+  w.set("general.architecture", Value::str("ember-profile"));
+  w.set("ember.profile.model", Value::str(p.model_name));
+  w.set("ember.profile.n_tokens", Value::u64(p.n_tokens));
+  w.set("ember.profile.n_layer", Value::u64(static_cast<uint64_t>(p.n_layer)));
+  w.set("ember.profile.n_ff", Value::u64(static_cast<uint64_t>(p.n_ff)));
+  w.set("ember.profile.threshold", Value::f32(p.threshold));
+  w.set("ember.profile.thresholds", Value::floats(p.thresholds));
+  if (p.sparsity >= 0.0f) w.set("ember.profile.sparsity", Value::f32(p.sparsity));
+  auto bytes = [](const std::vector<float>& v) {
+    std::vector<uint8_t> b(v.size() * sizeof(float));
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  for (int64_t l = 0; l < p.n_layer; ++l) {
+    w.add_tensor(fmt::format("blk.{}.ffn_act_count", l), DType::F32, {p.n_ff}, bytes(p.counts[l]));
+    w.add_tensor(fmt::format("blk.{}.ffn_gate_quantiles", l), DType::F32, {kQuantiles}, bytes(p.quantiles[l]));
+  }
+  w.write(path);
+}
+
+Profile read_profile(const std::string& path) {
+  gguf::Reader r(path);
+  EMBER_CHECK(r.opt_string("general.architecture").value_or("") == "ember-profile",
+              "'{}' is not a profile file (write one with `ember profile`)", path);
+  Profile p;
+  p.model_name = r.opt_string("ember.profile.model").value_or("");
+  p.n_tokens = static_cast<uint64_t>(r.get_int("ember.profile.n_tokens"));
+  p.n_layer = r.get_int("ember.profile.n_layer");
+  p.n_ff = r.get_int("ember.profile.n_ff");
+  EMBER_CHECK(p.n_layer >= 1 && p.n_layer <= 100000 && p.n_ff >= 1 && p.n_ff <= (int64_t(1) << 24),
+              "'{}': bad shape n_layer {} n_ff {}", path, p.n_layer, p.n_ff);
+  p.threshold = static_cast<float>(r.get_float("ember.profile.threshold"));
+  if (r.has("ember.profile.thresholds")) p.thresholds = r.get_float_array("ember.profile.thresholds");
+  if (p.thresholds.empty()) p.thresholds.assign(static_cast<size_t>(p.n_layer), p.threshold);
+  p.sparsity = static_cast<float>(r.opt_float("ember.profile.sparsity").value_or(-1.0));
+  auto read = [&](const std::string& name, int64_t n) {
+    const gguf::TensorInfo* ti = r.find_tensor(name);
+    EMBER_CHECK(ti, "'{}' has no tensor {}", path, name);
+    TensorView v = r.view(*ti);
+    EMBER_CHECK(v.type == DType::F32 && v.n_elements() == n, "'{}': {} must be F32 with {} entries", path, name, n);
+    const float* f = reinterpret_cast<const float*>(v.data);
+    return std::vector<float>(f, f + n);
+  };
+  for (int64_t l = 0; l < p.n_layer; ++l) {
+    p.counts.push_back(read(fmt::format("blk.{}.ffn_act_count", l), p.n_ff));
+    p.quantiles.push_back(read(fmt::format("blk.{}.ffn_gate_quantiles", l), kQuantiles));
+  }
+  return p;
+}
+
+double hot_fraction(const std::vector<float>& counts, double coverage) {
+  std::vector<double> c(counts.begin(), counts.end());
+  std::sort(c.begin(), c.end(), std::greater<>());
+  double total = 0;
+  for (double v : c) total += v;
+  if (total <= 0) return 0.0;
+  double acc = 0;
+  for (size_t k = 0; k < c.size(); ++k) {
+    acc += c[k];
+    if (acc >= coverage * total * (1 - 1e-12)) return static_cast<double>(k + 1) / static_cast<double>(c.size());
+  }
+  return 1.0;
+}
+
+double layer_sparsity(const Profile& p, int64_t layer) {
+  if (p.n_tokens == 0) return 0.0;
+  double fired = 0;
+  for (float v : p.counts[static_cast<size_t>(layer)]) fired += v;
+  return 1.0 - fired / (static_cast<double>(p.n_tokens) * static_cast<double>(p.n_ff));
+}
+
+std::string profile_svg(const Profile& p) {
+  const int W = 720, H = 480, ml = 60, mr = 130, mt = 40, mb = 50;
+  const int pw = W - ml - mr, ph = H - mt - mb;
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      W, H);
+  s += fmt::format("<text x=\"{}\" y=\"22\" font-size=\"14\">{}: cumulative share of firings, neurons hottest first "
+                   "({} tokens)</text>\n",
+                   ml, p.model_name, p.n_tokens);
+  auto X = [&](double f) { return ml + f * pw; };
+  auto Y = [&](double f) { return mt + (1 - f) * ph; };
+  for (int i = 0; i <= 10; ++i) {  // grid and ticks
+    const double f = i / 10.0;
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#eee\"/>\n", X(f), mt, X(f), mt + ph);
+    s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#eee\"/>\n", ml, Y(f), ml + pw, Y(f));
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.1f}</text>\n", X(f), mt + ph + 16, f);
+    s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.1f}</text>\n", ml - 6, Y(f) + 4, f);
+  }
+  s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n", ml, mt, pw, ph);
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">fraction of neurons (hottest first)</text>\n",
+                   ml + pw / 2, H - 10);
+  s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">fraction of "
+                   "firings covered</text>\n",
+                   mt + ph / 2, mt + ph / 2);
+  s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#999\" "
+                   "stroke-dasharray=\"4 4\"/>\n",
+                   X(0), Y(0), X(1), Y(1));
+  for (int64_t l = 0; l < p.n_layer; ++l) {
+    std::vector<double> c(p.counts[l].begin(), p.counts[l].end());
+    std::sort(c.begin(), c.end(), std::greater<>());
+    double total = 0;
+    for (double v : c) total += v;
+    if (total <= 0) continue;
+    const int hue = static_cast<int>(270.0 * l / std::max<int64_t>(p.n_layer - 1, 1));
+    std::string pts = fmt::format("{:.1f},{:.1f}", X(0), Y(0));
+    const size_t n = c.size(), step = std::max<size_t>(1, n / 300);
+    double acc = 0;
+    for (size_t k = 0; k < n; ++k) {
+      acc += c[k];
+      if ((k + 1) % step == 0 || k + 1 == n)
+        pts += fmt::format(" {:.1f},{:.1f}", X(static_cast<double>(k + 1) / n), Y(acc / total));
+    }
+    s += fmt::format("<polyline fill=\"none\" stroke=\"hsl({},70%,45%)\" stroke-width=\"1.2\" points=\"{}\"/>\n", hue,
+                     pts);
+    const int64_t every = std::max<int64_t>(1, (p.n_layer + 15) / 16);
+    if (l % every == 0 || l == p.n_layer - 1) {
+      const double ly = mt + 10 + 14.0 * static_cast<double>(l / every + (l == p.n_layer - 1 && l % every ? 1 : 0));
+      s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"hsl({},70%,45%)\" "
+                       "stroke-width=\"2\"/><text x=\"{}\" y=\"{:.1f}\">layer {}</text>\n",
+                       ml + pw + 10, ly, ml + pw + 30, ly, hue, ml + pw + 36, ly + 4, l);
+    }
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace ember

@@ -1,0 +1,105 @@
+// Activation profiling (`ember profile`): run a model over a corpus with the dense FFN and
+// record, per layer and neuron, how often the neuron fires (|act(gate)| > t), and the
+// distribution of |act(gate)| over all (token, neuron) pairs of each layer, from which the
+// profile's 1001 quantiles come (docs/sparse_formats.md).
+//
+// Quantiles come from a histogram over the float bit pattern of |act(gate)|: bins of 2^-10
+// relative width (1024 per octave) from 2^-24 to 2^16, exact counts, linear interpolation inside
+// a bin; so each quantile is exact to 0.1 % relative (values below 2^-24 count as 0). No
+// sampling: every (token, neuron) pair of every layer is counted.
+//
+// Firing threshold: `threshold` for all layers when given (>= 0; ReLU models: 0, exact). When
+// not given (threshold < 0), each layer's threshold is its quantile at `sparsity`, so that the
+// counts mean something for SwiGLU/GeGLU models where act(gate) is never exactly 0; this needs
+// the quantiles first, so the corpus is run twice (pass 1: histograms, pass 2: counts).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/session.hpp"
+#include "model/ffn.hpp"
+
+namespace ember {
+
+// Counts of |x| in bins of the float bit pattern (see above).
+class AbsHistogram {
+ public:
+  static constexpr int kMantBits = 10;
+  static constexpr int kMinExp = -24, kMaxExp = 16;  // [2^kMinExp, 2^kMaxExp)
+  static constexpr int64_t kBins = int64_t(kMaxExp - kMinExp) << kMantBits;
+
+  AbsHistogram() : counts_(static_cast<size_t>(kBins) + 2, 0) {}
+  void add(const float* x, int64_t n);
+  uint64_t total() const { return total_; }
+  // n equally spaced quantiles: entry k is the value below which a fraction k / (n - 1) of the
+  // counted values lie (linear inside a bin; the first and last: the extreme bins' edges).
+  std::vector<float> quantiles(int64_t n) const;
+  void merge(const AbsHistogram& o);
+
+ private:
+  // counts_[0]: below 2^kMinExp (taken as 0); counts_[1 + b]: bin b; last: at or above 2^kMaxExp
+  std::vector<uint64_t> counts_;
+  uint64_t total_ = 0;
+};
+
+// The FFN executor of the profiler: the dense FFN, plus the statistics.
+class ProfileFfn final : public FfnExecutor {
+ public:
+  explicit ProfileFfn(const Model& model);
+  void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
+           float* out, Workspace& ws) override;
+
+  // Pass settings: record histograms; count firings against per-layer thresholds (empty: don't).
+  void set_record_histograms(bool on) { record_hist_ = on; }
+  void set_count_thresholds(std::vector<float> t);
+
+  const AbsHistogram& histogram(int64_t layer) const { return hist_[static_cast<size_t>(layer)]; }
+  const std::vector<uint64_t>& counts(int64_t layer) const { return counts_[static_cast<size_t>(layer)]; }
+  uint64_t tokens_counted() const { return tokens_counted_; }
+
+ private:
+  std::vector<AbsHistogram> hist_;
+  std::vector<std::vector<uint64_t>> counts_;
+  std::vector<float> thresholds_;
+  bool record_hist_ = true;
+  uint64_t tokens_counted_ = 0;  // tokens of layer 0 counted
+};
+
+struct ProfileOptions {
+  int64_t n_ctx = 512;       // corpus chunk length; each chunk runs from position 0
+  int64_t max_tokens = 0;    // 0: the whole corpus (whole chunks)
+  float threshold = -1.0f;   // < 0: per-layer quantile at `sparsity` (ReLU models: use 0)
+  float sparsity = 0.5f;
+};
+
+struct Profile {
+  std::string model_name;
+  uint64_t n_tokens = 0;
+  int64_t n_layer = 0, n_ff = 0;
+  float threshold = 0.0f;           // the one given, or (per-layer mode) the mean of thresholds
+  std::vector<float> thresholds;    // per layer, the threshold the counts used
+  float sparsity = -1.0f;           // per-layer mode: the sparsity the thresholds are at; else -1
+  std::vector<std::vector<float>> counts;     // [layer][n_ff]
+  std::vector<std::vector<float>> quantiles;  // [layer][1001]
+};
+
+// Runs the tokens through the session (chunks of opts.n_ctx from position 0) with the
+// profiler's executor; `progress(tokens_done, tokens_total, pass)`.
+Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const ProfileOptions& opts,
+                    const std::function<void(int64_t, int64_t, int)>& progress = {});
+
+void write_profile(const Profile& p, const std::string& path);
+Profile read_profile(const std::string& path);
+
+// The power-law summary of one layer: the fraction of neurons (hottest first) that covers
+// `coverage` of all firings; and the layer's sparsity (fraction of token-neurons not firing).
+double hot_fraction(const std::vector<float>& counts, double coverage);
+double layer_sparsity(const Profile& p, int64_t layer);
+
+// An SVG plot of the cumulative firing curves (x: fraction of neurons, hottest first; y:
+// fraction of firings covered), one line per layer.
+std::string profile_svg(const Profile& p);
+
+}  // namespace ember

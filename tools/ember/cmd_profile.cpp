@@ -1,0 +1,105 @@
+// `ember profile`: runs a model over a corpus, records per layer and neuron how often it fires
+// and the quantiles of |act(gate)| (sparse/profile.hpp), writes the profile GGUF
+// (docs/sparse_formats.md), prints the power-law summary per layer and writes an SVG plot of the
+// cumulative firing curves.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/timer.hpp"
+#include "sparse/profile.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace ember::cli {
+namespace {
+
+struct ProfileFlags {
+  EngineFlags engine;
+  std::string corpus, out, plot;
+  ProfileOptions opts;
+  bool threshold_given = false;
+};
+
+void run_profile_cmd(ProfileFlags& f) {
+  auto model = load_model_logged(f.engine, nullptr);
+  std::ifstream in(f.corpus, std::ios::binary);
+  EMBER_CHECK(in.good(), "cannot read the corpus '{}' (install it with scripts/get_corpus.sh)", f.corpus);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Tokenizer tok(*model->file);
+  const std::vector<int32_t> tokens = tok.encode(ss.str(), tok.vocab().add_bos);
+  f.opts.sparsity = f.engine.sparsity;  // --sparsity: the per-layer firing thresholds' sparsity
+  if (!f.threshold_given) f.opts.threshold = model->hp.act == cpu::Activation::relu ? 0.0f : -1.0f;
+  SessionParams sp = f.engine.session_params();
+  EMBER_CHECK(sp.sparse.mode == FfnMode::dense, "profile runs the dense FFN: drop --sparse-mode");
+  sp.n_ctx = f.engine.ctx;
+  Session session(*model, sp);
+  f.opts.n_ctx = std::min<int64_t>(f.engine.ctx, session.n_ctx());
+  const int64_t n_tok = f.opts.max_tokens > 0 ? std::min<int64_t>(f.opts.max_tokens, tokens.size()) : tokens.size();
+  const int passes = f.opts.threshold >= 0.0f ? 1 : 2;
+  log_info("profile: {} of {} corpus tokens in chunks of {}, {} threads; firing threshold {}", n_tok, tokens.size(),
+           f.opts.n_ctx, session.n_threads(),
+           f.opts.threshold >= 0.0f
+               ? fmt::format("{}", f.opts.threshold)
+               : fmt::format("per layer at sparsity {} (two passes: quantiles, then counts)", f.opts.sparsity));
+  Timer timer;
+  int64_t next_report = 0;
+  Profile p = run_profile(session, tokens, f.opts, [&](int64_t done, int64_t total, int pass) {
+    const int64_t all = total * passes, now = (pass - 1) * total + done;
+    if (now >= next_report || now == all) {
+      const double secs = timer.seconds();
+      log_info("profile: pass {}/{}: {}/{} tokens, {:.0f} tokens/s, {:.0f} s left", pass, passes, done, total,
+               now / secs, secs / now * (all - now));
+      next_report = now + std::max<int64_t>(all / 10, 1);
+    }
+  });
+  write_profile(p, f.out);
+
+  std::printf("layer  threshold  sparsity  hot80%%  hot95%%\n");
+  double sp_sum = 0, h80 = 0, h95 = 0;
+  for (int64_t l = 0; l < p.n_layer; ++l) {
+    const double s = layer_sparsity(p, l), a = hot_fraction(p.counts[l], 0.8), b = hot_fraction(p.counts[l], 0.95);
+    sp_sum += s, h80 += a, h95 += b;
+    std::printf("%5lld  %9.5f  %8.3f  %6.3f  %6.3f\n", static_cast<long long>(l), p.thresholds[l], s, a, b);
+  }
+  std::printf("mean   %9.5f  %8.3f  %6.3f  %6.3f\n", p.threshold, sp_sum / p.n_layer, h80 / p.n_layer,
+              h95 / p.n_layer);
+  std::printf("(hotNN: fraction of neurons, hottest first, that covers NN%% of the layer's firings)\n");
+  std::string plot = f.plot;
+  if (plot.empty()) {
+    plot = f.out;
+    if (plot.size() > 5 && plot.compare(plot.size() - 5, 5, ".gguf") == 0) plot.resize(plot.size() - 5);
+    plot += ".svg";
+  }
+  std::ofstream svg(plot);
+  EMBER_CHECK(svg.good(), "cannot write the plot '{}'", plot);
+  svg << profile_svg(p);
+  log_info("profile of {} tokens written to {} ({:.1f} s); plot: {}", p.n_tokens, f.out, timer.seconds(), plot);
+}
+
+}  // namespace
+
+void add_profile(CLI::App& app) {
+  auto f = std::make_shared<ProfileFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "profile", "run a model over a corpus and record how often each FFN neuron fires (profile GGUF + SVG plot)");
+  f->engine.ctx = 512;
+  f->engine.add_to(cmd);
+  cmd->add_option("-f,--file", f->corpus, "corpus text (e.g. data/corpus/calib.txt)")->required();
+  cmd->add_option("-o,--output", f->out, "profile file to write (GGUF)")->required();
+  cmd->add_option("--plot", f->plot, "SVG plot of the cumulative firing curves (default: the output with .svg)");
+  cmd->add_option("--threshold", f->opts.threshold,
+                  "firing threshold on |act(gate)| for all layers (default: 0 for ReLU models; per layer at "
+                  "--sparsity for SiLU/GELU models)")
+      ->check(CLI::Range(0.0f, 1e30f))
+      ->each([f](const std::string&) { f->threshold_given = true; });
+  cmd->add_option("--max-tokens", f->opts.max_tokens, "profile at most this many corpus tokens (0 = all)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  cmd->callback([f] { run_profile_cmd(*f); });
+}
+
+}  // namespace ember::cli

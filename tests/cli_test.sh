@@ -69,6 +69,56 @@ expect_error "serve bad host" "cannot listen" "$ember" serve -m "$tmp/tiny.gguf"
 expect_error "bad synth type" "type" "$ember" synth --preset tiny --type q9_9 -o "$tmp/x.gguf"
 expect_error "bad synth heads" "head" "$ember" synth --preset tiny --n-head 5 -o "$tmp/x.gguf"
 
+# Accuracy tools on synthetic models: profile -> threshold mode -> perplexity / KL divergence.
+# The text: this script, repeated (byte-level tokens on synth models).
+for _ in 1 2 3; do cat "$0"; done >"$tmp/text.txt"
+num() { sed -nE "s/$2/\1/p" "$1" | head -1; }  # FILE REGEX-with-one-group: the first match
+close() {  # NAME A B TOLERANCE: |A - B| <= TOLERANCE (A, B numbers)
+  if python3 -c "import sys, math; a, b, t = map(float, sys.argv[1:4]); sys.exit(0 if math.isfinite(a) and math.isfinite(b) and abs(a - b) <= t else 1)" "$2" "$3" "$4"; then
+    pass
+  else
+    fail "$1: '$2' and '$3' differ by more than $4"
+  fi
+}
+expect_ok "synth relu" "$ember" synth --preset tiny --act relu --sparsity 0.6 -o "$tmp/relu.gguf"
+expect_ok "profile relu" "$ember" profile -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 1024 -o "$tmp/relu.profile.gguf" -t 2
+relu_profile_sparsity=$(num "$tmp/out" '^mean +[0-9.]+ +([0-9.]+) .*')
+if [ -s "$tmp/relu.profile.svg" ] && grep -q "<polyline" "$tmp/relu.profile.svg"; then pass; else fail "profile wrote no SVG plot"; fi
+expect_ok "inspect profile" "$ember" inspect "$tmp/relu.profile.gguf"
+contains "profile tensors" "$tmp/out" "blk\.0\.ffn_act_count"
+contains "profile quantiles" "$tmp/out" "blk\.0\.ffn_gate_quantiles"
+# The same 1024 tokens (16 chunks of 64) in oracle mode, batches of 8 (the sparse path, which
+# counts): for ReLU the oracle is exact, so its measured sparsity is the profile's.
+expect_ok "oracle ppl relu" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -b 8 -t 2 --sparse-mode oracle
+oracle_sparsity=$(num "$tmp/err" '.*FFN sparsity \(oracle\): ([0-9.]+)% .*')
+close "profile sparsity = oracle sparsity" "$relu_profile_sparsity" "$(python3 -c "print(${oracle_sparsity:-nan} / 100)")" 0.002
+
+expect_ok "synth silu" "$ember" synth --preset tiny -o "$tmp/silu.gguf"
+expect_ok "profile silu" "$ember" profile -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 1024 --sparsity 0.4 -o "$tmp/silu.profile.gguf"
+close "silu profile at its target sparsity" "$(num "$tmp/out" '^mean +[0-9.]+ +([0-9.]+) .*')" 0.4 0.002
+expect_ok "ppl silu t1" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -t 1 --save-logits "$tmp/base.lp"
+ppl1=$(num "$tmp/out" '^Final estimate: PPL = ([0-9.]+) .*')
+expect_ok "ppl silu t3" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -t 3 --kl-base "$tmp/base.lp"
+ppl3=$(num "$tmp/out" '^Final estimate: PPL = ([0-9.]+) .*')
+close "ppl equal across threads" "$ppl1" "$ppl3" "$(python3 -c "print(1e-4 * ${ppl1:-0})")"
+close "KLD against itself" "$(num "$tmp/out" '^Mean +KLD +: +([0-9.]+) .*')" 0 1e-5
+contains "same top-1 against itself" "$tmp/out" "Same top p +: +100\.000"
+expect_ok "ppl threshold" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -t 2 --sparse-mode threshold --sparse-profile "$tmp/silu.profile.gguf" --sparsity 0.4 --kl-base "$tmp/base.lp"
+close "threshold mode reaches the calibrated sparsity" "$(num "$tmp/err" '.*FFN sparsity \(threshold\): ([0-9.]+)% .*')" 40 3
+kld=$(num "$tmp/out" '^Mean +KLD +: +([0-9.]+) .*')
+if python3 -c "import sys; sys.exit(0 if 0 < float('${kld:-nan}') < 5 else 1)"; then pass; else fail "threshold KLD '$kld' not in (0, 5)"; fi
+expect_error "kl-base other -c" "same -c" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 32 --chunks 4 --kl-base "$tmp/base.lp"
+expect_error "kl-base not a log-prob file" "not an Ember log-prob file" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --kl-base "$tmp/silu.gguf"
+echo "hello world" >"$tmp/short.txt"
+expect_error "ppl text too short" "fewer than one chunk" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/short.txt" -c 64
+expect_error "ppl missing text" "cannot read the text" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/nope.txt"
+expect_error "profile missing corpus" "cannot read the corpus" "$ember" profile -m "$tmp/silu.gguf" -f "$tmp/nope.txt" -o "$tmp/x.gguf"
+expect_error "threshold mode without thresholds" "needs per-layer thresholds" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold
+expect_error "sparse profile not a profile" "not a profile" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold --sparse-profile "$tmp/silu.gguf"
+expect_ok "synth one layer" "$ember" synth --preset tiny --n-layer 1 -o "$tmp/one.gguf"
+expect_ok "profile one layer" "$ember" profile -m "$tmp/one.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 64 --threshold 0.1 -o "$tmp/one.profile.gguf"
+expect_error "profile of another model" "thresholds for a model of [0-9]+ layers" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold --sparse-profile "$tmp/one.profile.gguf"
+
 # The real default model, when installed.
 if [ -f "$smol" ]; then
   expect_ok "generate SmolLM2" "$ember" generate -m "$smol" -p "The capital of France is" -n 12 --temp 0

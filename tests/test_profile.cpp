@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "engine/session.hpp"
@@ -16,7 +18,9 @@
 #include "sparse/ffn_sparse.hpp"
 #include "sparse/profile.hpp"
 #include "sparse/threshold.hpp"
+#include "support/paths.hpp"
 #include "support/reference_llama.hpp"
+#include "tokenizer/tokenizer.hpp"
 
 using namespace ember;
 
@@ -279,4 +283,41 @@ TEST(ThresholdMode, UsesThresholdsFromTheModelFile) {
   // Threshold mode without thresholds anywhere names what to do.
   auto plain = load_synth(o, "no_thresholds.gguf");
   EXPECT_THROW(Session(*plain, sp), Error);
+}
+
+// On the real model and corpus (skipped when either is missing): thresholds calibrated on a
+// piece of calib.txt reach the target sparsity on held-out text from eval.txt.
+TEST(ThresholdMode, CalibrationGeneralizesToHeldOutTextOnSmolLM2) {
+  const std::string mp = test_support::model_path(test_support::kSmolLM2);
+  const std::string calib = test_support::source_dir() + "/data/corpus/calib.txt";
+  const std::string eval = test_support::source_dir() + "/data/corpus/eval.txt";
+  if (mp.empty() || !std::filesystem::exists(calib) || !std::filesystem::exists(eval))
+    GTEST_SKIP() << "needs models/" << test_support::kSmolLM2 << " and data/corpus (scripts/get_corpus.sh)";
+  auto m = load_model(mp);
+  Tokenizer tok(*m->file);
+  auto read = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str().substr(0, 20000);
+  };
+  auto calib_tokens = tok.encode(read(calib), false), eval_tokens = tok.encode(read(eval), false);
+  ASSERT_GE(calib_tokens.size(), 384u);
+  ASSERT_GE(eval_tokens.size(), 128u);
+  Session s(*m, SessionParams{2, 256, 256, {}});
+  ProfileOptions o;
+  o.n_ctx = 192;
+  o.max_tokens = 384;
+  o.sparsity = 0.5f;
+  Profile p = run_profile(s, calib_tokens, o);
+  const std::string path = (temp_dir() / "smollm2.profile.gguf").string();
+  write_profile(p, path);
+  SessionParams sp{2, 256, 256, {}};
+  sp.sparse.mode = FfnMode::threshold;
+  sp.sparse.layer_thresholds = calibrate_thresholds(path, 0.5);
+  Session st(*m, sp);
+  st.eval(eval_tokens.data(), 128);
+  const FfnSparsityStats& stats = st.sparse_ffn()->stats();
+  EXPECT_NEAR(stats.sparsity(), 0.5, 0.06);
+  for (int64_t l = 0; l < m->hp.n_layer; ++l) EXPECT_NEAR(stats.layer_sparsity(l), 0.5, 0.15) << "layer " << l;
 }

@@ -65,7 +65,7 @@ void log_ffn_sparsity(Session& session) {
   for (uint64_t v : st.neurons) seen += v;
   log_info("FFN sparsity ({}): {:.1f}% of neurons inactive over {} token-neurons{}", ffn_mode_name(sp->options().mode),
            100.0 * st.sparsity(), seen,
-           st.dense_tokens ? fmt::format(" ({} token-layers of long batches ran dense)", st.dense_tokens) : "");
+           st.dense_tokens ? fmt::format(" ({} token-layers of long batches ran on the dense kernels)", st.dense_tokens) : "");
   std::string per_layer;
   for (size_t l = 0; l < st.neurons.size(); ++l) per_layer += fmt::format(" {:.3f}", st.layer_sparsity(l));
   log_debug("FFN sparsity per layer:{}", per_layer);

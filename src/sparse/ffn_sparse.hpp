@@ -5,7 +5,9 @@
 //           |act(gate)| > threshold (threshold 0: act(gate) != 0, which for ReLU is gate > 0
 //           and makes the result exact); up is computed only for the active rows
 //           (gather_matmul) and down only over them (sparse_axpy on a neuron-major copy of
-//           down built when the executor is made).
+//           down built when the executor is made, or the file's own ffn_down_t when it has
+//           one: no copy). Bamboo (FfnGating::sym) multiplies by act(up); an FFN without a
+//           gate (OPT, FfnGating::none) fires on act(up x + up_b) itself.
 //
 // Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
 // token contributes an exact zero). Batches of kDenseBatch tokens or more run dense_ffn: over
@@ -53,7 +55,7 @@ class SparseFfn final : public FfnExecutor {
            float* out, Workspace& ws) override;
 
   const SparseFfnOptions& options() const { return opts_; }
-  size_t neuron_major_bytes() const;  // the down copies
+  size_t neuron_major_bytes() const;  // the down copies (0 for layers that use the file's down_t)
   size_t bytes() const;               // everything the executor holds
   const FfnSparsityStats& stats() const { return stats_; }
   void reset_stats();

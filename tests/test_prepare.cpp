@@ -15,11 +15,13 @@
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
 #include "model/synth.hpp"
+#include "support/errors.hpp"
 #include "sparse/prepare.hpp"
 #include "sparse/reorder.hpp"
 #include "tensor/quant.hpp"
 
 using namespace ember;
+using test_support::error_of;
 
 namespace {
 
@@ -122,15 +124,6 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
     m = std::max(m, static_cast<double>(std::fabs(b[i])));
   }
   return d / m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

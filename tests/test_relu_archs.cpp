@@ -15,10 +15,12 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/synth.hpp"
+#include "support/errors.hpp"
 #include "support/reference_llama.hpp"
 #include "support/reference_opt.hpp"
 
 using namespace ember;
+using test_support::error_of;
 
 namespace {
 
@@ -108,15 +110,6 @@ std::vector<std::vector<double>> to_double(const std::vector<std::vector<float>>
   std::vector<std::vector<double>> out;
   for (const auto& r : a) out.emplace_back(r.begin(), r.end());
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

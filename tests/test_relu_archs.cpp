@@ -13,7 +13,10 @@
 
 #include "core/error.hpp"
 #include "engine/session.hpp"
+#include "model/ffn.hpp"
+#include "model/forward.hpp"
 #include "model/model.hpp"
+#include "ops/cpu/matmul.hpp"
 #include "model/synth.hpp"
 #include "support/errors.hpp"
 #include "support/reference_llama.hpp"
@@ -251,4 +254,53 @@ TEST(ReluArchs, SynthRejectsImpossibleCombinations) {
   o = options({"opt", false, DType::F32});
   o.n_head_kv = 2;
   EXPECT_NE(error_of([&] { validate(o); }).find("grouped-query"), std::string::npos);
+}
+
+namespace {
+
+// Runs the dense FFN and, on the side, PowerInfer's predictor on the FFN input: counts how many
+// (token, neuron) pairs it marks active (score > 0).
+class PredictorCounter final : public FfnExecutor {
+ public:
+  uint64_t seen = 0, active = 0;
+  void run(ThreadPool& pool, int64_t, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
+           Workspace& ws) override {
+    const int64_t rank = w.fc1.rows(), n_ff = w.fc2.rows();
+    std::vector<float> h(static_cast<size_t>(n * rank)), s(static_cast<size_t>(n * n_ff));
+    std::vector<uint8_t> scratch(std::max<size_t>(64, cpu::matmul_scratch_bytes(w.fc2.type, w.fc2.cols(), n) +
+                                                           cpu::matmul_scratch_bytes(w.fc1.type, w.fc1.cols(), n)));
+    cpu::matmul(pool, w.fc1, x, n, h.data(), scratch.data());
+    for (float& v : h) v = std::max(v, 0.0f);
+    cpu::matmul(pool, w.fc2, h.data(), n, s.data(), scratch.data());
+    for (float v : s) active += v > 0.0f;
+    seen += s.size();
+    dense_ffn(pool, w, act, x, n, out, ws);
+  }
+};
+
+}  // namespace
+
+// `synth --powerinfer` with a profile: the random predictor marks neurons active at about the
+// profile's rates, so PowerInfer runs the file at the target sparsity (a fair speed comparison).
+TEST(ReluArchs, SynthPredictorFiresAtTheTargetRate) {
+  for (const std::string arch : {"llama", "bamboo"}) {
+    SynthOptions o = options({arch, true, DType::F32}, 0.9f);
+    o.n_embd = 256, o.n_ff = 704, o.predictor_rank = 64;
+    const std::string path = write(o, arch + "-pred-rate");
+    auto m = load_model(path);
+    ThreadPool pool(2);
+    Workspace ws;
+    ws.init(*m, 16, 64, 2);
+    KvCache kv;
+    kv.init(m->hp.n_layer, 64, m->hp.n_head_kv * m->hp.head_dim);
+    PredictorCounter counter;
+    ws.ffn = &counter;
+    const auto tokens = tokens_for(*m, 24);
+    std::vector<float> logits(static_cast<size_t>(m->hp.n_vocab));
+    for (int64_t t = 0; t < 24; ++t) forward(*m, pool, kv, ws, &tokens[t], 1, t, logits.data(), false);
+    const double predicted_sparsity = 1.0 - static_cast<double>(counter.active) / static_cast<double>(counter.seen);
+    std::printf("%s: predictor marks %.1f%% inactive (target 90%%)\n", arch.c_str(), 100.0 * predicted_sparsity);
+    EXPECT_NEAR(predicted_sparsity, 0.9, 0.05);
+    std::filesystem::remove(path);
+  }
 }

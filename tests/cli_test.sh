@@ -131,5 +131,17 @@ else
   echo "note: $smol not installed; skipping the real-model checks" >&2
 fi
 
+# ReLU architectures and PowerInfer's layout: synth -> generate (dense and oracle give the same
+# greedy text), prepare's errors.
+for arch in bamboo opt; do
+  expect_ok "synth $arch pwri" "$ember" synth --arch $arch --powerinfer --type f16 --sparsity 0.8 -o "$tmp/$arch.pi.gguf"
+  "$ember" generate -m "$tmp/$arch.pi.gguf" -p "the cat" -n 10 --temp 0 >"$tmp/d" 2>/dev/null
+  "$ember" generate -m "$tmp/$arch.pi.gguf" -p "the cat" -n 10 --temp 0 --sparse-mode oracle >"$tmp/o" 2>/dev/null
+  [ -s "$tmp/d" ] && cmp -s "$tmp/d" "$tmp/o" && pass || fail "$arch PWRI: dense and oracle greedy text differ"
+done
+expect_error "synth opt silu" "ReLU architecture" "$ember" synth --arch opt --act silu -o "$tmp/x.gguf"
+expect_error "prepare without a profile" "not a profile" "$ember" prepare -m "$tmp/tiny.gguf" --profile "$tmp/tiny.gguf" -o "$tmp/x.gguf"
+expect_error "prepare missing profile" "cannot open" "$ember" prepare -m "$tmp/tiny.gguf" --profile "$tmp/nope.gguf" -o "$tmp/x.gguf"
+
 echo "cli: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -73,8 +73,7 @@ void Writer::set(const std::string& key, Value v) {
   kv_.emplace_back(key, std::move(v));
 }
 
-void Writer::add_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne,
-                        std::vector<uint8_t> data) {
+size_t Writer::check_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne) const {
   EMBER_CHECK(!ne.empty() && ne.size() <= 4, "tensor '{}': 1 to 4 dimensions required", name);
   int64_t n = 1;
   for (int64_t d : ne) {
@@ -83,10 +82,28 @@ void Writer::add_tensor(const std::string& name, DType type, const std::vector<i
   }
   EMBER_CHECK(ne[0] % info(type).block_size == 0, "tensor '{}': row length {} is not a multiple of {}'s block size",
               name, ne[0], dtype_name(type));
-  size_t expect = row_bytes(type, ne[0]) * static_cast<size_t>(n / ne[0]);
-  EMBER_CHECK(data.size() == expect, "tensor '{}': {} bytes given, {} expected", name, data.size(), expect);
   for (const auto& t : tensors_) EMBER_CHECK(t.name != name, "tensor '{}' added twice", name);
-  tensors_.push_back({name, type, ne, std::move(data)});
+  return row_bytes(type, ne[0]) * static_cast<size_t>(n / ne[0]);
+}
+
+void Writer::add_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne,
+                        std::vector<uint8_t> data) {
+  const size_t expect = check_tensor(name, type, ne);
+  EMBER_CHECK(data.size() == expect, "tensor '{}': {} bytes given, {} expected", name, data.size(), expect);
+  tensors_.push_back({name, type, ne, std::move(data), expect, nullptr});
+}
+
+void Writer::add_tensor_lazy(const std::string& name, DType type, const std::vector<int64_t>& ne, Producer produce) {
+  const size_t expect = check_tensor(name, type, ne);
+  EMBER_CHECK(produce != nullptr, "tensor '{}': no producer", name);
+  tensors_.push_back({name, type, ne, {}, expect, std::move(produce)});
+}
+
+std::vector<uint8_t> Writer::bytes_of(const Tensor& t) const {
+  if (!t.produce) return t.data;
+  std::vector<uint8_t> b = t.produce();
+  EMBER_CHECK(b.size() == t.nbytes, "tensor '{}': its producer made {} bytes, {} expected", t.name, b.size(), t.nbytes);
+  return b;
 }
 
 std::vector<uint8_t> Writer::header_bytes() const {
@@ -115,7 +132,7 @@ std::vector<uint8_t> Writer::header_bytes() const {
     for (int64_t d : t.ne) put<uint64_t>(out, static_cast<uint64_t>(d));
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, offset);
-    offset = align(offset + t.data.size());
+    offset = align(offset + t.nbytes);
   }
   out.resize(align(out.size()), 0);
   return out;
@@ -125,15 +142,20 @@ size_t Writer::padding(size_t n) const { return (alignment_ - n % alignment_) % 
 
 size_t Writer::file_size() const {
   size_t n = header_bytes().size();
-  for (const auto& t : tensors_) n += t.data.size() + padding(t.data.size());
+  for (const auto& t : tensors_) n += t.nbytes + padding(t.nbytes);
   return n;
 }
 
 std::vector<uint8_t> Writer::to_bytes() const {
   std::vector<uint8_t> out = header_bytes();
   for (const auto& t : tensors_) {
-    out.insert(out.end(), t.data.begin(), t.data.end());
-    out.resize(out.size() + padding(t.data.size()), 0);
+    if (t.produce) {
+      const std::vector<uint8_t> b = bytes_of(t);
+      out.insert(out.end(), b.begin(), b.end());
+    } else {
+      out.insert(out.end(), t.data.begin(), t.data.end());
+    }
+    out.resize(out.size() + padding(t.nbytes), 0);
   }
   return out;
 }
@@ -147,8 +169,21 @@ void Writer::write(const std::string& path) const {
   bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
   static const uint8_t zeros[256] = {};
   for (const auto& t : tensors_) {
-    ok = ok && std::fwrite(t.data.data(), 1, t.data.size(), f) == t.data.size();
-    size_t pad = padding(t.data.size());
+    if (!ok) break;
+    if (t.produce) {
+      std::vector<uint8_t> b;
+      try {
+        b = bytes_of(t);
+      } catch (...) {
+        std::fclose(f);
+        std::remove(tmp.c_str());
+        throw;
+      }
+      ok = std::fwrite(b.data(), 1, b.size(), f) == b.size();
+    } else {
+      ok = std::fwrite(t.data.data(), 1, t.data.size(), f) == t.data.size();
+    }
+    size_t pad = padding(t.nbytes);
     while (ok && pad > 0) {
       size_t k = pad < sizeof(zeros) ? pad : sizeof(zeros);
       ok = std::fwrite(zeros, 1, k, f) == k;

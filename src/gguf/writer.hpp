@@ -2,6 +2,7 @@
 // offline tools that write prepared models.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,11 @@ class Writer {
   // Adds a tensor; `data` must hold exactly row_bytes(type, ne[0]) * rows bytes. Tensors are
   // written in the order they were added.
   void add_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne, std::vector<uint8_t> data);
+  // A tensor whose bytes `produce` makes when the file is written (and drops right after), so
+  // that a writer of a multi-gigabyte model holds one tensor at a time. `produce` must return
+  // exactly row_bytes(type, ne[0]) * rows bytes.
+  using Producer = std::function<std::vector<uint8_t>()>;
+  void add_tensor_lazy(const std::string& name, DType type, const std::vector<int64_t>& ne, Producer produce);
 
   // Serializes to bytes / to a file (written to a temporary name, then renamed).
   std::vector<uint8_t> to_bytes() const;
@@ -38,7 +44,11 @@ class Writer {
     DType type;
     std::vector<int64_t> ne;
     std::vector<uint8_t> data;
+    size_t nbytes = 0;
+    Producer produce;  // set for lazy tensors (data empty until written)
   };
+  size_t check_tensor(const std::string& name, DType type, const std::vector<int64_t>& ne) const;  // bytes
+  std::vector<uint8_t> bytes_of(const Tensor& t) const;  // data, or what produce returns (checked)
   size_t alignment_;
   bool powerinfer_ = false;
   std::vector<std::pair<std::string, Value>> kv_;

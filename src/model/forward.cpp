@@ -5,7 +5,9 @@
 #include "core/error.hpp"
 #include "model/gemma3.hpp"
 #include "model/llama.hpp"
+#include "model/opt.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/sparse.hpp"
 
 namespace ember {
 
@@ -34,12 +36,19 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
   for (const auto& l : model.layers)
     for (const TensorView* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.gate, &l.ffn.up, &l.ffn.down}) need(*t);
   mm_scratch.resize(std::max<size_t>(mm, 64));
+  bool down_t_only = false;
+  for (const auto& l : model.layers) down_t_only |= !l.ffn.down.valid();
+  if (down_t_only) {
+    all_neurons.resize(static_cast<size_t>(hp.n_ff));
+    for (int64_t j = 0; j < hp.n_ff; ++j) all_neurons[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+    axpy_scratch.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, batch, n_threads, cpu::AxpySplit::columns));
+  }
 }
 
 size_t Workspace::bytes() const {
   size_t floats = x.size() + xn.size() + q.size() + k.size() + v.size() + attn.size() + o.size() + gate.size() +
                   up.size() + cos_sin.size() + att_scratch.size() + logits_tmp.size();
-  return floats * sizeof(float) + mm_scratch.size();
+  return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + all_neurons.size() * sizeof(int32_t);
 }
 
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
@@ -51,8 +60,10 @@ void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, c
   for (int64_t t = 0; t < n; ++t)
     EMBER_CHECK(tokens[t] >= 0 && tokens[t] < model.hp.n_vocab, "token id {} is out of range (vocabulary has {})",
                 tokens[t], model.hp.n_vocab);
-  if (model.hp.arch == "llama") {
+  if (model.hp.arch == "llama" || model.hp.arch == "bamboo") {
     llama_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
+  } else if (model.hp.arch == "opt") {
+    opt_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
   } else if (model.hp.arch == "gemma3") {
     gemma3_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
   } else {

@@ -17,6 +17,9 @@ struct Workspace {
   int64_t n_ctx = 0;
   AlignedBuffer<float> x, xn, q, k, v, attn, o, gate, up, cos_sin, att_scratch, logits_tmp;
   AlignedBuffer<uint8_t> mm_scratch;
+  // Layers with only a neuron-major down (ffn_down_t): 0..n_ff-1 and sparse_axpy's scratch.
+  AlignedBuffer<int32_t> all_neurons;
+  AlignedBuffer<float> axpy_scratch;
   FfnExecutor* ffn = nullptr;  // null: dense_ffn (model/ffn.hpp)
 
   void init(const Model& model, int64_t max_batch, int64_t n_ctx, int n_threads);

@@ -80,9 +80,10 @@ void load_gemma3(Model& m) {
     L.ffn.norm = b.norm(name("ffn_norm"), d);
     L.ffn.gate = b.matrix(name("ffn_gate"), d, hp.n_ff);
     L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
-    L.ffn.down = b.matrix(name("ffn_down"), hp.n_ff, d);
+    bind_ffn_down_and_predictor(b, hp, il, L.ffn);
     L.ffn_post_norm = b.norm(name("post_ffw_norm"), d);
   }
+  read_sparse_metadata(m);
   build_rope(m);
   m.rope_local = std::make_unique<cpu::RopeTable>(hp.rope_local);
 }
@@ -138,7 +139,7 @@ void gemma3_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws
     cpu::add_f32(ws.o.data(), x, n * d);
 
     cpu::rms_norm(x, as_floats(L.ffn.norm), xn, n, d, hp.norm_eps);
-    dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws.gate.data(), ws.up.data(), mm);
+    dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws);
     cpu::rms_norm(ws.o.data(), as_floats(L.ffn_post_norm), ws.o.data(), n, d, hp.norm_eps);
     cpu::add_f32(ws.o.data(), x, n * d);
   }

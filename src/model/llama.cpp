@@ -16,12 +16,18 @@ namespace ember {
 void load_llama(Model& m) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = "llama";
+  // Bamboo (PowerInfer's arch "bamboo", keys bamboo.*) is a llama with ReLU on both gate and up.
+  hp.arch = r.opt_string("general.architecture").value_or("llama") == "bamboo" ? "bamboo" : "llama";
+  const bool bamboo = hp.arch == "bamboo";
   read_common_hparams(r, hp);
-  hp.act = cpu::Activation::silu;
-  if (auto act = r.opt_string("llama.ffn_activation")) {
+  // PowerInfer runs every llama in a PWRI file with ReLU (its sparse FFN knows no other
+  // activation: ReluLLaMA, ProSparse), and a plain GGUF llama with SiLU; Ember's own key
+  // llama.ffn_activation, when present, says which.
+  hp.act = bamboo || r.is_powerinfer() ? cpu::Activation::relu : cpu::Activation::silu;
+  if (auto act = r.opt_string(hp.arch + ".ffn_activation")) {
     if (*act == "relu") hp.act = cpu::Activation::relu;
-    else if (*act != "silu") fail("{}: llama.ffn_activation '{}' is not supported (silu or relu)", r.path(), *act);
+    else if (*act == "silu" && !bamboo) hp.act = cpu::Activation::silu;
+    else fail("{}: {}.ffn_activation '{}' is not supported ({})", r.path(), hp.arch, *act, bamboo ? "relu" : "silu or relu");
   }
   hp.rope.layout = cpu::RopeLayout::normal;  // llama GGUF files store Q/K permuted for it
 
@@ -40,8 +46,10 @@ void load_llama(Model& m) {
     L.ffn.norm = b.norm(name("ffn_norm"), d);
     L.ffn.gate = b.matrix(name("ffn_gate"), d, hp.n_ff);
     L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
-    L.ffn.down = b.matrix(name("ffn_down"), hp.n_ff, d);
+    L.ffn.gating = bamboo ? FfnGating::sym : FfnGating::par;
+    bind_ffn_down_and_predictor(b, hp, il, L.ffn);
   }
+  read_sparse_metadata(m);
   build_rope(m);
 }
 
@@ -84,7 +92,7 @@ void llama_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws,
 
     cpu::rms_norm(x, as_floats(L.ffn.norm), xn, n, d, hp.norm_eps);
     if (ws.ffn) ws.ffn->run(pool, il, L.ffn, hp.act, xn, n, ws.o.data(), ws);
-    else dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws.gate.data(), ws.up.data(), mm);
+    else dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws);
     cpu::add_f32(ws.o.data(), x, n * d);
   }
 

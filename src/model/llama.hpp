@@ -1,4 +1,5 @@
-// The llama architecture (Llama 1/2/3, SmolLM, Mistral-style dense models, ReluLLaMA).
+// The llama architecture (Llama 1/2/3, SmolLM, Mistral-style dense models, ReluLLaMA, ProSparse)
+// and Bamboo (a llama with ReLU on both gate and up: FfnGating::sym).
 #pragma once
 #include <cstdint>
 

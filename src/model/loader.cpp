@@ -1,5 +1,7 @@
 #include "model/loader.hpp"
 
+#include <cmath>
+
 #include "core/error.hpp"
 
 namespace ember {
@@ -74,6 +76,44 @@ void bind_embeddings(const TensorBinder& b, Model& m) {
   m.tok_embd = b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
   m.output_norm = b.norm("output_norm.weight", hp.n_embd);
   m.output = b.optional("output.weight").valid() ? b.matrix("output.weight", hp.n_embd, hp.n_vocab) : m.tok_embd;
+}
+
+void bind_ffn_down_and_predictor(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWeights& f) {
+  auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+  const std::string path = b.path();
+  const bool has_down = b.optional(name("ffn_down")).valid();
+  const bool has_down_t = b.optional(name("ffn_down_t")).valid();
+  EMBER_CHECK(has_down || has_down_t, "{}: layer {} has neither {} nor {} (PowerInfer's neuron-major form); the file is incomplete",
+              path, il, name("ffn_down"), name("ffn_down_t"));
+  if (has_down) f.down = b.matrix(name("ffn_down"), hp.n_ff, hp.n_embd);
+  if (has_down_t) f.down_t = b.matrix(name("ffn_down_t"), hp.n_embd, hp.n_ff);
+  const TensorView fc1 = b.optional(name("fc1")), fc2 = b.optional(name("fc2"));
+  EMBER_CHECK(fc1.valid() == fc2.valid(), "{}: layer {} has {} but not {}; a predictor needs both", path, il,
+              fc1.valid() ? name("fc1") : name("fc2"), fc1.valid() ? name("fc2") : name("fc1"));
+  if (fc1.valid()) {
+    const int64_t rank = fc1.rows();
+    EMBER_CHECK(fc1.ne[0] == hp.n_embd && rank >= 1 && fc1.ne[2] == 1 && fc1.ne[3] == 1,
+                "{}: predictor tensor '{}' has shape [{}, {}], expected [{} (n_embd), rank]", path, name("fc1"),
+                fc1.ne[0], fc1.ne[1], hp.n_embd);
+    f.fc1 = b.matrix(name("fc1"), hp.n_embd, rank);
+    f.fc2 = b.matrix(name("fc2"), rank, hp.n_ff);
+  }
+}
+
+void read_sparse_metadata(Model& m) {
+  const gguf::Reader& r = *m.file;
+  if (auto t = r.opt_float("powerinfer.sparse_threshold")) {
+    EMBER_CHECK(std::isfinite(*t), "{}: powerinfer.sparse_threshold is not a finite number", r.path());
+    m.predictor_threshold = static_cast<float>(*t);
+  }
+  if (r.has("ember.sparse.thresholds")) {
+    std::vector<float> t = r.get_float_array("ember.sparse.thresholds");
+    EMBER_CHECK(static_cast<int64_t>(t.size()) == m.hp.n_layer,
+                "{}: ember.sparse.thresholds has {} values, the model has {} layers", r.path(), t.size(), m.hp.n_layer);
+    for (float v : t)
+      EMBER_CHECK(std::isfinite(v) && v >= 0.0f, "{}: ember.sparse.thresholds holds {} (must be finite, >= 0)", r.path(), v);
+    m.gate_thresholds = std::move(t);
+  }
 }
 
 void build_rope(Model& m) {

@@ -20,6 +20,7 @@ class TensorBinder {
   // A 1-D F32 vector of length n.
   TensorView norm(const std::string& name, int64_t n) const;
   TensorView optional(const std::string& name) const { return r_.view(name); }
+  const std::string& path() const { return r_.path(); }
 
  private:
   TensorView require(const std::string& name) const;
@@ -29,6 +30,14 @@ class TensorBinder {
 
 // token_embd, output_norm and output (tied to token_embd when absent).
 void bind_embeddings(const TensorBinder& b, Model& m);
+// The down projection of layer il: blk.il.ffn_down.weight and/or the neuron-major
+// blk.il.ffn_down_t.weight (ne = [n_embd, n_ff]; PowerInfer's files have only this one), at least
+// one of them; plus the optional predictor blk.il.fc1.weight (ne = [n_embd, rank]) and
+// blk.il.fc2.weight (ne = [rank, n_ff]), both or neither.
+void bind_ffn_down_and_predictor(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWeights& f);
+// Sparse-ready metadata: powerinfer.sparse_threshold (f32) and ember.sparse.thresholds (f32
+// array [n_layer]) into Model::predictor_threshold / gate_thresholds.
+void read_sparse_metadata(Model& m);
 // Builds m.rope from m.hp.rope (plus rope_freqs.weight when the file has it).
 void build_rope(Model& m);
 

@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "model/gemma3.hpp"
 #include "model/llama.hpp"
+#include "model/opt.hpp"
 
 namespace ember {
 
@@ -12,8 +13,10 @@ size_t Model::weight_bytes_per_token() const {
   size_t total = output.nbytes;
   for (const auto& l : layers) {
     for (const TensorView* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.norm, &l.ffn.gate, &l.ffn.up,
-                                &l.ffn.down, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.ffn_post_norm})
+                                &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.ffn_post_norm, &l.attn_norm_b, &l.bq,
+                                &l.bk, &l.bv, &l.bo, &l.ffn.norm_b, &l.ffn.up_b, &l.ffn.down_b})
       total += t->nbytes;
+    total += l.ffn.down.valid() ? l.ffn.down.nbytes : l.ffn.down_t.nbytes;  // the one the dense path reads
   }
   return total;
 }
@@ -22,12 +25,14 @@ std::unique_ptr<Model> load_model(const std::string& path) {
   auto model = std::make_unique<Model>();
   model->file = std::make_unique<gguf::Reader>(path);
   std::string arch = model->file->opt_string("general.architecture").value_or("");
-  if (arch == "llama") {
+  if (arch == "llama" || arch == "bamboo") {
     load_llama(*model);
+  } else if (arch == "opt") {
+    load_opt(*model);
   } else if (arch == "gemma3") {
     load_gemma3(*model);
   } else {
-    fail("{}: architecture '{}' is not supported (Ember runs: llama, gemma3)", path, arch.empty() ? "<none>" : arch);
+    fail("{}: architecture '{}' is not supported (Ember runs: llama, bamboo, opt, gemma3)", path, arch.empty() ? "<none>" : arch);
   }
   // Calibrated per-layer gate thresholds of sparse-ready files (docs/sparse_formats.md).
   if (model->file->has("ember.sparse.thresholds")) {

@@ -35,13 +35,24 @@ struct Hparams {
   float final_softcap = 0.0f;     // logits = c * tanh(logits / c); 0 = none
 };
 
+// How an FFN combines its projections (neuron j's value h_j, then out = sum_j h_j down_j):
+//   par:  h = act(gate x) * (up x)        SwiGLU / GeGLU / ReLU llama (ReluLLaMA, ProSparse)
+//   sym:  h = act(gate x) * act(up x)     Bamboo (PowerInfer's LLM_FFN_SYM)
+//   none: h = act(up x + up_b)            OPT (no gate; PowerInfer's LLM_FFN_SEQ without a gate)
+enum class FfnGating { par, sym, none };
+
 // The FFN of one layer. Neurons are the unit of placement: neuron j is row j of gate and up
 // (ne[0] = n_embd) and column j of down (ne[0] = n_ff).
 struct FfnWeights {
   TensorView norm, gate, up, down;
+  FfnGating gating = FfnGating::par;
+  // Optional biases (OPT), F32: norm_b of the ffn LayerNorm, up_b [n_ff] added to up x, down_b
+  // [n_embd] added to the output.
+  TensorView norm_b, up_b, down_b;
   // Optional, present in sparse-ready files (PowerInfer's layout, written by `ember prepare`);
   // empty views (data == nullptr) when the file has none:
   //   down_t: the down projection stored neuron-major, ne = [n_embd, n_ff] (one row per neuron);
+  //           PowerInfer's files carry only down_t (down is then empty);
   //   fc1, fc2: the activation predictor, fc2(relu(fc1 x)), ne = [n_embd, rank] and [rank, n_ff];
   //             neuron j is predicted active when its score >= Model::predictor_threshold.
   TensorView down_t, fc1, fc2;
@@ -49,6 +60,8 @@ struct FfnWeights {
 
 struct LayerWeights {
   TensorView attn_norm, wq, wk, wv, wo;
+  // OPT: LayerNorm bias and the attention projections' biases (empty views elsewhere).
+  TensorView attn_norm_b, bq, bk, bv, bo;
   FfnWeights ffn;
   // Gemma 3: RMSNorm of each q / k head (over head_dim) and of the attention / FFN outputs.
   TensorView q_norm, k_norm, attn_post_norm, ffn_post_norm;
@@ -60,6 +73,7 @@ struct Model {
   std::vector<std::unique_ptr<gguf::Reader>> side_files;
   Hparams hp;
   TensorView tok_embd, output_norm, output;  // output == tok_embd when tied
+  TensorView output_norm_b, pos_embd;        // OPT: final LayerNorm bias, learned positions
   std::vector<LayerWeights> layers;
   std::unique_ptr<cpu::RopeTable> rope;  // built from hp.rope at load
   std::unique_ptr<cpu::RopeTable> rope_local;  // from hp.rope_local, for the swa_layers (gemma3)

@@ -50,7 +50,7 @@ uint64_t fnv1a(const std::string& s) {
 // ---- tensors ---------------------------------------------------------------------------------
 
 // What the activation profile changes in a tensor (see "Activation profile" below).
-enum class Edit { none, set_col, zero_col, zero_row, gate_bias };
+enum class Edit { none, set_col, zero_col, zero_row, gate_bias, probit_all, fc1_unit, fc2_unit };
 
 struct TensorSpec {
   std::string name;
@@ -59,8 +59,9 @@ struct TensorSpec {
   float mean, std;
   Edit edit = Edit::none;
   int64_t col = -1;   // the bias channel
-  float value = 0;    // set_col: the value; gate_bias: s0 / A
-  std::shared_ptr<const std::vector<float>> z;  // gate_bias: per-row probit of the firing probability
+  float value = 0;    // set_col: the value; gate_bias: s0 / A; probit_all, fc2_unit: the scale
+  // gate_bias, fc2_unit: per-row (probit_all: per-element) probit of the firing probability
+  std::shared_ptr<const std::vector<float>> z = nullptr;
 };
 
 // ---- activation profile ------------------------------------------------------------------------
@@ -163,6 +164,14 @@ std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& po
         case Edit::set_col: buf[t.col] = t.value; break;
         case Edit::zero_col: buf[t.col] = 0.0f; break;
         case Edit::zero_row: if (r == t.col) std::fill(buf.begin(), buf.end(), 0.0f); break;
+        case Edit::probit_all:  // a 1-D bias: element k = z_k * value
+          for (int64_t k = 0; k < t.ne0; ++k) buf[k] = (*t.z)[k] * t.value;
+          break;
+        case Edit::fc1_unit:  // unit 0 reads only the bias channel; no other unit reads it
+          if (r == 0) std::fill(buf.begin(), buf.end(), 0.0f);
+          buf[t.col] = r == 0 ? t.value : 0.0f;
+          break;
+        case Edit::fc2_unit: buf[0] = (*t.z)[r] * t.value; break;
         case Edit::gate_bias: {
           double rest = 0;
           for (int64_t k = 0; k < t.ne0; ++k) rest += k == t.col ? 0.0 : static_cast<double>(buf[k]) * buf[k];
@@ -176,6 +185,28 @@ std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& po
   return data;
 }
 
+// The values `generate` draws for t (as F32), transposed (row j = column j) and encoded in
+// t.type: PowerInfer's ffn_down_t holds the same matrix as ffn_down, neuron-major.
+std::vector<uint8_t> synth_transposed(const TensorSpec& t, uint64_t seed, ThreadPool& pool) {
+  TensorSpec f = t;
+  f.type = DType::F32;
+  const std::vector<uint8_t> src = generate(f, seed, pool);
+  const float* m = reinterpret_cast<const float*>(src.data());
+  const int64_t rows = t.ne1, cols = t.ne0;  // out: cols rows of `rows` values
+  const size_t stride = row_bytes(t.type, rows);
+  std::vector<uint8_t> out(stride * static_cast<size_t>(cols));
+  std::vector<std::vector<float>> scratch(pool.size());
+  pool.parallel_for(cols, 16, [&](int64_t begin, int64_t end, int ith) {
+    std::vector<float>& buf = scratch[ith];
+    buf.resize(static_cast<size_t>(rows));
+    for (int64_t j = begin; j < end; ++j) {
+      for (int64_t i = 0; i < rows; ++i) buf[i] = m[i * cols + j];
+      quantize_row(t.type, buf.data(), out.data() + static_cast<size_t>(j) * stride, rows);
+    }
+  });
+  return out;
+}
+
 int64_t head_dim_of(const SynthOptions& o) { return o.head_dim > 0 ? o.head_dim : o.n_embd / o.n_head; }
 bool profile_on(const SynthOptions& o) { return o.act == FfnActivation::relu && o.sparsity > 0.0f; }
 // The embedding's spread s0 and the bias channel's value A (= s0 sqrt(n_embd): x_c as large as
@@ -185,7 +216,75 @@ float profile_bias_value(const SynthOptions& o) {
   return kProfileEmbdStd * std::sqrt(static_cast<float>(o.n_embd));
 }
 
+std::shared_ptr<std::vector<float>> profile_probits(const SynthOptions& o, int64_t il) {
+  auto probs = synth_firing_probabilities(o, il);
+  auto z = std::make_shared<std::vector<float>>(probs.size());
+  for (size_t j = 0; j < probs.size(); ++j) (*z)[j] = static_cast<float>(normal_quantile(probs[j]));
+  return z;
+}
+
+// OPT's layer, with the names of PowerInfer's converter. The activation profile needs no bias
+// channel here: LayerNorm makes the FFN input's elements about unit variance, so up_j . x is
+// about N(0, |w_j|^2) with |w_j| ~ 1, and an up bias of probit(p_j) fires neuron j with p_j.
+std::vector<TensorSpec> opt_layer_specs(const SynthOptions& o, int64_t il) {
+  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
+  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
+  const std::string p = "blk." + std::to_string(il) + ".";
+  const int64_t d = o.n_embd, nkv = o.n_head_kv * head_dim_of(o);
+  std::vector<TensorSpec> v = {
+      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "attn_q.weight", o.type, d, d, 0.0f, s_embd},
+      {p + "attn_q.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "attn_k.weight", o.type, d, nkv, 0.0f, s_embd},
+      {p + "attn_k.bias", DType::F32, nkv, 0, 0.0f, 0.02f},
+      {p + "attn_v.weight", o.type, d, nkv, 0.0f, s_embd},
+      {p + "attn_v.bias", DType::F32, nkv, 0, 0.0f, 0.02f},
+      {p + "attn_output.weight", o.type, d, d, 0.0f, s_embd},
+      {p + "attn_output.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "ffn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "ffn_norm.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "ffn_up.weight", o.type, d, o.n_ff, 0.0f, s_embd},
+      {p + "ffn_up.bias", DType::F32, o.n_ff, 0, 0.0f, 0.02f},
+      {p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, s_ff},
+      {p + "ffn_down.bias", DType::F32, d, 0, 0.0f, 0.02f},
+  };
+  if (profile_on(o)) v[13].edit = Edit::probit_all, v[13].value = 1.0f, v[13].z = profile_probits(o, il);
+  return v;
+}
+
+DType predictor_type(DType t) {  // PowerInfer's quantizer: Q4_0 in Q4_0 files, else Q5_0; F16 unquantized
+  if (t == DType::Q4_0) return DType::Q4_0;
+  return info(t).block_size > 1 ? DType::Q5_0 : DType::F16;
+}
+
+// blk.N.fc1 / fc2 of PowerInfer's layout (see SynthOptions::powerinfer).
+std::vector<TensorSpec> predictor_specs(const SynthOptions& o, int64_t il) {
+  const int64_t rank = synth_predictor_rank(o);
+  const DType t = predictor_type(o.type);
+  const std::string p = "blk." + std::to_string(il) + ".";
+  std::vector<TensorSpec> v = {
+      {p + "fc1.weight", t, o.n_embd, rank, 0.0f, 1.0f / std::sqrt(static_cast<float>(o.n_embd))},
+      {p + "fc2.weight", t, rank, o.n_ff, 0.0f, 1.0f / std::sqrt(static_cast<float>(rank))},
+  };
+  if (profile_on(o) && o.arch != "opt") {
+    // PowerInfer feeds the predictor the FFN's input before ffn_norm, where the bias channel
+    // holds A: unit 0 = relu(x_c / A) = 1. The other units' sum has variance about
+    // (rank - 1) / rank * E[relu(N(0,1))^2] = 0.5 (rank - 1) / rank.
+    v[0].edit = Edit::fc1_unit, v[0].col = o.n_embd - 1, v[0].value = 1.0f / profile_bias_value(o);
+    v[1].edit = Edit::fc2_unit, v[1].z = profile_probits(o, il);
+    v[1].value = static_cast<float>(std::sqrt(0.5 * static_cast<double>(rank - 1) / static_cast<double>(rank)));
+  }
+  return v;
+}
+
 std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
+  if (o.arch == "opt") {
+    auto v = opt_layer_specs(o, il);
+    if (o.powerinfer)
+      for (auto& t : predictor_specs(o, il)) v.push_back(t);
+    return v;
+  }
   const int64_t head_dim = head_dim_of(o);
   const int64_t n_embd_kv = o.n_head_kv * head_dim;
   const int64_t n_embd_q = o.n_head * head_dim;
@@ -218,11 +317,11 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
     v[4].edit = Edit::zero_row, v[4].col = c, v[4].std *= kProfileOutScale;  // nor write it
     v[8].edit = Edit::zero_row, v[8].col = c, v[8].std *= kProfileOutScale;
     v[5].edit = Edit::set_col, v[5].col = c, v[5].value = 1.0f;
-    auto probs = synth_firing_probabilities(o, il);
-    auto z = std::make_shared<std::vector<float>>(probs.size());
-    for (size_t j = 0; j < probs.size(); ++j) (*z)[j] = static_cast<float>(normal_quantile(probs[j]));
-    v[6].edit = Edit::gate_bias, v[6].col = c, v[6].value = kProfileEmbdStd / profile_bias_value(o), v[6].z = z;
+    v[6].edit = Edit::gate_bias, v[6].col = c, v[6].value = kProfileEmbdStd / profile_bias_value(o);
+    v[6].z = profile_probits(o, il);
   }
+  if (o.powerinfer)
+    for (auto& t : predictor_specs(o, il)) v.push_back(t);
   return v;
 }
 
@@ -233,6 +332,11 @@ std::vector<TensorSpec> global_specs(const SynthOptions& o) {
       {"output_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.02f},
   };
   if (!o.tied) v.push_back({"output.weight", o.type, o.n_embd, o.n_vocab, 0.0f, s_embd});
+  if (o.arch == "opt") {  // learned positions: n_ctx rows after HF's offset of 2
+    v.push_back({"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.02f});
+    v.push_back({"position_embd.weight", o.type, o.n_embd, o.n_ctx + 2, 0.0f, s_embd});
+    return v;
+  }
   if (profile_on(o)) {
     const int64_t c = o.n_embd - 1;
     v[0].std = kProfileEmbdStd, v[0].edit = Edit::set_col, v[0].col = c, v[0].value = profile_bias_value(o);
@@ -357,7 +461,21 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.n_vocab >= 260 && o.n_vocab <= (int64_t{1} << 21),
               "synth: n_vocab must be between 260 (256 bytes + 4 control tokens) and {}, got {}",
               int64_t{1} << 21, o.n_vocab);
-  EMBER_CHECK(o.arch == "llama" || o.arch == "gemma3", "synth: --arch must be llama or gemma3, got '{}'", o.arch);
+  EMBER_CHECK(o.arch == "llama" || o.arch == "gemma3" || o.arch == "bamboo" || o.arch == "opt",
+              "synth: --arch must be llama, bamboo, opt or gemma3, got '{}'", o.arch);
+  EMBER_CHECK(o.act == FfnActivation::relu || (o.arch != "bamboo" && o.arch != "opt"),
+              "synth: --arch {} is a ReLU architecture; use --act relu", o.arch);
+  EMBER_CHECK(!o.powerinfer || o.arch != "gemma3", "synth: PowerInfer's layout has no gemma3 (llama, bamboo, opt)");
+  EMBER_CHECK(o.arch != "opt" || o.n_head_kv == o.n_head, "synth: opt has no grouped-query attention (n_head_kv {} != n_head {})",
+              o.n_head_kv, o.n_head);
+  EMBER_CHECK(o.predictor_rank >= 0 && o.predictor_rank <= o.n_ff, "synth: predictor rank must be 0 (default) to n_ff, got {}",
+              o.predictor_rank);
+  EMBER_CHECK(std::isfinite(o.predictor_threshold), "synth: predictor threshold must be finite");
+  if (o.powerinfer) {
+    const int64_t pbs = info(predictor_type(o.type)).block_size;
+    EMBER_CHECK(synth_predictor_rank(o) % pbs == 0, "synth: predictor rank {} must be a multiple of {} ({} predictor)",
+                synth_predictor_rank(o), pbs, dtype_name(predictor_type(o.type)));
+  }
   EMBER_CHECK(o.head_dim == 0 || o.arch == "gemma3", "synth: an explicit head size needs --arch gemma3");
   EMBER_CHECK(o.head_dim > 0 || o.n_embd % o.n_head == 0, "synth: n_head ({}) must divide n_embd ({})", o.n_head, o.n_embd);
   EMBER_CHECK(o.head_dim >= 0 && o.head_dim <= 4096 && head_dim_of(o) % 2 == 0, "synth: head size {} must be even",
@@ -383,6 +501,11 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(std::isfinite(o.zipf) && o.zipf >= 0.0f && o.zipf <= 4.0f, "synth: zipf exponent must be 0 to 4, got {}",
               o.zipf);
   EMBER_CHECK(o.n_threads >= 0 && o.n_threads <= 1024, "synth: thread count must be 0 to 1024, got {}", o.n_threads);
+}
+
+int64_t synth_predictor_rank(const SynthOptions& o) {
+  if (o.predictor_rank > 0) return o.predictor_rank;
+  return std::max<int64_t>(32, (o.n_embd / 8 + 31) / 32 * 32);
 }
 
 // ---- vocabulary ----------------------------------------------------------------------------
@@ -442,6 +565,7 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   validate(o);
   const int64_t head_dim = head_dim_of(o);
   gguf::Writer w;
+  w.set_powerinfer_magic(o.powerinfer);
   using gguf::Value;
   auto u32 = [](int64_t x) { return Value::u32(static_cast<uint32_t>(x)); };
   const std::string a = o.arch;
@@ -450,14 +574,25 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   w.set("general.file_type", Value::u32(file_type_of(o.type)));
   w.set("general.quantization_version", Value::u32(2));
   w.set(a + ".block_count", u32(o.n_layer));
-  w.set(a + ".context_length", u32(o.n_ctx));
+  // OPT: the rows of the position table, as PowerInfer's converter writes (2050 for 2048).
+  w.set(a + ".context_length", u32(a == "opt" ? o.n_ctx + 2 : o.n_ctx));
   w.set(a + ".embedding_length", u32(o.n_embd));
   w.set(a + ".feed_forward_length", u32(o.n_ff));
   w.set(a + ".attention.head_count", u32(o.n_head));
-  w.set(a + ".attention.head_count_kv", u32(o.n_head_kv));
-  w.set(a + ".rope.freq_base", Value::f32(o.rope_base));
-  w.set(a + ".attention.layer_norm_rms_epsilon", Value::f32(o.rms_eps));
-  if (a == "llama") {
+  if (a == "opt") {
+    w.set("opt.attention.layer_norm_epsilon", Value::f32(o.rms_eps));
+  } else {
+    w.set(a + ".attention.head_count_kv", u32(o.n_head_kv));
+    w.set(a + ".rope.freq_base", Value::f32(o.rope_base));
+    w.set(a + ".attention.layer_norm_rms_epsilon", Value::f32(o.rms_eps));
+  }
+  if (o.powerinfer) w.set("powerinfer.sparse_threshold", Value::f32(o.predictor_threshold));
+  if (a == "bamboo") {
+    w.set("bamboo.rope.dimension_count", u32(head_dim));
+    w.set("bamboo.vocab_size", u32(o.n_vocab));
+  } else if (a == "opt") {
+    w.set("opt.vocab_size", u32(o.n_vocab));
+  } else if (a == "llama") {
     w.set("llama.rope.dimension_count", u32(head_dim));
     w.set("llama.vocab_size", u32(o.n_vocab));
     // Ember's own key (llama.cpp has none): the FFN activation, "silu" (SwiGLU: down(silu(gate x)
@@ -475,7 +610,7 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   if (profile_on(o)) {
     w.set("ember.synth.sparsity", Value::f32(o.sparsity));
     w.set("ember.synth.zipf", Value::f32(o.zipf));
-    w.set("ember.synth.bias_channel", Value::u32(static_cast<uint32_t>(o.n_embd - 1)));
+    if (a != "opt") w.set("ember.synth.bias_channel", Value::u32(static_cast<uint32_t>(o.n_embd - 1)));
   }
 
   SynthVocab vocab = synth_vocab(o.n_vocab);
@@ -492,6 +627,18 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   int n_threads = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(n_threads);
   auto emit = [&](const TensorSpec& t) {
+    const std::string down = "ffn_down.";
+    const size_t at = t.name.find(down);
+    if (o.powerinfer && at != std::string::npos) {  // PowerInfer's converter: ffn_down -> ffn_down_t
+      std::string name = t.name;
+      name.replace(at, down.size(), "ffn_down_t.");
+      if (t.ne1 == 0) {  // the bias (OPT) keeps its values
+        w.add_tensor(name, t.type, {t.ne0}, generate(t, o.seed, pool));
+        return;
+      }
+      w.add_tensor(name, t.type, {t.ne1, t.ne0}, synth_transposed(t, o.seed, pool));
+      return;
+    }
     std::vector<int64_t> ne = {t.ne0};
     if (t.ne1 > 0) ne.push_back(t.ne1);
     w.add_tensor(t.name, t.type, ne, generate(t, o.seed, pool));

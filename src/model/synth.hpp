@@ -32,6 +32,9 @@ struct SynthOptions {
   std::string name = "ember-synth";
   // "llama", or "gemma3": Gemma 3's tensors and keys (QK-norm, post-norms, GeGLU, interleaved
   // sliding-window layers); head_dim (0: n_embd / n_head) may then differ from n_embd / n_head.
+  // "bamboo": a llama with ReLU on gate and up (PowerInfer's arch name and keys). "opt": OPT
+  // (LayerNorm with biases, learned positions with n_ctx + 2 rows, biases everywhere, ReLU FFN
+  // of up and down only), with the names PowerInfer's converter writes.
   std::string arch = "llama";
   int64_t head_dim = 0;
   int64_t sliding_window = 4;  // gemma3: window of the local layers (small, so tests cross it)
@@ -43,7 +46,21 @@ struct SynthOptions {
   // and C set so that the mean of p_j is 1 - sparsity. See "Activation profile" in synth.cpp.
   float sparsity = 0.0f;
   float zipf = 1.1f;
+  // PowerInfer's file layout: PWRI magic, blk.N.ffn_down_t.weight (the down projection
+  // neuron-major, ne = [n_embd, n_ff]; the same values as the ffn_down the plain file would have)
+  // instead of ffn_down, a predictor blk.N.fc1.weight [n_embd, rank] / blk.N.fc2.weight
+  // [rank, n_ff] per layer and powerinfer.sparse_threshold. Predictor types follow PowerInfer's
+  // quantizer: Q4_0 in a Q4_0 file, Q5_0 in other quantized files, F16 in float files.
+  // With an activation profile (llama, bamboo) the predictor is random but fires at the profile's
+  // per-neuron rates: fc1's first unit reads the bias channel of the FFN input (a constant), and
+  // fc2 adds probit(p_j) times the spread of the other units' sum to neuron j's score.
+  bool powerinfer = false;
+  int64_t predictor_rank = 0;       // 0: n_embd / 8 rounded up to a multiple of 32
+  float predictor_threshold = 0.0f;  // powerinfer.sparse_threshold
 };
+
+// The predictor rank synth writes for `opts` (predictor_rank, or its default).
+int64_t synth_predictor_rank(const SynthOptions& opts);
 
 // Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes).
 // Throws ember::Error naming the known presets for any other name.

@@ -8,6 +8,7 @@
 #include "core/timer.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/vec.hpp"
 
 namespace ember {
 
@@ -55,6 +56,11 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   Timer timer;
   down_nm_.reserve(model.layers.size());
   for (const LayerWeights& L : model.layers) {
+    if (L.ffn.down_t.valid()) {  // the file's own neuron-major down (PowerInfer's layout): no copy
+      down_nm_.emplace_back();
+      down_nm_.back().view = L.ffn.down_t;
+      continue;
+    }
     const DType t = cpu::neuron_major_dtype(L.ffn.down.type, opts.down_type, hp.n_embd);
     down_nm_.push_back(cpu::make_neuron_major(pool, L.ffn.down, t));
   }
@@ -67,13 +73,14 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
            ffn_mode_name(opts.mode),
            opts.mode == FfnMode::threshold ? std::string("per layer") : fmt::format("{}", opts.threshold),
            down_nm_.empty() ? "-" : std::string(dtype_name(down_nm_[0].view.type)),
-           model.layers.empty() ? "-" : std::string(dtype_name(model.layers[0].ffn.down.type)),
+           model.layers.empty() || !model.layers[0].ffn.down.valid() ? "ffn_down_t"
+                                                                       : std::string(dtype_name(model.layers[0].ffn.down.type)),
            neuron_major_bytes() / 1048576.0, timer.seconds());
 }
 
 size_t SparseFfn::neuron_major_bytes() const {
   size_t b = 0;
-  for (const auto& m : down_nm_) b += m.view.nbytes;
+  for (const auto& m : down_nm_) b += m.bytes.size();  // copies only; a file's down_t is mapped
   return b;
 }
 
@@ -92,11 +99,17 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   void* mm = ws.mm_scratch.data();
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
                                                      : opts_.threshold;
-  const int64_t n_ff = w.gate.rows(), n_embd = w.down.rows();
+  const TensorView& down_nm = down_nm_[layer].view;
+  const int64_t n_ff = down_nm.rows(), n_embd = down_nm.cols();
   if (n >= kDenseBatch) {
     if (thr == 0.0f) {  // exact: dropping act(gate) == 0 changes nothing
-      dense_ffn(pool, w, act, x, n, out, ws.gate.data(), ws.up.data(), mm);
-    } else {  // dense kernels, inactive act(gate) zeroed
+      dense_ffn(pool, w, act, x, n, out, ws);
+      stats_.dense_tokens += static_cast<uint64_t>(n);
+      return;
+    }
+    if (w.gating == FfnGating::par && w.down.valid() && !w.up_b.valid() && !w.down_b.valid()) {
+      // Thresholded (threshold mode on a SwiGLU/GeGLU model): dense kernels, inactive act(gate)
+      // zeroed.
       float* g = ws.gate.data();
       float* u = ws.up.data();
       cpu::matmul(pool, w.gate, x, n, g, mm);
@@ -113,12 +126,18 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
       cpu::matmul(pool, w.up, x, n, u, mm);
       for (int64_t i = 0; i < n * n_ff; ++i) g[i] *= u[i];
       cpu::matmul(pool, w.down, g, n, out, mm);
+      stats_.dense_tokens += static_cast<uint64_t>(n);
+      return;
     }
-    stats_.dense_tokens += static_cast<uint64_t>(n);
-    return;
+    // Other layouts (no gate, biases, only ffn_down_t) take the sparse path below.
   }
-  float* a = ws.gate.data();  // [n][n_ff]: act(gate), zero where inactive
-  cpu::matmul(pool, w.gate, x, n, a, mm);
+  // a = [n][n_ff]: the value that decides firing, zero where inactive: act(gate x), or for an
+  // FFN without a gate (OPT) the neuron's whole value act(up x + up_b).
+  const bool no_gate = w.gating == FfnGating::none;
+  float* a = ws.gate.data();
+  cpu::matmul(pool, no_gate ? w.up : w.gate, x, n, a, mm);
+  if (no_gate && w.up_b.valid())
+    for (int64_t t = 0; t < n; ++t) cpu::add_f32(reinterpret_cast<const float*>(w.up_b.data), a + t * n_ff, n_ff);
   cpu::activation_inplace(act, a, n * n_ff);
 
   // The active set: neurons active for at least one token of the batch.
@@ -141,14 +160,24 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   stats_.active[layer] += n_active_tokens;
 
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
-  if (na == 0) return;
-  // up for the active rows, then H[t][i] = act(gate)[t][active i] * up[t][i], in place.
-  float* h = ws.up.data();
-  cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, mm);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < na; ++i) h[t * na + i] *= a[t * n_ff + active_[i]];
-  cpu::sparse_axpy(pool, down_nm_[layer].view, active_.data(), na, h, n, na, out, n_embd, axpy_scratch_.data(),
-                   opts_.split);
+  if (na > 0) {
+    float* h = ws.up.data();
+    if (no_gate) {
+      // H[t][i] = a[t][active i]: the neuron values are already known.
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < na; ++i) h[t * na + i] = a[t * n_ff + active_[i]];
+    } else {
+      // up for the active rows, then H[t][i] = act(gate)[t][active i] * up[t][i] (Bamboo:
+      // * act(up)), in place.
+      cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, mm);
+      if (w.gating == FfnGating::sym) cpu::activation_inplace(act, h, n * na);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < na; ++i) h[t * na + i] *= a[t * n_ff + active_[i]];
+    }
+    cpu::sparse_axpy(pool, down_nm, active_.data(), na, h, n, na, out, n_embd, axpy_scratch_.data(), opts_.split);
+  }
+  if (w.down_b.valid())
+    for (int64_t t = 0; t < n; ++t) cpu::add_f32(reinterpret_cast<const float*>(w.down_b.data), out + t * n_embd, n_embd);
 }
 
 }  // namespace ember

@@ -5,7 +5,9 @@
 //           |act(gate)| > threshold (threshold 0: act(gate) != 0, which for ReLU is gate > 0
 //           and makes the result exact); up is computed only for the active rows
 //           (gather_matmul) and down only over them (sparse_axpy on a neuron-major copy of
-//           down built when the executor is made).
+//           down built when the executor is made, or the file's own ffn_down_t when it has
+//           one: no copy). Bamboo (FfnGating::sym) multiplies by act(up); an FFN without a
+//           gate (OPT, FfnGating::none) fires on act(up x + up_b) itself.
 //   threshold: as oracle, with a calibrated threshold per layer on |act(gate)| (CATS / TEAL:
 //           training-free sparsity for SwiGLU/GeGLU models; sparse/threshold.hpp). Approximate:
 //           the dropped neurons' small contributions are lost.
@@ -60,7 +62,7 @@ class SparseFfn final : public FfnExecutor {
            float* out, Workspace& ws) override;
 
   const SparseFfnOptions& options() const { return opts_; }
-  size_t neuron_major_bytes() const;  // the down copies
+  size_t neuron_major_bytes() const;  // the down copies (0 for layers that use the file's down_t)
   size_t bytes() const;               // everything the executor holds
   const FfnSparsityStats& stats() const { return stats_; }
   void reset_stats();

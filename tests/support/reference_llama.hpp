@@ -106,7 +106,17 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
 
   for (const LayerWeights& L : m.layers) {
     auto wq = dequant_matrix(L.wq), wk = dequant_matrix(L.wk), wv = dequant_matrix(L.wv), wo = dequant_matrix(L.wo);
-    auto wg = dequant_matrix(L.ffn.gate), wu = dequant_matrix(L.ffn.up), wd = dequant_matrix(L.ffn.down);
+    auto wg = dequant_matrix(L.ffn.gate), wu = dequant_matrix(L.ffn.up);
+    // PowerInfer's files hold only the neuron-major down_t: transpose it back.
+    const bool down_t_only = !L.ffn.down.valid();
+    const TensorView& down = down_t_only ? L.ffn.down_t : L.ffn.down;
+    std::vector<double> wd = dequant_matrix(down);
+    if (down_t_only) {
+      std::vector<double> tr(wd.size());
+      for (int64_t j = 0; j < nff; ++j)
+        for (int64_t i = 0; i < d; ++i) tr[i * nff + j] = wd[j * d + i];
+      wd = std::move(tr);
+    }
     std::vector<std::vector<double>> K(T), V(T);
     std::vector<std::vector<double>> attn_out(T);
     for (int64_t t = 0; t < T; ++t) {
@@ -139,8 +149,9 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
       for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
       auto xn = rmsnorm(x[t], L.ffn.norm);
       auto g = matvec(wg, L.ffn.gate, xn), u = matvec(wu, L.ffn.up, xn);
-      for (int64_t j = 0; j < nff; ++j) g[j] = act(g[j]) * u[j];
-      auto dn = matvec(wd, L.ffn.down, g);
+      const bool sym = L.ffn.gating == FfnGating::sym;  // Bamboo: act on up too
+      for (int64_t j = 0; j < nff; ++j) g[j] = act(g[j]) * (sym ? act(u[j]) : u[j]);
+      auto dn = down_t_only ? matvec_raw(wd, d, nff, g) : matvec(wd, L.ffn.down, g);
       for (int64_t i = 0; i < d; ++i) x[t][i] += dn[i];
     }
   }

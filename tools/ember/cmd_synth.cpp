@@ -1,4 +1,4 @@
-// `ember synth -o OUT.gguf [--preset P] [flags]`: writes a random-weight llama-architecture GGUF
+// `ember synth -o OUT.gguf [--preset P] [flags]`: writes a random-weight GGUF (llama, bamboo, opt, gemma3)
 // (see src/model/synth.hpp). Individual flags override the preset's values.
 #include <fmt/format.h>
 
@@ -29,6 +29,10 @@ struct SynthArgs {
   float rope_base = 0;
   int threads = 0;
   float sparsity = 0.0f, zipf = 1.1f;
+  bool powerinfer = false;
+  int64_t predictor_rank = 0;
+  float predictor_threshold = 0.0f;
+  CLI::Option* o_act = nullptr;
   // Which flags were given (they override the preset).
   std::vector<std::pair<CLI::Option*, int64_t*>> dims;
   CLI::Option *o_tied = nullptr, *o_rope = nullptr;
@@ -44,6 +48,10 @@ void run_synth(const SynthArgs& a) {
   o.type = *t;
   o.act = parse_ffn_activation(a.act);
   o.arch = a.arch;
+  // ReLU architectures: relu unless --act says otherwise (validate names the conflict); OPT ties
+  // its output to the embedding (PowerInfer loads no output.weight for it).
+  if ((o.arch == "bamboo" || o.arch == "opt") && a.o_act->count() == 0) o.act = FfnActivation::relu;
+  if (o.arch == "opt") o.tied = true, o.n_head_kv = o.n_head;
   o.head_dim = a.head_dim;
   if (a.o_tied->count() > 0) o.tied = a.tied;
   o.seed = a.seed;
@@ -51,15 +59,20 @@ void run_synth(const SynthArgs& a) {
   o.n_threads = a.threads;
   o.sparsity = a.sparsity;
   o.zipf = a.zipf;
+  o.powerinfer = a.powerinfer;
+  o.predictor_rank = a.predictor_rank;
+  o.predictor_threshold = a.predictor_threshold;
   validate(o);
   // Fail before minutes of generation, not after.
   auto dir = std::filesystem::absolute(a.out).parent_path();
   EMBER_CHECK(std::filesystem::is_directory(dir), "cannot write '{}': directory '{}' does not exist", a.out,
               dir.string());
 
-  fmt::print(stderr, "synth: {} layers, n_embd {}, n_ff {}, heads {}/{}, vocab {}, type {}, {}{}, ~{:.1f} MiB\n",
-             o.n_layer, o.n_embd, o.n_ff, o.n_head, o.n_head_kv, o.n_vocab, dtype_name(o.type),
-             ffn_activation_name(o.act), o.tied ? ", tied" : "", synth_file_size(o) / 1048576.0);
+  fmt::print(stderr, "synth: {} {} layers, n_embd {}, n_ff {}, heads {}/{}, vocab {}, type {}, {}{}{}, ~{:.1f} MiB\n",
+             o.arch, o.n_layer, o.n_embd, o.n_ff, o.n_head, o.n_head_kv, o.n_vocab, dtype_name(o.type),
+             ffn_activation_name(o.act), o.tied ? ", tied" : "",
+             o.powerinfer ? fmt::format(", PowerInfer layout (predictor rank {})", synth_predictor_rank(o)) : "",
+             synth_file_size(o) / 1048576.0);
   Timer timer;
   const bool tty = ::isatty(STDERR_FILENO);
   gguf::Writer w = synth_model(o, [tty](int64_t done, int64_t total) {
@@ -76,7 +89,7 @@ void run_synth(const SynthArgs& a) {
 }  // namespace
 
 void add_synth(CLI::App& app) {
-  auto* cmd = app.add_subcommand("synth", "Write a random-weight llama- or gemma3-architecture GGUF model");
+  auto* cmd = app.add_subcommand("synth", "Write a random-weight GGUF model (llama, bamboo, opt, gemma3; PowerInfer layout)");
   auto a = std::make_shared<SynthArgs>();
   cmd->add_option("-o,--output", a->out, "Output GGUF file")->required();
   std::string presets;
@@ -99,8 +112,15 @@ void add_synth(CLI::App& app) {
   for (const auto& d : dims) a->dims.push_back({cmd->add_option(d.flag, *d.field, d.help), d.field});
   cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k")
                   ->capture_default_str();
-  cmd->add_option("--act", a->act, "FFN activation: silu or relu")->capture_default_str();
-  cmd->add_option("--arch", a->arch, "Architecture: llama or gemma3")->capture_default_str();
+  a->o_act = cmd->add_option("--act", a->act, "FFN activation: silu or relu (bamboo, opt: relu)")->capture_default_str();
+  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt or gemma3")->capture_default_str();
+  cmd->add_flag("--powerinfer", a->powerinfer,
+                "PowerInfer's layout: PWRI magic, ffn_down_t instead of ffn_down, predictor fc1/fc2, "
+                "powerinfer.sparse_threshold");
+  cmd->add_option("--predictor-rank", a->predictor_rank, "Rank of the --powerinfer predictor (0: n_embd/8)")
+      ->capture_default_str();
+  cmd->add_option("--predictor-threshold", a->predictor_threshold, "powerinfer.sparse_threshold of --powerinfer")
+      ->capture_default_str();
   cmd->add_option("--head-dim", a->head_dim, "Head size (gemma3 only; 0: n_embd / n_head)")->capture_default_str();
   a->o_tied = cmd->add_flag("--tied,!--untied", a->tied, "Share token_embd as the output projection");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();

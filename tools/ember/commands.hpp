@@ -11,5 +11,6 @@ void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_profile(CLI::App& app);
+void add_prepare(CLI::App& app);
 
 }  // namespace ember::cli

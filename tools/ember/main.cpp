@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   ember::cli::add_serve(app);
   ember::cli::add_perplexity(app);
   ember::cli::add_profile(app);
+  ember::cli::add_prepare(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

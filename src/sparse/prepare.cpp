@@ -1,0 +1,231 @@
+#include "sparse/prepare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/thread_pool.hpp"
+#include "gguf/reader.hpp"
+#include "gguf/writer.hpp"
+#include "model/model.hpp"
+#include "sparse/reorder.hpp"
+
+namespace ember {
+namespace {
+
+constexpr int64_t kQuantiles = 1001;
+
+// "blk.<il>.<rest>" -> il and rest; -1 for tensors outside the layers.
+int64_t layer_of(const std::string& name, std::string& rest) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos) return -1;
+  try {
+    const int64_t il = std::stoll(name.substr(4, dot - 4));
+    rest = name.substr(dot + 1);
+    return il;
+  } catch (...) {
+    return -1;
+  }
+}
+
+std::vector<int64_t> shape_of(const gguf::TensorInfo& t) { return std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)); }
+
+std::vector<uint8_t> copy_of(const TensorView& v) { return std::vector<uint8_t>(v.data, v.data + v.nbytes); }
+
+DType pick_down_t_type(const std::string& choice, DType down, int64_t n_embd, const std::string& path) {
+  if (choice == "same") {
+    if (n_embd % info(down).block_size == 0) return down;
+    log_warn("prepare: n_embd {} is not a multiple of the {} block size; ffn_down_t is written as F16", n_embd,
+             dtype_name(down));
+    return DType::F16;
+  }
+  auto t = dtype_from_name(choice);
+  EMBER_CHECK(t.has_value() && dtype_supported(*t), "prepare: unknown --down-type '{}' (same, f32, f16, q8_0, q4_0, ...)",
+              choice);
+  EMBER_CHECK(n_embd % info(*t).block_size == 0, "{}: ffn_down_t of type {} needs n_embd ({}) to be a multiple of {}",
+              path, dtype_name(*t), n_embd, info(*t).block_size);
+  return *t;
+}
+
+}  // namespace
+
+float threshold_from_quantiles(const float* q, float s) {
+  EMBER_CHECK(std::isfinite(s) && s >= 0.0f && s <= 1.0f, "target sparsity must be between 0 and 1, got {}", s);
+  const double pos = static_cast<double>(s) * (kQuantiles - 1);
+  const int64_t lo = std::min<int64_t>(static_cast<int64_t>(pos), kQuantiles - 2);
+  const double frac = pos - static_cast<double>(lo);
+  return static_cast<float>(q[lo] + frac * (q[lo + 1] - q[lo]));
+}
+
+PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgress& progress) {
+  EMBER_CHECK(!o.model.empty() && !o.profile.empty() && !o.output.empty(), "prepare: -m, --profile and -o are required");
+  EMBER_CHECK(std::filesystem::absolute(o.output) != std::filesystem::absolute(o.model),
+              "prepare: the output '{}' would overwrite the model", o.output);
+  auto model = load_model(o.model);
+  const Hparams& hp = model->hp;
+  const gguf::Reader& mr = *model->file;
+  const int64_t L = hp.n_layer, n_ff = hp.n_ff, d = hp.n_embd;
+  PrepareSummary sum;
+  sum.n_layer = L;
+  sum.n_ff = n_ff;
+
+  // ---- the profile: counts (and quantiles) of this model's shape --------------------------
+  gguf::Reader prof(o.profile);
+  const std::string parch = prof.opt_string("general.architecture").value_or("");
+  EMBER_CHECK(parch == "ember-profile", "{}: not a profile (general.architecture '{}', expected 'ember-profile'); make one "
+              "with `ember profile`", o.profile, parch);
+  const int64_t p_layers = prof.opt_int("ember.profile.n_layer").value_or(-1);
+  const int64_t p_ff = prof.opt_int("ember.profile.n_ff").value_or(-1);
+  EMBER_CHECK(p_layers == L && p_ff == n_ff,
+              "{}: the profile is of a model with {} layers and n_ff {}, but {} has {} layers and n_ff {}: a profile of "
+              "another model? Profile this model with `ember profile`", o.profile, p_layers, p_ff, o.model, L, n_ff);
+  std::vector<std::vector<int32_t>> perms(static_cast<size_t>(L));
+  std::vector<float> thresholds;
+  double hot_share = 0.0;
+  for (int64_t il = 0; il < L; ++il) {
+    const std::string cn = fmt::format("blk.{}.ffn_act_count", il);
+    const TensorView c = prof.view(cn);
+    EMBER_CHECK(c.valid() && c.type == DType::F32 && c.n_elements() == n_ff,
+                "{}: tensor '{}' is missing or not F32 [{}]", o.profile, cn, n_ff);
+    const float* counts = reinterpret_cast<const float*>(c.data);
+    for (int64_t j = 0; j < n_ff; ++j)
+      EMBER_CHECK(std::isfinite(counts[j]) && counts[j] >= 0, "{}: '{}' holds {} (counts must be finite, >= 0)",
+                  o.profile, cn, counts[j]);
+    perms[il] = hot_first_permutation(counts, n_ff);
+    double total = 0, top = 0;
+    for (int64_t i = 0; i < n_ff; ++i) {
+      total += counts[perms[il][i]];
+      if (i < std::max<int64_t>(1, n_ff / 10)) top += counts[perms[il][i]];
+    }
+    hot_share += total > 0 ? top / total : 0.0;
+    if (o.sparsity >= 0.0f) {
+      const std::string qn = fmt::format("blk.{}.ffn_gate_quantiles", il);
+      const TensorView q = prof.view(qn);
+      EMBER_CHECK(q.valid() && q.type == DType::F32 && q.n_elements() == kQuantiles,
+                  "{}: --sparsity needs the gate quantiles '{}' (F32 [{}]), which this profile does not have", o.profile,
+                  qn, kQuantiles);
+      thresholds.push_back(threshold_from_quantiles(reinterpret_cast<const float*>(q.data), o.sparsity));
+    }
+  }
+  sum.hot_share = hot_share / static_cast<double>(L);
+  sum.thresholds = thresholds;
+
+  // ---- the predictor: the --predictor file's, else the model's own -----------------------
+  std::unique_ptr<gguf::Reader> pred;
+  float pred_threshold = model->predictor_threshold;
+  if (!o.predictor.empty()) {
+    pred = std::make_unique<gguf::Reader>(o.predictor);
+    const std::string a = pred->opt_string("general.architecture").value_or("");
+    EMBER_CHECK(a == "ember-predictor", "{}: not a predictor file (general.architecture '{}', expected "
+                "'ember-predictor')", o.predictor, a);
+    for (int64_t il = 0; il < L; ++il) {
+      const TensorView f1 = pred->view(fmt::format("blk.{}.fc1.weight", il));
+      const TensorView f2 = pred->view(fmt::format("blk.{}.fc2.weight", il));
+      EMBER_CHECK(f1.valid() && f2.valid(), "{}: layer {} has no fc1/fc2 (the model has {} layers)", o.predictor, il, L);
+      EMBER_CHECK(f1.ne[0] == d && f2.ne[0] == f1.ne[1] && f2.ne[1] == n_ff,
+                  "{}: layer {} predictor shapes fc1 [{}, {}], fc2 [{}, {}] do not fit the model (expected [{}, r], "
+                  "[r, {}]): a predictor of another model?", o.predictor, il, f1.ne[0], f1.ne[1], f2.ne[0], f2.ne[1], d,
+                  n_ff);
+      EMBER_CHECK(dtype_supported(f1.type) && dtype_supported(f2.type), "{}: layer {} predictor has an unsupported type",
+                  o.predictor, il);
+    }
+    pred_threshold = static_cast<float>(pred->opt_float("powerinfer.sparse_threshold").value_or(0.0));
+    sum.predictor_rank = pred->view("blk.0.fc1.weight").ne[1];
+  } else if (model->layers[0].ffn.fc1.valid()) {
+    sum.predictor_rank = model->layers[0].ffn.fc1.rows();
+  } else {
+    log_warn("prepare: no predictor (--predictor, or fc1/fc2 in the model): PowerInfer cannot load the result; Ember "
+             "runs it dense or in oracle mode");
+  }
+
+  const bool from_down = !model->layers[0].ffn.down_t.valid();
+  sum.down_t_from_down = from_down;
+  sum.down_t_type = from_down ? pick_down_t_type(o.down_type, model->layers[0].ffn.down.type, d, o.model)
+                              : model->layers[0].ffn.down_t.type;
+  if (sum.down_t_type != DType::F16 && sum.down_t_type != DType::Q4_0)
+    log_warn("prepare: ffn_down_t is {}; PowerInfer's CPU kernels read it only as F16 or Q4_0 (Ember runs any)",
+             dtype_name(sum.down_t_type));
+
+  // ---- the output ------------------------------------------------------------------------
+  gguf::Writer w(mr.alignment());
+  w.set_powerinfer_magic(true);
+  for (const std::string& k : mr.keys()) {
+    if (k.rfind("ember.sparse.", 0) == 0 || k == "powerinfer.sparse_threshold") continue;  // written below
+    w.set(k, mr.metadata().at(k));
+  }
+  w.set("powerinfer.sparse_threshold", gguf::Value::f32(pred_threshold));
+  if (!thresholds.empty()) {
+    w.set("ember.sparse.thresholds", gguf::Value::floats(thresholds));
+    w.set("ember.sparse.target", gguf::Value::f32(o.sparsity));
+  }
+  std::vector<int32_t> flat;
+  flat.reserve(static_cast<size_t>(L * n_ff));
+  for (const auto& p : perms) flat.insert(flat.end(), p.begin(), p.end());
+  w.set("ember.sparse.permutation", gguf::Value::ints(flat));
+  w.set("ember.sparse.profile", gguf::Value::str(std::filesystem::path(o.profile).filename().string()));
+
+  const int n_threads = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(n_threads);
+  const DType down_t_type = sum.down_t_type;
+  auto last_of_layer = std::make_shared<std::vector<std::string>>(static_cast<size_t>(L));
+  for (const gguf::TensorInfo& t : mr.tensors()) {
+    const TensorView v = mr.view(t);
+    std::string rest;
+    const int64_t il = layer_of(t.name, rest);
+    if (il < 0 || il >= L) {
+      w.add_tensor_lazy(t.name, t.type, shape_of(t), [v] { return copy_of(v); });
+      continue;
+    }
+    const std::vector<int32_t>* perm = &perms[il];
+    std::string name = t.name;
+    std::vector<int64_t> ne = shape_of(t);
+    DType type = t.type;
+    gguf::Writer::Producer make;
+    if (rest == "ffn_gate.weight" || rest == "ffn_up.weight" || rest == "ffn_up.bias" || rest == "ffn_gate.bias" ||
+        rest == "ffn_down_t.weight") {
+      make = [v, perm] { return permute_rows(v, *perm); };
+    } else if (rest == "ffn_down.weight") {
+      if (!from_down) continue;  // the model's own down_t (permuted) replaces it
+      name = fmt::format("blk.{}.ffn_down_t.weight", il);
+      ne = {d, n_ff};
+      type = down_t_type;
+      make = [&pool, v, perm, down_t_type] { return neuron_major_permuted(pool, v, down_t_type, *perm); };
+    } else if (rest == "ffn_down.bias") {
+      name = fmt::format("blk.{}.ffn_down_t.bias", il);  // PowerInfer's converter renames it too
+      make = [v] { return copy_of(v); };
+    } else if (rest == "fc1.weight" || rest == "fc2.weight") {
+      if (pred) continue;  // replaced by the --predictor file's
+      if (rest == "fc2.weight") make = [v, perm] { return permute_rows(v, *perm); };
+      else make = [v] { return copy_of(v); };
+    } else {
+      make = [v] { return copy_of(v); };
+    }
+    (*last_of_layer)[il] = name;
+    // Progress after each layer's last tensor.
+    w.add_tensor_lazy(name, type, ne, [make, name, il, L, last_of_layer, &progress] {
+                        auto b = make();
+                        if (progress && (*last_of_layer)[il] == name) progress(il + 1, L);
+                        return b;
+                      });
+  }
+  if (pred) {
+    for (int64_t il = 0; il < L; ++il) {
+      const TensorView f1 = pred->view(fmt::format("blk.{}.fc1.weight", il));
+      const TensorView f2 = pred->view(fmt::format("blk.{}.fc2.weight", il));
+      const std::vector<int32_t>* perm = &perms[il];
+      w.add_tensor_lazy(fmt::format("blk.{}.fc1.weight", il), f1.type, {f1.ne[0], f1.ne[1]}, [f1] { return copy_of(f1); });
+      w.add_tensor_lazy(fmt::format("blk.{}.fc2.weight", il), f2.type, {f2.ne[0], f2.ne[1]},
+                        [f2, perm] { return permute_rows(f2, *perm); });
+    }
+  }
+  w.write(o.output);
+  sum.bytes = std::filesystem::file_size(o.output);
+  return sum;
+}
+
+}  // namespace ember

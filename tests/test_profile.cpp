@@ -321,3 +321,31 @@ TEST(ThresholdMode, CalibrationGeneralizesToHeldOutTextOnSmolLM2) {
   EXPECT_NEAR(stats.sparsity(), 0.5, 0.06);
   for (int64_t l = 0; l < m->hp.n_layer; ++l) EXPECT_NEAR(stats.layer_sparsity(l), 0.5, 0.15) << "layer " << l;
 }
+
+// Gemma 3 (GeGLU, post-norms) runs the FFN executor too: the profile sees every token, and the
+// per-layer thresholds reach their target in threshold mode.
+TEST(Profile, Gemma3ArchitectureIsProfiledAndThresholded) {
+  SynthOptions o = small(FfnActivation::silu, 10);
+  o.arch = "gemma3";
+  o.n_ff = 192;
+  auto m = load_synth(o, "gemma3.gguf");
+  ASSERT_EQ(m->hp.arch, "gemma3");
+  auto tokens = random_tokens(40, m->hp.n_vocab, 6);
+  Session s(*m, SessionParams{2, 64, 64, {}});
+  ProfileOptions po;
+  po.n_ctx = 20;
+  po.sparsity = 0.5f;
+  Profile p = run_profile(s, tokens, po);
+  EXPECT_EQ(p.n_tokens, 40u);
+  for (int64_t l = 0; l < m->hp.n_layer; ++l) EXPECT_NEAR(layer_sparsity(p, l), 0.5, 3e-3) << "layer " << l;
+  const std::string path = (temp_dir() / "gemma3.profile.gguf").string();
+  write_profile(p, path);
+  SessionParams sp{2, 64, 64, {}};
+  sp.sparse.mode = FfnMode::threshold;
+  sp.sparse.layer_thresholds = calibrate_thresholds(path, 0.5);
+  Session st(*m, sp);
+  st.eval(tokens.data(), 20);
+  st.reset();
+  st.eval(tokens.data() + 20, 20);
+  EXPECT_NEAR(st.sparse_ffn()->stats().sparsity(), 0.5, 5e-3);
+}

@@ -157,6 +157,8 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
   }
   session.set_ffn_executor(nullptr);
   p.n_tokens = ffn.tokens_counted();
+  EMBER_CHECK(p.n_tokens > 0, "the forward pass of architecture '{}' did not run the FFN executor: it cannot be "
+              "profiled", hp.arch);
   double tsum = 0;
   for (float t : p.thresholds) tsum += t;
   p.threshold = opts.threshold >= 0.0f ? opts.threshold : static_cast<float>(tsum / static_cast<double>(hp.n_layer));

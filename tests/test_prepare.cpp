@@ -94,6 +94,7 @@ SynthOptions model_options(const std::string& arch, DType type) {
   o.n_head_kv = arch == "opt" ? 4 : 2;
   o.tied = arch == "opt";
   o.sparsity = 0.7f;
+  if (arch == "gemma3") o.act = FfnActivation::silu, o.sparsity = 0.0f;  // GeGLU: no ReLU profile
   o.seed = 5;
   o.n_threads = 1;
   return o;
@@ -247,6 +248,7 @@ INSTANTIATE_TEST_SUITE_P(Models, Prepare,
                          ::testing::Values(std::make_tuple(std::string("llama"), DType::F32),
                                            std::make_tuple(std::string("bamboo"), DType::F32),
                                            std::make_tuple(std::string("opt"), DType::F32),
+                                           std::make_tuple(std::string("gemma3"), DType::F32),
                                            std::make_tuple(std::string("llama"), DType::Q8_0)),
                          [](const auto& info) {
                            return fmt::format("{}_{}", std::get<0>(info.param), dtype_name(std::get<1>(info.param)));

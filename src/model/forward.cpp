@@ -1,6 +1,7 @@
 #include "model/forward.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.hpp"
 #include "model/gemma3.hpp"
@@ -49,6 +50,16 @@ size_t Workspace::bytes() const {
   size_t floats = x.size() + xn.size() + q.size() + k.size() + v.size() + attn.size() + o.size() + gate.size() +
                   up.size() + cos_sin.size() + att_scratch.size() + logits_tmp.size();
   return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + all_neurons.size() * sizeof(int32_t);
+}
+
+void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, Workspace& ws, int64_t il,
+                      int64_t n, int64_t pos0) {
+  const int64_t nkv = shape.n_head_kv * shape.head_dim;
+  float* kc = kv.k_layer(il);
+  float* vc = kv.v_layer(il);
+  std::memcpy(kc + pos0 * nkv, ws.k.data(), sizeof(float) * static_cast<size_t>(n * nkv));
+  std::memcpy(vc + pos0 * nkv, ws.v.data(), sizeof(float) * static_cast<size_t>(n * nkv));
+  cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
 }
 
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,

@@ -6,6 +6,7 @@
 #include "core/thread_pool.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model.hpp"
+#include "ops/cpu/attention.hpp"
 
 namespace ember {
 
@@ -25,6 +26,11 @@ struct Workspace {
   void init(const Model& model, int64_t max_batch, int64_t n_ctx, int n_threads);
   size_t bytes() const;
 };
+
+// Appends the n tokens' keys and values (ws.k, ws.v) to layer il's cache at pos0 and runs causal
+// attention of ws.q over the cache into ws.attn (the step every architecture's layer shares).
+void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, Workspace& ws, int64_t il,
+                      int64_t n, int64_t pos0);
 
 // Runs tokens[0..n) at positions pos0..pos0+n-1 (n <= ws.max_batch, pos0 + n <= kv.n_ctx),
 // appending to the KV cache. Writes logits of the last token to `logits` (n_vocab floats), or

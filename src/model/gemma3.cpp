@@ -129,11 +129,7 @@ void gemma3_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws
       rope.apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
       rope.apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
     }
-    float* kc = kv.k_layer(il);
-    float* vc = kv.v_layer(il);
-    std::memcpy(kc + pos0 * nkv, ws.k.data(), sizeof(float) * n * nkv);
-    std::memcpy(vc + pos0 * nkv, ws.v.data(), sizeof(float) * n * nkv);
-    cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
+    cache_and_attend(pool, shape, kv, ws, il, n, pos0);
     cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
     cpu::rms_norm(ws.o.data(), as_floats(L.attn_post_norm), ws.o.data(), n, d, hp.norm_eps);
     cpu::add_f32(ws.o.data(), x, n * d);

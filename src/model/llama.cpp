@@ -78,15 +78,11 @@ void llama_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws,
     cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
     cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
     cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
-    float* kc = kv.k_layer(il);
-    float* vc = kv.v_layer(il);
     for (int64_t t = 0; t < n; ++t) {
       m.rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
       m.rope->apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
     }
-    std::memcpy(kc + pos0 * nkv, ws.k.data(), sizeof(float) * n * nkv);
-    std::memcpy(vc + pos0 * nkv, ws.v.data(), sizeof(float) * n * nkv);
-    cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
+    cache_and_attend(pool, shape, kv, ws, il, n, pos0);
     cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
     cpu::add_f32(ws.o.data(), x, n * d);
 

@@ -108,11 +108,7 @@ void opt_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws, c
     add_bias(L.bq, ws.q.data(), n, d);
     add_bias(L.bk, ws.k.data(), n, nkv);
     add_bias(L.bv, ws.v.data(), n, nkv);
-    float* kc = kv.k_layer(il);
-    float* vc = kv.v_layer(il);
-    std::memcpy(kc + pos0 * nkv, ws.k.data(), sizeof(float) * n * nkv);
-    std::memcpy(vc + pos0 * nkv, ws.v.data(), sizeof(float) * n * nkv);
-    cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
+    cache_and_attend(pool, shape, kv, ws, il, n, pos0);
     cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
     add_bias(L.bo, ws.o.data(), n, d);
     cpu::add_f32(ws.o.data(), x, n * d);

@@ -176,6 +176,27 @@ void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens,
   run_on_quantized(gemm_for(W.type), W.type, a);
 }
 
+const void* prepare_activations(DType w, const void* x_quantized, int64_t n_tokens, int64_t k, size_t* x_stride) {
+  check_k(w, k);
+  *x_stride = row_bytes(activation_type(w), k);
+  if (!gemm_for(w).quads) return x_quantized;
+  thread_local AlignedBuffer<uint8_t> buf;
+  const size_t qstride = detail::quad_row_bytes(k);
+  buf.resize(qstride * static_cast<size_t>(std::max<int64_t>(n_tokens, 1)));
+  for (int64_t t = 0; t < n_tokens; ++t)
+    detail::prepare_quads(w, static_cast<const uint8_t*>(x_quantized) + t * *x_stride, buf.data() + t * qstride, k);
+  *x_stride = qstride;
+  return buf.data();
+}
+
+void matmul_rows_prepared(const TensorView& W, const void* x_prepared, size_t x_stride, int64_t n_tokens,
+                          int64_t row_begin, int64_t row_end, float* Y, int64_t y_stride) {
+  if (row_end <= row_begin || n_tokens <= 0) return;
+  GemmArgs a{W.cols(), W.row(row_begin), W.row_stride(), row_end - row_begin, static_cast<const uint8_t*>(x_prepared),
+             x_stride, n_tokens, Y, y_stride};
+  gemm_for(W.type).fn(a);
+}
+
 void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch) {
   const int64_t k = W.cols(), rows = W.rows();
   check_k(W.type, k);

@@ -26,6 +26,15 @@ void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens,
                  int64_t row_end, float* Y, int64_t y_stride);
 void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, int64_t k, void* out);
 
+// For many matmul_rows calls on the same activations (the gather over scattered active rows):
+// rearranges quantize_activations() rows once into the layout W's kernel reads (a per-thread
+// buffer, valid until the thread's next call; the rows themselves when no rearranging is
+// needed) and sets *x_stride; matmul_rows_prepared then runs rows [row_begin, row_end) on them.
+const void* prepare_activations(DType weight_type, const void* x_quantized, int64_t n_tokens, int64_t k,
+                                size_t* x_stride);
+void matmul_rows_prepared(const TensorView& W, const void* x_prepared, size_t x_stride, int64_t n_tokens,
+                          int64_t row_begin, int64_t row_end, float* Y, int64_t y_stride);
+
 // out[t][:] = dequantized row ids[t] of W (embedding lookup).
 void get_rows(const TensorView& W, const int32_t* ids, int64_t n, float* out);
 

@@ -51,6 +51,9 @@ size_t gather_matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_token
 void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, const int32_t* active,
                         int64_t n_active, float* Y, int64_t y_stride) {
   const size_t stride = W.row_stride();
+  // Activations in the kernel's layout once for the whole list, not once per run of rows.
+  size_t x_stride = 0;
+  const void* xp = prepare_activations(W.type, xq, n_tokens, W.cols(), &x_stride);
   for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), stride);
   for (int64_t i = 0; i < n_active;) {
     if (i + kPrefetchRows < n_active) prefetch_bytes(W.row(active[i + kPrefetchRows]), stride);
@@ -58,7 +61,7 @@ void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, c
     // several rows when the run is long).
     int64_t e = i + 1;
     while (e < n_active && active[e] == active[e - 1] + 1) ++e;
-    matmul_rows(W, xq, n_tokens, active[i], active[e - 1] + 1, Y + i, y_stride);
+    matmul_rows_prepared(W, xp, x_stride, n_tokens, active[i], active[e - 1] + 1, Y + i, y_stride);
     i = e;
   }
 }

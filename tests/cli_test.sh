@@ -69,6 +69,16 @@ expect_error "serve bad host" "cannot listen" "$ember" serve -m "$tmp/tiny.gguf"
 expect_error "bad synth type" "type" "$ember" synth --preset tiny --type q9_9 -o "$tmp/x.gguf"
 expect_error "bad synth heads" "head" "$ember" synth --preset tiny --n-head 5 -o "$tmp/x.gguf"
 
+# Placement (ember plan): a 7B plan from shapes, a plan file for a synth ReLU model, errors.
+expect_ok "plan 7b shapes" "$ember" plan --synth-preset 7b --vram-budget 2GiB --time-limit 1
+contains "plan compares methods" "$tmp/out" "layer-split"
+expect_ok "synth relu" "$ember" synth --preset tiny --type q4_0 --act relu --sparsity 0.8 -o "$tmp/relu.gguf"
+expect_ok "plan synth file" "$ember" plan -m "$tmp/relu.gguf" --vram-budget 64K --min-neurons 16 -o "$tmp/relu.plan.gguf"
+expect_ok "inspect plan" "$ember" inspect "$tmp/relu.plan.gguf"
+contains "plan file" "$tmp/out" "ember-plan"
+expect_error "plan bad budget" "size" "$ember" plan --synth-preset 7b --vram-budget 4XB
+expect_error "plan without profile" "profile" "$ember" plan -m "$tmp/tiny.gguf" --vram-budget 1M
+
 # The real default model, when installed.
 if [ -f "$smol" ]; then
   expect_ok "generate SmolLM2" "$ember" generate -m "$smol" -p "The capital of France is" -n 12 --temp 0

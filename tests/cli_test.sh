@@ -76,6 +76,10 @@ expect_ok "synth relu" "$ember" synth --preset tiny --type q4_0 --act relu --spa
 expect_ok "plan synth file" "$ember" plan -m "$tmp/relu.gguf" --vram-budget 64K --min-neurons 16 -o "$tmp/relu.plan.gguf"
 expect_ok "inspect plan" "$ember" inspect "$tmp/relu.plan.gguf"
 contains "plan file" "$tmp/out" "ember-plan"
+expect_ok "generate hybrid with plan" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --plan "$tmp/relu.plan.gguf"
+contains "hybrid log" "$tmp/err" "hybrid FFN"
+expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
+expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
 expect_error "plan bad budget" "size" "$ember" plan --synth-preset 7b --vram-budget 4XB
 expect_error "plan without profile" "profile" "$ember" plan -m "$tmp/tiny.gguf" --vram-budget 1M
 

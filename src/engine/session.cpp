@@ -27,7 +27,12 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
-  if (p.sparse.mode != FfnMode::dense) {
+  if (p.hybrid_on()) {
+    HybridOptions h = p.hybrid;
+    h.threshold = p.sparse.threshold;
+    hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx);
+    ws_.ffn = hybrid_.get();
+  } else if (p.sparse.mode != FfnMode::dense) {
     sparse_ = std::make_unique<SparseFfn>(model, pool_, p.sparse, ws_.max_batch);
     ws_.ffn = sparse_.get();
   }

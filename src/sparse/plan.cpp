@@ -48,8 +48,9 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
 
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-  // x in, partial out (n_embd each), gate and up activations (n_ff each), the active list.
-  return 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + gpu_pad(m.n_ff * sizeof(int32_t));
+  // x in, partial out (n_embd each), gate and up activations (n_ff each), the active neurons'
+  // rows and their positions in the share (n_ff each).
+  return 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + 2 * gpu_pad(m.n_ff * sizeof(int32_t));
 }
 
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
@@ -64,6 +65,15 @@ uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons) {
   if (attn) b += L.attn_bytes + L.kv_bytes;
   if (attn || n_neurons > 0) b += L.predictor_bytes;
   return b;
+}
+
+uint64_t gpu_ffn_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan) {
+  EMBER_CHECK(plan.layers.size() == m.layers.size(), "plan has {} layers, the model {}", plan.layers.size(),
+              m.layers.size());
+  uint64_t total = 0;
+  for (size_t l = 0; l < m.layers.size(); ++l)
+    total += gpu_ffn_share_bytes(m.layers[l], static_cast<int64_t>(plan.layers[l].gpu_neurons.size()));
+  return total > 0 ? total + gpu_ffn_scratch_bytes(m, opts) : 0;
 }
 
 uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan) {

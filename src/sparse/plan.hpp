@@ -103,6 +103,9 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Everything layer l puts on the GPU (attention + KV when attn, predictor when it uses the GPU,
 // the FFN share).
 uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons);
+// The FFN part alone: every layer's FFN share plus the FFN scratch when any layer has one (what
+// a device running only the FFN allocates, engine/device.hpp).
+uint64_t gpu_ffn_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
 // Everything the plan puts on the GPU: the layers plus the scratch in use.
 uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
 

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include "core/cpu_features.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 
@@ -21,12 +22,19 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->capture_default_str();
   app->add_option("--sparse-threshold", sparse_threshold, "oracle: a neuron is active when |act(gate)| > this")
       ->check(CLI::Range(0.0f, 1e30f));
+  app->add_option("--vram-budget", vram_budget,
+                  "hybrid: GPU memory for FFN neurons, e.g. 4GiB; a plan is computed at load (needs a profile) and "
+                  "cached beside the model");
+  app->add_option("--plan", plan_path, "hybrid: a plan file from `ember plan` (instead of --vram-budget)");
 }
 
 SessionParams EngineFlags::session_params() const {
   SessionParams p{threads, ctx, batch};
   p.sparse.mode = parse_ffn_mode(sparse_mode);
   p.sparse.threshold = sparse_threshold;
+  if (!vram_budget.empty()) p.hybrid.vram_budget = parse_byte_size(vram_budget);
+  EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_budget > 0, "--vram-budget must be more than 0 bytes");
+  p.hybrid.plan_path = plan_path;
   return p;
 }
 
@@ -44,6 +52,12 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
 }
 
 void log_ffn_sparsity(Session& session) {
+  if (const HybridFfn* hy = session.hybrid_ffn()) {
+    const HybridStats st = hy->stats();
+    const uint64_t all = st.device_fired + st.cpu_fired;
+    log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,
+             all ? 100.0 * st.device_fired / all : 0.0, hy->device().name(), all ? 100.0 * st.cpu_fired / all : 0.0);
+  }
   const SparseFfn* sp = session.sparse_ffn();
   if (!sp) return;
   const FfnSparsityStats& st = sp->stats();

@@ -17,6 +17,8 @@ struct EngineFlags {
   bool verbose = false;
   std::string sparse_mode = "dense";
   float sparse_threshold = 0.0f;
+  std::string vram_budget;  // hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp)
+  std::string plan_path;
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;

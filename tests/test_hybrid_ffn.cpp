@@ -65,6 +65,7 @@ SessionParams base_params(int threads = 2) {
   // solvers do put neurons on the device.
   p.hybrid.device.sync_seconds = 0;
   p.hybrid.device.pcie_bandwidth = 1e15;
+  p.hybrid.device_kind = "cpu";  // the stand-in, GPU or not (test_cuda_ops.cpp covers CUDA)
   return p;
 }
 

@@ -205,7 +205,7 @@ TEST(Plan, LayerSplitHandComputed) {
   // FFN share: 3 x pad(4 * 256) + pad(4 * 4) = 3072 + 256; layer = 1024 + 512 + 3328 = 4864.
   EXPECT_EQ(gpu_ffn_share_bytes(m.layers[0], 4), 3328u);
   EXPECT_EQ(gpu_layer_bytes(m.layers[0], true, 4), 4864u);
-  // FFN scratch: 2 pad(64 * 4) + 2 pad(4 * 4) + 2 pad(4 * 4) = 512 + 512 + 512.
+  // FFN scratch: 2 pad(64 * 4) + 2 pad(4 * 4) + pad(4 * 4) + pad(6 * 4) = 512 + 512 + 512.
   EXPECT_EQ(gpu_ffn_scratch_bytes(m, o), 1536u);
   // Attention scratch: q 256, k and v 128 -> 256 each, output 256, scores 2 * 8 * 4 -> 256.
   EXPECT_EQ(gpu_attn_scratch_bytes(m, o), 1280u);

@@ -38,7 +38,7 @@ FfnArenaLayout ffn_arena_layout(const PlanModel& m, const PlanOptions& opts, con
     a.act = take(b * m.n_ff * f);
     a.h = take(b * m.n_ff * f);
     a.active = take(m.n_ff * sizeof(int32_t));
-    a.pos = take(m.n_ff * sizeof(int32_t));
+    a.pos = take((m.n_ff + 2) * sizeof(int32_t));  // positions, then the counters (CUDA)
   }
   a.total = off;
   // The layout and the solvers' accounting are two spellings of one sum: they must agree.

@@ -8,6 +8,10 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#ifdef EMBER_HAS_CUDA
+#include "engine/cuda_device.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+#endif
 
 namespace ember {
 
@@ -97,6 +101,27 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
   return p;
 }
 
+std::unique_ptr<Device> make_device(const HybridOptions& o) {
+  EMBER_CHECK(o.device_kind == "auto" || o.device_kind == "cuda" || o.device_kind == "cpu",
+              "unknown hybrid device '{}' (expected auto, cuda or cpu)", o.device_kind);
+#ifdef EMBER_HAS_CUDA
+  if (o.device_kind != "cpu") {
+    std::string why;
+    if (cuda::available(&why)) {
+      log_info("hybrid: device {} (CUDA)", cuda::device_name());
+      return std::make_unique<CudaDevice>();
+    }
+    EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: {}", why);
+    log_info("hybrid: no CUDA device ({}): a second CPU device stands in for the GPU", why);
+  }
+#else
+  EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: this build has no CUDA backend (configure with a CUDA "
+              "toolkit, EMBER_CUDA=ON)");
+  if (o.device_kind == "auto") log_info("hybrid: built without CUDA: a second CPU device stands in for the GPU");
+#endif
+  return std::make_unique<CpuDevice>(o.device_threads);
+}
+
 HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx,
                      std::unique_ptr<Device> device)
     : model_(model), threshold_(opts.threshold) {
@@ -117,7 +142,7 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
       down_views_.push_back(down_nm_[l].view);
     }
   }
-  device_ = device ? std::move(device) : std::make_unique<CpuDevice>(opts.device_threads);
+  device_ = device ? std::move(device) : make_device(opts);
   device_->load(model, down_views_, pm_, popts_, plan_);
   cpu_rows_.resize(model.layers.size());
   for (size_t l = 0; l < model.layers.size(); ++l) {

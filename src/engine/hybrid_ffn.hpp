@@ -30,6 +30,8 @@ struct HybridOptions {
   DeviceDesc device;          // throughputs of the cost model (vram_budget is taken from above)
   PlanOptions plan;
   float threshold = 0.0f;     // firing threshold on |act(gate)|
+  std::string device_kind = "auto";  // "auto" (CUDA when built and a GPU is present, else the
+                                     // CPU stand-in), "cuda" or "cpu"
   int device_threads = 1;     // threads of the CPU stand-in device
   const Plan* given = nullptr;  // tests: use this plan as is (validated)
 };
@@ -41,6 +43,9 @@ Plan hybrid_plan(const Model& model, const HybridOptions& opts, int64_t n_ctx, P
 std::string plan_cache_key(const Model& model, const std::string& profile_source, const HybridOptions& opts,
                            int64_t n_ctx);
 
+// The device of HybridOptions::device_kind; throws naming why when "cuda" cannot be had.
+std::unique_ptr<Device> make_device(const HybridOptions& opts);
+
 struct HybridStats {
   uint64_t device_fired = 0, cpu_fired = 0;  // (token, neuron) pairs that fired on each side
   uint64_t device_layer_calls = 0;           // layer-chunks the device took part in
@@ -49,7 +54,7 @@ struct HybridStats {
 class HybridFfn final : public FfnExecutor {
  public:
   HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx,
-            std::unique_ptr<Device> device = nullptr);  // null: a CpuDevice stand-in
+            std::unique_ptr<Device> device = nullptr);  // null: make_device(opts)
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;

@@ -49,8 +49,9 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
   // x in, partial out (n_embd each), gate and up activations (n_ff each), the active neurons'
-  // rows and their positions in the share (n_ff each).
-  return 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + 2 * gpu_pad(m.n_ff * sizeof(int32_t));
+  // rows (n_ff) and their positions in the share (n_ff, then two counters: active, fired).
+  return 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + gpu_pad(m.n_ff * sizeof(int32_t)) +
+         gpu_pad((m.n_ff + 2) * sizeof(int32_t));
 }
 
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {

@@ -26,6 +26,9 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
                   "hybrid: GPU memory for FFN neurons, e.g. 4GiB; a plan is computed at load (needs a profile) and "
                   "cached beside the model");
   app->add_option("--plan", plan_path, "hybrid: a plan file from `ember plan` (instead of --vram-budget)");
+  app->add_option("--hybrid-device", hybrid_device, "hybrid: auto (CUDA if built and present), cuda, or cpu (stand-in)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
 }
 
 SessionParams EngineFlags::session_params() const {
@@ -35,6 +38,7 @@ SessionParams EngineFlags::session_params() const {
   if (!vram_budget.empty()) p.hybrid.vram_budget = parse_byte_size(vram_budget);
   EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_budget > 0, "--vram-budget must be more than 0 bytes");
   p.hybrid.plan_path = plan_path;
+  p.hybrid.device_kind = hybrid_device;
   return p;
 }
 

@@ -19,6 +19,7 @@ struct EngineFlags {
   float sparse_threshold = 0.0f;
   std::string vram_budget;  // hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp)
   std::string plan_path;
+  std::string hybrid_device = "auto";
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;

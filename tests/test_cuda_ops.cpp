@@ -31,7 +31,7 @@ namespace {
     if (!cuda::available(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): CUDA tests skipped"; \
   } while (0)
 #else
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA (no CUDA toolkit found at configure time)"
+#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA (EMBER_CUDA=OFF, or no CUDA toolkit at configure time)"
 #endif
 
 #ifdef EMBER_HAS_CUDA

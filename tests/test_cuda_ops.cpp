@@ -116,7 +116,8 @@ TEST(CudaOps, MatvecAndGatherMatchReference) {
             ref += static_cast<double>(w.deq[r * cols + c]) * x[t * cols + c];
             mag += std::fabs(static_cast<double>(w.deq[r * cols + c]) * x[t * cols + c]);
           }
-          ASSERT_NEAR(y[t * rows + r], ref, 1e-5 * mag + 1e-6) << "t " << t << " r " << r;
+          // Float sums of up to 4096 products: a bound well above their rounding, far below a wrong value.
+          ASSERT_NEAR(y[t * rows + r], ref, 5e-5 * mag + 1e-6) << "t " << t << " r " << r;
         }
       for (int64_t t = 0; t < nt; ++t)
         for (int64_t i = 0; i < ng; ++i) ASSERT_EQ(g[t * (rows + 1) + i], y[t * rows + ids[i]]);
@@ -189,7 +190,7 @@ TEST(CudaOps, FireGateMulAxpyAndAddMatchReference) {
               ref_o += term;
               mag += std::fabs(term);
             }
-            ASSERT_NEAR(out[t * cols + j], ref_o, 1e-5 * mag + 1e-6) << "t " << t << " j " << j;
+            ASSERT_NEAR(out[t * cols + j], ref_o, 2e-4 * mag + 1e-6) << "t " << t << " j " << j;
           }
       }
     }

@@ -142,8 +142,19 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
       down_views_.push_back(down_nm_[l].view);
     }
   }
-  device_ = device ? std::move(device) : make_device(opts);
-  device_->load(model, down_views_, pm_, popts_, plan_);
+  const bool given_device = device != nullptr;
+  device_ = given_device ? std::move(device) : make_device(opts);
+  try {
+    device_->load(model, down_views_, pm_, popts_, plan_);
+  } catch (const Error& e) {
+    // "auto" takes the stand-in where the GPU cannot hold this model (a weight type its
+    // kernels do not read, too little memory); an explicit choice fails with the reason.
+    if (given_device || opts.device_kind != "auto" || std::string(device_->name()) == "cpu-standin") throw;
+    log_warn("hybrid: the {} device cannot take this model ({}); a second CPU device stands in", device_->name(),
+             e.what());
+    device_ = std::make_unique<CpuDevice>(opts.device_threads);
+    device_->load(model, down_views_, pm_, popts_, plan_);
+  }
   cpu_rows_.resize(model.layers.size());
   for (size_t l = 0; l < model.layers.size(); ++l) {
     std::vector<char> on(static_cast<size_t>(hp.n_ff), 0);

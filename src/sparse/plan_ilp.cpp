@@ -17,8 +17,6 @@
 // given to CBC as its first solution, and the better of the two (by the cost model) is returned,
 // so the ILP is never worse than greedy, even when the time limit stops it early.
 #include <CbcModel.hpp>
-#include <CglKnapsackCover.hpp>
-#include <CglProbing.hpp>
 #include <CoinPackedMatrix.hpp>
 #include <CoinPackedVector.hpp>
 #include <OsiClpSolverInterface.hpp>
@@ -141,13 +139,6 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
   model.setMaximumSeconds(opts.time_limit);
   model.setAllowableFractionGap(opts.gap_tolerance);
   model.setBestSolution(start.data(), n_cols, start_obj, true);
-  // The memory row is a knapsack: cover cuts tighten its LP bound, probing the implications
-  // between x, u and the ordering rows.
-  CglKnapsackCover cover;
-  CglProbing probing;
-  probing.setUsingObjective(1);
-  model.addCutGenerator(&cover, -1, "knapsack cover");
-  model.addCutGenerator(&probing, -1, "probing");
   model.branchAndBound();
 
   Plan plan;

@@ -118,6 +118,19 @@ expect_error "sparse profile not a profile" "not a profile" "$ember" perplexity 
 expect_ok "synth one layer" "$ember" synth --preset tiny --n-layer 1 -o "$tmp/one.gguf"
 expect_ok "profile one layer" "$ember" profile -m "$tmp/one.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 64 --threshold 0.1 -o "$tmp/one.profile.gguf"
 expect_error "profile of another model" "thresholds for a model of [0-9]+ layers" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold --sparse-profile "$tmp/one.profile.gguf"
+# Placement (ember plan): a 7B plan from shapes, a plan file for a synth ReLU model, errors.
+expect_ok "plan 7b shapes" "$ember" plan --synth-preset 7b --vram-budget 2GiB --time-limit 1
+contains "plan compares methods" "$tmp/out" "layer-split"
+expect_ok "synth relu" "$ember" synth --preset tiny --type q4_0 --act relu --sparsity 0.8 -o "$tmp/relu.gguf"
+expect_ok "plan synth file" "$ember" plan -m "$tmp/relu.gguf" --vram-budget 64K --min-neurons 16 -o "$tmp/relu.plan.gguf"
+expect_ok "inspect plan" "$ember" inspect "$tmp/relu.plan.gguf"
+contains "plan file" "$tmp/out" "ember-plan"
+expect_ok "generate hybrid with plan" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --plan "$tmp/relu.plan.gguf"
+contains "hybrid log" "$tmp/err" "hybrid FFN"
+expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
+expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
+expect_error "plan bad budget" "size" "$ember" plan --synth-preset 7b --vram-budget 4XB
+expect_error "plan without profile" "profile" "$ember" plan -m "$tmp/tiny.gguf" --vram-budget 1M
 
 # The real default model, when installed.
 if [ -f "$smol" ]; then

@@ -12,6 +12,7 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/synth.hpp"
+#include "support/session_logits.hpp"
 
 using namespace ember;
 
@@ -44,31 +45,13 @@ std::vector<std::vector<float>> run(const Model& m, FfnMode mode, int threads, F
   p.n_ctx = 64;
   p.sparse.mode = mode;
   Session s(m, p);
-  std::mt19937 rng(9);
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(m.hp.n_vocab - 1));
-  std::vector<int32_t> tokens(18);
-  for (auto& t : tokens) t = pick(rng);
-  const int64_t nv = m.hp.n_vocab;
-  std::vector<float> all(12 * nv);
-  s.eval_all_logits(tokens.data(), 12, all.data());
-  std::vector<std::vector<float>> out;
-  for (int64_t t = 0; t < 12; ++t) out.emplace_back(all.begin() + t * nv, all.begin() + (t + 1) * nv);
-  for (int64_t t = 12; t < 18; ++t) {
-    s.eval(&tokens[t], 1);
-    out.emplace_back(s.logits(), s.logits() + nv);
-  }
+  auto out = test_support::session_logits(s);
   if (stats && s.sparse_ffn()) *stats = s.sparse_ffn()->stats();
   return out;
 }
 
 double rel_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  double d = 0, m = 0;
-  for (size_t t = 0; t < a.size(); ++t)
-    for (size_t i = 0; i < a[t].size(); ++i) {
-      d = std::max(d, static_cast<double>(std::fabs(a[t][i] - b[t][i])));
-      m = std::max(m, static_cast<double>(std::fabs(a[t][i])));
-    }
-  return d / m;
+  return test_support::max_rel_diff(a, b);
 }
 
 }  // namespace

@@ -27,7 +27,12 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
-  if (p.sparse.mode != FfnMode::dense) {
+  if (p.hybrid_on()) {
+    HybridOptions h = p.hybrid;
+    h.threshold = p.sparse.threshold;
+    hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx);
+    ws_.ffn = hybrid_.get();
+  } else if (p.sparse.mode != FfnMode::dense) {
     SparseFfnOptions so = p.sparse;
     // Threshold mode without thresholds given: the calibrated ones stored in the model file.
     if (so.mode == FfnMode::threshold && so.layer_thresholds.empty()) so.layer_thresholds = model.gate_thresholds;

@@ -9,6 +9,7 @@
 #include "core/thread_pool.hpp"
 #include "model/forward.hpp"
 #include "model/kv_cache.hpp"
+#include "engine/hybrid_ffn.hpp"
 #include "model/model.hpp"
 #include "sparse/ffn_sparse.hpp"
 
@@ -19,6 +20,10 @@ struct SessionParams {
   int64_t n_ctx = 4096;  // capped at the model's training context
   int64_t n_batch = 512; // prompt tokens per forward pass
   SparseFfnOptions sparse; // FFN executor: dense (default) or neuron-sparse
+  // Hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp) when a budget or a plan is given; its firing
+  // threshold is sparse.threshold.
+  HybridOptions hybrid;
+  bool hybrid_on() const { return hybrid.vram_budget > 0 || !hybrid.plan_path.empty() || hybrid.given; }
 };
 
 class Session {
@@ -47,14 +52,18 @@ class Session {
   SparseFfn* sparse_ffn() { return sparse_.get(); }
   // Replaces the FFN executor (e.g. the profiler's); null restores the session's own (dense or
   // sparse). The executor must outlive its use.
-  void set_ffn_executor(FfnExecutor* e) { ws_.ffn = e ? e : sparse_.get(); }
+  void set_ffn_executor(FfnExecutor* e) { ws_.ffn = e ? e : own_ffn(); }
+  // The hybrid FFN executor; null unless SessionParams::hybrid_on().
+  HybridFfn* hybrid_ffn() { return hybrid_.get(); }
 
  private:
+  FfnExecutor* own_ffn() { return hybrid_ ? static_cast<FfnExecutor*>(hybrid_.get()) : sparse_.get(); }
   const Model& model_;
   ThreadPool pool_;
   KvCache kv_;
   Workspace ws_;
   std::unique_ptr<SparseFfn> sparse_;
+  std::unique_ptr<HybridFfn> hybrid_;
   std::vector<float> logits_;
   int64_t pos_ = 0;
 };

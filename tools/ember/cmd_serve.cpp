@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "server/server.hpp"
 
@@ -31,6 +32,15 @@ void run_serve(ServeFlags& f) {
 
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params();
+  if (f.server.session.hybrid_on() && f.server.parallel > 1) {
+    // Each session holds its own device share: split the budget so that all of them fit it.
+    EMBER_CHECK(f.server.session.hybrid.plan_path.empty(),
+                "--plan with --parallel {}: every session would hold the plan's GPU share; use --parallel 1 or "
+                "--vram-budget (split between the sessions)", f.server.parallel);
+    f.server.session.hybrid.vram_budget /= f.server.parallel;
+    log_info("hybrid: {} sessions, {:.1f} MiB of the GPU budget each", f.server.parallel,
+             f.server.session.hybrid.vram_budget / 1048576.0);
+  }
   f.server.max_body_bytes = f.max_body_kib * 1024;
   server::Server srv(*model, f.engine.model_path, f.server);
   srv.bind();

@@ -12,5 +12,6 @@ void add_serve(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_profile(CLI::App& app);
 void add_prepare(CLI::App& app);
+void add_plan(CLI::App& app);
 
 }  // namespace ember::cli

@@ -29,6 +29,12 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("--sparsity", sparsity, "target fraction of inactive neurons (threshold mode with --sparse-profile; profile: where "
                   "the per-layer firing thresholds lie)")
       ->check(CLI::Range(0.0f, 0.999f))
+  app->add_option("--vram-budget", vram_budget,
+                  "hybrid: GPU memory for FFN neurons, e.g. 4GiB; a plan is computed at load (needs a profile) and "
+                  "cached beside the model");
+  app->add_option("--plan", plan_path, "hybrid: a plan file from `ember plan` (instead of --vram-budget)");
+  app->add_option("--hybrid-device", hybrid_device, "hybrid: auto (CUDA if built and present), cuda, or cpu (stand-in)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
 }
 
@@ -41,6 +47,10 @@ SessionParams EngineFlags::session_params() const {
     p.sparse.layer_thresholds = calibrate_thresholds(sparse_profile, sparsity);
     log_info("threshold mode: per-layer thresholds for sparsity {:.2f} from {}", sparsity, sparse_profile);
   }
+  if (!vram_budget.empty()) p.hybrid.vram_budget = parse_byte_size(vram_budget);
+  EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_budget > 0, "--vram-budget must be more than 0 bytes");
+  p.hybrid.plan_path = plan_path;
+  p.hybrid.device_kind = hybrid_device;
   return p;
 }
 
@@ -58,6 +68,12 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
 }
 
 void log_ffn_sparsity(Session& session) {
+  if (const HybridFfn* hy = session.hybrid_ffn()) {
+    const HybridStats st = hy->stats();
+    const uint64_t all = st.device_fired + st.cpu_fired;
+    log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,
+             all ? 100.0 * st.device_fired / all : 0.0, hy->device().name(), all ? 100.0 * st.cpu_fired / all : 0.0);
+  }
   const SparseFfn* sp = session.sparse_ffn();
   if (!sp) return;
   const FfnSparsityStats& st = sp->stats();

@@ -19,6 +19,9 @@ struct EngineFlags {
   float sparse_threshold = 0.0f;
   std::string sparse_profile;  // threshold mode: calibrate per-layer thresholds from this profile
   float sparsity = 0.5f;       // ... at this target sparsity
+  std::string vram_budget;  // hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp)
+  std::string plan_path;
+  std::string hybrid_device = "auto";
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;

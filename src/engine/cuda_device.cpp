@@ -1,0 +1,110 @@
+#include "engine/cuda_device.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+
+namespace ember {
+
+CudaDevice::CudaDevice() {
+  std::string why;
+  EMBER_CHECK(cuda::available(&why), "no usable CUDA device ({}); run without --vram-budget/--plan, or on a machine "
+              "with an NVIDIA GPU", why);
+  stream_ = cuda::stream_create();
+}
+
+CudaDevice::~CudaDevice() {
+  if (pending_) {
+    try {
+      cuda::stream_sync(stream_);
+    } catch (const Error&) {
+    }
+  }
+  if (arena_) cuda::free_device(arena_);
+  if (x_host_) cuda::free_host_pinned(x_host_);
+  if (out_host_) cuda::free_host_pinned(out_host_);
+  if (counters_host_) cuda::free_host_pinned(counters_host_);
+  if (stream_) cuda::stream_destroy(stream_);
+}
+
+void CudaDevice::load(const Model& model, const std::vector<TensorView>& down_nm, const PlanModel& pm,
+                      const PlanOptions& opts, const Plan& plan) {
+  EMBER_CHECK(!arena_, "CUDA device: load called twice");
+  EMBER_CHECK(down_nm.size() == model.layers.size(), "CUDA device: {} neuron-major down matrices for {} layers",
+              down_nm.size(), model.layers.size());
+  layout_ = ffn_arena_layout(pm, opts, plan);
+  n_embd_ = pm.n_embd, n_ff_ = pm.n_ff, max_batch_ = opts.max_batch;
+  types_.assign(model.layers.size(), {});
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    if (layout_.layers[l].n == 0) continue;
+    const FfnWeights& w = model.layers[l].ffn;
+    for (DType t : {w.gate.type, w.up.type, down_nm[l].type})
+      EMBER_CHECK(cuda::supports(t), "CUDA device: layer {} has {} weights; the CUDA kernels read F32, F16, Q8_0 and "
+                  "Q4_0", l, dtype_name(t));
+    types_[l] = {w.gate.type, w.up.type, down_nm[l].type};
+  }
+  arena_ = static_cast<uint8_t*>(cuda::malloc_device(layout_.total));
+  const size_t io = static_cast<size_t>(max_batch_ * n_embd_) * sizeof(float);
+  x_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
+  out_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
+  counters_host_ = static_cast<int32_t*>(cuda::malloc_host_pinned(2 * sizeof(int32_t)));
+  // Upload each share: its rows gathered on the host, one copy per buffer.
+  std::vector<uint8_t> staging;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& s = layout_.layers[l];
+    if (s.n == 0) continue;
+    const auto& ids = plan.layers[l].gpu_neurons;
+    auto upload = [&](const TensorView& src, uint64_t offset) {
+      const size_t rb = src.row_stride();
+      staging.resize(rb * static_cast<size_t>(s.n));
+      for (int64_t i = 0; i < s.n; ++i) std::memcpy(staging.data() + i * rb, src.row(ids[static_cast<size_t>(i)]), rb);
+      cuda::copy_to_device_sync(arena_ + offset, staging.data(), staging.size());
+    };
+    upload(model.layers[l].ffn.gate, s.gate);
+    upload(model.layers[l].ffn.up, s.up);
+    upload(down_nm[l], s.down);
+    std::vector<int32_t> rows(static_cast<size_t>(s.n));
+    for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    cuda::copy_to_device_sync(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t));
+  }
+}
+
+void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) {
+  EMBER_CHECK(layer >= 0 && static_cast<size_t>(layer) < layout_.layers.size() && layout_.layers[layer].n > 0,
+              "CUDA device: layer {} has no share", layer);
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: batch of {} tokens (1 to {})", n, max_batch_);
+  EMBER_CHECK(!pending_, "CUDA device: ffn_begin before the previous ffn_end");
+  const auto& s = layout_.layers[static_cast<size_t>(layer)];
+  const Share& t = types_[static_cast<size_t>(layer)];
+  auto* xd = reinterpret_cast<float*>(arena_ + layout_.x);
+  auto* out = reinterpret_cast<float*>(arena_ + layout_.out);
+  auto* a = reinterpret_cast<float*>(arena_ + layout_.act);
+  auto* h = reinterpret_cast<float*>(arena_ + layout_.h);
+  auto* active = reinterpret_cast<int32_t*>(arena_ + layout_.active);
+  auto* pos = reinterpret_cast<int32_t*>(arena_ + layout_.pos);
+  int32_t* counters = pos + n_ff_;
+  const auto* rows = reinterpret_cast<const int32_t*>(arena_ + s.rows);
+  const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
+  std::memcpy(x_host_, x, bytes);
+  cuda::copy_to_device(xd, x_host_, bytes, stream_);
+  cuda::matvec(t.gate, arena_ + s.gate, n_embd_, s.n, xd, n, a, stream_);
+  cuda::ffn_fire(act, threshold, a, s.n, n, rows, active, pos, counters, stream_);
+  cuda::gather_matvec(t.up, arena_ + s.up, n_embd_, active, counters, s.n, xd, n, h, s.n, stream_);
+  cuda::gate_mul(h, a, s.n, pos, counters, s.n, n, stream_);
+  cuda::sparse_axpy(t.down, arena_ + s.down, n_embd_, active, counters, h, s.n, n, out, stream_);
+  cuda::copy_to_host(out_host_, out, bytes, stream_);
+  cuda::copy_to_host(counters_host_, counters, 2 * sizeof(int32_t), stream_);
+  pending_ = true;
+  pending_n_ = n;
+}
+
+const float* CudaDevice::ffn_end() {
+  EMBER_CHECK(pending_, "CUDA device: ffn_end without ffn_begin");
+  cuda::stream_sync(stream_);
+  pending_ = false;
+  fired_ += static_cast<uint64_t>(counters_host_[1]);
+  return out_host_;
+}
+
+}  // namespace ember

@@ -1,0 +1,226 @@
+#include "engine/hybrid_ffn.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/timer.hpp"
+#ifdef EMBER_HAS_CUDA
+#include "engine/cuda_device.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+#endif
+
+namespace ember {
+
+namespace {
+
+std::string file_stamp(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return path;
+  const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+  return fmt::format("{}:{}:{}", std::filesystem::absolute(path).string(), size, ec ? 0 : time);
+}
+
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::string plan_cache_key(const Model& model, const std::string& profile_source, const HybridOptions& o,
+                           int64_t n_ctx) {
+  const DeviceDesc& d = o.device;
+  const PlanOptions& p = o.plan;
+  const std::string all =
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()), file_stamp(profile_source),
+                  o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth, d.sync_seconds, p.group_size,
+                  p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance, plan_method_name(o.method), n_ctx);
+  return fmt::format("{:016x}", fnv1a64(all));
+}
+
+Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, PlanModel* pm_out, PlanOptions* popts) {
+  std::string source;
+  // A given plan needs the model's sizes to be checked, not its profile.
+  const bool given = o.given || !o.plan_path.empty();
+  *pm_out = plan_model_from(
+      model,
+      given ? std::vector<std::vector<float>>(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f))
+            : plan_probabilities(model, o.profile_path, &source),
+      n_ctx);
+  const PlanModel& pm = *pm_out;
+  *popts = o.plan;
+  if (o.given) {
+    validate_plan(pm, o.plan, *o.given, o.given->vram_budget);
+    Plan p = *o.given;
+    p.gpu_bytes = gpu_bytes(pm, o.plan, p);
+    return p;
+  }
+  if (!o.plan_path.empty()) {
+    Plan p = read_plan(o.plan_path, pm, popts);
+    log_info("hybrid: plan {} ({}, {:.1f} MiB on the device)", o.plan_path, plan_method_name(p.method),
+             p.gpu_bytes / 1048576.0);
+    return p;
+  }
+  EMBER_CHECK(o.vram_budget > 0, "hybrid: give --vram-budget or --plan");
+  DeviceDesc dev = o.device;
+  dev.vram_budget = o.vram_budget;
+  const std::string key = plan_cache_key(model, source, o, pm.n_ctx);
+  std::filesystem::path cache(model.file->path());
+  cache.replace_extension(".plan-" + key + ".gguf");
+  if (o.cache && std::filesystem::exists(cache)) {
+    try {
+      Plan p = read_plan(cache.string(), pm, popts);
+      if (p.key == key) {
+        log_info("hybrid: cached plan {} ({:.1f} MiB on the device)", cache.string(), p.gpu_bytes / 1048576.0);
+        return p;
+      }
+    } catch (const Error& e) {
+      log_warn("hybrid: ignoring cached plan {}: {}", cache.string(), e.what());
+    }
+  }
+  log_info("hybrid: planning {} for a {:.1f} MiB budget (profile: {})...", plan_method_name(o.method),
+           o.vram_budget / 1048576.0, source);
+  Plan p = make_plan(o.method, pm, dev, o.plan);
+  p.key = key;
+  log_info("hybrid: plan {} in {:.2f} s, {} GPU neurons, {:.1f} MiB, gap {}", p.status, p.solve_seconds,
+           p.n_gpu_neurons(), p.gpu_bytes / 1048576.0, p.gap < 0 ? std::string("-") : fmt::format("{:.2e}", p.gap));
+  if (o.cache) {
+    try {
+      write_plan(p, pm, o.plan, cache.string());
+      log_info("hybrid: cached the plan as {}", cache.string());
+    } catch (const Error& e) {
+      log_warn("hybrid: could not cache the plan ({}); it is computed again next time", e.what());
+    }
+  }
+  return p;
+}
+
+std::unique_ptr<Device> make_device(const HybridOptions& o) {
+  EMBER_CHECK(o.device_kind == "auto" || o.device_kind == "cuda" || o.device_kind == "cpu",
+              "unknown hybrid device '{}' (expected auto, cuda or cpu)", o.device_kind);
+#ifdef EMBER_HAS_CUDA
+  if (o.device_kind != "cpu") {
+    std::string why;
+    if (cuda::available(&why)) {
+      log_info("hybrid: device {} (CUDA)", cuda::device_name());
+      return std::make_unique<CudaDevice>();
+    }
+    EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: {}", why);
+    log_info("hybrid: no CUDA device ({}): a second CPU device stands in for the GPU", why);
+  }
+#else
+  EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: this build has no CUDA backend (configure with a CUDA "
+              "toolkit, EMBER_CUDA=ON)");
+  if (o.device_kind == "auto") log_info("hybrid: built without CUDA: a second CPU device stands in for the GPU");
+#endif
+  return std::make_unique<CpuDevice>(o.device_threads);
+}
+
+HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx,
+                     std::unique_ptr<Device> device)
+    : model_(model), threshold_(opts.threshold) {
+  EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "hybrid: threshold must be >= 0, got {}",
+              opts.threshold);
+  Timer timer;
+  plan_ = hybrid_plan(model, opts, n_ctx, &pm_, &popts_);
+  const Hparams& hp = model.hp;
+  // The neuron-major down: the file's down_t where it has one, else a copy (as SparseFfn).
+  down_nm_.resize(model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const FfnWeights& w = model.layers[l].ffn;
+    if (w.down_t.data) {
+      down_views_.push_back(w.down_t);
+    } else {
+      down_nm_[l] = cpu::make_neuron_major(
+          pool, w.down, cpu::neuron_major_dtype(w.down.type, cpu::NeuronMajorType::exact, hp.n_embd));
+      down_views_.push_back(down_nm_[l].view);
+    }
+  }
+  const bool given_device = device != nullptr;
+  device_ = given_device ? std::move(device) : make_device(opts);
+  try {
+    device_->load(model, down_views_, pm_, popts_, plan_);
+  } catch (const Error& e) {
+    // "auto" takes the stand-in where the GPU cannot hold this model (a weight type its
+    // kernels do not read, too little memory); an explicit choice fails with the reason.
+    if (given_device || opts.device_kind != "auto" || std::string(device_->name()) == "cpu-standin") throw;
+    log_warn("hybrid: the {} device cannot take this model ({}); a second CPU device stands in", device_->name(),
+             e.what());
+    device_ = std::make_unique<CpuDevice>(opts.device_threads);
+    device_->load(model, down_views_, pm_, popts_, plan_);
+  }
+  cpu_rows_.resize(model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    std::vector<char> on(static_cast<size_t>(hp.n_ff), 0);
+    for (int32_t j : plan_.layers[l].gpu_neurons) on[static_cast<size_t>(j)] = 1;
+    for (int32_t j = 0; j < hp.n_ff; ++j)
+      if (!on[static_cast<size_t>(j)]) cpu_rows_[l].push_back(j);
+  }
+  const size_t b = static_cast<size_t>(popts_.max_batch), nf = static_cast<size_t>(hp.n_ff);
+  act_.resize(b * nf);
+  h_.resize(b * nf);
+  partial_.resize(b * static_cast<size_t>(hp.n_embd));
+  active_.resize(nf);
+  pos_.resize(nf);
+  axpy_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, popts_.max_batch, pool.size(), cpu::AxpySplit::columns));
+  int used = 0;
+  for (size_t l = 0; l < plan_.layers.size(); ++l) used += !plan_.layers[l].gpu_neurons.empty();
+  log_info("hybrid FFN: device {} holds {} neurons in {} of {} layers ({:.1f} MiB), CPU the rest; ready in {:.2f} s",
+           device_->name(), plan_.n_gpu_neurons(), used, plan_.layers.size(), device_->bytes() / 1048576.0,
+           timer.seconds());
+  int attn = 0;
+  for (const auto& L : plan_.layers) attn += L.attn_gpu;
+  if (attn > 0) log_info("hybrid FFN: the plan puts attention of {} layers on the GPU; it runs on the CPU here", attn);
+}
+
+HybridStats HybridFfn::stats() const { return {device_->fired(), cpu_fired_, device_calls_}; }
+
+void HybridFfn::reset_stats() {
+  device_->reset_stats();
+  cpu_fired_ = 0;
+  device_calls_ = 0;
+}
+
+size_t HybridFfn::cpu_bytes() const {
+  size_t b = 0;
+  for (const auto& m : down_nm_) b += m.view.nbytes;
+  for (const auto& r : cpu_rows_) b += r.size() * sizeof(int32_t);
+  return b + (act_.size() + h_.size() + partial_.size() + axpy_.size()) * sizeof(float) +
+         (active_.size() + pos_.size()) * sizeof(int32_t);
+}
+
+void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                    int64_t n, float* out, Workspace& ws) {
+  const int64_t n_embd = w.down.rows();
+  const size_t l = static_cast<size_t>(layer);
+  const bool on_device = !plan_.layers[l].gpu_neurons.empty();
+  const FfnShareWeights cpu_w{w.gate, w.up, down_views_[l]};
+  FfnShareScratch sc{act_.data(), h_.data(), active_.data(), pos_.data(), ws.mm_scratch.data(), axpy_.data()};
+  const auto& rows = cpu_rows_[l];
+  for (int64_t t0 = 0; t0 < n; t0 += popts_.max_batch) {
+    const int64_t nc = std::min(popts_.max_batch, n - t0);
+    const float* xc = x + t0 * n_embd;
+    float* oc = out + t0 * n_embd;
+    if (on_device) {
+      device_->ffn_begin(layer, xc, nc, act, threshold_);
+      ++device_calls_;
+    }
+    // The CPU's neurons meanwhile, into `out` directly when the device has nothing here.
+    float* cpu_out = on_device ? partial_.data() : oc;
+    cpu_fired_ += ffn_share_partial(pool, cpu_w, rows.data(), static_cast<int64_t>(rows.size()), act, threshold_, xc,
+                                    nc, cpu_out, sc);
+    if (on_device) {
+      const float* dev = device_->ffn_end();
+      // Fixed order: CPU partial, then the device's.
+      for (int64_t i = 0; i < nc * n_embd; ++i) oc[i] = partial_[static_cast<size_t>(i)] + dev[i];
+    }
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,319 @@
+// CUDA kernels of the hybrid engine; see cuda_ops.hpp. Written for clarity and a fixed
+// summation order first (one warp per output row, lanes over blocks, a fixed shuffle tree).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "core/error.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+
+namespace ember::cuda {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA {} failed: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));
+}
+void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+constexpr int kWarp = 32;
+constexpr int kQK = 32;        // elements per Q8_0 / Q4_0 block
+constexpr int kQ8Bytes = 34;   // half d + 32 int8
+constexpr int kQ4Bytes = 18;   // half d + 16 bytes of nibbles
+
+__device__ __forceinline__ float half_at(const uint8_t* p) {
+  const unsigned short bits = static_cast<unsigned short>(p[0] | (p[1] << 8));
+  return __half2float(__ushort_as_half(bits));
+}
+
+// Element j of a row of the given type.
+template <int T>
+__device__ __forceinline__ float element(const uint8_t* row, int64_t j);
+template <>
+__device__ __forceinline__ float element<0>(const uint8_t* row, int64_t j) {  // F32
+  return reinterpret_cast<const float*>(row)[j];
+}
+template <>
+__device__ __forceinline__ float element<1>(const uint8_t* row, int64_t j) {  // F16
+  return __half2float(reinterpret_cast<const __half*>(row)[j]);
+}
+template <>
+__device__ __forceinline__ float element<8>(const uint8_t* row, int64_t j) {  // Q8_0
+  const uint8_t* b = row + (j / kQK) * kQ8Bytes;
+  return half_at(b) * static_cast<float>(static_cast<int8_t>(b[2 + j % kQK]));
+}
+template <>
+__device__ __forceinline__ float element<2>(const uint8_t* row, int64_t j) {  // Q4_0
+  const uint8_t* b = row + (j / kQK) * kQ4Bytes;
+  const int jj = static_cast<int>(j % kQK);
+  const int q = jj < 16 ? (b[2 + jj] & 0x0F) : (b[2 + jj - 16] >> 4);
+  return half_at(b) * static_cast<float>(q - 8);
+}
+
+// One lane's share of dot(row, x): lanes take blocks of 32 elements round robin.
+template <int T>
+__device__ float lane_dot(const uint8_t* row, const float* x, int64_t cols, int lane) {
+  float s = 0.0f;
+  if (T == 0 || T == 1) {
+    for (int64_t j = lane; j < cols; j += kWarp) s += element<T>(row, j) * x[j];
+  } else {
+    const int64_t nb = cols / kQK;
+    for (int64_t b = lane; b < nb; b += kWarp) {
+      const uint8_t* blk = row + b * (T == 8 ? kQ8Bytes : kQ4Bytes);
+      const float d = half_at(blk);
+      const float* xb = x + b * kQK;
+      float acc = 0.0f;
+      if (T == 8) {
+        for (int k = 0; k < kQK; ++k) acc += static_cast<float>(static_cast<int8_t>(blk[2 + k])) * xb[k];
+      } else {
+        for (int k = 0; k < 16; ++k) {
+          acc += static_cast<float>((blk[2 + k] & 0x0F) - 8) * xb[k];
+          acc += static_cast<float>((blk[2 + k] >> 4) - 8) * xb[k + 16];
+        }
+      }
+      s += d * acc;
+    }
+  }
+  return s;
+}
+
+__device__ __forceinline__ float warp_sum(float s) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+  return s;
+}
+
+size_t row_size(DType type, int64_t cols) { return row_bytes(type, cols); }
+
+constexpr int kRowsPerBlock = 4;  // warps per block, one row each
+
+template <int T>
+__global__ void matvec_kernel(const uint8_t* W, size_t row_stride, int64_t cols, int64_t rows, const int32_t* ids,
+                              const int32_t* n_ids, const float* x, float* y, int64_t y_stride) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  const int64_t t = blockIdx.y;
+  const int64_t n = n_ids ? *n_ids : rows;
+  if (i >= n) return;
+  const int64_t r = ids ? ids[i] : i;
+  const float s = warp_sum(lane_dot<T>(W + r * row_stride, x + t * cols, cols, lane));
+  if (lane == 0) y[t * y_stride + i] = s;
+}
+
+template <int T>
+__global__ void axpy_kernel(const uint8_t* D, size_t row_stride, int64_t cols, const int32_t* active,
+                            const int32_t* n_active, const float* h, int64_t h_stride, float* out) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = blockIdx.y;
+  if (j >= cols) return;
+  const int32_t na = *n_active;
+  float s = 0.0f;
+  for (int32_t k = 0; k < na; ++k) {
+    const float hv = h[t * h_stride + k];
+    if (hv != 0.0f) s += hv * element<T>(D + static_cast<int64_t>(active[k]) * row_stride, j);
+  }
+  out[t * cols + j] = s;
+}
+
+__device__ __forceinline__ float activate(int act, float x) {
+  switch (act) {
+    case 0: return x / (1.0f + expf(-x));  // silu
+    case 1: return x > 0.0f ? x : 0.0f;    // relu
+    default: {
+      const float k = 0.7978845608028654f;
+      return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
+    }
+  }
+}
+
+// One block: activation and threshold for every (token, position), then the firing positions
+// compacted in order (a block-wide scan per chunk of blockDim positions).
+__global__ void fire_kernel(int act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
+                            int32_t* active, int32_t* pos, int32_t* n_active) {
+  __shared__ int warp_base[32];
+  __shared__ int chunk_total;
+  __shared__ unsigned long long fired_pairs;
+  if (threadIdx.x == 0) fired_pairs = 0;
+  __syncthreads();
+  int base = 0;  // the same in every thread
+  int my_fired = 0;
+  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
+  for (int64_t start = 0; start < n; start += blockDim.x) {
+    const int64_t i = start + threadIdx.x;
+    int flag = 0;
+    if (i < n) {
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        float v = activate(act, y[t * n + i]);
+        if (fabsf(v) > threshold) flag = 1, ++my_fired;
+        else v = 0.0f;
+        y[t * n + i] = v;
+      }
+    }
+    const unsigned m = __ballot_sync(0xffffffffu, flag);
+    if (lane == 0) warp_base[w] = __popc(m);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int s = 0;
+      for (int k = 0; k < n_warps; ++k) {
+        const int c = warp_base[k];
+        warp_base[k] = s;
+        s += c;
+      }
+      chunk_total = s;
+    }
+    __syncthreads();
+    if (flag) {
+      const int k = base + warp_base[w] + __popc(m & ((1u << lane) - 1u));
+      active[k] = rows[i];
+      pos[k] = static_cast<int32_t>(i);
+    }
+    base += chunk_total;
+    __syncthreads();
+  }
+  atomicAdd(&fired_pairs, static_cast<unsigned long long>(my_fired));  // integers: order-free
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    n_active[0] = base;
+    n_active[1] = static_cast<int32_t>(fired_pairs);
+  }
+}
+
+__global__ void gate_mul_kernel(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active,
+                                int64_t max_rows) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = blockIdx.y;
+  if (k >= *n_active) return;
+  h[t * max_rows + k] *= act[t * n + pos[k]];
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+unsigned grid_of(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
+
+void check_type(DType type, int64_t cols) {
+  EMBER_CHECK(supports(type), "CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0)", dtype_name(type));
+  EMBER_CHECK(cols % info(type).block_size == 0, "CUDA: row length {} is not a multiple of {}'s block size", cols,
+              dtype_name(type));
+}
+
+void launch_matvec(DType type, const void* W, int64_t cols, int64_t rows, const int32_t* ids, const int32_t* n_ids,
+                   const float* x, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
+  check_type(type, cols);
+  if (rows == 0 || n_tokens == 0) return;
+  const dim3 grid(grid_of(rows, kRowsPerBlock), static_cast<unsigned>(n_tokens));
+  const dim3 block(kRowsPerBlock * kWarp);
+  const auto* w = static_cast<const uint8_t*>(W);
+  const size_t rs = row_size(type, cols);
+  cudaStream_t s = as_stream(stream);
+  switch (type) {
+    case DType::F32: matvec_kernel<0><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
+    case DType::F16: matvec_kernel<1><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
+    case DType::Q8_0: matvec_kernel<8><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
+    default: matvec_kernel<2><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
+  }
+  check_launch("matvec kernel");
+}
+
+}  // namespace
+
+bool available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device found";
+    return false;
+  }
+  return true;
+}
+
+std::string device_name() {
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  return p.name;
+}
+
+void* malloc_device(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  return p;
+}
+void free_device(void* p) { cudaFree(p); }
+void* malloc_host_pinned(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMallocHost(&p, bytes == 0 ? 1 : bytes), "cudaMallocHost");
+  return p;
+}
+void free_host_pinned(void* p) { cudaFreeHost(p); }
+void* stream_create() {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return s;
+}
+void stream_destroy(void* s) { cudaStreamDestroy(as_stream(s)); }
+void stream_sync(void* s) { check(cudaStreamSynchronize(as_stream(s)), "cudaStreamSynchronize"); }
+void copy_to_device(void* dst, const void* src, size_t bytes, void* s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(s)), "cudaMemcpyAsync (to device)");
+}
+void copy_to_host(void* dst, const void* src, size_t bytes, void* s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)), "cudaMemcpyAsync (to host)");
+}
+void copy_to_device_sync(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (to device)");
+}
+void copy_to_host_sync(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to host)");
+}
+
+bool supports(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0; }
+
+void matvec(DType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
+            void* stream) {
+  launch_matvec(type, W, cols, rows, nullptr, nullptr, x, n_tokens, y, rows, stream);
+}
+
+void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows, const int32_t* n_rows,
+                   int64_t max_rows, const float* x, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
+  launch_matvec(type, W, cols, max_rows, rows, n_rows, x, n_tokens, y, y_stride, stream);
+}
+
+void ffn_fire(cpu::Activation act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
+              int32_t* active, int32_t* pos, int32_t* n_active, void* stream) {
+  const int a = act == cpu::Activation::silu ? 0 : act == cpu::Activation::relu ? 1 : 2;
+  fire_kernel<<<1, 1024, 0, as_stream(stream)>>>(a, threshold, y, n, n_tokens, rows, active, pos, n_active);
+  check_launch("fire kernel");
+}
+
+void gate_mul(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active, int64_t max_rows,
+              int64_t n_tokens, void* stream) {
+  if (max_rows == 0 || n_tokens == 0) return;
+  gate_mul_kernel<<<dim3(grid_of(max_rows, 256), static_cast<unsigned>(n_tokens)), 256, 0, as_stream(stream)>>>(
+      h, act, n, pos, n_active, max_rows);
+  check_launch("gate_mul kernel");
+}
+
+void sparse_axpy(DType type, const void* D, int64_t cols, const int32_t* active, const int32_t* n_active,
+                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, void* stream) {
+  check_type(type, cols);
+  if (cols == 0 || n_tokens == 0) return;
+  const dim3 grid(grid_of(cols, 256), static_cast<unsigned>(n_tokens));
+  const auto* d = static_cast<const uint8_t*>(D);
+  const size_t rs = row_size(type, cols);
+  cudaStream_t s = as_stream(stream);
+  switch (type) {
+    case DType::F32: axpy_kernel<0><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
+    case DType::F16: axpy_kernel<1><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
+    case DType::Q8_0: axpy_kernel<8><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
+    default: axpy_kernel<2><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
+  }
+  check_launch("sparse_axpy kernel");
+}
+
+void add(const float* a, const float* b, float* out, int64_t n, void* stream) {
+  if (n == 0) return;
+  add_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(a, b, out, n);
+  check_launch("add kernel");
+}
+
+}  // namespace ember::cuda

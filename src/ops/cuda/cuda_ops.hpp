@@ -1,0 +1,64 @@
+// CUDA kernels of the hybrid engine (built only when CMake finds a CUDA toolkit: EMBER_HAS_CUDA).
+// This header has no CUDA includes, so plain C++ files can call it: pointers are device
+// pointers unless named host_*, `stream` is a cudaStream_t passed as void*.
+//
+// Weight rows are in GGUF block layouts (F32, F16, Q8_0, Q4_0), read as they are stored; the
+// activations stay float (the CPU kernels round them to 8 bits first for quantized weights, so
+// the two agree to that rounding). Every kernel sums in a fixed order: results are deterministic.
+//
+//   matvec:         y[t][r]  = dot(W row r, x[t])                       r < rows
+//   gather_matvec:  y[t][i]  = dot(W row rows[i], x[t])                 i < *n_rows (device count)
+//   ffn_fire:       act(y) in place; zero where |.| <= threshold; the firing positions
+//                   (any token) compacted, in order, into active (rows[i]) and pos (i), their
+//                   count into n_active[0], the fired (token, position) pairs into n_active[1]
+//   gate_mul:       h[t][k] *= act[t][pos[k]]                           k < *n_active
+//   sparse_axpy:    out[t][j] = sum_k h[t][k] * D row active[k] [j]     (overwrites out)
+//   add:            out[i] = a[i] + b[i]                                (the partial-sum merge)
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ops/cpu/activation.hpp"
+#include "tensor/dtype.hpp"
+
+namespace ember::cuda {
+
+// Whether a CUDA device can be used; `why` says why not.
+bool available(std::string* why);
+std::string device_name();
+
+// Thin wrappers of the runtime (each throws ember::Error naming the failed call).
+void* malloc_device(size_t bytes);
+void free_device(void* p);
+void* malloc_host_pinned(size_t bytes);
+void free_host_pinned(void* p);
+void* stream_create();
+void stream_destroy(void* stream);
+void stream_sync(void* stream);
+void copy_to_device(void* dst, const void* host_src, size_t bytes, void* stream);    // async
+void copy_to_host(void* host_dst, const void* src, size_t bytes, void* stream);      // async
+void copy_to_device_sync(void* dst, const void* host_src, size_t bytes);
+void copy_to_host_sync(void* host_dst, const void* src, size_t bytes);
+
+// True for the weight types the kernels read.
+bool supports(DType t);
+
+void matvec(DType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
+            void* stream);
+// y has stride y_stride per token; n_rows points to a device int32 (<= max_rows).
+void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows, const int32_t* n_rows,
+                   int64_t max_rows, const float* x, int64_t n_tokens, float* y, int64_t y_stride, void* stream);
+// act: [n_tokens][n] in place; active/pos: n ints each; n_active: two ints, the firing
+// positions and the fired (token, position) pairs.
+void ffn_fire(cpu::Activation act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
+              int32_t* active, int32_t* pos, int32_t* n_active, void* stream);
+// h: [n_tokens][max_rows] with stride max_rows; act: [n_tokens][n] stride n.
+void gate_mul(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active, int64_t max_rows,
+              int64_t n_tokens, void* stream);
+// D: one row of `cols` per neuron; h stride h_stride; out: [n_tokens][cols], overwritten.
+void sparse_axpy(DType type, const void* D, int64_t cols, const int32_t* active, const int32_t* n_active,
+                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, void* stream);
+void add(const float* a, const float* b, float* out, int64_t n, void* stream);
+
+}  // namespace ember::cuda

@@ -1,0 +1,186 @@
+// Neuron placement for hybrid GPU-CPU inference (issue 5, "ember plan").
+//
+// A plan says, per layer, whether attention and its KV cache live on the GPU and which FFN
+// neurons do. Three solvers produce one:
+//   ilp:         an integer linear program solved with COIN-OR CBC (plan_ilp.cpp): neurons in
+//                groups (hot first) as binary variables, time-limited, optimality gap reported;
+//   greedy:      groups by benefit per byte (plan_greedy.cpp), for comparison and as a fallback
+//                (and the ILP's starting solution, so the ILP is never worse);
+//   layer_split: whole layers from the first (llama.cpp's -ngl) (plan_layer_split.cpp).
+//
+// Memory is counted by one function, gpu_bytes(), used by all three solvers, by the plan file's
+// validation and by the engine's device allocation (engine/device.hpp): a plan never exceeds its
+// budget by construction, and every solver's result is checked against it before it is returned.
+// Every buffer the GPU holds is counted padded to kGpuAlign bytes (cudaMalloc's alignment).
+//
+// Cost model (seconds per generated token, one token at a time): every byte a layer reads is
+// read at its device's bandwidth: attention weights plus half the KV cache (the mean position
+// over a full context), the predictor, and p_j * neuron bytes for each FFN neuron j (firing
+// probability p_j from the activation profile). A layer that uses the GPU pays a fixed
+// synchronization plus two n_embd float transfers over PCIe. The output matrix stays on the
+// CPU. The model adds the CPU and GPU parts of a layer (no overlap): conservative, and linear,
+// so the ILP's objective and the reported speed are one and the same function.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.hpp"
+
+namespace ember {
+
+constexpr uint64_t kGpuAlign = 256;
+inline uint64_t gpu_pad(uint64_t n) { return (n + kGpuAlign - 1) / kGpuAlign * kGpuAlign; }
+
+// The machine: the GPU memory budget and the throughputs of the cost model.
+struct DeviceDesc {
+  uint64_t vram_budget = 0;       // bytes Ember may allocate on the GPU (CUDA's context not included)
+  double gpu_bandwidth = 1.5e12;  // bytes/s the GPU reads weights at
+  double cpu_bandwidth = 50e9;    // bytes/s the CPU reads weights at
+  double pcie_bandwidth = 25e9;   // bytes/s host <-> device
+  double sync_seconds = 20e-6;    // per layer that uses the GPU: launches, events, the wait
+};
+
+// One layer as the solvers see it: byte sizes on the GPU and firing probabilities.
+struct PlanLayer {
+  uint64_t attn_bytes = 0;       // attention weights and norms, each tensor padded
+  uint64_t kv_bytes = 0;         // K and V for the context, each padded
+  uint64_t predictor_bytes = 0;  // fc1 + fc2, each padded (0 when the model has no predictor)
+  uint64_t gate_row = 0, up_row = 0, down_row = 0;  // bytes of one neuron in each (down: neuron-major)
+  std::vector<float> p;          // firing probability of each neuron, in [0, 1]
+};
+
+struct PlanModel {
+  std::string name;
+  int64_t n_embd = 0, n_ff = 0, n_head = 0, q_dim = 0, kv_dim = 0, n_ctx = 0;
+  uint64_t output_bytes = 0;  // read per token on the CPU
+  std::vector<PlanLayer> layers;
+};
+
+struct PlanOptions {
+  int64_t group_size = 64;        // neurons per ILP variable
+  int64_t min_gpu_neurons = 256;  // a layer that uses the GPU holds at least this many (or all) neurons
+  int64_t max_batch = 16;         // tokens per GPU pass (sizes the scratch)
+  double time_limit = 10.0;       // seconds for CBC
+  double gap_tolerance = 1e-4;    // CBC stops when the relative optimality gap is below this
+};
+
+enum class PlanMethod { ilp, greedy, layer_split };
+PlanMethod parse_plan_method(const std::string& s);  // "ilp" | "greedy" | "layer-split"
+const char* plan_method_name(PlanMethod m);
+
+struct LayerPlacement {
+  bool attn_gpu = false;             // attention weights and KV cache on the GPU
+  std::vector<int32_t> gpu_neurons;  // sorted ascending, no duplicates
+};
+
+struct Plan {
+  PlanMethod method = PlanMethod::greedy;
+  std::vector<LayerPlacement> layers;
+  // Filled by the solvers (and read back from plan files):
+  uint64_t vram_budget = 0;
+  uint64_t gpu_bytes = 0;            // = gpu_bytes(model, opts, *this)
+  double objective = 0;              // seconds per token the GPU saves (cost model)
+  double seconds_per_token = 0;      // predicted by the cost model
+  std::string status;                // "optimal", "time limit", "heuristic", ...
+  double gap = 0;                    // ILP: (bound - objective) / max(|bound|, tiny); 0 when proven optimal
+  double solve_seconds = 0;
+  std::string key;                   // cache key (model, profile, budget)
+
+  bool layer_uses_gpu(size_t l) const { return layers[l].attn_gpu || !layers[l].gpu_neurons.empty(); }
+  int64_t n_gpu_neurons() const;
+};
+
+// ---- exact byte accounting (the one function) ---------------------------------------------
+
+// Bytes of one layer's FFN share on the GPU: n neurons' gate, up and down rows and their index
+// list, each buffer padded; 0 when n == 0.
+uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
+// Scratch of the FFN side (any layer with GPU neurons) and of the attention side (any layer
+// with attention on the GPU), for opts.max_batch tokens.
+uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
+uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
+// Everything layer l puts on the GPU (attention + KV when attn, predictor when it uses the GPU,
+// the FFN share).
+uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons);
+// The FFN part alone: every layer's FFN share plus the FFN scratch when any layer has one (what
+// a device running only the FFN allocates, engine/device.hpp).
+uint64_t gpu_ffn_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
+// Everything the plan puts on the GPU: the layers plus the scratch in use.
+uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
+
+// ---- cost model ---------------------------------------------------------------------------
+
+// Predicted seconds per generated token of a placement (attn[l], neuron sets).
+double predict_seconds_per_token(const PlanModel& m, const DeviceDesc& dev, const Plan& plan);
+// Seconds per token with everything on the CPU.
+double predict_cpu_seconds_per_token(const PlanModel& m, const DeviceDesc& dev);
+
+// ---- solvers ------------------------------------------------------------------------------
+
+// Checks the inputs (positive sizes, probabilities in [0, 1], sane options); throws naming what
+// is wrong.
+void validate(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts);
+// Checks a plan against a model and budget: shapes, sorted unique neuron ids, the minimum
+// neuron count, and gpu_bytes <= budget. Throws naming the first problem.
+void validate_plan(const PlanModel& m, const PlanOptions& opts, const Plan& plan, uint64_t budget);
+
+Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts);
+Plan plan_layer_split(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts);
+Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts);
+Plan make_plan(PlanMethod method, const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts);
+
+// Fills gpu_bytes, objective, seconds_per_token and vram_budget of a placement (solvers call it).
+void finish_plan(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts, Plan& plan);
+// finish_plan for a solver without a bound (no gap), then validate_plan against the budget.
+Plan finish_heuristic(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts, Plan plan,
+                      const char* status, double seconds);
+
+// Neurons of layer L sorted by firing probability, hottest first (ties by index), cut into
+// groups of group_size (the last may be smaller): the ILP's and greedy's unit of placement.
+// Group g is order[begin[g] .. begin[g + 1]) with firing mass mass[g] (sum of p).
+struct NeuronGroups {
+  std::vector<int32_t> order;
+  std::vector<int64_t> begin;  // n_groups + 1 entries
+  std::vector<double> mass;
+  size_t size() const { return mass.size(); }
+  int64_t count(size_t g) const { return begin[g + 1] - begin[g]; }
+};
+NeuronGroups neuron_groups(const PlanLayer& L, int64_t group_size);
+// The sorted neuron ids of the chosen groups.
+std::vector<int32_t> neurons_of_groups(const NeuronGroups& groups, const std::vector<char>& chosen);
+
+// Cost-model helpers the solvers share (seconds per token).
+double neuron_seconds_saved(const DeviceDesc& dev, const PlanLayer& L, double mass);  // FFN mass moved to the GPU
+double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L);                 // attention + KV moved
+double layer_fixed_seconds(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L);  // sync - predictor saving
+
+// ---- inputs -------------------------------------------------------------------------------
+
+// Per-layer firing probabilities from a profile file (docs/sparse_formats.md): counts / n_tokens.
+std::vector<std::vector<float>> read_profile_probabilities(const std::string& path, int64_t n_layer, int64_t n_ff);
+// A synth model's known profile (ember.synth.* metadata); empty when the file has none.
+std::vector<std::vector<float>> synth_profile_probabilities(const Model& model);
+// The firing probabilities to plan `model` with: from `profile_path` when given, else the synth
+// model's known profile, else <model>.profile.gguf beside the model. Throws naming the ways to
+// provide one. `source` (optional) receives what was used, for messages and cache keys.
+std::vector<std::vector<float>> plan_probabilities(const Model& model, const std::string& profile_path,
+                                                   std::string* source = nullptr);
+// The solver's view of a loaded model with probabilities p[layer][neuron], for a context of n_ctx.
+PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx);
+// The same from shapes alone (a model too large to write, e.g. 7B): weights of `type`, llama
+// layout, no predictor, probabilities p.
+PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_layer,
+                                 int64_t n_head, int64_t n_head_kv, int64_t n_vocab, DType type, int64_t n_ctx,
+                                 const std::vector<std::vector<float>>& p);
+
+// "4GiB", "512MiB", "1.5G", "123456" (bytes) -> bytes; throws naming the accepted forms.
+uint64_t parse_byte_size(const std::string& s);
+
+// ---- plan files (GGUF, general.architecture = "ember-plan", docs/sparse_formats.md) --------
+
+void write_plan(const Plan& plan, const PlanModel& m, const PlanOptions& opts, const std::string& path);
+// Reads and validates a plan for model m (shape, ids, budget). Throws naming the problem.
+Plan read_plan(const std::string& path, const PlanModel& m, PlanOptions* opts_out = nullptr);
+
+}  // namespace ember

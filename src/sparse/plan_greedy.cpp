@@ -1,0 +1,110 @@
+// Greedy placement: neuron groups and attention blocks by time saved per GPU byte, each taken
+// when it still fits the budget (counted exactly); layers that end below the minimum neuron
+// count are topped up when that fits, else left out and the pass repeated without them, as are
+// layers whose saving does not pay for their synchronization.
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "sparse/plan.hpp"
+
+namespace ember {
+
+namespace {
+
+struct Item {
+  double density;  // seconds saved per byte
+  int32_t layer;
+  int32_t group;   // -1: the layer's attention and KV cache
+};
+
+}  // namespace
+
+Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts) {
+  validate(m, dev, opts);
+  Timer timer;
+  const size_t nl = m.layers.size();
+  const int64_t min_n = std::min(opts.min_gpu_neurons, m.n_ff);
+  const uint64_t ffn_scratch = gpu_ffn_scratch_bytes(m, opts), attn_scratch = gpu_attn_scratch_bytes(m, opts);
+  std::vector<NeuronGroups> groups(nl);
+  for (size_t l = 0; l < nl; ++l) groups[l] = neuron_groups(m.layers[l], opts.group_size);
+
+  std::vector<char> banned(nl, 0);
+  std::vector<std::vector<char>> chosen(nl);
+  std::vector<int64_t> count(nl);
+  std::vector<char> attn(nl);
+  for (;;) {
+    uint64_t layers_total = 0;
+    int64_t n_ffn_layers = 0, n_attn_layers = 0;
+    for (size_t l = 0; l < nl; ++l) chosen[l].assign(groups[l].size(), 0), count[l] = 0, attn[l] = 0;
+    // Bytes of everything if layer l became (a, k): the exact accounting, incrementally.
+    auto total_if = [&](size_t l, bool a, int64_t k) {
+      const PlanLayer& L = m.layers[l];
+      const uint64_t t = layers_total - gpu_layer_bytes(L, attn[l], count[l]) + gpu_layer_bytes(L, a, k);
+      const int64_t nf = n_ffn_layers - (count[l] > 0) + (k > 0), na = n_attn_layers - attn[l] + a;
+      return t + (nf > 0 ? ffn_scratch : 0) + (na > 0 ? attn_scratch : 0);
+    };
+    auto apply = [&](size_t l, bool a, int64_t k) {
+      const PlanLayer& L = m.layers[l];
+      layers_total = layers_total - gpu_layer_bytes(L, attn[l], count[l]) + gpu_layer_bytes(L, a, k);
+      n_ffn_layers += (k > 0) - (count[l] > 0);
+      n_attn_layers += a - attn[l];
+      attn[l] = a;
+      count[l] = k;
+    };
+
+    std::vector<Item> items;
+    for (size_t l = 0; l < nl; ++l) {
+      if (banned[l]) continue;
+      const PlanLayer& L = m.layers[l];
+      const double nb = static_cast<double>(L.gate_row + L.up_row + L.down_row + sizeof(int32_t));
+      for (size_t g = 0; g < groups[l].size(); ++g)
+        items.push_back({neuron_seconds_saved(dev, L, groups[l].mass[g]) / (nb * groups[l].count(g)),
+                         static_cast<int32_t>(l), static_cast<int32_t>(g)});
+      items.push_back({attn_seconds_saved(dev, L) / static_cast<double>(L.attn_bytes + L.kv_bytes + 1),
+                       static_cast<int32_t>(l), -1});
+    }
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.density > b.density; });
+    for (const Item& it : items) {
+      const size_t l = static_cast<size_t>(it.layer);
+      if (it.group < 0) {
+        if (total_if(l, true, count[l]) <= dev.vram_budget) apply(l, true, count[l]);
+      } else {
+        const int64_t k = count[l] + groups[l].count(static_cast<size_t>(it.group));
+        if (total_if(l, attn[l], k) <= dev.vram_budget) {
+          apply(l, attn[l], k);
+          chosen[l][static_cast<size_t>(it.group)] = 1;
+        }
+      }
+    }
+
+    // Minimum neuron count and net benefit per layer; a layer that fails is left out.
+    bool restart = false;
+    for (size_t l = 0; l < nl && !restart; ++l) {
+      if (!attn[l] && count[l] == 0) continue;
+      for (size_t g = 0; g < groups[l].size() && count[l] < min_n; ++g) {
+        if (chosen[l][g]) continue;
+        const int64_t k = count[l] + groups[l].count(g);
+        if (total_if(l, attn[l], k) > dev.vram_budget) break;
+        apply(l, attn[l], k);
+        chosen[l][g] = 1;
+      }
+      double saved = attn[l] ? attn_seconds_saved(dev, m.layers[l]) : 0.0;
+      for (size_t g = 0; g < groups[l].size(); ++g)
+        if (chosen[l][g]) saved += neuron_seconds_saved(dev, m.layers[l], groups[l].mass[g]);
+      if (count[l] < min_n || saved <= layer_fixed_seconds(m, dev, m.layers[l])) banned[l] = 1, restart = true;
+    }
+    if (!restart) break;
+  }
+
+  Plan plan;
+  plan.method = PlanMethod::greedy;
+  plan.layers.resize(nl);
+  for (size_t l = 0; l < nl; ++l) {
+    plan.layers[l].attn_gpu = attn[l];
+    plan.layers[l].gpu_neurons = neurons_of_groups(groups[l], chosen[l]);
+  }
+  return finish_heuristic(m, dev, opts, std::move(plan), "heuristic", timer.seconds());
+}
+
+}  // namespace ember

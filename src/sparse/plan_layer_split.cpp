@@ -1,0 +1,28 @@
+// Layer-split placement, the baseline llama.cpp's -ngl gives: the first k layers entirely on
+// the GPU (attention, KV cache, every neuron, the predictor), the rest on the CPU, k as large as
+// the budget allows.
+#include "core/timer.hpp"
+#include "sparse/plan.hpp"
+
+namespace ember {
+
+Plan plan_layer_split(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts) {
+  validate(m, dev, opts);
+  Timer timer;
+  Plan plan;
+  plan.method = PlanMethod::layer_split;
+  plan.layers.resize(m.layers.size());
+  std::vector<int32_t> all(static_cast<size_t>(m.n_ff));
+  for (int32_t j = 0; j < static_cast<int32_t>(m.n_ff); ++j) all[static_cast<size_t>(j)] = j;
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    plan.layers[l].attn_gpu = true;
+    plan.layers[l].gpu_neurons = all;
+    if (gpu_bytes(m, opts, plan) > dev.vram_budget) {
+      plan.layers[l] = LayerPlacement{};
+      break;
+    }
+  }
+  return finish_heuristic(m, dev, opts, std::move(plan), "exact", timer.seconds());
+}
+
+}  // namespace ember

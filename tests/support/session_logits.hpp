@@ -1,0 +1,45 @@
+// Logits of a fixed token sequence through a Session (a batched prompt, then single tokens),
+// and their largest difference relative to the largest logit: how the FFN executors' tests
+// compare whole forward passes.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/session.hpp"
+
+namespace ember::test_support {
+
+using Logits = std::vector<std::vector<float>>;
+
+// Logits of a `prompt`-token batched prompt, then `decode` single tokens (random tokens, seed 9).
+inline Logits session_logits(Session& s, int64_t prompt = 12, int64_t decode = 6) {
+  const Model& m = s.model();
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(m.hp.n_vocab - 1));
+  std::vector<int32_t> tokens(static_cast<size_t>(prompt + decode));
+  for (auto& t : tokens) t = pick(rng);
+  const int64_t nv = m.hp.n_vocab;
+  std::vector<float> all(static_cast<size_t>(prompt * nv));
+  s.eval_all_logits(tokens.data(), prompt, all.data());
+  Logits out;
+  for (int64_t t = 0; t < prompt; ++t) out.emplace_back(all.begin() + t * nv, all.begin() + (t + 1) * nv);
+  for (int64_t t = prompt; t < prompt + decode; ++t) {
+    s.eval(&tokens[static_cast<size_t>(t)], 1);
+    out.emplace_back(s.logits(), s.logits() + nv);
+  }
+  return out;
+}
+
+inline double max_rel_diff(const Logits& a, const Logits& b) {
+  double d = 0, m = 0;
+  for (size_t t = 0; t < a.size(); ++t)
+    for (size_t i = 0; i < a[t].size(); ++i) {
+      d = std::max(d, static_cast<double>(std::fabs(a[t][i] - b[t][i])));
+      m = std::max(m, static_cast<double>(std::fabs(a[t][i])));
+    }
+  return d / m;
+}
+
+}  // namespace ember::test_support

@@ -1,0 +1,253 @@
+// The CUDA backend against the CPU (the test-backend-ops idea): every CUDA op on random data of
+// awkward shapes against a double-precision reference over the dequantized weights, and the
+// hybrid engine with the CUDA device against the CPU stand-in on a synth model. Each test skips,
+// saying why, in a build without CUDA or on a machine without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/session.hpp"
+#include "model/synth.hpp"
+#include "support/session_logits.hpp"
+#include "tensor/quant.hpp"
+
+#ifdef EMBER_HAS_CUDA
+#include "engine/cuda_device.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+#endif
+
+using namespace ember;
+
+namespace {
+
+#ifdef EMBER_HAS_CUDA
+#define SKIP_WITHOUT_GPU()                                                                   \
+  do {                                                                                       \
+    std::string why;                                                                         \
+    if (!cuda::available(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): CUDA tests skipped"; \
+  } while (0)
+#else
+#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA (EMBER_CUDA=OFF, or no CUDA toolkit at configure time)"
+#endif
+
+#ifdef EMBER_HAS_CUDA
+// A device buffer holding a copy of host data, freed at scope end.
+template <class T>
+struct DeviceVec {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceVec(const std::vector<T>& host) : n(host.size()) {
+    p = static_cast<T*>(cuda::malloc_device(n * sizeof(T)));
+    if (n) cuda::copy_to_device_sync(p, host.data(), n * sizeof(T));
+  }
+  explicit DeviceVec(size_t count) : DeviceVec(std::vector<T>(count)) {}
+  ~DeviceVec() { cuda::free_device(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    if (n) cuda::copy_to_host_sync(h.data(), p, n * sizeof(T));
+    return h;
+  }
+};
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // rows x cols, dequantized
+};
+
+Weights random_weights(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  for (auto& x : v) x = nd(rng);
+  Weights w;
+  const size_t rb = row_bytes(type, cols);
+  w.bytes.resize(rb * static_cast<size_t>(rows));
+  w.deq.resize(v.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(type, v.data() + r * cols, w.bytes.data() + r * rb, cols);
+    dequantize_row(type, w.bytes.data() + r * rb, w.deq.data() + r * cols, cols);
+  }
+  return w;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0};
+#endif
+
+}  // namespace
+
+TEST(CudaOps, MatvecAndGatherMatchReference) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  std::mt19937 rng(1);
+  void* stream = cuda::stream_create();
+  for (DType type : kTypes) {
+    for (auto [rows, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {37, 96, 3}, {301, 4096, 2}}) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+      const Weights w = random_weights(type, rows, cols, rng);
+      const std::vector<float> x = random_floats(static_cast<size_t>(nt * cols), rng);
+      DeviceVec<uint8_t> dw(w.bytes);
+      DeviceVec<float> dx(x), dy(static_cast<size_t>(nt * rows));
+      cuda::matvec(type, dw.p, cols, rows, dx.p, nt, dy.p, stream);
+      cuda::stream_sync(stream);
+      const auto y = dy.get();
+      // Gather: every third row, backwards, stride rows + 1.
+      std::vector<int32_t> ids;
+      for (int64_t r = rows - 1; r >= 0; r -= 3) ids.push_back(static_cast<int32_t>(r));
+      const int64_t ng = static_cast<int64_t>(ids.size());
+      DeviceVec<int32_t> dids(ids), dn(std::vector<int32_t>{static_cast<int32_t>(ng)});
+      DeviceVec<float> dg(static_cast<size_t>(nt * (rows + 1)));
+      cuda::gather_matvec(type, dw.p, cols, dids.p, dn.p, ng, dx.p, nt, dg.p, rows + 1, stream);
+      cuda::stream_sync(stream);
+      const auto g = dg.get();
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            ref += static_cast<double>(w.deq[r * cols + c]) * x[t * cols + c];
+            mag += std::fabs(static_cast<double>(w.deq[r * cols + c]) * x[t * cols + c]);
+          }
+          // Float sums of up to 4096 products: a bound well above their rounding, far below a wrong value.
+          ASSERT_NEAR(y[t * rows + r], ref, 5e-5 * mag + 1e-6) << "t " << t << " r " << r;
+        }
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t i = 0; i < ng; ++i) ASSERT_EQ(g[t * (rows + 1) + i], y[t * rows + ids[i]]);
+    }
+  }
+  cuda::stream_destroy(stream);
+#endif
+}
+
+TEST(CudaOps, FireGateMulAxpyAndAddMatchReference) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  std::mt19937 rng(2);
+  void* stream = cuda::stream_create();
+  for (DType type : kTypes) {
+    for (auto [n, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {1500, 160, 3}, {4097, 4096, 2}}) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " n " + std::to_string(n));
+      for (cpu::Activation act : {cpu::Activation::relu, cpu::Activation::silu}) {
+        const float thr = act == cpu::Activation::relu ? 0.0f : 0.2f;
+        std::vector<float> pre = random_floats(static_cast<size_t>(nt * n), rng);
+        std::vector<int32_t> rows(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(n - 1 - i);
+        DeviceVec<float> dy(pre);
+        DeviceVec<int32_t> drows(rows), dactive(static_cast<size_t>(n)), dpos(static_cast<size_t>(n)), dcount(2);
+        cuda::ffn_fire(act, thr, dy.p, n, nt, drows.p, dactive.p, dpos.p, dcount.p, stream);
+        cuda::stream_sync(stream);
+        const std::vector<float> y = dy.get();
+        const std::vector<int32_t> active = dactive.get(), pos = dpos.get(), count = dcount.get();
+        // Reference: the CPU activation, threshold, union over tokens, in order.
+        std::vector<float> ref = pre;
+        cpu::activation_inplace(act, ref.data(), nt * n);
+        std::vector<int32_t> want_pos;
+        int64_t fired = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          bool any = false;
+          for (int64_t t = 0; t < nt; ++t) {
+            float& v = ref[t * n + i];
+            if (std::fabs(v) > thr) any = true, ++fired;
+            else v = 0.0f;
+          }
+          if (any) want_pos.push_back(static_cast<int32_t>(i));
+        }
+        ASSERT_EQ(count[0], static_cast<int32_t>(want_pos.size()));
+        ASSERT_EQ(static_cast<int64_t>(count[1]), fired);
+        for (size_t k = 0; k < want_pos.size(); ++k) {
+          ASSERT_EQ(pos[k], want_pos[k]);
+          ASSERT_EQ(active[k], rows[static_cast<size_t>(want_pos[k])]);
+        }
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-6f * (1 + std::fabs(ref[i])));
+
+        // gate_mul then sparse_axpy over the active rows of a random neuron-major D.
+        const int64_t na = count[0];
+        std::vector<float> h = random_floats(static_cast<size_t>(nt * n), rng);
+        DeviceVec<float> dh(h);
+        cuda::gate_mul(dh.p, dy.p, n, dpos.p, dcount.p, n, nt, stream);
+        const Weights d = random_weights(type, n, cols, rng);
+        DeviceVec<uint8_t> dd(d.bytes);
+        DeviceVec<float> dout(static_cast<size_t>(nt * cols));
+        cuda::sparse_axpy(type, dd.p, cols, dactive.p, dcount.p, dh.p, n, nt, dout.p, stream);
+        cuda::stream_sync(stream);
+        const auto hm = dh.get(), out = dout.get();
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t k = 0; k < na; ++k)
+            ASSERT_EQ(hm[t * n + k], h[t * n + k] * y[t * n + pos[k]]);
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t j = 0; j < cols; ++j) {
+            double ref_o = 0, mag = 0;
+            for (int64_t k = 0; k < na; ++k) {
+              const double term = static_cast<double>(hm[t * n + k]) * d.deq[active[k] * cols + j];
+              ref_o += term;
+              mag += std::fabs(term);
+            }
+            ASSERT_NEAR(out[t * cols + j], ref_o, 2e-4 * mag + 1e-6) << "t " << t << " j " << j;
+          }
+      }
+    }
+  }
+  // The merge.
+  const auto a = random_floats(1000, rng), b = random_floats(1000, rng);
+  DeviceVec<float> da(a), db(b), dc(1000);
+  cuda::add(da.p, db.p, dc.p, 1000, stream);
+  cuda::stream_sync(stream);
+  const auto c = dc.get();
+  for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], a[i] + b[i]);
+  cuda::stream_destroy(stream);
+#endif
+}
+
+// The hybrid engine with the CUDA device against the CPU stand-in and dense, on a synth model.
+TEST(CudaOps, HybridCudaEqualsCpuStandIn) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  for (DType type : {DType::F32, DType::Q4_0}) {
+    SynthOptions o;
+    o.type = type;
+    o.act = FfnActivation::relu;
+    o.sparsity = 0.8f;
+    o.n_embd = 256, o.n_ff = 704, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 6, o.n_threads = 2;
+    const auto dir = std::filesystem::temp_directory_path() / "ember-test-cuda";
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / ("relu-" + std::string(dtype_name(type)) + ".gguf")).string();
+    synth_write(o, path);
+    auto model = load_model(path);
+    SessionParams p;
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    const auto dense = [&] {
+      Session s(*model, p);
+      return test_support::session_logits(s);
+    }();
+    p.hybrid.vram_budget = 3 << 20;
+    p.hybrid.cache = false;
+    p.hybrid.method = PlanMethod::greedy;
+    p.hybrid.device.sync_seconds = 0;
+    p.hybrid.plan.min_gpu_neurons = 32;
+    p.hybrid.plan.max_batch = 5;
+    p.hybrid.device_kind = "cpu";
+    Session s_cpu(*model, p);
+    const auto cpu = test_support::session_logits(s_cpu);
+    p.hybrid.device_kind = "cuda";
+    Session s_gpu(*model, p);
+    const auto gpu = test_support::session_logits(s_gpu);
+    const HybridStats st = s_gpu.hybrid_ffn()->stats();
+    EXPECT_GT(st.device_fired, 0u);
+    EXPECT_EQ(s_gpu.hybrid_ffn()->device().bytes(), s_cpu.hybrid_ffn()->device().bytes());
+    // The CPU rounds activations to 8 bits for quantized weights, the GPU does not.
+    const double tol = type == DType::Q4_0 ? 3e-2 : 1e-4;
+    EXPECT_LT(test_support::max_rel_diff(cpu, gpu), tol) << dtype_name(type);
+    EXPECT_LT(test_support::max_rel_diff(dense, gpu), tol) << dtype_name(type);
+    std::filesystem::remove(path);
+  }
+#endif
+}

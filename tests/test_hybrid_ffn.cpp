@@ -1,0 +1,276 @@
+// The hybrid FFN executor with a second CPU device standing in for the GPU: for several plans
+// (by hand, ILP at load with its cache, layer-split from a file, greedy with short GPU batches)
+// the logits equal the all-CPU sparse executor's to rounding and, on ReLU models, the dense
+// ones; results repeat bit for bit; the device holds exactly the bytes the plan counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "core/error.hpp"
+#include "engine/device.hpp"
+#include "engine/session.hpp"
+#include "gguf/writer.hpp"
+#include "model/model.hpp"
+#include "model/synth.hpp"
+#include "support/session_logits.hpp"
+
+using namespace ember;
+
+namespace {
+
+std::filesystem::path test_dir() {
+  auto dir = std::filesystem::temp_directory_path() / "ember-test-hybrid";
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string write_model(DType type, FfnActivation act, const std::string& name) {
+  SynthOptions o;
+  o.type = type;
+  o.act = act;
+  if (act == FfnActivation::relu) o.sparsity = 0.8f;
+  o.n_embd = 128;
+  o.n_ff = 352;
+  o.n_layer = 3;
+  o.n_head = 4;
+  o.n_head_kv = 2;
+  o.seed = 5;
+  o.n_threads = 1;
+  std::string path = (test_dir() / (name + ".gguf")).string();
+  synth_write(o, path);
+  return path;
+}
+
+using test_support::Logits;
+
+// The logits of test_support::session_logits, and the executors' counters.
+Logits run(const Model& m, const SessionParams& p, HybridStats* hs = nullptr, FfnSparsityStats* ss = nullptr) {
+  Session s(m, p);
+  Logits out = test_support::session_logits(s);
+  if (hs && s.hybrid_ffn()) *hs = s.hybrid_ffn()->stats();
+  if (ss && s.sparse_ffn()) *ss = s.sparse_ffn()->stats();
+  return out;
+}
+
+double rel_diff(const Logits& a, const Logits& b) { return test_support::max_rel_diff(a, b); }
+
+SessionParams base_params(int threads = 2) {
+  SessionParams p;
+  p.n_threads = threads;
+  p.n_ctx = 64;
+  // A model this small saves less than a real synchronization costs: make it free, so that the
+  // solvers do put neurons on the device.
+  p.hybrid.device.sync_seconds = 0;
+  p.hybrid.device.pcie_bandwidth = 1e15;
+  p.hybrid.device_kind = "cpu";  // the stand-in, GPU or not (test_cuda_ops.cpp covers CUDA)
+  return p;
+}
+
+// A plan by hand: layer 0 a random third of its neurons, layer 1 none, layer 2 all.
+Plan hand_plan(const Model& m) {
+  Plan p;
+  p.method = PlanMethod::greedy;
+  p.vram_budget = uint64_t{1} << 40;
+  p.layers.resize(3);
+  std::mt19937 rng(2);
+  for (int32_t j = 0; j < m.hp.n_ff; ++j) {
+    if (rng() % 3 == 0) p.layers[0].gpu_neurons.push_back(j);
+    p.layers[2].gpu_neurons.push_back(j);
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
+  for (DType type : {DType::F32, DType::Q4_0}) {
+    const std::string path = write_model(type, FfnActivation::relu, std::string("relu-") + std::string(dtype_name(type)));
+    for (const auto& f : std::filesystem::directory_iterator(test_dir()))  // no stale cached plans
+      if (f.path().string().find(".plan-") != std::string::npos) std::filesystem::remove(f.path());
+    auto model = load_model(path);
+    SessionParams dense = base_params(), sparse = base_params();
+    sparse.sparse.mode = FfnMode::oracle;
+    FfnSparsityStats ss;
+    const Logits ref_dense = run(*model, dense), ref_sparse = run(*model, sparse, nullptr, &ss);
+    uint64_t sparse_fired = 0;
+    for (uint64_t a : ss.active) sparse_fired += a;
+
+    // The budgets are fractions of everything-on-the-GPU for this model.
+    PlanModel pm = plan_model_from(*model, plan_probabilities(*model, ""), 64);
+    Plan everything;
+    everything.layers.resize(3);
+    for (auto& L : everything.layers) {
+      L.attn_gpu = true;
+      for (int32_t j = 0; j < model->hp.n_ff; ++j) L.gpu_neurons.push_back(j);
+    }
+    const uint64_t full = gpu_bytes(pm, PlanOptions{}, everything);
+
+    const Plan hand = hand_plan(*model);
+    struct Case {
+      std::string name;
+      SessionParams p;
+    };
+    std::vector<Case> cases;
+    {
+      SessionParams p = base_params();
+      p.hybrid.given = &hand;
+      p.hybrid.plan.min_gpu_neurons = 1;
+      cases.push_back({"hand", p});
+    }
+    {
+      SessionParams p = base_params();
+      p.hybrid.vram_budget = full * 3 / 10;
+      p.hybrid.plan.min_gpu_neurons = 32;
+      p.hybrid.plan.time_limit = 2;
+      p.hybrid.device_threads = 2;
+      cases.push_back({"ilp 30%", p});
+      cases.push_back({"ilp 30% cached", p});
+    }
+    const std::string split_path = (test_dir() / "split.plan.gguf").string();
+    {
+      DeviceDesc dev;
+      dev.vram_budget = full / 2;
+      const Plan split = plan_layer_split(pm, dev, PlanOptions{});
+      ASSERT_GT(split.n_gpu_neurons(), 0);
+      write_plan(split, pm, PlanOptions{}, split_path);
+      SessionParams p = base_params();
+      p.hybrid.plan_path = split_path;
+      cases.push_back({"layer-split file", p});
+    }
+    {
+      SessionParams p = base_params(1);
+      p.hybrid.vram_budget = full * 6 / 10;
+      p.hybrid.method = PlanMethod::greedy;
+      p.hybrid.plan.max_batch = 5;  // a 12-token prompt goes in chunks of 5, 5, 2
+      p.hybrid.plan.min_gpu_neurons = 16;
+      cases.push_back({"greedy 60%, batch 5", p});
+    }
+    for (const auto& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " " + c.name);
+      HybridStats hs;
+      const Logits h = run(*model, c.p, &hs);
+      const double vs_sparse = rel_diff(ref_sparse, h), vs_dense = rel_diff(ref_dense, h);
+      std::printf("%s %s: |hybrid - sparse| %.2e, |hybrid - dense| %.2e, fired device %llu + cpu %llu (sparse %llu)\n",
+                  std::string(dtype_name(type)).c_str(), c.name.c_str(), vs_sparse, vs_dense,
+                  static_cast<unsigned long long>(hs.device_fired), static_cast<unsigned long long>(hs.cpu_fired),
+                  static_cast<unsigned long long>(sparse_fired));
+      // The same products as the all-CPU sparse executor, summed in another order.
+      EXPECT_LT(vs_sparse, 1e-5);
+      // ReLU: the oracle is exact, so dense too (Q4_0: 8-bit roundings, see test_sparse_ffn).
+      EXPECT_LT(vs_dense, type == DType::Q4_0 ? 2e-2 : 1e-4);
+      EXPECT_GT(hs.device_fired, 0u);
+      EXPECT_GT(hs.cpu_fired, 0u);
+      const double fired = static_cast<double>(hs.device_fired + hs.cpu_fired);
+      EXPECT_NEAR(fired, static_cast<double>(sparse_fired), 1e-3 * sparse_fired);
+      // Bit-identical when run again.
+      EXPECT_EQ(run(*model, c.p), h);
+    }
+    // The ILP and greedy plans were cached beside the model, keyed, and fit their budgets.
+    int cached = 0;
+    for (const auto& f : std::filesystem::directory_iterator(test_dir()))
+      if (f.path().string().find(".plan-") != std::string::npos) {
+        ++cached;
+        const Plan p = read_plan(f.path().string(), pm);
+        EXPECT_LE(p.gpu_bytes, p.vram_budget);
+        EXPECT_TRUE(p.vram_budget == full * 3 / 10 || p.vram_budget == full * 6 / 10) << p.vram_budget;
+        EXPECT_EQ(p.key.size(), 16u);
+      }
+    EXPECT_EQ(cached, 2);
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(HybridFfn, SiluModelEqualsDense) {
+  // SwiGLU at threshold 0: every neuron fires (silu is rarely exactly 0), the split is the
+  // whole story.
+  const std::string path = write_model(DType::F32, FfnActivation::silu, "silu");
+  auto model = load_model(path);
+  const Logits dense = run(*model, base_params());
+  // A given plan needs no profile.
+  const Plan hand = hand_plan(*model);
+  SessionParams h = base_params();
+  h.hybrid.given = &hand;
+  h.hybrid.plan.min_gpu_neurons = 1;
+  EXPECT_LT(rel_diff(dense, run(*model, h)), 1e-4);
+  // Planning at load does: a SiLU synth model has none of its own...
+  SessionParams b = base_params();
+  b.hybrid.vram_budget = 1 << 20;
+  b.hybrid.cache = false;
+  b.hybrid.plan.min_gpu_neurons = 8;
+  try {
+    run(*model, b);
+    ADD_FAILURE() << "no error without a profile";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ember profile"), std::string::npos) << e.what();
+  }
+  // ... and a profile file beside the model is found.
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::str("ember-profile"));
+  w.set("ember.profile.n_tokens", gguf::Value::u64(10));
+  w.set("ember.profile.n_layer", gguf::Value::u64(3));
+  w.set("ember.profile.n_ff", gguf::Value::u64(352));
+  for (int l = 0; l < 3; ++l) {
+    std::vector<float> c(352);
+    for (size_t j = 0; j < c.size(); ++j) c[j] = static_cast<float>((j * 13 + l) % 11);
+    std::vector<uint8_t> bytes(c.size() * 4);
+    std::memcpy(bytes.data(), c.data(), bytes.size());
+    w.add_tensor(fmt::format("blk.{}.ffn_act_count", l), DType::F32, {352}, std::move(bytes));
+  }
+  std::filesystem::path prof(path);
+  prof.replace_extension(".profile.gguf");
+  w.write(prof.string());
+  HybridStats hs;
+  EXPECT_LT(rel_diff(dense, run(*model, b, &hs)), 1e-4);
+  EXPECT_GT(hs.device_fired, 0u);
+  std::filesystem::remove(path);
+  std::filesystem::remove(prof);
+}
+
+TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
+  const std::string path = write_model(DType::Q4_0, FfnActivation::relu, "bytes");
+  auto model = load_model(path);
+  const PlanModel pm = plan_model_from(*model, plan_probabilities(*model, ""), 64);
+  std::vector<cpu::NeuronMajorMatrix> nm;
+  std::vector<TensorView> views;
+  ThreadPool pool(1);
+  for (const auto& L : model->layers) {
+    nm.push_back(cpu::make_neuron_major(pool, L.ffn.down, DType::Q8_0));
+    views.push_back(nm.back().view);
+  }
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 10; ++trial) {
+    PlanOptions o;
+    o.max_batch = 1 + static_cast<int64_t>(rng() % 20);
+    o.min_gpu_neurons = 0;
+    Plan p;
+    p.layers.resize(3);
+    for (auto& L : p.layers)
+      for (int32_t j = 0; j < model->hp.n_ff; ++j)
+        if (rng() % (1 + trial) == 0) L.gpu_neurons.push_back(j);
+    CpuDevice dev(1);
+    dev.load(*model, views, pm, o, p);
+    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p));
+    // And its share computes what the CPU computes over the same neurons.
+    for (size_t l = 0; l < 3; ++l) {
+      const auto& ids = p.layers[l].gpu_neurons;
+      if (ids.empty()) continue;
+      std::vector<float> x(static_cast<size_t>(o.max_batch * 128));
+      for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+      dev.ffn_begin(static_cast<int64_t>(l), x.data(), o.max_batch, cpu::Activation::relu, 0.0f);
+      const float* got = dev.ffn_end();
+      std::vector<float> act(static_cast<size_t>(o.max_batch * 352)), h(act.size()), out(x.size()),
+          axpy(cpu::sparse_axpy_scratch_floats(128, o.max_batch, 1, cpu::AxpySplit::columns));
+      std::vector<int32_t> active(352), pos(352);
+      AlignedBuffer<uint8_t> mm(cpu::gather_matmul_scratch_bytes(DType::Q4_0, 128, o.max_batch) + 64);
+      const FfnShareScratch sc{act.data(), h.data(), active.data(), pos.data(), mm.data(), axpy.data()};
+      const FfnWeights& w = model->layers[l].ffn;
+      ffn_share_partial(pool, {w.gate, w.up, views[l]}, ids.data(), static_cast<int64_t>(ids.size()),
+                        cpu::Activation::relu, 0.0f, x.data(), o.max_batch, out.data(), sc);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(got[i], out[i]) << "layer " << l << " at " << i;
+    }
+  }
+  std::filesystem::remove(path);
+}

@@ -29,6 +29,7 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("--sparsity", sparsity, "target fraction of inactive neurons (threshold mode with --sparse-profile; profile: where "
                   "the per-layer firing thresholds lie)")
       ->check(CLI::Range(0.0f, 0.999f))
+      ->capture_default_str();
   app->add_option("--vram-budget", vram_budget,
                   "hybrid: GPU memory for FFN neurons, e.g. 4GiB; a plan is computed at load (needs a profile) and "
                   "cached beside the model");

@@ -23,6 +23,10 @@ struct Workspace {
   size_t bytes() const;
 };
 
+// ws.q, ws.k, ws.v = the layer's Q, K, V projections of xn (n tokens): one fused matmul when
+// the three matrices share a type (cpu::matmul_multi), else one matmul each.
+void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws);
+
 // Runs tokens[0..n) at positions pos0..pos0+n-1 (n <= ws.max_batch, pos0 + n <= kv.n_ctx),
 // appending to the KV cache. Writes logits of the last token to `logits` (n_vocab floats), or
 // of every token (n * n_vocab) when `logits_all`.

@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 #include "ops/cpu/bandwidth.hpp"
+#include "ops/cpu/kernels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -323,6 +324,105 @@ TEST(Matmul, QuantizeActivationsMatchesQuantizeRow) {
       std::vector<uint8_t> got(want.size());
       cpu::quantize_activations(w, X.data(), n, k, got.data());
       EXPECT_EQ(got, want) << dtype_name(w) << " " << simd_level_name(level);
+    }
+  }
+}
+
+// Fused products (Q/K/V, gate/up) give exactly what separate matmul() calls give, at every
+// SIMD level and thread count, for decode and prompt batches, with row counts that are not
+// multiples of the 16-row decode split or the 64-row prompt blocks.
+TEST(Matmul, MultiMatchesSeparateProducts) {
+  SimdGuard guard;
+  ThreadPool p1(1), p2(2), p3(3);
+  for (DType t : kWeightTypes) {
+    const int64_t k = is_k(t) ? 512 : 160;
+    const Matrix a = random_matrix(t, 203, k, 41), b = random_matrix(t, 17, k, 42), c = random_matrix(t, 1, k, 43);
+    for (SimdLevel level : levels()) {
+      set_simd_level(level);
+      for (int64_t n : {1, 5, 70}) {
+        const auto X = random_acts(n, k, 44);
+        const auto ya = run_matmul(p1, a, X, n), yb = run_matmul(p1, b, X, n), yc = run_matmul(p1, c, X, n);
+        for (ThreadPool* pool : {&p1, &p2, &p3}) {
+          std::vector<float> ga(ya.size(), NAN), gb(yb.size(), NAN), gc(yc.size(), NAN);
+          AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(t, k, n));
+          const cpu::MatmulOut outs[] = {{a.view, ga.data()}, {b.view, gb.data()}, {c.view, gc.data()}};
+          cpu::matmul_multi(*pool, outs, X.data(), n, scratch.data());
+          const std::string where = std::string(dtype_name(t)) + " " + simd_level_name(level) + " n=" +
+                                    std::to_string(n) + " threads=" + std::to_string(pool->size());
+          EXPECT_EQ(0, std::memcmp(ga.data(), ya.data(), ya.size() * sizeof(float))) << where;
+          EXPECT_EQ(0, std::memcmp(gb.data(), yb.data(), yb.size() * sizeof(float))) << where;
+          EXPECT_EQ(0, std::memcmp(gc.data(), yc.data(), yc.size() * sizeof(float))) << where;
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, GatedMatchesTwoProductsAndActivation) {
+  SimdGuard guard;
+  ThreadPool p1(1), p2(2), p3(3);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::F16}) {
+    const int64_t k = is_k(t) ? 256 : 96, rows = 37;
+    const Matrix gate = random_matrix(t, rows, k, 51), up = random_matrix(t, rows, k, 52);
+    for (SimdLevel level : levels()) {
+      set_simd_level(level);
+      for (cpu::Activation act : {cpu::Activation::silu, cpu::Activation::relu, cpu::Activation::gelu_tanh})
+        for (int64_t n : {1, 3, 67}) {
+          const auto X = random_acts(n, k, 53);
+          auto want = run_matmul(p1, gate, X, n);
+          const auto u = run_matmul(p1, up, X, n);
+          cpu::gated_activation(act, want.data(), u.data(), want.data(), n * rows);
+          for (ThreadPool* pool : {&p1, &p2, &p3}) {
+            std::vector<float> out(n * rows, NAN), ub(n * rows, NAN);
+            AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(t, k, n));
+            cpu::matmul_gated(*pool, gate.view, up.view, act, X.data(), n, out.data(), ub.data(), scratch.data());
+            EXPECT_EQ(0, std::memcmp(out.data(), want.data(), want.size() * sizeof(float)))
+                << dtype_name(t) << " " << simd_level_name(level) << " " << cpu::activation_name(act) << " n=" << n
+                << " threads=" << pool->size();
+            EXPECT_EQ(0, std::memcmp(ub.data(), u.data(), u.size() * sizeof(float))) << dtype_name(t);
+          }
+        }
+    }
+  }
+}
+
+TEST(Matmul, MultiRejectsMismatchedMatrices) {
+  ThreadPool pool(2);
+  const Matrix a = random_matrix(DType::Q4_0, 8, 64, 1), b = random_matrix(DType::Q8_0, 8, 64, 2),
+               c = random_matrix(DType::Q4_0, 8, 96, 3);
+  std::vector<float> X(96, 1.f), y(8), z(8);
+  AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(DType::Q4_0, 96, 1));
+  const cpu::MatmulOut types[] = {{a.view, y.data()}, {b.view, z.data()}};
+  EXPECT_THROW(cpu::matmul_multi(pool, types, X.data(), 1, scratch.data()), Error);
+  const cpu::MatmulOut widths[] = {{a.view, y.data()}, {c.view, z.data()}};
+  EXPECT_THROW(cpu::matmul_multi(pool, widths, X.data(), 1, scratch.data()), Error);
+  EXPECT_THROW(cpu::matmul_multi(pool, std::span<const cpu::MatmulOut>{}, X.data(), 1, scratch.data()), Error);
+  const Matrix d = random_matrix(DType::Q4_0, 9, 64, 4);
+  EXPECT_THROW(cpu::matmul_gated(pool, a.view, d.view, cpu::Activation::silu, X.data(), 1, y.data(), z.data(),
+                                 scratch.data()),
+               Error);
+}
+
+// The AVX-512 kernels' activations written straight in the quad layout are the bytes of
+// quantizing with quantize_row and rearranging with prepare_quads.
+TEST(Matmul, DirectQuadsMatchQuantizedRows) {
+  if (!cpu_features().avx512 || !cpu_features().avx512_vnni) GTEST_SKIP() << "no AVX-512 VNNI";
+  const auto& set = cpu::detail::kernels_avx512();
+  for (int64_t k : {32, 64, 96, 128, 160, 224, 800, 2048, 5632}) {
+    auto X = random_acts(1, k, static_cast<uint32_t>(k));
+    for (int i = 0; i < 32; ++i) X[i] = 0.f;                                  // an all-zero block
+    if (k >= 96) for (int i = 0; i < 32; ++i) X[64 + i] = (i - 16) * 0.5f;  // rounding ties
+    if (k >= 128) for (int i = 0; i < 32; ++i) X[96 + i] = 1e-30f * (i + 1);  // d underflows fp16
+    for (DType w : {DType::Q4_0, DType::Q4_1}) {
+      const DType at = act_type(w);
+      std::vector<uint8_t> rows(row_bytes(at, k));
+      quantize_row(at, X.data(), rows.data(), k);
+      const size_t qb = cpu::detail::quad_row_bytes(k);
+      AlignedBuffer<uint8_t> want(qb), got(qb);
+      std::memset(got.data(), 0xAB, qb);  // padding must be written, not left over
+      cpu::detail::prepare_quads(w, rows.data(), want.data(), k);
+      (w == DType::Q4_0 ? set.quads_q8_0 : set.quads_q8_1)(X.data(), got.data(), k);
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), qb)) << dtype_name(w) << " k=" << k;
     }
   }
 }

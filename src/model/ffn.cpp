@@ -17,6 +17,11 @@ const float* floats(const TensorView& t) { return reinterpret_cast<const float*>
 float* ffn_hidden(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
                   float* gate_buf, float* up_buf, void* mm_scratch) {
   const int64_t n_ff = w.up.rows();
+  if (w.gating == FfnGating::par && !w.up_b.valid() && w.gate.type == w.up.type) {
+    // SwiGLU/GeGLU: gate and up in one dispatch sharing one activation quantization.
+    cpu::matmul_gated(pool, w.gate, w.up, act, x, n, gate_buf, up_buf, mm_scratch);
+    return gate_buf;
+  }
   if (w.gating != FfnGating::none) cpu::matmul(pool, w.gate, x, n, gate_buf, mm_scratch);
   cpu::matmul(pool, w.up, x, n, up_buf, mm_scratch);
   ffn_combine(w, act, gate_buf, up_buf, n, n_ff);

@@ -62,6 +62,18 @@ void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCach
   cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
 }
 
+void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws) {
+  void* mm = ws.mm_scratch.data();
+  if (L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
+    const cpu::MatmulOut outs[] = {{L.wq, ws.q.data()}, {L.wk, ws.k.data()}, {L.wv, ws.v.data()}};
+    cpu::matmul_multi(pool, outs, xn, n, mm);
+    return;
+  }
+  cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
+  cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
+  cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
+}
+
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
              int64_t pos0, float* logits, bool logits_all) {
   EMBER_CHECK(n >= 1 && n <= ws.max_batch, "forward: batch of {} tokens (1 to {} allowed)", n, ws.max_batch);

@@ -31,6 +31,9 @@ struct Workspace {
 // attention of ws.q over the cache into ws.attn (the step every architecture's layer shares).
 void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, Workspace& ws, int64_t il,
                       int64_t n, int64_t pos0);
+// ws.q, ws.k, ws.v = the layer's Q, K, V projections of xn (n tokens): one fused matmul when
+// the three matrices share a type (cpu::matmul_multi), else one matmul each.
+void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws);
 
 // Runs tokens[0..n) at positions pos0..pos0+n-1 (n <= ws.max_batch, pos0 + n <= kv.n_ctx),
 // appending to the KV cache. Writes logits of the last token to `logits` (n_vocab floats), or

@@ -23,6 +23,7 @@
 
 #include "core/error.hpp"
 #include "model/ffn.hpp"
+#include "model/forward.hpp"
 #include "model/loader.hpp"
 #include "ops/cpu/attention.hpp"
 #include "ops/cpu/matmul.hpp"
@@ -120,9 +121,7 @@ void gemma3_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws
     shape.window = local ? hp.sliding_window : 0;
 
     cpu::rms_norm(x, as_floats(L.attn_norm), xn, n, d, hp.norm_eps);
-    cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
-    cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
-    cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
+    qkv_projections(pool, L, xn, n, ws);
     cpu::rms_norm(ws.q.data(), as_floats(L.q_norm), ws.q.data(), n * hp.n_head, hd, hp.norm_eps);
     cpu::rms_norm(ws.k.data(), as_floats(L.k_norm), ws.k.data(), n * hp.n_head_kv, hd, hp.norm_eps);
     for (int64_t t = 0; t < n; ++t) {

@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "model/ffn.hpp"
+#include "model/forward.hpp"
 #include "model/loader.hpp"
 #include "ops/cpu/attention.hpp"
 #include "ops/cpu/matmul.hpp"
@@ -75,9 +76,7 @@ void llama_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws,
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = m.layers[il];
     cpu::rms_norm(x, as_floats(L.attn_norm), xn, n, d, hp.norm_eps);
-    cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
-    cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
-    cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
+    qkv_projections(pool, L, xn, n, ws);
     for (int64_t t = 0; t < n; ++t) {
       m.rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
       m.rope->apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);

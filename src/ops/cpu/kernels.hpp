@@ -34,6 +34,11 @@ struct KernelSet {
   // When set, the q4_0 / q4_1 kernels take activations in the quad layout below (prepared from
   // the Q8_0 / Q8_1 rows by prepare_quads) instead of plain Q8_0 / Q8_1 rows.
   bool q4_quads = false;
+  // One float activation row straight to the quad layout of the Q4_0 (Q8_0 quantization) or
+  // Q4_1 (Q8_1) kernels: the bytes prepare_quads gives for the quantize_row output (null: go
+  // through quantize_row and prepare_quads).
+  void (*quads_q8_0)(const float* x, void* out, int64_t k) = nullptr;
+  void (*quads_q8_1)(const float* x, void* out, int64_t k) = nullptr;
 };
 
 // Quad layout of one activation row for the 4-bit kernels: the row's 32-element blocks in groups

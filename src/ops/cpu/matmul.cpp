@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "core/aligned_buffer.hpp"
 #include "core/cpu_features.hpp"
@@ -197,68 +198,168 @@ void matmul_rows_prepared(const TensorView& W, const void* x_prepared, size_t x_
   gemm_for(W.type).fn(a);
 }
 
-void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch) {
-  const int64_t k = W.cols(), rows = W.rows();
-  check_k(W.type, k);
-  if (n_tokens <= 0 || rows <= 0) return;
-  const DType at = activation_type(W.type);
-  const size_t x_stride = row_bytes(at, k);
-  const Kernel kern = gemm_for(W.type);
-  const GemmFn fn = kern.fn;
-  const uint8_t* xq;
-  size_t x_stride_k = x_stride;  // stride of the activation rows the kernel reads
-  if (at == DType::F32) {
-    xq = reinterpret_cast<const uint8_t*>(X);  // float weights take X as it is
-  } else {
-    auto* out = static_cast<uint8_t*>(scratch);
-    // Quad-layout kernels: the quantized rows are rearranged once per call, after them in the
-    // scratch.
-    uint8_t* quads = kern.quads ? align64(out + x_stride * n_tokens) : nullptr;
-    const size_t qstride = detail::quad_row_bytes(k);
-    const auto prepare = [&](int64_t t0, int64_t t1) {
-      if (t1 <= t0) return;
-      quantize_activations(W.type, X + t0 * k, t1 - t0, k, out + t0 * x_stride);
-      if (quads)
-        for (int64_t t = t0; t < t1; ++t) detail::prepare_quads(W.type, out + t * x_stride, quads + t * qstride, k);
-    };
-    if (n_tokens == 1 || pool.size() == 1) {
-      prepare(0, n_tokens);
-    } else {
-      pool.run([&](int ith, int nth) {
-        int64_t t0, t1;
-        split_range(n_tokens, ith, nth, t0, t1);
-        prepare(t0, t1);
-      });
-    }
-    xq = quads ? quads : out;
-    if (quads) x_stride_k = qstride;
-  }
-  const uint8_t* w = W.data;
-  const size_t w_stride = W.row_stride();
+namespace {
 
+// Activations as the kernel reads them: quantized rows, or their quad layout, or X itself.
+struct Prepared {
+  const uint8_t* x;
+  size_t stride;
+};
+
+// f(t0, t1) for the tokens: on the calling thread for one token, else split over the pool.
+template <class F>
+void over_tokens(ThreadPool& pool, int64_t n_tokens, const F& f) {
+  if (n_tokens == 1 || pool.size() == 1) {
+    f(int64_t{0}, n_tokens);
+    return;
+  }
+  pool.run([&](int ith, int nth) {
+    int64_t t0, t1;
+    split_range(n_tokens, ith, nth, t0, t1);
+    f(t0, t1);
+  });
+}
+
+// Quantizes X once for all matrices of type w (rows into the scratch, quads after them).
+Prepared prepare_activations(ThreadPool& pool, const Kernel& kern, DType w, const float* X, int64_t n_tokens,
+                             int64_t k, void* scratch) {
+  const DType at = activation_type(w);
+  if (at == DType::F32) return {reinterpret_cast<const uint8_t*>(X), row_bytes(at, k)};  // float weights take X
+  const size_t x_stride = row_bytes(at, k);
+  auto* out = static_cast<uint8_t*>(scratch);
+  if (!kern.quads) {
+    const auto quantize = [&](int64_t t0, int64_t t1) {
+      if (t1 > t0) quantize_activations(w, X + t0 * k, t1 - t0, k, out + t0 * x_stride);
+    };
+    over_tokens(pool, n_tokens, quantize);
+    return {out, x_stride};
+  }
+  // Quad-layout kernels: straight from X where the ISA can (bit-identical to quantizing and
+  // rearranging), else through the quantized rows in the scratch.
+  uint8_t* quads = align64(out + x_stride * n_tokens);
+  const size_t qstride = detail::quad_row_bytes(k);
+  const KernelSet& set = detail::kernels_avx512();
+  void (*direct)(const float*, void*, int64_t) =
+      simd_level() != SimdLevel::avx512 ? nullptr : at == DType::Q8_0 ? set.quads_q8_0 : set.quads_q8_1;
+  const auto prepare = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      if (direct) {
+        direct(X + t * k, quads + t * qstride, k);
+      } else {
+        quantize_activations(w, X + t * k, 1, k, out + t * x_stride);
+        detail::prepare_quads(w, out + t * x_stride, quads + t * qstride, k);
+      }
+    }
+  };
+  over_tokens(pool, n_tokens, prepare);
+  return {quads, qstride};
+}
+
+// Decode (one token): the rows of a matrix that thread ith of nth computes, in multiples of
+// kRowAlign, so that each thread streams one contiguous slice of the weights.
+void decode_rows(int64_t rows, int ith, int nth, int64_t& r0, int64_t& r1) {
+  int64_t g0, g1;
+  split_range((rows + kRowAlign - 1) / kRowAlign, ith, nth, g0, g1);
+  r0 = g0 * kRowAlign;
+  r1 = std::min(rows, g1 * kRowAlign);
+}
+
+// Rows [r0, r1) of W for one token into y[r0, r1).
+void decode_slice(GemmFn fn, const TensorView& W, const Prepared& x, int64_t r0, int64_t r1, float* y) {
+  if (r1 <= r0) return;
+  GemmArgs a{W.cols(), W.row(r0), W.row_stride(), r1 - r0, x.x, x.stride, 1, y + r0, W.rows()};
+  fn(a);
+}
+
+// Several products sharing prepared activations, in one dispatch. Decode splits each matrix
+// over the threads; prompts hand out blocks of rows x tokens of all matrices dynamically.
+void run_products(ThreadPool& pool, GemmFn fn, std::span<const MatmulOut> outs, const Prepared& x, int64_t n_tokens) {
   if (n_tokens == 1) {
-    // Decode: each thread streams one contiguous slice of the weights.
-    const int64_t groups = (rows + kRowAlign - 1) / kRowAlign;
     pool.run([&](int ith, int nth) {
-      int64_t g0, g1;
-      split_range(groups, ith, nth, g0, g1);
-      const int64_t r0 = g0 * kRowAlign, r1 = std::min(rows, g1 * kRowAlign);
-      if (r1 <= r0) return;
-      GemmArgs a{k, w + r0 * w_stride, w_stride, r1 - r0, xq, x_stride_k, 1, Y + r0, rows};
-      fn(a);
+      for (const MatmulOut& o : outs) {
+        int64_t r0, r1;
+        decode_rows(o.w.rows(), ith, nth, r0, r1);
+        decode_slice(fn, o.w, x, r0, r1, o.y);
+      }
     });
     return;
   }
-  const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
-  pool.parallel_for(row_blocks, 1, [&](int64_t b0, int64_t b1, int) {
+  // Row blocks of all matrices numbered one after the other.
+  int64_t total = 0;
+  for (const MatmulOut& o : outs) total += (o.w.rows() + kRowBlock - 1) / kRowBlock;
+  pool.parallel_for(total, 1, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r0 = b * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
+      int64_t local = b;
+      size_t i = 0;
+      for (int64_t nb; local >= (nb = (outs[i].w.rows() + kRowBlock - 1) / kRowBlock); ++i) local -= nb;
+      const TensorView& W = outs[i].w;
+      const int64_t rows = W.rows(), r0 = local * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
       for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
         const int64_t nt = std::min(kTokenBlock, n_tokens - t0);
-        GemmArgs a{k, w + r0 * w_stride, w_stride, r1 - r0, xq + t0 * x_stride_k, x_stride_k, nt, Y + t0 * rows + r0, rows};
+        GemmArgs a{W.cols(), W.row(r0), W.row_stride(), r1 - r0, x.x + t0 * x.stride, x.stride,
+                   nt,       outs[i].y + t0 * rows + r0, rows};
         fn(a);
       }
     }
+  });
+}
+
+// The type and width all matrices share (each fused call takes one activation quantization).
+void check_same_input(std::span<const MatmulOut> outs) {
+  EMBER_CHECK(!outs.empty(), "matmul_multi: no matrices");
+  for (const MatmulOut& o : outs)
+    EMBER_CHECK(o.w.type == outs[0].w.type && o.w.cols() == outs[0].w.cols(),
+                "matmul_multi: {} ({}, {} columns) does not share the type and width of {} ({}, {} columns)", o.w.name,
+                dtype_name(o.w.type), o.w.cols(), outs[0].w.name, dtype_name(outs[0].w.type), outs[0].w.cols());
+}
+
+}  // namespace
+
+void matmul_multi(ThreadPool& pool, std::span<const MatmulOut> outs, const float* X, int64_t n_tokens, void* scratch) {
+  check_same_input(outs);
+  const TensorView& W0 = outs[0].w;
+  const int64_t k = W0.cols();
+  check_k(W0.type, k);
+  if (n_tokens <= 0) return;
+  const Kernel kern = gemm_for(W0.type);
+  const Prepared x = prepare_activations(pool, kern, W0.type, X, n_tokens, k, scratch);
+  run_products(pool, kern.fn, outs, x, n_tokens);
+}
+
+void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch) {
+  const MatmulOut one[] = {{W, Y}};
+  matmul_multi(pool, one, X, n_tokens, scratch);
+}
+
+void matmul_gated(ThreadPool& pool, const TensorView& gate, const TensorView& up, Activation act, const float* X,
+                  int64_t n_tokens, float* out, float* up_buf, void* scratch) {
+  EMBER_CHECK(gate.rows() == up.rows(), "matmul_gated: {} has {} rows but {} has {}", gate.name, gate.rows(), up.name,
+              up.rows());
+  const MatmulOut outs[] = {{gate, out}, {up, up_buf}};
+  check_same_input(outs);
+  const int64_t k = gate.cols(), rows = gate.rows();
+  check_k(gate.type, k);
+  if (n_tokens <= 0) return;
+  const Kernel kern = gemm_for(gate.type);
+  const Prepared x = prepare_activations(pool, kern, gate.type, X, n_tokens, k, scratch);
+  if (n_tokens == 1) {
+    // Each thread gates the neurons whose gate and up rows it computed: no second pass.
+    pool.run([&](int ith, int nth) {
+      int64_t r0, r1;
+      decode_rows(rows, ith, nth, r0, r1);
+      if (r1 <= r0) return;
+      decode_slice(kern.fn, gate, x, r0, r1, out);
+      decode_slice(kern.fn, up, x, r0, r1, up_buf);
+      gated_activation(act, out + r0, up_buf + r0, out + r0, r1 - r0);
+    });
+    return;
+  }
+  run_products(pool, kern.fn, outs, x, n_tokens);
+  constexpr int64_t kChunk = 4096;
+  const int64_t total = n_tokens * rows;
+  pool.parallel_for((total + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1, int) {
+    const int64_t i0 = c0 * kChunk, i1 = std::min(total, c1 * kChunk);
+    gated_activation(act, out + i0, up_buf + i0, out + i0, i1 - i0);
   });
 }
 

@@ -9,8 +9,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/thread_pool.hpp"
+#include "ops/cpu/activation.hpp"
 #include "tensor/tensor_view.hpp"
 
 namespace ember::cpu {
@@ -18,6 +20,23 @@ namespace ember::cpu {
 size_t matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_tokens);
 
 void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch);
+
+// Products of several matrices with the same X (Q, K and V of a layer): X is quantized once and
+// all of them run in one dispatch over the pool (one wake-up and one barrier instead of one per
+// matrix). Every matrix must have the type and width of the first; y gets n_tokens x rows(w)
+// floats as from matmul(), and the results are bit-identical to separate matmul() calls. The
+// scratch is the one matmul() takes for the first matrix.
+struct MatmulOut {
+  const TensorView& w;
+  float* y;
+};
+void matmul_multi(ThreadPool& pool, std::span<const MatmulOut> outs, const float* X, int64_t n_tokens, void* scratch);
+
+// The first half of a gated FFN in one dispatch: out = act(gate X) * (up X), n_tokens x rows.
+// up_buf receives up X (same size). In decode each thread gates the neurons whose gate and up
+// rows it computed. Bit-identical to two matmul() calls followed by gated_activation().
+void matmul_gated(ThreadPool& pool, const TensorView& gate, const TensorView& up, Activation act, const float* X,
+                  int64_t n_tokens, float* out, float* up_buf, void* scratch);
 
 // The same product for a subset of rows [row_begin, row_end) of W, single-threaded, with
 // activations already quantized by quantize_activations(). Y[t][r - row_begin] layout with

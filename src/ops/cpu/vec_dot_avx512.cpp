@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <array>
+#include <cstring>
 #include <type_traits>
 
 #include "ops/cpu/kernels.hpp"
@@ -345,18 +346,28 @@ struct Q6KKernel {
 
 // ---- activation quantizers (bit-identical to the scalar quantize_row) ---------------------
 
+// One 32-element block: q0, q1 (elements 0..15, 16..31 as int32) and the scale d.
+inline void quantize_block(const float* x, __m512i& q0, __m512i& q1, float& d) {
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+  d = amax / 127.f;
+  const float id = amax != 0.f ? 127.f / amax : 0.f;
+  q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));  // nearest-even
+  q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+}
+
+// A float through fp16 and back (the value the quantized block stores).
+inline float fp16_round(float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT)); }
+
 template <bool kWithSum>
 void quantize_q8(const float* x, void* out, int64_t k) {
   using XB = std::conditional_t<kWithSum, BlockQ8_1, BlockQ8_0>;
   auto* b = static_cast<XB*>(out);
-  const __m512 sign = _mm512_set1_ps(-0.f);
   for (int64_t i = 0; i < k / kQK; ++i, x += kQK) {
-    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
-    const float d = amax / 127.f;
-    const float id = amax != 0.f ? 127.f / amax : 0.f;
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));  // nearest-even
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    __m512i q0, q1;
+    float d;
+    quantize_block(x, q0, q1, d);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs), _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs + 16), _mm512_cvtsepi32_epi8(q1));
     b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
@@ -367,13 +378,45 @@ void quantize_q8(const float* x, void* out, int64_t k) {
   }
 }
 
+// The same quantization written in the quad layout (kernels.hpp) directly, without the
+// intermediate rows: per block 16 bytes of lo, 16 of hi, four copies of d, and the four lane
+// sums times -8 (Q8_0) or s in the first lane (Q8_1).
+template <bool kWithSum>
+void quantize_quads(const float* x, void* out, int64_t k) {
+  const int64_t nb = k / kQK;
+  auto* o = static_cast<uint8_t*>(out);
+  if (nb % 4) std::memset(o + (nb / 4) * kQuadBytes, 0, kQuadBytes);  // padding blocks of the last quad
+  for (int64_t b = 0; b < nb; ++b, x += kQK) {
+    uint8_t* quad = o + (b / 4) * kQuadBytes;
+    const int i = static_cast<int>(b % 4);
+    __m512i q0, q1;
+    float d;
+    quantize_block(x, q0, q1, d);
+    _mm_store_si128(reinterpret_cast<__m128i*>(quad + 16 * i), _mm512_cvtsepi32_epi8(q0));
+    _mm_store_si128(reinterpret_cast<__m128i*>(quad + 64 + 16 * i), _mm512_cvtsepi32_epi8(q1));
+    _mm_store_ps(reinterpret_cast<float*>(quad + 128) + 4 * i, _mm_set1_ps(fp16_round(d)));
+    const __m512i s = _mm512_add_epi32(q0, q1);
+    if constexpr (kWithSum) {
+      const float sf = fp16_round(d * static_cast<float>(_mm512_reduce_add_epi32(s)));
+      _mm_store_ps(reinterpret_cast<float*>(quad + 192) + 4 * i, _mm_set_ss(sf));
+    } else {
+      // Lane j of the block: elements 4j..4j+3 of lo and of hi, i.e. of q0 + q1.
+      __m512i h = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+      h = _mm512_add_epi32(h, _mm512_shuffle_epi32(h, _MM_PERM_BADC));
+      const __m128i sums = _mm512_castsi512_si128(_mm512_maskz_compress_epi32(0x1111, h));
+      _mm_store_si128(reinterpret_cast<__m128i*>(quad + 192) + i, _mm_mullo_epi32(sums, _mm_set1_epi32(-8)));
+    }
+  }
+}
+
 }  // namespace
 
 const KernelSet& kernels_avx512() {
   static const KernelSet set{
       &gemm<FloatKernel<DType::F32>>,    &gemm<FloatKernel<DType::F16>>,    &gemm<FloatKernel<DType::BF16>>,
       &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Q4QuadKernel<DType::Q4_0>>, &gemm<Q4QuadKernel<DType::Q4_1>>,
-      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>, /*q4_quads=*/true};
+      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>, /*q4_quads=*/true,
+      &quantize_quads<false>, &quantize_quads<true>};
   return set;
 }
 

@@ -92,7 +92,8 @@ void BM_ReadBandwidth(benchmark::State& state) {
 const struct {
   const char* name;
   DType type;
-} kTypes[] = {{"Q4_0", DType::Q4_0}, {"Q4_1", DType::Q4_1}, {"Q8_0", DType::Q8_0}, {"F16", DType::F16}};
+} kTypes[] = {{"Q4_0", DType::Q4_0}, {"Q4_1", DType::Q4_1}, {"Q8_0", DType::Q8_0}, {"F16", DType::F16},
+    {"Q4_K", DType::Q4_K}, {"Q5_K", DType::Q5_K}, {"Q6_K", DType::Q6_K}};
 
 const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}};
 

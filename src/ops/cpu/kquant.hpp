@@ -9,6 +9,7 @@ namespace ember::cpu::detail {
 
 struct KQuantSet {
   GemmFn q5_0, q5_1, q4_k, q5_k;
+  GemmFn q6_k = nullptr;  // when null, the KernelSet's q6_k
 };
 
 const KQuantSet& kquant_scalar();

@@ -1,9 +1,20 @@
-// AVX-512 (VNNI on 256-bit vectors) kernels for Q5_0, Q5_1, Q4_K, Q5_K: see kquant_simd.hpp.
+// AVX-512 kernels for the K-quants (Q4_K, Q5_K, Q6_K x Q8_K) on 512-bit vectors, plus Q5_0 / Q5_1
+// from kquant_simd.hpp (256-bit, VNNI).
+//
+// A K-quant super-block (256 elements) is four 64-element steps. Each step decodes 64 unsigned
+// weights (0..15, 0..31 or 0..63) into one register ordered like the Q8_K activations, so one
+// activation load serves the step: vpmaddubsw gives int16 pair sums (small enough not to
+// saturate) and vpdpwssd multiplies them by the 16-bit sub-block scales, spread so that each
+// 32-bit lane meets the scale of its sub-block, and accumulates. Mins (Q4_K, Q5_K) and the
+// offset of 32 (Q6_K) are taken off once per super-block from the Q8_K group sums (bsums):
+// one vpmaddwd of the bsums with the mins or scales, instead of one product per step and token.
+// Every output element is computed with the same operations whatever tile it falls in.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <array>
+#include <cstring>
 #include <type_traits>
 
 #include "ops/cpu/kquant.hpp"
@@ -15,8 +26,232 @@ namespace {
 #include "ops/cpu/tile_driver.hpp"
 #include "ops/cpu/kquant_simd.hpp"
 
+// Weight bytes a decode stream prefetches ahead of its reads.
+constexpr int kPrefetchAhead = 1024;
+
+// pshufb controls, one 64-byte row per step c of a Q4_K / Q5_K super-block: every 16-bit word
+// of 128-bit lanes 0, 1 <- byte 2c (zero-extended), of lanes 2, 3 <- byte 2c + 1. Applied to the
+// eight 6-bit scales broadcast to every lane, they give the vpdpwssd multipliers of the step.
+alignas(64) constexpr auto kK45ScaleCtl = [] {
+  std::array<uint8_t, 256> c{};
+  for (int s = 0; s < 4; ++s)
+    for (int i = 0; i < 64; ++i) c[64 * s + i] = i % 2 ? 0x80 : static_cast<uint8_t>(2 * s + (i >= 32));
+  return c;
+}();
+// pshufb control: words 2j, 2j + 1 <- byte 8 + j (the min of sub-block j), lane by lane (lane 1
+// holds j = 4..7), to pair the mins with the 16 bsums.
+alignas(32) constexpr auto kK45MinCtl = [] {
+  std::array<uint8_t, 32> c{};
+  for (int i = 0; i < 32; ++i) c[i] = i % 2 ? 0x80 : static_cast<uint8_t>(8 + i / 4);
+  return c;
+}();
+// vpermw indices, one row per step i of a Q6_K super-block: word w <- scale 4i + w / 8 (one per
+// 16 elements, 8 pair sums).
+alignas(64) constexpr auto kQ6ScaleIdx = [] {
+  std::array<int16_t, 128> idx{};
+  for (int i = 0; i < 4; ++i)
+    for (int w = 0; w < 32; ++w) idx[32 * i + w] = static_cast<int16_t>(4 * i + w / 8);
+  return idx;
+}();
+
+// The 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K / Q5_K super-block, unpacked from
+// their 12-byte 6-bit packing (see kquant_scale_min) four at a time in 32-bit words.
+inline __m128i k45_scales_mins(const uint8_t* s) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, s, 4);
+  std::memcpy(&a1, s + 4, 4);
+  std::memcpy(&a2, s + 8, 4);
+  const uint32_t sc_lo = a0 & 0x3f3f3f3fu, m_lo = a1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (a2 & 0x0f0f0f0fu) | ((a0 >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0fu) | ((a1 >> 2) & 0x30303030u);
+  return _mm_set_epi32(static_cast<int>(m_hi), static_cast<int>(m_lo), static_cast<int>(sc_hi), static_cast<int>(sc_lo));
+}
+
+inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// The rows, token rows and float accumulators of one R x T tile of a K-quant x Q8_K product.
+template <class WB, int R, int T>
+struct KTile {
+  const WB* w[R];
+  const BlockQ8_K* x[T];
+  __m512 acc[R][T];
+  KTile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a.x + (t0 + t) * a.x_stride);
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  void store(const GemmArgs& a, int64_t r0, int64_t t0) const {
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+// ---- Q4_K / Q5_K ------------------------------------------------------------------------
+
+template <DType WT>
+struct K45Kernel512 {
+  static constexpr int kRows = 2, kTokens = 4;
+  static constexpr int kDecodeRows = 1;  // one sequential weight stream per thread
+  static constexpr bool kQ5 = WT == DType::Q5_K;
+  using WB = std::conditional_t<kQ5, BlockQ5_K, BlockQ4_K>;
+
+  // Weights of steps 2h and 2h + 1 (elements 128h .. 128h + 127) as unsigned bytes in the
+  // activation order: 32 bytes of qs hold sub-block 2c in the low and 2c + 1 in the high nibbles.
+  static void decode(const WB& blk, int h, [[maybe_unused]] __m512i qh2, __m512i& y0, __m512i& y1) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i raw = load64(blk.qs + 64 * h);
+    const __m512i sh = _mm512_srli_epi16(raw, 4);
+    y0 = _mm512_and_si512(_mm512_shuffle_i64x2(raw, sh, 0x44), m4);  // [c0 lo, c0 hi]
+    y1 = _mm512_and_si512(_mm512_shuffle_i64x2(raw, sh, 0xEE), m4);  // [c1 lo, c1 hi]
+    if constexpr (kQ5) {
+      // qh2 = [qh, qh >> 1]: bit 2c of its bytes is bit 4 of step c's weights.
+      const __m512i m10 = _mm512_set1_epi8(0x10);
+      if (h == 0) {
+        y0 = _mm512_or_si512(y0, _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m10));
+        y1 = _mm512_or_si512(y1, _mm512_and_si512(_mm512_slli_epi16(qh2, 2), m10));
+      } else {
+        y0 = _mm512_or_si512(y0, _mm512_and_si512(qh2, m10));
+        y1 = _mm512_or_si512(y1, _mm512_and_si512(_mm512_srli_epi16(qh2, 2), m10));
+      }
+    }
+  }
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    const int64_t nb = a.k / kQK_K;
+    KTile<WB, R, T> tl(a, r0, t0);
+    const auto& w = tl.w;
+    const auto& x = tl.x;
+    auto& acc = tl.acc;
+    const __m256i min_ctl = _mm256_load_si256(reinterpret_cast<const __m256i*>(kK45MinCtl.data()));
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i sm[R];  // scales and mins broadcast to every 128-bit lane
+      __m256i mdup[R];
+      __m128 dd[R];  // [d, dmin]
+      [[maybe_unused]] __m512i qh2[R];
+      for (int r = 0; r < R; ++r) {
+        const WB& blk = w[r][b];
+        if constexpr (R * T == 1) _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchAhead, _MM_HINT_T0);
+        const __m128i s = k45_scales_mins(blk.scales);
+        sm[r] = _mm512_broadcast_i32x4(s);
+        mdup[r] = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(s), min_ctl);
+        uint32_t dbits;
+        std::memcpy(&dbits, &blk.d, 4);  // d, dmin adjacent
+        dd[r] = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dbits)));
+        if constexpr (kQ5) {
+          const __m256i qh = load32(blk.qh);
+          qh2[r] = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
+        }
+      }
+      __m512i isum[R][T];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) isum[r][t] = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        __m512i y[R][2];
+        for (int r = 0; r < R; ++r) decode(w[r][b], h, qh2[r], y[r][0], y[r][1]);
+        for (int cc = 0; cc < 2; ++cc) {
+          const int c = 2 * h + cc;
+          const __m512i ctl = _mm512_load_si512(kK45ScaleCtl.data() + 64 * c);
+          __m512i sc[R];
+          for (int r = 0; r < R; ++r) sc[r] = _mm512_shuffle_epi8(sm[r], ctl);
+          for (int t = 0; t < T; ++t) {
+            const __m512i xa = load64(x[t][b].qs + 64 * c);
+            for (int r = 0; r < R; ++r)
+              isum[r][t] = _mm512_dpwssd_epi32(isum[r][t], _mm512_maddubs_epi16(y[r][cc], xa), sc[r]);
+          }
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i bsums = load32(x[t][b].bsums);
+        const __m128 xd = _mm_set1_ps(x[t][b].d);
+        for (int r = 0; r < R; ++r) {
+          const __m128 f = _mm_mul_ps(dd[r], xd);  // [d * xd, dmin * xd]
+          const __m512 fd = _mm512_broadcastss_ps(f);
+          const __m512 fm = _mm512_broadcastss_ps(_mm_movehdup_ps(f));
+          const __m256i msum = _mm256_madd_epi16(bsums, mdup[r]);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), fd, acc[r][t]);
+          acc[r][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)), fm, acc[r][t]);
+        }
+      }
+    }
+    tl.store(a, r0, t0);
+  }
+};
+
+// ---- Q6_K -------------------------------------------------------------------------------
+// Weights enter as unsigned q (0..63); the offset of 32 comes off per super-block as
+// 32 * sum_g scale_g * bsum_g (the 16 scales and the 16 bsums cover the same 16-element groups).
+
+struct Q6KKernel512 {
+  static constexpr int kRows = 2, kTokens = 4;
+  static constexpr int kDecodeRows = 1;
+
+  // Elements 128h .. 128h + 127 as two registers of 64 (steps 2h and 2h + 1).
+  static void decode(const BlockQ6_K& blk, int h, __m512i& y0, __m512i& y1) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i ql = load64(blk.ql + 64 * h);
+    const __m256i qh = load32(blk.qh + 32 * h);
+    // [qh, qh >> 2]: bits 0-1 / 4-5 of each byte are the high bits of steps 2h / 2h + 1.
+    const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    y0 = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30));
+    y1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(qh2, m30));
+  }
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    const int64_t nb = a.k / kQK_K;
+    KTile<BlockQ6_K, R, T> tl(a, r0, t0);
+    const auto& w = tl.w;
+    const auto& x = tl.x;
+    auto& acc = tl.acc;
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i s16[R];
+      float dw[R];
+      for (int r = 0; r < R; ++r) {
+        const BlockQ6_K& blk = w[r][b];
+        if constexpr (R * T == 1) _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchAhead, _MM_HINT_T0);
+        s16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+        dw[r] = _cvtsh_ss(blk.d);
+      }
+      __m512i isum[R][T];
+      for (int t = 0; t < T; ++t) {
+        const __m256i bsums = load32(x[t][b].bsums);
+        for (int r = 0; r < R; ++r)  // -32 * sum of scale x bsum, 8 lanes
+          isum[r][t] = _mm512_zextsi256_si512(
+              _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bsums, s16[r]), 5)));
+      }
+      for (int h = 0; h < 2; ++h) {
+        __m512i y[R][2];
+        for (int r = 0; r < R; ++r) decode(w[r][b], h, y[r][0], y[r][1]);
+        for (int cc = 0; cc < 2; ++cc) {
+          const int i = 2 * h + cc;
+          const __m512i idx = _mm512_load_si512(kQ6ScaleIdx.data() + 32 * i);
+          __m512i sc[R];
+          for (int r = 0; r < R; ++r) sc[r] = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(s16[r]));
+          for (int t = 0; t < T; ++t) {
+            const __m512i xa = load64(x[t][b].qs + 64 * i);
+            for (int r = 0; r < R; ++r)
+              isum[r][t] = _mm512_dpwssd_epi32(isum[r][t], _mm512_maddubs_epi16(y[r][cc], xa), sc[r]);
+          }
+        }
+      }
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < R; ++r)
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_set1_ps(dw[r] * x[t][b].d), acc[r][t]);
+    }
+    tl.store(a, r0, t0);
+  }
+};
+
 }  // namespace
 
-const KQuantSet& kquant_avx512() { return make_kquant_set(); }
+const KQuantSet& kquant_avx512() {
+  static const KQuantSet set{&gemm<Q5Kernel<DType::Q5_0>>,      &gemm<Q5Kernel<DType::Q5_1>>,
+                             &gemm<K45Kernel512<DType::Q4_K>>, &gemm<K45Kernel512<DType::Q5_K>>,
+                             &gemm<Q6KKernel512>};
+  return set;
+}
 
 }  // namespace ember::cpu::detail

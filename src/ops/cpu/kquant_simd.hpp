@@ -161,7 +161,7 @@ struct K45Kernel {
   }
 };
 
-const KQuantSet& make_kquant_set() {
+[[maybe_unused]] const KQuantSet& make_kquant_set() {
   static const KQuantSet set{&gemm<Q5Kernel<DType::Q5_0>>, &gemm<Q5Kernel<DType::Q5_1>>,
                              &gemm<K45Kernel<DType::Q4_K>>, &gemm<K45Kernel<DType::Q5_K>>};
   return set;

@@ -41,7 +41,7 @@ GemmFn pick(const KernelSet& s, const detail::KQuantSet& q, DType w) {
     case DType::Q8_0: return s.q8_0;
     case DType::Q4_0: return s.q4_0;
     case DType::Q4_1: return s.q4_1;
-    case DType::Q6_K: return s.q6_k;
+    case DType::Q6_K: return q.q6_k ? q.q6_k : s.q6_k;
     case DType::Q5_0: return q.q5_0;
     case DType::Q5_1: return q.q5_1;
     case DType::Q4_K: return q.q4_k;

@@ -1,12 +1,12 @@
-// AVX-512 kernels for the K-quants (Q4_K, Q5_K, Q6_K x Q8_K) on 512-bit vectors, plus Q5_0 / Q5_1
-// from kquant_simd.hpp (256-bit, VNNI).
+// AVX-512 kernels for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K x Q8_K) on 512-bit vectors,
+// plus Q5_0 / Q5_1 from kquant_simd.hpp (256-bit, VNNI).
 //
 // A K-quant super-block (256 elements) is four 64-element steps. Each step decodes 64 unsigned
-// weights (0..15, 0..31 or 0..63) into one register ordered like the Q8_K activations, so one
+// weights (0..3 up to 0..63) into one register ordered like the Q8_K activations, so one
 // activation load serves the step: vpmaddubsw gives int16 pair sums (small enough not to
 // saturate) and vpdpwssd multiplies them by the 16-bit sub-block scales, spread so that each
-// 32-bit lane meets the scale of its sub-block, and accumulates. Mins (Q4_K, Q5_K) and the
-// offset of 32 (Q6_K) are taken off once per super-block from the Q8_K group sums (bsums):
+// 32-bit lane meets the scale of its sub-block, and accumulates. Mins (Q2_K, Q4_K, Q5_K) and the
+// offsets (Q3_K, Q6_K) are taken off once per super-block from the Q8_K group sums (bsums):
 // one vpmaddwd of the bsums with the mins or scales, instead of one product per step and token.
 // Every output element is computed with the same operations whatever tile it falls in.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -70,23 +70,9 @@ inline __m128i k45_scales_mins(const uint8_t* s) {
 inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// The rows, token rows and float accumulators of one R x T tile of a K-quant x Q8_K product.
 template <class WB, int R, int T>
-struct KTile {
-  const WB* w[R];
-  const BlockQ8_K* x[T];
-  __m512 acc[R][T];
-  KTile(const GemmArgs& a, int64_t r0, int64_t t0) {
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a.x + (t0 + t) * a.x_stride);
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  }
-  void store(const GemmArgs& a, int64_t r0, int64_t t0) const {
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
-  }
-};
+using KTile = TileOperands<WB, BlockQ8_K, __m512, R, T>;
+inline float reduce512(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 // ---- Q4_K / Q5_K ------------------------------------------------------------------------
 
@@ -176,60 +162,116 @@ struct K45Kernel512 {
         }
       }
     }
-    tl.store(a, r0, t0);
+    tl.store(a, r0, t0, reduce512);
   }
 };
 
-// ---- Q6_K -------------------------------------------------------------------------------
-// Weights enter as unsigned q (0..63); the offset of 32 comes off per super-block as
-// 32 * sum_g scale_g * bsum_g (the 16 scales and the 16 bsums cover the same 16-element groups).
+// ---- Q2_K, Q3_K, Q6_K: 16 sub-blocks of 16 ----------------------------------------------
+// Weights enter unsigned: Q6_K q + 32 (0..63), Q3_K q + 4 (0..7), Q2_K q (0..3). The offsets of
+// Q6_K and Q3_K come off per super-block as kOffset * sum_g scale_g * bsum_g, Q2_K's mins as
+// dmin * sum_g m_g * bsum_g (the 16 scales and the 16 bsums cover the same groups of 16).
 
-struct Q6KKernel512 {
+template <DType WT>
+struct G16Kernel512 {
   static constexpr int kRows = 2, kTokens = 4;
   static constexpr int kDecodeRows = 1;
+  using WB = std::conditional_t<WT == DType::Q6_K, BlockQ6_K, std::conditional_t<WT == DType::Q3_K, BlockQ3_K, BlockQ2_K>>;
+  static constexpr bool kMins = WT == DType::Q2_K;
+  static constexpr int kOffsetShift = WT == DType::Q6_K ? 5 : 2;  // log2 of the offset (Q6_K, Q3_K)
+
+  struct Prep {
+    __m256i s16;  // 16 scales as int16
+    [[maybe_unused]] __m256i m16;  // Q2_K: 16 mins as int16
+    [[maybe_unused]] __m512i h2;   // Q3_K: [hmask, hmask >> 1]
+    __m128 dd;    // [d, dmin]
+  };
+
+  static Prep prepare(const WB& blk) {
+    Prep p;
+    if constexpr (WT == DType::Q6_K) {
+      p.s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+      p.dd = _mm_set_ss(_cvtsh_ss(blk.d));
+    } else if constexpr (WT == DType::Q3_K) {
+      p.s16 = _mm256_cvtepi8_epi16(q3_k_scales(blk.scales));
+      const __m256i hm = load32(blk.hmask);
+      p.h2 = _mm512_inserti64x4(_mm512_castsi256_si512(hm), _mm256_srli_epi16(hm, 1), 1);
+      p.dd = _mm_set_ss(_cvtsh_ss(blk.d));
+    } else {
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales));
+      const __m128i m4 = _mm_set1_epi8(0x0F);
+      p.s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, m4));
+      p.m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
+      uint32_t dbits;
+      std::memcpy(&dbits, &blk.d, 4);  // d, dmin adjacent
+      p.dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dbits)));
+    }
+    return p;
+  }
 
   // Elements 128h .. 128h + 127 as two registers of 64 (steps 2h and 2h + 1).
-  static void decode(const BlockQ6_K& blk, int h, __m512i& y0, __m512i& y1) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i ql = load64(blk.ql + 64 * h);
-    const __m256i qh = load32(blk.qh + 32 * h);
-    // [qh, qh >> 2]: bits 0-1 / 4-5 of each byte are the high bits of steps 2h / 2h + 1.
-    const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-    y0 = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30));
-    y1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(qh2, m30));
+  static void decode(const WB& blk, const Prep& p, int h, __m512i& y0, __m512i& y1) {
+    if constexpr (WT == DType::Q6_K) {
+      const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+      const __m512i ql = load64(blk.ql + 64 * h);
+      const __m256i qh = load32(blk.qh + 32 * h);
+      // [qh, qh >> 2]: bits 0-1 / 4-5 of each byte are the high bits of steps 2h / 2h + 1.
+      const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      y0 = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30));
+      y1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(qh2, m30));
+    } else {
+      // [qs, qs >> 2] of this half: bits 0-1 / 4-5 of each byte are steps 2h / 2h + 1.
+      const __m512i m3 = _mm512_set1_epi8(3);
+      const __m256i q = load32(blk.qs + 32 * h);
+      const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2), 1);
+      y0 = _mm512_and_si512(z, m3);
+      y1 = _mm512_and_si512(_mm512_srli_epi16(z, 4), m3);
+      if constexpr (WT == DType::Q3_K) {
+        // Bit 2c of h2's bytes is the high bit of step c: moved to bit 2.
+        const __m512i m04 = _mm512_set1_epi8(4);
+        if (h == 0) {
+          y0 = _mm512_or_si512(y0, _mm512_and_si512(_mm512_slli_epi16(p.h2, 2), m04));
+          y1 = _mm512_or_si512(y1, _mm512_and_si512(p.h2, m04));
+        } else {
+          y0 = _mm512_or_si512(y0, _mm512_and_si512(_mm512_srli_epi16(p.h2, 2), m04));
+          y1 = _mm512_or_si512(y1, _mm512_and_si512(_mm512_srli_epi16(p.h2, 4), m04));
+        }
+      }
+    }
   }
 
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK_K;
-    KTile<BlockQ6_K, R, T> tl(a, r0, t0);
+    KTile<WB, R, T> tl(a, r0, t0);
     const auto& w = tl.w;
     const auto& x = tl.x;
     auto& acc = tl.acc;
     for (int64_t b = 0; b < nb; ++b) {
-      __m256i s16[R];
-      float dw[R];
+      Prep p[R];
       for (int r = 0; r < R; ++r) {
-        const BlockQ6_K& blk = w[r][b];
-        if constexpr (R * T == 1) _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchAhead, _MM_HINT_T0);
-        s16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
-        dw[r] = _cvtsh_ss(blk.d);
+        if constexpr (R * T == 1) _mm_prefetch(reinterpret_cast<const char*>(&w[r][b]) + kPrefetchAhead, _MM_HINT_T0);
+        p[r] = prepare(w[r][b]);
       }
       __m512i isum[R][T];
       for (int t = 0; t < T; ++t) {
         const __m256i bsums = load32(x[t][b].bsums);
-        for (int r = 0; r < R; ++r)  // -32 * sum of scale x bsum, 8 lanes
-          isum[r][t] = _mm512_zextsi256_si512(
-              _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bsums, s16[r]), 5)));
+        for (int r = 0; r < R; ++r) {
+          if constexpr (kMins) {
+            isum[r][t] = _mm512_setzero_si512();
+          } else {  // -offset * sum of scale x bsum, 8 lanes
+            const __m256i o = _mm256_slli_epi32(_mm256_madd_epi16(bsums, p[r].s16), kOffsetShift);
+            isum[r][t] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), o));
+          }
+        }
       }
       for (int h = 0; h < 2; ++h) {
         __m512i y[R][2];
-        for (int r = 0; r < R; ++r) decode(w[r][b], h, y[r][0], y[r][1]);
+        for (int r = 0; r < R; ++r) decode(w[r][b], p[r], h, y[r][0], y[r][1]);
         for (int cc = 0; cc < 2; ++cc) {
           const int i = 2 * h + cc;
           const __m512i idx = _mm512_load_si512(kQ6ScaleIdx.data() + 32 * i);
           __m512i sc[R];
-          for (int r = 0; r < R; ++r) sc[r] = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(s16[r]));
+          for (int r = 0; r < R; ++r) sc[r] = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(p[r].s16));
           for (int t = 0; t < T; ++t) {
             const __m512i xa = load64(x[t][b].qs + 64 * i);
             for (int r = 0; r < R; ++r)
@@ -237,11 +279,21 @@ struct Q6KKernel512 {
           }
         }
       }
-      for (int t = 0; t < T; ++t)
-        for (int r = 0; r < R; ++r)
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_set1_ps(dw[r] * x[t][b].d), acc[r][t]);
+      for (int t = 0; t < T; ++t) {
+        [[maybe_unused]] const __m256i bsums = load32(x[t][b].bsums);
+        const __m128 xd = _mm_set1_ps(x[t][b].d);
+        for (int r = 0; r < R; ++r) {
+          const __m128 f = _mm_mul_ps(p[r].dd, xd);  // [d * xd, dmin * xd]
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_broadcastss_ps(f), acc[r][t]);
+          if constexpr (kMins) {
+            const __m256i msum = _mm256_madd_epi16(bsums, p[r].m16);
+            acc[r][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)),
+                                         _mm512_broadcastss_ps(_mm_movehdup_ps(f)), acc[r][t]);
+          }
+        }
+      }
     }
-    tl.store(a, r0, t0);
+    tl.store(a, r0, t0, reduce512);
   }
 };
 
@@ -250,7 +302,8 @@ struct Q6KKernel512 {
 const KQuantSet& kquant_avx512() {
   static const KQuantSet set{&gemm<Q5Kernel<DType::Q5_0>>,      &gemm<Q5Kernel<DType::Q5_1>>,
                              &gemm<K45Kernel512<DType::Q4_K>>, &gemm<K45Kernel512<DType::Q5_K>>,
-                             &gemm<Q6KKernel512>};
+                             &gemm<G16Kernel512<DType::Q2_K>>, &gemm<G16Kernel512<DType::Q3_K>>,
+                             &gemm<G16Kernel512<DType::Q6_K>>};
   return set;
 }
 

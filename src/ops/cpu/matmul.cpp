@@ -27,7 +27,7 @@ DType activation_type(DType w) {
     case DType::Q6_K: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
     case DType::Q5_1: return DType::Q8_1;
-    case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
+    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
     default: fail("matmul: no kernel for weight type {}", dtype_name(w));
   }
 }
@@ -46,6 +46,8 @@ GemmFn pick(const KernelSet& s, const detail::KQuantSet& q, DType w) {
     case DType::Q5_1: return q.q5_1;
     case DType::Q4_K: return q.q4_k;
     case DType::Q5_K: return q.q5_k;
+    case DType::Q2_K: return q.q2_k;
+    case DType::Q3_K: return q.q3_k;
     default: return nullptr;
   }
 }

@@ -93,6 +93,7 @@ const struct {
   const char* name;
   DType type;
 } kTypes[] = {{"Q4_0", DType::Q4_0}, {"Q4_1", DType::Q4_1}, {"Q8_0", DType::Q8_0}, {"F16", DType::F16},
+    {"Q5_0", DType::Q5_0}, {"Q5_1", DType::Q5_1}, {"Q2_K", DType::Q2_K}, {"Q3_K", DType::Q3_K},
     {"Q4_K", DType::Q4_K}, {"Q5_K", DType::Q5_K}, {"Q6_K", DType::Q6_K}};
 
 const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}};

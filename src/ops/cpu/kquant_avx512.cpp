@@ -1,5 +1,5 @@
-// AVX-512 kernels for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K x Q8_K) on 512-bit vectors,
-// plus Q5_0 / Q5_1 from kquant_simd.hpp (256-bit, VNNI).
+// AVX-512 kernels on 512-bit vectors for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K x Q8_K) and
+// Q5_0 / Q5_1 (x Q8_0 / Q8_1).
 //
 // A K-quant super-block (256 elements) is four 64-element steps. Each step decodes 64 unsigned
 // weights (0..3 up to 0..63) into one register ordered like the Q8_K activations, so one
@@ -73,6 +73,80 @@ inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<con
 template <class WB, int R, int T>
 using KTile = TileOperands<WB, BlockQ8_K, __m512, R, T>;
 inline float reduce512(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// ---- Q5_0 / Q5_1 ------------------------------------------------------------------------
+// Two 32-element blocks per 512-bit step, each in its own 256-bit half in element order (low
+// nibbles, then high nibbles); bit 4 comes from the 64 qh bits of the pair through a byte mask.
+// Q5_0's offset of 16 starts the vpdpbusd as -16 * (sum of the activations), once per token and
+// step; Q5_1's min enters as m * s (s = d * sum from the Q8_1 block).
+
+template <DType WT>
+struct Q5Kernel512 {
+  static constexpr int kRows = 4, kTokens = 4;
+  static constexpr int kDecodeRows = 1;
+  static constexpr bool kHasMin = WT == DType::Q5_1;
+  using WB = std::conditional_t<kHasMin, BlockQ5_1, BlockQ5_0>;
+  using XB = std::conditional_t<kHasMin, BlockQ8_1, BlockQ8_0>;
+
+  // Two fp16 values to floats, lanes 0..7 <- a, 8..15 <- b.
+  static __m512 spread_halves(uint16_t a, uint16_t b) {
+    const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(a | static_cast<uint32_t>(b) << 16)));
+    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+  }
+
+  // Weights of blocks b0, b1 as unsigned 5-bit values.
+  static __m512i decode(const WB& b0, const WB& b1) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0.qs))),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1.qs)), 1);
+    __m512i z = _mm512_castsi256_si512(v);
+    z = _mm512_shuffle_i64x2(z, z, 0x50);                           // 128-bit lanes [b0, b0, b1, b1]
+    z = _mm512_mask_blend_epi64(0xCC, z, _mm512_srli_epi16(z, 4));  // high nibbles in lanes 1, 3
+    uint32_t h0, h1;
+    std::memcpy(&h0, b0.qh, 4);
+    std::memcpy(&h1, b1.qh, 4);
+    const __mmask64 hb = static_cast<__mmask64>(h0) | static_cast<__mmask64>(h1) << 32;
+    return _mm512_or_si512(_mm512_and_si512(z, _mm512_set1_epi8(0x0F)), _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
+  }
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    const int64_t nb = a.k / kQK;
+    TileOperands<WB, XB, __m512, R, T> tl(a, r0, t0);
+    const auto& w = tl.w;
+    const auto& x = tl.x;
+    auto& acc = tl.acc;
+    for (int64_t b = 0; b < nb; b += 2) {
+      // An odd last block is paired with itself, its second copy weighted by 0.
+      const bool pair = b + 1 < nb;
+      const int64_t b1 = pair ? b + 1 : b;
+      __m512i q[R];
+      __m512 dw[R];
+      [[maybe_unused]] __m512 mw[R];
+      for (int r = 0; r < R; ++r) {
+        if constexpr (R * T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + b) + kPrefetchAhead, _MM_HINT_T0);
+        q[r] = decode(w[r][b], w[r][b1]);
+        dw[r] = spread_halves(w[r][b].d, pair ? w[r][b1].d : 0);
+        // The min once per block: in lanes 0 and 8 only.
+        if constexpr (kHasMin) mw[r] = _mm512_maskz_mov_ps(0x0101, spread_halves(w[r][b].m, pair ? w[r][b1].m : 0));
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512i xa = _mm512_inserti64x4(_mm512_castsi256_si512(load32(x[t][b].qs)), load32(x[t][b1].qs), 1);
+        const __m512 dx = spread_halves(x[t][b].d, x[t][b1].d);
+        [[maybe_unused]] __m512 sx;
+        __m512i base = _mm512_setzero_si512();
+        if constexpr (kHasMin) sx = spread_halves(x[t][b].s, x[t][b1].s);
+        else base = _mm512_sub_epi32(base, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(16), xa));
+        for (int r = 0; r < R; ++r) {
+          const __m512i p = _mm512_dpbusd_epi32(base, q[r], xa);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+          if constexpr (kHasMin) acc[r][t] = _mm512_fmadd_ps(mw[r], sx, acc[r][t]);
+        }
+      }
+    }
+    tl.store(a, r0, t0, reduce512);
+  }
+};
 
 // ---- Q4_K / Q5_K ------------------------------------------------------------------------
 
@@ -300,7 +374,7 @@ struct G16Kernel512 {
 }  // namespace
 
 const KQuantSet& kquant_avx512() {
-  static const KQuantSet set{&gemm<Q5Kernel<DType::Q5_0>>,      &gemm<Q5Kernel<DType::Q5_1>>,
+  static const KQuantSet set{&gemm<Q5Kernel512<DType::Q5_0>>,   &gemm<Q5Kernel512<DType::Q5_1>>,
                              &gemm<K45Kernel512<DType::Q4_K>>, &gemm<K45Kernel512<DType::Q5_K>>,
                              &gemm<G16Kernel512<DType::Q2_K>>, &gemm<G16Kernel512<DType::Q3_K>>,
                              &gemm<G16Kernel512<DType::Q6_K>>};

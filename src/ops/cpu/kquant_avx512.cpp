@@ -55,16 +55,17 @@ alignas(64) constexpr auto kQ6ScaleIdx = [] {
 }();
 
 // The 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K / Q5_K super-block, unpacked from
-// their 12-byte 6-bit packing (see kquant_scale_min) four at a time in 32-bit words.
+// their 12-byte 6-bit packing (see kquant_scale_min) four at a time in 32-bit lanes: with a0, a1,
+// a2 the three words, sc[0..3] = a0 & 0x3f, sc[4..7] = a2 & 0x0f | (a0 >> 2) & 0x30, m[0..3] =
+// a1 & 0x3f, m[4..7] = (a2 >> 4) & 0x0f | (a1 >> 2) & 0x30 (byte-wise masks). The 16-byte load
+// stays inside the block (qs follows the scales).
 inline __m128i k45_scales_mins(const uint8_t* s) {
-  uint32_t a0, a1, a2;
-  std::memcpy(&a0, s, 4);
-  std::memcpy(&a1, s + 4, 4);
-  std::memcpy(&a2, s + 8, 4);
-  const uint32_t sc_lo = a0 & 0x3f3f3f3fu, m_lo = a1 & 0x3f3f3f3fu;
-  const uint32_t sc_hi = (a2 & 0x0f0f0f0fu) | ((a0 >> 2) & 0x30303030u);
-  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0fu) | ((a1 >> 2) & 0x30303030u);
-  return _mm_set_epi32(static_cast<int>(m_hi), static_cast<int>(m_lo), static_cast<int>(sc_hi), static_cast<int>(sc_lo));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i lo = _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), _mm_set_epi32(4, 0, 0, 0));
+  const __m128i hi = _mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2);
+  const __m128i lo_mask = _mm_set_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
+  const __m128i hi_mask = _mm_set_epi32(0x30303030, 0, 0x30303030, 0);
+  return _mm_or_si128(_mm_and_si128(lo, lo_mask), _mm_and_si128(hi, hi_mask));
 }
 
 inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }

@@ -11,6 +11,7 @@ struct KQuantSet {
   GemmFn q5_0, q5_1, q4_k, q5_k;
   GemmFn q2_k, q3_k;
   GemmFn q6_k = nullptr;  // when null, the KernelSet's q6_k
+  bool q5_quads = false;   // q5_0 / q5_1 take activations in the quad layout (kernels.hpp)
 };
 
 const KQuantSet& kquant_scalar();

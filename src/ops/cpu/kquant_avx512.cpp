@@ -76,75 +76,106 @@ using KTile = TileOperands<WB, BlockQ8_K, __m512, R, T>;
 inline float reduce512(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 // ---- Q5_0 / Q5_1 ------------------------------------------------------------------------
-// Two 32-element blocks per 512-bit step, each in its own 256-bit half in element order (low
-// nibbles, then high nibbles); bit 4 comes from the 64 qh bits of the pair through a byte mask.
-// Q5_0's offset of 16 starts the vpdpbusd as -16 * (sum of the activations), once per token and
-// step; Q5_1's min enters as m * s (s = d * sum from the Q8_1 block).
+// Steps of four blocks against activations in the quad layout (kernels.hpp), as the Q4_0 / Q4_1
+// kernels do: two overlapping 64-byte loads hold the four blocks (88 or 96 bytes); vpermt2w
+// gathers their 64 quant bytes (128-bit lane i <- block i), their fp16 scales (and mins), and
+// their qh words, whose low / high halves become the byte masks that add bit 4 (16) to elements
+// 0..15 / 16..31. Q5_0's offset of 16 sits in the quad's c (-16 * sums), Q5_1's min is m * s.
 
 template <DType WT>
-struct Q5Kernel512 {
-  static constexpr int kRows = 4, kTokens = 4;
-  static constexpr int kDecodeRows = 1;
+struct Q5QuadKernel {
   static constexpr bool kHasMin = WT == DType::Q5_1;
-  using WB = std::conditional_t<kHasMin, BlockQ5_1, BlockQ5_0>;
-  using XB = std::conditional_t<kHasMin, BlockQ8_1, BlockQ8_0>;
+  static constexpr int kRows = 4, kTokens = kHasMin ? 3 : 4;
+  static constexpr int kDecodeRows = 1;  // one sequential weight stream per thread
+  static constexpr int kBlockBytes = kHasMin ? 24 : 22;
+  static constexpr int kQhOffset = kHasMin ? 4 : 2;
+  static constexpr int kQsOffset = kQhOffset + 4;
+  static constexpr int kSecond = 4 * kBlockBytes - 64;  // offset of the second load
 
-  // Two fp16 values to floats, lanes 0..7 <- a, 8..15 <- b.
-  static __m512 spread_halves(uint16_t a, uint16_t b) {
-    const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(a | static_cast<uint32_t>(b) << 16)));
-    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+  // Index of the 16-bit word at byte offset `byte` of the four blocks in vpermt2w terms: from
+  // the first load (< 32) or the second (32 + its word there). Every field starts at an even byte.
+  static constexpr int16_t word(int byte) {
+    return static_cast<int16_t>(byte + 1 < 64 ? byte / 2 : 32 + (byte - kSecond) / 2);
+  }
+  static __m512i qs_index() {  // word 8i + w <- word w of block i's qs
+    alignas(64) int16_t idx[32];
+    for (int j = 0; j < 32; ++j) idx[j] = word(kBlockBytes * (j / 8) + kQsOffset + 2 * (j % 8));
+    return _mm512_load_si512(idx);
+  }
+  // Words 0..15 <- d of block j / 4; 16..31 <- m of block (j - 16) / 4 (Q5_1).
+  static __m512i scale_index() {
+    alignas(64) int16_t idx[32];
+    for (int j = 0; j < 32; ++j) idx[j] = word(kBlockBytes * ((j % 16) / 4) + (j >= 16 && kHasMin ? 2 : 0));
+    return _mm512_load_si512(idx);
+  }
+  // Words 0..3 <- low qh word of blocks 0..3, words 4..7 <- their high qh words.
+  static __m512i qh_index() {
+    alignas(64) int16_t idx[32] = {};
+    for (int j = 0; j < 8; ++j) idx[j] = word(kBlockBytes * (j % 4) + kQhOffset + (j >= 4 ? 2 : 0));
+    return _mm512_load_si512(idx);
   }
 
-  // Weights of blocks b0, b1 as unsigned 5-bit values.
-  static __m512i decode(const WB& b0, const WB& b1) {
-    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0.qs))),
-                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1.qs)), 1);
-    __m512i z = _mm512_castsi256_si512(v);
-    z = _mm512_shuffle_i64x2(z, z, 0x50);                           // 128-bit lanes [b0, b0, b1, b1]
-    z = _mm512_mask_blend_epi64(0xCC, z, _mm512_srli_epi16(z, 4));  // high nibbles in lanes 1, 3
-    uint32_t h0, h1;
-    std::memcpy(&h0, b0.qh, 4);
-    std::memcpy(&h1, b1.qh, 4);
-    const __mmask64 hb = static_cast<__mmask64>(h0) | static_cast<__mmask64>(h1) << 32;
-    return _mm512_or_si512(_mm512_and_si512(z, _mm512_set1_epi8(0x0F)), _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
+  struct Indices {
+    __m512i qs, sc, qh;
+  };
+
+  template <int R, int T, bool kTail>
+  static inline void step(const uint8_t* const* w, const uint8_t* const* x, int64_t q, int nvalid, __m512 (&acc)[R][T],
+                          const Indices& ix) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), k16 = _mm512_set1_epi8(0x10);
+    __m512i lo[R], hi[R];
+    __m512 dw[R];
+    [[maybe_unused]] __m512 mw[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = w[r] + q * 4 * kBlockBytes;
+      __m512i a, b;
+      if constexpr (kTail) {
+        // Bytes of blocks past the row end read as zero (and their activations are zero).
+        const int n = nvalid * kBlockBytes;
+        a = _mm512_maskz_loadu_epi8(n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1, p);
+        b = _mm512_maskz_loadu_epi8(n > kSecond ? (__mmask64{1} << (n - kSecond)) - 1 : 0, p + kSecond);
+      } else {
+        _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+        a = _mm512_loadu_si512(p);
+        b = _mm512_loadu_si512(p + kSecond);
+      }
+      const __m512i qs = _mm512_permutex2var_epi16(a, ix.qs, b);
+      const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, ix.qh, b));
+      const auto mlo = static_cast<__mmask64>(_mm_cvtsi128_si64(qh));
+      const auto mhi = static_cast<__mmask64>(_mm_extract_epi64(qh, 1));
+      lo[r] = _mm512_and_si512(qs, m4);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+      lo[r] = _mm512_mask_add_epi8(lo[r], mlo, lo[r], k16);
+      hi[r] = _mm512_mask_add_epi8(hi[r], mhi, hi[r], k16);
+      const __m512i sc = _mm512_permutex2var_epi16(a, ix.sc, b);
+      dw[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
+      if constexpr (kHasMin) mw[r] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc, 1));
+    }
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* xq = x[t] + q * kQuadBytes;
+      const __m512i xlo = _mm512_load_si512(xq), xhi = _mm512_load_si512(xq + 64);
+      const __m512 dx = _mm512_load_ps(xq + 128);
+      for (int r = 0; r < R; ++r) {
+        __m512i p = kHasMin ? _mm512_setzero_si512() : _mm512_load_si512(xq + 192);
+        p = _mm512_dpbusd_epi32(p, lo[r], xlo);
+        p = _mm512_dpbusd_epi32(p, hi[r], xhi);
+        if constexpr (kHasMin) {
+          const __m512 m = _mm512_mul_ps(mw[r], _mm512_load_ps(xq + 192));
+          acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), m));
+        } else {
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+        }
+      }
+    }
   }
 
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
-    const int64_t nb = a.k / kQK;
-    TileOperands<WB, XB, __m512, R, T> tl(a, r0, t0);
-    const auto& w = tl.w;
-    const auto& x = tl.x;
-    auto& acc = tl.acc;
-    for (int64_t b = 0; b < nb; b += 2) {
-      // An odd last block is paired with itself, its second copy weighted by 0.
-      const bool pair = b + 1 < nb;
-      const int64_t b1 = pair ? b + 1 : b;
-      __m512i q[R];
-      __m512 dw[R];
-      [[maybe_unused]] __m512 mw[R];
-      for (int r = 0; r < R; ++r) {
-        if constexpr (R * T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + b) + kPrefetchAhead, _MM_HINT_T0);
-        q[r] = decode(w[r][b], w[r][b1]);
-        dw[r] = spread_halves(w[r][b].d, pair ? w[r][b1].d : 0);
-        // The min once per block: in lanes 0 and 8 only.
-        if constexpr (kHasMin) mw[r] = _mm512_maskz_mov_ps(0x0101, spread_halves(w[r][b].m, pair ? w[r][b1].m : 0));
-      }
-      for (int t = 0; t < T; ++t) {
-        const __m512i xa = _mm512_inserti64x4(_mm512_castsi256_si512(load32(x[t][b].qs)), load32(x[t][b1].qs), 1);
-        const __m512 dx = spread_halves(x[t][b].d, x[t][b1].d);
-        [[maybe_unused]] __m512 sx;
-        __m512i base = _mm512_setzero_si512();
-        if constexpr (kHasMin) sx = spread_halves(x[t][b].s, x[t][b1].s);
-        else base = _mm512_sub_epi32(base, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(16), xa));
-        for (int r = 0; r < R; ++r) {
-          const __m512i p = _mm512_dpbusd_epi32(base, q[r], xa);
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
-          if constexpr (kHasMin) acc[r][t] = _mm512_fmadd_ps(mw[r], sx, acc[r][t]);
-        }
-      }
-    }
+    const int64_t nb = a.k / kQK, nfull = nb / 4;
+    TileOperands<uint8_t, uint8_t, __m512, R, T> tl(a, r0, t0);
+    const Indices ix{qs_index(), scale_index(), qh_index()};
+    for (int64_t q = 0; q < nfull; ++q) step<R, T, false>(tl.w, tl.x, q, 4, tl.acc, ix);
+    if (nb % 4) step<R, T, true>(tl.w, tl.x, nfull, static_cast<int>(nb % 4), tl.acc, ix);
     tl.store(a, r0, t0, reduce512);
   }
 };
@@ -375,10 +406,10 @@ struct G16Kernel512 {
 }  // namespace
 
 const KQuantSet& kquant_avx512() {
-  static const KQuantSet set{&gemm<Q5Kernel512<DType::Q5_0>>,   &gemm<Q5Kernel512<DType::Q5_1>>,
+  static const KQuantSet set{&gemm<Q5QuadKernel<DType::Q5_0>>,  &gemm<Q5QuadKernel<DType::Q5_1>>,
                              &gemm<K45Kernel512<DType::Q4_K>>, &gemm<K45Kernel512<DType::Q5_K>>,
                              &gemm<G16Kernel512<DType::Q2_K>>, &gemm<G16Kernel512<DType::Q3_K>>,
-                             &gemm<G16Kernel512<DType::Q6_K>>};
+                             &gemm<G16Kernel512<DType::Q6_K>>, /*q5_quads=*/true};
   return set;
 }
 

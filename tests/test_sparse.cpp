@@ -22,8 +22,8 @@ using namespace ember;
 
 namespace {
 
-const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
-                        DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                        DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 bool is_k(DType t) { return info(t).block_size == 256; }
 
 using test_support::SimdGuard;
@@ -150,8 +150,8 @@ TEST(Sparse, AxpyMatchesReferenceAndIsDeterministic) {
     set_simd_level(level);
     for (DType t : kTypes) {
       const bool kq = is_k(t);
-      // K-quant rows are dequantized by dequantize_row at every SIMD level: one level suffices.
-      if (kq && level != SimdLevel::scalar) continue;
+      // K-quant and Q5 rows are dequantized by dequantize_row at every SIMD level: one suffices.
+      if ((kq || t == DType::Q5_0 || t == DType::Q5_1) && level != SimdLevel::scalar) continue;
       const bool quant = info(t).block_size > 1;
       // n_embd: a tail for float types (not a multiple of 8), several column slices.
       for (int64_t n_embd : {kq ? int64_t{256} : int64_t{64}, kq ? int64_t{1024} : (quant ? int64_t{800} : int64_t{805})}) {

@@ -111,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
     Types, Gemma3Reference,
     ::testing::Values(Case{DType::F32, true, 0.f}, Case{DType::F32, false, 3.f}, Case{DType::Q8_0, true, 0.f},
                       Case{DType::Q5_0, true, 0.f}, Case{DType::Q5_0, false, 0.f}, Case{DType::Q6_K, true, 0.f}, Case{DType::Q6_K, false, 30.f}, Case{DType::Q5_1, false, 0.f}, Case{DType::Q4_K, true, 0.f},
-                      Case{DType::Q5_K, false, 0.f}, Case{DType::Q6_K, true, 30.f}),
+                      Case{DType::Q5_K, false, 0.f}, Case{DType::Q6_K, true, 30.f}, Case{DType::Q2_K, true, 0.f},
+                      Case{DType::Q3_K, false, 0.f}),
     [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
 
 TEST(Gemma3, ChunkingAndThreadsDoNotChangeResults) {

@@ -28,7 +28,8 @@ using namespace ember;
 namespace {
 
 const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
-                              DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+                              DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K,
+                              DType::Q5_K, DType::Q6_K};
 
 bool is_k(DType w) { return info(w).block_size == 256; }
 
@@ -36,7 +37,7 @@ DType act_type(DType w) {
   switch (w) {
     case DType::Q8_0: case DType::Q4_0: case DType::Q5_0: return DType::Q8_0;
     case DType::Q4_1: case DType::Q5_1: return DType::Q8_1;
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return DType::Q8_K;
+    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return DType::Q8_K;
     default: return DType::F32;
   }
 }

@@ -312,3 +312,117 @@ TEST(Quant, FiveBitAndKQuantErrors) {
           << dtype_name(c.t) << " " << i;
   }
 }
+
+// ---- Q2_K / Q3_K ------------------------------------------------------------------------
+
+namespace {
+// A block of n bytes filled by a formula, with the fp16 fields set by the caller.
+std::vector<uint8_t> pattern_block(int n, int mul, int add, int x) {
+  std::vector<uint8_t> b(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(((i * mul + add) ^ (i * x)) & 0xFF);
+  return b;
+}
+
+struct Probe {
+  int i;
+  float v;
+};
+
+void expect_gguf_py(DType t, const std::vector<uint8_t>& b, const std::vector<Probe>& probes, double sum,
+                    double weighted) {
+  float y[256];
+  dequantize_row(t, b.data(), y, 256);
+  double s = 0, ws = 0;
+  for (int i = 0; i < 256; ++i) s += y[i], ws += std::fabs(static_cast<double>(y[i])) * i;
+  EXPECT_EQ(s, sum) << dtype_name(t);
+  EXPECT_EQ(ws, weighted) << dtype_name(t);
+  for (const Probe& p : probes) EXPECT_EQ(y[p.i], p.v) << dtype_name(t) << " element " << p.i;
+}
+}  // namespace
+
+// Blocks of formula bytes dequantize to the values gguf-py's reference dequantizer gives for the
+// same bytes (llama.cpp c392e509, gguf-py/gguf/quants.py): a few elements, the sum and the sum of
+// |y_i| * i (all values are exact in float).
+TEST(Quant, Q2_KAndQ3_KMatchGgufPy) {
+  auto b2 = pattern_block(84, 37, 11, 5);
+  const uint16_t half = 0x3800, eighth = 0x3000, quarter = 0x3400;  // 0.5, 0.125, 0.25
+  std::memcpy(b2.data() + 80, &half, 2);
+  std::memcpy(b2.data() + 82, &eighth, 2);
+  expect_gguf_py(DType::Q2_K, b2,
+                 {{0, 16.5f}, {1, 5.5f}, {15, 5.5f}, {16, 7.125f}, {31, 2.125f}, {32, 14.375f}, {63, 6.625f},
+                  {64, -1.0f}, {100, 5.125f}, {127, -0.25f}, {128, 16.375f}, {150, 6.625f}, {191, 6.375f},
+                  {200, 14.625f}, {240, -0.875f}, {255, 18.625f}},
+                 2040.5, 265979.75);
+  auto b3 = pattern_block(110, 53, 7, 3);
+  std::memcpy(b3.data() + 108, &quarter, 2);
+  expect_gguf_py(DType::Q3_K, b3,
+                 {{0, 17.25f}, {1, 17.25f}, {15, 17.25f}, {16, 23.25f}, {31, 23.25f}, {32, 5.75f}, {63, 23.25f},
+                  {64, 0.0f}, {100, 9.0f}, {127, 15.5f}, {128, -7.0f}, {150, 14.25f}, {191, 7.5f}, {200, -2.25f},
+                  {240, 7.5f}, {255, 5.0f}},
+                 1272.75, 306222.75);
+}
+
+// Q2_K / Q3_K packed by hand from the layout description: element e = 128n + 32j + l has its 2
+// low bits at bits 2j of qs[32n + l], (Q3_K) its high bit at bit 4n + j of hmask[l], sub-block
+// g = e / 16. Q2_K: d * sc[g] * q - dmin * m[g], scales[g] = sc | m << 4. Q3_K: d * s[g] * q
+// with q = low + 4 * high - 4 and 6-bit s + 32 split into a nibble (byte g % 8, low for g < 8)
+// and 2 bits (bits 2 * (g / 4) of byte 8 + g % 4).
+TEST(Quant, KnownQ2_KAndQ3_KBlocks) {
+  BlockQ2_K b2;
+  BlockQ3_K b3;
+  std::memset(&b2, 0, sizeof(b2));
+  std::memset(&b3, 0, sizeof(b3));
+  b2.d = b3.d = 0x3800;  // 0.5
+  b2.dmin = 0x3400;      // 0.25
+  int sc[16], m[16], s[16], q[256];
+  for (int g = 0; g < 16; ++g) {
+    sc[g] = (g * 7 + 3) % 16, m[g] = (g * 5 + 1) % 16, s[g] = (g * 13 + 5) % 64 - 32;
+    b2.scales[g] = static_cast<uint8_t>(sc[g] | m[g] << 4);
+    const int u = s[g] + 32;
+    b3.scales[g % 8] |= static_cast<uint8_t>((u & 15) << (g < 8 ? 0 : 4));
+    b3.scales[8 + g % 4] |= static_cast<uint8_t>((u >> 4) << (2 * (g / 4)));
+  }
+  for (int e = 0; e < 256; ++e) {
+    q[e] = (e * 11 + 3) % 8;  // 3-bit unsigned: Q2_K uses its low 2 bits
+    const int n = e / 128, j = (e % 128) / 32, l = e % 32;
+    b2.qs[32 * n + l] |= static_cast<uint8_t>((q[e] & 3) << (2 * j));
+    b3.qs[32 * n + l] |= static_cast<uint8_t>((q[e] & 3) << (2 * j));
+    b3.hmask[l] |= static_cast<uint8_t>((q[e] >> 2) << (4 * n + j));
+  }
+  float y2[256], y3[256];
+  dequantize_row(DType::Q2_K, &b2, y2, 256);
+  dequantize_row(DType::Q3_K, &b3, y3, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int g = e / 16;
+    EXPECT_EQ(y2[e], 0.5f * sc[g] * (q[e] & 3) - 0.25f * m[g]) << e;
+    EXPECT_EQ(y3[e], 0.5f * s[g] * (q[e] - 4)) << e;
+  }
+  // The quantizers pack the same layout: the values come back within a step of their group.
+  for (DType t : {DType::Q2_K, DType::Q3_K}) {
+    const float* y = t == DType::Q2_K ? y2 : y3;
+    const std::vector<float> x(y, y + 256);
+    const auto z = round_trip(t, x);
+    for (int e = 0; e < 256; ++e) {
+      const float step = t == DType::Q2_K ? (0.5f * sc[e / 16] + 0.25f * m[e / 16]) / 3.f * 1.1f + 0.6f
+                                          : 0.5f * std::abs(s[e / 16]) * 1.1f + 1.1f;
+      EXPECT_NEAR(z[e], x[e], step) << dtype_name(t) << " " << e;
+    }
+  }
+}
+
+// Q2_K / Q3_K on random data: the error is within about one step of the 16-element group range.
+TEST(Quant, Q2_KAndQ3_KErrors) {
+  const auto x = random_floats(4096, 11);
+  for (DType t : {DType::Q2_K, DType::Q3_K}) {
+    const auto y = round_trip(t, x);
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) err += (y[i] - x[i]) * (y[i] - x[i]), ref += x[i] * x[i];
+    EXPECT_LT(std::sqrt(err / ref), t == DType::Q2_K ? 0.45 : 0.25) << dtype_name(t);
+    const float levels = t == DType::Q2_K ? 3.f : 4.f;
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_LE(std::fabs(y[i] - x[i]), 2.5f * block_amax(x, i, 16) / levels + 1e-6f) << dtype_name(t) << " " << i;
+  }
+  std::vector<float> zeros(256, 0.f);
+  for (DType t : {DType::Q2_K, DType::Q3_K})
+    for (float v : round_trip(t, zeros)) ASSERT_EQ(v, 0.f) << dtype_name(t);
+}

@@ -22,7 +22,9 @@ using namespace ember;
 
 namespace {
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q6_K};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                        DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+bool is_k(DType t) { return info(t).block_size == 256; }
 
 using test_support::SimdGuard;
 std::vector<SimdLevel> levels() { return test_support::simd_levels(); }
@@ -109,7 +111,7 @@ TEST(Sparse, GatherMatmulEqualsDensePicked) {
   for (SimdLevel level : levels()) {
     set_simd_level(level);
     for (DType t : kTypes) {
-      const int64_t k = t == DType::Q6_K ? 512 : 96;
+      const int64_t k = is_k(t) ? 512 : 96;
       for (int64_t rows : {int64_t{1}, int64_t{37}, int64_t{203}}) {
         Matrix W = random_matrix(t, rows, k, 7 + static_cast<uint32_t>(rows));
         for (int64_t n_tokens : {int64_t{1}, int64_t{3}}) {
@@ -147,7 +149,9 @@ TEST(Sparse, AxpyMatchesReferenceAndIsDeterministic) {
   for (SimdLevel level : levels()) {
     set_simd_level(level);
     for (DType t : kTypes) {
-      const bool kq = t == DType::Q6_K;
+      const bool kq = is_k(t);
+      // K-quant and Q5 rows are dequantized by dequantize_row at every SIMD level: one suffices.
+      if ((kq || t == DType::Q5_0 || t == DType::Q5_1) && level != SimdLevel::scalar) continue;
       const bool quant = info(t).block_size > 1;
       // n_embd: a tail for float types (not a multiple of 8), several column slices.
       for (int64_t n_embd : {kq ? int64_t{256} : int64_t{64}, kq ? int64_t{1024} : (quant ? int64_t{800} : int64_t{805})}) {
@@ -199,7 +203,7 @@ TEST(Sparse, AxpyMatchesReferenceAndIsDeterministic) {
 TEST(Sparse, NeuronMajorDownMatchesDense) {
   SimdGuard guard;
   for (DType t : kTypes) {
-    const bool kq = t == DType::Q6_K;
+    const bool kq = is_k(t);
     const int64_t n_embd = kq ? 512 : 96, n_ff = kq ? 512 : 160;
     Matrix down = random_matrix(t, n_embd, n_ff, 23);  // input-major: ne[0] = n_ff
     ThreadPool pool(2);
@@ -220,9 +224,12 @@ TEST(Sparse, NeuronMajorDownMatchesDense) {
         }
       }
       const bool exact = nt == DType::F32 || (nt == t && info(t).block_size == 1);
+      // Requantized across its blocks in its own type (`same`): rounded twice; at 2 and 3 bits
+      // that is a large part of a step.
+      const double twice = t == DType::Q2_K ? 0.4 : t == DType::Q3_K ? 0.25 : 0.15;
       if (exact) EXPECT_EQ(max_err, 0.0) << dtype_name(t) << " -> " << dtype_name(nt);
       else if (nt == DType::Q8_0) EXPECT_LT(max_err / max_v, 1.0 / 127) << dtype_name(t);
-      else EXPECT_LT(max_err / max_v, 0.2) << dtype_name(t) << " -> " << dtype_name(nt);
+      else EXPECT_LT(max_err / max_v, twice + 0.05) << dtype_name(t) << " -> " << dtype_name(nt);
 
       // Products: H with inactive neurons zeroed through the dense kernel vs the axpy.
       auto act = active_sets(n_ff, 29)[3];
@@ -250,7 +257,7 @@ TEST(Sparse, NeuronMajorDownMatchesDense) {
       // Q8_0 copies stay within 8-bit rounding; a 4-bit type requantized across its blocks
       // (the `same` choice) is rounded twice at 4 bits, which shows (~8% of the largest output
       // here, where rows of different magnitude share a block after the transpose).
-      EXPECT_LT(e_sparse / m, exact ? 1e-5 : nt == DType::Q8_0 ? 0.01 : 0.15);
+      EXPECT_LT(e_sparse / m, exact ? 1e-5 : nt == DType::Q8_0 ? 0.01 : twice);
     }
   }
 }

@@ -128,6 +128,8 @@ uint32_t file_type_of(DType t) {  // llama.cpp's llama_ftype
     case DType::Q8_0: return 7;
     case DType::Q5_0: return 8;
     case DType::Q5_1: return 9;
+    case DType::Q2_K: return 10;
+    case DType::Q3_K: return 11;  // Q3_K_S's id
     case DType::Q4_K: return 15;  // Q4_K_M's id; every weight is Q4_K here
     case DType::Q5_K: return 17;
     case DType::Q6_K: return 18;
@@ -140,6 +142,7 @@ bool synth_type_ok(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
     case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q2_K: case DType::Q3_K:
       return true;
     default:
       return false;
@@ -483,7 +486,7 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.sliding_window >= 1 && o.swa_period >= 1, "synth: sliding window and its period must be positive");
   EMBER_CHECK(o.n_head % o.n_head_kv == 0, "synth: n_head_kv ({}) must divide n_head ({})", o.n_head_kv, o.n_head);
 
-  EMBER_CHECK(synth_type_ok(o.type), "synth: --type {} is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)",
+  EMBER_CHECK(synth_type_ok(o.type), "synth: --type {} is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)",
               dtype_name(o.type));
   const int64_t bs = info(o.type).block_size;
   EMBER_CHECK(o.n_embd % bs == 0, "synth: type {} needs n_embd to be a multiple of its block size {}, got {}",

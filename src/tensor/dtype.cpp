@@ -55,7 +55,7 @@ bool dtype_supported(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
     case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K:
-    case DType::Q6_K:
+    case DType::Q6_K: case DType::Q2_K: case DType::Q3_K:
       return true;
     default:
       return false;

@@ -84,6 +84,35 @@ void dequant_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+// Q2_K / Q3_K: the 2-bit field of element 32j + l of a 128-element half whose qs start at q.
+inline int q2_bits(const uint8_t* q, int j, int l) { return (q[l] >> (2 * j)) & 3; }
+
+// In ggml's order of operations: (d * sc) * q - dmin * m.
+void dequant_q2_k(const BlockQ2_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+    for (int n = 0; n < 2; ++n)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t sc = b[i].scales[8 * n + 2 * j + l / 16];
+          *y++ = d * static_cast<float>(sc & 0xF) * static_cast<float>(q2_bits(b[i].qs + 32 * n, j, l)) -
+                 dmin * static_cast<float>(sc >> 4);
+        }
+  }
+}
+
+void dequant_q3_k(const BlockQ3_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int n = 0; n < 2; ++n)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 32; ++l) {
+          const int q = q2_bits(b[i].qs + 32 * n, j, l) - ((b[i].hmask[l] >> (4 * n + j)) & 1 ? 0 : 4);
+          *y++ = d * static_cast<float>(q3_k_scale(b[i].scales, 8 * n + 2 * j + l / 16)) * static_cast<float>(q);
+        }
+  }
+}
+
 uint32_t load_qh(const uint8_t* qh) {
   uint32_t v;
   std::memcpy(&v, qh, 4);
@@ -350,6 +379,82 @@ void quant_k45(const float* x, int nmax, uint16_t& dh, uint16_t& dminh, uint8_t*
   }
 }
 
+// Stores 2-bit values q[e] (e < 256) into qs in the Q2_K / Q3_K order.
+void pack_q2(const uint8_t* q, uint8_t* qs) {
+  std::memset(qs, 0, kQK_K / 4);
+  for (int e = 0; e < kQK_K; ++e) {
+    const int n = e / 128, j = (e % 128) / 32, l = e % 32;
+    qs[32 * n + l] = static_cast<uint8_t>(qs[32 * n + l] | (q[e] & 3) << (2 * j));
+  }
+}
+
+// Q2_K: per sub-block of 16 an affine map of [min(x, 0), max(x)] onto [0, 3]; scales and mins
+// to 4 bits against d, dmin; then the values against the quantized scales and mins.
+void quant_q2_k(const float* x, BlockQ2_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float sub_scale[16], sub_min[16], max_scale = 0.f, max_min = 0.f;
+    for (int g = 0; g < 16; ++g) {
+      float lo = 0.f, hi = x[16 * g];
+      for (int l = 0; l < 16; ++l) lo = std::min(lo, x[16 * g + l]), hi = std::max(hi, x[16 * g + l]);
+      sub_scale[g] = (hi - lo) / 3.f;
+      sub_min[g] = -lo;
+      max_scale = std::max(max_scale, sub_scale[g]);
+      max_min = std::max(max_min, sub_min[g]);
+    }
+    b[i].d = fp32_to_fp16(max_scale / 15.f);
+    b[i].dmin = fp32_to_fp16(max_min / 15.f);
+    const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+    uint8_t q[kQK_K];
+    for (int g = 0; g < 16; ++g) {
+      const int ls = d > 0.f ? std::clamp(static_cast<int>(std::ceil(sub_scale[g] / d)), 0, 15) : 0;
+      const int lm = dmin > 0.f ? std::clamp(round_int(sub_min[g] / dmin), 0, 15) : 0;
+      b[i].scales[g] = static_cast<uint8_t>(ls | lm << 4);
+      const float s = d * static_cast<float>(ls), m = dmin * static_cast<float>(lm);
+      for (int l = 0; l < 16; ++l)
+        q[16 * g + l] = static_cast<uint8_t>(s > 0.f ? std::clamp(round_int((x[16 * g + l] + m) / s), 0, 3) : 0);
+    }
+    pack_q2(q, b[i].qs);
+  }
+}
+
+// Q3_K: per sub-block of 16 a signed scale that maps the value of largest magnitude to -4 (so
+// that the range [-4, 3] is used in full), the scales to 6 bits against d.
+void quant_q3_k(const float* x, BlockQ3_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float sub[16], amax_scale = 0.f, max_scale = 0.f;
+    for (int g = 0; g < 16; ++g) {
+      float amax = 0.f, max = 0.f;
+      for (int l = 0; l < 16; ++l)
+        if (std::fabs(x[16 * g + l]) > amax) amax = std::fabs(x[16 * g + l]), max = x[16 * g + l];
+      sub[g] = max / -4.f;
+      if (std::fabs(sub[g]) > amax_scale) amax_scale = std::fabs(sub[g]), max_scale = sub[g];
+    }
+    // The largest scale maps to -32 (the range of the 6-bit scales is [-32, 31]).
+    b[i].d = fp32_to_fp16(max_scale / -32.f);
+    const float d = fp16_to_fp32(b[i].d);
+    int ls[16];
+    uint8_t q[kQK_K];
+    for (int g = 0; g < 16; ++g) {
+      ls[g] = d != 0.f ? std::clamp(round_int(sub[g] / d), -32, 31) : 0;
+      const float s = d * static_cast<float>(ls[g]);
+      for (int l = 0; l < 16; ++l)
+        q[16 * g + l] = static_cast<uint8_t>((s != 0.f ? std::clamp(round_int(x[16 * g + l] / s), -4, 3) : 0) + 4);
+    }
+    std::memset(b[i].scales, 0, sizeof(b[i].scales));
+    for (int g = 0; g < 16; ++g) {
+      const int u = ls[g] + 32;
+      b[i].scales[g % 8] = static_cast<uint8_t>(b[i].scales[g % 8] | (u & 0xF) << (g < 8 ? 0 : 4));
+      b[i].scales[8 + g % 4] = static_cast<uint8_t>(b[i].scales[8 + g % 4] | (u >> 4) << (2 * (g / 4)));
+    }
+    std::memset(b[i].hmask, 0, sizeof(b[i].hmask));
+    for (int e = 0; e < kQK_K; ++e) {
+      const int n = e / 128, j = (e % 128) / 32, l = e % 32;
+      b[i].hmask[l] = static_cast<uint8_t>(b[i].hmask[l] | (q[e] >> 2) << (4 * n + j));
+    }
+    pack_q2(q, b[i].qs);
+  }
+}
+
 void quant_q4_k(const float* x, BlockQ4_K* b, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
     uint8_t q[kQK_K];
@@ -396,6 +501,8 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
     case DType::Q8_1: dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb); return;
     case DType::Q5_0: dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb); return;
     case DType::Q5_1: dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb); return;
+    case DType::Q2_K: dequant_q2_k(static_cast<const BlockQ2_K*>(src), dst, nb); return;
+    case DType::Q3_K: dequant_q3_k(static_cast<const BlockQ3_K*>(src), dst, nb); return;
     case DType::Q4_K: dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb); return;
     case DType::Q5_K: dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb); return;
     case DType::Q6_K: dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); return;
@@ -425,6 +532,8 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
     case DType::Q8_1: quant_q8_1(src, static_cast<BlockQ8_1*>(dst), nb); return;
     case DType::Q5_0: quant_q5_0(src, static_cast<BlockQ5_0*>(dst), nb); return;
     case DType::Q5_1: quant_q5_1(src, static_cast<BlockQ5_1*>(dst), nb); return;
+    case DType::Q2_K: quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb); return;
+    case DType::Q3_K: quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb); return;
     case DType::Q4_K: quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); return;
     case DType::Q5_K: quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb); return;
     case DType::Q6_K: quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); return;

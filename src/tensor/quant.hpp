@@ -52,6 +52,19 @@ struct BlockQ5_K {
   uint8_t qh[kQK_K / 8];
   uint8_t qs[kQK_K / 2];
 };
+// Q2_K / Q3_K: 16 sub-blocks of 16. Element e = 128n + 32j + l (n < 2, j < 4, l < 32) takes the
+// 2 bits (qs[32n + l] >> 2j) & 3 and the scale of sub-block e / 16.
+struct BlockQ2_K {   // x = d * sc * q - dmin * m; scales[g]: sc in the low nibble, m in the high
+  uint8_t scales[kQK_K / 16];
+  uint8_t qs[kQK_K / 4];
+  uint16_t d, dmin;
+};
+struct BlockQ3_K {   // x = d * (s - 32) * (q - 4 * (1 - hbit)), hbit = bit 4n + j of hmask[l]
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];  // 16 6-bit scales (see q3_k_scale)
+  uint16_t d;
+};
 struct BlockQ6_K {
   uint8_t ql[kQK_K / 2];      // low 4 bits
   uint8_t qh[kQK_K / 4];      // high 2 bits
@@ -68,6 +81,7 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Block
 static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ8_1) == 36 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 
 // Scale and min (6 bits each) of sub-block j < 8 of a Q4_K / Q5_K super-block, as ggml packs
 // them: j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 plus
@@ -82,9 +96,17 @@ inline void kquant_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& m) {
   }
 }
 
+// Signed scale (-32..31) of sub-block j < 16 of a Q3_K super-block: its low 4 bits are the low
+// (j < 8) or high (j >= 8) nibble of byte j % 8, its top 2 bits bits 2 * (j / 4) of byte 8 + j % 4.
+inline int q3_k_scale(const uint8_t* q, int j) {
+  const int lo = j < 8 ? q[j] & 0xF : q[j - 8] >> 4;
+  const int hi = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (lo | hi << 4) - 32;
+}
+
 // Scalar reference conversions. dequantize_row supports every type in dtype_supported();
-// quantize_row supports F32, F16, BF16, Q8_0, Q8_1, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and
-// Q8_K. (The K-quant quantizers are simple min/max searches, not ggml's error-minimizing ones:
+// quantize_row supports F32, F16, BF16, Q8_0, Q8_1, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K and Q8_K. (The K-quant quantizers are simple min/max searches, not ggml's error-minimizing ones:
 // Ember quantizes weights only for tests and synthetic models; dequantization is bit-exact.)
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 void quantize_row(DType type, const float* src, void* dst, int64_t n);

@@ -26,7 +26,7 @@ inline std::optional<DType> activation_type(DType w) {
   switch (w) {
     case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: return DType::Q8_0;
     case DType::Q4_1: case DType::Q5_1: return DType::Q8_1;
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return DType::Q8_K;
+    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return DType::Q8_K;
     default: return std::nullopt;
   }
 }

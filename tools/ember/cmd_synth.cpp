@@ -44,7 +44,7 @@ void run_synth(const SynthArgs& a) {
   for (size_t k = 0; k < a.dims.size(); ++k)
     if (a.dims[k].first->count() > 0) *fields[k] = *a.dims[k].second;
   auto t = dtype_from_name(a.type);
-  EMBER_CHECK(t.has_value(), "unknown --type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)", a.type);
+  EMBER_CHECK(t.has_value(), "unknown --type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)", a.type);
   o.type = *t;
   o.act = parse_ffn_activation(a.act);
   o.arch = a.arch;
@@ -110,7 +110,7 @@ void add_synth(CLI::App& app) {
       {"--ctx", &a->n_ctx, "Context length written to the metadata"},
   };
   for (const auto& d : dims) a->dims.push_back({cmd->add_option(d.flag, *d.field, d.help), d.field});
-  cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k")
+  cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k")
                   ->capture_default_str();
   a->o_act = cmd->add_option("--act", a->act, "FFN activation: silu or relu (bamboo, opt: relu)")->capture_default_str();
   cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt or gemma3")->capture_default_str();

@@ -46,15 +46,15 @@ struct KernelSet {
 //   lo[64]  int8   elements 0..15 of blocks 0, 1, 2, 3 (16 bytes each)
 //   hi[64]  int8   elements 16..31 of blocks 0..3
 //   d[16]   float  block scale, block i in lanes 4i..4i+3
-//   c[16]   Q4_0 (Q8_0 rows): int32 -8 * (sum of the 4 lo and 4 hi bytes that share the lane)
-//                  so that vpdpbusd of unsigned nibbles starting from c gives the exact
-//                  integer dot of (q - 8) and x lane by lane;
-//           Q4_1 (Q8_1 rows): float s (= d * sum, from the Q8_1 block) in lane 4i, 0 elsewhere.
+//   c[16]   Q4_0 / Q5_0 (Q8_0 rows): int32 -8 / -16 * (sum of the 4 lo and 4 hi bytes that
+//                  share the lane) so that vpdpbusd of the unsigned weights starting from c gives
+//                  the exact integer dot of (q - 8) or (q - 16) and x lane by lane;
+//           Q4_1 / Q5_1 (Q8_1 rows): float s (= d * sum, from the Q8_1 block) in lane 4i, 0 elsewhere.
 // A 32-bit lane j of lo/hi/d/c belongs to block j / 4, so the lanes of a vpdpbusd line up with
 // the scales without any shuffling of the activations in the kernels.
 constexpr size_t kQuadBytes = 256;
 inline size_t quad_row_bytes(int64_t k) { return static_cast<size_t>((k / 32 + 3) / 4) * kQuadBytes; }
-// k elements of one Q8_0 (weight Q4_0) or Q8_1 (weight Q4_1) row to the quad layout.
+// k elements of one Q8_0 (weight Q4_0, Q5_0) or Q8_1 (weight Q4_1, Q5_1) row to the quad layout.
 void prepare_quads(DType weight_type, const void* xq_row, void* out, int64_t k);
 
 const KernelSet& kernels_scalar();

@@ -1,4 +1,4 @@
-// Scalar reference dot products for Q5_0, Q5_1, Q4_K and Q5_K: integer sums per (sub-)block,
+// Scalar reference dot products for Q5_0, Q5_1, Q2_K, Q3_K, Q4_K and Q5_K: integer sums per (sub-)block,
 // one float accumulator, as vec_dot_scalar.cpp does for the other types.
 #include <cstring>
 
@@ -75,6 +75,41 @@ float dot_k45(int64_t k, const uint8_t* w, const uint8_t* x) {
   return sum;
 }
 
+// Q2_K: sum_g d*sc_g*(q.x)_g - dmin*m_g*(sum x)_g over the 16 sub-blocks of 16 (= the bsums).
+// Q3_K: sum_g d*s_g*(q.x)_g with signed q. Element e = 128n + 32j + l as in quant.hpp.
+template <class WB>
+float dot_q23(int64_t k, const uint8_t* w, const uint8_t* x) {
+  constexpr bool kQ3 = sizeof(WB) == sizeof(BlockQ3_K);
+  const auto* a = reinterpret_cast<const WB*>(w);
+  const auto* b = reinterpret_cast<const BlockQ8_K*>(x);
+  float sum = 0.f;
+  for (int64_t i = 0; i < k / kQK_K; ++i) {
+    int isum = 0, msum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int e = 16 * g; e < 16 * g + 16; ++e) {
+        const int n = e / 128, j = (e % 128) / 32, l = e % 32;
+        int q = (a[i].qs[32 * n + l] >> (2 * j)) & 3;
+        if constexpr (kQ3) q -= (a[i].hmask[l] >> (4 * n + j)) & 1 ? 0 : 4;
+        s += q * b[i].qs[e];
+      }
+      if constexpr (kQ3) {
+        isum += s * q3_k_scale(a[i].scales, g);
+      } else {
+        isum += s * (a[i].scales[g] & 0xF);
+        msum += (a[i].scales[g] >> 4) * b[i].bsums[g];
+      }
+    }
+    if constexpr (kQ3) {
+      sum += fp16_to_fp32(a[i].d) * b[i].d * static_cast<float>(isum);
+    } else {
+      sum += fp16_to_fp32(a[i].d) * b[i].d * static_cast<float>(isum) -
+             fp16_to_fp32(a[i].dmin) * b[i].d * static_cast<float>(msum);
+    }
+  }
+  return sum;
+}
+
 using DotFn = float (*)(int64_t, const uint8_t*, const uint8_t*);
 
 template <DotFn dot>
@@ -87,7 +122,8 @@ void gemm(const GemmArgs& a) {
 }  // namespace
 
 const KQuantSet& kquant_scalar() {
-  static const KQuantSet set{&gemm<dot_q5_0>, &gemm<dot_q5_1>, &gemm<dot_k45<BlockQ4_K>>, &gemm<dot_k45<BlockQ5_K>>};
+  static const KQuantSet set{&gemm<dot_q5_0>,          &gemm<dot_q5_1>,          &gemm<dot_k45<BlockQ4_K>>,
+                             &gemm<dot_k45<BlockQ5_K>>, &gemm<dot_q23<BlockQ2_K>>, &gemm<dot_q23<BlockQ3_K>>};
   return set;
 }
 

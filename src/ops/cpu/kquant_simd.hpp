@@ -1,4 +1,4 @@
-// SIMD kernels for Q5_0, Q5_1 (x Q8_0 / Q8_1) and Q4_K, Q5_K (x Q8_K) on 256-bit vectors.
+// SIMD kernels for Q5_0, Q5_1 (x Q8_0 / Q8_1) and Q2_K, Q3_K, Q4_K, Q5_K (x Q8_K) on 256-bit vectors.
 // Include only inside an anonymous namespace of kquant_avx2.cpp / kquant_avx512.cpp (after
 // tile_driver.hpp): each ISA compiles its own copy. With AVX512-VNNI (the AVX-512 build) the
 // 32-element block products use vpdpbusd, otherwise vpmaddubsw + vpmaddwd.
@@ -33,6 +33,26 @@ inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
+
+// The weight rows, activation rows and vector accumulators (V: __m256 or __m512, zeroed) of one
+// R x T tile; store() writes the horizontal sums.
+template <class WB, class XB, class V, int R, int T>
+struct TileOperands {
+  const WB* w[R];
+  const XB* x[T];
+  V acc[R][T];
+  TileOperands(const GemmArgs& a, int64_t r0, int64_t t0) {
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const XB*>(a.x + (t0 + t) * a.x_stride);
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = V{};
+  }
+  template <class Reduce>
+  void store(const GemmArgs& a, int64_t r0, int64_t t0, Reduce reduce) const {
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = reduce(acc[r][t]);
+  }
+};
 
 // ---- Q5_0 / Q5_1 ------------------------------------------------------------------------
 
@@ -161,8 +181,114 @@ struct K45Kernel {
   }
 };
 
-const KQuantSet& make_kquant_set() {
+// ---- Q2_K / Q3_K ------------------------------------------------------------------------
+// 32-element steps (two sub-blocks of 16): unsigned weights (Q2_K q, Q3_K q + 4) enter
+// vpmaddubsw, vpmaddwd multiplies the pair sums by the sub-block scales. Q3_K's offset of 4 and
+// Q2_K's mins are taken off per super-block with the Q8_K bsums.
+
+// pshufb controls, one 32-byte row per step s mod 4: the words of 128-bit lane 0 <- word 2s mod 8,
+// of lane 1 <- word 2s + 1 mod 8, of a register holding one half of the 16 scales in each lane.
+alignas(32) constexpr auto kG16ScaleCtl = [] {
+  std::array<uint8_t, 128> c{};
+  for (int s = 0; s < 4; ++s)
+    for (int i = 0; i < 32; ++i) c[32 * s + i] = static_cast<uint8_t>(2 * ((2 * s + i / 16) % 8) + i % 2);
+  return c;
+}();
+
+// The 16 signed 6-bit scales of a Q3_K super-block (see q3_k_scale) as bytes.
+inline __m128i q3_k_scales(const uint8_t* s) {
+  uint32_t a0, a1, a2;
+  __builtin_memcpy(&a0, s, 4);
+  __builtin_memcpy(&a1, s + 4, 4);
+  __builtin_memcpy(&a2, s + 8, 4);
+  const uint32_t s0 = (a0 & 0x0f0f0f0fu) | (a2 & 0x03030303u) << 4;
+  const uint32_t s1 = (a1 & 0x0f0f0f0fu) | ((a2 >> 2) & 0x03030303u) << 4;
+  const uint32_t s2 = ((a0 >> 4) & 0x0f0f0f0fu) | ((a2 >> 4) & 0x03030303u) << 4;
+  const uint32_t s3 = ((a1 >> 4) & 0x0f0f0f0fu) | ((a2 >> 6) & 0x03030303u) << 4;
+  const __m128i u = _mm_set_epi32(static_cast<int>(s3), static_cast<int>(s2), static_cast<int>(s1), static_cast<int>(s0));
+  return _mm_sub_epi8(u, _mm_set1_epi8(32));
+}
+
+template <DType WT>
+struct Q23Kernel {
+  static constexpr int kRows = 2, kTokens = 2;
+  static constexpr bool kQ3 = WT == DType::Q3_K;
+  using WB = std::conditional_t<kQ3, BlockQ3_K, BlockQ2_K>;
+
+  template <int R, int T>
+  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
+    const int64_t nb = a.k / kQK_K;
+    TileOperands<WB, BlockQ8_K, __m256, R, T> tl(a, r0, t0);
+    const auto& w = tl.w;
+    const auto& x = tl.x;
+    auto& acc = tl.acc;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i s16[R], shalf[R][2];
+      [[maybe_unused]] __m256i m16[R], hm[R];
+      float d[R];
+      [[maybe_unused]] float dmin[R];
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kQ3) {
+          s16[r] = _mm256_cvtepi8_epi16(q3_k_scales(w[r][b].scales));
+          hm[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r][b].hmask));
+        } else {
+          const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r][b].scales));
+          s16[r] = _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0F)));
+          m16[r] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+          dmin[r] = _cvtsh_ss(w[r][b].dmin);
+        }
+        d[r] = _cvtsh_ss(w[r][b].d);
+        shalf[r][0] = _mm256_permute2x128_si256(s16[r], s16[r], 0x00);  // scales 0..7 in both lanes
+        shalf[r][1] = _mm256_permute2x128_si256(s16[r], s16[r], 0x11);  // scales 8..15
+      }
+      __m256i isum[R][T];
+      for (int t = 0; t < T; ++t) {
+        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].bsums));
+        for (int r = 0; r < R; ++r) {
+          if constexpr (kQ3)  // -4 * sum of scale x bsum
+            isum[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bsums, s16[r]), 2));
+          else
+            isum[r][t] = _mm256_setzero_si256();
+        }
+      }
+      for (int st = 0; st < 8; ++st) {  // elements 32 st .. 32 st + 31: n = st / 4, j = st % 4
+        const __m256i ctl = _mm256_load_si256(reinterpret_cast<const __m256i*>(kG16ScaleCtl.data() + 32 * (st % 4)));
+        __m256i y[R], sc[R];
+        for (int r = 0; r < R; ++r) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r][b].qs + 32 * (st / 4)));
+          y[r] = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (st % 4))), m3);
+          if constexpr (kQ3) {  // bit st of hmask -> bit 2
+            const __m256i hb = st >= 2 ? _mm256_srl_epi16(hm[r], _mm_cvtsi32_si128(st - 2))
+                                       : _mm256_sll_epi16(hm[r], _mm_cvtsi32_si128(2 - st));
+            y[r] = _mm256_or_si256(y[r], _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+          }
+          sc[r] = _mm256_shuffle_epi8(shalf[r][st / 4], ctl);
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs + 32 * st));
+          for (int r = 0; r < R; ++r)
+            isum[r][t] = _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(y[r], xa), sc[r]));
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        [[maybe_unused]] const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].bsums));
+        const float xd = x[t][b].d;
+        for (int r = 0; r < R; ++r) {
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(d[r] * xd), acc[r][t]);
+          if constexpr (!kQ3)
+            acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, m16[r])),
+                                         _mm256_set1_ps(dmin[r] * xd), acc[r][t]);
+        }
+      }
+    }
+    tl.store(a, r0, t0, hsum_ps);
+  }
+};
+
+[[maybe_unused]] const KQuantSet& make_kquant_set() {
   static const KQuantSet set{&gemm<Q5Kernel<DType::Q5_0>>, &gemm<Q5Kernel<DType::Q5_1>>,
-                             &gemm<K45Kernel<DType::Q4_K>>, &gemm<K45Kernel<DType::Q5_K>>};
+                             &gemm<K45Kernel<DType::Q4_K>>, &gemm<K45Kernel<DType::Q5_K>>,
+                             &gemm<Q23Kernel<DType::Q2_K>>, &gemm<Q23Kernel<DType::Q3_K>>};
   return set;
 }

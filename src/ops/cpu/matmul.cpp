@@ -28,7 +28,7 @@ DType activation_type(DType w) {
     case DType::Q6_K: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
     case DType::Q5_1: return DType::Q8_1;
-    case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
+    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
     default: fail("matmul: no kernel for weight type {}", dtype_name(w));
   }
 }
@@ -42,11 +42,13 @@ GemmFn pick(const KernelSet& s, const detail::KQuantSet& q, DType w) {
     case DType::Q8_0: return s.q8_0;
     case DType::Q4_0: return s.q4_0;
     case DType::Q4_1: return s.q4_1;
-    case DType::Q6_K: return s.q6_k;
+    case DType::Q6_K: return q.q6_k ? q.q6_k : s.q6_k;
     case DType::Q5_0: return q.q5_0;
     case DType::Q5_1: return q.q5_1;
     case DType::Q4_K: return q.q4_k;
     case DType::Q5_K: return q.q5_k;
+    case DType::Q2_K: return q.q2_k;
+    case DType::Q3_K: return q.q3_k;
     default: return nullptr;
   }
 }
@@ -68,7 +70,8 @@ Kernel gemm_for(DType w) {
   }
   Kernel k;
   if (set && (k.fn = pick(*set, *kq, w)) != nullptr) {
-    k.quads = set->q4_quads && (w == DType::Q4_0 || w == DType::Q4_1);
+    k.quads = (set->q4_quads && (w == DType::Q4_0 || w == DType::Q4_1)) ||
+              (kq->q5_quads && (w == DType::Q5_0 || w == DType::Q5_1));
     return k;
   }
   k.fn = pick(detail::kernels_scalar(), detail::kquant_scalar(), w);
@@ -76,7 +79,7 @@ Kernel gemm_for(DType w) {
   return k;
 }
 
-bool may_use_quads(DType w) { return w == DType::Q4_0 || w == DType::Q4_1; }
+bool may_use_quads(DType w) { return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1; }
 
 uint8_t* align64(uint8_t* p) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
@@ -115,7 +118,8 @@ constexpr int64_t kRowAlign = 16;  // decode splits rows in multiples of this
 
 void detail::prepare_quads(DType weight_type, const void* xq_row, void* out, int64_t k) {
   const int64_t nb = k / kQK, nq = (nb + 3) / 4;
-  const bool q4_1 = weight_type == DType::Q4_1;
+  const bool q4_1 = weight_type == DType::Q4_1 || weight_type == DType::Q5_1;  // Q8_1 rows
+  const int32_t offset = weight_type == DType::Q5_0 ? 16 : 8;                  // Q4_0 or Q5_0
   const auto* b0 = static_cast<const BlockQ8_0*>(xq_row);
   const auto* b1 = static_cast<const BlockQ8_1*>(xq_row);
   auto* o = static_cast<uint8_t*>(out);
@@ -136,7 +140,7 @@ void detail::prepare_quads(DType weight_type, const void* xq_row, void* out, int
       for (int j = 0; j < 4; ++j) {
         int32_t sum = 0;
         for (int e = 0; e < 4; ++e) sum += qs[4 * j + e] + qs[16 + 4 * j + e];
-        c[4 * i + j] = -8 * sum;
+        c[4 * i + j] = -offset * sum;
       }
     }
   }

@@ -6,7 +6,7 @@
 //
 // `active` lists neuron (row) indices, each in [0, rows), in any order, without duplicates for
 // sparse_axpy (a duplicate would simply be added twice). Every weight type the dense matmul
-// supports works (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q6_K).
+// supports works (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K).
 //
 // Threads are balanced by the number of active neurons, never by index ranges (active neurons
 // cluster: a range split would leave threads idle). Neither kernel lets two threads add into one
@@ -73,7 +73,7 @@ void sparse_axpy_rows(const TensorView& D_nm, const int32_t* active, int64_t n_a
 
 // Which type a neuron-major copy of a down matrix of type `down_type` is stored in.
 //  exact:   F32, F16 and BF16 stay as they are (a transpose, bit-exact); quantized types
-//           (Q8_0, Q4_0, Q4_1, Q6_K) become Q8_0: the transpose cannot keep the blocks (they run
+//           (Q8_0, Q4_0, Q4_1, K-quants) become Q8_0: the transpose cannot keep the blocks (they run
 //           along the other axis), so each value is requantized, and Q8_0 keeps that second
 //           rounding at 8 bits (relative error ~0.4% of a block's largest value; the dense
 //           path rounds the activations to 8 bits too), at 34/18 the bytes of Q4_0.

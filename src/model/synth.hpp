@@ -43,6 +43,14 @@ struct SynthOptions {
   // and C set so that the mean of p_j is 1 - sparsity. See "Activation profile" in synth.cpp.
   float sparsity = 0.0f;
   float zipf = 1.1f;
+  // Predictable firing (0 = off): every gate row of a layer is a random combination of
+  // gate_rank directions shared by the layer, plus independent noise making up a fraction
+  // gate_noise of its variance. Whether a neuron fires then depends on x mostly through gate_rank
+  // projections, which a predictor MLP of rank about 2 gate_rank can learn (as in real ReLU
+  // models); with a fully random gate no low-rank predictor can. The bias channel of the
+  // activation profile is set on top, so the firing probabilities stay as above.
+  int64_t gate_rank = 0;
+  float gate_noise = 0.1f;
 };
 
 // Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes).

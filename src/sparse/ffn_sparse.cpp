@@ -8,16 +8,52 @@
 #include "core/timer.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "sparse/predictor.hpp"
 
 namespace ember {
+namespace {
+
+// g [n][cols] holds act(gate) of the neurons ids[0..cols) (ids null: 0..cols). Keeps the
+// columns that fire (|v| > thr) for at least one token, moved in place to the front of each row
+// with the silent entries zeroed; writes their neuron ids to `active` and returns their count.
+// `fired` counts the firing (token, neuron) pairs. Column i is read before any column < i is
+// written, so the in-place move is safe.
+int64_t keep_firing(float* g, int64_t n, int64_t cols, const int32_t* ids, float thr, int32_t* active,
+                    uint64_t& fired) {
+  int64_t na = 0;
+  for (int64_t i = 0; i < cols; ++i) {
+    bool any = false;
+    for (int64_t t = 0; t < n; ++t) {
+      float v = g[t * cols + i];
+      if (std::fabs(v) > thr) {
+        any = true;
+        ++fired;
+      } else {
+        v = 0.0f;
+      }
+      g[t * cols + na] = v;
+    }
+    if (any) active[na++] = ids ? ids[i] : static_cast<int32_t>(i);
+  }
+  return na;
+}
+
+}  // namespace
 
 FfnMode parse_ffn_mode(const std::string& s) {
   if (s == "dense") return FfnMode::dense;
   if (s == "oracle") return FfnMode::oracle;
-  fail("unknown sparse mode '{}' (expected dense or oracle)", s);
+  if (s == "predictor") return FfnMode::predictor;
+  fail("unknown sparse mode '{}' (expected dense, oracle or predictor)", s);
 }
 
-const char* ffn_mode_name(FfnMode m) { return m == FfnMode::oracle ? "oracle" : "dense"; }
+const char* ffn_mode_name(FfnMode m) {
+  switch (m) {
+    case FfnMode::oracle: return "oracle";
+    case FfnMode::predictor: return "predictor";
+    default: return "dense";
+  }
+}
 
 double FfnSparsityStats::sparsity() const {
   uint64_t n = 0, a = 0;
@@ -35,6 +71,9 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "sparse threshold must be >= 0, got {}",
               opts.threshold);
   const Hparams& hp = model.hp;
+  EMBER_CHECK(opts.mode != FfnMode::predictor || has_predictors(model),
+              "sparse mode predictor needs a predictor for every layer: pass --predictor FILE (made by "
+              "`ember train-predictor`) or a sparse-ready model with fc1/fc2 tensors");
   Timer timer;
   down_nm_.reserve(model.layers.size());
   for (const LayerWeights& L : model.layers) {
@@ -46,6 +85,18 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   axpy_scratch_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, batch, pool.size(), opts.split));
   stats_.neurons.assign(model.layers.size(), 0);
   stats_.active.assign(model.layers.size(), 0);
+  stats_.predicted.assign(model.layers.size(), 0);
+  if (opts.mode == FfnMode::predictor) {
+    predicted_.resize(static_cast<size_t>(hp.n_ff));
+    int64_t max_rank = 1;
+    size_t mm = 64;
+    for (const LayerWeights& L : model.layers) {
+      max_rank = std::max(max_rank, L.ffn.fc1.rows());
+      mm = std::max(mm, predictor_mm_scratch_bytes(L.ffn.fc1, L.ffn.fc2, batch));
+    }
+    pred_scratch_.resize(predictor_scratch_floats(max_rank, hp.n_ff, batch));
+    pred_mm_scratch_.resize(mm);
+  }
   log_info("sparse FFN: mode {}, threshold {}, neuron-major down copies ({} from {}) {:.1f} MiB extra, built in {:.2f} s",
            ffn_mode_name(opts.mode), opts.threshold,
            down_nm_.empty() ? "-" : std::string(dtype_name(down_nm_[0].view.type)),
@@ -60,12 +111,14 @@ size_t SparseFfn::neuron_major_bytes() const {
 }
 
 size_t SparseFfn::bytes() const {
-  return neuron_major_bytes() + active_.size() * sizeof(int32_t) + axpy_scratch_.size() * sizeof(float);
+  return neuron_major_bytes() + (active_.size() + predicted_.size()) * sizeof(int32_t) +
+         (axpy_scratch_.size() + pred_scratch_.size()) * sizeof(float) + pred_mm_scratch_.size();
 }
 
 void SparseFfn::reset_stats() {
   std::fill(stats_.neurons.begin(), stats_.neurons.end(), 0);
   std::fill(stats_.active.begin(), stats_.active.end(), 0);
+  std::fill(stats_.predicted.begin(), stats_.predicted.end(), 0);
   stats_.dense_tokens = 0;
 }
 
@@ -77,38 +130,49 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
     stats_.dense_tokens += static_cast<uint64_t>(n);
     return;
   }
-  const int64_t n_ff = w.gate.rows(), n_embd = w.down.rows();
+  if (opts_.mode == FfnMode::predictor) return run_predicted(pool, layer, w, act, x, n, out, ws);
+  const int64_t n_ff = w.gate.rows();
   float* a = ws.gate.data();  // [n][n_ff]: act(gate), zero where inactive
   cpu::matmul(pool, w.gate, x, n, a, mm);
   cpu::activation_inplace(act, a, n * n_ff);
 
   // The active set: neurons active for at least one token of the batch.
-  const float thr = opts_.threshold;
-  int64_t na = 0;
   uint64_t n_active_tokens = 0;
-  for (int64_t j = 0; j < n_ff; ++j) {
-    bool any = false;
-    for (int64_t t = 0; t < n; ++t) {
-      float& v = a[t * n_ff + j];
-      if (std::fabs(v) > thr) {
-        any = true;
-        ++n_active_tokens;
-      } else {
-        v = 0.0f;
-      }
-    }
-    if (any) active_[static_cast<size_t>(na++)] = static_cast<int32_t>(j);
-  }
+  const int64_t na = keep_firing(a, n, n_ff, nullptr, opts_.threshold, active_.data(), n_active_tokens);
   stats_.neurons[layer] += static_cast<uint64_t>(n * n_ff);
   stats_.active[layer] += n_active_tokens;
+  up_down(pool, layer, w, x, n, a, n_ff, na, out, ws);
+}
 
+void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
+                              const float* x, int64_t n, float* out, Workspace& ws) {
+  const float pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
+                                                         : model_.predictor_thresholds[static_cast<size_t>(layer)];
+  const int64_t np = predict_active(pool, w.fc1, w.fc2, pthr, x, n, pred_scratch_.data(), pred_mm_scratch_.data(),
+                                    predicted_.data());
+  // The gate for the predicted rows only: g[t][i] = act(gate row predicted[i] . x[t]).
+  float* g = ws.gate.data();
+  cpu::gather_matmul(pool, w.gate, x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
+  cpu::activation_inplace(act, g, n * np);
+  // Keep the predicted neurons that fire for some token.
+  uint64_t n_active_tokens = 0;
+  const int64_t na = keep_firing(g, n, np, predicted_.data(), opts_.threshold, active_.data(), n_active_tokens);
+  stats_.neurons[layer] += static_cast<uint64_t>(n * w.gate.rows());
+  stats_.active[layer] += n_active_tokens;
+  stats_.predicted[layer] += static_cast<uint64_t>(n * np);
+  up_down(pool, layer, w, x, n, g, np, na, out, ws);
+}
+
+void SparseFfn::up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, const float* x, int64_t n,
+                        const float* g, int64_t g_stride, int64_t na, float* out, Workspace& ws) {
+  const int64_t n_embd = w.down.rows();
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
   if (na == 0) return;
-  // up for the active rows, then H[t][i] = act(gate)[t][active i] * up[t][i], in place.
+  // up for the active rows, then H[t][i] = act(gate)[t][i] * up[t][i], in place.
   float* h = ws.up.data();
-  cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, mm);
+  cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, ws.mm_scratch.data());
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < na; ++i) h[t * na + i] *= a[t * n_ff + active_[i]];
+    for (int64_t i = 0; i < na; ++i) h[t * na + i] *= g[t * g_stride + i];
   cpu::sparse_axpy(pool, down_nm_[layer].view, active_.data(), na, h, n, na, out, n_embd, axpy_scratch_.data(),
                    opts_.split);
 }

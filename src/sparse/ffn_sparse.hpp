@@ -6,6 +6,10 @@
 //           and makes the result exact); up is computed only for the active rows
 //           (gather_matmul) and down only over them (sparse_axpy on a neuron-major copy of
 //           down built when the executor is made).
+//   predictor: the layer's predictor (sparse/predictor.hpp, FfnWeights::fc1/fc2) names the
+//           neurons to compute; the gate is computed only for them (gather_matmul), then up and
+//           down only for the predicted neurons whose |act(gate)| > threshold. Exact for every
+//           neuron the predictor finds; a truly active neuron it misses is dropped.
 //
 // Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
 // token contributes an exact zero). Batches of kDenseBatch tokens or more run dense_ffn: over
@@ -16,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned_buffer.hpp"
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
 #include "model/forward.hpp"
@@ -23,8 +28,8 @@
 
 namespace ember {
 
-enum class FfnMode { dense, oracle };
-FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle"
+enum class FfnMode { dense, oracle, predictor };
+FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle" | "predictor"
 const char* ffn_mode_name(FfnMode m);
 
 struct SparseFfnOptions {
@@ -37,6 +42,9 @@ struct SparseFfnOptions {
 // Counts over the tokens the sparse path evaluated (per layer and in total).
 struct FfnSparsityStats {
   std::vector<uint64_t> neurons, active;  // per layer: token-neurons seen, of which active
+  // predictor mode, per layer: token-neurons whose gate was computed (the batch's predicted set
+  // times its tokens); active counts only the computed ones that fired.
+  std::vector<uint64_t> predicted;
   uint64_t dense_tokens = 0;              // token-layers that took the dense path (long batches)
   double sparsity() const;                // fraction of inactive neurons, 0 when none seen
   double layer_sparsity(size_t layer) const;
@@ -47,6 +55,7 @@ class SparseFfn final : public FfnExecutor {
   static constexpr int64_t kDenseBatch = 16;
 
   // Builds the neuron-major copies of every layer's down matrix (threaded on `pool`).
+  // Predictor mode needs every layer's fc1/fc2 (attach_predictors or a sparse-ready file).
   SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOptions& opts, int64_t max_batch);
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
@@ -64,6 +73,17 @@ class SparseFfn final : public FfnExecutor {
   std::vector<cpu::NeuronMajorMatrix> down_nm_;  // per layer
   std::vector<int32_t> active_;
   std::vector<float> axpy_scratch_;
+  // predictor mode: the predicted neurons, the predictor's scores and hidden rows, and the
+  // scratch of its matmuls.
+  std::vector<int32_t> predicted_;
+  AlignedBuffer<float> pred_scratch_;
+  AlignedBuffer<uint8_t> pred_mm_scratch_;
+
+  void run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                     int64_t n, float* out, Workspace& ws);
+  // up for active_[0..na), times the activated gate g[t * g_stride + i], then down into out.
+  void up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, const float* x, int64_t n, const float* g,
+               int64_t g_stride, int64_t na, float* out, Workspace& ws);
   FfnSparsityStats stats_;
 };
 

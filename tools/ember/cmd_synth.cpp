@@ -29,6 +29,8 @@ struct SynthArgs {
   float rope_base = 0;
   int threads = 0;
   float sparsity = 0.0f, zipf = 1.1f;
+  int64_t gate_rank = 0;
+  float gate_noise = 0.1f;
   // Which flags were given (they override the preset).
   std::vector<std::pair<CLI::Option*, int64_t*>> dims;
   CLI::Option *o_tied = nullptr, *o_rope = nullptr;
@@ -51,6 +53,8 @@ void run_synth(const SynthArgs& a) {
   o.n_threads = a.threads;
   o.sparsity = a.sparsity;
   o.zipf = a.zipf;
+  o.gate_rank = a.gate_rank;
+  o.gate_noise = a.gate_noise;
   validate(o);
   // Fail before minutes of generation, not after.
   auto dir = std::filesystem::absolute(a.out).parent_path();
@@ -109,6 +113,11 @@ void add_synth(CLI::App& app) {
                   "ReLU activation profile: mean fraction of inactive FFN neurons on random inputs (0: off)")
       ->capture_default_str();
   cmd->add_option("--zipf", a->zipf, "Power-law exponent of the per-neuron firing probabilities")->capture_default_str();
+  cmd->add_option("--gate-rank", a->gate_rank,
+                  "Predictable firing: gate rows from this many shared directions per layer (0: fully random)")
+      ->capture_default_str();
+  cmd->add_option("--gate-noise", a->gate_noise, "With --gate-rank: fraction of each gate row's variance that is noise")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Threads (0: all)")->capture_default_str();
   cmd->callback([a] { run_synth(*a); });
 }

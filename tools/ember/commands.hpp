@@ -9,5 +9,6 @@ void add_inspect(CLI::App& app);
 void add_synth(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_train_predictor(CLI::App& app);
 
 }  // namespace ember::cli

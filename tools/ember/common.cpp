@@ -5,6 +5,7 @@
 #include "core/cpu_features.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "sparse/predictor.hpp"
 
 namespace ember::cli {
 
@@ -16,11 +17,14 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("-b,--batch-size", batch, "prompt tokens per forward pass")->check(CLI::Range(1, 8192));
   app->add_flag("-v,--verbose", verbose, "more log output");
   app->add_option("--sparse-mode", sparse_mode,
-                  "FFN: dense, or oracle (gate for all neurons, up and down only for the active ones)")
-      ->check(CLI::IsMember({"dense", "oracle"}))
+                  "FFN: dense, oracle (gate for all neurons, up and down only for the active ones), or "
+                  "predictor (gate, up and down only for the neurons the predictor names)")
+      ->check(CLI::IsMember({"dense", "oracle", "predictor"}))
       ->capture_default_str();
   app->add_option("--sparse-threshold", sparse_threshold, "oracle: a neuron is active when |act(gate)| > this")
       ->check(CLI::Range(0.0f, 1e30f));
+  app->add_option("--predictor", predictor_path, "predictor GGUF (ember train-predictor) for --sparse-mode predictor")
+      ->check(CLI::ExistingFile);
 }
 
 SessionParams EngineFlags::session_params() const {
@@ -34,6 +38,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   if (flags.verbose) set_log_level(LogLevel::debug);
   Timer timer;
   auto model = load_model(flags.model_path);
+  if (!flags.predictor_path.empty()) attach_predictors(*model, flags.predictor_path);
   if (load_seconds) *load_seconds = timer.seconds();
   const Hparams& hp = model->hp;
   log_info("model: {} ({}), {} layers, n_embd {}, n_ff {}, heads {}/{} (KV), vocab {}, {:.1f} MiB", flags.model_path,
@@ -52,6 +57,11 @@ void log_ffn_sparsity(Session& session) {
   log_info("FFN sparsity ({}): {:.1f}% of neurons inactive over {} token-neurons{}", ffn_mode_name(sp->options().mode),
            100.0 * st.sparsity(), seen,
            st.dense_tokens ? fmt::format(" ({} token-layers of long batches ran dense)", st.dense_tokens) : "");
+  uint64_t predicted = 0;
+  for (uint64_t v : st.predicted) predicted += v;
+  if (predicted > 0)
+    log_info("predictor: gate computed for {:.1f}% of neurons (predicted), {:.1f}% of those fired",
+             seen ? 100.0 * predicted / seen : 0.0, 100.0 * (1.0 - st.sparsity()) * seen / predicted);
   std::string per_layer;
   for (size_t l = 0; l < st.neurons.size(); ++l) per_layer += fmt::format(" {:.3f}", st.layer_sparsity(l));
   log_debug("FFN sparsity per layer:{}", per_layer);

@@ -17,6 +17,7 @@ struct EngineFlags {
   bool verbose = false;
   std::string sparse_mode = "dense";
   float sparse_threshold = 0.0f;
+  std::string predictor_path;  // --predictor: attached to the model at load
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   ember::cli::add_synth(app);
   ember::cli::add_bench(app);
   ember::cli::add_serve(app);
+  ember::cli::add_train_predictor(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -25,12 +25,21 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->check(CLI::Range(0.0f, 1e30f));
   app->add_option("--predictor", predictor_path, "predictor GGUF (ember train-predictor) for --sparse-mode predictor")
       ->check(CLI::ExistingFile);
+  app->add_option("--sparse-down", sparse_down,
+                  "sparse modes: type of the neuron-major copy of down: exact (quantized types become Q8_0), "
+                  "same (the type of down: fewer bytes, rounded twice), f16 or f32")
+      ->check(CLI::IsMember({"exact", "same", "f16", "f32"}))
+      ->capture_default_str();
 }
 
 SessionParams EngineFlags::session_params() const {
   SessionParams p{threads, ctx, batch};
   p.sparse.mode = parse_ffn_mode(sparse_mode);
   p.sparse.threshold = sparse_threshold;
+  p.sparse.down_type = sparse_down == "same"  ? cpu::NeuronMajorType::same
+                       : sparse_down == "f16" ? cpu::NeuronMajorType::f16
+                       : sparse_down == "f32" ? cpu::NeuronMajorType::f32
+                                              : cpu::NeuronMajorType::exact;
   return p;
 }
 

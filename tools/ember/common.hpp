@@ -18,6 +18,7 @@ struct EngineFlags {
   std::string sparse_mode = "dense";
   float sparse_threshold = 0.0f;
   std::string predictor_path;  // --predictor: attached to the model at load
+  std::string sparse_down = "exact";  // type of the neuron-major down copy (cpu::NeuronMajorType)
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;

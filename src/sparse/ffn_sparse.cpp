@@ -115,6 +115,25 @@ size_t SparseFfn::bytes() const {
          (axpy_scratch_.size() + pred_scratch_.size()) * sizeof(float) + pred_mm_scratch_.size();
 }
 
+double SparseFfn::weight_bytes_per_token() const {
+  const int64_t n_ff = model_.hp.n_ff;
+  double total = static_cast<double>(model_.weight_bytes_per_token()), seen = 0;
+  for (size_t l = 0; l < model_.layers.size(); ++l) {
+    const FfnWeights& w = model_.layers[l].ffn;
+    const double tokens = static_cast<double>(stats_.neurons[l]) / static_cast<double>(n_ff);
+    if (tokens <= 0) continue;
+    seen += tokens;
+    const double gate_rows =
+        opts_.mode == FfnMode::predictor ? static_cast<double>(stats_.predicted[l]) : static_cast<double>(stats_.neurons[l]);
+    total -= static_cast<double>(w.gate.nbytes + w.up.nbytes + w.down.nbytes);
+    if (opts_.mode == FfnMode::predictor) total += static_cast<double>(w.fc1.nbytes + w.fc2.nbytes);
+    total += (gate_rows * static_cast<double>(w.gate.row_stride()) +
+              static_cast<double>(stats_.active[l]) * static_cast<double>(w.up.row_stride() + down_nm_[l].view.row_stride())) /
+             tokens;
+  }
+  return seen > 0 ? total : 0.0;
+}
+
 void SparseFfn::reset_stats() {
   std::fill(stats_.neurons.begin(), stats_.neurons.end(), 0);
   std::fill(stats_.active.begin(), stats_.active.end(), 0);

@@ -65,6 +65,12 @@ class SparseFfn final : public FfnExecutor {
   size_t neuron_major_bytes() const;  // the down copies
   size_t bytes() const;               // everything the executor holds
   const FfnSparsityStats& stats() const { return stats_; }
+  // Weight bytes one token read on average over the sparse path so far (the stats): the model's
+  // non-FFN weights, plus per layer the predictor and the rows of gate (all rows in oracle
+  // mode, the predicted ones in predictor mode), up and the neuron-major down that were
+  // computed. Batches count each row once per token (an upper bound for them). 0 before any
+  // token ran the sparse path.
+  double weight_bytes_per_token() const;
   void reset_stats();
 
  private:

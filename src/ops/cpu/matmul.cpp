@@ -176,6 +176,26 @@ void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens,
   run_on_quantized(gemm_for(W.type), W.type, a);
 }
 
+const void* prepare_activations(DType w, void* scratch, int64_t n_tokens, int64_t k) {
+  if (!gemm_for(w).quads) return scratch;
+  auto* out = static_cast<uint8_t*>(scratch);
+  const size_t x_stride = row_bytes(activation_type(w), k), qstride = detail::quad_row_bytes(k);
+  uint8_t* quads = align64(out + x_stride * n_tokens);
+  for (int64_t t = 0; t < n_tokens; ++t) detail::prepare_quads(w, out + t * x_stride, quads + t * qstride, k);
+  return quads;
+}
+
+void matmul_rows_prepared(const TensorView& W, const void* x_prepared, int64_t n_tokens, int64_t row_begin,
+                          int64_t row_end, float* Y, int64_t y_stride) {
+  const int64_t k = W.cols();
+  if (row_end <= row_begin || n_tokens <= 0) return;
+  const Kernel kern = gemm_for(W.type);
+  const size_t stride = kern.quads ? detail::quad_row_bytes(k) : row_bytes(activation_type(W.type), k);
+  GemmArgs a{k, W.row(row_begin), W.row_stride(), row_end - row_begin, static_cast<const uint8_t*>(x_prepared),
+             stride, n_tokens, Y, y_stride};
+  kern.fn(a);
+}
+
 void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch) {
   const int64_t k = W.cols(), rows = W.rows();
   check_k(W.type, k);

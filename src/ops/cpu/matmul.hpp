@@ -26,6 +26,14 @@ void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens,
                  int64_t row_end, float* Y, int64_t y_stride);
 void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, int64_t k, void* out);
 
+// For callers that run many matmul_rows calls on one activation (the neuron-sparse gather):
+// rearranges the rows quantize_activations() wrote at the start of `scratch` (laid out as
+// matmul_scratch_bytes() counts) into the layout the weight type's kernel reads, once (Q4_0/Q4_1
+// quads: matmul_rows would redo it on every call), and returns what matmul_rows_prepared takes.
+const void* prepare_activations(DType weight_type, void* scratch, int64_t n_tokens, int64_t k);
+void matmul_rows_prepared(const TensorView& W, const void* x_prepared, int64_t n_tokens, int64_t row_begin,
+                          int64_t row_end, float* Y, int64_t y_stride);
+
 // out[t][:] = dequantized row ids[t] of W (embedding lookup).
 void get_rows(const TensorView& W, const int32_t* ids, int64_t n, float* out);
 

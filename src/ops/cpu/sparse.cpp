@@ -48,8 +48,11 @@ size_t gather_matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_token
   return matmul_scratch_bytes(weight_type, k, n_tokens);
 }
 
-void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, const int32_t* active,
-                        int64_t n_active, float* Y, int64_t y_stride) {
+namespace {
+
+// prepared: x is prepare_activations() output (matmul_rows_prepared), else quantized rows.
+void gather_rows(const TensorView& W, const void* x, bool prepared, int64_t n_tokens, const int32_t* active,
+                 int64_t n_active, float* Y, int64_t y_stride) {
   const size_t stride = W.row_stride();
   for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), stride);
   for (int64_t i = 0; i < n_active;) {
@@ -58,9 +61,17 @@ void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, c
     // several rows when the run is long).
     int64_t e = i + 1;
     while (e < n_active && active[e] == active[e - 1] + 1) ++e;
-    matmul_rows(W, xq, n_tokens, active[i], active[e - 1] + 1, Y + i, y_stride);
+    if (prepared) matmul_rows_prepared(W, x, n_tokens, active[i], active[e - 1] + 1, Y + i, y_stride);
+    else matmul_rows(W, x, n_tokens, active[i], active[e - 1] + 1, Y + i, y_stride);
     i = e;
   }
+}
+
+}  // namespace
+
+void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, const int32_t* active,
+                        int64_t n_active, float* Y, int64_t y_stride) {
+  gather_rows(W, xq, false, n_tokens, active, n_active, Y, y_stride);
 }
 
 void gather_matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, const int32_t* active,
@@ -69,10 +80,12 @@ void gather_matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_
   if (n_active == 0 || n_tokens <= 0) return;
   const int64_t k = W.cols();
   quantize_activations(W.type, X, n_tokens, k, scratch);
+  // Once per call, not once per run of rows (a scattered active set is mostly runs of one).
+  const void* xp = prepare_activations(W.type, scratch, n_tokens, k);
   pool.run([&](int ith, int nth) {
     int64_t i0, i1;
     split_range(n_active, ith, nth, i0, i1);
-    if (i1 > i0) gather_matmul_rows(W, scratch, n_tokens, active + i0, i1 - i0, Y + i0, y_stride);
+    if (i1 > i0) gather_rows(W, xp, true, n_tokens, active + i0, i1 - i0, Y + i0, y_stride);
   });
 }
 

@@ -12,9 +12,11 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/synth.hpp"
-#include "support/session_logits.hpp"
+#include "support/ffn_modes.hpp"
 
 using namespace ember;
+using test_support::rel_diff;
+using test_support::run_ffn_mode;
 
 namespace {
 
@@ -38,31 +40,15 @@ std::string write_model(DType type, float sparsity, const std::string& name) {
   return path;
 }
 
-// Logits of a 12-token batched prompt, then 6 single tokens (each row n_vocab floats).
-std::vector<std::vector<float>> run(const Model& m, FfnMode mode, int threads, FfnSparsityStats* stats = nullptr) {
-  SessionParams p;
-  p.n_threads = threads;
-  p.n_ctx = 64;
-  p.sparse.mode = mode;
-  Session s(m, p);
-  auto out = test_support::session_logits(s);
-  if (stats && s.sparse_ffn()) *stats = s.sparse_ffn()->stats();
-  return out;
-}
-
-double rel_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  return test_support::max_rel_diff(a, b);
-}
-
 }  // namespace
 
 TEST(SparseFfn, OracleMatchesDenseOnReluModel) {
   for (DType type : {DType::F32, DType::F16, DType::Q4_0}) {
     auto path = write_model(type, 0.9f, std::string(dtype_name(type)));
     auto model = load_model(path);
-    auto dense = run(*model, FfnMode::dense, 2);
+    auto dense = run_ffn_mode(*model, FfnMode::dense, 2);
     FfnSparsityStats st;
-    auto oracle = run(*model, FfnMode::oracle, 2, &st);
+    auto oracle = run_ffn_mode(*model, FfnMode::oracle, 2, &st);
     const double rel = rel_diff(dense, oracle);
     std::printf("%s: max |oracle - dense| / max |logit| = %.2e, sparsity %.3f (layers %.3f %.3f %.3f)\n",
                 std::string(dtype_name(type)).c_str(), rel, st.sparsity(), st.layer_sparsity(0), st.layer_sparsity(1),
@@ -79,9 +65,9 @@ TEST(SparseFfn, OracleMatchesDenseOnReluModel) {
 TEST(SparseFfn, OracleIsIdenticalForAnyThreadCount) {
   auto path = write_model(DType::Q4_0, 0.8f, "threads");
   auto model = load_model(path);
-  auto a = run(*model, FfnMode::oracle, 1);
-  auto b = run(*model, FfnMode::oracle, 2);
-  auto c = run(*model, FfnMode::oracle, 3);
+  auto a = run_ffn_mode(*model, FfnMode::oracle, 1);
+  auto b = run_ffn_mode(*model, FfnMode::oracle, 2);
+  auto c = run_ffn_mode(*model, FfnMode::oracle, 3);
   EXPECT_EQ(a, b);
   EXPECT_EQ(a, c);
   std::filesystem::remove(path);

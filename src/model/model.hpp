@@ -81,6 +81,9 @@ struct Model {
   // absent) and calibrated per-layer thresholds on |act(gate)| (`ember.sparse.thresholds`,
   // empty when absent). See docs/sparse_formats.md.
   float predictor_threshold = 0.0f;
+  // Per-layer predictor score thresholds (`ember.predictor.thresholds`, f32 [n_layer]); when
+  // present they replace predictor_threshold layer by layer. Empty when absent.
+  std::vector<float> predictor_thresholds;
   std::vector<float> gate_thresholds;
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).

@@ -62,6 +62,11 @@ struct TensorSpec {
   float value = 0;    // set_col: the value; gate_bias: s0 / A; probit_all, fc2_unit: the scale
   // gate_bias, fc2_unit: per-row (probit_all: per-element) probit of the firing probability
   std::shared_ptr<const std::vector<float>> z = nullptr;
+  // Predictable gate (SynthOptions::gate_rank): rows are basis_rank x ne0 shared directions;
+  // each row is a random combination of them plus `noise` (fraction of variance) of its own.
+  std::shared_ptr<const std::vector<float>> basis = nullptr;
+  int64_t basis_rank = 0;
+  float noise = 0.0f;
 };
 
 // ---- activation profile ------------------------------------------------------------------------
@@ -161,7 +166,19 @@ std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& po
     buf.resize(t.ne0);
     for (int64_t r = begin; r < end; ++r) {
       SplitMix64 rng{mix64(tensor_seed + static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ULL)};
-      for (int64_t k = 0; k < t.ne0; ++k) buf[k] = t.mean + t.std * rng.normal();
+      if (t.basis) {
+        // Unit-variance elements: sqrt(1 - noise) sum_r c_r b_r / sqrt(R) + sqrt(noise) e.
+        const float a = std::sqrt((1.0f - t.noise) / static_cast<float>(t.basis_rank)), e = std::sqrt(t.noise);
+        std::fill(buf.begin(), buf.end(), 0.0f);
+        for (int64_t q = 0; q < t.basis_rank; ++q) {
+          const float c = a * rng.normal();
+          const float* b = t.basis->data() + q * t.ne0;
+          for (int64_t k = 0; k < t.ne0; ++k) buf[k] += c * b[k];
+        }
+        for (int64_t k = 0; k < t.ne0; ++k) buf[k] = t.mean + t.std * (buf[k] + e * rng.normal());
+      } else {
+        for (int64_t k = 0; k < t.ne0; ++k) buf[k] = t.mean + t.std * rng.normal();
+      }
       switch (t.edit) {
         case Edit::none: break;
         case Edit::set_col: buf[t.col] = t.value; break;
@@ -313,6 +330,12 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
     v.push_back({p + "attn_k_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
     v.push_back({p + "post_attention_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
     v.push_back({p + "post_ffw_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
+  }
+  if (o.gate_rank > 0) {  // the gate (index 6) from shared directions
+    auto basis = std::make_shared<std::vector<float>>(static_cast<size_t>(o.gate_rank * o.n_embd));
+    SplitMix64 rng{mix64(o.seed) ^ fnv1a("ember.synth.gate_basis") ^ mix64(static_cast<uint64_t>(il) + 1)};
+    for (float& b : *basis) b = rng.normal();
+    v[6].basis = basis, v[6].basis_rank = o.gate_rank, v[6].noise = o.gate_noise;
   }
   if (profile_on(o)) {  // edits the nine llama tensors above (indices 0-8)
     const int64_t c = o.n_embd - 1;
@@ -503,6 +526,10 @@ void validate(const SynthOptions& o) {
               "synth: an activation profile (sparsity {}) needs --act relu", o.sparsity);
   EMBER_CHECK(std::isfinite(o.zipf) && o.zipf >= 0.0f && o.zipf <= 4.0f, "synth: zipf exponent must be 0 to 4, got {}",
               o.zipf);
+  EMBER_CHECK(o.gate_rank >= 0 && o.gate_rank <= o.n_embd, "synth: gate rank must be 0 (off) to n_embd ({}), got {}",
+              o.n_embd, o.gate_rank);
+  EMBER_CHECK(std::isfinite(o.gate_noise) && o.gate_noise >= 0.0f && o.gate_noise <= 1.0f,
+              "synth: gate noise must be between 0 and 1, got {}", o.gate_noise);
   EMBER_CHECK(o.n_threads >= 0 && o.n_threads <= 1024, "synth: thread count must be 0 to 1024, got {}", o.n_threads);
 }
 
@@ -614,6 +641,10 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
     w.set("ember.synth.sparsity", Value::f32(o.sparsity));
     w.set("ember.synth.zipf", Value::f32(o.zipf));
     if (a != "opt") w.set("ember.synth.bias_channel", Value::u32(static_cast<uint32_t>(o.n_embd - 1)));
+  }
+  if (o.gate_rank > 0) {
+    w.set("ember.synth.gate_rank", Value::u32(static_cast<uint32_t>(o.gate_rank)));
+    w.set("ember.synth.gate_noise", Value::f32(o.gate_noise));
   }
 
   SynthVocab vocab = synth_vocab(o.n_vocab);

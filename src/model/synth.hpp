@@ -57,6 +57,14 @@ struct SynthOptions {
   bool powerinfer = false;
   int64_t predictor_rank = 0;       // 0: n_embd / 8 rounded up to a multiple of 32
   float predictor_threshold = 0.0f;  // powerinfer.sparse_threshold
+  // Predictable firing (0 = off): every gate row of a layer is a random combination of
+  // gate_rank directions shared by the layer, plus independent noise making up a fraction
+  // gate_noise of its variance. Whether a neuron fires then depends on x mostly through gate_rank
+  // projections, which a predictor MLP of rank about 2 gate_rank can learn (as in real ReLU
+  // models); with a fully random gate no low-rank predictor can. The bias channel of the
+  // activation profile is set on top, so the firing probabilities stay as above.
+  int64_t gate_rank = 0;
+  float gate_noise = 0.1f;
 };
 
 // The predictor rank synth writes for `opts` (predictor_rank, or its default).

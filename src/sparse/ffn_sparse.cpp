@@ -9,20 +9,51 @@
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/vec.hpp"
+#include "sparse/predictor.hpp"
 
 namespace ember {
+namespace {
+
+// g [n][cols] holds act(gate) of the neurons ids[0..cols) (ids null: 0..cols). Keeps the
+// columns that fire (|v| > thr) for at least one token, moved in place to the front of each row
+// with the silent entries zeroed; writes their neuron ids to `active` and returns their count.
+// `fired` counts the firing (token, neuron) pairs. Column i is read before any column < i is
+// written, so the in-place move is safe.
+int64_t keep_firing(float* g, int64_t n, int64_t cols, const int32_t* ids, float thr, int32_t* active,
+                    uint64_t& fired) {
+  int64_t na = 0;
+  for (int64_t i = 0; i < cols; ++i) {
+    bool any = false;
+    for (int64_t t = 0; t < n; ++t) {
+      float v = g[t * cols + i];
+      if (std::fabs(v) > thr) {
+        any = true;
+        ++fired;
+      } else {
+        v = 0.0f;
+      }
+      g[t * cols + na] = v;
+    }
+    if (any) active[na++] = ids ? ids[i] : static_cast<int32_t>(i);
+  }
+  return na;
+}
+
+}  // namespace
 
 FfnMode parse_ffn_mode(const std::string& s) {
   if (s == "dense") return FfnMode::dense;
   if (s == "oracle") return FfnMode::oracle;
   if (s == "threshold") return FfnMode::threshold;
-  fail("unknown sparse mode '{}' (expected dense, oracle or threshold)", s);
+  if (s == "predictor") return FfnMode::predictor;
+  fail("unknown sparse mode '{}' (expected dense, oracle, threshold or predictor)", s);
 }
 
 const char* ffn_mode_name(FfnMode m) {
   switch (m) {
     case FfnMode::oracle: return "oracle";
     case FfnMode::threshold: return "threshold";
+    case FfnMode::predictor: return "predictor";
     default: return "dense";
   }
 }
@@ -53,6 +84,9 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
     for (float t : opts.layer_thresholds)
       EMBER_CHECK(std::isfinite(t) && t >= 0.0f, "per-layer threshold {} is not a finite value >= 0", t);
   }
+  EMBER_CHECK(opts.mode != FfnMode::predictor || has_predictors(model),
+              "sparse mode predictor needs a predictor for every layer: pass --predictor FILE (made by "
+              "`ember train-predictor`) or a sparse-ready model with fc1/fc2 tensors");
   Timer timer;
   down_nm_.reserve(model.layers.size());
   for (const LayerWeights& L : model.layers) {
@@ -69,6 +103,18 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   axpy_scratch_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, batch, pool.size(), opts.split));
   stats_.neurons.assign(model.layers.size(), 0);
   stats_.active.assign(model.layers.size(), 0);
+  stats_.predicted.assign(model.layers.size(), 0);
+  if (opts.mode == FfnMode::predictor) {
+    predicted_.resize(static_cast<size_t>(hp.n_ff));
+    int64_t max_rank = 1;
+    size_t mm = 64;
+    for (const LayerWeights& L : model.layers) {
+      max_rank = std::max(max_rank, L.ffn.fc1.rows());
+      mm = std::max(mm, predictor_mm_scratch_bytes(L.ffn.fc1, L.ffn.fc2, batch));
+    }
+    pred_scratch_.resize(predictor_scratch_floats(max_rank, hp.n_ff, batch));
+    pred_mm_scratch_.resize(mm);
+  }
   log_info("sparse FFN: mode {}, threshold {}, neuron-major down copies ({} from {}) {:.1f} MiB extra, built in {:.2f} s",
            ffn_mode_name(opts.mode),
            opts.mode == FfnMode::threshold ? std::string("per layer") : fmt::format("{}", opts.threshold),
@@ -85,12 +131,34 @@ size_t SparseFfn::neuron_major_bytes() const {
 }
 
 size_t SparseFfn::bytes() const {
-  return neuron_major_bytes() + active_.size() * sizeof(int32_t) + axpy_scratch_.size() * sizeof(float);
+  return neuron_major_bytes() + (active_.size() + predicted_.size()) * sizeof(int32_t) +
+         (axpy_scratch_.size() + pred_scratch_.size()) * sizeof(float) + pred_mm_scratch_.size();
+}
+
+double SparseFfn::weight_bytes_per_token() const {
+  const int64_t n_ff = model_.hp.n_ff;
+  double total = static_cast<double>(model_.weight_bytes_per_token()), seen = 0;
+  for (size_t l = 0; l < model_.layers.size(); ++l) {
+    const FfnWeights& w = model_.layers[l].ffn;
+    const double tokens = static_cast<double>(stats_.neurons[l]) / static_cast<double>(n_ff);
+    if (tokens <= 0) continue;
+    seen += tokens;
+    const double gate_rows =
+        opts_.mode == FfnMode::predictor ? static_cast<double>(stats_.predicted[l]) : static_cast<double>(stats_.neurons[l]);
+    const size_t down_bytes = w.down.valid() ? w.down.nbytes : w.down_t.nbytes;
+    total -= static_cast<double>(w.gate.nbytes + w.up.nbytes + down_bytes);
+    if (opts_.mode == FfnMode::predictor) total += static_cast<double>(w.fc1.nbytes + w.fc2.nbytes);
+    total += (gate_rows * static_cast<double>(w.gate.valid() ? w.gate.row_stride() : 0) +
+              static_cast<double>(stats_.active[l]) * static_cast<double>(w.up.row_stride() + down_nm_[l].view.row_stride())) /
+             tokens;
+  }
+  return seen > 0 ? total : 0.0;
 }
 
 void SparseFfn::reset_stats() {
   std::fill(stats_.neurons.begin(), stats_.neurons.end(), 0);
   std::fill(stats_.active.begin(), stats_.active.end(), 0);
+  std::fill(stats_.predicted.begin(), stats_.predicted.end(), 0);
   stats_.dense_tokens = 0;
 }
 
@@ -131,6 +199,7 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
     }
     // Other layouts (no gate, biases, only ffn_down_t) take the sparse path below.
   }
+  if (opts_.mode == FfnMode::predictor) return run_predicted(pool, layer, w, act, x, n, out, ws);
   // a = [n][n_ff]: the value that decides firing, zero where inactive: act(gate x), or for an
   // FFN without a gate (OPT) the neuron's whole value act(up x + up_b).
   const bool no_gate = w.gating == FfnGating::none;
@@ -173,6 +242,56 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
       if (w.gating == FfnGating::sym) cpu::activation_inplace(act, h, n * na);
       for (int64_t t = 0; t < n; ++t)
         for (int64_t i = 0; i < na; ++i) h[t * na + i] *= a[t * n_ff + active_[i]];
+    }
+    cpu::sparse_axpy(pool, down_nm, active_.data(), na, h, n, na, out, n_embd, axpy_scratch_.data(), opts_.split);
+  }
+  if (w.down_b.valid())
+    for (int64_t t = 0; t < n; ++t) cpu::add_f32(reinterpret_cast<const float*>(w.down_b.data), out + t * n_embd, n_embd);
+}
+
+void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
+                              const float* x, int64_t n, float* out, Workspace& ws) {
+  const float pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
+                                                         : model_.predictor_thresholds[static_cast<size_t>(layer)];
+  const int64_t np = predict_active(pool, w.fc1, w.fc2, pthr, x, n, pred_scratch_.data(), pred_mm_scratch_.data(),
+                                    predicted_.data());
+  // The deciding value for the predicted rows only: g[t][i] = act(gate row predicted[i] . x[t]),
+  // or for an FFN without a gate (OPT) act(up row . x[t] + up_b).
+  const bool no_gate = w.gating == FfnGating::none;
+  float* g = ws.gate.data();
+  cpu::gather_matmul(pool, no_gate ? w.up : w.gate, x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
+  if (no_gate && w.up_b.valid()) {
+    const float* b = reinterpret_cast<const float*>(w.up_b.data);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < np; ++i) g[t * np + i] += b[predicted_[i]];
+  }
+  cpu::activation_inplace(act, g, n * np);
+  // Keep the predicted neurons that fire for some token.
+  uint64_t n_active_tokens = 0;
+  const int64_t na = keep_firing(g, n, np, predicted_.data(), opts_.threshold, active_.data(), n_active_tokens);
+  stats_.neurons[layer] += static_cast<uint64_t>(n * down_nm_[layer].view.rows());
+  stats_.active[layer] += n_active_tokens;
+  stats_.predicted[layer] += static_cast<uint64_t>(n * np);
+  up_down(pool, layer, w, act, x, n, g, np, na, out, ws);
+}
+
+void SparseFfn::up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                        int64_t n, const float* g, int64_t g_stride, int64_t na, float* out, Workspace& ws) {
+  const TensorView& down_nm = down_nm_[layer].view;
+  const int64_t n_embd = down_nm.cols();
+  std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
+  if (na > 0) {
+    float* h = ws.up.data();
+    if (w.gating == FfnGating::none) {
+      // The neuron values are already known: H[t][i] = g[t][i].
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < na; ++i) h[t * na + i] = g[t * g_stride + i];
+    } else {
+      // up for the active rows, then H[t][i] = act(gate)[t][i] * up[t][i] (Bamboo: * act(up)).
+      cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, ws.mm_scratch.data());
+      if (w.gating == FfnGating::sym) cpu::activation_inplace(act, h, n * na);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < na; ++i) h[t * na + i] *= g[t * g_stride + i];
     }
     cpu::sparse_axpy(pool, down_nm, active_.data(), na, h, n, na, out, n_embd, axpy_scratch_.data(), opts_.split);
   }

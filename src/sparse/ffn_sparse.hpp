@@ -1,4 +1,4 @@
-// The neuron-sparse FFN executor on the CPU (PowerInfer's CPU path, without a predictor yet).
+// The neuron-sparse FFN executor on the CPU (PowerInfer's CPU path).
 //
 //   dense:  every neuron (dense_ffn), no executor installed.
 //   oracle: the gate is computed for all neurons; a neuron is active for a token when
@@ -11,6 +11,10 @@
 //   threshold: as oracle, with a calibrated threshold per layer on |act(gate)| (CATS / TEAL:
 //           training-free sparsity for SwiGLU/GeGLU models; sparse/threshold.hpp). Approximate:
 //           the dropped neurons' small contributions are lost.
+//   predictor: the layer's predictor (sparse/predictor.hpp, FfnWeights::fc1/fc2) names the
+//           neurons to compute; the gate is computed only for them (gather_matmul), then up and
+//           down only for the predicted neurons whose |act(gate)| > threshold. Exact for every
+//           neuron the predictor finds; a truly active neuron it misses is dropped.
 //
 // Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
 // token contributes an exact zero). Batches of kDenseBatch tokens or more run the dense kernels:
@@ -22,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned_buffer.hpp"
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
 #include "model/forward.hpp"
@@ -29,8 +34,8 @@
 
 namespace ember {
 
-enum class FfnMode { dense, oracle, threshold };
-FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle" | "threshold"
+enum class FfnMode { dense, oracle, threshold, predictor };
+FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle" | "threshold" | "predictor"
 const char* ffn_mode_name(FfnMode m);
 
 struct SparseFfnOptions {
@@ -46,6 +51,9 @@ struct SparseFfnOptions {
 // Counts over the tokens the sparse path evaluated (per layer and in total).
 struct FfnSparsityStats {
   std::vector<uint64_t> neurons, active;  // per layer: token-neurons seen, of which active
+  // predictor mode, per layer: token-neurons whose gate was computed (the batch's predicted set
+  // times its tokens); active counts only the computed ones that fired.
+  std::vector<uint64_t> predicted;
   uint64_t dense_tokens = 0;              // token-layers that took the dense path (long batches)
   double sparsity() const;                // fraction of inactive neurons, 0 when none seen
   double layer_sparsity(size_t layer) const;
@@ -56,6 +64,7 @@ class SparseFfn final : public FfnExecutor {
   static constexpr int64_t kDenseBatch = 16;
 
   // Builds the neuron-major copies of every layer's down matrix (threaded on `pool`).
+  // Predictor mode needs every layer's fc1/fc2 (attach_predictors or a sparse-ready file).
   SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOptions& opts, int64_t max_batch);
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
@@ -65,6 +74,12 @@ class SparseFfn final : public FfnExecutor {
   size_t neuron_major_bytes() const;  // the down copies (0 for layers that use the file's down_t)
   size_t bytes() const;               // everything the executor holds
   const FfnSparsityStats& stats() const { return stats_; }
+  // Weight bytes one token read on average over the sparse path so far (the stats): the model's
+  // non-FFN weights, plus per layer the predictor and the rows of gate (all rows in oracle
+  // mode, the predicted ones in predictor mode), up and the neuron-major down that were
+  // computed. Batches count each row once per token (an upper bound for them). 0 before any
+  // token ran the sparse path.
+  double weight_bytes_per_token() const;
   void reset_stats();
 
  private:
@@ -73,6 +88,18 @@ class SparseFfn final : public FfnExecutor {
   std::vector<cpu::NeuronMajorMatrix> down_nm_;  // per layer
   std::vector<int32_t> active_;
   std::vector<float> axpy_scratch_;
+  // predictor mode: the predicted neurons, the predictor's scores and hidden rows, and the
+  // scratch of its matmuls.
+  std::vector<int32_t> predicted_;
+  AlignedBuffer<float> pred_scratch_;
+  AlignedBuffer<uint8_t> pred_mm_scratch_;
+
+  void run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                     int64_t n, float* out, Workspace& ws);
+  // up for active_[0..na), times the activated gate g[t * g_stride + i], then down into out.
+  // (Bamboo: times act(up); an FFN without a gate: H = g), plus down's bias.
+  void up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
+               const float* g, int64_t g_stride, int64_t na, float* out, Workspace& ws);
   FfnSparsityStats stats_;
 };
 

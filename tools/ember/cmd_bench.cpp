@@ -123,6 +123,13 @@ void run_bench(const BenchFlags& f) {
     out["sparse_extra_bytes"] = sp->bytes();
     std::printf("FFN sparsity (%s): %.1f%% of neurons inactive; neuron-major down copies %.1f MiB\n",
                 f.engine.sparse_mode.c_str(), 100.0 * sp->stats().sparsity(), sp->neuron_major_bytes() / 1048576.0);
+    // Decode reads only the rows it computes: the bytes the sparse path really streams.
+    const double sparse_bytes = sp->weight_bytes_per_token();
+    if (!tg.empty() && sparse_bytes > 0) {
+      out["sparse_weight_bytes_per_token"] = sparse_bytes;
+      std::printf("sparse path reads %.1f MB of weights per token (dense %.1f MB): %.2f GB/s\n", sparse_bytes / 1e6,
+                  bytes_per_token / 1e6, stats_of(tg).median * sparse_bytes / 1e9);
+    }
     log_ffn_sparsity(session);
   }
   out["peak_rss_bytes"] = peak_rss_bytes();

@@ -33,6 +33,8 @@ struct SynthArgs {
   int64_t predictor_rank = 0;
   float predictor_threshold = 0.0f;
   CLI::Option* o_act = nullptr;
+  int64_t gate_rank = 0;
+  float gate_noise = 0.1f;
   // Which flags were given (they override the preset).
   std::vector<std::pair<CLI::Option*, int64_t*>> dims;
   CLI::Option *o_tied = nullptr, *o_rope = nullptr;
@@ -62,6 +64,8 @@ void run_synth(const SynthArgs& a) {
   o.powerinfer = a.powerinfer;
   o.predictor_rank = a.predictor_rank;
   o.predictor_threshold = a.predictor_threshold;
+  o.gate_rank = a.gate_rank;
+  o.gate_noise = a.gate_noise;
   validate(o);
   // Fail before minutes of generation, not after.
   auto dir = std::filesystem::absolute(a.out).parent_path();
@@ -129,6 +133,11 @@ void add_synth(CLI::App& app) {
                   "ReLU activation profile: mean fraction of inactive FFN neurons on random inputs (0: off)")
       ->capture_default_str();
   cmd->add_option("--zipf", a->zipf, "Power-law exponent of the per-neuron firing probabilities")->capture_default_str();
+  cmd->add_option("--gate-rank", a->gate_rank,
+                  "Predictable firing: gate rows from this many shared directions per layer (0: fully random)")
+      ->capture_default_str();
+  cmd->add_option("--gate-noise", a->gate_noise, "With --gate-rank: fraction of each gate row's variance that is noise")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Threads (0: all)")->capture_default_str();
   cmd->callback([a] { run_synth(*a); });
 }

@@ -13,5 +13,6 @@ void add_perplexity(CLI::App& app);
 void add_profile(CLI::App& app);
 void add_prepare(CLI::App& app);
 void add_plan(CLI::App& app);
+void add_train_predictor(CLI::App& app);
 
 }  // namespace ember::cli

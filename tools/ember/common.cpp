@@ -7,6 +7,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "sparse/threshold.hpp"
+#include "sparse/predictor.hpp"
 
 namespace ember::cli {
 
@@ -19,8 +20,9 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_flag("-v,--verbose", verbose, "more log output");
   app->add_option("--sparse-mode", sparse_mode,
                   "FFN: dense, oracle (gate for all neurons, up and down only for the active ones), or "
-                  "threshold (as oracle with calibrated per-layer thresholds: --sparse-profile, or the model's)")
-      ->check(CLI::IsMember({"dense", "oracle", "threshold"}))
+                  "threshold (as oracle with calibrated per-layer thresholds: --sparse-profile, or the model's), or "
+                  "predictor (gate, up and down only for the neurons the predictor names)")
+      ->check(CLI::IsMember({"dense", "oracle", "threshold", "predictor"}))
       ->capture_default_str();
   app->add_option("--sparse-threshold", sparse_threshold, "oracle: a neuron is active when |act(gate)| > this")
       ->check(CLI::Range(0.0f, 1e30f));
@@ -37,6 +39,13 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("--hybrid-device", hybrid_device, "hybrid: auto (CUDA if built and present), cuda, or cpu (stand-in)")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
+  app->add_option("--predictor", predictor_path, "predictor GGUF (ember train-predictor) for --sparse-mode predictor")
+      ->check(CLI::ExistingFile);
+  app->add_option("--sparse-down", sparse_down,
+                  "sparse modes: type of the neuron-major copy of down: exact (quantized types become Q8_0), "
+                  "same (the type of down: fewer bytes, rounded twice), f16 or f32")
+      ->check(CLI::IsMember({"exact", "same", "f16", "f32"}))
+      ->capture_default_str();
 }
 
 SessionParams EngineFlags::session_params() const {
@@ -52,6 +61,10 @@ SessionParams EngineFlags::session_params() const {
   EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_budget > 0, "--vram-budget must be more than 0 bytes");
   p.hybrid.plan_path = plan_path;
   p.hybrid.device_kind = hybrid_device;
+  p.sparse.down_type = sparse_down == "same"  ? cpu::NeuronMajorType::same
+                       : sparse_down == "f16" ? cpu::NeuronMajorType::f16
+                       : sparse_down == "f32" ? cpu::NeuronMajorType::f32
+                                              : cpu::NeuronMajorType::exact;
   return p;
 }
 
@@ -59,6 +72,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   if (flags.verbose) set_log_level(LogLevel::debug);
   Timer timer;
   auto model = load_model(flags.model_path);
+  if (!flags.predictor_path.empty()) attach_predictors(*model, flags.predictor_path);
   if (load_seconds) *load_seconds = timer.seconds();
   const Hparams& hp = model->hp;
   log_info("model: {} ({}), {} layers, n_embd {}, n_ff {}, heads {}/{} (KV), vocab {}, {:.1f} MiB", flags.model_path,
@@ -83,6 +97,11 @@ void log_ffn_sparsity(Session& session) {
   log_info("FFN sparsity ({}): {:.1f}% of neurons inactive over {} token-neurons{}", ffn_mode_name(sp->options().mode),
            100.0 * st.sparsity(), seen,
            st.dense_tokens ? fmt::format(" ({} token-layers of long batches ran on the dense kernels)", st.dense_tokens) : "");
+  uint64_t predicted = 0;
+  for (uint64_t v : st.predicted) predicted += v;
+  if (predicted > 0)
+    log_info("predictor: gate computed for {:.1f}% of neurons (predicted), {:.1f}% of those fired",
+             seen ? 100.0 * predicted / seen : 0.0, 100.0 * (1.0 - st.sparsity()) * seen / predicted);
   std::string per_layer;
   for (size_t l = 0; l < st.neurons.size(); ++l) per_layer += fmt::format(" {:.3f}", st.layer_sparsity(l));
   log_debug("FFN sparsity per layer:{}", per_layer);

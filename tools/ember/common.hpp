@@ -22,6 +22,8 @@ struct EngineFlags {
   std::string vram_budget;  // hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp)
   std::string plan_path;
   std::string hybrid_device = "auto";
+  std::string predictor_path;  // --predictor: attached to the model at load
+  std::string sparse_down = "exact";  // type of the neuron-major down copy (cpu::NeuronMajorType)
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   ember::cli::add_profile(app);
   ember::cli::add_prepare(app);
   ember::cli::add_plan(app);
+  ember::cli::add_train_predictor(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,490 @@
+#include "sparse/predictor_train.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "core/aligned_buffer.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "gguf/writer.hpp"
+#include "model/ffn.hpp"
+#include "model/forward.hpp"
+#include "model/kv_cache.hpp"
+#include "ops/cpu/activation.hpp"
+#include "ops/cpu/matmul.hpp"
+#include "tensor/fp16.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember {
+
+void LayerSamples::add_token(const float* x_row, const int32_t* ids, const float* masses, int64_t count) {
+  if (offsets.empty()) offsets.push_back(0);
+  x.insert(x.end(), x_row, x_row + n_embd);
+  idx.insert(idx.end(), ids, ids + count);
+  mass.insert(mass.end(), masses, masses + count);
+  offsets.push_back(static_cast<uint32_t>(idx.size()));
+  ++n;
+}
+
+// ---- sample collection -------------------------------------------------------------------------
+
+namespace {
+
+// The dense FFN, recording the kept tokens' inputs and firing neurons on the way.
+class RecordingFfn final : public FfnExecutor {
+ public:
+  RecordingFfn(std::vector<LayerSamples>& out, float threshold, int64_t n_ff)
+      : out_(out), threshold_(threshold), ids_(n_ff), masses_(n_ff) {}
+  const std::vector<char>* keep = nullptr;  // per token of the current batch
+
+  void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
+           float* out, Workspace& ws) override {
+    const int64_t n_ff = w.gate.rows(), n_embd = w.gate.cols();
+    float* g = ws.gate.data();
+    float* u = ws.up.data();
+    cpu::matmul(pool, w.gate, x, n, g, ws.mm_scratch.data());
+    cpu::matmul(pool, w.up, x, n, u, ws.mm_scratch.data());
+    cpu::activation_inplace(act, g, n * n_ff);
+    for (int64_t t = 0; t < n; ++t) {
+      float* gt = g + t * n_ff;
+      const float* ut = u + t * n_ff;
+      int64_t c = 0;
+      for (int64_t j = 0; j < n_ff; ++j) {
+        const bool fires = std::fabs(gt[j]) > threshold_;
+        gt[j] = fires ? gt[j] * ut[j] : 0.0f;  // the threshold applies in the forward too
+        if (fires && (*keep)[t]) ids_[c] = static_cast<int32_t>(j), masses_[c++] = std::fabs(gt[j]);
+      }
+      if ((*keep)[t]) out_[layer].add_token(x + t * n_embd, ids_.data(), masses_.data(), c);
+    }
+    cpu::matmul(pool, w.down, g, n, out, ws.mm_scratch.data());
+  }
+
+ private:
+  std::vector<LayerSamples>& out_;
+  float threshold_;
+  std::vector<int32_t> ids_;
+  std::vector<float> masses_;
+};
+
+}  // namespace
+
+std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
+                                              const SampleOptions& o, const TrainProgress& progress) {
+  const Hparams& hp = model.hp;
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  EMBER_CHECK(total >= 20, "train-predictor: {} tokens are too few to train on (give at least 20, better thousands)",
+              total);
+  EMBER_CHECK(o.max_tokens >= 20, "train-predictor: keep at least 20 sample tokens, got {}", o.max_tokens);
+  const int64_t n_ctx = std::min(o.n_ctx, hp.n_ctx_train);
+  const int64_t batch = std::max<int64_t>(1, std::min(o.batch, n_ctx));
+  std::vector<LayerSamples> out(hp.n_layer);
+  const int64_t kept = std::min(total, o.max_tokens);
+  for (auto& s : out) {
+    s.n_embd = hp.n_embd, s.n_ff = hp.n_ff;
+    s.x.reserve(static_cast<size_t>(kept * hp.n_embd));
+    s.offsets.reserve(static_cast<size_t>(kept + 1));
+  }
+  // Keep token i when floor(i * kept / total) steps: an even spread over the whole text.
+  std::vector<char> keep_all(static_cast<size_t>(total), 0);
+  for (int64_t i = 0; i < total; ++i) keep_all[i] = (i * kept / total) != ((i + 1) * kept / total);
+
+  KvCache kv;
+  kv.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
+  Workspace ws;
+  ws.init(model, batch, n_ctx, pool.size());
+  RecordingFfn rec(out, o.threshold, hp.n_ff);
+  ws.ffn = &rec;
+  std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
+  std::vector<char> keep(static_cast<size_t>(batch));
+  rec.keep = &keep;
+  int64_t done = 0, last_report = 0;
+  while (done < total) {
+    const int64_t seq = std::min(n_ctx, total - done);
+    for (int64_t p = 0; p < seq;) {
+      const int64_t nb = std::min(batch, seq - p);
+      std::copy(keep_all.begin() + done + p, keep_all.begin() + done + p + nb, keep.begin());
+      forward(model, pool, kv, ws, tokens.data() + done + p, nb, p, logits.data(), false);
+      p += nb;
+    }
+    done += seq;
+    if (progress && (done - last_report >= total / 10 || done == total)) {
+      progress(fmt::format("ran {}/{} tokens, {} kept", done, total, out.empty() ? 0 : out[0].n));
+      last_report = done;
+    }
+  }
+  return out;
+}
+
+// ---- training ----------------------------------------------------------------------------------
+
+namespace {
+
+TensorView f32_view(const float* data, int64_t rows, int64_t cols) {
+  TensorView v;
+  v.type = DType::F32;
+  v.n_dims = 2;
+  v.ne[0] = cols;
+  v.ne[1] = rows;
+  v.data = reinterpret_cast<const uint8_t*>(data);
+  v.nbytes = static_cast<size_t>(rows * cols) * sizeof(float);
+  return v;
+}
+
+// Y[t][r] = sum_i W[r][i] X[t][i] with float W [rows x k], X [n x k].
+void gemm(ThreadPool& pool, const float* W, int64_t rows, int64_t k, const float* X, int64_t n, float* Y) {
+  cpu::matmul(pool, f32_view(W, rows, k), X, n, Y, nullptr);
+}
+
+// dst[c][r] = src[r][c] for src [rows x cols].
+void transpose(ThreadPool& pool, const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kB = 32;
+  const int64_t rb = (rows + kB - 1) / kB;
+  pool.parallel_for(rb, 1, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t c0 = 0; c0 < cols; c0 += kB)
+        for (int64_t r = b * kB; r < std::min(rows, (b + 1) * kB); ++r)
+          for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c) dst[c * rows + r] = src[r * cols + c];
+  });
+}
+
+struct Adam {
+  std::vector<float> m, v;
+  int64_t step = 0;
+  explicit Adam(size_t n) : m(n, 0.0f), v(n, 0.0f) {}
+  void update(ThreadPool& pool, float* w, const float* g, size_t n, float lr) {
+    ++step;
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(step)));
+    const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(step)));
+    pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        m[i] = b1 * m[i] + (1 - b1) * g[i];
+        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        w[i] -= lr * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps);
+      }
+    });
+  }
+};
+
+float round_to(DType t, float v) {
+  if (t == DType::F16) return fp16_to_fp32(fp32_to_fp16(v));
+  return v;
+}
+
+inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+inline double softplus(float z) { return std::max(z, 0.0f) + std::log1p(std::exp(-std::fabs(z))); }
+
+size_t stored_bytes(DType t, int64_t n) { return static_cast<size_t>(n) * (t == DType::F16 ? 2 : 4); }
+
+// Scores of tokens [t0, t1) into S [(t1 - t0) x n_ff]; H is scratch [(t1 - t0) x rank].
+void forward_scores(ThreadPool& pool, const LayerPredictor& p, const LayerSamples& s, int64_t t0, int64_t t1, float* H,
+                    float* S) {
+  const int64_t n = t1 - t0;
+  gemm(pool, p.fc1.data(), p.rank, p.n_embd, s.x.data() + t0 * s.n_embd, n, H);
+  for (int64_t i = 0; i < n * p.rank; ++i) H[i] = std::max(H[i], 0.0f);
+  gemm(pool, p.fc2.data(), p.n_ff, p.rank, H, n, S);
+}
+
+// Orthonormalizes the rows of Q [r x d] in place (modified Gram-Schmidt, in double); a row that
+// falls (numerically) into the span of the previous ones is replaced by a unit vector.
+void orthonormalize_rows(float* Q, int64_t r, int64_t d) {
+  for (int64_t a = 0; a < r; ++a) {
+    float* qa = Q + a * d;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t b = 0; b < a; ++b) {
+        const float* qb = Q + b * d;
+        double dot = 0;
+        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(qa[i]) * qb[i];
+        for (int64_t i = 0; i < d; ++i) qa[i] -= static_cast<float>(dot) * qb[i];
+      }
+    double nrm = 0;
+    for (int64_t i = 0; i < d; ++i) nrm += static_cast<double>(qa[i]) * qa[i];
+    if (nrm < 1e-20) {
+      std::fill(qa, qa + d, 0.0f);
+      qa[a % d] = 1.0f;
+      --a;  // re-orthogonalize the replacement
+      continue;
+    }
+    const float inv = static_cast<float>(1.0 / std::sqrt(nrm));
+    for (int64_t i = 0; i < d; ++i) qa[i] *= inv;
+  }
+}
+
+}  // namespace
+
+void gate_subspace_init(ThreadPool& pool, const TensorView& gate, int64_t rank, uint64_t seed, std::vector<float>& fc1,
+                        std::vector<float>& fc2) {
+  const int64_t d = gate.cols(), nf = gate.rows(), h = std::max<int64_t>(1, rank / 2);
+  EMBER_CHECK(rank >= 2 && rank % 2 == 0 && h <= d, "gate initialization needs an even rank <= 2 n_embd, got {}", rank);
+  // G as floats, and its transpose.
+  std::vector<float> G(static_cast<size_t>(nf * d)), GT(static_cast<size_t>(nf * d));
+  pool.parallel_for(nf, 64, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) dequantize_row(gate.type, gate.row(r), &G[r * d], d);
+  });
+  transpose(pool, G.data(), nf, d, GT.data());
+  std::vector<float> QT(static_cast<size_t>(h * d)), Y(static_cast<size_t>(h * nf));
+  std::mt19937_64 rng(seed ^ 0x5eedULL);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& v : QT) v = nd(rng);
+  orthonormalize_rows(QT.data(), h, d);
+  for (int it = 0; it < 4; ++it) {  // Q <- orth(G^T G Q)
+    gemm(pool, G.data(), nf, d, QT.data(), h, Y.data());   // Y = (G Q)^T  [h x nf]
+    gemm(pool, GT.data(), d, nf, Y.data(), h, QT.data());  // (G^T G Q)^T  [h x d]
+    orthonormalize_rows(QT.data(), h, d);
+  }
+  gemm(pool, G.data(), nf, d, QT.data(), h, Y.data());
+  fc1.assign(static_cast<size_t>(rank * d), 0.0f);
+  fc2.assign(static_cast<size_t>(nf * rank), 0.0f);
+  for (int64_t q = 0; q < h; ++q)
+    for (int64_t i = 0; i < d; ++i) fc1[q * d + i] = QT[q * d + i], fc1[(q + h) * d + i] = -QT[q * d + i];
+  for (int64_t j = 0; j < nf; ++j)
+    for (int64_t q = 0; q < h; ++q) fc2[j * rank + q] = Y[q * nf + j], fc2[j * rank + q + h] = -Y[q * nf + j];
+}
+
+LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o) {
+  EMBER_CHECK(rank >= 1, "predictor rank must be positive, got {}", rank);
+  EMBER_CHECK(o.type == DType::F16 || o.type == DType::F32, "predictor weights must be F16 or F32, got {}",
+              dtype_name(o.type));
+  const int64_t d = s.n_embd, nf = s.n_ff;
+  const int64_t n_hold = std::max<int64_t>(2, static_cast<int64_t>(std::llround(o.holdout * s.n)));
+  const int64_t n_train = s.n - n_hold;
+  EMBER_CHECK(n_train >= 8, "train-predictor: {} sample tokens leave too few for training", s.n);
+  const int64_t n_cal = n_hold / 2;  // tokens [n_train, n_train + n_cal) calibrate the threshold
+  LayerPredictor p;
+  p.rank = rank, p.n_embd = d, p.n_ff = nf;
+  p.fc1.resize(static_cast<size_t>(rank * d));
+  p.fc2.resize(static_cast<size_t>(nf * rank));
+  std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(rank));
+  if (o.init_gate.valid() && rank % 2 == 0 && rank / 2 <= d) {
+    gate_subspace_init(pool, o.init_gate, rank, o.seed, p.fc1, p.fc2);
+  } else {
+    std::normal_distribution<float> n1(0.0f, 1.0f / std::sqrt(static_cast<float>(d)));
+    for (float& w : p.fc1) w = n1(rng);
+    std::normal_distribution<float> n2(0.0f, 1.0f / std::sqrt(static_cast<float>(rank)));
+    for (float& w : p.fc2) w = n2(rng);
+  }
+  // Mean mass of the training positives normalizes the weights.
+  double mass_sum = 0;
+  const size_t pos_end = s.offsets[static_cast<size_t>(n_train)];
+  for (size_t i = 0; i < pos_end; ++i) mass_sum += s.mass[i];
+  const float inv_mean = pos_end > 0 && mass_sum > 0 ? static_cast<float>(pos_end / mass_sum) : 1.0f;
+
+  const int64_t B = std::min(o.batch, n_train);
+  AlignedBuffer<float> X(static_cast<size_t>(B * d)), Z(static_cast<size_t>(B * rank)), H(static_cast<size_t>(B * rank)),
+      S(static_cast<size_t>(B * nf)), ST(static_cast<size_t>(B * nf)), HT(static_cast<size_t>(B * rank)),
+      XT(static_cast<size_t>(B * d)), W2T(static_cast<size_t>(nf * rank)), dH(static_cast<size_t>(B * rank)),
+      dZT(static_cast<size_t>(B * rank)), g1(static_cast<size_t>(rank * d)), g2(static_cast<size_t>(nf * rank));
+  Adam adam1(p.fc1.size()), adam2(p.fc2.size());
+  std::vector<int64_t> order(static_cast<size_t>(n_train));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::vector<double> loss_part(static_cast<size_t>(pool.size()));
+  std::vector<float> firing(static_cast<size_t>(pool.size() * nf), std::numeric_limits<float>::quiet_NaN());
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    std::shuffle(order.begin(), order.end(), rng);
+    double loss = 0;
+    for (int64_t b0 = 0; b0 + B <= n_train; b0 += B) {  // whole batches (the tail is next epoch's)
+      for (int64_t t = 0; t < B; ++t)
+        std::memcpy(&X[t * d], s.x.data() + order[b0 + t] * d, sizeof(float) * static_cast<size_t>(d));
+      gemm(pool, p.fc1.data(), rank, d, X.data(), B, Z.data());
+      for (int64_t i = 0; i < B * rank; ++i) H[i] = std::max(Z[i], 0.0f);
+      gemm(pool, p.fc2.data(), nf, rank, H.data(), B, S.data());
+      // dL/dS: silent (t, j): sigmoid(s); firing: w (sigmoid(s) - 1), w = pos_weight * mass / mean.
+      // Loss and gradient are means over the batch's tokens.
+      const float inv_b = 1.0f / static_cast<float>(B);
+      std::fill(loss_part.begin(), loss_part.end(), 0.0);
+      pool.parallel_for(B, 1, [&](int64_t t0, int64_t t1, int ith) {
+        double l = 0;
+        float* fired = &firing[static_cast<size_t>(ith) * nf];  // gradient of the firing entries, NaN elsewhere
+        for (int64_t t = t0; t < t1; ++t) {
+          float* st = &S[t * nf];
+          const int64_t tok = order[b0 + t];
+          for (uint32_t e = s.offsets[tok]; e < s.offsets[tok + 1]; ++e) {
+            const float z = st[s.idx[e]];
+            const float w = o.pos_weight * s.mass[e] * inv_mean;
+            l += w * softplus(-z);  // -w log sigmoid(z)
+            fired[s.idx[e]] = w * (sigmoid(z) - 1.0f) * inv_b;
+          }
+          for (int64_t j = 0; j < nf; ++j) {
+            if (!std::isnan(fired[j])) {
+              st[j] = fired[j];
+              fired[j] = std::numeric_limits<float>::quiet_NaN();
+              continue;
+            }
+            l += softplus(st[j]);  // -log(1 - sigmoid(z))
+            st[j] = sigmoid(st[j]) * inv_b;
+          }
+        }
+        loss_part[ith] += l;
+      });
+      for (double l : loss_part) loss += l;
+      // fc2 gradient: g2[j][q] = sum_t dS[t][j] H[t][q]; fc1's through dH = dS fc2.
+      transpose(pool, S.data(), B, nf, ST.data());
+      transpose(pool, H.data(), B, rank, HT.data());
+      gemm(pool, HT.data(), rank, B, ST.data(), nf, g2.data());
+      transpose(pool, p.fc2.data(), nf, rank, W2T.data());
+      gemm(pool, W2T.data(), rank, nf, S.data(), B, dH.data());
+      for (int64_t i = 0; i < B * rank; ++i) dH[i] = Z[i] > 0.0f ? dH[i] : 0.0f;
+      transpose(pool, dH.data(), B, rank, dZT.data());
+      transpose(pool, X.data(), B, d, XT.data());
+      gemm(pool, XT.data(), d, B, dZT.data(), rank, g1.data());
+      adam1.update(pool, p.fc1.data(), g1.data(), p.fc1.size(), o.lr);
+      adam2.update(pool, p.fc2.data(), g2.data(), p.fc2.size(), o.lr);
+    }
+    p.train_loss = loss / static_cast<double>(std::max<int64_t>(1, n_train / B * B));
+  }
+  for (float& w : p.fc1) w = round_to(o.type, w);
+  for (float& w : p.fc2) w = round_to(o.type, w);
+  p.bytes = stored_bytes(o.type, rank * (d + nf));
+
+  // Held-out scores (calibration half, then evaluation half).
+  const int64_t n_eval = n_hold - n_cal;
+  AlignedBuffer<float> HS(static_cast<size_t>(n_hold * rank)), SS(static_cast<size_t>(n_hold * nf));
+  forward_scores(pool, p, s, n_train, s.n, HS.data(), SS.data());
+  // Threshold: the largest score at which the calibration tokens' firing neurons keep >= recall
+  // of their mass.
+  std::vector<std::pair<float, float>> pos;  // (score, mass)
+  double cal_mass = 0;
+  for (int64_t t = 0; t < n_cal; ++t) {
+    const int64_t tok = n_train + t;
+    for (uint32_t e = s.offsets[tok]; e < s.offsets[tok + 1]; ++e) {
+      pos.push_back({SS[t * nf + s.idx[e]], s.mass[e]});
+      cal_mass += s.mass[e];
+    }
+  }
+  std::sort(pos.begin(), pos.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  p.threshold = pos.empty() ? 0.0f : pos.back().first;
+  double acc = 0;
+  for (const auto& [score, m] : pos) {
+    acc += m;
+    if (acc >= o.recall * cal_mass) {
+      p.threshold = score;
+      break;
+    }
+  }
+  // Evaluation half.
+  double m_tot = 0, m_hit = 0;
+  uint64_t n_pos = 0, n_hit = 0, n_pred = 0;
+  for (int64_t t = n_cal; t < n_hold; ++t) {
+    const float* st = &SS[t * nf];
+    for (int64_t j = 0; j < nf; ++j) n_pred += st[j] >= p.threshold;
+    const int64_t tok = n_train + t;
+    for (uint32_t e = s.offsets[tok]; e < s.offsets[tok + 1]; ++e) {
+      const bool hit = st[s.idx[e]] >= p.threshold;
+      m_tot += s.mass[e], n_pos += 1;
+      if (hit) m_hit += s.mass[e], n_hit += 1;
+    }
+  }
+  const double pairs = static_cast<double>(n_eval) * static_cast<double>(nf);
+  p.recall_mass = m_tot > 0 ? m_hit / m_tot : 1.0;
+  p.recall_count = n_pos ? static_cast<double>(n_hit) / static_cast<double>(n_pos) : 1.0;
+  p.precision = n_pred ? static_cast<double>(n_hit) / static_cast<double>(n_pred) : 1.0;
+  p.predicted_sparsity = 1.0 - static_cast<double>(n_pred) / pairs;
+  p.true_sparsity = 1.0 - static_cast<double>(n_pos) / pairs;
+  p.cost = static_cast<double>(p.bytes) + o.ffn_bytes * ((1.0 - p.predicted_sparsity) + 2.0 * (1.0 - p.true_sparsity)) / 3.0;
+  return p;
+}
+
+LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, const PredictorTrainOptions& o,
+                                     const TrainProgress& progress) {
+  EMBER_CHECK(o.min_rank >= 1 && o.max_rank >= o.min_rank, "predictor ranks: need 1 <= min ({}) <= max ({})",
+              o.min_rank, o.max_rank);
+  EMBER_CHECK(o.recall > 0.0 && o.recall <= 1.0, "recall target must be in (0, 1], got {}", o.recall);
+  std::vector<LayerPredictor> tried;
+  auto fit = [&](int64_t r) {
+    tried.push_back(fit_predictor(pool, s, r, o));
+    const LayerPredictor& p = tried.back();
+    if (progress)
+      progress(fmt::format("rank {:5}: recall {:.4f} (mass) {:.4f} (count), precision {:.3f}, predicted sparsity "
+                           "{:.3f} (true {:.3f}), {:.2f} MiB, cost {:.2f} MiB/token",
+                           r, p.recall_mass, p.recall_count, p.precision, p.predicted_sparsity, p.true_sparsity,
+                           p.bytes / 1048576.0, p.cost / 1048576.0));
+    return tried.size() - 1;
+  };
+  auto better = [&](size_t a, size_t b) { return tried[a].cost < tried[b].cost; };
+  size_t best = fit(o.min_rank);
+  // Without a cost model the smallest rank that reaches the recall on held-out data wins.
+  const bool by_size = o.ffn_bytes <= 0;
+  for (int64_t r = o.min_rank * 2; r <= o.max_rank; r *= 2) {
+    if (by_size && tried[best].recall_mass >= o.recall) break;
+    const size_t i = fit(r);
+    if (by_size ? tried[i].recall_mass > tried[best].recall_mass : better(i, best)) best = i;
+    else break;  // the cost rose: larger ranks will not pay for themselves
+  }
+  if (!by_size) {
+    // One bisection step towards the better neighbour of the best rank.
+    const int64_t r = tried[best].rank;
+    int64_t lo = r / 2 >= o.min_rank ? r / 2 : 0, hi = r * 2 <= o.max_rank ? r * 2 : 0;
+    int64_t nb_rank = 0;
+    double nb_cost = 1e300;
+    for (const auto& t : tried)
+      if ((t.rank == lo || t.rank == hi) && t.cost < nb_cost) nb_cost = t.cost, nb_rank = t.rank;
+    if (nb_rank > 0) {
+      const int64_t mid = (r + nb_rank) / 2;
+      if (mid != r && mid != nb_rank) {
+        const size_t i = fit(mid);
+        if (better(i, best)) best = i;
+      }
+    }
+  }
+  return std::move(tried[best]);
+}
+
+void predictor_scores_reference(const LayerPredictor& p, const float* x, int64_t n, double* scores) {
+  std::vector<double> h(static_cast<size_t>(p.rank));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t q = 0; q < p.rank; ++q) {
+      double a = 0;
+      for (int64_t i = 0; i < p.n_embd; ++i) a += static_cast<double>(p.fc1[q * p.n_embd + i]) * x[t * p.n_embd + i];
+      h[q] = std::max(a, 0.0);
+    }
+    for (int64_t j = 0; j < p.n_ff; ++j) {
+      double a = 0;
+      for (int64_t q = 0; q < p.rank; ++q) a += static_cast<double>(p.fc2[j * p.rank + q]) * h[q];
+      scores[t * p.n_ff + j] = a;
+    }
+  }
+}
+
+void write_predictor_file(const std::string& path, const std::string& model_name,
+                          const std::vector<LayerPredictor>& layers, DType type) {
+  EMBER_CHECK(type == DType::F16 || type == DType::F32, "predictor weights must be F16 or F32, got {}", dtype_name(type));
+  EMBER_CHECK(!layers.empty(), "no predictors to write");
+  bool all_neg = true, all_pos = true;
+  for (const auto& l : layers) all_neg &= l.threshold < 0, all_pos &= l.threshold > 0;
+  const float global = all_neg ? -1.0f : all_pos ? 1.0f : 0.0f;
+  gguf::Writer w;
+  using gguf::Value;
+  w.set("general.architecture", Value::str("ember-predictor"));
+  w.set("general.name", Value::str(model_name + " predictor"));
+  w.set("ember.predictor.n_layer", Value::u64(layers.size()));
+  w.set("powerinfer.sparse_threshold", Value::f32(global));
+  std::vector<float> thresholds;
+  auto encode = [&](const std::vector<float>& v, float scale) {
+    std::vector<uint8_t> bytes(stored_bytes(type, static_cast<int64_t>(v.size())));
+    if (type == DType::F32) {
+      auto* f = reinterpret_cast<float*>(bytes.data());
+      for (size_t i = 0; i < v.size(); ++i) f[i] = v[i] * scale;
+    } else {
+      auto* h = reinterpret_cast<uint16_t*>(bytes.data());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = fp32_to_fp16(v[i] * scale);
+    }
+    return bytes;
+  };
+  for (size_t il = 0; il < layers.size(); ++il) {
+    const LayerPredictor& l = layers[il];
+    // Folding: score >= t  <=>  score / |t| >= sign(t), for thresholds of one sign.
+    const float scale = global != 0.0f ? 1.0f / std::fabs(l.threshold) : 1.0f;
+    thresholds.push_back(global != 0.0f ? global : l.threshold);
+    const std::string p = "blk." + std::to_string(il) + ".";
+    w.add_tensor(p + "fc1.weight", type, {l.n_embd, l.rank}, encode(l.fc1, 1.0f));
+    w.add_tensor(p + "fc2.weight", type, {l.rank, l.n_ff}, encode(l.fc2, scale));
+  }
+  w.set("ember.predictor.thresholds", Value::floats(thresholds));
+  w.write(path);
+}
+
+}  // namespace ember

@@ -1,0 +1,109 @@
+// Training activation predictors in C++ (`ember train-predictor`).
+//
+// 1. collect_ffn_samples runs the model densely over token sequences and keeps, per layer, a
+//    subsample of tokens: the FFN input x (after ffn_norm) and the neurons that fired
+//    (|act(gate)| > threshold) with their activation mass |act(gate) * up| (the coefficient the
+//    neuron's down column gets: what dropping it would cost).
+// 2. train_layer_predictor fits score = fc2 relu(fc1 x) per rank with Adam on a weighted binary
+//    cross-entropy (a firing neuron weighs pos_weight * mass / mean mass, so recall of mass is
+//    what is optimized; a silent one weighs 1). 10% of the tokens are held out: the first half
+//    picks the score threshold that reaches the recall target (of activation mass), the second
+//    half measures recall, precision and predicted sparsity.
+// 3. The rank: doubling from min_rank, each rank is trained and costed as the bytes one token
+//    reads in this layer, predictor plus the gate rows of the predicted neurons and the up/down
+//    rows of the ones that fire: cost = predictor bytes + predicted fraction * ffn_bytes / 3 +
+//    active fraction * 2 ffn_bytes / 3. Doubling stops when the cost rises (or at max_rank); the
+//    cheapest rank wins, then one bisection step between it and its better neighbour. Sparser,
+//    more skewed layers get smaller predictors because a small one already predicts them well.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.hpp"
+#include "model/model.hpp"
+#include "tensor/dtype.hpp"
+
+namespace ember {
+
+// One layer's training data: n tokens of x and their firing neurons (CSR-style lists).
+struct LayerSamples {
+  int64_t n_embd = 0, n_ff = 0, n = 0;
+  std::vector<float> x;            // [n][n_embd]
+  std::vector<uint32_t> offsets;   // [n + 1]: token t's neurons are idx/mass[offsets[t] .. offsets[t+1])
+  std::vector<int32_t> idx;        // firing neurons, ascending per token
+  std::vector<float> mass;         // |act(gate) * up| of each
+
+  void add_token(const float* x_row, const int32_t* ids, const float* masses, int64_t count);
+};
+
+struct SampleOptions {
+  int64_t max_tokens = 4000;  // tokens kept per layer (every layer keeps the same tokens)
+  int64_t n_ctx = 512;        // tokens per forward sequence (the KV cache is reset between them)
+  int64_t batch = 64;         // tokens per forward pass
+  float threshold = 0.0f;     // firing: |act(gate)| > threshold
+  uint64_t seed = 1;
+};
+
+using TrainProgress = std::function<void(const std::string& message)>;
+
+// Runs `tokens` through the model densely, cut into sequences of opts.n_ctx tokens; keeps an
+// evenly spread subsample of at most opts.max_tokens tokens. Returns one LayerSamples per layer.
+std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
+                                              const SampleOptions& opts, const TrainProgress& progress = {});
+
+struct PredictorTrainOptions {
+  double recall = 0.99;         // target recall of activation mass on held-out tokens
+  int64_t min_rank = 16, max_rank = 1024;
+  int epochs = 4;
+  int64_t batch = 256;          // tokens per Adam step
+  float lr = 2e-3f;
+  float pos_weight = 4.0f;      // weight of a firing neuron of mean mass, relative to a silent one
+  double holdout = 0.1;         // fraction of tokens held out (half calibrates, half evaluates)
+  DType type = DType::F16;      // of the stored fc1/fc2 (the evaluation uses the rounded weights)
+  uint64_t seed = 1;
+  double ffn_bytes = 0;         // bytes of the layer's gate + up + down, for the rank's cost; 0: size only
+  // The layer's gate matrix (optional): the predictor starts from its best rank-r/2 linear
+  // approximation, fc1 = [Q^T; -Q^T], fc2 = [G Q, -G Q] with Q the top right-singular subspace of
+  // the gate G (subspace iteration), so score = G Q Q^T x from the first step; training then
+  // turns it into a classifier. Invalid view: random initialization.
+  TensorView init_gate;
+};
+
+// A trained predictor of one layer and its held-out evaluation.
+struct LayerPredictor {
+  int64_t rank = 0, n_embd = 0, n_ff = 0;
+  std::vector<float> fc1;  // [rank][n_embd] (rounded to the stored type)
+  std::vector<float> fc2;  // [n_ff][rank]
+  float threshold = 0;     // neuron j predicted active when score_j >= threshold
+  double recall_mass = 0, recall_count = 0, precision = 0;
+  double predicted_sparsity = 0, true_sparsity = 0;  // fractions of (token, neuron) pairs not predicted / not firing
+  double cost = 0;         // bytes per token by the cost model above
+  size_t bytes = 0;        // of fc1 + fc2 in the stored type
+  double train_loss = 0;   // mean weighted cross-entropy of the last epoch
+};
+
+// fc1/fc2 of the rank-(rank/2) linear approximation of `gate` described at init_gate (rank even).
+void gate_subspace_init(ThreadPool& pool, const TensorView& gate, int64_t rank, uint64_t seed, std::vector<float>& fc1,
+                        std::vector<float>& fc2);
+
+// Trains one rank (deterministic for a seed and thread count).
+LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o);
+
+// Searches the rank (see the top of this file) and returns the chosen predictor; `progress`
+// gets one line per rank tried.
+LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, const PredictorTrainOptions& o,
+                                     const TrainProgress& progress = {});
+
+// Scores of a trained predictor for n tokens (double precision; for tests and evaluation).
+void predictor_scores_reference(const LayerPredictor& p, const float* x, int64_t n, double* scores);
+
+// Writes the predictor GGUF (docs/sparse_formats.md). Per-layer thresholds of one sign are
+// folded into fc2 (scaled by 1/|threshold|, global threshold -1 or +1), so that a reader that
+// knows only `powerinfer.sparse_threshold` (PowerInfer) predicts the same; otherwise the global
+// threshold is 0 and `ember.predictor.thresholds` holds them.
+void write_predictor_file(const std::string& path, const std::string& model_name,
+                          const std::vector<LayerPredictor>& layers, DType type);
+
+}  // namespace ember

@@ -1,0 +1,369 @@
+// Activation predictors: inference against a double reference, attaching a predictor file to a
+// model (and the errors for a wrong one), predictor FFN mode against oracle mode with a
+// perfect-recall predictor, training on a planted low-rank rule, and the synth option that makes
+// firing predictable.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "core/error.hpp"
+#include "engine/session.hpp"
+#include "gguf/writer.hpp"
+#include "model/model.hpp"
+#include "model/synth.hpp"
+#include "support/ffn_modes.hpp"
+#include "sparse/predictor.hpp"
+#include "sparse/predictor_train.hpp"
+#include "tensor/fp16.hpp"
+#include "tensor/quant.hpp"
+
+using namespace ember;
+using test_support::rel_diff;
+using test_support::run_ffn_mode;
+
+namespace {
+
+std::filesystem::path test_dir() {
+  auto dir = std::filesystem::temp_directory_path() / "ember-test-predictor";
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A float matrix [rows x cols] stored as `type` (F32 or F16), with its view.
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;  // as stored (rounded)
+  TensorView view;
+  Matrix(DType type, int64_t rows, int64_t cols, std::mt19937& rng, float scale) {
+    std::normal_distribution<float> nd(0.0f, scale);
+    values.resize(static_cast<size_t>(rows * cols));
+    bytes.resize(row_bytes(type, cols) * static_cast<size_t>(rows));
+    for (size_t i = 0; i < values.size(); ++i) {
+      float v = nd(rng);
+      if (type == DType::F16) {
+        uint16_t h = fp32_to_fp16(v);
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = h;
+        v = fp16_to_fp32(h);
+      } else {
+        reinterpret_cast<float*>(bytes.data())[i] = v;
+      }
+      values[i] = v;
+    }
+    view.type = type;
+    view.n_dims = 2;
+    view.ne[0] = cols;
+    view.ne[1] = rows;
+    view.data = bytes.data();
+    view.nbytes = bytes.size();
+  }
+};
+
+SynthOptions relu_model_options(int64_t gate_rank) {
+  SynthOptions o;
+  o.type = DType::F32;
+  o.act = FfnActivation::relu;
+  o.sparsity = 0.85f;
+  o.n_embd = 128;
+  o.n_ff = 352;
+  o.n_layer = 3;
+  o.n_head = 4;
+  o.n_head_kv = 2;
+  o.seed = 5;
+  o.n_threads = 1;
+  o.gate_rank = gate_rank;
+  return o;
+}
+
+std::string write_model(const SynthOptions& o, const std::string& name) {
+  std::string path = (test_dir() / (name + ".gguf")).string();
+  synth_write(o, path);
+  return path;
+}
+
+// A predictor that reproduces each layer's gate: fc1 = [I; -I], fc2 = [G, -G], so that
+// score = G x (up to float rounding) and score >= threshold catches every neuron with gate > 0.
+std::vector<LayerPredictor> gate_copy_predictors(const Model& m, float threshold) {
+  std::vector<LayerPredictor> out;
+  const int64_t d = m.hp.n_embd, nf = m.hp.n_ff, r = 2 * d;
+  for (const auto& L : m.layers) {
+    LayerPredictor p;
+    p.rank = r, p.n_embd = d, p.n_ff = nf, p.threshold = threshold;
+    p.fc1.assign(static_cast<size_t>(r * d), 0.0f);
+    for (int64_t i = 0; i < d; ++i) p.fc1[i * d + i] = 1.0f, p.fc1[(i + d) * d + i] = -1.0f;
+    p.fc2.assign(static_cast<size_t>(nf * r), 0.0f);
+    std::vector<float> row(static_cast<size_t>(d));
+    for (int64_t j = 0; j < nf; ++j) {
+      dequantize_row(L.ffn.gate.type, L.ffn.gate.row(j), row.data(), d);
+      for (int64_t i = 0; i < d; ++i) p.fc2[j * r + i] = row[i], p.fc2[j * r + d + i] = -row[i];
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Predictor, InferenceMatchesDoubleReference) {
+  std::mt19937 rng(17);
+  const int64_t d = 96, rank = 13, nf = 170;
+  for (DType type : {DType::F32, DType::F16}) {
+    Matrix fc1(type, rank, d, rng, 0.3f), fc2(type, nf, rank, rng, 0.5f);
+    for (int threads : {1, 3}) {
+      ThreadPool pool(threads);
+      for (int64_t n : {1, 3}) {
+        std::vector<float> x(static_cast<size_t>(n * d));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& v : x) v = nd(rng);
+        // Reference scores in double.
+        std::vector<double> ref(static_cast<size_t>(n * nf));
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<double> h(rank);
+          for (int64_t q = 0; q < rank; ++q) {
+            double a = 0;
+            for (int64_t i = 0; i < d; ++i) a += static_cast<double>(fc1.values[q * d + i]) * x[t * d + i];
+            h[q] = std::max(a, 0.0);
+          }
+          for (int64_t j = 0; j < nf; ++j) {
+            double a = 0;
+            for (int64_t q = 0; q < rank; ++q) a += static_cast<double>(fc2.values[j * rank + q]) * h[q];
+            ref[t * nf + j] = a;
+          }
+        }
+        const float thr = 0.4f;
+        std::vector<float> scratch(predictor_scratch_floats(rank, nf, n));
+        std::vector<uint8_t> mm(predictor_mm_scratch_bytes(fc1.view, fc2.view, n) + 64);
+        std::vector<int32_t> active(nf);
+        const int64_t na = predict_active(pool, fc1.view, fc2.view, thr, x.data(), n, scratch.data(), mm.data(),
+                                          active.data());
+        double max_err = 0, max_ref = 0;
+        for (int64_t i = 0; i < n * nf; ++i) {
+          max_err = std::max(max_err, std::fabs(scratch[i] - ref[i]));
+          max_ref = std::max(max_ref, std::fabs(ref[i]));
+        }
+        EXPECT_LT(max_err, 1e-5 * max_ref) << dtype_name(type) << " n " << n;
+        // The active set is the union over tokens of score >= thr, sorted; borderline scores
+        // (within float rounding of thr) may go either way.
+        std::vector<char> in(nf, 0);
+        for (int64_t i = 0; i < na; ++i) {
+          in[active[i]] = 1;
+          if (i > 0) {
+            EXPECT_LT(active[i - 1], active[i]);
+          }
+        }
+        int64_t expected = 0;
+        for (int64_t j = 0; j < nf; ++j) {
+          bool want = false, border = false;
+          for (int64_t t = 0; t < n; ++t) {
+            want |= ref[t * nf + j] >= thr;
+            border |= std::fabs(ref[t * nf + j] - thr) < 1e-4;
+          }
+          expected += want;
+          if (!border) {
+            EXPECT_EQ(static_cast<bool>(in[j]), want) << "neuron " << j;
+          }
+        }
+        EXPECT_GT(expected, 5);
+        EXPECT_LT(expected, nf - 5);  // a nontrivial split
+      }
+    }
+  }
+}
+
+TEST(Predictor, AttachValidatesTheFile) {
+  auto path = write_model(relu_model_options(0), "attach");
+  auto model = load_model(path);
+  EXPECT_FALSE(has_predictors(*model));
+  auto preds = gate_copy_predictors(*model, -0.5f);
+  const std::string good = (test_dir() / "attach.pred.gguf").string();
+  write_predictor_file(good, "attach", preds, DType::F16);
+  attach_predictors(*model, good);
+  EXPECT_TRUE(has_predictors(*model));
+  EXPECT_EQ(model->layers[1].ffn.fc1.rows(), 2 * model->hp.n_embd);
+  EXPECT_EQ(model->layers[1].ffn.fc2.rows(), model->hp.n_ff);
+  EXPECT_EQ(model->layers[1].ffn.fc2.type, DType::F16);
+  EXPECT_FLOAT_EQ(model->predictor_threshold, -1.0f);  // negative thresholds folded into fc2
+  EXPECT_EQ(model->side_files.size(), 1u);
+  EXPECT_EQ(predictor_bytes(*model), 3u * 2u * (2 * 128 * 128 + 352 * 256));
+
+  auto expect_error = [&](const std::string& file, const std::string& needle) {
+    auto m = load_model(path);
+    try {
+      attach_predictors(*m, file);
+      ADD_FAILURE() << "no error for " << file;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(has_predictors(*m));  // nothing half-attached
+  };
+  // Too few layers.
+  auto two = preds;
+  two.pop_back();
+  const std::string f2 = (test_dir() / "two.pred.gguf").string();
+  write_predictor_file(f2, "two", two, DType::F32);
+  expect_error(f2, "2 layers");
+  // Wrong n_ff.
+  auto wide = preds;
+  wide[2].n_ff += 1;
+  wide[2].fc2.resize(wide[2].fc2.size() + wide[2].rank, 0.0f);
+  const std::string f3 = (test_dir() / "wide.pred.gguf").string();
+  write_predictor_file(f3, "wide", wide, DType::F32);
+  expect_error(f3, "blk.2.fc2.weight");
+  // Not a predictor file at all.
+  expect_error(path, "not a predictor file");
+  // A missing layer tensor and a quantized one.
+  {
+    gguf::Writer w;
+    w.set("general.architecture", gguf::Value::str("ember-predictor"));
+    w.set("ember.predictor.n_layer", gguf::Value::u64(3));
+    const std::string f4 = (test_dir() / "missing.pred.gguf").string();
+    w.write(f4);
+    expect_error(f4, "layer 0 has no");
+  }
+}
+
+TEST(Predictor, PerfectRecallPredictorEqualsOracle) {
+  for (DType type : {DType::F32, DType::Q4_0}) {
+    SynthOptions o = relu_model_options(0);
+    o.type = type;
+    auto path = write_model(o, "perfect-" + std::string(dtype_name(type)));
+    auto model = load_model(path);
+    FfnSparsityStats st_oracle, st_pred;
+    auto oracle = run_ffn_mode(*model, FfnMode::oracle, 2, &st_oracle);
+    // Gate values are O(1); with F32 weights the copy's rounding is ~1e-6, so -1e-3 misses no
+    // firing neuron. A Q4_0 gate meets 8-bit rounded activations (relative error ~1%), which
+    // the float copy does not see: a wider margin.
+    const float margin = type == DType::F32 ? 1e-3f : 0.1f;
+    write_predictor_file((test_dir() / "perfect.pred.gguf").string(), "perfect", gate_copy_predictors(*model, -margin),
+                         DType::F32);
+    attach_predictors(*model, (test_dir() / "perfect.pred.gguf").string());
+    auto pred = run_ffn_mode(*model, FfnMode::predictor, 2, &st_pred);
+    EXPECT_LT(rel_diff(oracle, pred), 1e-6) << dtype_name(type);
+    for (size_t l = 0; l < st_oracle.active.size(); ++l) {
+      EXPECT_EQ(st_oracle.active[l], st_pred.active[l]) << "layer " << l;
+      // It predicted more than the firing neurons (the union over the prompt batch, the
+      // margin), but not everything.
+      EXPECT_GT(st_pred.predicted[l], st_pred.active[l]);
+      EXPECT_LT(st_pred.predicted[l], st_pred.neurons[l] * 3 / 4);
+    }
+    // A threshold below every score predicts every neuron: oracle again, exactly.
+    auto m2 = load_model(path);
+    write_predictor_file((test_dir() / "all.pred.gguf").string(), "all", gate_copy_predictors(*m2, -1e30f), DType::F32);
+    attach_predictors(*m2, (test_dir() / "all.pred.gguf").string());
+    EXPECT_LT(rel_diff(oracle, run_ffn_mode(*m2, FfnMode::predictor, 1)), 1e-6);
+  }
+}
+
+TEST(Predictor, ModeWithoutPredictorsIsAClearError) {
+  auto model = load_model(write_model(relu_model_options(0), "nopred"));
+  SessionParams p;
+  p.n_ctx = 32;
+  p.sparse.mode = FfnMode::predictor;
+  try {
+    Session s(*model, p);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--predictor"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PredictorTrain, RecoversAPlantedLowRankRule) {
+  // Neuron j fires when g_j = c_j . (U x) + b_j x_c > 0 (U: 4 directions, x_c a constant
+  // input), with mass g_j; a rank-8 predictor can represent this exactly.
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t d = 48, nf = 100, r0 = 4, N = 2000;
+  std::vector<float> U(r0 * d), C(nf * r0), bias(nf), G(nf * d, 0.0f);
+  for (float& v : U) v = nd(rng) / std::sqrt(static_cast<float>(d));
+  for (float& v : C) v = nd(rng);
+  for (float& v : bias) v = nd(rng) - 1.0f;  // mostly silent neurons
+  for (int64_t j = 0; j < nf; ++j) {
+    for (int64_t q = 0; q < r0; ++q)
+      for (int64_t i = 0; i < d - 1; ++i) G[j * d + i] += C[j * r0 + q] * U[q * d + i];
+    G[j * d + d - 1] = bias[j];
+  }
+  LayerSamples s;
+  s.n_embd = d, s.n_ff = nf;
+  std::vector<float> x(d);
+  std::vector<int32_t> ids;
+  std::vector<float> mass;
+  uint64_t fired = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    for (int64_t i = 0; i < d - 1; ++i) x[i] = nd(rng);
+    x[d - 1] = 1.0f;
+    ids.clear(), mass.clear();
+    for (int64_t j = 0; j < nf; ++j) {
+      double g = 0;
+      for (int64_t i = 0; i < d; ++i) g += static_cast<double>(G[j * d + i]) * x[i];
+      if (g > 0) ids.push_back(static_cast<int32_t>(j)), mass.push_back(static_cast<float>(g));
+    }
+    fired += ids.size();
+    s.add_token(x.data(), ids.data(), mass.data(), static_cast<int64_t>(ids.size()));
+  }
+  const double density = static_cast<double>(fired) / (N * nf);
+  ASSERT_GT(density, 0.1);
+  ASSERT_LT(density, 0.5);
+  ThreadPool pool(2);
+  PredictorTrainOptions o;
+  o.recall = 0.99;
+  o.epochs = 30;
+  o.batch = 32;
+  o.lr = 5e-3f;
+  o.type = DType::F32;
+  // From random weights: training alone must find the rule.
+  LayerPredictor p = fit_predictor(pool, s, 8, o);
+  EXPECT_GE(p.recall_mass, 0.97);
+  EXPECT_GE(p.precision, 0.75);
+  EXPECT_NEAR(p.true_sparsity, 1.0 - density, 0.05);
+  EXPECT_EQ(p.bytes, 4u * 8u * (48u + 100u));
+  // Starting from the gate's subspace the rule is there from the first step.
+  std::vector<uint8_t> gb(reinterpret_cast<uint8_t*>(G.data()), reinterpret_cast<uint8_t*>(G.data() + G.size()));
+  o.init_gate.type = DType::F32, o.init_gate.n_dims = 2, o.init_gate.ne[0] = d, o.init_gate.ne[1] = nf;
+  o.init_gate.data = gb.data(), o.init_gate.nbytes = gb.size();
+  o.epochs = 2;
+  LayerPredictor q = fit_predictor(pool, s, 12, o);  // 6 >= 5 directions: U's four and the bias
+  EXPECT_GE(q.recall_mass, 0.97);
+  EXPECT_GE(q.precision, 0.9);
+  // The reported evaluation is the network's: the double reference over the evaluation tokens
+  // (the last 5%) gives the same count recall.
+  const int64_t n_eval = N / 20;
+  std::vector<double> sc(static_cast<size_t>(n_eval * nf));
+  predictor_scores_reference(q, s.x.data() + (N - n_eval) * d, n_eval, sc.data());
+  uint64_t hit = 0, n_pos = 0;
+  for (int64_t t = 0; t < n_eval; ++t)
+    for (uint32_t e = s.offsets[N - n_eval + t]; e < s.offsets[N - n_eval + t + 1]; ++e)
+      n_pos++, hit += sc[t * nf + s.idx[e]] >= q.threshold;
+  EXPECT_NEAR(static_cast<double>(hit) / n_pos, q.recall_count, 0.005);
+}
+
+TEST(PredictorTrain, SynthGateRankMakesFiringPredictable) {
+  ThreadPool pool(2);
+  std::vector<int32_t> tokens(600);
+  std::mt19937 rng(4);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 300);
+  PredictorTrainOptions o;
+  o.type = DType::F32;
+  o.epochs = 3;
+  double precision[2];
+  for (int k = 0; k < 2; ++k) {
+    const int64_t gate_rank = k == 0 ? 0 : 6;
+    auto model = load_model(write_model(relu_model_options(gate_rank), "predictable" + std::to_string(gate_rank)));
+    SampleOptions so;
+    so.max_tokens = 600;
+    so.n_ctx = 200;
+    auto samples = collect_ffn_samples(*model, pool, tokens, so);
+    ASSERT_EQ(samples.size(), 3u);
+    ASSERT_EQ(samples[1].n, 600);
+    o.init_gate = model->layers[1].ffn.gate;
+    LayerPredictor p = fit_predictor(pool, samples[1], 16, o);
+    // The profile's sparsity holds with the low-rank gate too.
+    EXPECT_NEAR(p.true_sparsity, 0.85, 0.06) << "gate rank " << gate_rank;
+    EXPECT_GE(p.recall_mass, 0.97);
+    precision[k] = p.precision;
+  }
+  // Rank 16 >= 2 * 6 captures the low-rank gate; a random gate is not low-rank.
+  EXPECT_GT(precision[1], 0.6);
+  EXPECT_GT(precision[1], precision[0] + 0.2);
+}

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "engine/session.hpp"
-#include "support/session_logits.hpp"
+#include "session_logits.hpp"
 
 namespace ember::test_support {
 

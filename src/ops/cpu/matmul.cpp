@@ -244,7 +244,9 @@ Prepared prepare_activations(ThreadPool& pool, const Kernel& kern, DType w, cons
   const size_t qstride = detail::quad_row_bytes(k);
   const KernelSet& set = detail::kernels_avx512();
   void (*direct)(const float*, void*, int64_t) =
-      simd_level() != SimdLevel::avx512 ? nullptr : at == DType::Q8_0 ? set.quads_q8_0 : set.quads_q8_1;
+      simd_level() != SimdLevel::avx512 || (w != DType::Q4_0 && w != DType::Q4_1)  // Q5_0/Q5_1 quads differ
+          ? nullptr
+          : at == DType::Q8_0 ? set.quads_q8_0 : set.quads_q8_1;
   const auto prepare = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (direct) {

@@ -167,8 +167,7 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   void* mm = ws.mm_scratch.data();
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
                                                      : opts_.threshold;
-  const TensorView& down_nm = down_nm_[layer].view;
-  const int64_t n_ff = down_nm.rows(), n_embd = down_nm.cols();
+  const int64_t n_ff = down_nm_[layer].view.rows();
   if (n >= kDenseBatch) {
     if (thr == 0.0f) {  // exact: dropping act(gate) == 0 changes nothing
       dense_ffn(pool, w, act, x, n, out, ws);
@@ -209,44 +208,13 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
     for (int64_t t = 0; t < n; ++t) cpu::add_f32(reinterpret_cast<const float*>(w.up_b.data), a + t * n_ff, n_ff);
   cpu::activation_inplace(act, a, n * n_ff);
 
-  // The active set: neurons active for at least one token of the batch.
-  int64_t na = 0;
+  // The active set: neurons active for at least one token of the batch (their values moved to
+  // the front of each row of a).
   uint64_t n_active_tokens = 0;
-  for (int64_t j = 0; j < n_ff; ++j) {
-    bool any = false;
-    for (int64_t t = 0; t < n; ++t) {
-      float& v = a[t * n_ff + j];
-      if (std::fabs(v) > thr) {
-        any = true;
-        ++n_active_tokens;
-      } else {
-        v = 0.0f;
-      }
-    }
-    if (any) active_[static_cast<size_t>(na++)] = static_cast<int32_t>(j);
-  }
+  const int64_t na = keep_firing(a, n, n_ff, nullptr, thr, active_.data(), n_active_tokens);
   stats_.neurons[layer] += static_cast<uint64_t>(n * n_ff);
   stats_.active[layer] += n_active_tokens;
-
-  std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
-  if (na > 0) {
-    float* h = ws.up.data();
-    if (no_gate) {
-      // H[t][i] = a[t][active i]: the neuron values are already known.
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t i = 0; i < na; ++i) h[t * na + i] = a[t * n_ff + active_[i]];
-    } else {
-      // up for the active rows, then H[t][i] = act(gate)[t][active i] * up[t][i] (Bamboo:
-      // * act(up)), in place.
-      cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, mm);
-      if (w.gating == FfnGating::sym) cpu::activation_inplace(act, h, n * na);
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t i = 0; i < na; ++i) h[t * na + i] *= a[t * n_ff + active_[i]];
-    }
-    cpu::sparse_axpy(pool, down_nm, active_.data(), na, h, n, na, out, n_embd, axpy_scratch_.data(), opts_.split);
-  }
-  if (w.down_b.valid())
-    for (int64_t t = 0; t < n; ++t) cpu::add_f32(reinterpret_cast<const float*>(w.down_b.data), out + t * n_embd, n_embd);
+  up_down(pool, layer, w, act, x, n, a, n_ff, na, out, ws);
 }
 
 void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/random_acts.hpp"
 #include "support/simd_levels.hpp"
 
 #include "support/paths.hpp"
@@ -74,14 +75,7 @@ Matrix random_matrix(DType t, int64_t rows, int64_t k, uint32_t seed) {
   return m;
 }
 
-std::vector<float> random_acts(int64_t n, int64_t k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> x(n * k);
-  for (auto& v : x) v = dist(rng);
-  for (size_t i = 0; i < x.size(); i += 53) x[i] *= 10.f;
-  return x;
-}
+using test_support::random_acts;
 
 struct Result {
   std::vector<float> y;

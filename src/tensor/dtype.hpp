@@ -13,6 +13,9 @@ enum class DType : uint32_t {
   IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
   IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
   TQ1_0 = 34, TQ2_0 = 35,
+  // Ember's own in-memory layouts, never read from or written to a file (dtype_info() does not
+  // know them): Q4_0 rows repacked 16 at a time for the dense kernels (ops/cpu/q4_0_r16.hpp).
+  Q4_0_R16 = 0x10002,
 };
 
 struct DTypeInfo {

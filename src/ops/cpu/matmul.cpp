@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "ops/cpu/kernels.hpp"
 #include "ops/cpu/kquant.hpp"
+#include "ops/cpu/q4_0_r16_kernels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -23,7 +24,7 @@ using detail::KernelSet;
 DType activation_type(DType w) {
   switch (w) {
     case DType::F32: case DType::F16: case DType::BF16: return DType::F32;
-    case DType::Q8_0: case DType::Q4_0: return DType::Q8_0;
+    case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: return DType::Q8_0;
     case DType::Q4_1: return DType::Q8_1;
     case DType::Q6_K: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
@@ -61,6 +62,8 @@ struct Kernel {
 };
 
 Kernel gemm_for(DType w) {
+  if (w == DType::Q4_0_R16)
+    return {simd_level() == SimdLevel::avx512 ? &detail::gemm_q4_0_r16_avx512 : &detail::gemm_q4_0_r16_scalar, true};
   const KernelSet* set = nullptr;
   const detail::KQuantSet* kq = nullptr;
   switch (simd_level()) {
@@ -79,7 +82,19 @@ Kernel gemm_for(DType w) {
   return k;
 }
 
-bool may_use_quads(DType w) { return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1; }
+bool may_use_quads(DType w) {
+  return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1 || w == DType::Q4_0_R16;
+}
+
+// The rearranged activation layout of the kernels with Kernel::quads set: the quad layout
+// (kernels.hpp), or R16Act blocks for Q4_0_R16 (q4_0_r16.hpp).
+size_t rearranged_row_bytes(DType w, int64_t k) {
+  return w == DType::Q4_0_R16 ? detail::r16_act_row_bytes(k) : detail::quad_row_bytes(k);
+}
+void rearrange(DType w, const void* xq_row, void* out, int64_t k) {
+  if (w == DType::Q4_0_R16) detail::prepare_r16(xq_row, out, k);
+  else detail::prepare_quads(w, xq_row, out, k);
+}
 
 uint8_t* align64(uint8_t* p) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
@@ -93,9 +108,9 @@ void run_on_quantized(const Kernel& kern, DType w, GemmArgs a) {
     return;
   }
   thread_local AlignedBuffer<uint8_t> buf;
-  const size_t qstride = detail::quad_row_bytes(a.k);
+  const size_t qstride = rearranged_row_bytes(w, a.k);
   buf.resize(qstride * static_cast<size_t>(a.ntok));
-  for (int64_t t = 0; t < a.ntok; ++t) detail::prepare_quads(w, a.x + t * a.x_stride, buf.data() + t * qstride, a.k);
+  for (int64_t t = 0; t < a.ntok; ++t) rearrange(w, a.x + t * a.x_stride, buf.data() + t * qstride, a.k);
   a.x = buf.data();
   a.x_stride = qstride;
   kern.fn(a);
@@ -150,7 +165,7 @@ size_t matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_tokens) {
   check_k(weight_type, k);
   size_t bytes = row_bytes(activation_type(weight_type), k) * static_cast<size_t>(n_tokens);
   // Room for the quad layout after the quantized rows (64-byte aligned).
-  if (may_use_quads(weight_type)) bytes += 64 + detail::quad_row_bytes(k) * static_cast<size_t>(n_tokens);
+  if (may_use_quads(weight_type)) bytes += 64 + rearranged_row_bytes(weight_type, k) * static_cast<size_t>(n_tokens);
   return bytes;
 }
 
@@ -186,10 +201,10 @@ const void* prepare_activations(DType w, const void* x_quantized, int64_t n_toke
   *x_stride = row_bytes(activation_type(w), k);
   if (!gemm_for(w).quads) return x_quantized;
   thread_local AlignedBuffer<uint8_t> buf;
-  const size_t qstride = detail::quad_row_bytes(k);
+  const size_t qstride = rearranged_row_bytes(w, k);
   buf.resize(qstride * static_cast<size_t>(std::max<int64_t>(n_tokens, 1)));
   for (int64_t t = 0; t < n_tokens; ++t)
-    detail::prepare_quads(w, static_cast<const uint8_t*>(x_quantized) + t * *x_stride, buf.data() + t * qstride, k);
+    rearrange(w, static_cast<const uint8_t*>(x_quantized) + t * *x_stride, buf.data() + t * qstride, k);
   *x_stride = qstride;
   return buf.data();
 }
@@ -241,7 +256,7 @@ Prepared prepare_activations(ThreadPool& pool, const Kernel& kern, DType w, cons
   // Quad-layout kernels: straight from X where the ISA can (bit-identical to quantizing and
   // rearranging), else through the quantized rows in the scratch.
   uint8_t* quads = align64(out + x_stride * n_tokens);
-  const size_t qstride = detail::quad_row_bytes(k);
+  const size_t qstride = rearranged_row_bytes(w, k);
   const KernelSet& set = detail::kernels_avx512();
   void (*direct)(const float*, void*, int64_t) =
       simd_level() != SimdLevel::avx512 || (w != DType::Q4_0 && w != DType::Q4_1)  // Q5_0/Q5_1 quads differ
@@ -253,7 +268,7 @@ Prepared prepare_activations(ThreadPool& pool, const Kernel& kern, DType w, cons
         direct(X + t * k, quads + t * qstride, k);
       } else {
         quantize_activations(w, X + t * k, 1, k, out + t * x_stride);
-        detail::prepare_quads(w, out + t * x_stride, quads + t * qstride, k);
+        rearrange(w, out + t * x_stride, quads + t * qstride, k);
       }
     }
   };
@@ -261,13 +276,13 @@ Prepared prepare_activations(ThreadPool& pool, const Kernel& kern, DType w, cons
   return {quads, qstride};
 }
 
-// Decode (one token): the rows of a matrix that thread ith of nth computes, in multiples of
-// kRowAlign, so that each thread streams one contiguous slice of the weights.
-void decode_rows(int64_t rows, int ith, int nth, int64_t& r0, int64_t& r1) {
-  int64_t g0, g1;
-  split_range((rows + kRowAlign - 1) / kRowAlign, ith, nth, g0, g1);
-  r0 = g0 * kRowAlign;
-  r1 = std::min(rows, g1 * kRowAlign);
+// Decode (one token): rows are handed out in chunks, dynamically, so that a thread that starts
+// late or streams slower (the two cores rarely read at the same rate) does not leave the other
+// waiting at the end of every product. A chunk is a multiple of kRowAlign rows and at most a
+// quarter of a thread's even share, so each thread still streams long contiguous runs.
+int64_t decode_chunk_rows(int64_t rows, int nth) {
+  const int64_t share = (rows + 4 * nth - 1) / (4 * nth);
+  return std::max<int64_t>(kRowAlign, (share + kRowAlign - 1) / kRowAlign * kRowAlign);
 }
 
 // Rows [r0, r1) of W for one token into y[r0, r1).
@@ -277,16 +292,37 @@ void decode_slice(GemmFn fn, const TensorView& W, const Prepared& x, int64_t r0,
   fn(a);
 }
 
+// Runs f(matrix index, r0, r1) over the decode chunks of all matrices in `rows`, dynamically.
+template <class F>
+void decode_chunks(ThreadPool& pool, std::span<const int64_t> rows, const F& f) {
+  int64_t total = 0;
+  int64_t chunk[8], first[9];
+  EMBER_CHECK(rows.size() <= 8, "decode_chunks: at most 8 matrices per dispatch, got {}", rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    chunk[i] = decode_chunk_rows(rows[i], pool.size());
+    first[i] = total;
+    total += (rows[i] + chunk[i] - 1) / chunk[i];
+  }
+  first[rows.size()] = total;
+  pool.parallel_for(total, 1, [&](int64_t c0, int64_t c1, int) {
+    for (int64_t c = c0; c < c1; ++c) {
+      size_t i = 0;
+      while (c >= first[i + 1]) ++i;
+      const int64_t r0 = (c - first[i]) * chunk[i];
+      f(i, r0, std::min(rows[i], r0 + chunk[i]));
+    }
+  });
+}
+
 // Several products sharing prepared activations, in one dispatch. Decode splits each matrix
 // over the threads; prompts hand out blocks of rows x tokens of all matrices dynamically.
 void run_products(ThreadPool& pool, GemmFn fn, std::span<const MatmulOut> outs, const Prepared& x, int64_t n_tokens) {
   if (n_tokens == 1) {
-    pool.run([&](int ith, int nth) {
-      for (const MatmulOut& o : outs) {
-        int64_t r0, r1;
-        decode_rows(o.w.rows(), ith, nth, r0, r1);
-        decode_slice(fn, o.w, x, r0, r1, o.y);
-      }
+    int64_t rows[8];
+    EMBER_CHECK(outs.size() <= 8, "matmul_multi: at most 8 matrices per call, got {}", outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) rows[i] = outs[i].w.rows();
+    decode_chunks(pool, std::span<const int64_t>(rows, outs.size()), [&](size_t i, int64_t r0, int64_t r1) {
+      decode_slice(fn, outs[i].w, x, r0, r1, outs[i].y);
     });
     return;
   }
@@ -350,10 +386,8 @@ void matmul_gated(ThreadPool& pool, const TensorView& gate, const TensorView& up
   const Prepared x = prepare_activations(pool, kern, gate.type, X, n_tokens, k, scratch);
   if (n_tokens == 1) {
     // Each thread gates the neurons whose gate and up rows it computed: no second pass.
-    pool.run([&](int ith, int nth) {
-      int64_t r0, r1;
-      decode_rows(rows, ith, nth, r0, r1);
-      if (r1 <= r0) return;
+    const int64_t one[] = {rows};
+    decode_chunks(pool, one, [&](size_t, int64_t r0, int64_t r1) {
       decode_slice(kern.fn, gate, x, r0, r1, out);
       decode_slice(kern.fn, up, x, r0, r1, up_buf);
       gated_activation(act, out + r0, up_buf + r0, out + r0, r1 - r0);

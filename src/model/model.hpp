@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned_buffer.hpp"
 #include "gguf/reader.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/rope.hpp"
@@ -85,6 +86,9 @@ struct Model {
   // present they replace predictor_threshold layer by layer. Empty when absent.
   std::vector<float> predictor_thresholds;
   std::vector<float> gate_thresholds;
+  // Weights held in memory rather than in the file: matrices repacked for the dense kernels
+  // (model/repack.hpp); views point into them.
+  std::vector<AlignedBuffer<uint8_t>> owned_weights;
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;

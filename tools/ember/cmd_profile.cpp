@@ -25,7 +25,7 @@ struct ProfileFlags {
 };
 
 void run_profile_cmd(ProfileFlags& f) {
-  auto model = load_model_logged(f.engine, nullptr);
+  auto model = load_model_logged(f.engine, nullptr, RepackScope::attention_output);
   std::ifstream in(f.corpus, std::ios::binary);
   EMBER_CHECK(in.good(), "cannot read the corpus '{}' (install it with scripts/get_corpus.sh)", f.corpus);
   std::stringstream ss;

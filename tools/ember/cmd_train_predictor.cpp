@@ -39,7 +39,7 @@ void run_train(const TrainArgs& a) {
   EMBER_CHECK(std::filesystem::is_directory(dir), "cannot write '{}': directory '{}' does not exist", a.out,
               dir.string());
   const DType type = a.type == "f32" ? DType::F32 : DType::F16;
-  auto model = load_model_logged(a.engine, nullptr);
+  auto model = load_model_logged(a.engine, nullptr, RepackScope::attention_output);
   const Hparams& hp = model->hp;
   std::vector<int32_t> tokens;
   if (!a.corpus.empty()) {

@@ -6,6 +6,7 @@
 
 #include "engine/session.hpp"
 #include "model/model.hpp"
+#include "model/repack.hpp"
 
 namespace ember::cli {
 
@@ -24,13 +25,17 @@ struct EngineFlags {
   std::string hybrid_device = "auto";
   std::string predictor_path;  // --predictor: attached to the model at load
   std::string sparse_down = "exact";  // type of the neuron-major down copy (cpu::NeuronMajorType)
+  bool no_repack = false;  // keep every matrix in the file's layout (model/repack.hpp)
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;
 };
 
-// Loads the model named by the flags, logging what it is and how long it took.
-std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds);
+// Loads the model named by the flags, logging what it is and how long it took, and repacks its
+// matrices for the dense kernels: the FFN too when it runs dense (no sparse mode, no hybrid) and
+// `max_scope` allows (tools that read FFN rows one by one pass attention_output).
+std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds,
+                                         RepackScope max_scope = RepackScope::all);
 
 // Logs the FFN sparsity the session measured (oracle mode; nothing in dense mode): the total
 // at info level, per layer at debug level (-v).

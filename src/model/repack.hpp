@@ -1,0 +1,30 @@
+// Repacking a loaded model's matrices into the layouts the dense kernels read fastest
+// (Q4_0 -> Q4_0_R16, ops/cpu/q4_0_r16.hpp), as llama.cpp repacks Q4_0 at load. A repacked matrix
+// is copied out of the file into Model::owned_weights (its file pages are released), and its
+// rows are addressable only 16 at a time: only matrices that the forward pass multiplies whole
+// are repacked, never the token embedding (rows looked up one by one), and the FFN only when
+// it runs dense (the sparse paths gather single rows of gate, up and down).
+#pragma once
+#include <cstddef>
+
+#include "model/model.hpp"
+
+namespace ember {
+
+enum class RepackScope {
+  none,
+  attention_output,  // attention projections and the output matrix
+  all,               // ... and the FFN's gate, up and down
+};
+
+struct RepackStats {
+  int tensors = 0;
+  size_t bytes = 0;
+  double seconds = 0;
+};
+
+// Repacks what `scope` names where a fast kernel exists for the repacked layout at the current
+// SIMD level (else nothing). Views of the model change type and data; shapes stay.
+RepackStats repack_for_dense_kernels(Model& model, RepackScope scope);
+
+}  // namespace ember

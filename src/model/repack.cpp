@@ -7,14 +7,14 @@
 #include <initializer_list>
 
 #include "core/timer.hpp"
-#include "ops/cpu/q4_0_r16.hpp"
+#include "ops/cpu/r16.hpp"
 
 namespace ember {
 namespace {
 
 bool repackable(const TensorView& w) {
-  return w.valid() && w.type == DType::Q4_0 && w.n_dims == 2 && w.rows() % cpu::kR16Rows == 0 &&
-         w.cols() % 32 == 0;
+  return w.valid() && cpu::r16_type(w.type) != w.type && w.n_dims == 2 && w.rows() % cpu::kR16Rows == 0 &&
+         w.cols() % info(w.type).block_size == 0;
 }
 
 // Gives the whole pages inside [p, p + n) back to the kernel: the file stays mapped, and a page
@@ -28,9 +28,9 @@ void release_pages(const uint8_t* p, size_t n) {
 
 void repack(Model& model, TensorView& w, RepackStats& st) {
   AlignedBuffer<uint8_t> buf(w.nbytes);
-  cpu::repack_q4_0_r16(w.data, w.rows(), w.cols(), buf.data());
+  cpu::repack_r16(w.type, w.data, w.rows(), w.cols(), buf.data());
   release_pages(w.data, w.nbytes);
-  w.type = DType::Q4_0_R16;
+  w.type = cpu::r16_type(w.type);
   w.data = buf.data();
   model.owned_weights.push_back(std::move(buf));
   ++st.tensors;
@@ -41,14 +41,17 @@ void repack(Model& model, TensorView& w, RepackStats& st) {
 
 RepackStats repack_for_dense_kernels(Model& model, RepackScope scope) {
   RepackStats st;
-  if (scope == RepackScope::none || !cpu::q4_0_r16_fast()) return st;
+  if (scope == RepackScope::none || !cpu::r16_fast()) return st;
   Timer timer;
-  // Matrices multiplied together in one fused call (Q, K, V; gate and up) must share their type:
-  // they are repacked all or none.
+  // Matrices multiplied together in one fused call when they share their type (Q, K, V; gate and
+  // up) keep sharing it: they are repacked all or none. Of mixed types, each goes on its own.
   const auto group = [&](std::initializer_list<TensorView*> ws) {
+    bool same = true, all = true;
+    for (TensorView* w : ws) same &= w->type == (*ws.begin())->type, all &= repackable(*w);
     for (TensorView* w : ws)
-      if (!repackable(*w)) return;
-    for (TensorView* w : ws) repack(model, *w, st);
+      if (!same || all) {
+        if (repackable(*w)) repack(model, *w, st);
+      }
   };
   for (LayerWeights& l : model.layers) {
     group({&l.wq, &l.wk, &l.wv});

@@ -1,5 +1,5 @@
 // Repacking a loaded model's matrices into the layouts the dense kernels read fastest
-// (Q4_0 -> Q4_0_R16, ops/cpu/q4_0_r16.hpp), as llama.cpp repacks Q4_0 at load. A repacked matrix
+// (Q4_0 -> Q4_0_R16, ops/cpu/r16.hpp), as llama.cpp repacks Q4_0 at load. A repacked matrix
 // is copied out of the file into Model::owned_weights (its file pages are released), and its
 // rows are addressable only 16 at a time: only matrices that the forward pass multiplies whole
 // are repacked, never the token embedding (rows looked up one by one), and the FFN only when

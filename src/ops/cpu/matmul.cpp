@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "ops/cpu/kernels.hpp"
 #include "ops/cpu/kquant.hpp"
-#include "ops/cpu/q4_0_r16_kernels.hpp"
+#include "ops/cpu/r16_kernels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -26,7 +26,7 @@ DType activation_type(DType w) {
     case DType::F32: case DType::F16: case DType::BF16: return DType::F32;
     case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: return DType::Q8_0;
     case DType::Q4_1: return DType::Q8_1;
-    case DType::Q6_K: return DType::Q8_K;
+    case DType::Q6_K: case DType::Q6_K_R16: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
     case DType::Q5_1: return DType::Q8_1;
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
@@ -62,8 +62,9 @@ struct Kernel {
 };
 
 Kernel gemm_for(DType w) {
-  if (w == DType::Q4_0_R16)
-    return {simd_level() == SimdLevel::avx512 ? &detail::gemm_q4_0_r16_avx512 : &detail::gemm_q4_0_r16_scalar, true};
+  const bool avx512 = simd_level() == SimdLevel::avx512;
+  if (w == DType::Q4_0_R16) return {avx512 ? &detail::gemm_q4_0_r16_avx512 : &detail::gemm_q4_0_r16_scalar, true};
+  if (w == DType::Q6_K_R16) return {avx512 ? &detail::gemm_q6_k_r16_avx512 : &detail::gemm_q6_k_r16_scalar, false};
   const KernelSet* set = nullptr;
   const detail::KQuantSet* kq = nullptr;
   switch (simd_level()) {

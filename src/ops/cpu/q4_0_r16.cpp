@@ -1,11 +1,11 @@
-#include "ops/cpu/q4_0_r16.hpp"
+#include "ops/cpu/r16.hpp"
 
 #include <cmath>
 #include <cstring>
 
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
-#include "ops/cpu/q4_0_r16_kernels.hpp"
+#include "ops/cpu/r16_kernels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -31,7 +31,23 @@ void for_each_block(int64_t rows, int64_t k, const F& f) {
 
 }  // namespace
 
-bool q4_0_r16_fast() { return simd_level() == SimdLevel::avx512; }
+bool r16_fast() { return simd_level() == SimdLevel::avx512; }
+
+DType r16_type(DType t) {
+  switch (t) {
+    case DType::Q4_0: return DType::Q4_0_R16;
+    case DType::Q6_K: return DType::Q6_K_R16;
+    default: return t;
+  }
+}
+
+void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
+  switch (t) {
+    case DType::Q4_0: repack_q4_0_r16(src, rows, k, dst); return;
+    case DType::Q6_K: repack_q6_k_r16(src, rows, k, dst); return;
+    default: fail("no 16-row repacked layout for {}", dtype_name(t));
+  }
+}
 
 void repack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst) {
   check_shape(rows, k);

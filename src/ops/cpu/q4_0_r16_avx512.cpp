@@ -11,7 +11,7 @@
 
 #include <cstring>
 
-#include "ops/cpu/q4_0_r16_kernels.hpp"
+#include "ops/cpu/r16_kernels.hpp"
 
 namespace ember::cpu::detail {
 namespace {
@@ -25,7 +25,7 @@ inline __m512i bcast4(const int8_t* p) {
 }
 
 template <int T>
-void tile(const GemmArgs& a, int64_t g, int64_t t0) {
+void group_tile(const GemmArgs& a, int64_t g, int64_t t0) {
   const int64_t nb = a.k / 32;
   const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
   const R16Act* x[T];
@@ -59,19 +59,13 @@ void tile(const GemmArgs& a, int64_t g, int64_t t0) {
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows, acc[t]);
 }
 
+struct Kernel {
+  template <int T>
+  static void tile(const GemmArgs& a, int64_t g, int64_t t0) { group_tile<T>(a, g, t0); }
+};
+
 }  // namespace
 
-void gemm_q4_0_r16_avx512(const GemmArgs& a) {
-  for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
-    int64_t t = 0;
-    for (; t + 4 <= a.ntok; t += 4) tile<4>(a, g, t);
-    switch (a.ntok - t) {
-      case 3: tile<3>(a, g, t); break;
-      case 2: tile<2>(a, g, t); break;
-      case 1: tile<1>(a, g, t); break;
-      default: break;
-    }
-  }
-}
+void gemm_q4_0_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel>(a); }
 
 }  // namespace ember::cpu::detail

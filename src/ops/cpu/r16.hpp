@@ -1,4 +1,4 @@
-// Q4_0 matrices repacked 16 rows at a time (DType::Q4_0_R16), for dense products.
+// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q6_K_R16), for dense products.
 //
 // A row-by-row Q4_0 matrix makes a decode kernel load the same activation block once per row
 // and keeps its per-block work high (nibble shuffles, a horizontal sum per row). Repacked, 16 rows
@@ -12,22 +12,43 @@
 //              i.e. elements 4c .. 4c + 3 (low nibbles) and 16 + 4c .. 16 + 4c + 3 (high nibbles)
 // A group is 16 rows' worth of Q4_0 bytes, so the matrix keeps its size and row stride, and the
 // rows of a group start where row 16g started: row views at multiples of 16 stay valid.
+//
+// Q6_K_R16 does the same for Q6_K (weights q + 32 in 0..63, 16 sub-blocks of 16 per 256-element
+// super-block, an int8 scale per sub-block, an fp16 d per super-block). For each super-block of
+// a group, 3360 bytes (16 x 210):
+//   d[16]          fp16  the 16 rows' super-block scales
+//   sc[16][16]     int8  sc[j][r] = scale of sub-block j of row r
+//   per sub-block j, 192 bytes: A[64], B[64], H[64]; in lane r (bytes 4r .. 4r + 3), byte i
+//   packs the weights w_c = q[16j + 4c + i] (c = 0..3) of row r:
+//     A = (w0 & 15) | (w1 & 15) << 4,  B = (w2 & 15) | (w3 & 15) << 4,
+//     H = w0 >> 4 | (w1 >> 4) << 2 | (w2 >> 4) << 4 | (w3 >> 4) << 6
+//   so four unpacked registers hold elements 4c .. 4c + 3 of sub-block j of all 16 rows, in the
+//   order of the Q8_K activations.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+
+#include "tensor/dtype.hpp"
 
 namespace ember::cpu {
 
 constexpr int64_t kR16Rows = 16;
 
-// Whether the repacked layout has a fast kernel at the current SIMD level (AVX-512 VNNI); where it
-// has none, repacking would only cost time.
-bool q4_0_r16_fast();
+// Whether the repacked layouts (Q4_0_R16, Q6_K_R16) have fast kernels at the current SIMD level
+// (AVX-512 VNNI); where they have none, repacking would only cost time.
+bool r16_fast();
+// The repacked type of a file type (Q4_0 -> Q4_0_R16, Q6_K -> Q6_K_R16); the type itself if none.
+DType r16_type(DType t);
+// rows x k of a type r16_type() repacks (rows a multiple of 16, k of its block size) from `src`
+// into `dst`: same size, no overlap.
+void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);
 
 // rows x k Q4_0 (rows a multiple of 16, k of 32) from `src` into `dst` (same size, no overlap).
 void repack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
 // The inverse: back to plain Q4_0 rows.
 void unpack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+// rows x k Q6_K (rows a multiple of 16, k of 256) into Q6_K_R16.
+void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 
 namespace detail {
 

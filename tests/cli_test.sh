@@ -92,6 +92,13 @@ contains "profile quantiles" "$tmp/out" "blk\.0\.ffn_gate_quantiles"
 expect_ok "oracle ppl relu" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -b 8 -t 2 --sparse-mode oracle
 oracle_sparsity=$(num "$tmp/err" '.*FFN sparsity \(oracle\): ([0-9.]+)% .*')
 close "profile sparsity = oracle sparsity" "$relu_profile_sparsity" "$(python3 -c "print(${oracle_sparsity:-nan} / 100)")" 0.002
+# Predictor training samples saved by the profiler, trained on, used.
+expect_ok "profile samples" "$ember" profile -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 512 --samples "$tmp/relu.samples.gguf" --samples-max 200 -o "$tmp/relu.profile2.gguf" -t 2
+contains "samples written" "$tmp/err" "samples: 200 tokens x [0-9]+ layers"
+expect_ok "train from samples" "$ember" train-predictor -m "$tmp/relu.gguf" --from-samples "$tmp/relu.samples.gguf" --min-rank 8 --max-rank 8 --epochs 1 -o "$tmp/relu.pred.gguf" -t 2
+contains "predictor trained" "$tmp/out" "wrote .*relu\.pred\.gguf"
+expect_ok "predictor mode" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --sparse-mode predictor --predictor "$tmp/relu.pred.gguf"
+expect_error "samples and a corpus" "exactly one of" "$ember" train-predictor -m "$tmp/relu.gguf" --from-samples "$tmp/relu.samples.gguf" -f "$tmp/text.txt" -o "$tmp/x.pred.gguf"
 
 expect_ok "synth silu" "$ember" synth --preset tiny -o "$tmp/silu.gguf"
 expect_ok "profile silu" "$ember" profile -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 1024 --sparsity 0.4 -o "$tmp/silu.profile.gguf"
@@ -117,6 +124,7 @@ expect_error "threshold mode without thresholds" "needs per-layer thresholds" "$
 expect_error "sparse profile not a profile" "not a profile" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold --sparse-profile "$tmp/silu.gguf"
 expect_ok "synth one layer" "$ember" synth --preset tiny --n-layer 1 -o "$tmp/one.gguf"
 expect_ok "profile one layer" "$ember" profile -m "$tmp/one.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 64 --threshold 0.1 -o "$tmp/one.profile.gguf"
+expect_error "samples of another model" "this one has" "$ember" train-predictor -m "$tmp/one.gguf" --from-samples "$tmp/relu.samples.gguf" -o "$tmp/x.pred.gguf"
 expect_error "profile of another model" "thresholds for a model of [0-9]+ layers" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold --sparse-profile "$tmp/one.profile.gguf"
 # Placement (ember plan): a 7B plan from shapes, a plan file for a synth ReLU model, errors.
 expect_ok "plan 7b shapes" "$ember" plan --synth-preset 7b --vram-budget 2GiB --time-limit 1

@@ -37,8 +37,8 @@ namespace {
 // The dense FFN, recording the kept tokens' inputs and firing neurons on the way.
 class RecordingFfn final : public FfnExecutor {
  public:
-  RecordingFfn(std::vector<LayerSamples>& out, float threshold, int64_t n_ff)
-      : out_(out), threshold_(threshold), ids_(n_ff), masses_(n_ff) {}
+  RecordingFfn(std::vector<LayerSamples>& out, const SampleOptions& o, int64_t n_ff)
+      : out_(out), opts_(o), ids_(n_ff), masses_(n_ff) {}
   const std::vector<char>* keep = nullptr;  // per token of the current batch
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
@@ -49,12 +49,13 @@ class RecordingFfn final : public FfnExecutor {
     cpu::matmul(pool, w.gate, x, n, g, ws.mm_scratch.data());
     cpu::matmul(pool, w.up, x, n, u, ws.mm_scratch.data());
     cpu::activation_inplace(act, g, n * n_ff);
+    const float threshold = opts_.layer_thresholds.empty() ? opts_.threshold : opts_.layer_thresholds[layer];
     for (int64_t t = 0; t < n; ++t) {
       float* gt = g + t * n_ff;
       const float* ut = u + t * n_ff;
       int64_t c = 0;
       for (int64_t j = 0; j < n_ff; ++j) {
-        const bool fires = std::fabs(gt[j]) > threshold_;
+        const bool fires = std::fabs(gt[j]) > threshold;
         gt[j] = fires ? gt[j] * ut[j] : 0.0f;  // the threshold applies in the forward too
         if (fires && (*keep)[t]) ids_[c] = static_cast<int32_t>(j), masses_[c++] = std::fabs(gt[j]);
       }
@@ -65,7 +66,7 @@ class RecordingFfn final : public FfnExecutor {
 
  private:
   std::vector<LayerSamples>& out_;
-  float threshold_;
+  const SampleOptions& opts_;
   std::vector<int32_t> ids_;
   std::vector<float> masses_;
 };
@@ -96,7 +97,10 @@ std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& po
   kv.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
   Workspace ws;
   ws.init(model, batch, n_ctx, pool.size());
-  RecordingFfn rec(out, o.threshold, hp.n_ff);
+  EMBER_CHECK(o.layer_thresholds.empty() || static_cast<int64_t>(o.layer_thresholds.size()) == hp.n_layer,
+              "sample collection: {} per-layer thresholds for a model of {} layers", o.layer_thresholds.size(),
+              hp.n_layer);
+  RecordingFfn rec(out, o, hp.n_ff);
   ws.ffn = &rec;
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
   std::vector<char> keep(static_cast<size_t>(batch));

@@ -43,6 +43,7 @@ struct SampleOptions {
   int64_t n_ctx = 512;        // tokens per forward sequence (the KV cache is reset between them)
   int64_t batch = 64;         // tokens per forward pass
   float threshold = 0.0f;     // firing: |act(gate)| > threshold
+  std::vector<float> layer_thresholds;  // per layer (a profile's); replaces threshold when not empty
   uint64_t seed = 1;
 };
 

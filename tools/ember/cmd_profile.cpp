@@ -11,7 +11,9 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "sparse/predictor_train.hpp"
 #include "sparse/profile.hpp"
+#include "sparse/samples_file.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember::cli {
@@ -19,10 +21,32 @@ namespace {
 
 struct ProfileFlags {
   EngineFlags engine;
-  std::string corpus, out, plot;
+  std::string corpus, out, plot, samples;
+  int64_t samples_max = 4000;
   ProfileOptions opts;
   bool threshold_given = false;
 };
+
+// --samples: a second pass over the profiled tokens keeps an even spread of samples_max of them
+// per layer (FFN input, firing neurons at the profile's per-layer thresholds, their activation
+// mass) for `ember train-predictor --from-samples`.
+void save_samples(const ProfileFlags& f, const Model& model, Session& session, const Profile& p,
+                  const std::vector<int32_t>& tokens, int64_t n_tok) {
+  SampleOptions so;
+  so.max_tokens = std::min(f.samples_max, n_tok);
+  so.n_ctx = f.opts.n_ctx;
+  so.batch = std::min<int64_t>(f.engine.batch, 64);
+  so.layer_thresholds = p.thresholds;
+  const std::vector<int32_t> used(tokens.begin(), tokens.begin() + n_tok);
+  Timer timer;
+  const auto samples = collect_ffn_samples(model, session.pool(), used, so,
+                                           [](const std::string& m) { log_info("samples: {}", m); });
+  write_samples_file(f.samples, p.model_name, samples);
+  size_t firing = 0;
+  for (const LayerSamples& s : samples) firing += s.idx.size();
+  log_info("samples: {} tokens x {} layers ({} firing neurons) written to {} in {:.1f} s", samples[0].n,
+           samples.size(), firing, f.samples, timer.seconds());
+}
 
 void run_profile_cmd(ProfileFlags& f) {
   auto model = load_model_logged(f.engine, nullptr, RepackScope::attention_output);
@@ -58,6 +82,7 @@ void run_profile_cmd(ProfileFlags& f) {
     }
   });
   write_profile(p, f.out);
+  if (!f.samples.empty()) save_samples(f, *model, session, p, tokens, n_tok);
 
   std::printf("layer  threshold  sparsity  hot80%%  hot95%%\n");
   double sp_sum = 0, h80 = 0, h95 = 0;
@@ -99,6 +124,12 @@ void add_profile(CLI::App& app) {
       ->each([f](const std::string&) { f->threshold_given = true; });
   cmd->add_option("--max-tokens", f->opts.max_tokens, "profile at most this many corpus tokens (0 = all)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  cmd->add_option("--samples", f->samples,
+                  "also save predictor training samples (layer inputs and firing neurons) to this GGUF, for "
+                  "`ember train-predictor --from-samples`");
+  cmd->add_option("--samples-max", f->samples_max, "tokens kept per layer in --samples (n_embd x 4 bytes each)")
+      ->check(CLI::Range(int64_t{20}, int64_t{1} << 24))
+      ->capture_default_str();
   cmd->callback([f] { run_profile_cmd(*f); });
 }
 

@@ -14,6 +14,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "sparse/predictor_train.hpp"
+#include "sparse/samples_file.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember::cli {
@@ -21,7 +22,7 @@ namespace {
 
 struct TrainArgs {
   EngineFlags engine;
-  std::string corpus, out, type = "f16";
+  std::string corpus, out, from_samples, type = "f16";
   int64_t synthetic_tokens = 0, samples = 4000, seq = 512;
   double recall = 0.99;
   int64_t min_rank = 16, max_rank = 1024;
@@ -32,22 +33,16 @@ struct TrainArgs {
   bool random_init = false;
 };
 
-void run_train(const TrainArgs& a) {
-  EMBER_CHECK(a.corpus.empty() != (a.synthetic_tokens == 0),
-              "train-predictor: give exactly one of -f CORPUS (a text file) or --synthetic-tokens N");
-  auto dir = std::filesystem::absolute(a.out).parent_path();
-  EMBER_CHECK(std::filesystem::is_directory(dir), "cannot write '{}': directory '{}' does not exist", a.out,
-              dir.string());
-  const DType type = a.type == "f32" ? DType::F32 : DType::F16;
-  auto model = load_model_logged(a.engine, nullptr, RepackScope::attention_output);
-  const Hparams& hp = model->hp;
+// Runs the model over the corpus (or random token ids) and keeps the training samples.
+std::vector<LayerSamples> collect_samples(const TrainArgs& a, const Model& model, ThreadPool& pool) {
+  const Hparams& hp = model.hp;
   std::vector<int32_t> tokens;
   if (!a.corpus.empty()) {
     std::ifstream in(a.corpus, std::ios::binary);
     EMBER_CHECK(in, "cannot read corpus '{}'", a.corpus);
     std::stringstream ss;
     ss << in.rdbuf();
-    Tokenizer tok(*model->file);
+    Tokenizer tok(*model.file);
     tokens = tok.encode(ss.str(), false, false);
     log_info("corpus: {} ({} tokens)", a.corpus, tokens.size());
   } else {
@@ -57,13 +52,32 @@ void run_train(const TrainArgs& a) {
     for (auto& t : tokens) t = pick(rng);
     log_info("{} random token ids", tokens.size());
   }
-  ThreadPool pool(a.engine.threads > 0 ? a.engine.threads : default_thread_count());
-  Timer timer;
   SampleOptions so;
   so.max_tokens = a.samples, so.n_ctx = a.seq, so.threshold = a.threshold, so.seed = a.seed;
   so.batch = std::min<int64_t>(a.engine.batch, 64);
-  auto samples = collect_ffn_samples(*model, pool, tokens, so, [](const std::string& m) { log_info("samples: {}", m); });
-  log_info("samples: {} tokens per layer collected in {:.1f} s", samples[0].n, timer.seconds());
+  return collect_ffn_samples(model, pool, tokens, so, [](const std::string& m) { log_info("samples: {}", m); });
+}
+
+void run_train(const TrainArgs& a) {
+  EMBER_CHECK((a.corpus.empty() ? 0 : 1) + (a.synthetic_tokens == 0 ? 0 : 1) + (a.from_samples.empty() ? 0 : 1) == 1,
+              "train-predictor: give exactly one of -f CORPUS (a text file), --synthetic-tokens N or --from-samples "
+              "FILE (from `ember profile --samples`)");
+  auto dir = std::filesystem::absolute(a.out).parent_path();
+  EMBER_CHECK(std::filesystem::is_directory(dir), "cannot write '{}': directory '{}' does not exist", a.out,
+              dir.string());
+  const DType type = a.type == "f32" ? DType::F32 : DType::F16;
+  auto model = load_model_logged(a.engine, nullptr, RepackScope::attention_output);
+  const Hparams& hp = model->hp;
+  ThreadPool pool(a.engine.threads > 0 ? a.engine.threads : default_thread_count());
+  Timer timer;
+  std::vector<LayerSamples> samples;
+  if (!a.from_samples.empty()) {
+    samples = read_samples_file(a.from_samples, hp);
+    log_info("samples: {} tokens per layer read from {}", samples[0].n, a.from_samples);
+  } else {
+    samples = collect_samples(a, *model, pool);
+    log_info("samples: {} tokens per layer collected in {:.1f} s", samples[0].n, timer.seconds());
+  }
 
   PredictorTrainOptions to;
   to.recall = a.recall, to.min_rank = a.min_rank, to.max_rank = std::min<int64_t>(a.max_rank, std::min(hp.n_embd, hp.n_ff));
@@ -104,6 +118,8 @@ void add_train_predictor(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train-predictor", "train per-layer activation predictors (fc1/fc2) for a model");
   a->engine.add_to(cmd);
   cmd->add_option("-f,--file", a->corpus, "training text")->check(CLI::ExistingFile);
+  cmd->add_option("--from-samples", a->from_samples, "train on samples saved by `ember profile --samples`")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--synthetic-tokens", a->synthetic_tokens, "train on this many random token ids instead of a text")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("-o,--output", a->out, "predictor GGUF to write")->required();

@@ -14,6 +14,7 @@
 #include "ops/cpu/r16.hpp"
 #include "support/random_acts.hpp"
 #include "support/simd_levels.hpp"
+#include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
 using namespace ember;
@@ -69,7 +70,7 @@ struct Shape {
 const Shape kShapes[] = {{16, 32}, {48, 96}, {208, 800}, {32, 5632}, {16, 2048}};
 // Q6_K: k of 1, 3, 5 and 22 super-blocks.
 const Shape kShapesK[] = {{16, 256}, {48, 768}, {208, 1280}, {32, 5632}};
-const DType kTypes[] = {DType::Q4_0, DType::Q6_K};
+const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q6_K};
 std::vector<Shape> shapes(DType t) {
   return t == DType::Q6_K ? std::vector<Shape>(std::begin(kShapesK), std::end(kShapesK))
                           : std::vector<Shape>(std::begin(kShapes), std::end(kShapes));
@@ -78,24 +79,25 @@ const int64_t kTokens[] = {1, 2, 3, 4, 5, 7, 67};
 
 }  // namespace
 
-TEST(R16, Q4_0RepackRoundTripsAndKeepsSize) {
-  for (const Shape& s : kShapes) {
-    Packed p = random_matrix(DType::Q4_0, s.rows, s.k, 7);
-    std::vector<uint8_t> back(p.plain.size());
-    cpu::unpack_q4_0_r16(p.packed.data(), s.rows, s.k, back.data());
-    EXPECT_EQ(back, p.plain) << s.rows << " x " << s.k;
-    // Group g starts where row 16g did, and its first block's scales are rows 16g..16g+15's.
-    if (s.rows < 32) continue;
-    const size_t stride = row_bytes(DType::Q4_0, s.k);
-    EXPECT_EQ(p.packed_view.row(16), p.packed.data() + 16 * stride);
-    EXPECT_EQ(std::memcmp(p.packed.data() + 16 * stride + 2, p.plain.data() + 17 * stride, 2), 0);
-  }
+TEST(R16, Q4RepackRoundTripsAndKeepsSize) {
+  for (DType type : {DType::Q4_0, DType::Q4_1})
+    for (const Shape& s : kShapes) {
+      Packed p = random_matrix(type, s.rows, s.k, 7);
+      std::vector<uint8_t> back(p.plain.size());
+      cpu::unpack_r16(type, p.packed.data(), s.rows, s.k, back.data());
+      EXPECT_EQ(back, p.plain) << s.rows << " x " << s.k;
+      // Group g starts where row 16g did, and its first block's scales are rows 16g..16g+15's.
+      if (s.rows < 32) continue;
+      const size_t stride = row_bytes(type, s.k);
+      EXPECT_EQ(p.packed_view.row(16), p.packed.data() + 16 * stride);
+      EXPECT_EQ(std::memcmp(p.packed.data() + 16 * stride + 2, p.plain.data() + 17 * stride, 2), 0);
+    }
 }
 
 TEST(R16, RejectsShapesItCannotHold) {
   std::vector<uint8_t> a(18 * 17), b(a.size());
-  EXPECT_THROW(cpu::repack_q4_0_r16(a.data(), 17, 32, b.data()), Error);
-  EXPECT_THROW(cpu::repack_q4_0_r16(a.data(), 16, 48, b.data()), Error);
+  EXPECT_THROW(cpu::repack_r16(DType::Q4_0, a.data(), 17, 32, b.data()), Error);
+  EXPECT_THROW(cpu::repack_r16(DType::Q4_1, a.data(), 16, 48, b.data()), Error);
   std::vector<uint8_t> c(210 * 32), d(c.size());
   EXPECT_THROW(cpu::repack_q6_k_r16(c.data(), 16, 512 + 32, d.data()), Error);
   EXPECT_THROW(cpu::repack_q6_k_r16(c.data(), 8, 256, d.data()), Error);
@@ -111,7 +113,7 @@ TEST(R16, ProductMatchesReferenceAtEveryLevel) {
   for (DType type : kTypes)
     for (const Shape& s : shapes(type)) {
       Packed p = random_matrix(type, s.rows, s.k, static_cast<uint32_t>(s.rows * 31 + s.k));
-      const DType at = type == DType::Q6_K ? DType::Q8_K : DType::Q8_0;
+      const DType at = type == DType::Q6_K ? DType::Q8_K : type == DType::Q4_1 ? DType::Q8_1 : DType::Q8_0;
       std::vector<float> wd(s.rows * s.k);
       for (int64_t r = 0; r < s.rows; ++r) dequantize_row(type, p.plain_view.row(r), wd.data() + r * s.k, s.k);
       for (int64_t n : kTokens) {
@@ -134,8 +136,17 @@ TEST(R16, ProductMatchesReferenceAtEveryLevel) {
                 ref += v;
                 l1 += std::fabs(v);
               }
+              // Q4_1 x Q8_1 adds m * s per block with s = d * sum(q) stored in fp16 (as ggml does):
+              // up to an fp16 ulp of s times |m| off the exact dot.
+              double slack = 0;
+              if (type == DType::Q4_1)
+                for (int64_t b = 0; b < s.k / 32; ++b) {
+                  const auto& wb = reinterpret_cast<const BlockQ4_1*>(p.plain_view.row(r))[b];
+                  const auto& xb = reinterpret_cast<const BlockQ8_1*>(xq.data() + t * row_bytes(at, s.k))[b];
+                  slack += std::fabs(fp16_to_fp32(wb.m) * fp16_to_fp32(xb.s)) * 0x1p-10;
+                }
               const size_t i = t * s.rows + r;
-              ASSERT_NEAR(y[i], ref, 1e-5 * l1 + 1e-30)
+              ASSERT_NEAR(y[i], ref, 1e-5 * l1 + slack + 1e-30)
                   << dtype_name(type) << " " << s.rows << "x" << s.k << " n=" << n << " t=" << t << " r=" << r;
               ASSERT_NEAR(y[i], plain[i], 2e-5 * l1 + 1e-30);
             }

@@ -116,18 +116,20 @@ TEST(Repack, OnlyMatricesWithWholeGroupsOfRowsAndNothingForOtherTypes) {
   std::filesystem::remove(p8);
 }
 
-TEST(Repack, Q6_KModelKeepsItsLogits) {
+TEST(Repack, Q4_1AndQ6_KModelsKeepTheirLogits) {
   if (!cpu::r16_fast()) GTEST_SKIP() << "no AVX-512 VNNI: nothing is repacked";
-  SynthOptions o = q4_0_model(FfnActivation::silu, false);
-  o.type = DType::Q6_K;
-  o.n_embd = 256;  // K-quant rows are multiples of 256
-  o.n_ff = 512;
-  const std::string path = synth_path(o, "q6_k");
-  auto plain = load_model(path);
-  auto packed = load_model(path);
-  const RepackStats st = repack_for_dense_kernels(*packed, RepackScope::all);
-  EXPECT_EQ(st.tensors, 7 * packed->hp.n_layer + 1);
-  EXPECT_EQ(packed->layers[0].ffn.down.type, DType::Q6_K_R16);
-  expect_same_logits(*plain, *packed, FfnMode::dense);
-  std::filesystem::remove(path);
+  for (DType type : {DType::Q4_1, DType::Q6_K}) {
+    SynthOptions o = q4_0_model(FfnActivation::silu, false);
+    o.type = type;
+    o.n_embd = 256;  // K-quant rows are multiples of 256
+    o.n_ff = 512;
+    const std::string path = synth_path(o, std::string(dtype_name(type)));
+    auto plain = load_model(path);
+    auto packed = load_model(path);
+    const RepackStats st = repack_for_dense_kernels(*packed, RepackScope::all);
+    EXPECT_EQ(st.tensors, 7 * packed->hp.n_layer + 1);
+    EXPECT_EQ(packed->layers[0].ffn.down.type, cpu::r16_type(type));
+    expect_same_logits(*plain, *packed, FfnMode::dense);
+    std::filesystem::remove(path);
+  }
 }

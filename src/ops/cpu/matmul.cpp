@@ -25,7 +25,7 @@ DType activation_type(DType w) {
   switch (w) {
     case DType::F32: case DType::F16: case DType::BF16: return DType::F32;
     case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: return DType::Q8_0;
-    case DType::Q4_1: return DType::Q8_1;
+    case DType::Q4_1: case DType::Q4_1_R16: return DType::Q8_1;
     case DType::Q6_K: case DType::Q6_K_R16: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
     case DType::Q5_1: return DType::Q8_1;
@@ -64,6 +64,7 @@ struct Kernel {
 Kernel gemm_for(DType w) {
   const bool avx512 = simd_level() == SimdLevel::avx512;
   if (w == DType::Q4_0_R16) return {avx512 ? &detail::gemm_q4_0_r16_avx512 : &detail::gemm_q4_0_r16_scalar, true};
+  if (w == DType::Q4_1_R16) return {avx512 ? &detail::gemm_q4_1_r16_avx512 : &detail::gemm_q4_1_r16_scalar, true};
   if (w == DType::Q6_K_R16) return {avx512 ? &detail::gemm_q6_k_r16_avx512 : &detail::gemm_q6_k_r16_scalar, false};
   const KernelSet* set = nullptr;
   const detail::KQuantSet* kq = nullptr;
@@ -84,16 +85,18 @@ Kernel gemm_for(DType w) {
 }
 
 bool may_use_quads(DType w) {
-  return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1 || w == DType::Q4_0_R16;
+  return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1 || w == DType::Q4_0_R16 ||
+         w == DType::Q4_1_R16;
 }
 
 // The rearranged activation layout of the kernels with Kernel::quads set: the quad layout
-// (kernels.hpp), or R16Act blocks for Q4_0_R16 (q4_0_r16.hpp).
+// (kernels.hpp), or R16Act blocks for Q4_0_R16 / Q4_1_R16 (r16.hpp).
+bool r16_act(DType w) { return w == DType::Q4_0_R16 || w == DType::Q4_1_R16; }
 size_t rearranged_row_bytes(DType w, int64_t k) {
-  return w == DType::Q4_0_R16 ? detail::r16_act_row_bytes(k) : detail::quad_row_bytes(k);
+  return r16_act(w) ? detail::r16_act_row_bytes(k) : detail::quad_row_bytes(k);
 }
 void rearrange(DType w, const void* xq_row, void* out, int64_t k) {
-  if (w == DType::Q4_0_R16) detail::prepare_r16(xq_row, out, k);
+  if (r16_act(w)) detail::prepare_r16(w, xq_row, out, k);
   else detail::prepare_quads(w, xq_row, out, k);
 }
 

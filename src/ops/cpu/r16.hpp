@@ -1,4 +1,4 @@
-// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q6_K_R16), for dense products.
+// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q4_1_R16, Q6_K_R16), for dense products.
 //
 // A row-by-row Q4_0 matrix makes a decode kernel load the same activation block once per row
 // and keeps its per-block work high (nibble shuffles, a horizontal sum per row). Repacked, 16 rows
@@ -10,7 +10,8 @@
 //   d[16]      fp16  the 16 rows' scales of block b
 //   qs[4][64]  chunk c, bytes 4r .. 4r + 3 = bytes 4c .. 4c + 3 of row r's Q4_0 qs for block b,
 //              i.e. elements 4c .. 4c + 3 (low nibbles) and 16 + 4c .. 16 + 4c + 3 (high nibbles)
-// A group is 16 rows' worth of Q4_0 bytes, so the matrix keeps its size and row stride, and the
+// Q4_1_R16 is the same with the 16 rows' mins m[16] (fp16) after d: 320 bytes per block.
+// A group is 16 rows' worth of Q4_0 (Q4_1) bytes, so the matrix keeps its size and row stride, and the
 // rows of a group start where row 16g started: row views at multiples of 16 stay valid.
 //
 // Q6_K_R16 does the same for Q6_K (weights q + 32 in 0..63, 16 sub-blocks of 16 per 256-element
@@ -34,35 +35,38 @@ namespace ember::cpu {
 
 constexpr int64_t kR16Rows = 16;
 
-// Whether the repacked layouts (Q4_0_R16, Q6_K_R16) have fast kernels at the current SIMD level
+// Whether the repacked layouts (Q4_0_R16, Q4_1_R16, Q6_K_R16) have fast kernels at the current SIMD level
 // (AVX-512 VNNI); where they have none, repacking would only cost time.
 bool r16_fast();
-// The repacked type of a file type (Q4_0 -> Q4_0_R16, Q6_K -> Q6_K_R16); the type itself if none.
+// The repacked type of a file type (Q4_0, Q4_1, Q6_K -> *_R16); the type itself if none.
 DType r16_type(DType t);
 // rows x k of a type r16_type() repacks (rows a multiple of 16, k of its block size) from `src`
 // into `dst`: same size, no overlap.
 void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);
 
-// rows x k Q4_0 (rows a multiple of 16, k of 32) from `src` into `dst` (same size, no overlap).
-void repack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
-// The inverse: back to plain Q4_0 rows.
-void unpack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+// The inverse for Q4_0 and Q4_1 (t: the plain type): back to plain rows.
+void unpack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);
 // rows x k Q6_K (rows a multiple of 16, k of 256) into Q6_K_R16.
 void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 
 namespace detail {
 
-// The activations the Q4_0_R16 kernels read, one 32-element block at a time: the Q8_0 block's
-// scale as float, c = -8 * (sum of its 32 values) (the Q4_0 offset, taken off in integers), and
-// its values. Built from the Q8_0 rows quantize_activations() gives, so results match Q4_0's.
+// The activations the Q4_0_R16 / Q4_1_R16 kernels read, one 32-element block at a time: the
+// block's scale as float; for Q4_0, c = -8 * (sum of its 32 values) (the Q4_0 offset, taken off
+// in integers), for Q4_1 the Q8_1 block's s = d * sum (the fp16 value ggml stores); and its
+// values. Built from the Q8_0 / Q8_1 rows quantize_activations() gives, so results match the
+// file layout's.
 struct R16Act {
   float d;
-  int32_t c;
+  union {
+    int32_t c;
+    float s;
+  };
   int8_t qs[32];
 };
 static_assert(sizeof(R16Act) == 40);
 inline size_t r16_act_row_bytes(int64_t k) { return static_cast<size_t>(k / 32) * sizeof(R16Act); }
-void prepare_r16(const void* q8_0_row, void* out, int64_t k);
+void prepare_r16(DType weight_type, const void* q8_row, void* out, int64_t k);
 
 }  // namespace detail
 }  // namespace ember::cpu

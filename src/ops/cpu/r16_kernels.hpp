@@ -1,6 +1,6 @@
-// Internal: the kernels of the 16-row repacked types (q4_0_r16.hpp, q6_k_r16.hpp), called by
+// Internal: the kernels of the 16-row repacked types (r16.hpp), called by
 // matmul.cpp. All take nrows a multiple of 16 (rows w_stride bytes apart, so group g starts at
-// w + 16 g w_stride). Q4_0_R16 takes R16Act activation rows, Q6_K_R16 plain Q8_K rows.
+// w + 16 g w_stride). Q4_0_R16 and Q4_1_R16 take R16Act activation rows, Q6_K_R16 plain Q8_K rows.
 #pragma once
 #include "ops/cpu/kernels.hpp"
 #include "ops/cpu/r16.hpp"
@@ -9,6 +9,8 @@ namespace ember::cpu::detail {
 
 void gemm_q4_0_r16_scalar(const GemmArgs& a);
 void gemm_q4_0_r16_avx512(const GemmArgs& a);
+void gemm_q4_1_r16_scalar(const GemmArgs& a);
+void gemm_q4_1_r16_avx512(const GemmArgs& a);
 void gemm_q6_k_r16_scalar(const GemmArgs& a);
 void gemm_q6_k_r16_avx512(const GemmArgs& a);
 

@@ -1,0 +1,166 @@
+// Q4_0_R16 and Q4_1_R16 (layout in r16.hpp): repacking, activation preparation and the scalar
+// reference kernels; and the dispatch over the repacked types.
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "core/cpu_features.hpp"
+#include "core/error.hpp"
+#include "ops/cpu/r16_kernels.hpp"
+#include "tensor/fp16.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu {
+namespace {
+
+// Bytes of one block of a group: the 16 rows' scales (and mins), then 256 bytes of nibbles.
+template <class B>
+constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(B);  // 288 (Q4_0), 320 (Q4_1)
+template <class B>
+constexpr size_t kQsAt = kGroupBlockBytes<B> - 256;
+template <class B>
+constexpr bool kHasMin = std::is_same_v<B, BlockQ4_1>;
+
+template <class B>
+void check_shape(int64_t rows, int64_t k) {
+  EMBER_CHECK(rows > 0 && rows % kR16Rows == 0 && k > 0 && k % kQK == 0,
+              "{}_R16 repacking needs a multiple of 16 rows and of 32 columns, got {} x {}",
+              kHasMin<B> ? "Q4_1" : "Q4_0", rows, k);
+}
+
+// Calls f(plain block index, its row's group block, r) for every row r of every group and block.
+template <class B, class F>
+void for_each_block(int64_t rows, int64_t k, const F& f) {
+  const int64_t nb = k / kQK;
+  for (int64_t g = 0; g < rows / kR16Rows; ++g)
+    for (int64_t b = 0; b < nb; ++b)
+      for (int r = 0; r < kR16Rows; ++r) f((g * kR16Rows + r) * nb + b, (g * nb + b) * kGroupBlockBytes<B>, r);
+}
+
+// Where one row's block lives in its group: d (and m) in the scale arrays, qs in four chunks.
+template <class B>
+struct BlockPlaces {
+  size_t d, m, qs[4];
+  BlockPlaces(size_t group, int r) : d(group + 2 * r), m(group + 32 + 2 * r) {
+    for (int c = 0; c < 4; ++c) qs[c] = group + kQsAt<B> + 64 * c + 4 * r;
+  }
+};
+
+template <class B>
+void repack(const void* src, int64_t rows, int64_t k, void* dst) {
+  check_shape<B>(rows, k);
+  const auto* in = static_cast<const B*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  for_each_block<B>(rows, k, [&](int64_t plain, size_t group, int r) {
+    const BlockPlaces<B> at(group, r);
+    std::memcpy(out + at.d, &in[plain].d, 2);
+    if constexpr (kHasMin<B>) std::memcpy(out + at.m, &in[plain].m, 2);
+    for (int c = 0; c < 4; ++c) std::memcpy(out + at.qs[c], in[plain].qs + 4 * c, 4);
+  });
+}
+
+template <class B>
+void unpack(const void* src, int64_t rows, int64_t k, void* dst) {
+  check_shape<B>(rows, k);
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<B*>(dst);
+  for_each_block<B>(rows, k, [&](int64_t plain, size_t group, int r) {
+    const BlockPlaces<B> at(group, r);
+    std::memcpy(&out[plain].d, in + at.d, 2);
+    if constexpr (kHasMin<B>) std::memcpy(&out[plain].m, in + at.m, 2);
+    for (int c = 0; c < 4; ++c) std::memcpy(out[plain].qs + 4 * c, in + at.qs[c], 4);
+  });
+}
+
+// The reference: the AVX-512 kernels compute every output with the same operations in the same
+// order (integer block dot, then one fused multiply-add per block, and for Q4_1 a second for
+// the mins), so the two agree bit for bit.
+template <class B>
+void gemm_scalar(const detail::GemmArgs& a) {
+  const int64_t nb = a.k / kQK;
+  for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
+    const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
+    for (int64_t t = 0; t < a.ntok; ++t) {
+      const auto* x = reinterpret_cast<const detail::R16Act*>(a.x + t * a.x_stride);
+      for (int r = 0; r < kR16Rows; ++r) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* p = wg + b * kGroupBlockBytes<B>;
+          uint16_t h;
+          std::memcpy(&h, p + 2 * r, 2);
+          int32_t s = kHasMin<B> ? 0 : x[b].c;
+          for (int c = 0; c < 4; ++c)
+            for (int j = 0; j < 4; ++j) {
+              const uint8_t q = p[kQsAt<B> + 64 * c + 4 * r + j];
+              s += (q & 15) * x[b].qs[4 * c + j] + (q >> 4) * x[b].qs[16 + 4 * c + j];
+            }
+          acc = std::fma(static_cast<float>(s), fp16_to_fp32(h) * x[b].d, acc);
+          if constexpr (kHasMin<B>) {
+            std::memcpy(&h, p + 32 + 2 * r, 2);
+            acc = std::fma(fp16_to_fp32(h), x[b].s, acc);
+          }
+        }
+        a.y[t * a.y_stride + g * kR16Rows + r] = acc;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool r16_fast() { return simd_level() == SimdLevel::avx512; }
+
+DType r16_type(DType t) {
+  switch (t) {
+    case DType::Q4_0: return DType::Q4_0_R16;
+    case DType::Q4_1: return DType::Q4_1_R16;
+    case DType::Q6_K: return DType::Q6_K_R16;
+    default: return t;
+  }
+}
+
+void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
+  switch (t) {
+    case DType::Q4_0: repack<BlockQ4_0>(src, rows, k, dst); return;
+    case DType::Q4_1: repack<BlockQ4_1>(src, rows, k, dst); return;
+    case DType::Q6_K: repack_q6_k_r16(src, rows, k, dst); return;
+    default: fail("no 16-row repacked layout for {}", dtype_name(t));
+  }
+}
+
+void unpack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
+  switch (t) {
+    case DType::Q4_0: unpack<BlockQ4_0>(src, rows, k, dst); return;
+    case DType::Q4_1: unpack<BlockQ4_1>(src, rows, k, dst); return;
+    default: fail("unpack_r16: {} has no unpacking", dtype_name(t));
+  }
+}
+
+namespace detail {
+
+void prepare_r16(DType weight_type, const void* q8_row, void* out, int64_t k) {
+  auto* o = static_cast<R16Act*>(out);
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    const int8_t* qs;
+    if (weight_type == DType::Q4_1_R16) {  // Q8_1 rows: s = d * sum(q) as ggml stores it (fp16)
+      const auto& in = static_cast<const BlockQ8_1*>(q8_row)[b];
+      o[b].d = fp16_to_fp32(in.d);
+      o[b].s = fp16_to_fp32(in.s);
+      qs = in.qs;
+    } else {
+      const auto& in = static_cast<const BlockQ8_0*>(q8_row)[b];
+      int32_t sum = 0;
+      for (int i = 0; i < kQK; ++i) sum += in.qs[i];
+      o[b].d = fp16_to_fp32(in.d);
+      o[b].c = -8 * sum;
+      qs = in.qs;
+    }
+    std::memcpy(o[b].qs, qs, kQK);
+  }
+}
+
+void gemm_q4_0_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ4_0>(a); }
+void gemm_q4_1_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ4_1>(a); }
+
+}  // namespace detail
+}  // namespace ember::cpu

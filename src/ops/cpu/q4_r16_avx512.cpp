@@ -1,0 +1,73 @@
+// The Q4_0_R16 / Q4_1_R16 kernels on AVX-512 VNNI (layout in r16.hpp). Per 32-element block of a
+// group: four 64-byte loads give 16 rows x 32 nibbles; split into low and high nibbles they are
+// eight registers, register c (c < 4) holding elements 4c .. 4c + 3 and register 4 + c elements
+// 16 + 4c .. 16 + 4c + 3 of all 16 rows, one row per 32-bit lane. Each meets the activation's
+// matching 4 bytes broadcast to all lanes in a vpdpbusd; the 16 lanes are the 16 rows' integer
+// block dots, scaled once per block (Q4_1: plus m * s). The decoded weights serve up to four tokens.
+// GCC 12 warns falsely inside its own cvtph / cvtepi32 intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "ops/cpu/r16_kernels.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <bool kHasMin>
+struct Kernel {
+  static constexpr size_t kGroupBlockBytes = kHasMin ? 320 : 288, kQsAt = kGroupBlockBytes - 256;
+
+  template <int T>
+  static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
+    const int64_t nb = a.k / 32;
+    const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
+    const R16Act* x[T];
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) {
+      x[t] = reinterpret_cast<const R16Act*>(a.x + (t0 + t) * a.x_stride);
+      acc[t] = _mm512_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = wg + b * kGroupBlockBytes;
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      [[maybe_unused]] __m512 mw;
+      if constexpr (kHasMin) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+      __m512i lo[4], hi[4];
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(p + kQsAt + 64 * c);
+        lo[c] = _mm512_and_si512(v, m4);
+        hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
+      for (int t = 0; t < T; ++t) {
+        const R16Act& xa = x[t][b];
+        // Two dependency chains of four (low and high nibbles), joined once.
+        __m512i sl = kHasMin ? _mm512_setzero_si512() : _mm512_set1_epi32(xa.c), sh = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+          sl = _mm512_dpbusd_epi32(sl, lo[c], bcast4(xa.qs + 4 * c));
+          sh = _mm512_dpbusd_epi32(sh, hi[c], bcast4(xa.qs + 16 + 4 * c));
+        }
+        const __m512i s = _mm512_add_epi32(sl, sh);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xa.d)), acc[t]);
+        if constexpr (kHasMin) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xa.s), acc[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows, acc[t]);
+  }
+};
+
+}  // namespace
+
+void gemm_q4_0_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<false>>(a); }
+void gemm_q4_1_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<true>>(a); }
+
+}  // namespace ember::cpu::detail

@@ -10,6 +10,8 @@
 // to their first difference, which must fall on a near-tie of llama.cpp's own logits.
 #include <gtest/gtest.h>
 
+#include "model/repack.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -44,6 +46,9 @@ void check_agreement(const std::string& label, const std::string& path, const st
   const int stride = ref["stride"];
 
   auto model = load_model(path);
+  // As `ember generate` runs it: matrices repacked for the dense kernels where the CPU has them.
+  const RepackStats repacked = repack_for_dense_kernels(*model, RepackScope::all);
+  std::printf("%s: %d matrices repacked\n", label.c_str(), repacked.tensors);
   const int64_t nv = model->hp.n_vocab;
   ASSERT_EQ(nv, ref["n_vocab"].get<int64_t>());
   Session session(*model, SessionParams{2, 512, 512});

@@ -22,6 +22,9 @@ struct Workspace {
   AlignedBuffer<int32_t> all_neurons;
   AlignedBuffer<float> axpy_scratch;
   FfnExecutor* ffn = nullptr;  // null: dense_ffn (model/ffn.hpp)
+  // The residual stream entering the current layer's FFN (before its norm), n x n_embd, set by
+  // the forward pass before it calls the FFN: PowerInfer's predictors read it.
+  const float* ffn_residual = nullptr;
 
   void init(const Model& model, int64_t max_batch, int64_t n_ctx, int n_threads);
   size_t bytes() const;

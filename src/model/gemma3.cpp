@@ -134,6 +134,7 @@ void gemma3_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws
     cpu::add_f32(ws.o.data(), x, n * d);
 
     cpu::rms_norm(x, as_floats(L.ffn.norm), xn, n, d, hp.norm_eps);
+    ws.ffn_residual = x;
     if (ws.ffn) ws.ffn->run(pool, il, L.ffn, hp.act, xn, n, ws.o.data(), ws);  // sparse / profiler
     else dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws);
     cpu::rms_norm(ws.o.data(), as_floats(L.ffn_post_norm), ws.o.data(), n, d, hp.norm_eps);

@@ -21,6 +21,14 @@ size_t Model::weight_bytes_per_token() const {
   return total;
 }
 
+bool predictor_reads_residual(const gguf::Reader& r) {
+  const auto v = r.opt_string(kPredictorInputKey);
+  if (!v) return r.opt_string("general.architecture").value_or("") != "ember-predictor";
+  EMBER_CHECK(*v == "residual" || *v == "ffn_input", "{}: {} is '{}' (expected 'residual' or 'ffn_input')", r.path(),
+              kPredictorInputKey, *v);
+  return *v == "residual";
+}
+
 std::unique_ptr<Model> load_model(const std::string& path) {
   auto model = std::make_unique<Model>();
   model->file = std::make_unique<gguf::Reader>(path);

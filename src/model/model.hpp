@@ -86,6 +86,10 @@ struct Model {
   // present they replace predictor_threshold layer by layer. Empty when absent.
   std::vector<float> predictor_thresholds;
   std::vector<float> gate_thresholds;
+  // What the predictor (fc1) reads: the residual stream entering the FFN, before ffn_norm, as
+  // PowerInfer's models and converter do (true), or the FFN's own input after ffn_norm, as
+  // `ember train-predictor` trains (false). From `ember.predictor.input` (predictor_input_key).
+  bool predictor_on_residual = false;
   // Weights held in memory rather than in the file: matrices repacked for the dense kernels
   // (model/repack.hpp); views point into them.
   std::vector<AlignedBuffer<uint8_t>> owned_weights;
@@ -94,6 +98,12 @@ struct Model {
   size_t weight_bytes_per_token() const;
   size_t file_bytes() const { return file->file_size(); }
 };
+
+// The predictor input a file declares in `ember.predictor.input`: "residual" (true) or
+// "ffn_input" (false). Absent: PowerInfer's convention (residual) in model files, Ember's
+// (ffn_input) in `ember-predictor` files, which always came from `ember train-predictor`.
+constexpr const char* kPredictorInputKey = "ember.predictor.input";
+bool predictor_reads_residual(const gguf::Reader& r);
 
 // Opens a GGUF file and binds an architecture Ember knows; errors name what is missing.
 std::unique_ptr<Model> load_model(const std::string& path);

@@ -114,6 +114,7 @@ void opt_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws, c
     cpu::add_f32(ws.o.data(), x, n * d);
 
     cpu::layer_norm(x, as_floats(L.ffn.norm), as_floats(L.ffn.norm_b), xn, n, d, hp.norm_eps);
+    ws.ffn_residual = x;
     if (ws.ffn) ws.ffn->run(pool, il, L.ffn, hp.act, xn, n, ws.o.data(), ws);
     else dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws);
     cpu::add_f32(ws.o.data(), x, n * d);

@@ -465,6 +465,7 @@ void write_predictor_file(const std::string& path, const std::string& model_name
   w.set("general.architecture", Value::str("ember-predictor"));
   w.set("general.name", Value::str(model_name + " predictor"));
   w.set("ember.predictor.n_layer", Value::u64(layers.size()));
+  w.set(kPredictorInputKey, Value::str("ffn_input"));  // trained on the FFN input (after ffn_norm)
   w.set("powerinfer.sparse_threshold", Value::f32(global));
   std::vector<float> thresholds;
   auto encode = [&](const std::vector<float>& v, float scale) {

@@ -159,6 +159,9 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
     w.set(k, mr.metadata().at(k));
   }
   w.set("powerinfer.sparse_threshold", gguf::Value::f32(pred_threshold));
+  // The embedded predictor keeps the input convention it was trained for.
+  w.set(kPredictorInputKey,
+        gguf::Value::str((pred ? predictor_reads_residual(*pred) : model->predictor_on_residual) ? "residual" : "ffn_input"));
   if (!thresholds.empty()) {
     w.set("ember.sparse.thresholds", gguf::Value::floats(thresholds));
     w.set("ember.sparse.target", gguf::Value::f32(o.sparsity));

@@ -262,8 +262,8 @@ TEST(Sparse, NeuronMajorDownMatchesDense) {
   }
 }
 
-// The one-token AVX-512 kernels work on groups of four scattered rows: every group size (lists
-// of 1..9 rows), rows with full steps of four blocks plus a tail, zeros among the factors. The
+// The one-token AVX-512 kernels work on groups of eight scattered rows: every group size (lists
+// of 1..17 rows), rows with full steps of four blocks plus a tail, zeros among the factors. The
 // gather must give the dense kernel's bits, the grouped axpy the one-row (AVX2) kernel's bits.
 TEST(Sparse, OneTokenGroupedKernelsAreBitIdentical) {
   if (!cpu_features().avx512 || !cpu_features().avx512_vnni) GTEST_SKIP() << "no AVX-512 VNNI";
@@ -274,7 +274,7 @@ TEST(Sparse, OneTokenGroupedKernelsAreBitIdentical) {
       const int64_t rows = 61;
       Matrix W = random_matrix(t, rows, k, 31 + static_cast<uint32_t>(k));
       auto X = random_floats(k, 37);
-      for (int64_t na = 1; na <= 9; ++na) {
+      for (int64_t na = 1; na <= 17; ++na) {
         std::vector<int32_t> act(rows);
         std::iota(act.begin(), act.end(), 0);
         std::shuffle(act.begin(), act.end(), rng);

@@ -3,7 +3,7 @@
 //
 // Why groups: an active row is a short read (1-2 KB) somewhere in a large matrix, so its first
 // cache lines are a DRAM latency away and the hardware prefetcher has not seen it coming. Going
-// through four rows in step keeps four independent streams in flight, and the rows of the next
+// through eight rows in step keeps eight independent streams in flight, and the rows of the next
 // group are prefetched while the current one is computed (spread over the loop, a couple of
 // lines per step, so that the prefetches do not queue up in front of the loads).
 //
@@ -14,7 +14,7 @@
 //   axpy (down, neuron-major Q8_0 / Q4_0 / Q4_1 rows): 32 output floats stay in two registers
 //     while the group's rows are added into them in list order, so each output element sees the
 //     chain out += h0 w0, += h1 w1, ... exactly as the one-row-at-a-time kernel computes it (w
-//     dequantized as dequantize_row does), at a quarter of the loads and stores of the output.
+//     dequantized as dequantize_row does), at an eighth of the loads and stores of the output.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -28,7 +28,7 @@
 namespace ember::cpu::detail {
 namespace {
 
-constexpr int kGroup = 4;  // rows in flight per thread
+constexpr int kGroup = 8;  // rows in flight per thread
 
 // Prefetches the lines of [p, p + n) that start in it (plus the one holding p).
 inline void prefetch_span(const uint8_t* p, int n) {
@@ -122,6 +122,10 @@ struct QuadGather {
       const uint8_t* next[kGroup];
       for (int g = 0; g < kGroup; ++g) cur[g] = row(i + g), next[g] = row(i + kGroup + g);
       switch (std::min<int64_t>(kGroup, n - i)) {
+        case 8: rows<8>(cur, next, nb, x, y + i); break;
+        case 7: rows<7>(cur, next, nb, x, y + i); break;
+        case 6: rows<6>(cur, next, nb, x, y + i); break;
+        case 5: rows<5>(cur, next, nb, x, y + i); break;
         case 4: rows<4>(cur, next, nb, x, y + i); break;
         case 3: rows<3>(cur, next, nb, x, y + i); break;
         case 2: rows<2>(cur, next, nb, x, y + i); break;
@@ -196,6 +200,10 @@ void axpy_rows(const uint8_t* d, size_t stride, size_t offset, const int32_t* ro
   const auto flush = [&](int64_t after) {
     for (int g = 0; g < kGroup; ++g) next[g] = row(after + g);
     switch (c) {
+      case 8: axpy_group<T, 8>(cur, next, hc, out, nblocks); break;
+      case 7: axpy_group<T, 7>(cur, next, hc, out, nblocks); break;
+      case 6: axpy_group<T, 6>(cur, next, hc, out, nblocks); break;
+      case 5: axpy_group<T, 5>(cur, next, hc, out, nblocks); break;
       case 4: axpy_group<T, 4>(cur, next, hc, out, nblocks); break;
       case 3: axpy_group<T, 3>(cur, next, hc, out, nblocks); break;
       case 2: axpy_group<T, 2>(cur, next, hc, out, nblocks); break;

@@ -21,7 +21,7 @@ struct SparseKernels {
 // AVX2+FMA+F16C kernels (also used at the AVX-512 level). Null members: no kernel.
 SparseKernels sparse_kernels_avx2(DType type);
 
-// AVX-512 one-token kernels over groups of scattered rows (sparse_avx512.cpp); null where there
+// AVX-512 one-token kernels over groups of (eight) scattered rows (sparse_avx512.cpp); null where there
 // is none for the type.
 // y[i] = dot(row rows[i] of w, x) for i < n: 4-bit rows (Q4_0, Q4_1) of k elements, x one
 // activation row in the quad layout (kernels.hpp); bit-identical to the dense kernel's rows.

@@ -30,10 +30,18 @@ namespace {
 
 constexpr int kGroup = 8;  // rows in flight per thread
 
-// Prefetches the lines of [p, p + n) that start in it (plus the one holding p).
+// How many rows ahead the prefetches run: about kPrefetchAhead bytes of rows, at least a group
+// (short rows need more of them; 4 KB to 16 KB measured about the same).
+constexpr int64_t kPrefetchAhead = 16384;
+inline int64_t rows_ahead(size_t row_bytes) {
+  return std::clamp<int64_t>(kPrefetchAhead / static_cast<int64_t>(row_bytes), kGroup, 8 * kGroup);
+}
+
+// Prefetches the lines of [p, p + n) that start in it (plus the one holding p), into L2: the
+// T0 hint (into L1) measured 5-8% slower, it holds the few L1 miss buffers longer.
 inline void prefetch_span(const uint8_t* p, int n) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(p + n - 1), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(p + n - 1), _MM_HINT_T1);
 }
 
 // ---- gather: 4-bit rows against the quad layout ------------------------------------------
@@ -115,12 +123,12 @@ struct QuadGather {
 
   static void gather(const uint8_t* w, size_t stride, const int32_t* rows_, int64_t n, int64_t k, const uint8_t* x,
                      float* y) {
-    const int64_t nb = k / kQK;
+    const int64_t nb = k / kQK, ahead = rows_ahead(static_cast<size_t>(nb) * kBlock);
     const auto row = [&](int64_t i) { return w + static_cast<size_t>(rows_[std::min(i, n - 1)]) * stride; };
     for (int64_t i = 0; i < n; i += kGroup) {
       const uint8_t* cur[kGroup];
       const uint8_t* next[kGroup];
-      for (int g = 0; g < kGroup; ++g) cur[g] = row(i + g), next[g] = row(i + kGroup + g);
+      for (int g = 0; g < kGroup; ++g) cur[g] = row(i + g), next[g] = row(i + ahead + g);
       switch (std::min<int64_t>(kGroup, n - i)) {
         case 8: rows<8>(cur, next, nb, x, y + i); break;
         case 7: rows<7>(cur, next, nb, x, y + i); break;
@@ -173,7 +181,27 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
   using B = BlockDequant<T>;
   __m512 hv[R];
   for (int r = 0; r < R; ++r) hv[r] = _mm512_set1_ps(h[r]);
-  for (int64_t b = 0; b < nblocks; ++b, out += kQK) {
+  // Two blocks at a time: four independent chains of fused multiply-adds hide their latency.
+  int64_t b = 0;
+  for (; b + 2 <= nblocks; b += 2, out += 2 * kQK) {
+    __m512 a0 = _mm512_loadu_ps(out), a1 = _mm512_loadu_ps(out + 16);
+    __m512 a2 = _mm512_loadu_ps(out + 32), a3 = _mm512_loadu_ps(out + 48);
+    for (int r = 0; r < R; ++r) {
+      prefetch_span(next[r] + b * B::kBytes, 2 * B::kBytes);
+      __m512 w0, w1, w2, w3;
+      B::get(src[r] + b * B::kBytes, w0, w1);
+      B::get(src[r] + (b + 1) * B::kBytes, w2, w3);
+      a0 = _mm512_fmadd_ps(hv[r], w0, a0);
+      a1 = _mm512_fmadd_ps(hv[r], w1, a1);
+      a2 = _mm512_fmadd_ps(hv[r], w2, a2);
+      a3 = _mm512_fmadd_ps(hv[r], w3, a3);
+    }
+    _mm512_storeu_ps(out, a0);
+    _mm512_storeu_ps(out + 16, a1);
+    _mm512_storeu_ps(out + 32, a2);
+    _mm512_storeu_ps(out + 48, a3);
+  }
+  if (b < nblocks) {
     __m512 a0 = _mm512_loadu_ps(out), a1 = _mm512_loadu_ps(out + 16);
     for (int r = 0; r < R; ++r) {
       prefetch_span(next[r] + b * B::kBytes, B::kBytes);
@@ -190,7 +218,7 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
 template <DType T>
 void axpy_rows(const uint8_t* d, size_t stride, size_t offset, const int32_t* rows, const float* h, int64_t n,
                float* out, int64_t len) {
-  const int64_t nblocks = len / kQK;
+  const int64_t nblocks = len / kQK, ahead = rows_ahead(static_cast<size_t>(nblocks) * BlockDequant<T>::kBytes);
   const auto row = [&](int64_t i) { return d + static_cast<size_t>(rows[std::min(i, n - 1)]) * stride + offset; };
   const uint8_t* cur[kGroup];
   const uint8_t* next[kGroup];
@@ -198,7 +226,7 @@ void axpy_rows(const uint8_t* d, size_t stride, size_t offset, const int32_t* ro
   int c = 0;
   // Groups of kGroup rows with a nonzero factor, in list order (a zero adds exactly nothing).
   const auto flush = [&](int64_t after) {
-    for (int g = 0; g < kGroup; ++g) next[g] = row(after + g);
+    for (int g = 0; g < kGroup; ++g) next[g] = row(after + ahead - kGroup + g);
     switch (c) {
       case 8: axpy_group<T, 8>(cur, next, hc, out, nblocks); break;
       case 7: axpy_group<T, 7>(cur, next, hc, out, nblocks); break;

@@ -16,6 +16,10 @@
 //           down only for the predicted neurons whose |act(gate)| > threshold. Exact for every
 //           neuron the predictor finds; a truly active neuron it misses is dropped.
 //
+// A single token (decode) of a gated FFN without gate/up biases takes a fused path: one
+// dispatch computes the predictor's scores, the gate, the firing test and up (each thread a
+// share of 64-neuron blocks), a second one the down axpy; bit-identical to the separate steps.
+//
 // Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
 // token contributes an exact zero). Batches of kDenseBatch tokens or more run the dense kernels:
 // over a long prompt nearly every neuron fires for some token, and the dense kernels reuse

@@ -260,7 +260,7 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
 bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
                                  const float* x, float* out, Workspace& ws) {
   if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() || w.gate.type != w.up.type ||
-      pool.size() > fused_threads_)
+      pool.size() > std::min(fused_threads_, kMaxFusedThreads))
     return false;
   const bool predicted = opts_.mode == FfnMode::predictor;
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
@@ -332,8 +332,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   const int nth = pool.size();
   float* h = ws.up.data();
   int64_t na = 0;
-  int64_t cursor[64] = {};
-  EMBER_CHECK(nth <= 64, "fused sparse decode supports up to 64 threads, got {}", nth);
+  int64_t cursor[kMaxFusedThreads] = {};
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int th = static_cast<int>(b % nth);
     const int32_t* fired = fused_ids_.data() + static_cast<size_t>(2 * n_ff) * th + n_ff;

@@ -108,6 +108,7 @@ class SparseFfn final : public FfnExecutor {
   // whatever the thread count, with the values the separate steps give: the results are
   // bit-identical to them. Returns false where it does not apply.
   static constexpr int64_t kNeuronBlock = 64;
+  static constexpr int kMaxFusedThreads = 64;  // more threads take the separate steps
   bool run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                         float* out, Workspace& ws);
   // Per thread: candidate and firing neuron ids and values (4 x n_ff each), firing counts per

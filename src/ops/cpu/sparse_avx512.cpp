@@ -37,12 +37,15 @@ inline int64_t rows_ahead(size_t row_bytes) {
   return std::clamp<int64_t>(kPrefetchAhead / static_cast<int64_t>(row_bytes), kGroup, 8 * kGroup);
 }
 
-// Prefetches the lines of [p, p + n) that start in it (plus the one holding p), into L2: the
-// T0 hint (into L1) measured 5-8% slower, it holds the few L1 miss buffers longer.
+// Prefetches into L2 the lines that start in [p, p + n): one prefetch per line as the spans of
+// a row go by; prefetch_row_start asks for the row's first line. The T0 hint (into L1) measured
+// 5-8% slower: it holds the few L1 miss buffers longer.
 inline void prefetch_span(const uint8_t* p, int n) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(p + n - 1), _MM_HINT_T1);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), end = a + static_cast<uintptr_t>(n);
+  for (uintptr_t line = (a + 63) & ~uintptr_t{63}; line < end; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
 }
+inline void prefetch_row_start(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
 // ---- gather: 4-bit rows against the quad layout ------------------------------------------
 
@@ -110,6 +113,7 @@ struct QuadGather {
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     const int64_t full = nb / 4;
+    for (int r = 0; r < R; ++r) prefetch_row_start(next[r]);
     for (int64_t s = 0; s < full; ++s) {
       for (int r = 0; r < R; ++r) prefetch_span(next[r] + s * kStep, kStep);
       step<R, false>(w, x + s * kQuadBytes, s, 4, acc, qw, sw);
@@ -159,13 +163,11 @@ struct BlockDequant {
     } else {
       const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (T == DType::Q4_1 ? 4 : 2)));
       const __m128i mask = _mm_set1_epi8(0x0F);
-      __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+      const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
       if constexpr (T == DType::Q4_0) {
         const __m128i eight = _mm_set1_epi8(8);
-        lo = _mm_sub_epi8(lo, eight);
-        hi = _mm_sub_epi8(hi, eight);
-        w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
-        w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)));
+        w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(lo, eight))));
+        w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(hi, eight))));
       } else {
         // d * q is exact in float, so the fused multiply-add rounds as multiply-then-add does.
         const __m512 m = _mm512_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(p + 2)));
@@ -176,11 +178,21 @@ struct BlockDequant {
   }
 };
 
+// a0, a1 += h * (block at p), rounded as the one-row kernel rounds it (one fused multiply-add
+// on the exactly dequantized d * q).
+template <DType T>
+inline void add_block(const uint8_t* p, __m512 hv, __m512& a0, __m512& a1) {
+  __m512 w0, w1;
+  BlockDequant<T>::get(p, w0, w1);
+  a0 = _mm512_fmadd_ps(hv, w0, a0);
+  a1 = _mm512_fmadd_ps(hv, w1, a1);
+}
+
 template <DType T, int R>
 void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const float* h, float* out, int64_t nblocks) {
   using B = BlockDequant<T>;
   __m512 hv[R];
-  for (int r = 0; r < R; ++r) hv[r] = _mm512_set1_ps(h[r]);
+  for (int r = 0; r < R; ++r) hv[r] = _mm512_set1_ps(h[r]), prefetch_row_start(next[r]);
   // Two blocks at a time: four independent chains of fused multiply-adds hide their latency.
   int64_t b = 0;
   for (; b + 2 <= nblocks; b += 2, out += 2 * kQK) {
@@ -188,13 +200,8 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
     __m512 a2 = _mm512_loadu_ps(out + 32), a3 = _mm512_loadu_ps(out + 48);
     for (int r = 0; r < R; ++r) {
       prefetch_span(next[r] + b * B::kBytes, 2 * B::kBytes);
-      __m512 w0, w1, w2, w3;
-      B::get(src[r] + b * B::kBytes, w0, w1);
-      B::get(src[r] + (b + 1) * B::kBytes, w2, w3);
-      a0 = _mm512_fmadd_ps(hv[r], w0, a0);
-      a1 = _mm512_fmadd_ps(hv[r], w1, a1);
-      a2 = _mm512_fmadd_ps(hv[r], w2, a2);
-      a3 = _mm512_fmadd_ps(hv[r], w3, a3);
+      add_block<T>(src[r] + b * B::kBytes, hv[r], a0, a1);
+      add_block<T>(src[r] + (b + 1) * B::kBytes, hv[r], a2, a3);
     }
     _mm512_storeu_ps(out, a0);
     _mm512_storeu_ps(out + 16, a1);
@@ -205,10 +212,7 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
     __m512 a0 = _mm512_loadu_ps(out), a1 = _mm512_loadu_ps(out + 16);
     for (int r = 0; r < R; ++r) {
       prefetch_span(next[r] + b * B::kBytes, B::kBytes);
-      __m512 w0, w1;
-      B::get(src[r] + b * B::kBytes, w0, w1);
-      a0 = _mm512_fmadd_ps(hv[r], w0, a0);
-      a1 = _mm512_fmadd_ps(hv[r], w1, a1);
+      add_block<T>(src[r] + b * B::kBytes, hv[r], a0, a1);
     }
     _mm512_storeu_ps(out, a0);
     _mm512_storeu_ps(out + 16, a1);

@@ -15,45 +15,14 @@
 #include "ops/cpu/bandwidth.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "tensor/quant.hpp"
+#include "bench_support.hpp"
 
 using namespace ember;
+using bench::make_weights;
+using bench::pool;
+using bench::Weights;
 
 namespace {
-
-int bench_threads() {
-  const char* env = std::getenv("EMBER_BENCH_THREADS");
-  return env ? std::atoi(env) : 2;
-}
-
-ThreadPool& pool() {
-  static ThreadPool p(bench_threads());
-  return p;
-}
-
-struct Weights {
-  AlignedBuffer<uint8_t> bytes;
-  TensorView view;
-};
-
-Weights make_weights(DType t, int64_t rows, int64_t k) {
-  Weights w;
-  const size_t stride = row_bytes(t, k);
-  w.bytes.resize(stride * rows);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> row(k);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (auto& x : row) x = dist(rng);
-    quantize_row(t, row.data(), w.bytes.data() + r * stride, k);
-  }
-  w.view.type = t;
-  w.view.n_dims = 2;
-  w.view.ne[0] = k;
-  w.view.ne[1] = rows;
-  w.view.data = w.bytes.data();
-  w.view.nbytes = stride * rows;
-  return w;
-}
 
 void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_t n) {
   // Decode reads weights from memory, not cache: cycle through copies totalling >= 256 MiB

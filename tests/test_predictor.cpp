@@ -256,6 +256,34 @@ TEST(Predictor, PerfectRecallPredictorEqualsOracle) {
   }
 }
 
+// The fused one-token path (scores, gate, firing test and up in one dispatch) gives the bits of
+// the separate steps, for a predictor that misses neurons and one that predicts extra ones,
+// and does not depend on the thread count.
+TEST(Predictor, FusedDecodeEqualsSeparateSteps) {
+  for (DType type : {DType::F32, DType::Q4_0, DType::Q4_1}) {
+    SynthOptions o = relu_model_options(0);
+    o.type = type;
+    auto path = write_model(o, "fused-" + std::string(dtype_name(type)));
+    for (float thr : {-0.1f, 0.3f}) {
+      auto model = load_model(path);
+      const std::string pred = (test_dir() / "fused.pred.gguf").string();
+      write_predictor_file(pred, "fused", gate_copy_predictors(*model, thr), DType::F16);
+      attach_predictors(*model, pred);
+      FfnSparsityStats st_sep, st_fused;
+      auto first = run_ffn_mode(*model, FfnMode::predictor, 1, &st_sep, false);
+      for (int threads : {1, 2, 3}) {
+        auto sep = run_ffn_mode(*model, FfnMode::predictor, threads, &st_sep, false);
+        auto fused = run_ffn_mode(*model, FfnMode::predictor, threads, &st_fused, true);
+        EXPECT_EQ(fused, sep) << dtype_name(type) << " threshold " << thr << " threads " << threads;
+        EXPECT_EQ(fused, first) << dtype_name(type) << " threshold " << thr << " threads " << threads;
+        EXPECT_EQ(st_fused.active, st_sep.active);
+        EXPECT_EQ(st_fused.predicted, st_sep.predicted);
+        EXPECT_LT(st_fused.predicted[0], st_fused.neurons[0]);  // a real subset was predicted
+      }
+    }
+  }
+}
+
 TEST(Predictor, ModeWithoutPredictorsIsAClearError) {
   auto model = load_model(write_model(relu_model_options(0), "nopred"));
   SessionParams p;

@@ -261,3 +261,46 @@ TEST(Sparse, NeuronMajorDownMatchesDense) {
     }
   }
 }
+
+// The one-token AVX-512 kernels work on groups of eight scattered rows: every group size (lists
+// of 1..17 rows), rows with full steps of four blocks plus a tail, zeros among the factors. The
+// gather must give the dense kernel's bits, the grouped axpy the one-row (AVX2) kernel's bits.
+TEST(Sparse, OneTokenGroupedKernelsAreBitIdentical) {
+  if (!cpu_features().avx512 || !cpu_features().avx512_vnni) GTEST_SKIP() << "no AVX-512 VNNI";
+  SimdGuard guard;
+  std::mt19937 rng(23);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    for (int64_t k : {int64_t{224}, int64_t{288}, int64_t{1056}}) {
+      const int64_t rows = 61;
+      Matrix W = random_matrix(t, rows, k, 31 + static_cast<uint32_t>(k));
+      auto X = random_floats(k, 37);
+      for (int64_t na = 1; na <= 17; ++na) {
+        std::vector<int32_t> act(rows);
+        std::iota(act.begin(), act.end(), 0);
+        std::shuffle(act.begin(), act.end(), rng);
+        act.resize(na);
+        // gather vs the dense product, both at the AVX-512 level.
+        set_simd_level(SimdLevel::avx512);
+        ThreadPool one(1);
+        AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(t, k, 1));
+        std::vector<float> dense(rows), y(na);
+        cpu::matmul(one, W.view, X.data(), 1, dense.data(), scratch.data());
+        cpu::gather_matmul(one, W.view, X.data(), 1, act.data(), na, y.data(), na, scratch.data());
+        for (int64_t i = 0; i < na; ++i)
+          ASSERT_EQ(y[i], dense[act[i]]) << dtype_name(t) << " k " << k << " active " << na << " i " << i;
+        // axpy: the rows of W as a neuron-major matrix with k columns, AVX-512 vs AVX2.
+        auto H = random_floats(na, 41 + static_cast<uint32_t>(na), 0.3f);
+        auto out0 = random_floats(k, 43);
+        std::vector<float> ref = out0, got = out0;
+        std::vector<float> axs(cpu::sparse_axpy_scratch_floats(k, 1, 1, cpu::AxpySplit::columns));
+        set_simd_level(SimdLevel::avx2);
+        cpu::sparse_axpy(one, W.view, act.data(), na, H.data(), 1, na, ref.data(), k, axs.data());
+        set_simd_level(SimdLevel::avx512);
+        cpu::sparse_axpy(one, W.view, act.data(), na, H.data(), 1, na, got.data(), k, axs.data());
+        ASSERT_EQ(got, ref) << dtype_name(t) << " k " << k << " active " << na;
+        const auto dref = axpy_reference(W.view, act, H.data(), 1, na, out0);
+        for (int64_t j = 0; j < k; ++j) ASSERT_NEAR(got[j], dref[j], 2e-6 * std::max(1.0, max_abs(dref)));
+      }
+    }
+  }
+}

@@ -17,6 +17,7 @@
 using namespace ember;
 using test_support::rel_diff;
 using test_support::run_ffn_mode;
+using test_support::Logits;
 
 namespace {
 
@@ -70,6 +71,55 @@ TEST(SparseFfn, OracleIsIdenticalForAnyThreadCount) {
   auto c = run_ffn_mode(*model, FfnMode::oracle, 3);
   EXPECT_EQ(a, b);
   EXPECT_EQ(a, c);
+  std::filesystem::remove(path);
+}
+
+// Single tokens take the fused decode path (gate, firing test and up in one dispatch): the same
+// bits as the separate steps, for every thread count; ReLU (oracle) and SiLU with per-layer
+// thresholds (threshold mode), on the weight types with their own one-token kernels.
+TEST(SparseFfn, FusedDecodeEqualsSeparateSteps) {
+  for (DType type : {DType::F32, DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    auto path = write_model(type, 0.8f, "fused-" + std::string(dtype_name(type)));
+    auto model = load_model(path);
+    const auto first = run_ffn_mode(*model, FfnMode::oracle, 1, nullptr, false);
+    for (int threads : {1, 2, 3}) {
+      FfnSparsityStats a, b;
+      auto fused = run_ffn_mode(*model, FfnMode::oracle, threads, &a, true);
+      EXPECT_EQ(fused, run_ffn_mode(*model, FfnMode::oracle, threads, &b, false)) << dtype_name(type) << " " << threads;
+      EXPECT_EQ(fused, first) << dtype_name(type) << " threads " << threads;
+      EXPECT_EQ(a.active, b.active);
+    }
+    std::filesystem::remove(path);
+  }
+  // SiLU: nothing is exactly zero; thresholds make it sparse.
+  SynthOptions o;
+  o.type = DType::Q4_1;
+  o.act = FfnActivation::silu;
+  o.n_embd = 128, o.n_ff = 352, o.n_layer = 2, o.n_head = 4, o.n_head_kv = 2, o.seed = 4, o.n_threads = 1;
+  auto dir = std::filesystem::temp_directory_path() / "ember-test-sparse-ffn";
+  const std::string path = (dir / "fused-silu.gguf").string();
+  synth_write(o, path);
+  auto model = load_model(path);
+  Logits ref;
+  for (int threads : {1, 2, 3}) {
+    Logits got[2];
+    FfnSparsityStats st;
+    for (bool fused : {false, true}) {
+      SessionParams p;
+      p.n_threads = threads;
+      p.n_ctx = 64;
+      p.sparse.mode = FfnMode::threshold;
+      p.sparse.layer_thresholds = {0.05f, 0.1f};
+      Session s(*model, p);
+      s.sparse_ffn()->set_fused_decode(fused);
+      got[fused] = test_support::session_logits(s);
+      st = s.sparse_ffn()->stats();
+    }
+    EXPECT_EQ(got[1], got[0]) << "threads " << threads;
+    if (threads == 1) ref = got[1];
+    EXPECT_EQ(got[1], ref) << "threads " << threads;
+    EXPECT_GT(st.sparsity(), 0.1);
+  }
   std::filesystem::remove(path);
 }
 

@@ -115,6 +115,18 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
     pred_scratch_.resize(predictor_scratch_floats(max_rank, hp.n_ff, batch));
     pred_mm_scratch_.resize(mm);
   }
+  fused_threads_ = pool.size();
+  const size_t per_thread = static_cast<size_t>(2 * hp.n_ff) * static_cast<size_t>(fused_threads_);
+  fused_ids_.resize(per_thread);
+  fused_vals_.resize(per_thread);
+  block_fired_.resize(static_cast<size_t>((hp.n_ff + kNeuronBlock - 1) / kNeuronBlock));
+  thread_counts_.resize(2 * static_cast<size_t>(fused_threads_));
+  if (opts.mode == FfnMode::predictor) {
+    size_t hq = 64;
+    for (const LayerWeights& L : model.layers)
+      hq = std::max(hq, cpu::matmul_scratch_bytes(L.ffn.fc2.type, L.ffn.fc2.cols(), 1));
+    fused_hq_.resize(hq);
+  }
   log_info("sparse FFN: mode {}, threshold {}, neuron-major down copies ({} from {}) {:.1f} MiB extra, built in {:.2f} s",
            ffn_mode_name(opts.mode),
            opts.mode == FfnMode::threshold ? std::string("per layer") : fmt::format("{}", opts.threshold),
@@ -131,8 +143,9 @@ size_t SparseFfn::neuron_major_bytes() const {
 }
 
 size_t SparseFfn::bytes() const {
-  return neuron_major_bytes() + (active_.size() + predicted_.size()) * sizeof(int32_t) +
-         (axpy_scratch_.size() + pred_scratch_.size()) * sizeof(float) + pred_mm_scratch_.size();
+  return neuron_major_bytes() + (active_.size() + predicted_.size() + fused_ids_.size() + block_fired_.size()) * sizeof(int32_t) +
+         (axpy_scratch_.size() + pred_scratch_.size() + fused_vals_.size()) * sizeof(float) + pred_mm_scratch_.size() +
+         fused_hq_.size();
 }
 
 double SparseFfn::weight_bytes_per_token() const {
@@ -198,6 +211,7 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
     }
     // Other layouts (no gate, biases, only ffn_down_t) take the sparse path below.
   }
+  if (n == 1 && fused_ && run_decode_fused(pool, layer, w, act, x, out, ws)) return;
   if (opts_.mode == FfnMode::predictor) return run_predicted(pool, layer, w, act, x, n, out, ws);
   // a = [n][n_ff]: the value that decides firing, zero where inactive: act(gate x), or for an
   // FFN without a gate (OPT) the neuron's whole value act(up x + up_b).
@@ -241,6 +255,104 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   stats_.active[layer] += n_active_tokens;
   stats_.predicted[layer] += static_cast<uint64_t>(n * np);
   up_down(pool, layer, w, act, x, n, g, np, na, out, ws);
+}
+
+bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
+                                 const float* x, float* out, Workspace& ws) {
+  if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() || w.gate.type != w.up.type ||
+      pool.size() > std::min(fused_threads_, kMaxFusedThreads))
+    return false;
+  const bool predicted = opts_.mode == FfnMode::predictor;
+  const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
+                                                     : opts_.threshold;
+  const TensorView& down_nm = down_nm_[layer].view;
+  const int64_t n_ff = down_nm.rows(), n_embd = down_nm.cols();
+  const int64_t n_blocks = (n_ff + kNeuronBlock - 1) / kNeuronBlock;
+  // The predictor's hidden layer (its own dispatch: every score needs all of it).
+  float pthr = 0.0f;
+  if (predicted) {
+    pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
+                                               : model_.predictor_thresholds[static_cast<size_t>(layer)];
+    const int64_t rank = w.fc1.rows();
+    float* hidden = pred_scratch_.data();
+    cpu::matmul(pool, w.fc1, x, 1, hidden, pred_mm_scratch_.data());
+    for (int64_t i = 0; i < rank; ++i) hidden[i] = std::max(hidden[i], 0.0f);
+    cpu::quantize_activations(w.fc2.type, hidden, 1, rank, fused_hq_.data());
+  }
+  void* xq = ws.mm_scratch.data();
+  cpu::quantize_activations(w.gate.type, x, 1, n_embd, xq);
+  float* gate_all = ws.gate.data();  // oracle / threshold: act(gate) of every neuron
+  float* score = pred_scratch_.data() + (predicted ? (w.fc1.rows() + 15) / 16 * 16 : 0);
+  pool.run([&](int ith, int nth) {
+    int32_t* cand = fused_ids_.data() + static_cast<size_t>(2 * n_ff) * ith;
+    int32_t* fired = cand + n_ff;
+    float* cval = fused_vals_.data() + static_cast<size_t>(2 * n_ff) * ith;
+    float* fval = cval + n_ff;
+    size_t x_stride = 0;
+    const void* xp = predicted ? nullptr : cpu::prepare_activations(w.gate.type, xq, 1, n_embd, &x_stride);
+    // Candidates: the predicted neurons of this thread's blocks (their gate gathered), or all
+    // of them (gate rows computed block by block).
+    int64_t nc = 0;
+    for (int64_t b = ith; b < n_blocks; b += nth) {
+      const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
+      if (predicted) {
+        cpu::matmul_rows(w.fc2, fused_hq_.data(), 1, r0, r1, score + r0, n_ff);
+        for (int64_t j = r0; j < r1; ++j)
+          if (score[j] >= pthr) cand[nc++] = static_cast<int32_t>(j);
+      } else {
+        cpu::matmul_rows_prepared(w.gate, xp, x_stride, 1, r0, r1, gate_all + r0, n_ff);
+      }
+    }
+    if (predicted) cpu::gather_matmul_rows(w.gate, xq, 1, cand, nc, cval, nc);
+    // Keep the firing ones, counting them per block (the merge below needs the counts).
+    int64_t nf = 0, c = 0;
+    for (int64_t b = ith; b < n_blocks; b += nth) {
+      const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
+      const int64_t start = nf;
+      if (predicted) {
+        for (; c < nc && cand[c] < r1; ++c) {
+          const float v = cpu::activate(act, cval[c]);
+          if (std::fabs(v) > thr) fired[nf] = cand[c], fval[nf++] = v;
+        }
+      } else {
+        for (int64_t j = r0; j < r1; ++j) {
+          const float v = cpu::activate(act, gate_all[j]);
+          if (std::fabs(v) > thr) fired[nf] = static_cast<int32_t>(j), fval[nf++] = v;
+        }
+      }
+      block_fired_[static_cast<size_t>(b)] = static_cast<int32_t>(nf - start);
+    }
+    // H = up * act(gate) for the firing neurons.
+    cpu::gather_matmul_rows(w.up, xq, 1, fired, nf, cval, nf);
+    for (int64_t i = 0; i < nf; ++i) fval[i] = cval[i] * fval[i];
+    thread_counts_[2 * ith] = static_cast<uint64_t>(predicted ? nc : 0);
+    thread_counts_[2 * ith + 1] = static_cast<uint64_t>(nf);
+  });
+  // Merge the threads' lists in neuron order (block b belongs to thread b % nth).
+  const int nth = pool.size();
+  float* h = ws.up.data();
+  int64_t na = 0;
+  int64_t cursor[kMaxFusedThreads] = {};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int th = static_cast<int>(b % nth);
+    const int32_t* fired = fused_ids_.data() + static_cast<size_t>(2 * n_ff) * th + n_ff;
+    const float* fval = fused_vals_.data() + static_cast<size_t>(2 * n_ff) * th + n_ff;
+    for (int32_t i = 0; i < block_fired_[static_cast<size_t>(b)]; ++i, ++na) {
+      active_[static_cast<size_t>(na)] = fired[cursor[th] + i];
+      h[na] = fval[cursor[th] + i];
+    }
+    cursor[th] += block_fired_[static_cast<size_t>(b)];
+  }
+  uint64_t n_pred = 0;
+  for (int th = 0; th < nth; ++th) n_pred += thread_counts_[2 * th];
+  stats_.neurons[layer] += static_cast<uint64_t>(n_ff);
+  stats_.active[layer] += static_cast<uint64_t>(na);
+  if (predicted) stats_.predicted[layer] += n_pred;
+  std::memset(out, 0, sizeof(float) * static_cast<size_t>(n_embd));
+  if (na > 0)
+    cpu::sparse_axpy(pool, down_nm, active_.data(), na, h, 1, na, out, n_embd, axpy_scratch_.data(), opts_.split);
+  if (w.down_b.valid()) cpu::add_f32(reinterpret_cast<const float*>(w.down_b.data), out, n_embd);
+  return true;
 }
 
 void SparseFfn::up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,

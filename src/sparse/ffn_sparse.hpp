@@ -16,6 +16,10 @@
 //           down only for the predicted neurons whose |act(gate)| > threshold. Exact for every
 //           neuron the predictor finds; a truly active neuron it misses is dropped.
 //
+// A single token (decode) of a gated FFN without gate/up biases takes a fused path: one
+// dispatch computes the predictor's scores, the gate, the firing test and up (each thread a
+// share of 64-neuron blocks), a second one the down axpy; bit-identical to the separate steps.
+//
 // Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
 // token contributes an exact zero). Batches of kDenseBatch tokens or more run the dense kernels:
 // over a long prompt nearly every neuron fires for some token, and the dense kernels reuse
@@ -81,6 +85,9 @@ class SparseFfn final : public FfnExecutor {
   // token ran the sparse path.
   double weight_bytes_per_token() const;
   void reset_stats();
+  // Whether one-token batches take the fused decode path (default on; off: the separate steps,
+  // which give the same bits).
+  void set_fused_decode(bool on) { fused_ = on; }
 
  private:
   const Model& model_;
@@ -93,6 +100,26 @@ class SparseFfn final : public FfnExecutor {
   std::vector<int32_t> predicted_;
   AlignedBuffer<float> pred_scratch_;
   AlignedBuffer<uint8_t> pred_mm_scratch_;
+
+  // One token through a gated FFN without biases on gate/up (decode): predictor scores (fc2),
+  // gate, firing test and up in one dispatch, each thread taking every nth block of
+  // kNeuronBlock neurons, then the down axpy over the merged list. Two dispatches (three with
+  // the predictor's fc1) instead of three (five). The active list comes out in neuron order
+  // whatever the thread count, with the values the separate steps give: the results are
+  // bit-identical to them. Returns false where it does not apply.
+  static constexpr int64_t kNeuronBlock = 64;
+  static constexpr int kMaxFusedThreads = 64;  // more threads take the separate steps
+  bool run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                        float* out, Workspace& ws);
+  // Per thread: candidate and firing neuron ids and values (4 x n_ff each), firing counts per
+  // block, and the thread's counters (predicted, fired).
+  AlignedBuffer<int32_t> fused_ids_;
+  AlignedBuffer<float> fused_vals_;
+  std::vector<int32_t> block_fired_;
+  std::vector<uint64_t> thread_counts_;
+  AlignedBuffer<uint8_t> fused_hq_;  // the predictor's hidden row as fc2's kernel takes it
+  int fused_threads_ = 0;
+  bool fused_ = true;  // tests switch it off to compare with the separate steps
 
   void run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                      int64_t n, float* out, Workspace& ws);

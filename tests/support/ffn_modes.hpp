@@ -8,13 +8,16 @@
 
 namespace ember::test_support {
 
-// One row of n_vocab logits per token.
-inline Logits run_ffn_mode(const Model& m, FfnMode mode, int threads, FfnSparsityStats* stats = nullptr) {
+// One row of n_vocab logits per token. `fused`: whether single tokens take SparseFfn's fused
+// decode path.
+inline Logits run_ffn_mode(const Model& m, FfnMode mode, int threads, FfnSparsityStats* stats = nullptr,
+                           bool fused = true) {
   SessionParams p;
   p.n_threads = threads;
   p.n_ctx = 64;
   p.sparse.mode = mode;
   Session s(m, p);
+  if (s.sparse_ffn()) s.sparse_ffn()->set_fused_decode(fused);
   Logits out = session_logits(s);
   if (stats && s.sparse_ffn()) *stats = s.sparse_ffn()->stats();
   return out;

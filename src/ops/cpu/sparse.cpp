@@ -7,6 +7,7 @@
 
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
+#include "ops/cpu/kernels.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/sparse_impl.hpp"
 #include "ops/cpu/vec.hpp"
@@ -54,6 +55,14 @@ void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, c
   // Activations in the kernel's layout once for the whole list, not once per run of rows.
   size_t x_stride = 0;
   const void* xp = prepare_activations(W.type, xq, n_tokens, W.cols(), &x_stride);
+  if (n_tokens == 1 && simd_level() == SimdLevel::avx512 && detail::kernels_avx512().q4_quads &&
+      x_stride == detail::quad_row_bytes(W.cols())) {
+    // One token over 4-bit rows: the grouped kernel (several scattered rows in flight).
+    if (const detail::GatherFn gather = detail::sparse_gather_avx512(W.type)) {
+      gather(W.row(0), stride, active, n_active, W.cols(), static_cast<const uint8_t*>(xp), Y);
+      return;
+    }
+  }
   for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), stride);
   for (int64_t i = 0; i < n_active;) {
     if (i + kPrefetchRows < n_active) prefetch_bytes(W.row(active[i + kPrefetchRows]), stride);
@@ -96,6 +105,13 @@ void sparse_axpy_rows(const TensorView& D, const int32_t* active, int64_t n_acti
   const size_t offset = row_bytes(D.type, col_begin);
   const detail::SparseKernels k = sparse_kernels(D.type);
   const size_t slice_bytes = row_bytes(D.type, col_end) - offset;
+  if (n_tokens == 1 && simd_level() == SimdLevel::avx512 && len % 32 == 0) {
+    // One token: the grouped kernel (several rows in flight, the output slice in registers).
+    if (const detail::AxpyRowsFn axpy = detail::sparse_axpy_rows_avx512(D.type)) {
+      axpy(D.row(0), D.row_stride(), offset, active, H, n_active, out + col_begin, len);
+      return;
+    }
+  }
   for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(D.row(active[i]) + offset, slice_bytes);
   for (int64_t i = 0; i < n_active; ++i) {
     if (i + kPrefetchRows < n_active) prefetch_bytes(D.row(active[i + kPrefetchRows]) + offset, slice_bytes);

@@ -8,6 +8,10 @@
 // sparse_axpy (a duplicate would simply be added twice). Every weight type the dense matmul
 // supports works (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K).
 //
+// One token (decode) at the AVX-512 level: the 4-bit gathers (Q4_0, Q4_1) and the axpy over
+// Q8_0 / Q4_0 / Q4_1 rows run grouped kernels that keep eight scattered rows in flight
+// (sparse_avx512.cpp); their results are bit-identical to the row-at-a-time kernels.
+//
 // Threads are balanced by the number of active neurons, never by index ranges (active neurons
 // cluster: a range split would leave threads idle). Neither kernel lets two threads add into one
 // float, and each output element is always accumulated in the same order, so results are

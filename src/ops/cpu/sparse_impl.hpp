@@ -1,5 +1,6 @@
 // Internal interface between sparse.cpp and sparse_avx2.cpp. Not part of the public API.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "tensor/dtype.hpp"
@@ -19,5 +20,18 @@ struct SparseKernels {
 
 // AVX2+FMA+F16C kernels (also used at the AVX-512 level). Null members: no kernel.
 SparseKernels sparse_kernels_avx2(DType type);
+
+// AVX-512 one-token kernels over groups of (eight) scattered rows (sparse_avx512.cpp); null where there
+// is none for the type.
+// y[i] = dot(row rows[i] of w, x) for i < n: 4-bit rows (Q4_0, Q4_1) of k elements, x one
+// activation row in the quad layout (kernels.hpp); bit-identical to the dense kernel's rows.
+using GatherFn = void (*)(const uint8_t* w, size_t stride, const int32_t* rows, int64_t n, int64_t k,
+                          const uint8_t* x, float* y);
+GatherFn sparse_gather_avx512(DType type);
+// out[0..len) += h[i] * dequantized(row rows[i] + offset bytes)[0..len) for i < n in list order,
+// skipping zero h; len a multiple of 32. Bit-identical to RowAxpyFn row by row.
+using AxpyRowsFn = void (*)(const uint8_t* d, size_t stride, size_t offset, const int32_t* rows, const float* h,
+                            int64_t n, float* out, int64_t len);
+AxpyRowsFn sparse_axpy_rows_avx512(DType type);
 
 }  // namespace ember::cpu::detail

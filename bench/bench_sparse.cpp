@@ -1,0 +1,93 @@
+// Micro-benchmarks of the neuron-sparse decode kernels (ops/cpu/sparse.hpp) at the 1.1B FFN
+// shape (n_ff 5632, n_embd 2048): gather_matmul over a sorted random subset of gate/up rows and
+// sparse_axpy over the same subset of a neuron-major down, one token. Bytes/s counts the rows
+// read; compare with Matvec/<type>/5632x2048 (bench_matmul.cpp) for the dense rate.
+//   ember-bench-micro --benchmark_filter=Sparse
+// Threads: EMBER_BENCH_THREADS (default 2).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_support.hpp"
+#include "ops/cpu/matmul.hpp"
+#include "ops/cpu/sparse.hpp"
+
+using namespace ember;
+
+namespace {
+
+constexpr int64_t kNff = 5632, kNembd = 2048;
+
+// A sorted random subset of [0, n) with `percent` % of the rows.
+std::vector<int32_t> active_rows(int64_t n, int percent) {
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  std::mt19937 rng(3);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(n * percent / 100));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+std::vector<float> random_vector(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+void BM_Gather(benchmark::State& state, DType t, int percent) {
+  const bench::Weights w = bench::make_weights(t, kNff, kNembd);
+  bench::MemoryCopies copies(w.view);
+  const auto active = active_rows(kNff, percent);
+  const auto x = random_vector(kNembd, 2);
+  std::vector<float> y(active.size());
+  AlignedBuffer<uint8_t> scratch(cpu::gather_matmul_scratch_bytes(t, kNembd, 1));
+  const int64_t na = static_cast<int64_t>(active.size());
+  for (auto _ : state) {
+    cpu::gather_matmul(bench::pool(), copies.advance(w.view), x.data(), 1, active.data(), na, y.data(), na,
+                       scratch.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * na * static_cast<int64_t>(w.view.row_stride()));
+  state.counters["threads"] = bench::pool().size();
+}
+
+void BM_Axpy(benchmark::State& state, DType t, int percent) {
+  const bench::Weights w = bench::make_weights(t, kNff, kNembd);  // neuron-major: a row per neuron
+  bench::MemoryCopies copies(w.view);
+  const auto active = active_rows(kNff, percent);
+  const int64_t na = static_cast<int64_t>(active.size());
+  const auto h = random_vector(na, 4);
+  std::vector<float> out(kNembd), scratch(cpu::sparse_axpy_scratch_floats(kNembd, 1, bench::pool().size(),
+                                                                           cpu::AxpySplit::columns));
+  for (auto _ : state) {
+    cpu::sparse_axpy(bench::pool(), copies.advance(w.view), active.data(), na, h.data(), 1, na, out.data(), kNembd,
+                     scratch.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * na * static_cast<int64_t>(w.view.row_stride()));
+  state.counters["threads"] = bench::pool().size();
+}
+
+int register_all() {
+  for (int percent : {10, 25, 50}) {
+    for (auto [name, t] : {std::pair{"Q4_0", DType::Q4_0}, std::pair{"Q4_1", DType::Q4_1}})
+      benchmark::RegisterBenchmark(("SparseGather/" + std::string(name) + "/5632x2048/" + std::to_string(percent) + "%").c_str(),
+                                   BM_Gather, t, percent)->Unit(benchmark::kMicrosecond)->UseRealTime();
+    for (auto [name, t] : {std::pair{"Q8_0", DType::Q8_0}, std::pair{"Q4_0", DType::Q4_0}})
+      benchmark::RegisterBenchmark(("SparseAxpy/" + std::string(name) + "/5632x2048/" + std::to_string(percent) + "%").c_str(),
+                                   BM_Axpy, t, percent)->Unit(benchmark::kMicrosecond)->UseRealTime();
+  }
+  return 0;
+}
+const int registered = register_all();
+
+}  // namespace

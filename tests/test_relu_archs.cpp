@@ -268,8 +268,11 @@ namespace {
 class PredictorCounter final : public FfnExecutor {
  public:
   uint64_t seen = 0, active = 0;
-  void run(ThreadPool& pool, int64_t, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
-           Workspace& ws) override {
+  bool on_residual = false;  // feed fc1 the residual stream before ffn_norm (PowerInfer), not x
+  float threshold = 0.0f;
+  void run(ThreadPool& pool, int64_t, const FfnWeights& w, cpu::Activation act, const float* x_ffn, int64_t n,
+           float* out, Workspace& ws) override {
+    const float* x = on_residual ? ws.ffn_residual : x_ffn;
     const int64_t rank = w.fc1.rows(), n_ff = w.fc2.rows();
     std::vector<float> h(static_cast<size_t>(n * rank)), s(static_cast<size_t>(n * n_ff));
     std::vector<uint8_t> scratch(std::max<size_t>(64, cpu::matmul_scratch_bytes(w.fc2.type, w.fc2.cols(), n) +
@@ -277,9 +280,9 @@ class PredictorCounter final : public FfnExecutor {
     cpu::matmul(pool, w.fc1, x, n, h.data(), scratch.data());
     for (float& v : h) v = std::max(v, 0.0f);
     cpu::matmul(pool, w.fc2, h.data(), n, s.data(), scratch.data());
-    for (float v : s) active += v > 0.0f;
+    for (float v : s) active += v >= threshold;  // predicted active: score >= threshold
     seen += s.size();
-    dense_ffn(pool, w, act, x, n, out, ws);
+    dense_ffn(pool, w, act, x_ffn, n, out, ws);
   }
 };
 
@@ -287,6 +290,50 @@ class PredictorCounter final : public FfnExecutor {
 
 // `synth --powerinfer` with a profile: the random predictor marks neurons active at about the
 // profile's rates, so PowerInfer runs the file at the target sparsity (a fair speed comparison).
+// A PowerInfer file's predictor reads the residual stream entering the FFN (PowerInfer's
+// llm_build_ffn_sparse gets ffn_inp, before ffn_norm): predictor mode must predict exactly the
+// neurons that fc2(relu(fc1 residual)) >= 0 names, token by token.
+TEST(ReluArchs, PowerInferPredictorReadsTheResidualStream) {
+  SynthOptions o = options({"llama", true, DType::F32}, 0.9f);
+  o.n_embd = 256, o.n_ff = 704, o.predictor_rank = 64;
+  // A nonzero score threshold: fc2 relu(fc1 x) is positively homogeneous, so at threshold 0 the
+  // residual and its normalized copy (a positive multiple here) would predict alike.
+  o.predictor_threshold = 0.5f;
+  const std::string path = write(o, "pred-residual");
+  auto m = load_model(path);
+  EXPECT_TRUE(m->predictor_on_residual);
+  const auto tokens = tokens_for(*m, 16);
+  uint64_t predicted[2];
+  for (int on_residual = 0; on_residual < 2; ++on_residual) {
+    ThreadPool pool(2);
+    Workspace ws;
+    ws.init(*m, 16, 64, 2);
+    KvCache kv;
+    kv.init(m->hp.n_layer, 64, m->hp.n_head_kv * m->hp.head_dim);
+    PredictorCounter counter;
+    counter.on_residual = on_residual;
+    counter.threshold = m->predictor_threshold;
+    ws.ffn = &counter;
+    std::vector<float> logits(static_cast<size_t>(m->hp.n_vocab));
+    for (int64_t t = 0; t < 16; ++t) forward(*m, pool, kv, ws, &tokens[t], 1, t, logits.data(), false);
+    predicted[on_residual] = counter.active;
+  }
+  SessionParams sp;
+  sp.n_threads = 2;
+  sp.n_ctx = 64;
+  sp.sparse.mode = FfnMode::predictor;
+  Session session(*m, sp);
+  for (int64_t t = 0; t < 16; ++t) session.eval(&tokens[t], 1);
+  uint64_t engine = 0;
+  for (uint64_t v : session.sparse_ffn()->stats().predicted) engine += v;
+  std::printf("predicted (token, neuron) pairs: engine %llu, from the residual %llu, from the FFN input %llu\n",
+              static_cast<unsigned long long>(engine), static_cast<unsigned long long>(predicted[1]),
+              static_cast<unsigned long long>(predicted[0]));
+  EXPECT_NEAR(static_cast<double>(engine), static_cast<double>(predicted[1]), 2.0);  // float rounding at 0
+  EXPECT_GT(std::fabs(static_cast<double>(predicted[0]) - static_cast<double>(predicted[1])), 20.0);
+  std::filesystem::remove(path);
+}
+
 TEST(ReluArchs, SynthPredictorFiresAtTheTargetRate) {
   for (const std::string arch : {"llama", "bamboo"}) {
     SynthOptions o = options({arch, true, DType::F32}, 0.9f);

@@ -102,7 +102,9 @@ void bind_ffn_down_and_predictor(const TensorBinder& b, const Hparams& hp, int64
 
 void read_sparse_metadata(Model& m) {
   const gguf::Reader& r = *m.file;
-  m.predictor_on_residual = predictor_reads_residual(r);
+  // Only a file that carries its own predictor says how it reads (attach_predictors sets it for
+  // a predictor file).
+  m.predictor_on_residual = !m.layers.empty() && m.layers[0].ffn.fc1.valid() && predictor_reads_residual(r);
   if (auto t = r.opt_float("powerinfer.sparse_threshold")) {
     EMBER_CHECK(std::isfinite(*t), "{}: powerinfer.sparse_threshold is not a finite number", r.path());
     m.predictor_threshold = static_cast<float>(*t);

@@ -231,12 +231,19 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   up_down(pool, layer, w, act, x, n, a, n_ff, na, out, ws);
 }
 
+const float* SparseFfn::predictor_input(const float* x, const Workspace& ws) const {
+  if (!model_.predictor_on_residual) return x;
+  EMBER_CHECK(ws.ffn_residual, "predictor: this model's predictor reads the residual stream, which the forward pass "
+              "did not provide");
+  return ws.ffn_residual;
+}
+
 void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
                               const float* x, int64_t n, float* out, Workspace& ws) {
   const float pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
                                                          : model_.predictor_thresholds[static_cast<size_t>(layer)];
-  const int64_t np = predict_active(pool, w.fc1, w.fc2, pthr, x, n, pred_scratch_.data(), pred_mm_scratch_.data(),
-                                    predicted_.data());
+  const int64_t np = predict_active(pool, w.fc1, w.fc2, pthr, predictor_input(x, ws), n, pred_scratch_.data(),
+                                    pred_mm_scratch_.data(), predicted_.data());
   // The deciding value for the predicted rows only: g[t][i] = act(gate row predicted[i] . x[t]),
   // or for an FFN without a gate (OPT) act(up row . x[t] + up_b).
   const bool no_gate = w.gating == FfnGating::none;
@@ -275,7 +282,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
                                                : model_.predictor_thresholds[static_cast<size_t>(layer)];
     const int64_t rank = w.fc1.rows();
     float* hidden = pred_scratch_.data();
-    cpu::matmul(pool, w.fc1, x, 1, hidden, pred_mm_scratch_.data());
+    cpu::matmul(pool, w.fc1, predictor_input(x, ws), 1, hidden, pred_mm_scratch_.data());
     for (int64_t i = 0; i < rank; ++i) hidden[i] = std::max(hidden[i], 0.0f);
     cpu::quantize_activations(w.fc2.type, hidden, 1, rank, fused_hq_.data());
   }

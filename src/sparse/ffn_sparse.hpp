@@ -121,6 +121,9 @@ class SparseFfn final : public FfnExecutor {
   int fused_threads_ = 0;
   bool fused_ = true;  // tests switch it off to compare with the separate steps
 
+  // What the predictor reads: the residual stream before ffn_norm for PowerInfer's predictors
+  // (Model::predictor_on_residual), else the FFN input x.
+  const float* predictor_input(const float* x, const Workspace& ws) const;
   void run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                      int64_t n, float* out, Workspace& ws);
   // up for active_[0..na), times the activated gate g[t * g_stride + i], then down into out.

@@ -86,6 +86,7 @@ void attach_predictors(Model& model, const std::string& path) {
   }
   model.predictor_threshold = static_cast<float>(thr);
   model.predictor_thresholds = std::move(per_layer);
+  model.predictor_on_residual = predictor_reads_residual(*file);
   model.side_files.push_back(std::move(file));
   log_info("predictors: {} ({} layers, {:.1f} MiB)", path, hp.n_layer, predictor_bytes(model) / 1048576.0);
 }

@@ -286,6 +286,24 @@ class PredictorCounter final : public FfnExecutor {
   }
 };
 
+// Runs tokens one at a time through the dense model while counting what its predictor marks
+// active (from the residual stream or the FFN input, at the model's threshold).
+PredictorCounter count_predicted(const Model& m, const std::vector<int32_t>& tokens, bool on_residual) {
+  ThreadPool pool(2);
+  Workspace ws;
+  ws.init(m, 16, 64, 2);
+  KvCache kv;
+  kv.init(m.hp.n_layer, 64, m.hp.n_head_kv * m.hp.head_dim);
+  PredictorCounter counter;
+  counter.on_residual = on_residual;
+  counter.threshold = m.predictor_threshold;
+  ws.ffn = &counter;
+  std::vector<float> logits(static_cast<size_t>(m.hp.n_vocab));
+  for (size_t t = 0; t < tokens.size(); ++t)
+    forward(m, pool, kv, ws, &tokens[t], 1, static_cast<int64_t>(t), logits.data(), false);
+  return counter;
+}
+
 }  // namespace
 
 // `synth --powerinfer` with a profile: the random predictor marks neurons active at about the
@@ -303,21 +321,7 @@ TEST(ReluArchs, PowerInferPredictorReadsTheResidualStream) {
   auto m = load_model(path);
   EXPECT_TRUE(m->predictor_on_residual);
   const auto tokens = tokens_for(*m, 16);
-  uint64_t predicted[2];
-  for (int on_residual = 0; on_residual < 2; ++on_residual) {
-    ThreadPool pool(2);
-    Workspace ws;
-    ws.init(*m, 16, 64, 2);
-    KvCache kv;
-    kv.init(m->hp.n_layer, 64, m->hp.n_head_kv * m->hp.head_dim);
-    PredictorCounter counter;
-    counter.on_residual = on_residual;
-    counter.threshold = m->predictor_threshold;
-    ws.ffn = &counter;
-    std::vector<float> logits(static_cast<size_t>(m->hp.n_vocab));
-    for (int64_t t = 0; t < 16; ++t) forward(*m, pool, kv, ws, &tokens[t], 1, t, logits.data(), false);
-    predicted[on_residual] = counter.active;
-  }
+  const uint64_t predicted[2] = {count_predicted(*m, tokens, false).active, count_predicted(*m, tokens, true).active};
   SessionParams sp;
   sp.n_threads = 2;
   sp.n_ctx = 64;
@@ -340,16 +344,8 @@ TEST(ReluArchs, SynthPredictorFiresAtTheTargetRate) {
     o.n_embd = 256, o.n_ff = 704, o.predictor_rank = 64;
     const std::string path = write(o, arch + "-pred-rate");
     auto m = load_model(path);
-    ThreadPool pool(2);
-    Workspace ws;
-    ws.init(*m, 16, 64, 2);
-    KvCache kv;
-    kv.init(m->hp.n_layer, 64, m->hp.n_head_kv * m->hp.head_dim);
-    PredictorCounter counter;
-    ws.ffn = &counter;
-    const auto tokens = tokens_for(*m, 24);
-    std::vector<float> logits(static_cast<size_t>(m->hp.n_vocab));
-    for (int64_t t = 0; t < 24; ++t) forward(*m, pool, kv, ws, &tokens[t], 1, t, logits.data(), false);
+    // As PowerInfer runs it: the predictor reads the residual stream.
+    const PredictorCounter counter = count_predicted(*m, tokens_for(*m, 24), true);
     const double predicted_sparsity = 1.0 - static_cast<double>(counter.active) / static_cast<double>(counter.seen);
     std::printf("%s: predictor marks %.1f%% inactive (target 90%%)\n", arch.c_str(), 100.0 * predicted_sparsity);
     EXPECT_NEAR(predicted_sparsity, 0.9, 0.05);

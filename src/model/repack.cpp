@@ -59,6 +59,8 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope) {
     if (scope == RepackScope::all) {
       group({&l.ffn.gate, &l.ffn.up});
       group({&l.ffn.down});
+    } else if (scope == RepackScope::attention_output_gate) {
+      group({&l.ffn.gate});
     }
   }
   // A tied output matrix is the token embedding, whose rows are looked up one at a time.

@@ -3,7 +3,8 @@
 // is copied out of the file into Model::owned_weights (its file pages are released), and its
 // rows are addressable only 16 at a time: only matrices that the forward pass multiplies whole
 // are repacked, never the token embedding (rows looked up one by one), and the FFN only when
-// it runs dense (the sparse paths gather single rows of gate, up and down).
+// it runs dense (the sparse paths gather single rows of up and down, and in predictor mode of
+// the gate too).
 #pragma once
 #include <cstddef>
 
@@ -14,6 +15,7 @@ namespace ember {
 enum class RepackScope {
   none,
   attention_output,  // attention projections and the output matrix
+  attention_output_gate,  // ... and the FFN's gate (oracle and threshold modes compute it whole)
   all,               // ... and the FFN's gate, up and down
 };
 

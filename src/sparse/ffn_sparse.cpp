@@ -8,6 +8,7 @@
 #include "core/timer.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/r16.hpp"
 #include "ops/cpu/vec.hpp"
 #include "sparse/predictor.hpp"
 
@@ -266,7 +267,10 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
 
 bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
                                  const float* x, float* out, Workspace& ws) {
-  if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() || w.gate.type != w.up.type ||
+  // The gate may be repacked (ops/cpu/r16.hpp) while up stays gatherable: one quantization of x
+  // serves both as long as they come from the same file type.
+  if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() ||
+      cpu::r16_base(w.gate.type) != cpu::r16_base(w.up.type) ||
       pool.size() > std::min(fused_threads_, kMaxFusedThreads))
     return false;
   const bool predicted = opts_.mode == FfnMode::predictor;

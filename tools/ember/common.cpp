@@ -78,10 +78,13 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   Timer timer;
   auto model = load_model(flags.model_path);
   if (!flags.predictor_path.empty()) attach_predictors(*model, flags.predictor_path);
-  const bool dense_ffn = flags.sparse_mode == "dense" && flags.vram_budget.empty() && flags.plan_path.empty();
-  const RepackScope scope = flags.no_repack ? RepackScope::none
-                            : dense_ffn     ? max_scope
-                                            : std::min(max_scope, RepackScope::attention_output);
+  // The FFN's rows stay addressable where a sparse path gathers them: up and down in every sparse
+  // mode, the gate too in predictor mode and on the hybrid path.
+  const bool hybrid = !flags.vram_budget.empty() || !flags.plan_path.empty();
+  const RepackScope ffn_scope = hybrid || flags.sparse_mode == "predictor" ? RepackScope::attention_output
+                                : flags.sparse_mode == "dense"             ? RepackScope::all
+                                                                           : RepackScope::attention_output_gate;
+  const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
   const RepackStats rp = repack_for_dense_kernels(*model, scope);
   if (rp.tensors > 0)
     log_info("repacked {} Q4_0 / Q6_K matrices ({:.1f} MiB) for the dense kernels in {:.2f} s", rp.tensors,

@@ -119,6 +119,15 @@ DType r16_type(DType t) {
   }
 }
 
+DType r16_base(DType t) {
+  switch (t) {
+    case DType::Q4_0_R16: return DType::Q4_0;
+    case DType::Q4_1_R16: return DType::Q4_1;
+    case DType::Q6_K_R16: return DType::Q6_K;
+    default: return t;
+  }
+}
+
 void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
   switch (t) {
     case DType::Q4_0: repack<BlockQ4_0>(src, rows, k, dst); return;

@@ -40,6 +40,9 @@ constexpr int64_t kR16Rows = 16;
 bool r16_fast();
 // The repacked type of a file type (Q4_0, Q4_1, Q6_K -> *_R16); the type itself if none.
 DType r16_type(DType t);
+// The file type a repacked type came from (the type itself for any other): both take the same
+// quantized activations.
+DType r16_base(DType t);
 // rows x k of a type r16_type() repacks (rows a multiple of 16, k of its block size) from `src`
 // into `dst`: same size, no overlap.
 void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);

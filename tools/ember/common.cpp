@@ -49,12 +49,15 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->check(CLI::IsMember({"exact", "same", "f16", "f32"}))
       ->capture_default_str();
   app->add_flag("--no-repack", no_repack,
-                "keep weights in the file's layout (by default Q4_0 and Q6_K matrices are repacked 16 rows at a time at load "
+                "keep weights in the file's layout (by default Q4_0, Q4_1 and Q6_K matrices are repacked 16 rows at a time at load "
                 "for faster dense products, as llama.cpp does)");
 }
 
 SessionParams EngineFlags::session_params() const {
-  SessionParams p{threads, ctx, batch};
+  SessionParams p;
+  p.n_threads = threads;
+  p.n_ctx = ctx;
+  p.n_batch = batch;
   p.sparse.mode = parse_ffn_mode(sparse_mode);
   p.sparse.threshold = sparse_threshold;
   if (!sparse_profile.empty()) {
@@ -87,7 +90,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
   const RepackStats rp = repack_for_dense_kernels(*model, scope);
   if (rp.tensors > 0)
-    log_info("repacked {} Q4_0 / Q6_K matrices ({:.1f} MiB) for the dense kernels in {:.2f} s", rp.tensors,
+    log_info("repacked {} Q4_0 / Q4_1 / Q6_K matrices ({:.1f} MiB) for the dense kernels in {:.2f} s", rp.tensors,
              rp.bytes / 1048576.0, rp.seconds);
   if (load_seconds) *load_seconds = timer.seconds();
   const Hparams& hp = model->hp;

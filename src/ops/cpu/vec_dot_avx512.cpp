@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "ops/cpu/kernels.hpp"
+#include "ops/cpu/quad_avx512.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember::cpu::detail {
@@ -237,23 +238,7 @@ struct Q4QuadKernel {
       dw[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
       if constexpr (kHasMin) mw[r] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc, 1));
     }
-    for (int t = 0; t < T; ++t) {
-      const uint8_t* xq = x[t] + q * kQuadBytes;
-      const __m512i xlo = _mm512_load_si512(xq), xhi = _mm512_load_si512(xq + 64);
-      const __m512 dx = _mm512_load_ps(xq + 128);
-      for (int r = 0; r < R; ++r) {
-        __m512i p = kHasMin ? _mm512_setzero_si512() : _mm512_load_si512(xq + 192);
-        p = _mm512_dpbusd_epi32(p, lo[r], xlo);
-        p = _mm512_dpbusd_epi32(p, hi[r], xhi);
-        if constexpr (kHasMin) {
-          // The min term first, off the accumulator's dependency chain: one add per step on it.
-          const __m512 m = _mm512_mul_ps(mw[r], _mm512_load_ps(xq + 192));
-          acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), m));
-        } else {
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
-        }
-      }
-    }
+    quad_dot_tokens<R, T, kHasMin>(x, q, lo, hi, dw, mw, acc);
   }
 
   template <int R, int T>

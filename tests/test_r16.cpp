@@ -99,8 +99,8 @@ TEST(R16, RejectsShapesItCannotHold) {
   EXPECT_THROW(cpu::repack_r16(DType::Q4_0, a.data(), 17, 32, b.data()), Error);
   EXPECT_THROW(cpu::repack_r16(DType::Q4_1, a.data(), 16, 48, b.data()), Error);
   std::vector<uint8_t> c(210 * 32), d(c.size());
-  EXPECT_THROW(cpu::repack_q6_k_r16(c.data(), 16, 512 + 32, d.data()), Error);
-  EXPECT_THROW(cpu::repack_q6_k_r16(c.data(), 8, 256, d.data()), Error);
+  EXPECT_THROW(cpu::repack_r16(DType::Q6_K, c.data(), 16, 512 + 32, d.data()), Error);
+  EXPECT_THROW(cpu::repack_r16(DType::Q6_K, c.data(), 8, 256, d.data()), Error);
   EXPECT_THROW(cpu::repack_r16(DType::Q8_0, c.data(), 16, 32, d.data()), Error);
 }
 

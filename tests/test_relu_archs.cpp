@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "gguf/reader.hpp"
+#include "gguf/writer.hpp"
 #include "engine/session.hpp"
 #include "model/ffn.hpp"
 #include "model/forward.hpp"
@@ -351,4 +353,24 @@ TEST(ReluArchs, SynthPredictorFiresAtTheTargetRate) {
     EXPECT_NEAR(predicted_sparsity, 0.9, 0.05);
     std::filesystem::remove(path);
   }
+}
+
+// ember.predictor.input: the declared convention wins; absent, model files read as PowerInfer's
+// (residual) and predictor files as Ember's (ffn_input); anything else is a clear error.
+TEST(ReluArchs, PredictorInputKeyIsReadStrictly) {
+  const auto read = [](const std::string& arch, const char* input) {
+    gguf::Writer w;
+    w.set("general.architecture", gguf::Value::str(arch));
+    if (input) w.set(kPredictorInputKey, gguf::Value::str(input));
+    const std::string path = (test_dir() / "predictor-input.gguf").string();
+    w.write(path);
+    gguf::Reader r(path);
+    return predictor_reads_residual(r);
+  };
+  EXPECT_TRUE(read("llama", nullptr));
+  EXPECT_FALSE(read("ember-predictor", nullptr));
+  EXPECT_FALSE(read("llama", "ffn_input"));
+  EXPECT_TRUE(read("ember-predictor", "residual"));
+  EXPECT_NE(test_support::error_of([&] { read("llama", "post_norm"); }).find("expected 'residual' or 'ffn_input'"),
+            std::string::npos);
 }

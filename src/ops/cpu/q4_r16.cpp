@@ -132,7 +132,7 @@ void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
   switch (t) {
     case DType::Q4_0: repack<BlockQ4_0>(src, rows, k, dst); return;
     case DType::Q4_1: repack<BlockQ4_1>(src, rows, k, dst); return;
-    case DType::Q6_K: repack_q6_k_r16(src, rows, k, dst); return;
+    case DType::Q6_K: detail::repack_q6_k_r16(src, rows, k, dst); return;
     default: fail("no 16-row repacked layout for {}", dtype_name(t));
   }
 }

@@ -25,6 +25,8 @@ int q6_value(const BlockQ6_K& b, int i) {
 
 }  // namespace
 
+namespace detail {
+
 void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
   EMBER_CHECK(rows > 0 && rows % kR16Rows == 0 && k > 0 && k % kQK_K == 0,
               "Q6_K_R16 repacking needs a multiple of 16 rows and of 256 columns, got {} x {}", rows, k);
@@ -51,8 +53,6 @@ void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
       }
     }
 }
-
-namespace detail {
 
 // The reference: the AVX-512 kernel does the same integer work and the same float operations
 // in the same order, so the two agree bit for bit.

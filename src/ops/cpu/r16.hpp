@@ -49,8 +49,6 @@ void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);
 
 // The inverse for Q4_0 and Q4_1 (t: the plain type): back to plain rows.
 void unpack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);
-// rows x k Q6_K (rows a multiple of 16, k of 256) into Q6_K_R16.
-void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 
 namespace detail {
 

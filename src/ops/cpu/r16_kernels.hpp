@@ -7,6 +7,9 @@
 
 namespace ember::cpu::detail {
 
+// rows x k Q6_K (rows a multiple of 16, k of 256) into Q6_K_R16 (repack_r16 dispatches here).
+void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
+
 void gemm_q4_0_r16_scalar(const GemmArgs& a);
 void gemm_q4_0_r16_avx512(const GemmArgs& a);
 void gemm_q4_1_r16_scalar(const GemmArgs& a);

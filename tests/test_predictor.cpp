@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "engine/session.hpp"
+#include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
 #include "model/synth.hpp"
@@ -32,7 +33,7 @@ std::filesystem::path test_dir() {
   return dir;
 }
 
-// A float matrix [rows x cols] stored as `type` (F32 or F16), with its view.
+// A float matrix [rows x cols] stored as `type` (F32, F16 or Q8_0), with its view.
 struct Matrix {
   std::vector<uint8_t> bytes;
   std::vector<float> values;  // as stored (rounded)
@@ -40,17 +41,12 @@ struct Matrix {
   Matrix(DType type, int64_t rows, int64_t cols, std::mt19937& rng, float scale) {
     std::normal_distribution<float> nd(0.0f, scale);
     values.resize(static_cast<size_t>(rows * cols));
+    for (float& v : values) v = nd(rng);
     bytes.resize(row_bytes(type, cols) * static_cast<size_t>(rows));
-    for (size_t i = 0; i < values.size(); ++i) {
-      float v = nd(rng);
-      if (type == DType::F16) {
-        uint16_t h = fp32_to_fp16(v);
-        reinterpret_cast<uint16_t*>(bytes.data())[i] = h;
-        v = fp16_to_fp32(h);
-      } else {
-        reinterpret_cast<float*>(bytes.data())[i] = v;
-      }
-      values[i] = v;
+    for (int64_t r = 0; r < rows; ++r) {
+      uint8_t* row = bytes.data() + row_bytes(type, cols) * static_cast<size_t>(r);
+      quantize_row(type, &values[r * cols], row, cols);
+      dequantize_row(type, row, &values[r * cols], cols);
     }
     view.type = type;
     view.n_dims = 2;
@@ -108,8 +104,11 @@ std::vector<LayerPredictor> gate_copy_predictors(const Model& m, float threshold
 
 TEST(Predictor, InferenceMatchesDoubleReference) {
   std::mt19937 rng(17);
-  const int64_t d = 96, rank = 13, nf = 170;
-  for (DType type : {DType::F32, DType::F16}) {
+  const int64_t d = 96, nf = 170;
+  for (DType type : {DType::F32, DType::F16, DType::Q8_0}) {
+    // Q8_0 rows are whole blocks; its kernels also round x and the hidden layer to 8 bits.
+    const int64_t rank = type == DType::Q8_0 ? 32 : 13;
+    const double tol = type == DType::Q8_0 ? 2e-2 : 1e-5;
     Matrix fc1(type, rank, d, rng, 0.3f), fc2(type, nf, rank, rng, 0.5f);
     for (int threads : {1, 3}) {
       ThreadPool pool(threads);
@@ -143,7 +142,7 @@ TEST(Predictor, InferenceMatchesDoubleReference) {
           max_err = std::max(max_err, std::fabs(scratch[i] - ref[i]));
           max_ref = std::max(max_ref, std::fabs(ref[i]));
         }
-        EXPECT_LT(max_err, 1e-5 * max_ref) << dtype_name(type) << " n " << n;
+        EXPECT_LT(max_err, tol * max_ref) << dtype_name(type) << " n " << n;
         // The active set is the union over tokens of score >= thr, sorted; borderline scores
         // (within float rounding of thr) may go either way.
         std::vector<char> in(nf, 0);
@@ -158,7 +157,7 @@ TEST(Predictor, InferenceMatchesDoubleReference) {
           bool want = false, border = false;
           for (int64_t t = 0; t < n; ++t) {
             want |= ref[t * nf + j] >= thr;
-            border |= std::fabs(ref[t * nf + j] - thr) < 1e-4;
+            border |= std::fabs(ref[t * nf + j] - thr) < std::max(1e-4, tol * max_ref);
           }
           expected += want;
           if (!border) {
@@ -256,9 +255,10 @@ TEST(Predictor, PerfectRecallPredictorEqualsOracle) {
   }
 }
 
-// The fused one-token path (scores, gate, firing test and up in one dispatch) gives the bits of
-// the separate steps, for a predictor that misses neurons and one that predicts extra ones,
-// and does not depend on the thread count.
+// The fused one-token path (scores, gate, firing test, up and down in one dispatch) gives the
+// bits of the separate steps on one thread, and on more the same to rounding and the same bits
+// run after run, for a predictor that misses neurons and one that predicts extra ones; it
+// predicts and fires the same neurons for any thread count.
 TEST(Predictor, FusedDecodeEqualsSeparateSteps) {
   for (DType type : {DType::F32, DType::Q4_0, DType::Q4_1}) {
     SynthOptions o = relu_model_options(0);
@@ -274,8 +274,13 @@ TEST(Predictor, FusedDecodeEqualsSeparateSteps) {
       for (int threads : {1, 2, 3}) {
         auto sep = run_ffn_mode(*model, FfnMode::predictor, threads, &st_sep, false);
         auto fused = run_ffn_mode(*model, FfnMode::predictor, threads, &st_fused, true);
-        EXPECT_EQ(fused, sep) << dtype_name(type) << " threshold " << thr << " threads " << threads;
-        EXPECT_EQ(fused, first) << dtype_name(type) << " threshold " << thr << " threads " << threads;
+        EXPECT_EQ(sep, first) << dtype_name(type) << " threshold " << thr << " threads " << threads;
+        if (threads == 1) {
+          EXPECT_EQ(fused, sep) << dtype_name(type) << " threshold " << thr;
+        } else {
+          EXPECT_LT(rel_diff(fused, sep), 1e-4) << dtype_name(type) << " threshold " << thr << " threads " << threads;
+          EXPECT_EQ(fused, run_ffn_mode(*model, FfnMode::predictor, threads, nullptr, true)) << dtype_name(type);
+        }
         EXPECT_EQ(st_fused.active, st_sep.active);
         EXPECT_EQ(st_fused.predicted, st_sep.predicted);
         EXPECT_LT(st_fused.predicted[0], st_fused.neurons[0]);  // a real subset was predicted
@@ -364,6 +369,73 @@ TEST(PredictorTrain, RecoversAPlantedLowRankRule) {
     for (uint32_t e = s.offsets[N - n_eval + t]; e < s.offsets[N - n_eval + t + 1]; ++e)
       n_pos++, hit += sc[t * nf + s.idx[e]] >= q.threshold;
   EXPECT_NEAR(static_cast<double>(hit) / n_pos, q.recall_count, 0.005);
+}
+
+// Q8_0 predictor weights: ranks in multiples of 32, weights on the Q8_0 grid, about half the
+// bytes of F16, and the same recall as F16 on the planted rule (the held-out evaluation runs
+// the engine's Q8_0 kernels, which round the activations to 8 bits as well).
+TEST(PredictorTrain, Q8_0WeightsKeepTheRecallAtHalfTheBytes) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t d = 64, nf = 96, N = 1600;
+  std::vector<float> G(nf * d);
+  for (float& v : G) v = nd(rng) / 8.0f;
+  LayerSamples s;
+  s.n_embd = d, s.n_ff = nf;
+  std::vector<float> x(d);
+  std::vector<int32_t> ids;
+  std::vector<float> mass;
+  for (int64_t t = 0; t < N; ++t) {
+    for (float& v : x) v = nd(rng);
+    ids.clear(), mass.clear();
+    for (int64_t j = 0; j < nf; ++j) {
+      double g = -0.6;  // mostly silent
+      for (int64_t i = 0; i < d; ++i) g += static_cast<double>(G[j * d + i]) * x[i];
+      if (g > 0) ids.push_back(static_cast<int32_t>(j)), mass.push_back(static_cast<float>(g));
+    }
+    s.add_token(x.data(), ids.data(), mass.data(), static_cast<int64_t>(ids.size()));
+  }
+  std::vector<uint8_t> gb(reinterpret_cast<uint8_t*>(G.data()), reinterpret_cast<uint8_t*>(G.data() + G.size()));
+  ThreadPool pool(2);
+  PredictorTrainOptions o;
+  o.epochs = 3;
+  o.init_gate.type = DType::F32, o.init_gate.n_dims = 2, o.init_gate.ne[0] = d, o.init_gate.ne[1] = nf;
+  o.init_gate.data = gb.data(), o.init_gate.nbytes = gb.size();
+  o.min_rank = 16, o.max_rank = 64;
+  o.type = DType::F16;
+  const LayerPredictor h = fit_predictor(pool, s, 32, o);
+  o.type = DType::Q8_0;
+  const LayerPredictor q = fit_predictor(pool, s, 32, o);
+  EXPECT_EQ(q.bytes, 32u * row_bytes(DType::Q8_0, 64) + 96u * row_bytes(DType::Q8_0, 32));
+  EXPECT_LT(q.bytes * 10, h.bytes * 6);
+  EXPECT_GE(h.recall_mass, 0.97);
+  EXPECT_NEAR(q.recall_mass, h.recall_mass, 0.01);
+  EXPECT_NEAR(q.precision, h.precision, 0.05);
+  // The weights are on the Q8_0 grid: quantizing them again changes nothing.
+  std::vector<uint8_t> blk(row_bytes(DType::Q8_0, d));
+  std::vector<float> back(d);
+  for (int64_t r = 0; r < q.rank; ++r) {
+    quantize_row(DType::Q8_0, &q.fc1[r * d], blk.data(), d);
+    dequantize_row(DType::Q8_0, blk.data(), back.data(), d);
+    for (int64_t i = 0; i < d; ++i) ASSERT_EQ(back[i], q.fc1[r * d + i]) << "row " << r;
+  }
+  // The rank search takes multiples of 32 (min_rank 16 starts at 32).
+  const LayerPredictor best = train_layer_predictor(pool, s, o);
+  EXPECT_EQ(best.rank % 32, 0);
+  EXPECT_GE(best.rank, 32);
+  // Ranks or widths that are not whole blocks are refused with the reason.
+  try {
+    fit_predictor(pool, s, 48, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 32"), std::string::npos) << e.what();
+  }
+  // The file stores Q8_0 tensors, and a reader takes them.
+  const std::string path = (test_dir() / "q8.pred.gguf").string();
+  write_predictor_file(path, "q8", {q}, DType::Q8_0);
+  gguf::Reader r(path);
+  EXPECT_EQ(r.view("blk.0.fc1.weight").type, DType::Q8_0);
+  EXPECT_EQ(r.view("blk.0.fc2.weight").type, DType::Q8_0);
 }
 
 TEST(PredictorTrain, SynthGateRankMakesFiringPredictable) {

@@ -60,8 +60,8 @@ void attach_predictors(Model& model, const std::string& path) {
     fc2[il] = file->view(p + "fc2.weight");
     EMBER_CHECK(fc1[il].valid() && fc2[il].valid(), "{}: layer {} has no {}fc1.weight / {}fc2.weight", path, il, p, p);
     for (const TensorView* t : {&fc1[il], &fc2[il]})
-      EMBER_CHECK(t->type == DType::F32 || t->type == DType::F16, "{}: {} has type {}; predictors must be F32 or F16",
-                  path, t->name, dtype_name(t->type));
+      EMBER_CHECK(t->type == DType::F32 || t->type == DType::F16 || t->type == DType::Q8_0,
+                  "{}: {} has type {}; predictors must be F32, F16 or Q8_0", path, t->name, dtype_name(t->type));
     const int64_t rank = fc1[il].rows();
     EMBER_CHECK(fc1[il].cols() == hp.n_embd && fc1[il].ne[2] == 1 && fc1[il].ne[3] == 1 && rank >= 1,
                 "{}: {} has shape [{}, {}], expected [n_embd = {}, rank]", path, fc1[il].name, fc1[il].ne[0],

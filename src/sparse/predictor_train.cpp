@@ -174,23 +174,50 @@ struct Adam {
   }
 };
 
-float round_to(DType t, float v) {
-  if (t == DType::F16) return fp16_to_fp32(fp32_to_fp16(v));
-  return v;
+// w [rows x cols] rounded in place to what `t` stores (quantized and dequantized row by row).
+void round_rows(DType t, std::vector<float>& w, int64_t rows, int64_t cols) {
+  if (t == DType::F32) return;
+  std::vector<uint8_t> buf(row_bytes(t, cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(t, &w[static_cast<size_t>(r * cols)], buf.data(), cols);
+    dequantize_row(t, buf.data(), &w[static_cast<size_t>(r * cols)], cols);
+  }
 }
+
+// A float matrix [rows x cols] (times `scale`) encoded in type t, with its view.
+struct Encoded {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+  Encoded(DType t, const std::vector<float>& w, int64_t rows, int64_t cols, float scale = 1.0f)
+      : bytes(row_bytes(t, cols) * static_cast<size_t>(rows)) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) row[c] = w[static_cast<size_t>(r * cols + c)] * scale;
+      quantize_row(t, row.data(), bytes.data() + row_bytes(t, cols) * static_cast<size_t>(r), cols);
+    }
+    view.type = t;
+    view.n_dims = 2;
+    view.ne[0] = cols;
+    view.ne[1] = rows;
+    view.data = bytes.data();
+    view.nbytes = bytes.size();
+  }
+};
 
 inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 inline double softplus(float z) { return std::max(z, 0.0f) + std::log1p(std::exp(-std::fabs(z))); }
 
-size_t stored_bytes(DType t, int64_t n) { return static_cast<size_t>(n) * (t == DType::F16 ? 2 : 4); }
-
-// Scores of tokens [t0, t1) into S [(t1 - t0) x n_ff]; H is scratch [(t1 - t0) x rank].
-void forward_scores(ThreadPool& pool, const LayerPredictor& p, const LayerSamples& s, int64_t t0, int64_t t1, float* H,
-                    float* S) {
+// Scores of tokens [t0, t1) into S [(t1 - t0) x n_ff] as the engine computes them: the weights
+// stored in type t, multiplied by the same kernels (which may round the activations too, as
+// Q8_0's do). H is scratch [(t1 - t0) x rank].
+void forward_scores(ThreadPool& pool, const LayerPredictor& p, DType t, const LayerSamples& s, int64_t t0, int64_t t1,
+                    float* H, float* S) {
   const int64_t n = t1 - t0;
-  gemm(pool, p.fc1.data(), p.rank, p.n_embd, s.x.data() + t0 * s.n_embd, n, H);
+  const Encoded fc1(t, p.fc1, p.rank, p.n_embd), fc2(t, p.fc2, p.n_ff, p.rank);
+  AlignedBuffer<uint8_t> mm(std::max(cpu::matmul_scratch_bytes(t, p.n_embd, n), cpu::matmul_scratch_bytes(t, p.rank, n)));
+  cpu::matmul(pool, fc1.view, s.x.data() + t0 * s.n_embd, n, H, mm.data());
   for (int64_t i = 0; i < n * p.rank; ++i) H[i] = std::max(H[i], 0.0f);
-  gemm(pool, p.fc2.data(), p.n_ff, p.rank, H, n, S);
+  cpu::matmul(pool, fc2.view, H, n, S, mm.data());
 }
 
 // Orthonormalizes the rows of Q [r x d] in place (modified Gram-Schmidt, in double); a row that
@@ -219,6 +246,13 @@ void orthonormalize_rows(float* Q, int64_t r, int64_t d) {
 }
 
 }  // namespace
+
+void check_predictor_type(DType t, int64_t n_embd, int64_t rank) {
+  EMBER_CHECK(t == DType::F32 || t == DType::F16 || t == DType::Q8_0,
+              "predictor weights must be F32, F16 or Q8_0, got {}", dtype_name(t));
+  EMBER_CHECK(t != DType::Q8_0 || (n_embd % 32 == 0 && rank % 32 == 0),
+              "Q8_0 predictor weights need n_embd ({}) and the rank ({}) to be multiples of 32; use F16", n_embd, rank);
+}
 
 void gate_subspace_init(ThreadPool& pool, const TensorView& gate, int64_t rank, uint64_t seed, std::vector<float>& fc1,
                         std::vector<float>& fc2) {
@@ -251,9 +285,8 @@ void gate_subspace_init(ThreadPool& pool, const TensorView& gate, int64_t rank, 
 
 LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o) {
   EMBER_CHECK(rank >= 1, "predictor rank must be positive, got {}", rank);
-  EMBER_CHECK(o.type == DType::F16 || o.type == DType::F32, "predictor weights must be F16 or F32, got {}",
-              dtype_name(o.type));
   const int64_t d = s.n_embd, nf = s.n_ff;
+  check_predictor_type(o.type, d, rank);
   const int64_t n_hold = std::max<int64_t>(2, static_cast<int64_t>(std::llround(o.holdout * s.n)));
   const int64_t n_train = s.n - n_hold;
   EMBER_CHECK(n_train >= 8, "train-predictor: {} sample tokens leave too few for training", s.n);
@@ -340,14 +373,14 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
     }
     p.train_loss = loss / static_cast<double>(std::max<int64_t>(1, n_train / B * B));
   }
-  for (float& w : p.fc1) w = round_to(o.type, w);
-  for (float& w : p.fc2) w = round_to(o.type, w);
-  p.bytes = stored_bytes(o.type, rank * (d + nf));
+  round_rows(o.type, p.fc1, rank, d);
+  round_rows(o.type, p.fc2, nf, rank);
+  p.bytes = row_bytes(o.type, d) * static_cast<size_t>(rank) + row_bytes(o.type, rank) * static_cast<size_t>(nf);
 
   // Held-out scores (calibration half, then evaluation half).
   const int64_t n_eval = n_hold - n_cal;
   AlignedBuffer<float> HS(static_cast<size_t>(n_hold * rank)), SS(static_cast<size_t>(n_hold * nf));
-  forward_scores(pool, p, s, n_train, s.n, HS.data(), SS.data());
+  forward_scores(pool, p, o.type, s, n_train, s.n, HS.data(), SS.data());
   // Threshold: the largest score at which the calibration tokens' firing neurons keep >= recall
   // of their mass.
   std::vector<std::pair<float, float>> pos;  // (score, mass)
@@ -409,10 +442,15 @@ LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, co
     return tried.size() - 1;
   };
   auto better = [&](size_t a, size_t b) { return tried[a].cost < tried[b].cost; };
-  size_t best = fit(o.min_rank);
+  // Q8_0 rows are whole blocks of 32: its ranks are multiples of 32.
+  const int64_t unit = o.type == DType::Q8_0 ? 32 : 1;
+  const int64_t min_rank = (o.min_rank + unit - 1) / unit * unit;
+  EMBER_CHECK(min_rank <= o.max_rank, "predictor ranks: {} weights need a rank that is a multiple of {}, and the "
+              "largest allowed is {}", dtype_name(o.type), unit, o.max_rank);
+  size_t best = fit(min_rank);
   // Without a cost model the smallest rank that reaches the recall on held-out data wins.
   const bool by_size = o.ffn_bytes <= 0;
-  for (int64_t r = o.min_rank * 2; r <= o.max_rank; r *= 2) {
+  for (int64_t r = min_rank * 2; r <= o.max_rank; r *= 2) {
     if (by_size && tried[best].recall_mass >= o.recall) break;
     const size_t i = fit(r);
     if (by_size ? tried[i].recall_mass > tried[best].recall_mass : better(i, best)) best = i;
@@ -421,13 +459,13 @@ LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, co
   if (!by_size) {
     // One bisection step towards the better neighbour of the best rank.
     const int64_t r = tried[best].rank;
-    int64_t lo = r / 2 >= o.min_rank ? r / 2 : 0, hi = r * 2 <= o.max_rank ? r * 2 : 0;
+    int64_t lo = r / 2 >= min_rank ? r / 2 : 0, hi = r * 2 <= o.max_rank ? r * 2 : 0;
     int64_t nb_rank = 0;
     double nb_cost = 1e300;
     for (const auto& t : tried)
       if ((t.rank == lo || t.rank == hi) && t.cost < nb_cost) nb_cost = t.cost, nb_rank = t.rank;
     if (nb_rank > 0) {
-      const int64_t mid = (r + nb_rank) / 2;
+      const int64_t mid = (r + nb_rank) / 2 / unit * unit;
       if (mid != r && mid != nb_rank) {
         const size_t i = fit(mid);
         if (better(i, best)) best = i;
@@ -455,8 +493,8 @@ void predictor_scores_reference(const LayerPredictor& p, const float* x, int64_t
 
 void write_predictor_file(const std::string& path, const std::string& model_name,
                           const std::vector<LayerPredictor>& layers, DType type) {
-  EMBER_CHECK(type == DType::F16 || type == DType::F32, "predictor weights must be F16 or F32, got {}", dtype_name(type));
   EMBER_CHECK(!layers.empty(), "no predictors to write");
+  for (const auto& l : layers) check_predictor_type(type, l.n_embd, l.rank);
   bool all_neg = true, all_pos = true;
   for (const auto& l : layers) all_neg &= l.threshold < 0, all_pos &= l.threshold > 0;
   const float global = all_neg ? -1.0f : all_pos ? 1.0f : 0.0f;
@@ -468,25 +506,14 @@ void write_predictor_file(const std::string& path, const std::string& model_name
   w.set(kPredictorInputKey, Value::str("ffn_input"));  // trained on the FFN input (after ffn_norm)
   w.set("powerinfer.sparse_threshold", Value::f32(global));
   std::vector<float> thresholds;
-  auto encode = [&](const std::vector<float>& v, float scale) {
-    std::vector<uint8_t> bytes(stored_bytes(type, static_cast<int64_t>(v.size())));
-    if (type == DType::F32) {
-      auto* f = reinterpret_cast<float*>(bytes.data());
-      for (size_t i = 0; i < v.size(); ++i) f[i] = v[i] * scale;
-    } else {
-      auto* h = reinterpret_cast<uint16_t*>(bytes.data());
-      for (size_t i = 0; i < v.size(); ++i) h[i] = fp32_to_fp16(v[i] * scale);
-    }
-    return bytes;
-  };
   for (size_t il = 0; il < layers.size(); ++il) {
     const LayerPredictor& l = layers[il];
     // Folding: score >= t  <=>  score / |t| >= sign(t), for thresholds of one sign.
     const float scale = global != 0.0f ? 1.0f / std::fabs(l.threshold) : 1.0f;
     thresholds.push_back(global != 0.0f ? global : l.threshold);
     const std::string p = "blk." + std::to_string(il) + ".";
-    w.add_tensor(p + "fc1.weight", type, {l.n_embd, l.rank}, encode(l.fc1, 1.0f));
-    w.add_tensor(p + "fc2.weight", type, {l.rank, l.n_ff}, encode(l.fc2, scale));
+    w.add_tensor(p + "fc1.weight", type, {l.n_embd, l.rank}, Encoded(type, l.fc1, l.rank, l.n_embd).bytes);
+    w.add_tensor(p + "fc2.weight", type, {l.rank, l.n_ff}, Encoded(type, l.fc2, l.n_ff, l.rank, scale).bytes);
   }
   w.set("ember.predictor.thresholds", Value::floats(thresholds));
   w.write(path);

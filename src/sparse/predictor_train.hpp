@@ -62,7 +62,8 @@ struct PredictorTrainOptions {
   float lr = 2e-3f;
   float pos_weight = 4.0f;      // weight of a firing neuron of mean mass, relative to a silent one
   double holdout = 0.1;         // fraction of tokens held out (half calibrates, half evaluates)
-  DType type = DType::F16;      // of the stored fc1/fc2 (the evaluation uses the rounded weights)
+  DType type = DType::F16;      // of the stored fc1/fc2: F32, F16 or Q8_0 (ranks then multiples of 32); the
+                                // held-out evaluation runs the engine's kernels on the stored weights
   uint64_t seed = 1;
   double ffn_bytes = 0;         // bytes of the layer's gate + up + down, for the rank's cost; 0: size only
   // The layer's gate matrix (optional): the predictor starts from its best rank-r/2 linear
@@ -84,6 +85,10 @@ struct LayerPredictor {
   size_t bytes = 0;        // of fc1 + fc2 in the stored type
   double train_loss = 0;   // mean weighted cross-entropy of the last epoch
 };
+
+// Fails with a clear message unless `t` can store a predictor of this shape: F32, F16, or Q8_0
+// when n_embd and the rank are multiples of 32.
+void check_predictor_type(DType t, int64_t n_embd, int64_t rank);
 
 // fc1/fc2 of the rank-(rank/2) linear approximation of `gate` described at init_gate (rank even).
 void gate_subspace_init(ThreadPool& pool, const TensorView& gate, int64_t rank, uint64_t seed, std::vector<float>& fc1,

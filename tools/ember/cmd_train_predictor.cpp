@@ -22,7 +22,7 @@ namespace {
 
 struct TrainArgs {
   EngineFlags engine;
-  std::string corpus, out, from_samples, type = "f16";
+  std::string corpus, out, from_samples, type = "auto";
   int64_t synthetic_tokens = 0, samples = 4000, seq = 512;
   double recall = 0.99;
   int64_t min_rank = 16, max_rank = 1024;
@@ -65,9 +65,19 @@ void run_train(const TrainArgs& a) {
   auto dir = std::filesystem::absolute(a.out).parent_path();
   EMBER_CHECK(std::filesystem::is_directory(dir), "cannot write '{}': directory '{}' does not exist", a.out,
               dir.string());
-  const DType type = a.type == "f32" ? DType::F32 : DType::F16;
   auto model = load_model_logged(a.engine, nullptr, RepackScope::attention_output);
   const Hparams& hp = model->hp;
+  // auto: Q8_0 (half the bytes of F16, and the engine's fastest kernels) where the shapes allow.
+  const DType type = a.type == "f32"    ? DType::F32
+                     : a.type == "f16"  ? DType::F16
+                     : a.type == "q8_0" ? DType::Q8_0
+                     : hp.n_embd % 32 == 0 && std::min<int64_t>(a.max_rank, std::min(hp.n_embd, hp.n_ff)) >= 32
+                         ? DType::Q8_0
+                         : DType::F16;
+  EMBER_CHECK(type != DType::Q8_0 || hp.n_embd % 32 == 0,
+              "--type q8_0 needs n_embd to be a multiple of 32 (this model's is {}); use f16", hp.n_embd);
+  log_info("predictor weights: {}{}", dtype_name(type),
+           type == DType::Q8_0 ? " (ranks are multiples of 32)" : "");
   ThreadPool pool(a.engine.threads > 0 ? a.engine.threads : default_thread_count());
   Timer timer;
   std::vector<LayerSamples> samples;
@@ -139,7 +149,8 @@ void add_train_predictor(CLI::App& app) {
       ->check(CLI::Range(0.01f, 1e4f))->capture_default_str();
   cmd->add_option("--fire-threshold", a->threshold, "a neuron fires when |act(gate)| > this (0 for ReLU models)")
       ->check(CLI::Range(0.0f, 1e30f))->capture_default_str();
-  cmd->add_option("--type", a->type, "type of fc1/fc2: f16 or f32")->check(CLI::IsMember({"f16", "f32"}))
+  cmd->add_option("--type", a->type, "type of fc1/fc2: f16, f32, q8_0, or auto (q8_0 where n_embd and the ranks allow)")
+      ->check(CLI::IsMember({"auto", "f16", "f32", "q8_0"}))
       ->capture_default_str();
   cmd->add_flag("--random-init", a->random_init,
                "start from random weights instead of the gate's best low-rank linear approximation");

@@ -121,6 +121,8 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   fused_ids_.resize(per_thread);
   fused_vals_.resize(per_thread);
   block_fired_.resize(static_cast<size_t>((hp.n_ff + kNeuronBlock - 1) / kNeuronBlock));
+  partial_stride_ = static_cast<size_t>((hp.n_embd + 15) / 16 * 16);
+  fused_partials_.resize(partial_stride_ * static_cast<size_t>(std::max(fused_threads_ - 1, 1)));
   thread_counts_.resize(2 * static_cast<size_t>(fused_threads_));
   if (opts.mode == FfnMode::predictor) {
     size_t hq = 64;
@@ -333,35 +335,27 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
       }
       block_fired_[static_cast<size_t>(b)] = static_cast<int32_t>(nf - start);
     }
-    // H = up * act(gate) for the firing neurons.
+    // H = up * act(gate) for the firing neurons, then their down rows: thread 0 into out, the
+    // others into their partial sums (whole rows: each thread reads its own neurons' rows).
     cpu::gather_matmul_rows(w.up, xq, 1, fired, nf, cval, nf);
     for (int64_t i = 0; i < nf; ++i) fval[i] = cval[i] * fval[i];
+    float* part = ith == 0 ? out : fused_partials_.data() + static_cast<size_t>(ith - 1) * partial_stride_;
+    std::memset(part, 0, sizeof(float) * static_cast<size_t>(n_embd));
+    if (nf > 0)
+      cpu::sparse_axpy_rows(down_nm, fired, nf, fval, 1, nf, 0, n_embd, part, n_embd,
+                            axpy_scratch_.data() + static_cast<size_t>(ith) * partial_stride_);
     thread_counts_[2 * ith] = static_cast<uint64_t>(predicted ? nc : 0);
     thread_counts_[2 * ith + 1] = static_cast<uint64_t>(nf);
   });
-  // Merge the threads' lists in neuron order (block b belongs to thread b % nth).
+  // The partial sums in thread order (deterministic for a thread count).
   const int nth = pool.size();
-  float* h = ws.up.data();
-  int64_t na = 0;
-  int64_t cursor[kMaxFusedThreads] = {};
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int th = static_cast<int>(b % nth);
-    const int32_t* fired = fused_ids_.data() + static_cast<size_t>(2 * n_ff) * th + n_ff;
-    const float* fval = fused_vals_.data() + static_cast<size_t>(2 * n_ff) * th + n_ff;
-    for (int32_t i = 0; i < block_fired_[static_cast<size_t>(b)]; ++i, ++na) {
-      active_[static_cast<size_t>(na)] = fired[cursor[th] + i];
-      h[na] = fval[cursor[th] + i];
-    }
-    cursor[th] += block_fired_[static_cast<size_t>(b)];
-  }
-  uint64_t n_pred = 0;
-  for (int th = 0; th < nth; ++th) n_pred += thread_counts_[2 * th];
+  uint64_t n_pred = 0, na = 0;
+  for (int th = 0; th < nth; ++th) n_pred += thread_counts_[2 * th], na += thread_counts_[2 * th + 1];
+  for (int th = 1; th < nth; ++th)
+    cpu::add_f32(fused_partials_.data() + static_cast<size_t>(th - 1) * partial_stride_, out, n_embd);
   stats_.neurons[layer] += static_cast<uint64_t>(n_ff);
-  stats_.active[layer] += static_cast<uint64_t>(na);
+  stats_.active[layer] += na;
   if (predicted) stats_.predicted[layer] += n_pred;
-  std::memset(out, 0, sizeof(float) * static_cast<size_t>(n_embd));
-  if (na > 0)
-    cpu::sparse_axpy(pool, down_nm, active_.data(), na, h, 1, na, out, n_embd, axpy_scratch_.data(), opts_.split);
   if (w.down_b.valid()) cpu::add_f32(reinterpret_cast<const float*>(w.down_b.data), out, n_embd);
   return true;
 }

@@ -118,6 +118,8 @@ class SparseFfn final : public FfnExecutor {
   std::vector<int32_t> block_fired_;
   std::vector<uint64_t> thread_counts_;
   AlignedBuffer<uint8_t> fused_hq_;  // the predictor's hidden row as fc2's kernel takes it
+  AlignedBuffer<float> fused_partials_;  // threads 1.. : their share of the down product
+  size_t partial_stride_ = 0;            // floats per partial (n_embd rounded up to 16)
   int fused_threads_ = 0;
   bool fused_ = true;  // tests switch it off to compare with the separate steps
 

@@ -120,7 +120,6 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   const size_t per_thread = static_cast<size_t>(2 * hp.n_ff) * static_cast<size_t>(fused_threads_);
   fused_ids_.resize(per_thread);
   fused_vals_.resize(per_thread);
-  block_fired_.resize(static_cast<size_t>((hp.n_ff + kNeuronBlock - 1) / kNeuronBlock));
   partial_stride_ = static_cast<size_t>((hp.n_embd + 15) / 16 * 16);
   fused_partials_.resize(partial_stride_ * static_cast<size_t>(std::max(fused_threads_ - 1, 1)));
   thread_counts_.resize(2 * static_cast<size_t>(fused_threads_));
@@ -146,7 +145,7 @@ size_t SparseFfn::neuron_major_bytes() const {
 }
 
 size_t SparseFfn::bytes() const {
-  return neuron_major_bytes() + (active_.size() + predicted_.size() + fused_ids_.size() + block_fired_.size()) * sizeof(int32_t) +
+  return neuron_major_bytes() + (active_.size() + predicted_.size() + fused_ids_.size()) * sizeof(int32_t) +
          (axpy_scratch_.size() + pred_scratch_.size() + fused_vals_.size()) * sizeof(float) + pred_mm_scratch_.size() +
          fused_hq_.size();
 }
@@ -316,24 +315,20 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
         cpu::matmul_rows_prepared(w.gate, xp, x_stride, 1, r0, r1, gate_all + r0, n_ff);
       }
     }
-    if (predicted) cpu::gather_matmul_rows(w.gate, xq, 1, cand, nc, cval, nc);
-    // Keep the firing ones, counting them per block (the merge below needs the counts).
-    int64_t nf = 0, c = 0;
-    for (int64_t b = ith; b < n_blocks; b += nth) {
-      const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
-      const int64_t start = nf;
-      if (predicted) {
-        for (; c < nc && cand[c] < r1; ++c) {
-          const float v = cpu::activate(act, cval[c]);
-          if (std::fabs(v) > thr) fired[nf] = cand[c], fval[nf++] = v;
-        }
-      } else {
-        for (int64_t j = r0; j < r1; ++j) {
-          const float v = cpu::activate(act, gate_all[j]);
-          if (std::fabs(v) > thr) fired[nf] = static_cast<int32_t>(j), fval[nf++] = v;
-        }
+    // Keep the firing ones.
+    int64_t nf = 0;
+    if (predicted) {
+      cpu::gather_matmul_rows(w.gate, xq, 1, cand, nc, cval, nc);
+      cpu::activation_inplace(act, cval, nc);
+      for (int64_t c = 0; c < nc; ++c)
+        if (std::fabs(cval[c]) > thr) fired[nf] = cand[c], fval[nf++] = cval[c];
+    } else {
+      for (int64_t b = ith; b < n_blocks; b += nth) {
+        const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
+        cpu::activation_inplace(act, gate_all + r0, r1 - r0);
+        for (int64_t j = r0; j < r1; ++j)
+          if (std::fabs(gate_all[j]) > thr) fired[nf] = static_cast<int32_t>(j), fval[nf++] = gate_all[j];
       }
-      block_fired_[static_cast<size_t>(b)] = static_cast<int32_t>(nf - start);
     }
     // H = up * act(gate) for the firing neurons, then their down rows: thread 0 into out, the
     // others into their partial sums (whole rows: each thread reads its own neurons' rows).

@@ -17,8 +17,10 @@
 //           neuron the predictor finds; a truly active neuron it misses is dropped.
 //
 // A single token (decode) of a gated FFN without gate/up biases takes a fused path: one
-// dispatch computes the predictor's scores, the gate, the firing test and up (each thread a
-// share of 64-neuron blocks), a second one the down axpy; bit-identical to the separate steps.
+// dispatch computes the predictor's scores, the gate, the firing test, up and down (each thread
+// a share of 64-neuron blocks, its down rows summed into its own partial); the partials are
+// added in thread order. Deterministic for a thread count; on one thread bit-identical to the
+// separate steps, on more equal to rounding (the sum is grouped by thread).
 //
 // Batches of several tokens take the union of the tokens' active sets (a neuron inactive for a
 // token contributes an exact zero). Batches of kDenseBatch tokens or more run the dense kernels:
@@ -102,20 +104,20 @@ class SparseFfn final : public FfnExecutor {
   AlignedBuffer<uint8_t> pred_mm_scratch_;
 
   // One token through a gated FFN without biases on gate/up (decode): predictor scores (fc2),
-  // gate, firing test and up in one dispatch, each thread taking every nth block of
-  // kNeuronBlock neurons, then the down axpy over the merged list. Two dispatches (three with
-  // the predictor's fc1) instead of three (five). The active list comes out in neuron order
-  // whatever the thread count, with the values the separate steps give: the results are
-  // bit-identical to them. Returns false where it does not apply.
+  // gate, firing test, up and down in one dispatch, each thread taking every nth block of
+  // kNeuronBlock neurons and reading whole rows of its own neurons (thread 0 adds into out,
+  // thread i > 0 into fused_partials_ row i - 1; the caller adds those in order). One dispatch
+  // (two with the predictor's fc1) instead of three (five). Which neurons fire does not depend
+  // on the thread count; the output does only through the grouping of the down sum. Returns
+  // false where it does not apply.
   static constexpr int64_t kNeuronBlock = 64;
   static constexpr int kMaxFusedThreads = 64;  // more threads take the separate steps
   bool run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                         float* out, Workspace& ws);
-  // Per thread: candidate and firing neuron ids and values (4 x n_ff each), firing counts per
-  // block, and the thread's counters (predicted, fired).
+  // Per thread: candidate and firing neuron ids and values (2 x n_ff each), and the thread's
+  // counters (predicted, fired).
   AlignedBuffer<int32_t> fused_ids_;
   AlignedBuffer<float> fused_vals_;
-  std::vector<int32_t> block_fired_;
   std::vector<uint64_t> thread_counts_;
   AlignedBuffer<uint8_t> fused_hq_;  // the predictor's hidden row as fc2's kernel takes it
   AlignedBuffer<float> fused_partials_;  // threads 1.. : their share of the down product

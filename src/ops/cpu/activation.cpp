@@ -1,8 +1,39 @@
 #include "ops/cpu/activation.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/cpu_features.hpp"
+#include "ops/cpu/activation_impl.hpp"
 
 namespace ember::cpu {
+namespace detail {
+// activation_avx512.cpp
+void activation_inplace_avx512(Activation a, float* x, int64_t n);
+void gated_activation_avx512(Activation a, const float* gate, const float* up, float* out, int64_t n);
+}  // namespace detail
+
+namespace {
+
+// The scalar twin of the vector exp (activation_impl.hpp): the same operations in the same order.
+float exp_approx(float x) {
+  using namespace detail;
+  x = x > kExpMin ? x : kExpMin;  // as max_ps / min_ps (a NaN becomes the bound)
+  x = x < kExpMax ? x : kExpMax;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kExpP[i]);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+}  // namespace
 
 const char* activation_name(Activation a) {
   switch (a) {
@@ -15,21 +46,25 @@ const char* activation_name(Activation a) {
 
 float activate(Activation a, float x) {
   switch (a) {
-    case Activation::silu: return x / (1.0f + std::exp(-x));
+    case Activation::silu: return x / (1.0f + exp_approx(-x));
     case Activation::relu: return x > 0 ? x : 0.0f;
     case Activation::gelu_tanh: {
-      constexpr float kSqrt2OverPi = 0.7978845608028654f;
-      return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+      // 0.5 x (1 + tanh(u)) = x / (1 + e^{-2u}), u = sqrt(2/pi) x (1 + 0.044715 x^2): no
+      // cancellation for negative x.
+      const float z = detail::kGelu2A * x * (1.0f + detail::kGeluB * x * x);
+      return x / (1.0f + exp_approx(-z));
     }
   }
   return x;
 }
 
 void gated_activation(Activation a, const float* gate, const float* up, float* out, int64_t n) {
+  if (simd_level() == SimdLevel::avx512) return detail::gated_activation_avx512(a, gate, up, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = activate(a, gate[i]) * up[i];
 }
 
 void activation_inplace(Activation a, float* x, int64_t n) {
+  if (simd_level() == SimdLevel::avx512) return detail::activation_inplace_avx512(a, x, n);
   for (int64_t i = 0; i < n; ++i) x[i] = activate(a, x[i]);
 }
 

@@ -1,0 +1,63 @@
+// AVX-512 activations: every lane computes what activate() computes for its value, bit for bit
+// (activation_impl.hpp; this file is built without floating-point contraction so that no
+// multiply-add is fused that the scalar code rounds twice).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "ops/cpu/activation.hpp"
+#include "ops/cpu/activation_impl.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+inline __m512 exp_approx(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  x = _mm512_min_ps(x, _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP[i]));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+inline __m512 activate(Activation a, __m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  switch (a) {
+    case Activation::silu:
+      return _mm512_div_ps(x, _mm512_add_ps(one, exp_approx(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    case Activation::relu: return _mm512_max_ps(x, _mm512_setzero_ps());
+    case Activation::gelu_tanh: {
+      const __m512 z = _mm512_mul_ps(
+          _mm512_mul_ps(_mm512_set1_ps(kGelu2A), x),
+          _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluB), x), x)));
+      return _mm512_div_ps(x, _mm512_add_ps(one, exp_approx(_mm512_sub_ps(_mm512_setzero_ps(), z))));
+    }
+  }
+  return x;
+}
+
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+}  // namespace
+
+void activation_inplace_avx512(Activation a, float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(x + i, m, activate(a, _mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+void gated_activation_avx512(Activation a, const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 g = activate(a, _mm512_maskz_loadu_ps(m, gate + i));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(g, _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+}  // namespace ember::cpu::detail

@@ -11,16 +11,10 @@
 
 #include <cstring>
 
-#include "ops/cpu/r16_kernels.hpp"
+#include "ops/cpu/r16_avx512.hpp"
 
 namespace ember::cpu::detail {
 namespace {
-
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
 
 template <bool kHasMin>
 struct Kernel {

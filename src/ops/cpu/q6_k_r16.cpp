@@ -28,64 +28,47 @@ int q6_value(const BlockQ6_K& b, int i) {
 namespace detail {
 
 void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
-  EMBER_CHECK(rows > 0 && rows % kR16Rows == 0 && k > 0 && k % kQK_K == 0,
-              "Q6_K_R16 repacking needs a multiple of 16 rows and of 256 columns, got {} x {}", rows, k);
   const auto* in = static_cast<const BlockQ6_K*>(src);
-  auto* out = static_cast<uint8_t*>(dst);
-  const int64_t nb = k / kQK_K;
-  for (int64_t g = 0; g < rows / kR16Rows; ++g)
-    for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* o = out + (g * nb + b) * kGroupBlockBytes;
-      for (int r = 0; r < kR16Rows; ++r) {
-        const BlockQ6_K& blk = in[(g * kR16Rows + r) * nb + b];
-        std::memcpy(o + 2 * r, &blk.d, 2);
-        for (int j = 0; j < 16; ++j) {
-          o[kScalesAt + 16 * j + r] = static_cast<uint8_t>(blk.scales[j]);
-          uint8_t* sb = o + kSubBlocksAt + kSubBlockBytes * j + 4 * r;
-          for (int i = 0; i < 4; ++i) {
-            int w[4];
-            for (int c = 0; c < 4; ++c) w[c] = q6_value(blk, 16 * j + 4 * c + i);
-            sb[i] = static_cast<uint8_t>((w[0] & 15) | (w[1] & 15) << 4);
-            sb[64 + i] = static_cast<uint8_t>((w[2] & 15) | (w[3] & 15) << 4);
-            sb[128 + i] = static_cast<uint8_t>(w[0] >> 4 | (w[1] >> 4) << 2 | (w[2] >> 4) << 4 | (w[3] >> 4) << 6);
-          }
+  for_each_k_group_block("Q6_K_R16", rows, k, [&](int64_t g, int64_t b, int64_t nb) {
+    uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * kGroupBlockBytes;
+    for (int r = 0; r < kR16Rows; ++r) {
+      const BlockQ6_K& blk = in[(g * kR16Rows + r) * nb + b];
+      std::memcpy(o + 2 * r, &blk.d, 2);
+      for (int j = 0; j < 16; ++j) {
+        o[kScalesAt + 16 * j + r] = static_cast<uint8_t>(blk.scales[j]);
+        uint8_t* sb = o + kSubBlocksAt + kSubBlockBytes * j + 4 * r;
+        for (int i = 0; i < 4; ++i) {
+          int w[4];
+          for (int c = 0; c < 4; ++c) w[c] = q6_value(blk, 16 * j + 4 * c + i);
+          sb[i] = static_cast<uint8_t>((w[0] & 15) | (w[1] & 15) << 4);
+          sb[64 + i] = static_cast<uint8_t>((w[2] & 15) | (w[3] & 15) << 4);
+          sb[128 + i] = static_cast<uint8_t>(w[0] >> 4 | (w[1] >> 4) << 2 | (w[2] >> 4) << 4 | (w[3] >> 4) << 6);
         }
       }
     }
+  });
 }
 
 // The reference: the AVX-512 kernel does the same integer work and the same float operations
 // in the same order, so the two agree bit for bit.
 void gemm_q6_k_r16_scalar(const GemmArgs& a) {
-  const int64_t nb = a.k / kQK_K;
-  for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
-    const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
-    for (int64_t t = 0; t < a.ntok; ++t) {
-      const auto* x = reinterpret_cast<const BlockQ8_K*>(a.x + t * a.x_stride);
-      for (int r = 0; r < kR16Rows; ++r) {
-        float acc = 0.0f;
-        for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* p = wg + b * kGroupBlockBytes;
-          int32_t total = 0;
-          for (int j = 0; j < 16; ++j) {
-            const uint8_t* sb = p + kSubBlocksAt + kSubBlockBytes * j + 4 * r;
-            int32_t s = -32 * x[b].bsums[j];
-            for (int i = 0; i < 4; ++i) {
-              const int w[4] = {(sb[i] & 15) | (sb[128 + i] & 3) << 4, (sb[i] >> 4) | ((sb[128 + i] >> 2) & 3) << 4,
-                                (sb[64 + i] & 15) | ((sb[128 + i] >> 4) & 3) << 4,
-                                (sb[64 + i] >> 4) | ((sb[128 + i] >> 6) & 3) << 4};
-              for (int c = 0; c < 4; ++c) s += w[c] * x[b].qs[16 * j + 4 * c + i];
-            }
-            total += s * static_cast<int8_t>(p[kScalesAt + 16 * j + r]);
-          }
-          uint16_t h;
-          std::memcpy(&h, p + 2 * r, 2);
-          acc = std::fma(static_cast<float>(total), fp16_to_fp32(h) * x[b].d, acc);
-        }
-        a.y[t * a.y_stride + g * kR16Rows + r] = acc;
+  r16_scalar_k<kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
+    int32_t total = 0;
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t* sb = p + kSubBlocksAt + kSubBlockBytes * j + 4 * r;
+      int32_t s = -32 * x.bsums[j];
+      for (int i = 0; i < 4; ++i) {
+        const int w[4] = {(sb[i] & 15) | (sb[128 + i] & 3) << 4, (sb[i] >> 4) | ((sb[128 + i] >> 2) & 3) << 4,
+                          (sb[64 + i] & 15) | ((sb[128 + i] >> 4) & 3) << 4,
+                          (sb[64 + i] >> 4) | ((sb[128 + i] >> 6) & 3) << 4};
+        for (int c = 0; c < 4; ++c) s += w[c] * x.qs[16 * j + 4 * c + i];
       }
+      total += s * static_cast<int8_t>(p[kScalesAt + 16 * j + r]);
     }
-  }
+    uint16_t h;
+    std::memcpy(&h, p + 2 * r, 2);
+    return std::fma(static_cast<float>(total), fp16_to_fp32(h) * x.d, acc);
+  });
 }
 
 }  // namespace detail

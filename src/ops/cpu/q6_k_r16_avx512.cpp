@@ -10,9 +10,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <cstring>
-
-#include "ops/cpu/r16_kernels.hpp"
+#include "ops/cpu/r16_avx512.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember::cpu::detail {
@@ -20,58 +18,41 @@ namespace {
 
 constexpr size_t kGroupBlockBytes = 3360, kScalesAt = 32, kSubBlocksAt = 288, kSubBlockBytes = 192;
 
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
-template <int T>
-void group_tile(const GemmArgs& a, int64_t g, int64_t t0) {
-  const int64_t nb = a.k / kQK_K;
-  const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
-  const BlockQ8_K* x[T];
-  __m512 acc[T];
-  for (int t = 0; t < T; ++t) {
-    x[t] = reinterpret_cast<const BlockQ8_K*>(a.x + (t0 + t) * a.x_stride);
-    acc[t] = _mm512_setzero_ps();
-  }
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = wg + b * kGroupBlockBytes;
-    __m512i total[T];
-    for (int t = 0; t < T; ++t) total[t] = _mm512_setzero_si512();
-    for (int j = 0; j < 16; ++j) {
-      const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j)));
-      const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
-      const __m512i A = _mm512_loadu_si512(q), B = _mm512_loadu_si512(q + 64), H = _mm512_loadu_si512(q + 128);
-      const __m512i w0 = _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
-      const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), m4),
-                                         _mm512_and_si512(_mm512_slli_epi16(H, 2), m30));
-      const __m512i w2 = _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(H, m30));
-      const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), m4),
-                                         _mm512_and_si512(_mm512_srli_epi16(H, 2), m30));
-      for (int t = 0; t < T; ++t) {
-        const BlockQ8_K& xb = x[t][b];
-        const int8_t* xq = xb.qs + 16 * j;
-        __m512i s = _mm512_set1_epi32(-32 * xb.bsums[j]);
-        s = _mm512_dpbusd_epi32(s, w0, bcast4(xq));
-        s = _mm512_dpbusd_epi32(s, w1, bcast4(xq + 4));
-        s = _mm512_dpbusd_epi32(s, w2, bcast4(xq + 8));
-        s = _mm512_dpbusd_epi32(s, w3, bcast4(xq + 12));
-        total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(s, sc));
-      }
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
-  }
-  for (int t = 0; t < T; ++t) _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows, acc[t]);
-}
-
 struct Kernel {
   template <int T>
-  static void tile(const GemmArgs& a, int64_t g, int64_t t0) { group_tile<T>(a, g, t0); }
+  static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    r16_tile<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
+                                                                   int64_t b, __m512(&acc)[T]) {
+      __m512i total[T];
+      for (int t = 0; t < T; ++t) total[t] = _mm512_setzero_si512();
+      for (int j = 0; j < 16; ++j) {
+        const __m512i sc =
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j)));
+        const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
+        const __m512i A = _mm512_loadu_si512(q), B = _mm512_loadu_si512(q + 64), H = _mm512_loadu_si512(q + 128);
+        const __m512i w0 = _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+        const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), m4),
+                                           _mm512_and_si512(_mm512_slli_epi16(H, 2), m30));
+        const __m512i w2 = _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(H, m30));
+        const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), m4),
+                                           _mm512_and_si512(_mm512_srli_epi16(H, 2), m30));
+        for (int t = 0; t < T; ++t) {
+          const BlockQ8_K& xb = x[t][b];
+          const int8_t* xq = xb.qs + 16 * j;
+          __m512i s = _mm512_set1_epi32(-32 * xb.bsums[j]);
+          s = _mm512_dpbusd_epi32(s, w0, bcast4(xq));
+          s = _mm512_dpbusd_epi32(s, w1, bcast4(xq + 4));
+          s = _mm512_dpbusd_epi32(s, w2, bcast4(xq + 8));
+          s = _mm512_dpbusd_epi32(s, w3, bcast4(xq + 12));
+          total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(s, sc));
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
+    });
+  }
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q4_1_R16, Q6_K_R16), for dense products.
+// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q4_1_R16, Q4_K_R16, Q6_K_R16), for dense
+// products.
 //
 // A row-by-row Q4_0 matrix makes a decode kernel load the same activation block once per row
 // and keeps its per-block work high (nibble shuffles, a horizontal sum per row). Repacked, 16 rows
@@ -25,6 +26,17 @@
 //     H = w0 >> 4 | (w1 >> 4) << 2 | (w2 >> 4) << 4 | (w3 >> 4) << 6
 //   so four unpacked registers hold elements 4c .. 4c + 3 of sub-block j of all 16 rows, in the
 //   order of the Q8_K activations.
+//
+// Q4_K_R16 does it for Q4_K (weights q in 0..15, 8 sub-blocks of 32 per super-block, each with
+// a 6-bit scale and a 6-bit min, an fp16 d and dmin per super-block; value d sc q - dmin m). For
+// each super-block of a group, 2304 bytes (16 x 144):
+//   d[16], dmin[16]  fp16  the 16 rows' super-block scales
+//   lo[8][16]        lo[j][r] = (sc & 15) | (m & 15) << 4 of sub-block j of row r
+//   hi[4][16]        hi[i][r]: the top two bits of sc and m of sub-blocks 2i (low nibble:
+//                    sc >> 4 | (m >> 4) << 2) and 2i + 1 (high nibble, the same)
+//   per sub-block j, 256 bytes: chunk c (64 bytes), lane r: byte i = q[32j + 4c + i] |
+//   q[32j + 16 + 4c + i] << 4 of row r, so a chunk's low nibbles are elements 4c .. 4c + 3 and
+//   its high nibbles 16 + 4c .. 16 + 4c + 3 of sub-block j of all 16 rows.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,10 +47,10 @@ namespace ember::cpu {
 
 constexpr int64_t kR16Rows = 16;
 
-// Whether the repacked layouts (Q4_0_R16, Q4_1_R16, Q6_K_R16) have fast kernels at the current SIMD level
+// Whether the repacked layouts (Q4_0_R16, Q4_1_R16, Q4_K_R16, Q6_K_R16) have fast kernels at the current SIMD level
 // (AVX-512 VNNI); where they have none, repacking would only cost time.
 bool r16_fast();
-// The repacked type of a file type (Q4_0, Q4_1, Q6_K -> *_R16); the type itself if none.
+// The repacked type of a file type (Q4_0, Q4_1, Q4_K, Q6_K -> *_R16); the type itself if none.
 DType r16_type(DType t);
 // The file type a repacked type came from (the type itself for any other): both take the same
 // quantized activations.

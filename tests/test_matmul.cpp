@@ -306,11 +306,12 @@ TEST(Bandwidth, ProbeReturnsPositiveFinite) {
 // quantize_activations may use SIMD; it must give the bytes quantize_row gives.
 TEST(Matmul, QuantizeActivationsMatchesQuantizeRow) {
   SimdGuard guard;
-  const int64_t k = 320, n = 3;
+  const int64_t k = 768, n = 3;
   auto X = random_acts(n, k, 77);
   for (int i = 0; i < 32; ++i) X[32 + i] = 0.f;           // an all-zero block
   for (int i = 0; i < 32; ++i) X[96 + i] = (i - 16) * 0.5f;  // exact multiples: rounding ties
-  for (DType w : {DType::Q4_0, DType::Q4_1}) {
+  for (int i = 0; i < 256; ++i) X[512 + i] = 0.f;         // an all-zero Q8_K block
+  for (DType w : {DType::Q4_0, DType::Q4_1, DType::Q4_K}) {
     const DType at = act_type(w);
     std::vector<uint8_t> want(row_bytes(at, k) * n);
     for (int64_t t = 0; t < n; ++t) quantize_row(at, X.data() + t * k, want.data() + t * row_bytes(at, k), k);

@@ -31,6 +31,7 @@ struct KernelSet {
   // Activation quantizers, bit-identical to quantize_row (null: use quantize_row).
   void (*quantize_q8_0)(const float* x, void* out, int64_t k) = nullptr;
   void (*quantize_q8_1)(const float* x, void* out, int64_t k) = nullptr;
+  void (*quantize_q8_k)(const float* x, void* out, int64_t k) = nullptr;
   // When set, the q4_0 / q4_1 kernels take activations in the quad layout below (prepared from
   // the Q8_0 / Q8_1 rows by prepare_quads) instead of plain Q8_0 / Q8_1 rows.
   bool q4_quads = false;

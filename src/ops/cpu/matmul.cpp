@@ -181,7 +181,7 @@ void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, i
   void (*fast)(const float*, void*, int64_t) = nullptr;
   if (simd_level() == SimdLevel::avx512) {
     const KernelSet& s = detail::kernels_avx512();
-    fast = at == DType::Q8_0 ? s.quantize_q8_0 : at == DType::Q8_1 ? s.quantize_q8_1 : nullptr;
+    fast = at == DType::Q8_0 ? s.quantize_q8_0 : at == DType::Q8_1 ? s.quantize_q8_1 : at == DType::Q8_K ? s.quantize_q8_k : nullptr;
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
     uint8_t* dst = static_cast<uint8_t*>(out) + t * stride;

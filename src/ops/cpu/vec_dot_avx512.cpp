@@ -363,6 +363,24 @@ void quantize_q8(const float* x, void* out, int64_t k) {
   }
 }
 
+// Q8_K: one scale per 256 elements, and the sums of each 16 quantized values (one register).
+void quantize_q8_k(const float* x, void* out, int64_t k) {
+  auto* b = static_cast<BlockQ8_K*>(out);
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t i = 0; i < k / kQK_K; ++i, x += kQK_K) {
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < 16; ++j) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + 16 * j)));
+    const float amax = _mm512_reduce_max_ps(m);
+    b[i].d = amax / 127.f;
+    const __m512 id = _mm512_set1_ps(amax != 0.f ? 127.f / amax : 0.f);
+    for (int j = 0; j < 16; ++j) {
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * j), id));  // nearest-even
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs + 16 * j), _mm512_cvtsepi32_epi8(q));
+      b[i].bsums[j] = static_cast<int16_t>(_mm512_reduce_add_epi32(q));
+    }
+  }
+}
+
 // The same quantization written in the quad layout (kernels.hpp) directly, without the
 // intermediate rows: per block 16 bytes of lo, 16 of hi, four copies of d, and the four lane
 // sums times -8 (Q8_0) or s in the first lane (Q8_1).
@@ -400,7 +418,7 @@ const KernelSet& kernels_avx512() {
   static const KernelSet set{
       &gemm<FloatKernel<DType::F32>>,    &gemm<FloatKernel<DType::F16>>,    &gemm<FloatKernel<DType::BF16>>,
       &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Q4QuadKernel<DType::Q4_0>>, &gemm<Q4QuadKernel<DType::Q4_1>>,
-      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>, /*q4_quads=*/true,
+      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>, &quantize_q8_k, /*q4_quads=*/true,
       &quantize_quads<false>, &quantize_quads<true>};
   return set;
 }

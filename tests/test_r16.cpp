@@ -1,4 +1,4 @@
-// Matrices repacked 16 rows at a time (Q4_0_R16, Q4_1_R16, Q4_K_R16, Q6_K_R16): layout round trip, and the products
+// Matrices repacked 16 rows at a time (Q4_0_R16, Q4_1_R16, Q5_0_R16, Q4_K_R16, Q6_K_R16): layout round trip, and the products
 // (scalar and AVX-512) against a double-precision reference, the file layout's product and each
 // other, on awkward shapes.
 #include <gtest/gtest.h>
@@ -70,7 +70,7 @@ struct Shape {
 const Shape kShapes[] = {{16, 32}, {48, 96}, {208, 800}, {32, 5632}, {16, 2048}};
 // Q6_K: k of 1, 3, 5 and 22 super-blocks.
 const Shape kShapesK[] = {{16, 256}, {48, 768}, {208, 1280}, {32, 5632}};
-const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K};
+const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K};
 std::vector<Shape> shapes(DType t) {
   return t == DType::Q6_K || t == DType::Q4_K ? std::vector<Shape>(std::begin(kShapesK), std::end(kShapesK))
                           : std::vector<Shape>(std::begin(kShapes), std::end(kShapes));
@@ -80,7 +80,7 @@ const int64_t kTokens[] = {1, 2, 3, 4, 5, 7, 67};
 }  // namespace
 
 TEST(R16, Q4RepackRoundTripsAndKeepsSize) {
-  for (DType type : {DType::Q4_0, DType::Q4_1})
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0})
     for (const Shape& s : kShapes) {
       Packed p = random_matrix(type, s.rows, s.k, 7);
       std::vector<uint8_t> back(p.plain.size());

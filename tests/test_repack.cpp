@@ -44,13 +44,16 @@ SynthOptions q4_0_model(FfnActivation act, bool tied) {
 // the whole forward pass is compared where the arithmetic is pinned down: at the scalar level,
 // where the repacked kernels compute each dot with the same operations in the same order as the
 // file layout's (and tests/test_r16.cpp shows the AVX-512 repacked kernels equal their scalar
-// ones bit for bit).
-void expect_same_logits(const Model& plain, const Model& packed, FfnMode mode) {
+// ones bit for bit). Almost the same operations: the repacked kernels add each block with one
+// fused multiply-add where the file layout's scalar Q4_0 and Q5_0 dots round the product first;
+// in the Q5_0 model that half ulp flips an 8-bit activation downstream (0.08% of its logits), so
+// `tol` says how much each comparison allows.
+void expect_same_logits(const Model& plain, const Model& packed, FfnMode mode, double tol = 1e-6) {
   test_support::SimdGuard guard;
   set_simd_level(SimdLevel::scalar);
   EXPECT_LT(test_support::max_rel_diff(test_support::run_ffn_mode(plain, mode, 2),
                                        test_support::run_ffn_mode(packed, mode, 2)),
-            1e-6);
+            tol);
 }
 
 bool owned(const Model& m, const TensorView& w) {
@@ -130,9 +133,9 @@ TEST(Repack, OnlyMatricesWithWholeGroupsOfRowsAndNothingForOtherTypes) {
   std::filesystem::remove(p8);
 }
 
-TEST(Repack, Q4_1AndKQuantModelsKeepTheirLogits) {
+TEST(Repack, Q4_1Q5_0AndKQuantModelsKeepTheirLogits) {
   if (!cpu::r16_fast()) GTEST_SKIP() << "no AVX-512 VNNI: nothing is repacked";
-  for (DType type : {DType::Q4_1, DType::Q4_K, DType::Q6_K}) {
+  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K}) {
     SynthOptions o = q4_0_model(FfnActivation::silu, false);
     o.type = type;
     o.n_embd = 256;  // K-quant rows are multiples of 256
@@ -143,7 +146,7 @@ TEST(Repack, Q4_1AndKQuantModelsKeepTheirLogits) {
     const RepackStats st = repack_for_dense_kernels(*packed, RepackScope::all);
     EXPECT_EQ(st.tensors, 7 * packed->hp.n_layer + 1);
     EXPECT_EQ(packed->layers[0].ffn.down.type, cpu::r16_type(type));
-    expect_same_logits(*plain, *packed, FfnMode::dense);
+    expect_same_logits(*plain, *packed, FfnMode::dense, type == DType::Q5_0 ? 2e-3 : 1e-6);
     std::filesystem::remove(path);
   }
 }

@@ -24,7 +24,7 @@ using detail::KernelSet;
 DType activation_type(DType w) {
   switch (w) {
     case DType::F32: case DType::F16: case DType::BF16: return DType::F32;
-    case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: return DType::Q8_0;
+    case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: case DType::Q5_0_R16: return DType::Q8_0;
     case DType::Q4_1: case DType::Q4_1_R16: return DType::Q8_1;
     case DType::Q6_K: case DType::Q6_K_R16: case DType::Q4_K_R16: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
@@ -65,6 +65,7 @@ Kernel gemm_for(DType w) {
   const bool avx512 = simd_level() == SimdLevel::avx512;
   if (w == DType::Q4_0_R16) return {avx512 ? &detail::gemm_q4_0_r16_avx512 : &detail::gemm_q4_0_r16_scalar, true};
   if (w == DType::Q4_1_R16) return {avx512 ? &detail::gemm_q4_1_r16_avx512 : &detail::gemm_q4_1_r16_scalar, true};
+  if (w == DType::Q5_0_R16) return {avx512 ? &detail::gemm_q5_0_r16_avx512 : &detail::gemm_q5_0_r16_scalar, true};
   if (w == DType::Q6_K_R16) return {avx512 ? &detail::gemm_q6_k_r16_avx512 : &detail::gemm_q6_k_r16_scalar, false};
   if (w == DType::Q4_K_R16) return {avx512 ? &detail::gemm_q4_k_r16_avx512 : &detail::gemm_q4_k_r16_scalar, false};
   const KernelSet* set = nullptr;
@@ -85,14 +86,13 @@ Kernel gemm_for(DType w) {
   return k;
 }
 
+// The rearranged activation layout of the kernels with Kernel::quads set: the quad layout
+// (kernels.hpp), or R16Act blocks for Q4_0_R16 / Q4_1_R16 / Q5_0_R16 (r16.hpp).
+bool r16_act(DType w) { return w == DType::Q4_0_R16 || w == DType::Q4_1_R16 || w == DType::Q5_0_R16; }
 bool may_use_quads(DType w) {
-  return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1 || w == DType::Q4_0_R16 ||
-         w == DType::Q4_1_R16;
+  return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1 || r16_act(w);
 }
 
-// The rearranged activation layout of the kernels with Kernel::quads set: the quad layout
-// (kernels.hpp), or R16Act blocks for Q4_0_R16 / Q4_1_R16 (r16.hpp).
-bool r16_act(DType w) { return w == DType::Q4_0_R16 || w == DType::Q4_1_R16; }
 size_t rearranged_row_bytes(DType w, int64_t k) {
   return r16_act(w) ? detail::r16_act_row_bytes(k) : detail::quad_row_bytes(k);
 }

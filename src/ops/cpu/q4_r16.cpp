@@ -1,5 +1,5 @@
-// Q4_0_R16 and Q4_1_R16 (layout in r16.hpp): repacking, activation preparation and the scalar
-// reference kernels; and the dispatch over the repacked types.
+// Q4_0_R16, Q4_1_R16 and Q5_0_R16 (layout in r16.hpp): repacking, activation preparation and the
+// scalar reference kernels; and the dispatch over the repacked types.
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -13,19 +13,35 @@
 namespace ember::cpu {
 namespace {
 
-// Bytes of one block of a group: the 16 rows' scales (and mins), then 256 bytes of nibbles.
+// Bytes of one block of a group: the 16 rows' scales (and mins, or fifth bits), then 256 bytes
+// of nibbles.
 template <class B>
-constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(B);  // 288 (Q4_0), 320 (Q4_1)
+constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(B);  // 288 (Q4_0), 320 (Q4_1), 352 (Q5_0)
 template <class B>
 constexpr size_t kQsAt = kGroupBlockBytes<B> - 256;
 template <class B>
 constexpr bool kHasMin = std::is_same_v<B, BlockQ4_1>;
+template <class B>
+constexpr bool kHasQh = std::is_same_v<B, BlockQ5_0>;
 
 template <class B>
 void check_shape(int64_t rows, int64_t k) {
   EMBER_CHECK(rows > 0 && rows % kR16Rows == 0 && k > 0 && k % kQK == 0,
               "{}_R16 repacking needs a multiple of 16 rows and of 32 columns, got {} x {}",
-              kHasMin<B> ? "Q4_1" : "Q4_0", rows, k);
+              kHasMin<B> ? "Q4_1" : kHasQh<B> ? "Q5_0" : "Q4_0", rows, k);
+}
+
+// A Q5_0 block's 32 fifth bits (bit j: element j) as the R16 layout stores them: byte c holds
+// those of elements 4c .. 4c + 3 (bits 0..3) and 16 + 4c .. 16 + 4c + 3 (bits 4..7).
+uint32_t qh_to_r16(uint32_t qh) {
+  uint32_t out = 0;
+  for (int c = 0; c < 4; ++c) out |= (((qh >> (4 * c)) & 15) | ((qh >> (16 + 4 * c)) & 15) << 4) << (8 * c);
+  return out;
+}
+uint32_t qh_from_r16(uint32_t v) {
+  uint32_t qh = 0;
+  for (int c = 0; c < 4; ++c) qh |= ((v >> (8 * c)) & 15) << (4 * c) | ((v >> (8 * c + 4)) & 15) << (16 + 4 * c);
+  return qh;
 }
 
 // Calls f(plain block index, its row's group block, r) for every row r of every group and block.
@@ -37,11 +53,12 @@ void for_each_block(int64_t rows, int64_t k, const F& f) {
       for (int r = 0; r < kR16Rows; ++r) f((g * kR16Rows + r) * nb + b, (g * nb + b) * kGroupBlockBytes<B>, r);
 }
 
-// Where one row's block lives in its group: d (and m) in the scale arrays, qs in four chunks.
+// Where one row's block lives in its group: d (and m, or qh) in the arrays after the group
+// block's start, qs in four chunks.
 template <class B>
 struct BlockPlaces {
-  size_t d, m, qs[4];
-  BlockPlaces(size_t group, int r) : d(group + 2 * r), m(group + 32 + 2 * r) {
+  size_t d, m, qh, qs[4];
+  BlockPlaces(size_t group, int r) : d(group + 2 * r), m(group + 32 + 2 * r), qh(group + 32 + 4 * r) {
     for (int c = 0; c < 4; ++c) qs[c] = group + kQsAt<B> + 64 * c + 4 * r;
   }
 };
@@ -55,6 +72,12 @@ void repack(const void* src, int64_t rows, int64_t k, void* dst) {
     const BlockPlaces<B> at(group, r);
     std::memcpy(out + at.d, &in[plain].d, 2);
     if constexpr (kHasMin<B>) std::memcpy(out + at.m, &in[plain].m, 2);
+    if constexpr (kHasQh<B>) {
+      uint32_t qh;
+      std::memcpy(&qh, in[plain].qh, 4);
+      qh = qh_to_r16(qh);
+      std::memcpy(out + at.qh, &qh, 4);
+    }
     for (int c = 0; c < 4; ++c) std::memcpy(out + at.qs[c], in[plain].qs + 4 * c, 4);
   });
 }
@@ -68,6 +91,12 @@ void unpack(const void* src, int64_t rows, int64_t k, void* dst) {
     const BlockPlaces<B> at(group, r);
     std::memcpy(&out[plain].d, in + at.d, 2);
     if constexpr (kHasMin<B>) std::memcpy(&out[plain].m, in + at.m, 2);
+    if constexpr (kHasQh<B>) {
+      uint32_t v;
+      std::memcpy(&v, in + at.qh, 4);
+      v = qh_from_r16(v);
+      std::memcpy(out[plain].qh, &v, 4);
+    }
     for (int c = 0; c < 4; ++c) std::memcpy(out[plain].qs + 4 * c, in + at.qs[c], 4);
   });
 }
@@ -92,7 +121,13 @@ void gemm_scalar(const detail::GemmArgs& a) {
           for (int c = 0; c < 4; ++c)
             for (int j = 0; j < 4; ++j) {
               const uint8_t q = p[kQsAt<B> + 64 * c + 4 * r + j];
-              s += (q & 15) * x[b].qs[4 * c + j] + (q >> 4) * x[b].qs[16 + 4 * c + j];
+              int lo = q & 15, hi = q >> 4;
+              if constexpr (kHasQh<B>) {
+                const uint8_t h = p[32 + 4 * r + c];
+                lo |= ((h >> j) & 1) << 4;
+                hi |= ((h >> (4 + j)) & 1) << 4;
+              }
+              s += lo * x[b].qs[4 * c + j] + hi * x[b].qs[16 + 4 * c + j];
             }
           acc = std::fma(static_cast<float>(s), fp16_to_fp32(h) * x[b].d, acc);
           if constexpr (kHasMin<B>) {
@@ -114,6 +149,7 @@ DType r16_type(DType t) {
   switch (t) {
     case DType::Q4_0: return DType::Q4_0_R16;
     case DType::Q4_1: return DType::Q4_1_R16;
+    case DType::Q5_0: return DType::Q5_0_R16;
     case DType::Q4_K: return DType::Q4_K_R16;
     case DType::Q6_K: return DType::Q6_K_R16;
     default: return t;
@@ -124,6 +160,7 @@ DType r16_base(DType t) {
   switch (t) {
     case DType::Q4_0_R16: return DType::Q4_0;
     case DType::Q4_1_R16: return DType::Q4_1;
+    case DType::Q5_0_R16: return DType::Q5_0;
     case DType::Q4_K_R16: return DType::Q4_K;
     case DType::Q6_K_R16: return DType::Q6_K;
     default: return t;
@@ -134,6 +171,7 @@ void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
   switch (t) {
     case DType::Q4_0: repack<BlockQ4_0>(src, rows, k, dst); return;
     case DType::Q4_1: repack<BlockQ4_1>(src, rows, k, dst); return;
+    case DType::Q5_0: repack<BlockQ5_0>(src, rows, k, dst); return;
     case DType::Q4_K: detail::repack_q4_k_r16(src, rows, k, dst); return;
     case DType::Q6_K: detail::repack_q6_k_r16(src, rows, k, dst); return;
     default: fail("no 16-row repacked layout for {}", dtype_name(t));
@@ -144,6 +182,7 @@ void unpack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
   switch (t) {
     case DType::Q4_0: unpack<BlockQ4_0>(src, rows, k, dst); return;
     case DType::Q4_1: unpack<BlockQ4_1>(src, rows, k, dst); return;
+    case DType::Q5_0: unpack<BlockQ5_0>(src, rows, k, dst); return;
     default: fail("unpack_r16: {} has no unpacking", dtype_name(t));
   }
 }
@@ -164,7 +203,7 @@ void prepare_r16(DType weight_type, const void* q8_row, void* out, int64_t k) {
       int32_t sum = 0;
       for (int i = 0; i < kQK; ++i) sum += in.qs[i];
       o[b].d = fp16_to_fp32(in.d);
-      o[b].c = -8 * sum;
+      o[b].c = (weight_type == DType::Q5_0_R16 ? -16 : -8) * sum;
       qs = in.qs;
     }
     std::memcpy(o[b].qs, qs, kQK);
@@ -173,6 +212,7 @@ void prepare_r16(DType weight_type, const void* q8_row, void* out, int64_t k) {
 
 void gemm_q4_0_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ4_0>(a); }
 void gemm_q4_1_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ4_1>(a); }
+void gemm_q5_0_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ5_0>(a); }
 
 }  // namespace detail
 }  // namespace ember::cpu

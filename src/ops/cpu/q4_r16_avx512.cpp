@@ -1,9 +1,11 @@
-// The Q4_0_R16 / Q4_1_R16 kernels on AVX-512 VNNI (layout in r16.hpp). Per 32-element block of a
+// The Q4_0_R16 / Q4_1_R16 / Q5_0_R16 kernels on AVX-512 VNNI (layout in r16.hpp). Per 32-element block of a
 // group: four 64-byte loads give 16 rows x 32 nibbles; split into low and high nibbles they are
 // eight registers, register c (c < 4) holding elements 4c .. 4c + 3 and register 4 + c elements
 // 16 + 4c .. 16 + 4c + 3 of all 16 rows, one row per 32-bit lane. Each meets the activation's
 // matching 4 bytes broadcast to all lanes in a vpdpbusd; the 16 lanes are the 16 rows' integer
-// block dots, scaled once per block (Q4_1: plus m * s). The decoded weights serve up to four tokens.
+// block dots, scaled once per block (Q4_1: plus m * s). Q5_0 adds each nibble's fifth bit first:
+// byte c of a lane's qh broadcast to the lane's four bytes (vpshufb), tested bit by bit into a
+// mask that adds 16. The decoded weights serve up to four tokens.
 // GCC 12 warns falsely inside its own cvtph / cvtepi32 intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -16,9 +18,26 @@
 namespace ember::cpu::detail {
 namespace {
 
-template <bool kHasMin>
+// Per 64-byte register: vpshufb indices that copy byte c of each 32-bit lane to its four bytes,
+// and the bit of a lane's byte i that belongs to its low (high) nibble i.
+struct QhTables {
+  __m512i copy[4], low_bit, high_bit;
+  QhTables() {
+    alignas(64) uint8_t idx[4][64], lb[64], hb[64];
+    for (int p = 0; p < 64; ++p) {
+      for (int c = 0; c < 4; ++c) idx[c][p] = static_cast<uint8_t>(4 * ((p % 16) / 4) + c);
+      lb[p] = static_cast<uint8_t>(1 << (p % 4));
+      hb[p] = static_cast<uint8_t>(16 << (p % 4));
+    }
+    for (int c = 0; c < 4; ++c) copy[c] = _mm512_load_si512(idx[c]);
+    low_bit = _mm512_load_si512(lb);
+    high_bit = _mm512_load_si512(hb);
+  }
+};
+
+template <bool kHasMin, bool kHasQh = false>
 struct Kernel {
-  static constexpr size_t kGroupBlockBytes = kHasMin ? 320 : 288, kQsAt = kGroupBlockBytes - 256;
+  static constexpr size_t kGroupBlockBytes = kHasMin ? 320 : kHasQh ? 352 : 288, kQsAt = kGroupBlockBytes - 256;
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
@@ -30,7 +49,8 @@ struct Kernel {
       x[t] = reinterpret_cast<const R16Act*>(a.x + (t0 + t) * a.x_stride);
       acc[t] = _mm512_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+    static const QhTables qt;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = wg + b * kGroupBlockBytes;
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -41,6 +61,11 @@ struct Kernel {
         const __m512i v = _mm512_loadu_si512(p + kQsAt + 64 * c);
         lo[c] = _mm512_and_si512(v, m4);
         hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if constexpr (kHasQh) {
+          const __m512i h = _mm512_shuffle_epi8(_mm512_loadu_si512(p + 32), qt.copy[c]);
+          lo[c] = _mm512_mask_add_epi8(lo[c], _mm512_test_epi8_mask(h, qt.low_bit), lo[c], sixteen);
+          hi[c] = _mm512_mask_add_epi8(hi[c], _mm512_test_epi8_mask(h, qt.high_bit), hi[c], sixteen);
+        }
       }
       for (int t = 0; t < T; ++t) {
         const R16Act& xa = x[t][b];
@@ -63,5 +88,6 @@ struct Kernel {
 
 void gemm_q4_0_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<false>>(a); }
 void gemm_q4_1_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<true>>(a); }
+void gemm_q5_0_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<false, true>>(a); }
 
 }  // namespace ember::cpu::detail

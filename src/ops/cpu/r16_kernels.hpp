@@ -1,6 +1,6 @@
 // Internal: the kernels of the 16-row repacked types (r16.hpp), called by
 // matmul.cpp. All take nrows a multiple of 16 (rows w_stride bytes apart, so group g starts at
-// w + 16 g w_stride). Q4_0_R16 and Q4_1_R16 take R16Act activation rows, Q4_K_R16 and Q6_K_R16 plain Q8_K rows.
+// w + 16 g w_stride). Q4_0_R16, Q4_1_R16 and Q5_0_R16 take R16Act activation rows, Q4_K_R16 and Q6_K_R16 plain Q8_K rows.
 #pragma once
 #include "core/error.hpp"
 #include "ops/cpu/kernels.hpp"
@@ -18,6 +18,8 @@ void gemm_q4_0_r16_scalar(const GemmArgs& a);
 void gemm_q4_0_r16_avx512(const GemmArgs& a);
 void gemm_q4_1_r16_scalar(const GemmArgs& a);
 void gemm_q4_1_r16_avx512(const GemmArgs& a);
+void gemm_q5_0_r16_scalar(const GemmArgs& a);
+void gemm_q5_0_r16_avx512(const GemmArgs& a);
 void gemm_q6_k_r16_scalar(const GemmArgs& a);
 void gemm_q6_k_r16_avx512(const GemmArgs& a);
 void gemm_q4_k_r16_scalar(const GemmArgs& a);

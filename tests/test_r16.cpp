@@ -1,4 +1,4 @@
-// Matrices repacked 16 rows at a time (Q4_0_R16, Q4_1_R16, Q5_0_R16, Q4_K_R16, Q6_K_R16): layout round trip, and the products
+// Matrices repacked 16 rows at a time (Q4_0_R16, Q4_1_R16, Q5_0_R16, Q4_K_R16, Q5_K_R16, Q6_K_R16): layout round trip, and the products
 // (scalar and AVX-512) against a double-precision reference, the file layout's product and each
 // other, on awkward shapes.
 #include <gtest/gtest.h>
@@ -70,9 +70,10 @@ struct Shape {
 const Shape kShapes[] = {{16, 32}, {48, 96}, {208, 800}, {32, 5632}, {16, 2048}};
 // Q6_K: k of 1, 3, 5 and 22 super-blocks.
 const Shape kShapesK[] = {{16, 256}, {48, 768}, {208, 1280}, {32, 5632}};
-const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K};
+const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+bool is_k(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 std::vector<Shape> shapes(DType t) {
-  return t == DType::Q6_K || t == DType::Q4_K ? std::vector<Shape>(std::begin(kShapesK), std::end(kShapesK))
+  return is_k(t) ? std::vector<Shape>(std::begin(kShapesK), std::end(kShapesK))
                           : std::vector<Shape>(std::begin(kShapes), std::end(kShapes));
 }
 const int64_t kTokens[] = {1, 2, 3, 4, 5, 7, 67};
@@ -115,9 +116,7 @@ TEST(R16, ProductMatchesReferenceAtEveryLevel) {
   for (DType type : kTypes)
     for (const Shape& s : shapes(type)) {
       Packed p = random_matrix(type, s.rows, s.k, static_cast<uint32_t>(s.rows * 31 + s.k));
-      const DType at = type == DType::Q6_K || type == DType::Q4_K ? DType::Q8_K
-                       : type == DType::Q4_1                      ? DType::Q8_1
-                                                                  : DType::Q8_0;
+      const DType at = is_k(type) ? DType::Q8_K : type == DType::Q4_1 ? DType::Q8_1 : DType::Q8_0;
       std::vector<float> wd(s.rows * s.k);
       for (int64_t r = 0; r < s.rows; ++r) dequantize_row(type, p.plain_view.row(r), wd.data() + r * s.k, s.k);
       for (int64_t n : kTokens) {

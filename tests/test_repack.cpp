@@ -135,7 +135,7 @@ TEST(Repack, OnlyMatricesWithWholeGroupsOfRowsAndNothingForOtherTypes) {
 
 TEST(Repack, Q4_1Q5_0AndKQuantModelsKeepTheirLogits) {
   if (!cpu::r16_fast()) GTEST_SKIP() << "no AVX-512 VNNI: nothing is repacked";
-  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SynthOptions o = q4_0_model(FfnActivation::silu, false);
     o.type = type;
     o.n_embd = 256;  // K-quant rows are multiples of 256

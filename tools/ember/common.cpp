@@ -49,7 +49,7 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->check(CLI::IsMember({"exact", "same", "f16", "f32"}))
       ->capture_default_str();
   app->add_flag("--no-repack", no_repack,
-                "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q4_K and Q6_K matrices are repacked 16 rows at a time at load "
+                "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
                 "for faster dense products, as llama.cpp does)");
 }
 

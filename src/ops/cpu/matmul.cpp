@@ -26,7 +26,7 @@ DType activation_type(DType w) {
     case DType::F32: case DType::F16: case DType::BF16: return DType::F32;
     case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: case DType::Q5_0_R16: return DType::Q8_0;
     case DType::Q4_1: case DType::Q4_1_R16: return DType::Q8_1;
-    case DType::Q6_K: case DType::Q6_K_R16: case DType::Q4_K_R16: return DType::Q8_K;
+    case DType::Q6_K: case DType::Q6_K_R16: case DType::Q4_K_R16: case DType::Q5_K_R16: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
     case DType::Q5_1: return DType::Q8_1;
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
@@ -68,6 +68,7 @@ Kernel gemm_for(DType w) {
   if (w == DType::Q5_0_R16) return {avx512 ? &detail::gemm_q5_0_r16_avx512 : &detail::gemm_q5_0_r16_scalar, true};
   if (w == DType::Q6_K_R16) return {avx512 ? &detail::gemm_q6_k_r16_avx512 : &detail::gemm_q6_k_r16_scalar, false};
   if (w == DType::Q4_K_R16) return {avx512 ? &detail::gemm_q4_k_r16_avx512 : &detail::gemm_q4_k_r16_scalar, false};
+  if (w == DType::Q5_K_R16) return {avx512 ? &detail::gemm_q5_k_r16_avx512 : &detail::gemm_q5_k_r16_scalar, false};
   const KernelSet* set = nullptr;
   const detail::KQuantSet* kq = nullptr;
   switch (simd_level()) {

@@ -1,6 +1,7 @@
-// Q4_K_R16 (layout in r16.hpp): repacking and the scalar reference kernel.
+// Q4_K_R16 and Q5_K_R16 (layout in r16.hpp): repacking and the scalar reference kernels.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "ops/cpu/r16_kernels.hpp"
@@ -10,39 +11,50 @@
 namespace ember::cpu {
 namespace {
 
-constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(BlockQ4_K);  // 2304
-constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kSubBlocksAt = 64 + 192, kSubBlockBytes = 256;
+// Where the parts of a group's super-block start (Q5_K: the fifth bits before the nibbles).
+template <class B>
+struct Places {
+  static constexpr bool kQh = std::is_same_v<B, BlockQ5_K>;
+  static constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(B);  // 2304 (Q4_K), 2816 (Q5_K)
+  static constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256;
+  static constexpr size_t kSubBlocksAt = kQh ? 256 + 512 : 256, kSubBlockBytes = 256;
+};
 
-// Element i (0..255) of a Q4_K super-block: each 32 bytes of qs hold two sub-blocks, the low
-// nibbles the first.
-int q4_value(const BlockQ4_K& b, int i) {
+// Element i (0..255) of a Q4_K / Q5_K super-block (5 bits for Q5_K): each 32 bytes of qs hold
+// two sub-blocks, the low nibbles the first; Q5_K's bit 4 of element 32j + l is bit j of qh[l].
+template <class B>
+int k_value(const B& b, int i) {
   const uint8_t byte = b.qs[32 * (i / 64) + i % 32];
-  return (i % 64) < 32 ? byte & 15 : byte >> 4;
+  int v = (i % 64) < 32 ? byte & 15 : byte >> 4;
+  if constexpr (Places<B>::kQh) v |= ((b.qh[i % 32] >> (i / 32)) & 1) << 4;
+  return v;
 }
 
-}  // namespace
-
-namespace detail {
-
-void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
-  const auto* in = static_cast<const BlockQ4_K*>(src);
-  for_each_k_group_block("Q4_K_R16", rows, k, [&](int64_t g, int64_t b, int64_t nb) {
-    uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * kGroupBlockBytes;
-    std::memset(o + kHiAt, 0, 64);
+template <class B>
+void repack(const char* name, const void* src, int64_t rows, int64_t k, void* dst) {
+  using P = Places<B>;
+  const auto* in = static_cast<const B*>(src);
+  detail::for_each_k_group_block(name, rows, k, [&](int64_t g, int64_t b, int64_t nb) {
+    uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * P::kGroupBlockBytes;
+    std::memset(o + P::kHiAt, 0, 64);
+    if constexpr (P::kQh) std::memset(o + P::kQhAt, 0, 512);
     for (int r = 0; r < kR16Rows; ++r) {
-      const BlockQ4_K& blk = in[(g * kR16Rows + r) * nb + b];
+      const B& blk = in[(g * kR16Rows + r) * nb + b];
       std::memcpy(o + 2 * r, &blk.d, 2);
       std::memcpy(o + 32 + 2 * r, &blk.dmin, 2);
       for (int j = 0; j < 8; ++j) {
         uint8_t sc, m;
         kquant_scale_min(blk.scales, j, sc, m);
-        o[kLoAt + 16 * j + r] = static_cast<uint8_t>((sc & 15) | (m & 15) << 4);
-        o[kHiAt + 16 * (j / 2) + r] |= static_cast<uint8_t>(((sc >> 4) | (m >> 4) << 2) << (4 * (j % 2)));
-        uint8_t* sb = o + kSubBlocksAt + kSubBlockBytes * j + 4 * r;
+        o[P::kLoAt + 16 * j + r] = static_cast<uint8_t>((sc & 15) | (m & 15) << 4);
+        o[P::kHiAt + 16 * (j / 2) + r] |= static_cast<uint8_t>(((sc >> 4) | (m >> 4) << 2) << (4 * (j % 2)));
+        uint8_t* sb = o + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
         for (int c = 0; c < 4; ++c)
-          for (int i = 0; i < 4; ++i)
-            sb[64 * c + i] =
-                static_cast<uint8_t>(q4_value(blk, 32 * j + 4 * c + i) | q4_value(blk, 32 * j + 16 + 4 * c + i) << 4);
+          for (int i = 0; i < 4; ++i) {
+            const int lo = k_value(blk, 32 * j + 4 * c + i), hi = k_value(blk, 32 * j + 16 + 4 * c + i);
+            sb[64 * c + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
+            if constexpr (P::kQh)  // byte c of the lane: fifth bits of chunk c's low (0..3), high (4..7) nibbles
+              o[P::kQhAt + 64 * j + 4 * r + c] |= static_cast<uint8_t>((lo >> 4) << i | (hi >> 4) << (4 + i));
+          }
       }
     }
   });
@@ -50,17 +62,24 @@ void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
 
 // The reference: the AVX-512 kernel does the same integer work and the same float operations
 // in the same order, so the two agree bit for bit.
-void gemm_q4_k_r16_scalar(const GemmArgs& a) {
-  r16_scalar_k<kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
+template <class B>
+void gemm_scalar(const detail::GemmArgs& a) {
+  using P = Places<B>;
+  detail::r16_scalar_k<P::kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
     int32_t total = 0, mins = 0;
     for (int j = 0; j < 8; ++j) {
-      const int lo = p[kLoAt + 16 * j + r], hi = p[kHiAt + 16 * (j / 2) + r] >> (4 * (j % 2));
+      const int lo = p[P::kLoAt + 16 * j + r], hi = p[P::kHiAt + 16 * (j / 2) + r] >> (4 * (j % 2));
       const int sc = (lo & 15) | (hi & 3) << 4, m = (lo >> 4) | ((hi >> 2) & 3) << 4;
-      const uint8_t* sb = p + kSubBlocksAt + kSubBlockBytes * j + 4 * r;
+      const uint8_t* sb = p + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
       int32_t s = 0;
-      for (int c = 0; c < 4; ++c)
-        for (int i = 0; i < 4; ++i)
-          s += (sb[64 * c + i] & 15) * x.qs[32 * j + 4 * c + i] + (sb[64 * c + i] >> 4) * x.qs[32 * j + 16 + 4 * c + i];
+      for (int c = 0; c < 4; ++c) {
+        const int h = P::kQh ? p[P::kQhAt + 64 * j + 4 * r + c] : 0;
+        for (int i = 0; i < 4; ++i) {
+          const int wl = (sb[64 * c + i] & 15) | ((h >> i) & 1) << 4;
+          const int wh = (sb[64 * c + i] >> 4) | ((h >> (4 + i)) & 1) << 4;
+          s += wl * x.qs[32 * j + 4 * c + i] + wh * x.qs[32 * j + 16 + 4 * c + i];
+        }
+      }
       total += s * sc;
       mins += m * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
     }
@@ -71,6 +90,19 @@ void gemm_q4_k_r16_scalar(const GemmArgs& a) {
     return std::fma(-static_cast<float>(mins), fp16_to_fp32(hm) * x.d, acc);
   });
 }
+
+}  // namespace
+
+namespace detail {
+
+void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
+  repack<BlockQ4_K>("Q4_K_R16", src, rows, k, dst);
+}
+void repack_q5_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
+  repack<BlockQ5_K>("Q5_K_R16", src, rows, k, dst);
+}
+void gemm_q4_k_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ4_K>(a); }
+void gemm_q5_k_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ5_K>(a); }
 
 }  // namespace detail
 }  // namespace ember::cpu

@@ -1,10 +1,11 @@
-// The Q4_K_R16 kernel on AVX-512 VNNI (layout in r16.hpp). Per sub-block of 32 elements of a
+// The Q4_K_R16 / Q5_K_R16 kernels on AVX-512 VNNI (layout in r16.hpp). Per sub-block of 32 elements of a
 // group: four 64-byte loads hold the 4-bit weights of 16 rows (one row per 32-bit lane) in the
 // order of the Q8_K activations; each chunk's low and high nibbles meet their 4 activation bytes
 // broadcast to all lanes in vpdpbusd, the 16 rows' integer sums are multiplied by their 6-bit
 // sub-block scales (vpmulld), and the mins by the activation's sub-block sums. Once per
 // super-block the integers become floats, scaled by the rows' d and dmin and the activation's
-// d. The decoded scales serve up to four tokens.
+// d. Q5_K adds each nibble's fifth bit as Q5_0_R16 does (add_fifth_bits). The decoded scales
+// serve up to four tokens.
 // GCC 12 warns falsely inside its own cvtph / cvtepi32 intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -16,14 +17,16 @@
 namespace ember::cpu::detail {
 namespace {
 
-constexpr size_t kGroupBlockBytes = 2304, kLoAt = 64, kHiAt = 64 + 128, kSubBlocksAt = 64 + 192,
-                 kSubBlockBytes = 256;
+constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256, kSubBlockBytes = 256;
 
 inline __m512i bytes16(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+template <bool kQh>
 struct Kernel {
+  static constexpr size_t kGroupBlockBytes = kQh ? 2816 : 2304, kSubBlocksAt = kQh ? 256 + 512 : 256;
+
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), low4 = _mm512_set1_epi32(15), low2 = _mm512_set1_epi32(3);
@@ -44,6 +47,7 @@ struct Kernel {
           const __m512i v = _mm512_loadu_si512(q + 64 * c);
           wl[c] = _mm512_and_si512(v, m4);
           wh[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+          if constexpr (kQh) add_fifth_bits(_mm512_loadu_si512(p + kQhAt + 64 * j), c, wl[c], wh[c]);
         }
         for (int t = 0; t < T; ++t) {
           const int8_t* xq = x[t][b].qs + 32 * j;
@@ -70,6 +74,7 @@ struct Kernel {
 
 }  // namespace
 
-void gemm_q4_k_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel>(a); }
+void gemm_q4_k_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<false>>(a); }
+void gemm_q5_k_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<true>>(a); }
 
 }  // namespace ember::cpu::detail

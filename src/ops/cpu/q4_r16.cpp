@@ -151,6 +151,7 @@ DType r16_type(DType t) {
     case DType::Q4_1: return DType::Q4_1_R16;
     case DType::Q5_0: return DType::Q5_0_R16;
     case DType::Q4_K: return DType::Q4_K_R16;
+    case DType::Q5_K: return DType::Q5_K_R16;
     case DType::Q6_K: return DType::Q6_K_R16;
     default: return t;
   }
@@ -162,6 +163,7 @@ DType r16_base(DType t) {
     case DType::Q4_1_R16: return DType::Q4_1;
     case DType::Q5_0_R16: return DType::Q5_0;
     case DType::Q4_K_R16: return DType::Q4_K;
+    case DType::Q5_K_R16: return DType::Q5_K;
     case DType::Q6_K_R16: return DType::Q6_K;
     default: return t;
   }
@@ -173,6 +175,7 @@ void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
     case DType::Q4_1: repack<BlockQ4_1>(src, rows, k, dst); return;
     case DType::Q5_0: repack<BlockQ5_0>(src, rows, k, dst); return;
     case DType::Q4_K: detail::repack_q4_k_r16(src, rows, k, dst); return;
+    case DType::Q5_K: detail::repack_q5_k_r16(src, rows, k, dst); return;
     case DType::Q6_K: detail::repack_q6_k_r16(src, rows, k, dst); return;
     default: fail("no 16-row repacked layout for {}", dtype_name(t));
   }

@@ -18,23 +18,6 @@
 namespace ember::cpu::detail {
 namespace {
 
-// Per 64-byte register: vpshufb indices that copy byte c of each 32-bit lane to its four bytes,
-// and the bit of a lane's byte i that belongs to its low (high) nibble i.
-struct QhTables {
-  __m512i copy[4], low_bit, high_bit;
-  QhTables() {
-    alignas(64) uint8_t idx[4][64], lb[64], hb[64];
-    for (int p = 0; p < 64; ++p) {
-      for (int c = 0; c < 4; ++c) idx[c][p] = static_cast<uint8_t>(4 * ((p % 16) / 4) + c);
-      lb[p] = static_cast<uint8_t>(1 << (p % 4));
-      hb[p] = static_cast<uint8_t>(16 << (p % 4));
-    }
-    for (int c = 0; c < 4; ++c) copy[c] = _mm512_load_si512(idx[c]);
-    low_bit = _mm512_load_si512(lb);
-    high_bit = _mm512_load_si512(hb);
-  }
-};
-
 template <bool kHasMin, bool kHasQh = false>
 struct Kernel {
   static constexpr size_t kGroupBlockBytes = kHasMin ? 320 : kHasQh ? 352 : 288, kQsAt = kGroupBlockBytes - 256;
@@ -49,8 +32,7 @@ struct Kernel {
       x[t] = reinterpret_cast<const R16Act*>(a.x + (t0 + t) * a.x_stride);
       acc[t] = _mm512_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-    static const QhTables qt;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = wg + b * kGroupBlockBytes;
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -61,11 +43,7 @@ struct Kernel {
         const __m512i v = _mm512_loadu_si512(p + kQsAt + 64 * c);
         lo[c] = _mm512_and_si512(v, m4);
         hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        if constexpr (kHasQh) {
-          const __m512i h = _mm512_shuffle_epi8(_mm512_loadu_si512(p + 32), qt.copy[c]);
-          lo[c] = _mm512_mask_add_epi8(lo[c], _mm512_test_epi8_mask(h, qt.low_bit), lo[c], sixteen);
-          hi[c] = _mm512_mask_add_epi8(hi[c], _mm512_test_epi8_mask(h, qt.high_bit), hi[c], sixteen);
-        }
+        if constexpr (kHasQh) add_fifth_bits(_mm512_loadu_si512(p + 32), c, lo[c], hi[c]);
       }
       for (int t = 0; t < T; ++t) {
         const R16Act& xa = x[t][b];

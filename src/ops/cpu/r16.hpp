@@ -1,5 +1,5 @@
-// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q4_1_R16, Q5_0_R16, Q4_K_R16, Q6_K_R16),
-// for dense products.
+// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q4_1_R16, Q5_0_R16, Q4_K_R16, Q5_K_R16,
+// Q6_K_R16), for dense products.
 //
 // A row-by-row Q4_0 matrix makes a decode kernel load the same activation block once per row
 // and keeps its per-block work high (nibble shuffles, a horizontal sum per row). Repacked, 16 rows
@@ -40,6 +40,9 @@
 //   per sub-block j, 256 bytes: chunk c (64 bytes), lane r: byte i = q[32j + 4c + i] |
 //   q[32j + 16 + 4c + i] << 4 of row r, so a chunk's low nibbles are elements 4c .. 4c + 3 and
 //   its high nibbles 16 + 4c .. 16 + 4c + 3 of sub-block j of all 16 rows.
+// Q5_K_R16 is Q4_K_R16 with the fifth bits between the scales and the nibbles, 2816 bytes
+// (16 x 176): qh[8][16][4], per sub-block j and row r four bytes laid out as Q5_0_R16's (byte c:
+// the fifth bits of chunk c's low nibbles in bits 0..3, of its high nibbles in bits 4..7).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -53,7 +56,7 @@ constexpr int64_t kR16Rows = 16;
 // Whether the repacked layouts (the *_R16 types) have fast kernels at the current SIMD level
 // (AVX-512 VNNI); where they have none, repacking would only cost time.
 bool r16_fast();
-// The repacked type of a file type (Q4_0, Q4_1, Q5_0, Q4_K, Q6_K -> *_R16); the type itself if none.
+// The repacked type of a file type (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K -> *_R16); the type itself if none.
 DType r16_type(DType t);
 // The file type a repacked type came from (the type itself for any other): both take the same
 // quantized activations.

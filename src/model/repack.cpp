@@ -3,8 +3,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <thread>
+#include <vector>
 
 #include "core/timer.hpp"
 #include "ops/cpu/r16.hpp"
@@ -26,9 +29,29 @@ void release_pages(const uint8_t* p, size_t n) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+// repack_r16 on the machine's cores: 16-row groups are independent and keep their place, so
+// each thread repacks a contiguous range of them (the K-quant layouts cost real arithmetic, and
+// the first touch of the file's and the buffer's pages is spread too).
+void repack_parallel(const TensorView& w, uint8_t* dst) {
+  const int64_t groups = w.rows() / cpu::kR16Rows;
+  const size_t group_bytes = w.row_stride() * static_cast<size_t>(cpu::kR16Rows);
+  const int64_t nth = std::clamp<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1,
+                                          std::max<int64_t>(1, groups / 8));
+  const auto part = [&](int64_t i) {
+    const int64_t g0 = groups * i / nth, g1 = groups * (i + 1) / nth;
+    if (g1 > g0)
+      cpu::repack_r16(w.type, w.data + static_cast<size_t>(g0) * group_bytes, (g1 - g0) * cpu::kR16Rows, w.cols(),
+                      dst + static_cast<size_t>(g0) * group_bytes);
+  };
+  std::vector<std::thread> threads;
+  for (int64_t i = 1; i < nth; ++i) threads.emplace_back(part, i);
+  part(0);
+  for (auto& t : threads) t.join();
+}
+
 void repack(Model& model, TensorView& w, RepackStats& st) {
   AlignedBuffer<uint8_t> buf(w.nbytes);
-  cpu::repack_r16(w.type, w.data, w.rows(), w.cols(), buf.data());
+  repack_parallel(w, buf.data());
   release_pages(w.data, w.nbytes);
   w.type = cpu::r16_type(w.type);
   w.data = buf.data();

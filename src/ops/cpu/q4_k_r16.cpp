@@ -11,13 +11,14 @@
 namespace ember::cpu {
 namespace {
 
-// Where the parts of a group's super-block start (Q5_K: the fifth bits before the nibbles).
+// Where the parts of a group's super-block start: sub-block j's fifth bits (Q5_K) at
+// kQhAt + j kSubBlockBytes, its nibbles at kSubBlocksAt + j kSubBlockBytes (one stream).
 template <class B>
 struct Places {
   static constexpr bool kQh = std::is_same_v<B, BlockQ5_K>;
   static constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(B);  // 2304 (Q4_K), 2816 (Q5_K)
   static constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256;
-  static constexpr size_t kSubBlocksAt = kQh ? 256 + 512 : 256, kSubBlockBytes = 256;
+  static constexpr size_t kSubBlocksAt = kQh ? 256 + 64 : 256, kSubBlockBytes = kQh ? 320 : 256;
 };
 
 // Element i (0..255) of a Q4_K / Q5_K super-block (5 bits for Q5_K): each 32 bytes of qs hold
@@ -37,7 +38,8 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
   detail::for_each_k_group_block(name, rows, k, [&](int64_t g, int64_t b, int64_t nb) {
     uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * P::kGroupBlockBytes;
     std::memset(o + P::kHiAt, 0, 64);
-    if constexpr (P::kQh) std::memset(o + P::kQhAt, 0, 512);
+    if constexpr (P::kQh)
+      for (int j = 0; j < 8; ++j) std::memset(o + P::kQhAt + P::kSubBlockBytes * j, 0, 64);
     for (int r = 0; r < kR16Rows; ++r) {
       const B& blk = in[(g * kR16Rows + r) * nb + b];
       std::memcpy(o + 2 * r, &blk.d, 2);
@@ -53,7 +55,7 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
             const int lo = k_value(blk, 32 * j + 4 * c + i), hi = k_value(blk, 32 * j + 16 + 4 * c + i);
             sb[64 * c + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
             if constexpr (P::kQh)  // byte c of the lane: fifth bits of chunk c's low (0..3), high (4..7) nibbles
-              o[P::kQhAt + 64 * j + 4 * r + c] |= static_cast<uint8_t>((lo >> 4) << i | (hi >> 4) << (4 + i));
+              o[P::kQhAt + P::kSubBlockBytes * j + 4 * r + c] |= static_cast<uint8_t>((lo >> 4) << i | (hi >> 4) << (4 + i));
           }
       }
     }
@@ -73,7 +75,7 @@ void gemm_scalar(const detail::GemmArgs& a) {
       const uint8_t* sb = p + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
       int32_t s = 0;
       for (int c = 0; c < 4; ++c) {
-        const int h = P::kQh ? p[P::kQhAt + 64 * j + 4 * r + c] : 0;
+        const int h = P::kQh ? p[P::kQhAt + P::kSubBlockBytes * j + 4 * r + c] : 0;
         for (int i = 0; i < 4; ++i) {
           const int wl = (sb[64 * c + i] & 15) | ((h >> i) & 1) << 4;
           const int wh = (sb[64 * c + i] >> 4) | ((h >> (4 + i)) & 1) << 4;

@@ -17,7 +17,7 @@
 namespace ember::cpu::detail {
 namespace {
 
-constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256, kSubBlockBytes = 256;
+constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256;
 
 inline __m512i bytes16(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -25,11 +25,13 @@ inline __m512i bytes16(const uint8_t* p) {
 
 template <bool kQh>
 struct Kernel {
-  static constexpr size_t kGroupBlockBytes = kQh ? 2816 : 2304, kSubBlocksAt = kQh ? 256 + 512 : 256;
+  static constexpr size_t kGroupBlockBytes = kQh ? 2816 : 2304, kSubBlocksAt = kQh ? 256 + 64 : 256,
+                          kSubBlockBytes = kQh ? 320 : 256;
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), low4 = _mm512_set1_epi32(15), low2 = _mm512_set1_epi32(3);
+    const QhTables& qt = qh_tables();
     r16_tile<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
                                                                    int64_t b, __m512(&acc)[T]) {
       __m512i total[T], mins[T];
@@ -43,11 +45,13 @@ struct Kernel {
                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, 2), low2), 4));
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
         __m512i wl[4], wh[4];
+        [[maybe_unused]] __m512i H;
+        if constexpr (kQh) H = _mm512_loadu_si512(p + kQhAt + kSubBlockBytes * j);
         for (int c = 0; c < 4; ++c) {
           const __m512i v = _mm512_loadu_si512(q + 64 * c);
           wl[c] = _mm512_and_si512(v, m4);
           wh[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-          if constexpr (kQh) add_fifth_bits(_mm512_loadu_si512(p + kQhAt + 64 * j), c, wl[c], wh[c]);
+          if constexpr (kQh) add_fifth_bits(qt, H, c, wl[c], wh[c]);
         }
         for (int t = 0; t < T; ++t) {
           const int8_t* xq = x[t][b].qs + 32 * j;

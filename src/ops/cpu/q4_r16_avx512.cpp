@@ -33,17 +33,20 @@ struct Kernel {
       acc[t] = _mm512_setzero_ps();
     }
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const QhTables& qt = qh_tables();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = wg + b * kGroupBlockBytes;
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
       [[maybe_unused]] __m512 mw;
       if constexpr (kHasMin) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
       __m512i lo[4], hi[4];
+      [[maybe_unused]] __m512i H;
+      if constexpr (kHasQh) H = _mm512_loadu_si512(p + 32);
       for (int c = 0; c < 4; ++c) {
         const __m512i v = _mm512_loadu_si512(p + kQsAt + 64 * c);
         lo[c] = _mm512_and_si512(v, m4);
         hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        if constexpr (kHasQh) add_fifth_bits(_mm512_loadu_si512(p + 32), c, lo[c], hi[c]);
+        if constexpr (kHasQh) add_fifth_bits(qt, H, c, lo[c], hi[c]);
       }
       for (int t = 0; t < T; ++t) {
         const R16Act& xa = x[t][b];

@@ -40,9 +40,10 @@
 //   per sub-block j, 256 bytes: chunk c (64 bytes), lane r: byte i = q[32j + 4c + i] |
 //   q[32j + 16 + 4c + i] << 4 of row r, so a chunk's low nibbles are elements 4c .. 4c + 3 and
 //   its high nibbles 16 + 4c .. 16 + 4c + 3 of sub-block j of all 16 rows.
-// Q5_K_R16 is Q4_K_R16 with the fifth bits between the scales and the nibbles, 2816 bytes
-// (16 x 176): qh[8][16][4], per sub-block j and row r four bytes laid out as Q5_0_R16's (byte c:
-// the fifth bits of chunk c's low nibbles in bits 0..3, of its high nibbles in bits 4..7).
+// Q5_K_R16 is Q4_K_R16 with each sub-block's fifth bits in front of its nibbles, 2816 bytes
+// (16 x 176): per sub-block j, 320 bytes: qh[16][4] (row r's four bytes laid out as Q5_0_R16's,
+// byte c: the fifth bits of chunk c's low nibbles in bits 0..3, of its high nibbles in bits
+// 4..7), then the 256 bytes of chunks. One sub-block is one contiguous read.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -52,11 +52,16 @@ struct QhTables {
   }
 };
 
+// The tables, built once (take a reference outside the kernels' loops).
+inline const QhTables& qh_tables() {
+  static const QhTables qt;
+  return qt;
+}
+
 // Q5_0_R16 / Q5_K_R16: adds 16 to the nibbles of chunk c whose fifth bit is set, from the
 // 16 lanes' 4-byte qh words H (byte c of a lane: the bits of the chunk's low nibbles 0..3, of
 // its high nibbles 4..7).
-inline void add_fifth_bits(__m512i H, int c, __m512i& lo, __m512i& hi) {
-  static const QhTables qt;
+inline void add_fifth_bits(const QhTables& qt, __m512i H, int c, __m512i& lo, __m512i& hi) {
   const __m512i sixteen = _mm512_set1_epi8(16);
   const __m512i h = _mm512_shuffle_epi8(H, qt.copy[c]);
   lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(h, qt.low_bit), lo, sixteen);

@@ -21,14 +21,21 @@ struct Places {
   static constexpr size_t kSubBlocksAt = kQh ? 256 + 64 : 256, kSubBlockBytes = kQh ? 320 : 256;
 };
 
-// Element i (0..255) of a Q4_K / Q5_K super-block (5 bits for Q5_K): each 32 bytes of qs hold
-// two sub-blocks, the low nibbles the first; Q5_K's bit 4 of element 32j + l is bit j of qh[l].
+// The 256 elements of a Q4_K / Q5_K super-block (5 bits for Q5_K): each 32 bytes of qs hold two
+// sub-blocks, the low nibbles the first; Q5_K's bit 4 of element 32j + l is bit j of qh[l].
 template <class B>
-int k_value(const B& b, int i) {
-  const uint8_t byte = b.qs[32 * (i / 64) + i % 32];
-  int v = (i % 64) < 32 ? byte & 15 : byte >> 4;
-  if constexpr (Places<B>::kQh) v |= ((b.qh[i % 32] >> (i / 32)) & 1) << 4;
-  return v;
+void k_values(const B& b, uint8_t w[kQK_K]) {
+  for (int n = 0; n < 4; ++n)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t byte = b.qs[32 * n + l];
+      int lo = byte & 15, hi = byte >> 4;
+      if constexpr (Places<B>::kQh) {
+        lo |= ((b.qh[l] >> (2 * n)) & 1) << 4;
+        hi |= ((b.qh[l] >> (2 * n + 1)) & 1) << 4;
+      }
+      w[64 * n + l] = static_cast<uint8_t>(lo);
+      w[64 * n + 32 + l] = static_cast<uint8_t>(hi);
+    }
 }
 
 template <class B>
@@ -42,6 +49,8 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
       for (int j = 0; j < 8; ++j) std::memset(o + P::kQhAt + P::kSubBlockBytes * j, 0, 64);
     for (int r = 0; r < kR16Rows; ++r) {
       const B& blk = in[(g * kR16Rows + r) * nb + b];
+      uint8_t v[kQK_K];
+      k_values(blk, v);
       std::memcpy(o + 2 * r, &blk.d, 2);
       std::memcpy(o + 32 + 2 * r, &blk.dmin, 2);
       for (int j = 0; j < 8; ++j) {
@@ -52,7 +61,7 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
         uint8_t* sb = o + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
         for (int c = 0; c < 4; ++c)
           for (int i = 0; i < 4; ++i) {
-            const int lo = k_value(blk, 32 * j + 4 * c + i), hi = k_value(blk, 32 * j + 16 + 4 * c + i);
+            const int lo = v[32 * j + 4 * c + i], hi = v[32 * j + 16 + 4 * c + i];
             sb[64 * c + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
             if constexpr (P::kQh)  // byte c of the lane: fifth bits of chunk c's low (0..3), high (4..7) nibbles
               o[P::kQhAt + P::kSubBlockBytes * j + 4 * r + c] |= static_cast<uint8_t>((lo >> 4) << i | (hi >> 4) << (4 + i));

@@ -13,14 +13,21 @@ namespace {
 constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(BlockQ6_K);  // 3360
 constexpr size_t kScalesAt = 32, kSubBlocksAt = 32 + 256, kSubBlockBytes = 192;
 
-// Element i (0..255) of a Q6_K super-block as stored, q + 32 in 0..63 (ggml's bit layout: per
+// The 256 elements of a Q6_K super-block as stored, q + 32 in 0..63 (ggml's bit layout: per
 // half of 128, ql holds the low nibbles of elements l and l + 64 (l < 64) in one byte, qh the
 // high two bits of l, l + 32, l + 64, l + 96 (l < 32)).
-int q6_value(const BlockQ6_K& b, int i) {
-  const int half = i / 128, r = i % 128, quarter = r / 32, l = r % 32;
-  const uint8_t lo = b.ql[64 * half + l + 32 * (quarter & 1)];
-  const int nibble = quarter >= 2 ? lo >> 4 : lo & 15;
-  return nibble | (((b.qh[32 * half + l] >> (2 * quarter)) & 3) << 4);
+void q6_values(const BlockQ6_K& b, uint8_t w[kQK_K]) {
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* ql = b.ql + 64 * half;
+    const uint8_t* qh = b.qh + 32 * half;
+    uint8_t* o = w + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      o[l] = static_cast<uint8_t>((ql[l] & 15) | (qh[l] & 3) << 4);
+      o[l + 32] = static_cast<uint8_t>((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4);
+      o[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+      o[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+    }
+  }
 }
 
 }  // namespace
@@ -33,13 +40,15 @@ void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
     uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * kGroupBlockBytes;
     for (int r = 0; r < kR16Rows; ++r) {
       const BlockQ6_K& blk = in[(g * kR16Rows + r) * nb + b];
+      uint8_t v[kQK_K];
+      q6_values(blk, v);
       std::memcpy(o + 2 * r, &blk.d, 2);
       for (int j = 0; j < 16; ++j) {
         o[kScalesAt + 16 * j + r] = static_cast<uint8_t>(blk.scales[j]);
         uint8_t* sb = o + kSubBlocksAt + kSubBlockBytes * j + 4 * r;
         for (int i = 0; i < 4; ++i) {
           int w[4];
-          for (int c = 0; c < 4; ++c) w[c] = q6_value(blk, 16 * j + 4 * c + i);
+          for (int c = 0; c < 4; ++c) w[c] = v[16 * j + 4 * c + i];
           sb[i] = static_cast<uint8_t>((w[0] & 15) | (w[1] & 15) << 4);
           sb[64 + i] = static_cast<uint8_t>((w[2] & 15) | (w[3] & 15) << 4);
           sb[128 + i] = static_cast<uint8_t>(w[0] >> 4 | (w[1] >> 4) << 2 | (w[2] >> 4) << 4 | (w[3] >> 4) << 6);

@@ -48,12 +48,7 @@ struct Matrix {
       quantize_row(type, &values[r * cols], row, cols);
       dequantize_row(type, row, &values[r * cols], cols);
     }
-    view.type = type;
-    view.n_dims = 2;
-    view.ne[0] = cols;
-    view.ne[1] = rows;
-    view.data = bytes.data();
-    view.nbytes = bytes.size();
+    view = matrix_view(type, bytes.data(), rows, cols);
   }
 };
 

@@ -146,8 +146,8 @@ size_t SparseFfn::neuron_major_bytes() const {
 
 size_t SparseFfn::bytes() const {
   return neuron_major_bytes() + (active_.size() + predicted_.size() + fused_ids_.size()) * sizeof(int32_t) +
-         (axpy_scratch_.size() + pred_scratch_.size() + fused_vals_.size()) * sizeof(float) + pred_mm_scratch_.size() +
-         fused_hq_.size();
+         (axpy_scratch_.size() + pred_scratch_.size() + fused_vals_.size() + fused_partials_.size()) * sizeof(float) +
+         pred_mm_scratch_.size() + fused_hq_.size();
 }
 
 double SparseFfn::weight_bytes_per_token() const {
@@ -272,7 +272,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   // serves both as long as they come from the same file type.
   if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() ||
       cpu::r16_base(w.gate.type) != cpu::r16_base(w.up.type) ||
-      pool.size() > std::min(fused_threads_, kMaxFusedThreads))
+      pool.size() > fused_threads_)
     return false;
   const bool predicted = opts_.mode == FfnMode::predictor;
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]

@@ -88,7 +88,7 @@ class SparseFfn final : public FfnExecutor {
   double weight_bytes_per_token() const;
   void reset_stats();
   // Whether one-token batches take the fused decode path (default on; off: the separate steps,
-  // which give the same bits).
+  // which give the same bits on one thread and the same values to rounding on more).
   void set_fused_decode(bool on) { fused_ = on; }
 
  private:
@@ -111,7 +111,6 @@ class SparseFfn final : public FfnExecutor {
   // on the thread count; the output does only through the grouping of the down sum. Returns
   // false where it does not apply.
   static constexpr int64_t kNeuronBlock = 64;
-  static constexpr int kMaxFusedThreads = 64;  // more threads take the separate steps
   bool run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                         float* out, Workspace& ws);
   // Per thread: candidate and firing neuron ids and values (2 x n_ff each), and the thread's
@@ -122,7 +121,7 @@ class SparseFfn final : public FfnExecutor {
   AlignedBuffer<uint8_t> fused_hq_;  // the predictor's hidden row as fc2's kernel takes it
   AlignedBuffer<float> fused_partials_;  // threads 1.. : their share of the down product
   size_t partial_stride_ = 0;            // floats per partial (n_embd rounded up to 16)
-  int fused_threads_ = 0;
+  int fused_threads_ = 0;  // the pool size the buffers are for (a larger pool takes the separate steps)
   bool fused_ = true;  // tests switch it off to compare with the separate steps
 
   // What the predictor reads: the residual stream before ffn_norm for PowerInfer's predictors

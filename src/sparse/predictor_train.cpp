@@ -16,7 +16,6 @@
 #include "model/kv_cache.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember {
@@ -127,20 +126,9 @@ std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& po
 
 namespace {
 
-TensorView f32_view(const float* data, int64_t rows, int64_t cols) {
-  TensorView v;
-  v.type = DType::F32;
-  v.n_dims = 2;
-  v.ne[0] = cols;
-  v.ne[1] = rows;
-  v.data = reinterpret_cast<const uint8_t*>(data);
-  v.nbytes = static_cast<size_t>(rows * cols) * sizeof(float);
-  return v;
-}
-
 // Y[t][r] = sum_i W[r][i] X[t][i] with float W [rows x k], X [n x k].
 void gemm(ThreadPool& pool, const float* W, int64_t rows, int64_t k, const float* X, int64_t n, float* Y) {
-  cpu::matmul(pool, f32_view(W, rows, k), X, n, Y, nullptr);
+  cpu::matmul(pool, matrix_view(DType::F32, W, rows, k), X, n, Y, nullptr);
 }
 
 // dst[c][r] = src[r][c] for src [rows x cols].
@@ -189,18 +177,12 @@ struct Encoded {
   std::vector<uint8_t> bytes;
   TensorView view;
   Encoded(DType t, const std::vector<float>& w, int64_t rows, int64_t cols, float scale = 1.0f)
-      : bytes(row_bytes(t, cols) * static_cast<size_t>(rows)) {
+      : bytes(row_bytes(t, cols) * static_cast<size_t>(rows)), view(matrix_view(t, bytes.data(), rows, cols)) {
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) row[c] = w[static_cast<size_t>(r * cols + c)] * scale;
       quantize_row(t, row.data(), bytes.data() + row_bytes(t, cols) * static_cast<size_t>(r), cols);
     }
-    view.type = t;
-    view.n_dims = 2;
-    view.ne[0] = cols;
-    view.ne[1] = rows;
-    view.data = bytes.data();
-    view.nbytes = bytes.size();
   }
 };
 

@@ -26,4 +26,16 @@ struct TensorView {
   bool valid() const { return data != nullptr; }
 };
 
+// A 2-D view of `rows` rows of `cols` elements of type t stored contiguously at `data`.
+inline TensorView matrix_view(DType t, const void* data, int64_t rows, int64_t cols) {
+  TensorView v;
+  v.type = t;
+  v.n_dims = 2;
+  v.ne[0] = cols;
+  v.ne[1] = rows;
+  v.data = static_cast<const uint8_t*>(data);
+  v.nbytes = row_bytes(t, cols) * static_cast<size_t>(rows);
+  return v;
+}
+
 }  // namespace ember

@@ -76,7 +76,7 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
 template <class B>
 void gemm_scalar(const detail::GemmArgs& a) {
   using P = Places<B>;
-  detail::r16_scalar_k<P::kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
+  detail::r16_scalar<BlockQ8_K, kQK_K, P::kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
     int32_t total = 0, mins = 0;
     for (int j = 0; j < 8; ++j) {
       const int lo = p[P::kLoAt + 16 * j + r], hi = p[P::kHiAt + 16 * (j / 2) + r] >> (4 * (j % 2));

@@ -106,39 +106,29 @@ void unpack(const void* src, int64_t rows, int64_t k, void* dst) {
 // the mins), so the two agree bit for bit.
 template <class B>
 void gemm_scalar(const detail::GemmArgs& a) {
-  const int64_t nb = a.k / kQK;
-  for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
-    const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
-    for (int64_t t = 0; t < a.ntok; ++t) {
-      const auto* x = reinterpret_cast<const detail::R16Act*>(a.x + t * a.x_stride);
-      for (int r = 0; r < kR16Rows; ++r) {
-        float acc = 0.0f;
-        for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* p = wg + b * kGroupBlockBytes<B>;
-          uint16_t h;
-          std::memcpy(&h, p + 2 * r, 2);
-          int32_t s = kHasMin<B> ? 0 : x[b].c;
-          for (int c = 0; c < 4; ++c)
-            for (int j = 0; j < 4; ++j) {
-              const uint8_t q = p[kQsAt<B> + 64 * c + 4 * r + j];
-              int lo = q & 15, hi = q >> 4;
-              if constexpr (kHasQh<B>) {
-                const uint8_t h = p[32 + 4 * r + c];
-                lo |= ((h >> j) & 1) << 4;
-                hi |= ((h >> (4 + j)) & 1) << 4;
-              }
-              s += lo * x[b].qs[4 * c + j] + hi * x[b].qs[16 + 4 * c + j];
+  detail::r16_scalar<detail::R16Act, kQK, kGroupBlockBytes<B>>(
+      a, [](const uint8_t* p, const detail::R16Act& x, int r, float acc) {
+        int32_t s = kHasMin<B> ? 0 : x.c;
+        for (int c = 0; c < 4; ++c)
+          for (int j = 0; j < 4; ++j) {
+            const uint8_t q = p[kQsAt<B> + 64 * c + 4 * r + j];
+            int lo = q & 15, hi = q >> 4;
+            if constexpr (kHasQh<B>) {
+              const uint8_t qh = p[32 + 4 * r + c];
+              lo |= ((qh >> j) & 1) << 4;
+              hi |= ((qh >> (4 + j)) & 1) << 4;
             }
-          acc = std::fma(static_cast<float>(s), fp16_to_fp32(h) * x[b].d, acc);
-          if constexpr (kHasMin<B>) {
-            std::memcpy(&h, p + 32 + 2 * r, 2);
-            acc = std::fma(fp16_to_fp32(h), x[b].s, acc);
+            s += lo * x.qs[4 * c + j] + hi * x.qs[16 + 4 * c + j];
           }
+        uint16_t h;
+        std::memcpy(&h, p + 2 * r, 2);
+        acc = std::fma(static_cast<float>(s), fp16_to_fp32(h) * x.d, acc);
+        if constexpr (kHasMin<B>) {
+          std::memcpy(&h, p + 32 + 2 * r, 2);
+          acc = std::fma(fp16_to_fp32(h), x.s, acc);
         }
-        a.y[t * a.y_stride + g * kR16Rows + r] = acc;
-      }
-    }
-  }
+        return acc;
+      });
 }
 
 }  // namespace

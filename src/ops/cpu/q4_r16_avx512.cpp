@@ -11,8 +11,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "ops/cpu/r16_avx512.hpp"
 
 namespace ember::cpu::detail {
@@ -24,18 +22,10 @@ struct Kernel {
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
-    const int64_t nb = a.k / 32;
-    const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
-    const R16Act* x[T];
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) {
-      x[t] = reinterpret_cast<const R16Act*>(a.x + (t0 + t) * a.x_stride);
-      acc[t] = _mm512_setzero_ps();
-    }
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const QhTables& qt = qh_tables();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* p = wg + b * kGroupBlockBytes;
+    r16_tile<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b,
+                                                              __m512(&acc)[T]) {
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
       [[maybe_unused]] __m512 mw;
       if constexpr (kHasMin) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
@@ -60,8 +50,7 @@ struct Kernel {
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xa.d)), acc[t]);
         if constexpr (kHasMin) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xa.s), acc[t]);
       }
-    }
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows, acc[t]);
+    });
   }
 };
 

@@ -61,7 +61,7 @@ void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
 // The reference: the AVX-512 kernel does the same integer work and the same float operations
 // in the same order, so the two agree bit for bit.
 void gemm_q6_k_r16_scalar(const GemmArgs& a) {
-  r16_scalar_k<kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
+  r16_scalar<BlockQ8_K, kQK_K, kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
     int32_t total = 0;
     for (int j = 0; j < 16; ++j) {
       const uint8_t* sb = p + kSubBlocksAt + kSubBlockBytes * j + 4 * r;

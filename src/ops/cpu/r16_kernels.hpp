@@ -55,16 +55,16 @@ void for_each_k_group_block(const char* name, int64_t rows, int64_t k, const F& 
     for (int64_t b = 0; b < nb; ++b) f(g, b, nb);
 }
 
-// The frame of the K-quant scalar reference kernels: y[t][16 g + r] = acc after
-// acc = block(p, x, r, acc) over the super-blocks (p: the group's block, kGroupBytes bytes; x: the
-// token's Q8_K block), starting from 0.
-template <size_t kGroupBytes, class F>
-void r16_scalar_k(const GemmArgs& a, const F& block) {
-  const int64_t nb = a.k / kQK_K;
+// The frame of the scalar reference kernels: y[t][16 g + r] = acc after acc = block(p, x, r, acc)
+// over the blocks of kBlock elements (p: the group's block, kGroupBytes bytes; x: the token's
+// activation block of type Act), starting from 0.
+template <class Act, int64_t kBlock, size_t kGroupBytes, class F>
+void r16_scalar(const GemmArgs& a, const F& block) {
+  const int64_t nb = a.k / kBlock;
   for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
     const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
     for (int64_t t = 0; t < a.ntok; ++t) {
-      const auto* x = reinterpret_cast<const BlockQ8_K*>(a.x + t * a.x_stride);
+      const auto* x = reinterpret_cast<const Act*>(a.x + t * a.x_stride);
       for (int r = 0; r < kR16Rows; ++r) {
         float acc = 0.0f;
         for (int64_t b = 0; b < nb; ++b) acc = block(wg + b * kGroupBytes, x[b], r, acc);

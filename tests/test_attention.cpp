@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+#include "support/simd_levels.hpp"
+
 using namespace ember;
 
 namespace {
@@ -18,15 +20,20 @@ std::vector<float> random_vec(size_t n, uint32_t seed) {
 }
 }  // namespace
 
-// The threaded attention equals the double-precision reference for awkward shapes: GQA groups,
-// a batch starting mid-sequence, sliding windows and soft-capping.
+// The threaded attention equals the double-precision reference for awkward shapes, at every SIMD
+// level: GQA groups, a batch starting mid-sequence, sliding windows, soft-capping, head sizes
+// that are not multiples of 16 or exceed the AVX-512 kernel's 256 register-held columns, and
+// position counts that leave tails in its sixteen-wide softmax loops.
 TEST(Attention, MatchesReference) {
+  test_support::SimdGuard guard;
   struct Case {
     int64_t n_head, n_kv, hd, n_tokens, pos0, window;
     float softcap;
   };
   for (Case c : {Case{4, 4, 8, 1, 0, 0, 0}, Case{9, 3, 64, 7, 5, 0, 0}, Case{8, 1, 16, 13, 0, 4, 0},
-                 Case{6, 2, 10, 3, 30, 0, 30.f}, Case{2, 1, 256, 1, 100, 7, 0}}) {
+                 Case{6, 2, 10, 3, 30, 0, 30.f}, Case{2, 1, 256, 1, 100, 7, 0},
+                 Case{4, 2, 300, 2, 37, 0, 0}, Case{3, 3, 72, 1, 200, 0, 0}, Case{5, 5, 33, 40, 0, 0, 0},
+                 Case{2, 2, 512, 3, 18, 0, 0}}) {
     cpu::AttentionShape s{c.n_head, c.n_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window, c.softcap};
     int64_t n_ctx = c.pos0 + c.n_tokens;
     int64_t stride = c.n_kv * c.hd + 3;  // rows padded: the stride is honoured
@@ -35,12 +42,15 @@ TEST(Attention, MatchesReference) {
     auto v = random_vec(n_ctx * stride, 3);
     std::vector<float> ref(q.size()), out(q.size());
     cpu::attention_reference(s, q.data(), c.n_tokens, c.pos0, k.data(), v.data(), stride, ref.data());
-    for (int threads : {1, 3}) {
-      ThreadPool pool(threads);
-      std::vector<float> scratch(threads * n_ctx);
-      cpu::attention(pool, s, q.data(), c.n_tokens, c.pos0, k.data(), v.data(), stride, out.data(), scratch.data());
-      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5f) << i;
-    }
+    for (SimdLevel level : test_support::simd_levels())
+      for (int threads : {1, 3}) {
+        set_simd_level(level);
+        ThreadPool pool(threads);
+        std::vector<float> scratch(threads * n_ctx);
+        cpu::attention(pool, s, q.data(), c.n_tokens, c.pos0, k.data(), v.data(), stride, out.data(), scratch.data());
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], ref[i], 2e-5f) << i << " " << simd_level_name(level) << " hd " << c.hd;
+      }
   }
 }
 

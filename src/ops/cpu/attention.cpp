@@ -4,9 +4,15 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.hpp"
 #include "ops/cpu/vec.hpp"
 
 namespace ember::cpu {
+namespace detail {
+// attention_avx512.cpp: softmax(q.K^T * scale) V for one head over the n positions at k, v.
+void attend_one_avx512(const AttentionShape& s, const float* qh, const float* k, const float* v, int64_t kv_stride,
+                       int64_t n, float* outh, float* scores);
+}  // namespace detail
 namespace {
 
 // One (token, head) pair: softmax(q.K^T * scale) V over the visible positions.
@@ -18,6 +24,8 @@ void attend_one(const AttentionShape& s, const float* qh, int64_t pos, const flo
   const int64_t n = pos - first + 1;
   const float* kb = k + kv_head * hd;
   const float* vb = v + kv_head * hd;
+  if (simd_level() == SimdLevel::avx512)
+    return detail::attend_one_avx512(s, qh, kb + first * kv_stride, vb + first * kv_stride, kv_stride, n, outh, scores);
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {
     float sc = dot_f32(qh, kb + (first + j) * kv_stride, hd) * s.scale;

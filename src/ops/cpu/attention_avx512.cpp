@@ -1,0 +1,129 @@
+// One (token, head) pair of attention on AVX-512: the scores q.k_j sixteen columns at a time
+// into one accumulator (the query held in registers for head sizes up to 256), the softmax with
+// the vector exp (exp_avx512.hpp), and the weighted sum of value rows with the output columns
+// held in registers. The portable loop in attention.cpp calls dot_f32 / axpy_f32 once per
+// position, which at head size 64 spends most of its time in call and reduction overhead.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cpu/attention.hpp"
+#include "ops/cpu/exp_avx512.hpp"
+
+// GCC 12 warns that _mm256_undefined_pd() (inside the lane extracts of _mm512_reduce_add_ps) "may
+// be used uninitialized" once these loops are unrolled; it is undefined by design.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ember::cpu::detail {
+namespace {
+
+constexpr int kMaxRegs = 16;  // head sizes up to 256 keep q / the output in registers
+
+inline __mmask16 lane_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+
+
+// scores[j] = scale * q.k_j for j < n (k_j at k + j * stride); returns the largest score
+// (after soft-capping, when softcap > 0).
+template <int R>
+float scores_regs(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale,
+                  float softcap, float* scores) {
+  __m512 qv[R];
+  for (int c = 0; c < R; ++c) qv[c] = _mm512_maskz_loadu_ps(lane_mask(hd - 16 * c), q + 16 * c);
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = k + j * stride;
+    __m512 acc = _mm512_mul_ps(qv[0], _mm512_maskz_loadu_ps(lane_mask(hd), kj));
+    for (int c = 1; c < R; ++c)
+      acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(lane_mask(hd - 16 * c), kj + 16 * c), acc);
+    float sc = _mm512_reduce_add_ps(acc) * scale;
+    if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
+    scores[j] = sc;
+    mx = sc > mx ? sc : mx;
+  }
+  return mx;
+}
+
+// out[0, hd) = sum_j p[j] v_j, the output columns in R registers.
+template <int R>
+void weighted_sum_regs(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+  __m512 acc[R];
+  for (int c = 0; c < R; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    const float* vj = v + j * stride;
+    for (int c = 0; c < R; ++c)
+      acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(lane_mask(hd - 16 * c), vj + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < R; ++c) _mm512_mask_storeu_ps(out + 16 * c, lane_mask(hd - 16 * c), acc[c]);
+}
+
+template <int R>
+float scores_at(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float softcap,
+                float* scores) {
+  if constexpr (R > 1) {
+    if (16 * (R - 1) >= hd) return scores_at<R - 1>(q, k, stride, n, hd, scale, softcap, scores);
+  }
+  return scores_regs<R>(q, k, stride, n, hd, scale, softcap, scores);
+}
+
+template <int R>
+void weighted_sum_at(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+  if constexpr (R > 1) {
+    if (16 * (R - 1) >= hd) return weighted_sum_at<R - 1>(p, v, stride, n, hd, out);
+  }
+  weighted_sum_regs<R>(p, v, stride, n, hd, out);
+}
+
+// Head sizes above 256: the columns in chunks of 256.
+float scores_any(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float softcap,
+                 float* scores) {
+  if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, softcap, scores);
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = k + j * stride;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < hd; c += 16) {
+      const __mmask16 m = lane_mask(hd - c);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + c), _mm512_maskz_loadu_ps(m, kj + c), acc);
+    }
+    float sc = _mm512_reduce_add_ps(acc) * scale;
+    if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
+    scores[j] = sc;
+    mx = sc > mx ? sc : mx;
+  }
+  return mx;
+}
+
+void weighted_sum_any(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+  for (int64_t c0 = 0; c0 < hd; c0 += 16 * kMaxRegs)
+    weighted_sum_at<kMaxRegs>(p, v + c0, stride, n, std::min<int64_t>(hd - c0, 16 * kMaxRegs), out + c0);
+}
+
+}  // namespace
+
+void attend_one_avx512(const AttentionShape& s, const float* qh, const float* k, const float* v, int64_t kv_stride,
+                       int64_t n, float* outh, float* scores) {
+  const int64_t hd = s.head_dim;
+  const float mx = scores_any(qh, k, kv_stride, n, hd, s.scale, s.softcap, scores);
+  // p_j = e^(s_j - max), summed in sixteen lanes.
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lane_mask(n - j);
+    const __m512 e = exp_approx(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), vmx));
+    _mm512_mask_storeu_ps(scores + j, m, e);
+    sum = _mm512_mask_add_ps(sum, m, sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lane_mask(n - j);
+    _mm512_mask_storeu_ps(scores + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scores + j), inv));
+  }
+  weighted_sum_any(scores, v, kv_stride, n, hd, outh);
+}
+
+}  // namespace ember::cpu::detail

@@ -26,25 +26,40 @@ inline __mmask16 lane_mask(int64_t left) {
 }
 
 
-// scores[j] = scale * q.k_j for j < n (k_j at k + j * stride); returns the largest score
-// (after soft-capping, when softcap > 0).
+// The four lane sums of a, b, c, d.
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], the same for c, d; then the four sums.
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 x = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  const __m256 y = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+}
+
+// scores[j] = scale * q.k_j for j < n (k_j at k + j * stride), four positions at a time (four
+// independent multiply-add chains; one chain would wait on its own latency).
 template <int R>
-float scores_regs(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale,
-                  float softcap, float* scores) {
+void scores_regs(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   __m512 qv[R];
-  for (int c = 0; c < R; ++c) qv[c] = _mm512_maskz_loadu_ps(lane_mask(hd - 16 * c), q + 16 * c);
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kj = k + j * stride;
-    __m512 acc = _mm512_mul_ps(qv[0], _mm512_maskz_loadu_ps(lane_mask(hd), kj));
+  __mmask16 m[R];
+  for (int c = 0; c < R; ++c) m[c] = lane_mask(hd - 16 * c), qv[c] = _mm512_maskz_loadu_ps(m[c], q + 16 * c);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* k0 = k + j * stride;
+    __m512 acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = _mm512_mul_ps(qv[0], _mm512_maskz_loadu_ps(m[0], k0 + i * stride));
     for (int c = 1; c < R; ++c)
-      acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(lane_mask(hd - 16 * c), kj + 16 * c), acc);
-    float sc = _mm512_reduce_add_ps(acc) * scale;
-    if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
-    scores[j] = sc;
-    mx = sc > mx ? sc : mx;
+      for (int i = 0; i < 4; ++i)
+        acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m[c], k0 + i * stride + 16 * c), acc[i]);
+    _mm_storeu_ps(scores + j, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
   }
-  return mx;
+  for (; j < n; ++j) {
+    const float* kj = k + j * stride;
+    __m512 acc = _mm512_mul_ps(qv[0], _mm512_maskz_loadu_ps(m[0], kj));
+    for (int c = 1; c < R; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m[c], kj + 16 * c), acc);
+    scores[j] = _mm512_reduce_add_ps(acc) * scale;
+  }
 }
 
 // out[0, hd) = sum_j p[j] v_j, the output columns in R registers.
@@ -62,12 +77,11 @@ void weighted_sum_regs(const float* p, const float* v, int64_t stride, int64_t n
 }
 
 template <int R>
-float scores_at(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float softcap,
-                float* scores) {
+void scores_at(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   if constexpr (R > 1) {
-    if (16 * (R - 1) >= hd) return scores_at<R - 1>(q, k, stride, n, hd, scale, softcap, scores);
+    if (16 * (R - 1) >= hd) return scores_at<R - 1>(q, k, stride, n, hd, scale, scores);
   }
-  return scores_regs<R>(q, k, stride, n, hd, scale, softcap, scores);
+  scores_regs<R>(q, k, stride, n, hd, scale, scores);
 }
 
 template <int R>
@@ -78,11 +92,9 @@ void weighted_sum_at(const float* p, const float* v, int64_t stride, int64_t n, 
   weighted_sum_regs<R>(p, v, stride, n, hd, out);
 }
 
-// Head sizes above 256: the columns in chunks of 256.
-float scores_any(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float softcap,
-                 float* scores) {
-  if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, softcap, scores);
-  float mx = -INFINITY;
+// Head sizes above 256: the query from memory.
+void scores_any(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, scores);
   for (int64_t j = 0; j < n; ++j) {
     const float* kj = k + j * stride;
     __m512 acc = _mm512_setzero_ps();
@@ -90,14 +102,11 @@ float scores_any(const float* q, const float* k, int64_t stride, int64_t n, int6
       const __mmask16 m = lane_mask(hd - c);
       acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + c), _mm512_maskz_loadu_ps(m, kj + c), acc);
     }
-    float sc = _mm512_reduce_add_ps(acc) * scale;
-    if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
-    scores[j] = sc;
-    mx = sc > mx ? sc : mx;
+    scores[j] = _mm512_reduce_add_ps(acc) * scale;
   }
-  return mx;
 }
 
+// Head sizes above 256: the output columns in chunks of 256.
 void weighted_sum_any(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd, float* out) {
   for (int64_t c0 = 0; c0 < hd; c0 += 16 * kMaxRegs)
     weighted_sum_at<kMaxRegs>(p, v + c0, stride, n, std::min<int64_t>(hd - c0, 16 * kMaxRegs), out + c0);
@@ -108,7 +117,15 @@ void weighted_sum_any(const float* p, const float* v, int64_t stride, int64_t n,
 void attend_one_avx512(const AttentionShape& s, const float* qh, const float* k, const float* v, int64_t kv_stride,
                        int64_t n, float* outh, float* scores) {
   const int64_t hd = s.head_dim;
-  const float mx = scores_any(qh, k, kv_stride, n, hd, s.scale, s.softcap, scores);
+  scores_any(qh, k, kv_stride, n, hd, s.scale, scores);
+  if (s.softcap > 0)
+    for (int64_t j = 0; j < n; ++j) scores[j] = s.softcap * std::tanh(scores[j] / s.softcap);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lane_mask(n - j);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, scores + j));
+  }
+  const float mx = _mm512_reduce_max_ps(vmax);
   // p_j = e^(s_j - max), summed in sixteen lanes.
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512 sum = _mm512_setzero_ps();

@@ -243,6 +243,10 @@ TEST(Synth, Presets) {
   EXPECT_EQ(s.n_ff, 11008);
   EXPECT_EQ(s.n_layer, 32);
   EXPECT_EQ(s.n_head_kv, 32);
+  SynthOptions g = synth_preset("mistral-7b");
+  EXPECT_EQ(g.n_ff, 14336);
+  EXPECT_EQ(g.n_head_kv, 8);
+  EXPECT_FLOAT_EQ(g.rope_base, 1e6f);
   SynthOptions m = synth_preset("smollm2-135m");
   EXPECT_EQ(m.n_embd, 576);
   EXPECT_EQ(m.n_head, 9);
@@ -251,6 +255,8 @@ TEST(Synth, Presets) {
   // A 7B Q4_0 file is about 3.8 GB.
   s.type = DType::Q4_0;
   EXPECT_NEAR(synth_file_size(s) / 1e9, 3.8, 0.15);
+  g.type = DType::Q4_0;  // Mistral-7B Q4_0: about 4.1 GB (7.2 B parameters)
+  EXPECT_NEAR(synth_file_size(g) / 1e9, 4.1, 0.15);
   try {
     synth_preset("13b");
     ADD_FAILURE();

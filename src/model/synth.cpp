@@ -440,7 +440,7 @@ std::vector<float> synth_firing_probabilities(const SynthOptions& o, int64_t il)
 // ---- presets, validation -------------------------------------------------------------------
 
 const std::vector<std::string>& synth_preset_names() {
-  static const std::vector<std::string> names = {"tiny", "smollm2-135m", "1.1b", "7b"};
+  static const std::vector<std::string> names = {"tiny", "smollm2-135m", "1.1b", "7b", "mistral-7b"};
   return names;
 }
 
@@ -457,6 +457,9 @@ SynthOptions synth_preset(const std::string& name) {
   } else if (name == "7b") {
     o.n_embd = 4096, o.n_ff = 11008, o.n_layer = 32, o.n_head = 32, o.n_head_kv = 32, o.n_vocab = 32000;
     o.n_ctx = 4096;
+  } else if (name == "mistral-7b") {  // Mistral-7B, and PowerInfer's ReLU TurboSparse-Mistral-7B
+    o.n_embd = 4096, o.n_ff = 14336, o.n_layer = 32, o.n_head = 32, o.n_head_kv = 8, o.n_vocab = 32000;
+    o.n_ctx = 32768, o.rope_base = 1000000.0f;
   } else {
     std::string known;
     for (const auto& n : synth_preset_names()) known += (known.empty() ? "" : ", ") + n;

@@ -70,7 +70,8 @@ struct SynthOptions {
 // The predictor rank synth writes for `opts` (predictor_rank, or its default).
 int64_t synth_predictor_rank(const SynthOptions& opts);
 
-// Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes).
+// Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes),
+// "mistral-7b" (Mistral-7B / TurboSparse-Mistral-7B shapes: grouped-query attention, n_ff 14336).
 // Throws ember::Error naming the known presets for any other name.
 SynthOptions synth_preset(const std::string& name);
 const std::vector<std::string>& synth_preset_names();

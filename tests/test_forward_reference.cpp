@@ -1,6 +1,7 @@
 // The whole forward pass against an independent double-precision reference
 // (support/reference_llama.hpp) on small synth models of every weight type, through the
 // Session exactly as generation uses it: a batched prompt, then single tokens on the cache.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,7 +30,7 @@ std::string case_name(const Case& c) {
 }
 
 // Largest |logit difference| over all positions, relative to the largest |logit|.
-double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = false) {
+double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = false, uint32_t token_seed = 5) {
   SynthOptions o;
   o.type = c.type;
   o.act = c.act;
@@ -46,7 +47,7 @@ double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = 
   synth_write(o, path);
   auto model = load_model(path);
 
-  std::mt19937 rng(5);
+  std::mt19937 rng(token_seed);
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(model->hp.n_vocab - 1));
   std::vector<int32_t> tokens(11);
   for (auto& t : tokens) t = pick(rng);
@@ -93,9 +94,17 @@ TEST_P(ForwardReference, LogitsMatchDoublePrecision) {
   std::printf("%s: max |logit - reference| / max |logit| = %.2e\n", case_name(c).c_str(), rel);
   EXPECT_LT(rel, tolerance(c.type));
   // With the reference rounding activations through the same 8-bit format, only the
-  // engine's own arithmetic remains.
-  double rel8 = compare(c, 2, 512, true);
-  std::printf("%s: same, 8-bit activations emulated in the reference = %.2e\n", case_name(c).c_str(), rel8);
+  // engine's own arithmetic remains, as long as no activation lies so close to a rounding
+  // boundary that the engine's float arithmetic (1e-7 from the reference's double) rounds it
+  // the other way. One such flip moves the logits by about 1e-2, and with some 30000 rounded
+  // values per run it happens in roughly one run in four. So three token sequences, of which
+  // at least two (the median) must agree to 2e-4.
+  double runs[3];
+  for (uint32_t seed = 0; seed < 3; ++seed) runs[seed] = compare(c, 2, 512, true, 5 + seed);
+  std::sort(runs, runs + 3);
+  const double rel8 = runs[1];
+  std::printf("%s: same, 8-bit activations emulated in the reference = %.2e (median of %.2e, %.2e, %.2e)\n",
+              case_name(c).c_str(), rel8, runs[0], runs[1], runs[2]);
   // Q4_1 x Q8_1 adds m * s per block with s = d * sum(q) stored in fp16, as llama.cpp does;
   // with a nonzero activation mean that term is large and its fp16 rounding shows (the
   // per-block bound is checked in test_matmul), so it keeps a looser bound.

@@ -46,6 +46,9 @@ contains "timing line" "$tmp/err" "generation: [0-9]+ tokens"
 expect_ok "bench on synth" "$ember" bench -m "$tmp/tiny.gguf" -p 16 -n 8 -r 2 --json "$tmp/bench.json"
 python3 -c "import json; d=json.load(open('$tmp/bench.json')); assert d['tg8']['median'] > 0 and d['pp16']['median'] > 0" \
   && pass || fail "bench JSON lacks pp16/tg8 medians"
+expect_ok "bench at a depth, F32 cache" "$ember" bench -m "$tmp/tiny.gguf" -p 8 -n 4 -d 20 --kv-type f32 -r 1 --json "$tmp/bench_d.json"
+python3 -c "import json; d=json.load(open('$tmp/bench_d.json')); assert d['tg4@d20']['median'] > 0 and d['depth'] == 20 and d['kv_type'] == 'f32'" \
+  && pass || fail "bench -d 20 JSON lacks tg4@d20 / depth / kv_type"
 "$ember" generate -m "$tmp/tiny.gguf" -p "abc" -n 12 --temp 0.9 --seed 3 >"$tmp/a" 2>/dev/null
 "$ember" generate -m "$tmp/tiny.gguf" -p "abc" -n 12 --temp 0.9 --seed 3 >"$tmp/b" 2>/dev/null
 cmp -s "$tmp/a" "$tmp/b" && pass || fail "same seed gave different output"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "support/simd_levels.hpp"
+#include "tensor/quant.hpp"
 
 using namespace ember;
 
@@ -42,15 +43,28 @@ TEST(Attention, MatchesReference) {
     auto v = random_vec(n_ctx * stride, 3);
     std::vector<float> ref(q.size()), out(q.size());
     cpu::attention_reference(s, q.data(), c.n_tokens, c.pos0, k.data(), v.data(), stride, ref.data());
+    // The same cache in F16, against the reference on the F16-rounded values.
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    quantize_row(DType::F16, k.data(), k16.data(), static_cast<int64_t>(k.size()));
+    quantize_row(DType::F16, v.data(), v16.data(), static_cast<int64_t>(v.size()));
+    std::vector<float> k_r(k.size()), v_r(v.size()), ref16(q.size());
+    dequantize_row(DType::F16, k16.data(), k_r.data(), static_cast<int64_t>(k.size()));
+    dequantize_row(DType::F16, v16.data(), v_r.data(), static_cast<int64_t>(v.size()));
+    cpu::attention_reference(s, q.data(), c.n_tokens, c.pos0, k_r.data(), v_r.data(), stride, ref16.data());
     for (SimdLevel level : test_support::simd_levels())
-      for (int threads : {1, 3}) {
-        set_simd_level(level);
-        ThreadPool pool(threads);
-        std::vector<float> scratch(threads * n_ctx);
-        cpu::attention(pool, s, q.data(), c.n_tokens, c.pos0, k.data(), v.data(), stride, out.data(), scratch.data());
-        for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out[i], ref[i], 2e-5f) << i << " " << simd_level_name(level) << " hd " << c.hd;
-      }
+      for (int threads : {1, 3})
+        for (bool f16 : {false, true}) {
+          set_simd_level(level);
+          ThreadPool pool(threads);
+          std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, c.hd, threads));
+          cpu::AttentionShape sk = s;
+          sk.kv_f16 = f16;
+          cpu::attention(pool, sk, q.data(), c.n_tokens, c.pos0, f16 ? static_cast<const void*>(k16.data()) : k.data(),
+                         f16 ? static_cast<const void*>(v16.data()) : v.data(), stride, out.data(), scratch.data());
+          const std::vector<float>& want = f16 ? ref16 : ref;
+          for (size_t i = 0; i < out.size(); ++i)
+            ASSERT_NEAR(out[i], want[i], 2e-5f) << i << " " << simd_level_name(level) << " hd " << c.hd << " f16 " << f16;
+        }
   }
 }
 
@@ -59,7 +73,7 @@ TEST(Attention, FirstPositionReturnsValue) {
   cpu::AttentionShape s{2, 1, 4, 0.5f, 0, 0};
   std::vector<float> q = {1, 2, 3, 4, -1, 0, 1, 2}, k = {0.5f, 1, 1.5f, 2}, v = {7, -3, 2.5f, 9}, out(8);
   ThreadPool pool(1);
-  std::vector<float> scratch(1);
+  std::vector<float> scratch(cpu::attention_scratch_floats(1, 4, 1));
   cpu::attention(pool, s, q.data(), 1, 0, k.data(), v.data(), 4, out.data(), scratch.data());
   for (int h = 0; h < 2; ++h)
     for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(out[h * 4 + i], v[i]);

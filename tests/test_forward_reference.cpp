@@ -1,8 +1,9 @@
 // The whole forward pass against an independent double-precision reference
 // (support/reference_llama.hpp) on small synth models of every weight type, through the
 // Session exactly as generation uses it: a batched prompt, then single tokens on the cache.
-#include <algorithm>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include <cmath>
 #include <filesystem>
@@ -30,7 +31,8 @@ std::string case_name(const Case& c) {
 }
 
 // Largest |logit difference| over all positions, relative to the largest |logit|.
-double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = false, uint32_t token_seed = 5) {
+double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = false, uint32_t token_seed = 5,
+               DType kv_type = DType::F32) {
   SynthOptions o;
   o.type = c.type;
   o.act = c.act;
@@ -53,7 +55,11 @@ double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = 
   for (auto& t : tokens) t = pick(rng);
   auto ref = test_support::reference_llama_logits(*model, tokens, emulate_int8);
 
-  Session s(*model, SessionParams{threads, 64, n_batch});
+  SessionParams params{threads, 64, n_batch};
+  params.kv_type = kv_type;
+  Session s(*model, params);
+  EXPECT_EQ(s.kv_bytes(), static_cast<size_t>(2 * model->hp.n_layer * 64 * model->hp.n_head_kv * model->hp.head_dim) *
+                              (kv_type == DType::F16 ? 2 : 4));
   const int64_t nv = model->hp.n_vocab;
   std::vector<float> all(8 * nv);
   s.eval_all_logits(tokens.data(), 8, all.data());  // the prompt, batched (maybe chunked)
@@ -125,4 +131,15 @@ TEST(ForwardReference, ChunkingAndThreadsDoNotChangeResults) {
   Case c{DType::Q4_0, FfnActivation::silu, false};
   double a = compare(c, 1, 512), b = compare(c, 3, 3);
   EXPECT_EQ(a, b);
+}
+
+// An F16 KV cache (the CLI's default, as llama.cpp's) in half the memory: the logits move by
+// the cache's rounding only (11 bits of mantissa on K and V), far less than the 8-bit activations.
+TEST(ForwardReference, F16KvCacheStaysCloseToTheReference) {
+  for (Case c : {Case{DType::F32, FfnActivation::silu, false}, Case{DType::Q4_0, FfnActivation::silu, true}}) {
+    const double f32 = compare(c, 2, 4), f16 = compare(c, 2, 4, false, 5, DType::F16);
+    std::printf("%s: F32 cache %.2e, F16 cache %.2e\n", case_name(c).c_str(), f32, f16);
+    EXPECT_LT(f16, c.type == DType::F32 ? 2e-3 : tolerance(c.type));
+    EXPECT_GT(f16, c.type == DType::F32 ? f32 : 0.0);  // the F16 rounding shows on float weights
+  }
 }

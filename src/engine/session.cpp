@@ -24,7 +24,7 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   EMBER_CHECK(p.n_batch >= 1, "batch size must be positive, got {}", p.n_batch);
   int64_t n_ctx = std::min(p.n_ctx, model.hp.n_ctx_train);
   const Hparams& hp = model.hp;
-  kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
+  kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim, p.kv_type);
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
   if (p.hybrid_on()) {

@@ -19,6 +19,7 @@ struct SessionParams {
   int n_threads = 0;     // 0: all hardware threads
   int64_t n_ctx = 4096;  // capped at the model's training context
   int64_t n_batch = 512; // prompt tokens per forward pass
+  DType kv_type = DType::F32;  // KV cache values: F32 or F16 (the CLI's default)
   SparseFfnOptions sparse; // FFN executor: dense (default) or neuron-sparse
   // Hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp) when a budget or a plan is given; its firing
   // threshold is sparse.threshold.

@@ -9,6 +9,7 @@
 #include "model/opt.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/sparse.hpp"
+#include "tensor/quant.hpp"
 
 namespace ember {
 
@@ -28,7 +29,7 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
   gate.resize(batch * hp.n_ff);
   up.resize(batch * hp.n_ff);
   cos_sin.resize(2 * batch * std::max<int64_t>(hp.rope.n_rot, 2));  // global + local RoPE (gemma3)
-  att_scratch.resize(static_cast<size_t>(n_threads) * ctx);
+  att_scratch.resize(cpu::attention_scratch_floats(ctx, hp.head_dim, n_threads));
   size_t mm = 0;
   auto need = [&](const TensorView& t) {
     if (t.valid()) mm = std::max(mm, cpu::matmul_scratch_bytes(t.type, t.cols(), batch));
@@ -55,11 +56,19 @@ size_t Workspace::bytes() const {
 void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, Workspace& ws, int64_t il,
                       int64_t n, int64_t pos0) {
   const int64_t nkv = shape.n_head_kv * shape.head_dim;
-  float* kc = kv.k_layer(il);
-  float* vc = kv.v_layer(il);
-  std::memcpy(kc + pos0 * nkv, ws.k.data(), sizeof(float) * static_cast<size_t>(n * nkv));
-  std::memcpy(vc + pos0 * nkv, ws.v.data(), sizeof(float) * static_cast<size_t>(n * nkv));
-  cpu::attention(pool, shape, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
+  uint8_t* kc = kv.k_layer(il);
+  uint8_t* vc = kv.v_layer(il);
+  const size_t at = static_cast<size_t>(pos0 * nkv) * kv.value_bytes();
+  if (kv.type == DType::F16) {
+    quantize_row(DType::F16, ws.k.data(), kc + at, n * nkv);
+    quantize_row(DType::F16, ws.v.data(), vc + at, n * nkv);
+  } else {
+    std::memcpy(kc + at, ws.k.data(), sizeof(float) * static_cast<size_t>(n * nkv));
+    std::memcpy(vc + at, ws.v.data(), sizeof(float) * static_cast<size_t>(n * nkv));
+  }
+  cpu::AttentionShape s = shape;
+  s.kv_f16 = kv.type == DType::F16;
+  cpu::attention(pool, s, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
 }
 
 void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws) {

@@ -21,6 +21,7 @@ struct BenchFlags {
   EngineFlags engine;
   int n_prompt = 512;
   int n_gen = 128;
+  int depth = 0;  // tokens already in the context when each test starts (llama-bench's -d)
   int reps = 5;
   std::string json_path;
   bool bandwidth = false;
@@ -48,23 +49,30 @@ void run_bench(const BenchFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
   model->file->prefetch();
   SessionParams sp = f.engine.session_params();
-  sp.n_ctx = std::max<int64_t>(sp.n_ctx, f.n_prompt + f.n_gen + 1);
+  sp.n_ctx = std::max<int64_t>(sp.n_ctx, int64_t{f.depth} + f.n_prompt + f.n_gen + 1);
   Session session(*model, sp);
-  EMBER_CHECK(f.n_prompt + f.n_gen < session.n_ctx(), "-p {} plus -n {} does not fit the model's context of {}",
-              f.n_prompt, f.n_gen, session.n_ctx());
+  EMBER_CHECK(int64_t{f.depth} + f.n_prompt + f.n_gen < session.n_ctx(),
+              "-d {} plus -p {} plus -n {} does not fit the model's context of {}", f.depth, f.n_prompt, f.n_gen,
+              session.n_ctx());
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(model->hp.n_vocab - 1));
-  std::vector<int32_t> prompt(std::max(f.n_prompt, 1));
+  std::vector<int32_t> prompt(std::max(f.n_prompt, 1)), context(static_cast<size_t>(f.depth));
   for (auto& t : prompt) t = pick(rng);
+  for (auto& t : context) t = pick(rng);
+  // Each test starts from `depth` tokens of context (evaluated untimed).
+  auto start = [&] {
+    session.reset();
+    if (f.depth > 0) session.eval(context.data(), f.depth);
+  };
 
   auto time_pp = [&] {
-    session.reset();
+    start();
     Timer t;
     session.eval(prompt.data(), f.n_prompt);
     return f.n_prompt / t.seconds();
   };
   auto time_tg = [&] {
-    session.reset();
+    start();
     int32_t tok = prompt[0];
     Timer t;
     for (int i = 0; i < f.n_gen; ++i) {
@@ -94,12 +102,14 @@ void run_bench(const BenchFlags& f) {
   out["threads"] = session.n_threads();
   out["kernels"] = simd_level_name(simd_level());
   out["repetitions"] = f.reps;
+  out["kv_type"] = f.engine.kv_type;
+  out["depth"] = f.depth;
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
   auto row = [&](const char* name, int n, const std::vector<double>& v) {
     if (v.empty()) return;
     Stats s = stats_of(v);
-    std::string test = fmt::format("{}{}", name, n);
+    std::string test = f.depth > 0 ? fmt::format("{}{}@d{}", name, n, f.depth) : fmt::format("{}{}", name, n);
     std::printf("| %s | %d | %s | %.2f | %.2f | %.2f | %.2f |\n", f.engine.model_path.c_str(), session.n_threads(),
                 test.c_str(), s.median, s.min, s.max, s.stddev);
     out[test] = {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"stddev", s.stddev}, {"samples", v}};
@@ -150,6 +160,8 @@ void add_bench(CLI::App& app) {
   f->engine.add_to(cmd);
   cmd->add_option("-p,--n-prompt", f->n_prompt, "prompt tokens (0 = skip)")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-n,--n-gen", f->n_gen, "generated tokens (0 = skip)")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-d,--depth", f->depth, "tokens already in the context when each test starts (as llama-bench -d)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-r,--repetitions", f->reps, "repetitions")->check(CLI::Range(1, 1000));
   cmd->add_option("--json", f->json_path, "also write the results as JSON to this file");
   cmd->add_flag("--bandwidth", f->bandwidth, "also measure the machine's memory read bandwidth");

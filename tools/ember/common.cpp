@@ -19,6 +19,9 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("-t,--threads", threads, "threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app->add_option("-c,--ctx-size", ctx, "context size in tokens (capped at the model's)")->check(CLI::Range(1, 1 << 20));
   app->add_option("-b,--batch-size", batch, "prompt tokens per forward pass")->check(CLI::Range(1, 8192));
+  app->add_option("--kv-type", kv_type, "KV cache values: f16 (half the memory, as llama.cpp) or f32")
+      ->check(CLI::IsMember({"f16", "f32"}))
+      ->capture_default_str();
   app->add_flag("-v,--verbose", verbose, "more log output");
   app->add_option("--sparse-mode", sparse_mode,
                   "FFN: dense, oracle (gate for all neurons, up and down only for the active ones), or "
@@ -58,6 +61,7 @@ SessionParams EngineFlags::session_params() const {
   p.n_threads = threads;
   p.n_ctx = ctx;
   p.n_batch = batch;
+  p.kv_type = parse_kv_type(kv_type);
   p.sparse.mode = parse_ffn_mode(sparse_mode);
   p.sparse.threshold = sparse_threshold;
   if (!sparse_profile.empty()) {

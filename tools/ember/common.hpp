@@ -15,6 +15,7 @@ struct EngineFlags {
   int threads = 0;
   int64_t ctx = 4096;
   int64_t batch = 512;
+  std::string kv_type = "f16";  // KV cache values: f16 (llama.cpp's default) or f32
   bool verbose = false;
   std::string sparse_mode = "dense";
   float sparse_threshold = 0.0f;

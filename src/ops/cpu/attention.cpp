@@ -6,29 +6,42 @@
 
 #include "core/cpu_features.hpp"
 #include "ops/cpu/vec.hpp"
+#include "tensor/quant.hpp"
 
 namespace ember::cpu {
 namespace detail {
 // attention_avx512.cpp: softmax(q.K^T * scale) V for one head over the n positions at k, v.
-void attend_one_avx512(const AttentionShape& s, const float* qh, const float* k, const float* v, int64_t kv_stride,
+void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
                        int64_t n, float* outh, float* scores);
 }  // namespace detail
 namespace {
 
-// One (token, head) pair: softmax(q.K^T * scale) V over the visible positions.
-void attend_one(const AttentionShape& s, const float* qh, int64_t pos, const float* k, const float* v,
-                int64_t kv_stride, int64_t kv_head, float* outh, float* scores) {
+// Position j's row of a cache (kv_head's columns) as floats: the row itself (float cache) or
+// its conversion into `tmp` (F16).
+const float* cache_row(const AttentionShape& s, const void* c, int64_t j, int64_t kv_stride, int64_t kv_head,
+                       float* tmp) {
+  const int64_t off = j * kv_stride + kv_head * s.head_dim;
+  if (!s.kv_f16) return static_cast<const float*>(c) + off;
+  dequantize_row(DType::F16, static_cast<const uint16_t*>(c) + off, tmp, s.head_dim);
+  return tmp;
+}
+
+// One (token, head) pair: softmax(q.K^T * scale) V over the visible positions. scratch: the
+// scores (n_ctx) and a converted row (head_dim).
+void attend_one(const AttentionShape& s, const float* qh, int64_t pos, const void* k, const void* v,
+                int64_t kv_stride, int64_t kv_head, float* outh, float* scores, float* row) {
   const int64_t hd = s.head_dim;
   int64_t first = 0;
   if (s.window > 0 && pos - s.window + 1 > 0) first = pos - s.window + 1;
   const int64_t n = pos - first + 1;
-  const float* kb = k + kv_head * hd;
-  const float* vb = v + kv_head * hd;
-  if (simd_level() == SimdLevel::avx512)
-    return detail::attend_one_avx512(s, qh, kb + first * kv_stride, vb + first * kv_stride, kv_stride, n, outh, scores);
+  if (simd_level() == SimdLevel::avx512) {
+    const int64_t off = (first * kv_stride + kv_head * hd) * (s.kv_f16 ? 2 : 4);
+    return detail::attend_one_avx512(s, qh, static_cast<const uint8_t*>(k) + off, static_cast<const uint8_t*>(v) + off,
+                                     kv_stride, n, outh, scores);
+  }
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {
-    float sc = dot_f32(qh, kb + (first + j) * kv_stride, hd) * s.scale;
+    float sc = dot_f32(qh, cache_row(s, k, first + j, kv_stride, kv_head, row), hd) * s.scale;
     if (s.softcap > 0) sc = s.softcap * std::tanh(sc / s.softcap);
     scores[j] = sc;
     mx = sc > mx ? sc : mx;
@@ -40,22 +53,26 @@ void attend_one(const AttentionShape& s, const float* qh, int64_t pos, const flo
   }
   float inv = static_cast<float>(1.0 / sum);
   std::memset(outh, 0, sizeof(float) * hd);
-  for (int64_t j = 0; j < n; ++j) axpy_f32(scores[j] * inv, vb + (first + j) * kv_stride, outh, hd);
+  for (int64_t j = 0; j < n; ++j) axpy_f32(scores[j] * inv, cache_row(s, v, first + j, kv_stride, kv_head, row), outh, hd);
 }
 
 }  // namespace
 
+size_t attention_scratch_floats(int64_t n_ctx, int64_t head_dim, int n_threads) {
+  return static_cast<size_t>(n_threads) * static_cast<size_t>(n_ctx + head_dim);
+}
+
 void attention(ThreadPool& pool, const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-               const float* k, const float* v, int64_t kv_stride, float* out, float* scratch) {
+               const void* k, const void* v, int64_t kv_stride, float* out, float* scratch) {
   const int64_t group = s.n_head / s.n_head_kv;
   const int64_t n_ctx = pos0 + n_tokens;
   const int64_t pairs = n_tokens * s.n_head;
   pool.parallel_for(pairs, 1, [&](int64_t begin, int64_t end, int ith) {
-    float* scores = scratch + ith * n_ctx;
+    float* scores = scratch + static_cast<size_t>(ith) * static_cast<size_t>(n_ctx + s.head_dim);
     for (int64_t p = begin; p < end; ++p) {
       int64_t t = p / s.n_head, h = p % s.n_head;
       attend_one(s, q + (t * s.n_head + h) * s.head_dim, pos0 + t, k, v, kv_stride, h / group,
-                 out + (t * s.n_head + h) * s.head_dim, scores);
+                 out + (t * s.n_head + h) * s.head_dim, scores, scores + n_ctx);
     }
   });
 }

@@ -13,17 +13,19 @@ struct AttentionShape {
   float scale = 1.0f;       // applied to q.k (usually 1/sqrt(head_dim))
   int64_t window = 0;       // sliding window (keys within the last `window` positions); 0 = none
   float softcap = 0.0f;     // logit soft-capping (tanh), 0 = none
+  bool kv_f16 = false;      // the K and V caches hold F16 (uint16_t) values, not float
 };
 
 // q:   [n_tokens][n_head * head_dim], token t sits at position pos0 + t.
-// k,v: caches with rows of n_head_kv * head_dim floats at stride kv_stride floats per
-//      position, already holding positions 0 .. pos0 + n_tokens - 1.
+// k,v: caches with rows of n_head_kv * head_dim values (float, or F16 when shape.kv_f16) at
+//      stride kv_stride values per position, already holding positions 0 .. pos0 + n_tokens - 1.
 // out: [n_tokens][n_head * head_dim].
-// scratch: pool.size() * (pos0 + n_tokens) floats.
+// scratch: attention_scratch_floats(pos0 + n_tokens, head_dim, pool.size()) floats.
 void attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n_tokens, int64_t pos0,
-               const float* k, const float* v, int64_t kv_stride, float* out, float* scratch);
+               const void* k, const void* v, int64_t kv_stride, float* out, float* scratch);
+size_t attention_scratch_floats(int64_t n_ctx, int64_t head_dim, int n_threads);
 
-// Plain single-threaded reference of the same computation (tests).
+// Plain single-threaded reference of the same computation (tests), with float caches.
 void attention_reference(const AttentionShape& shape, const float* q, int64_t n_tokens, int64_t pos0,
                          const float* k, const float* v, int64_t kv_stride, float* out);
 

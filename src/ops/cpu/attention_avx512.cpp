@@ -26,6 +26,10 @@ inline __mmask16 lane_mask(int64_t left) {
 }
 
 
+// Sixteen K or V elements (masked) as floats: the cache holds F32 (float) or F16 (uint16_t).
+inline __m512 load(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load(__mmask16 m, const uint16_t* p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+
 // The four lane sums of a, b, c, d.
 inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], the same for c, d; then the four sums.
@@ -39,53 +43,51 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 // scores[j] = scale * q.k_j for j < n (k_j at k + j * stride), four positions at a time (four
 // independent multiply-add chains; one chain would wait on its own latency).
-template <int R>
-void scores_regs(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+template <int R, class E>
+void scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   __m512 qv[R];
   __mmask16 m[R];
   for (int c = 0; c < R; ++c) m[c] = lane_mask(hd - 16 * c), qv[c] = _mm512_maskz_loadu_ps(m[c], q + 16 * c);
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    const float* k0 = k + j * stride;
+    const E* k0 = k + j * stride;
     __m512 acc[4];
-    for (int i = 0; i < 4; ++i) acc[i] = _mm512_mul_ps(qv[0], _mm512_maskz_loadu_ps(m[0], k0 + i * stride));
+    for (int i = 0; i < 4; ++i) acc[i] = _mm512_mul_ps(qv[0], load(m[0], k0 + i * stride));
     for (int c = 1; c < R; ++c)
-      for (int i = 0; i < 4; ++i)
-        acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m[c], k0 + i * stride + 16 * c), acc[i]);
+      for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(qv[c], load(m[c], k0 + i * stride + 16 * c), acc[i]);
     _mm_storeu_ps(scores + j, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
   }
   for (; j < n; ++j) {
-    const float* kj = k + j * stride;
-    __m512 acc = _mm512_mul_ps(qv[0], _mm512_maskz_loadu_ps(m[0], kj));
-    for (int c = 1; c < R; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m[c], kj + 16 * c), acc);
+    const E* kj = k + j * stride;
+    __m512 acc = _mm512_mul_ps(qv[0], load(m[0], kj));
+    for (int c = 1; c < R; ++c) acc = _mm512_fmadd_ps(qv[c], load(m[c], kj + 16 * c), acc);
     scores[j] = _mm512_reduce_add_ps(acc) * scale;
   }
 }
 
 // out[0, hd) = sum_j p[j] v_j, the output columns in R registers.
-template <int R>
-void weighted_sum_regs(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+template <int R, class E>
+void weighted_sum_regs(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
   __m512 acc[R];
   for (int c = 0; c < R; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     const __m512 pj = _mm512_set1_ps(p[j]);
-    const float* vj = v + j * stride;
-    for (int c = 0; c < R; ++c)
-      acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(lane_mask(hd - 16 * c), vj + 16 * c), acc[c]);
+    const E* vj = v + j * stride;
+    for (int c = 0; c < R; ++c) acc[c] = _mm512_fmadd_ps(pj, load(lane_mask(hd - 16 * c), vj + 16 * c), acc[c]);
   }
   for (int c = 0; c < R; ++c) _mm512_mask_storeu_ps(out + 16 * c, lane_mask(hd - 16 * c), acc[c]);
 }
 
-template <int R>
-void scores_at(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+template <int R, class E>
+void scores_at(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   if constexpr (R > 1) {
     if (16 * (R - 1) >= hd) return scores_at<R - 1>(q, k, stride, n, hd, scale, scores);
   }
   scores_regs<R>(q, k, stride, n, hd, scale, scores);
 }
 
-template <int R>
-void weighted_sum_at(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+template <int R, class E>
+void weighted_sum_at(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
   if constexpr (R > 1) {
     if (16 * (R - 1) >= hd) return weighted_sum_at<R - 1>(p, v, stride, n, hd, out);
   }
@@ -93,29 +95,30 @@ void weighted_sum_at(const float* p, const float* v, int64_t stride, int64_t n, 
 }
 
 // Head sizes above 256: the query from memory.
-void scores_any(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+template <class E>
+void scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, scores);
   for (int64_t j = 0; j < n; ++j) {
-    const float* kj = k + j * stride;
+    const E* kj = k + j * stride;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t c = 0; c < hd; c += 16) {
       const __mmask16 m = lane_mask(hd - c);
-      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + c), _mm512_maskz_loadu_ps(m, kj + c), acc);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + c), load(m, kj + c), acc);
     }
     scores[j] = _mm512_reduce_add_ps(acc) * scale;
   }
 }
 
 // Head sizes above 256: the output columns in chunks of 256.
-void weighted_sum_any(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+template <class E>
+void weighted_sum_any(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
   for (int64_t c0 = 0; c0 < hd; c0 += 16 * kMaxRegs)
     weighted_sum_at<kMaxRegs>(p, v + c0, stride, n, std::min<int64_t>(hd - c0, 16 * kMaxRegs), out + c0);
 }
 
-}  // namespace
-
-void attend_one_avx512(const AttentionShape& s, const float* qh, const float* k, const float* v, int64_t kv_stride,
-                       int64_t n, float* outh, float* scores) {
+template <class E>
+void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
+            float* outh, float* scores) {
   const int64_t hd = s.head_dim;
   scores_any(qh, k, kv_stride, n, hd, s.scale, scores);
   if (s.softcap > 0)
@@ -141,6 +144,16 @@ void attend_one_avx512(const AttentionShape& s, const float* qh, const float* k,
     _mm512_mask_storeu_ps(scores + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scores + j), inv));
   }
   weighted_sum_any(scores, v, kv_stride, n, hd, outh);
+}
+
+}  // namespace
+
+void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
+                       int64_t n, float* outh, float* scores) {
+  if (s.kv_f16)
+    attend(s, qh, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), kv_stride, n, outh, scores);
+  else
+    attend(s, qh, static_cast<const float*>(k), static_cast<const float*>(v), kv_stride, n, outh, scores);
 }
 
 }  // namespace ember::cpu::detail

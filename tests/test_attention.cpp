@@ -22,7 +22,7 @@ std::vector<float> random_vec(size_t n, uint32_t seed) {
 }  // namespace
 
 // The threaded attention equals the double-precision reference for awkward shapes, at every SIMD
-// level: GQA groups, a batch starting mid-sequence, sliding windows, soft-capping, head sizes
+// level: GQA groups (of four heads and more: the grouped kernel), a batch starting mid-sequence, sliding windows, soft-capping, head sizes
 // that are not multiples of 16 or exceed the AVX-512 kernel's 256 register-held columns, and
 // position counts that leave tails in its sixteen-wide softmax loops.
 TEST(Attention, MatchesReference) {
@@ -34,7 +34,10 @@ TEST(Attention, MatchesReference) {
   for (Case c : {Case{4, 4, 8, 1, 0, 0, 0}, Case{9, 3, 64, 7, 5, 0, 0}, Case{8, 1, 16, 13, 0, 4, 0},
                  Case{6, 2, 10, 3, 30, 0, 30.f}, Case{2, 1, 256, 1, 100, 7, 0},
                  Case{4, 2, 300, 2, 37, 0, 0}, Case{3, 3, 72, 1, 200, 0, 0}, Case{5, 5, 33, 40, 0, 0, 0},
-                 Case{2, 2, 512, 3, 18, 0, 0}}) {
+                 Case{2, 2, 512, 3, 18, 0, 0},
+                 // groups of four heads per KV head (the AVX-512 grouped kernel where enough of them)
+                 Case{8, 2, 64, 1, 50, 0, 0}, Case{16, 2, 300, 3, 20, 0, 0}, Case{8, 2, 40, 5, 3, 6, 0},
+                 Case{8, 2, 16, 4, 10, 0, 20.f}}) {
     cpu::AttentionShape s{c.n_head, c.n_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window, c.softcap};
     int64_t n_ctx = c.pos0 + c.n_tokens;
     int64_t stride = c.n_kv * c.hd + 3;  // rows padded: the stride is honoured
@@ -77,4 +80,30 @@ TEST(Attention, FirstPositionReturnsValue) {
   cpu::attention(pool, s, q.data(), 1, 0, k.data(), v.data(), 4, out.data(), scratch.data());
   for (int h = 0; h < 2; ++h)
     for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(out[h * 4 + i], v[i]);
+}
+
+// The grouped kernel (four heads per KV head) and the one-head kernel compute every score and
+// output with the same operations: a decode step gives the same bits on one thread (grouped) as
+// on three (too few groups: one head at a time), so results never depend on the thread count.
+TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
+  for (bool f16 : {false, true}) {
+    cpu::AttentionShape s{8, 2, 72, 1.0f / std::sqrt(72.0f), 0, 0};
+    s.kv_f16 = f16;
+    const int64_t n_ctx = 37, stride = 2 * 72;
+    auto q = random_vec(8 * 72, 4);
+    auto k = random_vec(n_ctx * stride, 5), v = random_vec(n_ctx * stride, 6);
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    quantize_row(DType::F16, k.data(), k16.data(), static_cast<int64_t>(k.size()));
+    quantize_row(DType::F16, v.data(), v16.data(), static_cast<int64_t>(v.size()));
+    const void* kp = f16 ? static_cast<const void*>(k16.data()) : k.data();
+    const void* vp = f16 ? static_cast<const void*>(v16.data()) : v.data();
+    std::vector<float> one(q.size()), three(q.size());
+    for (int threads : {1, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, 72, threads));
+      cpu::attention(pool, s, q.data(), 1, n_ctx - 1, kp, vp, stride, threads == 1 ? one.data() : three.data(),
+                     scratch.data());
+    }
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(one[i], three[i]) << i << " f16 " << f16;
+  }
 }

@@ -13,6 +13,10 @@ namespace detail {
 // attention_avx512.cpp: softmax(q.K^T * scale) V for one head over the n positions at k, v.
 void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
                        int64_t n, float* outh, float* scores);
+// The same for kGroupHeads consecutive heads sharing one KV head (q, out: the heads one after the
+// other; scores: kGroupHeads * n floats).
+void attend_four_avx512(const AttentionShape& s, const float* q, const void* k, const void* v, int64_t kv_stride,
+                        int64_t n, float* out, float* scores);
 }  // namespace detail
 namespace {
 
@@ -26,18 +30,20 @@ const float* cache_row(const AttentionShape& s, const void* c, int64_t j, int64_
   return tmp;
 }
 
-// One (token, head) pair: softmax(q.K^T * scale) V over the visible positions. scratch: the
-// scores (n_ctx) and a converted row (head_dim).
-void attend_one(const AttentionShape& s, const float* qh, int64_t pos, const void* k, const void* v,
-                int64_t kv_stride, int64_t kv_head, float* outh, float* scores, float* row) {
+// One token's consecutive heads [h, h + heads) of one KV head (heads: 1, or kGroupHeads on
+// AVX-512): softmax(q.K^T * scale) V over the visible positions. scratch: the scores (heads *
+// n_ctx) and a converted row (head_dim).
+void attend_heads(const AttentionShape& s, const float* qh, int heads, int64_t pos, const void* k, const void* v,
+                  int64_t kv_stride, int64_t kv_head, float* outh, float* scores, float* row) {
   const int64_t hd = s.head_dim;
   int64_t first = 0;
   if (s.window > 0 && pos - s.window + 1 > 0) first = pos - s.window + 1;
   const int64_t n = pos - first + 1;
   if (simd_level() == SimdLevel::avx512) {
     const int64_t off = (first * kv_stride + kv_head * hd) * (s.kv_f16 ? 2 : 4);
-    return detail::attend_one_avx512(s, qh, static_cast<const uint8_t*>(k) + off, static_cast<const uint8_t*>(v) + off,
-                                     kv_stride, n, outh, scores);
+    const uint8_t *kb = static_cast<const uint8_t*>(k) + off, *vb = static_cast<const uint8_t*>(v) + off;
+    if (heads == detail::kGroupHeads) return detail::attend_four_avx512(s, qh, kb, vb, kv_stride, n, outh, scores);
+    return detail::attend_one_avx512(s, qh, kb, vb, kv_stride, n, outh, scores);
   }
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {
@@ -59,20 +65,26 @@ void attend_one(const AttentionShape& s, const float* qh, int64_t pos, const voi
 }  // namespace
 
 size_t attention_scratch_floats(int64_t n_ctx, int64_t head_dim, int n_threads) {
-  return static_cast<size_t>(n_threads) * static_cast<size_t>(n_ctx + head_dim);
+  return static_cast<size_t>(n_threads) * static_cast<size_t>(detail::kGroupHeads * n_ctx + head_dim);
 }
 
 void attention(ThreadPool& pool, const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
                const void* k, const void* v, int64_t kv_stride, float* out, float* scratch) {
   const int64_t group = s.n_head / s.n_head_kv;
   const int64_t n_ctx = pos0 + n_tokens;
-  const int64_t pairs = n_tokens * s.n_head;
-  pool.parallel_for(pairs, 1, [&](int64_t begin, int64_t end, int ith) {
-    float* scores = scratch + static_cast<size_t>(ith) * static_cast<size_t>(n_ctx + s.head_dim);
+  // Work items: (token, run of `heads` heads of one KV head); runs of kGroupHeads where the
+  // grouped kernel applies and leaves at least two items per thread.
+  const int heads = simd_level() == SimdLevel::avx512 && group % detail::kGroupHeads == 0 &&
+                            n_tokens * s.n_head / detail::kGroupHeads >= 2 * pool.size()
+                        ? detail::kGroupHeads
+                        : 1;
+  const int64_t runs = s.n_head / heads;
+  pool.parallel_for(n_tokens * runs, 1, [&](int64_t begin, int64_t end, int ith) {
+    float* scores = scratch + static_cast<size_t>(ith) * static_cast<size_t>(detail::kGroupHeads * n_ctx + s.head_dim);
     for (int64_t p = begin; p < end; ++p) {
-      int64_t t = p / s.n_head, h = p % s.n_head;
-      attend_one(s, q + (t * s.n_head + h) * s.head_dim, pos0 + t, k, v, kv_stride, h / group,
-                 out + (t * s.n_head + h) * s.head_dim, scores, scores + n_ctx);
+      const int64_t t = p / runs, h = p % runs * heads;
+      attend_heads(s, q + (t * s.n_head + h) * s.head_dim, heads, pos0 + t, k, v, kv_stride, h / group,
+                   out + (t * s.n_head + h) * s.head_dim, scores, scores + detail::kGroupHeads * n_ctx);
     }
   });
 }

@@ -25,6 +25,12 @@ void attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
                const void* k, const void* v, int64_t kv_stride, float* out, float* scratch);
 size_t attention_scratch_floats(int64_t n_ctx, int64_t head_dim, int n_threads);
 
+namespace detail {
+// Heads the AVX-512 kernel takes together when they share a KV head (n_head / n_head_kv a
+// multiple of it) and there are enough such groups to keep the threads busy.
+constexpr int kGroupHeads = 4;
+}  // namespace detail
+
 // Plain single-threaded reference of the same computation (tests), with float caches.
 void attention_reference(const AttentionShape& shape, const float* q, int64_t n_tokens, int64_t pos0,
                          const float* k, const float* v, int64_t kv_stride, float* out);

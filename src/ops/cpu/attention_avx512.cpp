@@ -41,6 +41,13 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
 }
 
+// The lane sum of a by the same tree as hsum4's (so that a score gets the same bits whichever
+// kernel computed it: one head four positions at a time, four heads at once, or alone).
+inline float hsum1(__m512 a) {
+  const __m512 z = _mm512_setzero_ps();
+  return _mm_cvtss_f32(hsum4(a, z, z, z));
+}
+
 // scores[j] = scale * q.k_j for j < n (k_j at k + j * stride), four positions at a time (four
 // independent multiply-add chains; one chain would wait on its own latency).
 template <int R, class E>
@@ -61,7 +68,7 @@ void scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t 
     const E* kj = k + j * stride;
     __m512 acc = _mm512_mul_ps(qv[0], load(m[0], kj));
     for (int c = 1; c < R; ++c) acc = _mm512_fmadd_ps(qv[c], load(m[c], kj + 16 * c), acc);
-    scores[j] = _mm512_reduce_add_ps(acc) * scale;
+    scores[j] = hsum1(acc) * scale;
   }
 }
 
@@ -100,12 +107,12 @@ void scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t h
   if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, scores);
   for (int64_t j = 0; j < n; ++j) {
     const E* kj = k + j * stride;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t c = 0; c < hd; c += 16) {
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), load(lane_mask(16), kj));  // hd > 256: full chunk
+    for (int64_t c = 16; c < hd; c += 16) {
       const __mmask16 m = lane_mask(hd - c);
       acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + c), load(m, kj + c), acc);
     }
-    scores[j] = _mm512_reduce_add_ps(acc) * scale;
+    scores[j] = hsum1(acc) * scale;
   }
 }
 
@@ -116,21 +123,17 @@ void weighted_sum_any(const float* p, const E* v, int64_t stride, int64_t n, int
     weighted_sum_at<kMaxRegs>(p, v + c0, stride, n, std::min<int64_t>(hd - c0, 16 * kMaxRegs), out + c0);
 }
 
-template <class E>
-void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
-            float* outh, float* scores) {
-  const int64_t hd = s.head_dim;
-  scores_any(qh, k, kv_stride, n, hd, s.scale, scores);
-  if (s.softcap > 0)
-    for (int64_t j = 0; j < n; ++j) scores[j] = s.softcap * std::tanh(scores[j] / s.softcap);
+// scores[0, n) = softmax(scores[0, n)) (after soft-capping when softcap > 0).
+void softmax(float softcap, int64_t n, float* scores) {
+  if (softcap > 0)
+    for (int64_t j = 0; j < n; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = lane_mask(n - j);
     vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, scores + j));
   }
-  const float mx = _mm512_reduce_max_ps(vmax);
   // p_j = e^(s_j - max), summed in sixteen lanes.
-  const __m512 vmx = _mm512_set1_ps(mx);
+  const __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = lane_mask(n - j);
@@ -143,17 +146,131 @@ void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, in
     const __mmask16 m = lane_mask(n - j);
     _mm512_mask_storeu_ps(scores + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scores + j), inv));
   }
-  weighted_sum_any(scores, v, kv_stride, n, hd, outh);
+}
+
+template <class E>
+void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
+            float* outh, float* scores) {
+  scores_any(qh, k, kv_stride, n, s.head_dim, s.scale, scores);
+  softmax(s.softcap, n, scores);
+  weighted_sum_any(scores, v, kv_stride, n, s.head_dim, outh);
+}
+
+// Four heads that share their K and V rows (grouped-query attention): each K and V value is
+// loaded (and converted from F16) once for the four instead of once per head. q and out hold
+// the four heads one after the other (head_dim apart); scores: 4 * n floats. Every score and
+// output element goes through the same operations as in the one-head kernel (the products of a
+// score chained over the columns from a multiply, the hsum4 tree; each output a chain over the
+// positions), so the two kernels agree bit for bit.
+
+// The scores of the four heads, the heads' R column chunks held in registers (R <= 4).
+template <int R, class E>
+void four_scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  __m512 qv[kGroupHeads][R];
+  __mmask16 m[R];
+  for (int c = 0; c < R; ++c) {
+    m[c] = lane_mask(hd - 16 * c);
+    for (int g = 0; g < kGroupHeads; ++g) qv[g][c] = _mm512_maskz_loadu_ps(m[c], q + g * hd + 16 * c);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const E* kj = k + j * stride;
+    __m512 acc[kGroupHeads];
+    const __m512 k0 = load(m[0], kj);
+    for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_mul_ps(qv[g][0], k0);
+    for (int c = 1; c < R; ++c) {
+      const __m512 kc = load(m[c], kj + 16 * c);
+      for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_fmadd_ps(qv[g][c], kc, acc[g]);
+    }
+    alignas(16) float sc[4];
+    _mm_store_ps(sc, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
+    for (int g = 0; g < kGroupHeads; ++g) scores[g * n + j] = sc[g];
+  }
+}
+
+// The same for any head size, the query read from memory.
+template <class E>
+void four_scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  for (int64_t j = 0; j < n; ++j) {
+    const E* kj = k + j * stride;
+    __m512 acc[kGroupHeads];
+    const __m512 k0 = load(lane_mask(hd), kj);
+    for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(hd), q + g * hd), k0);
+    for (int64_t c = 16; c < hd; c += 16) {
+      const __mmask16 m = lane_mask(hd - c);
+      const __m512 kc = load(m, kj + c);
+      for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * hd + c), kc, acc[g]);
+    }
+    alignas(16) float sc[4];
+    _mm_store_ps(sc, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
+    for (int g = 0; g < kGroupHeads; ++g) scores[g * n + j] = sc[g];
+  }
+}
+
+// Columns [0, 16 R) (R <= 4; hd_left of them valid) of the four heads' outputs: sum_j p_g[j] v_j,
+// 4 R accumulators, each value chunk loaded once per position.
+template <int R, class E>
+void four_weighted_block(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd_left, int64_t hd,
+                         float* out) {
+  __m512 acc[kGroupHeads][R];
+  __mmask16 m[R];
+  for (int c = 0; c < R; ++c) {
+    m[c] = lane_mask(hd_left - 16 * c);
+    for (int g = 0; g < kGroupHeads; ++g) acc[g][c] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 vc[R];
+    for (int c = 0; c < R; ++c) vc[c] = load(m[c], v + j * stride + 16 * c);
+    for (int g = 0; g < kGroupHeads; ++g) {
+      const __m512 pg = _mm512_set1_ps(p[g * n + j]);
+      for (int c = 0; c < R; ++c) acc[g][c] = _mm512_fmadd_ps(pg, vc[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < kGroupHeads; ++g)
+    for (int c = 0; c < R; ++c) _mm512_mask_storeu_ps(out + g * hd + 16 * c, m[c], acc[g][c]);
+}
+
+template <class E>
+void attend_four(const AttentionShape& s, const float* q, const E* k, const E* v, int64_t stride, int64_t n,
+                 float* out, float* scores) {
+  const int64_t hd = s.head_dim;
+  switch ((hd + 15) / 16) {
+    case 1: four_scores_regs<1>(q, k, stride, n, hd, s.scale, scores); break;
+    case 2: four_scores_regs<2>(q, k, stride, n, hd, s.scale, scores); break;
+    case 3: four_scores_regs<3>(q, k, stride, n, hd, s.scale, scores); break;
+    case 4: four_scores_regs<4>(q, k, stride, n, hd, s.scale, scores); break;
+    default: four_scores_any(q, k, stride, n, hd, s.scale, scores);
+  }
+  for (int g = 0; g < kGroupHeads; ++g) softmax(s.softcap, n, scores + g * n);
+  for (int64_t c0 = 0; c0 < hd; c0 += 64) {
+    const int64_t left = hd - c0;
+    switch (std::min<int64_t>(4, (left + 15) / 16)) {
+      case 1: four_weighted_block<1>(scores, v + c0, stride, n, left, hd, out + c0); break;
+      case 2: four_weighted_block<2>(scores, v + c0, stride, n, left, hd, out + c0); break;
+      case 3: four_weighted_block<3>(scores, v + c0, stride, n, left, hd, out + c0); break;
+      default: four_weighted_block<4>(scores, v + c0, stride, n, left, hd, out + c0);
+    }
+  }
+}
+
+// f(k, v) with the caches typed as they are stored: F16 (uint16_t) or float.
+template <class F>
+void with_cache_type(const AttentionShape& s, const void* k, const void* v, F&& f) {
+  if (s.kv_f16)
+    f(static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v));
+  else
+    f(static_cast<const float*>(k), static_cast<const float*>(v));
 }
 
 }  // namespace
 
 void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
                        int64_t n, float* outh, float* scores) {
-  if (s.kv_f16)
-    attend(s, qh, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), kv_stride, n, outh, scores);
-  else
-    attend(s, qh, static_cast<const float*>(k), static_cast<const float*>(v), kv_stride, n, outh, scores);
+  with_cache_type(s, k, v, [&](auto kt, auto vt) { attend(s, qh, kt, vt, kv_stride, n, outh, scores); });
+}
+
+void attend_four_avx512(const AttentionShape& s, const float* q, const void* k, const void* v, int64_t kv_stride,
+                        int64_t n, float* out, float* scores) {
+  with_cache_type(s, k, v, [&](auto kt, auto vt) { attend_four(s, q, kt, vt, kv_stride, n, out, scores); });
 }
 
 }  // namespace ember::cpu::detail

@@ -9,7 +9,7 @@
 #include "model/opt.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/sparse.hpp"
-#include "tensor/quant.hpp"
+#include "ops/cpu/vec.hpp"
 
 namespace ember {
 
@@ -60,8 +60,8 @@ void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCach
   uint8_t* vc = kv.v_layer(il);
   const size_t at = static_cast<size_t>(pos0 * nkv) * kv.value_bytes();
   if (kv.type == DType::F16) {
-    quantize_row(DType::F16, ws.k.data(), kc + at, n * nkv);
-    quantize_row(DType::F16, ws.v.data(), vc + at, n * nkv);
+    cpu::to_f16(ws.k.data(), reinterpret_cast<uint16_t*>(kc + at), n * nkv);
+    cpu::to_f16(ws.v.data(), reinterpret_cast<uint16_t*>(vc + at), n * nkv);
   } else {
     std::memcpy(kc + at, ws.k.data(), sizeof(float) * static_cast<size_t>(n * nkv));
     std::memcpy(vc + at, ws.v.data(), sizeof(float) * static_cast<size_t>(n * nkv));

@@ -2,8 +2,14 @@
 
 #include "core/cpu_features.hpp"
 #include "ops/cpu/vec_impl.hpp"
+#include "tensor/fp16.hpp"
 
 EMBER_DEFINE_VEC_KERNELS(baseline)
+
+namespace ember::cpu::detail {
+void to_f16_avx2(const float* x, uint16_t* y, int64_t n);
+void to_f16_avx512(const float* x, uint16_t* y, int64_t n);
+}  // namespace ember::cpu::detail
 
 namespace ember::cpu {
 namespace {
@@ -24,5 +30,14 @@ void scale_f32(float a, float* y, int64_t n) { kernels().scale(a, y, n); }
 void add_f32(const float* x, float* y, int64_t n) { kernels().add(x, y, n); }
 float sum_squares_f32(const float* x, int64_t n) { return kernels().sum_squares(x, n); }
 float max_f32(const float* x, int64_t n) { return kernels().max(x, n); }
+
+void to_f16(const float* x, uint16_t* y, int64_t n) {
+  switch (simd_level()) {
+    case SimdLevel::avx512: return detail::to_f16_avx512(x, y, n);
+    case SimdLevel::avx2: return detail::to_f16_avx2(x, y, n);
+    default:
+      for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+  }
+}
 
 }  // namespace ember::cpu

@@ -15,5 +15,7 @@ void scale_f32(float a, float* y, int64_t n);
 void add_f32(const float* x, float* y, int64_t n);
 float sum_squares_f32(const float* x, int64_t n);
 float max_f32(const float* x, int64_t n);
+// y = x rounded to F16 (nearest even), as quantize_row(DType::F16) (F16C / AVX-512 conversions)
+void to_f16(const float* x, uint16_t* y, int64_t n);
 
 }  // namespace ember::cpu

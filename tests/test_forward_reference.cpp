@@ -15,6 +15,7 @@
 #include "model/model.hpp"
 #include "model/synth.hpp"
 #include "support/reference_llama.hpp"
+#include "support/session_params.hpp"
 
 using namespace ember;
 
@@ -55,7 +56,7 @@ double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = 
   for (auto& t : tokens) t = pick(rng);
   auto ref = test_support::reference_llama_logits(*model, tokens, emulate_int8);
 
-  SessionParams params{threads, 64, n_batch};
+  SessionParams params = test_support::session_params(threads, 64, n_batch);
   params.kv_type = kv_type;
   Session s(*model, params);
   EXPECT_EQ(s.kv_bytes(), static_cast<size_t>(2 * model->hp.n_layer * 64 * model->hp.n_head_kv * model->hp.head_dim) *

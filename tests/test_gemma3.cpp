@@ -16,6 +16,7 @@
 #include "model/synth.hpp"
 #include "support/paths.hpp"
 #include "support/reference_gemma3.hpp"
+#include "support/session_params.hpp"
 
 using namespace ember;
 
@@ -64,7 +65,7 @@ double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = 
   for (auto& t : tokens) t = pick(rng);
   auto ref = test_support::reference_gemma3_logits(*model, tokens, emulate_int8);
 
-  Session s(*model, SessionParams{threads, 64, n_batch});
+  Session s(*model, test_support::session_params(threads, 64, n_batch));
   const int64_t nv = model->hp.n_vocab;
   std::vector<float> all(8 * nv);
   s.eval_all_logits(tokens.data(), 8, all.data());
@@ -81,7 +82,9 @@ double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = 
     check(s.logits(), t);
   }
   EXPECT_GT(max_ref, 0.1) << "degenerate logits";
-  if (c.softcap > 0) EXPECT_LE(max_ref, c.softcap);
+  if (c.softcap > 0) {
+    EXPECT_LE(max_ref, c.softcap);
+  }
   std::filesystem::remove(path);
   return max_diff / max_ref;
 }
@@ -183,8 +186,9 @@ TEST(Gemma3, RealModelDequantizesLikeGgufPy) {
     double sum_abs = 0;
     for (int64_t i = 0; i < t.rows(); ++i) {
       dequantize_row(t.type, t.row(i), row.data(), t.cols());
-      if (i == 5)
+      if (i == 5) {
         for (int j = 0; j < 6; ++j) EXPECT_EQ(row[j], w.row5[j]) << w.name << " " << j;
+      }
       if (i == 7) {
         double s = 0;
         for (float v : row) s += v;

@@ -20,6 +20,7 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "support/paths.hpp"
+#include "support/session_params.hpp"
 
 using namespace ember;
 
@@ -55,7 +56,7 @@ void check_agreement(const std::string& label, const std::string& path, const st
   std::printf("%s: %d matrices repacked\n", label.c_str(), repacked.tensors);
   const int64_t nv = model->hp.n_vocab;
   ASSERT_EQ(nv, ref["n_vocab"].get<int64_t>());
-  Session session(*model, SessionParams{2, 512, 512});
+  Session session(*model, test_support::session_params(2, 512, 512));
 
   double max_abs_diff = 0, sum_abs_diff = 0;
   int64_t n_diff = 0, positions = 0, top1_same = 0, identical_prompts = 0, greedy_same_prefix = 0;

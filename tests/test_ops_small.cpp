@@ -106,7 +106,9 @@ TEST(Rope, LinearScalingAndFactorsDivideFrequencies) {
   tf.angles(20, ca.data());
   tb.angles(10, cb.data());
   EXPECT_NEAR(ca[2], cb[2], 1e-6);  // second frequency halved: pos 20 behaves like pos 10
-  EXPECT_THROW(cpu::RopeTable(cpu::RopeConfig{3}), Error);
+  cpu::RopeConfig odd;
+  odd.n_rot = 3;
+  EXPECT_THROW(cpu::RopeTable{odd}, Error);
 }
 
 TEST(Activation, Formulas) {

@@ -13,6 +13,7 @@
 #include "engine/session.hpp"
 #include "model/synth.hpp"
 #include "support/reference_llama.hpp"
+#include "support/session_params.hpp"
 
 using namespace ember;
 
@@ -73,7 +74,7 @@ TEST(Perplexity, MatchesDoublePrecisionReference) {
     const double mean = nll / n, ppl = std::exp(mean);
     const double err = ppl * std::sqrt((nll2 / n - mean * mean) / (n - 1));
     for (int threads : {1, 3}) {
-      Session s(*model, SessionParams{threads, 64, 5, {}});  // batches of 5: chunks are split
+      Session s(*model, test_support::session_params(threads, 64, 5));  // batches of 5: chunks are split
       PerplexityOptions o;
       o.n_ctx = n_ctx;
       std::vector<double> running;
@@ -118,7 +119,7 @@ TEST(Perplexity, KlAgainstItselfIsZero) {
   PerplexityOptions o;
   o.n_ctx = 10;
   o.save_logits = base;
-  Session s(*model, SessionParams{2, 32, 16, {}});
+  Session s(*model, test_support::session_params(2, 32, 16));
   auto a = compute_perplexity(s, tokens, -1, o);
   o.save_logits.clear();
   o.kl_base = base;
@@ -146,7 +147,7 @@ TEST(Perplexity, KlAgainstPerturbedRunMatchesDirectComputation) {
   const int64_t n_ctx = 12, n_chunk = 4, nv = model->hp.n_vocab;
   auto tokens = random_tokens(n_chunk * n_ctx, nv, 8);
   const std::string base = (temp_dir() / "pert.lp").string();
-  SessionParams dense{1, 32, 32, {}};
+  SessionParams dense = test_support::session_params(1, 32, 32);
   SessionParams pert = dense;
   pert.sparse.mode = FfnMode::oracle;
   pert.sparse.threshold = 0.3f;

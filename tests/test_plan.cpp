@@ -83,7 +83,9 @@ DeviceDesc random_device(std::mt19937& rng, uint64_t budget) {
 
 void expect_min_neurons(const PlanModel& m, const PlanOptions& o, const Plan& p) {
   for (size_t l = 0; l < p.layers.size(); ++l)
-    if (p.layer_uses_gpu(l)) EXPECT_GE(static_cast<int64_t>(p.layers[l].gpu_neurons.size()), std::min(o.min_gpu_neurons, m.n_ff));
+    if (p.layer_uses_gpu(l)) {
+      EXPECT_GE(static_cast<int64_t>(p.layers[l].gpu_neurons.size()), std::min(o.min_gpu_neurons, m.n_ff));
+    }
 }
 
 }  // namespace
@@ -115,7 +117,9 @@ TEST(Plan, NeverExceedsBudgetRandomModelsAndBudgets) {
     // The cost model's objective is the CPU time minus the plan's time.
     EXPECT_NEAR(g.objective, predict_cpu_seconds_per_token(m, dev) - predict_seconds_per_token(m, dev, g),
                 1e-12 + 1e-9 * g.seconds_per_token);
-    if (budget >= full) EXPECT_EQ(s.n_gpu_neurons(), m.n_ff * static_cast<int64_t>(m.layers.size()));
+    if (budget >= full) {
+      EXPECT_EQ(s.n_gpu_neurons(), m.n_ff * static_cast<int64_t>(m.layers.size()));
+    }
     if (trial % 3 == 0) {  // the ILP on a third (each solve takes CBC some milliseconds)
       const Plan i = plan_ilp(m, dev, o);
       ++n_ilp;
@@ -126,7 +130,9 @@ TEST(Plan, NeverExceedsBudgetRandomModelsAndBudgets) {
       EXPECT_GE(i.objective, 0.0);
       ++status_count[i.status];
       EXPECT_GE(i.gap, 0.0);
-      if (i.status == "optimal") EXPECT_LE(i.gap, o.gap_tolerance + 1e-9);
+      if (i.status == "optimal") {
+        EXPECT_LE(i.gap, o.gap_tolerance + 1e-9);
+      }
       n_used += i.n_gpu_neurons() > 0;
     }
   }
@@ -284,7 +290,9 @@ TEST(Plan, IlpTimeLimitGivesValidPlanAndGap) {
   EXPECT_LE(i.gpu_bytes, dev.vram_budget);
   EXPECT_GE(i.objective, g.objective);
   EXPECT_TRUE(i.status == "optimal" || i.status == "time limit" || i.status == "stopped") << i.status;
-  if (i.status != "optimal") EXPECT_GE(i.gap, 0.0);
+  if (i.status != "optimal") {
+    EXPECT_GE(i.gap, 0.0);
+  }
   EXPECT_LT(i.solve_seconds, 30.0);
 }
 
@@ -328,7 +336,9 @@ TEST(Plan, FileRoundTripAndValidation) {
       Error);
   PlanModel heavier = m;
   for (auto& L : heavier.layers) L.gate_row += 512;
-  if (p.n_gpu_neurons() > 0) EXPECT_THROW(read_plan(path, heavier), Error);
+  if (p.n_gpu_neurons() > 0) {
+    EXPECT_THROW(read_plan(path, heavier), Error);
+  }
   // A plan that does not fit its own budget is refused.
   Plan over = p;
   over.layers = all_on_gpu(m).layers;

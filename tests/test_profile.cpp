@@ -21,6 +21,7 @@
 #include "support/paths.hpp"
 #include "support/reference_llama.hpp"
 #include "tokenizer/tokenizer.hpp"
+#include "support/session_params.hpp"
 
 using namespace ember;
 
@@ -118,7 +119,7 @@ TEST(Profile, ExecutorComputesTheDenseFfn) {
   auto tokens = random_tokens(20, m->hp.n_vocab, 1);
   const int64_t nv = m->hp.n_vocab;
   std::vector<float> a(20 * nv), b(20 * nv);
-  Session s(*m, SessionParams{2, 32, 8, {}});
+  Session s(*m, test_support::session_params(2, 32, 8));
   s.eval_all_logits(tokens.data(), 20, a.data());
   ProfileFfn ffn(*m);
   s.set_ffn_executor(&ffn);
@@ -141,7 +142,7 @@ TEST(Profile, CountsMatchOracleStatistics) {
     auto m = load_synth(small(act, 5), std::string("counts_") + ffn_activation_name(act) + ".gguf");
     auto tokens = random_tokens(45, m->hp.n_vocab, 2);  // chunks of 16, 16, 13
     const float t = act == FfnActivation::relu ? 0.0f : 0.05f;
-    Session s(*m, SessionParams{3, 32, 32, {}});
+    Session s(*m, test_support::session_params(3, 32, 32));
     ProfileOptions o;
     o.n_ctx = 16;
     o.threshold = t;
@@ -149,7 +150,7 @@ TEST(Profile, CountsMatchOracleStatistics) {
     EXPECT_EQ(p.n_tokens, 45u);
     ASSERT_EQ(p.counts.size(), 3u);
 
-    SessionParams sp{1, 32, 8, {}};  // batches of 8 < kDenseBatch: the sparse path
+    SessionParams sp = test_support::session_params(1, 32, 8);  // batches of 8 < kDenseBatch: the sparse path
     sp.sparse.mode = FfnMode::oracle;
     sp.sparse.threshold = t;
     Session so(*m, sp);
@@ -165,7 +166,9 @@ TEST(Profile, CountsMatchOracleStatistics) {
       const bool same_input = act == FfnActivation::relu || l == 0;
       // float rounding differs between the batch sizes: a few ties at t may flip
       EXPECT_NEAR(fired, static_cast<double>(st.active[l]), same_input ? 0.002 * fired : 0.03 * fired) << "layer " << l;
-      if (act == FfnActivation::relu) EXPECT_GT(layer_sparsity(p, l), 0.3);
+      if (act == FfnActivation::relu) {
+        EXPECT_GT(layer_sparsity(p, l), 0.3);
+      }
     }
   }
 }
@@ -176,7 +179,7 @@ TEST(Profile, CountsMatchOracleStatistics) {
 TEST(Profile, PerLayerThresholdsHitTheTargetSparsity) {
   auto m = load_synth(small(FfnActivation::silu, 6), "auto.gguf");
   auto tokens = random_tokens(64, m->hp.n_vocab, 3);
-  Session s(*m, SessionParams{2, 32, 32, {}});
+  Session s(*m, test_support::session_params(2, 32, 32));
   ProfileOptions o;
   o.n_ctx = 32;
   o.threshold = -1.0f;
@@ -203,7 +206,7 @@ TEST(Profile, PerLayerThresholdsHitTheTargetSparsity) {
   EXPECT_NE(profile_svg(p).find("<polyline"), std::string::npos);
 
   for (double target : {0.3, 0.7}) {
-    SessionParams sp{2, 32, 32, {}};
+    SessionParams sp = test_support::session_params(2, 32, 32);
     sp.sparse.mode = FfnMode::threshold;
     sp.sparse.layer_thresholds = calibrate_thresholds(path, target);
     Session st(*m, sp);
@@ -269,7 +272,7 @@ TEST(ThresholdMode, UsesThresholdsFromTheModelFile) {
   w.write(path);
   auto m = load_model(path);
   EXPECT_EQ(m->gate_thresholds, (std::vector<float>{0.01f, 0.02f, 0.5f}));
-  SessionParams sp{1, 32, 8, {}};
+  SessionParams sp = test_support::session_params(1, 32, 8);
   sp.sparse.mode = FfnMode::threshold;
   Session s(*m, sp);
   auto tokens = random_tokens(8, m->hp.n_vocab, 5);
@@ -304,7 +307,7 @@ TEST(ThresholdMode, CalibrationGeneralizesToHeldOutTextOnSmolLM2) {
   auto calib_tokens = tok.encode(read(calib), false), eval_tokens = tok.encode(read(eval), false);
   ASSERT_GE(calib_tokens.size(), 384u);
   ASSERT_GE(eval_tokens.size(), 128u);
-  Session s(*m, SessionParams{2, 256, 256, {}});
+  Session s(*m, test_support::session_params(2, 256, 256));
   ProfileOptions o;
   o.n_ctx = 192;
   o.max_tokens = 384;
@@ -312,7 +315,7 @@ TEST(ThresholdMode, CalibrationGeneralizesToHeldOutTextOnSmolLM2) {
   Profile p = run_profile(s, calib_tokens, o);
   const std::string path = (temp_dir() / "smollm2.profile.gguf").string();
   write_profile(p, path);
-  SessionParams sp{2, 256, 256, {}};
+  SessionParams sp = test_support::session_params(2, 256, 256);
   sp.sparse.mode = FfnMode::threshold;
   sp.sparse.layer_thresholds = calibrate_thresholds(path, 0.5);
   Session st(*m, sp);
@@ -331,7 +334,7 @@ TEST(Profile, Gemma3ArchitectureIsProfiledAndThresholded) {
   auto m = load_synth(o, "gemma3.gguf");
   ASSERT_EQ(m->hp.arch, "gemma3");
   auto tokens = random_tokens(40, m->hp.n_vocab, 6);
-  Session s(*m, SessionParams{2, 64, 64, {}});
+  Session s(*m, test_support::session_params(2, 64, 64));
   ProfileOptions po;
   po.n_ctx = 20;
   po.sparsity = 0.5f;
@@ -340,7 +343,7 @@ TEST(Profile, Gemma3ArchitectureIsProfiledAndThresholded) {
   for (int64_t l = 0; l < m->hp.n_layer; ++l) EXPECT_NEAR(layer_sparsity(p, l), 0.5, 3e-3) << "layer " << l;
   const std::string path = (temp_dir() / "gemma3.profile.gguf").string();
   write_profile(p, path);
-  SessionParams sp{2, 64, 64, {}};
+  SessionParams sp = test_support::session_params(2, 64, 64);
   sp.sparse.mode = FfnMode::threshold;
   sp.sparse.layer_thresholds = calibrate_thresholds(path, 0.5);
   Session st(*m, sp);

@@ -11,6 +11,7 @@
 #include "model/model.hpp"
 #include "model/synth.hpp"
 #include "tokenizer/tokenizer.hpp"
+#include "support/session_params.hpp"
 
 using namespace ember;
 
@@ -128,7 +129,7 @@ class GeneratorTest : public ::testing::Test {
     return g;
   }
   static std::string run(const GenerateParams& g, GenerateResult* res = nullptr, int stop_after = -1) {
-    Session s(*model_, {1, 64, 16});
+    Session s(*model_, test_support::session_params(1, 64, 16));
     std::string out;
     int calls = 0;
     GenerateResult r = generate(s, *tok_, tok_->encode("hello world", true, false), g, [&](std::string_view p) {
@@ -187,7 +188,7 @@ TEST_F(GeneratorTest, SameSeedSameText) {
 }
 
 TEST_F(GeneratorTest, PromptLongerThanTheContextThrows) {
-  Session s(*model_, {1, 8, 16});
+  Session s(*model_, test_support::session_params(1, 8, 16));
   std::vector<int32_t> prompt(8, 65);
   EXPECT_THROW(generate(s, *tok_, prompt, greedy(4), [](std::string_view) { return true; }), Error);
   EXPECT_THROW(generate(s, *tok_, {}, greedy(4), [](std::string_view) { return true; }), Error);

@@ -56,6 +56,7 @@ void check_agreement(const std::string& label, const std::string& path, const st
   std::printf("%s: %d matrices repacked\n", label.c_str(), repacked.tensors);
   const int64_t nv = model->hp.n_vocab;
   ASSERT_EQ(nv, ref["n_vocab"].get<int64_t>());
+  // With the library's F32 KV cache (the CLI's default is F16; docs/agreement.md has both).
   Session session(*model, test_support::session_params(2, 512, 512));
 
   double max_abs_diff = 0, sum_abs_diff = 0;

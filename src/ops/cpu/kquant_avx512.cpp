@@ -11,6 +11,9 @@
 // Every output element is computed with the same operations whatever tile it falls in.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Vector types as template arguments (TileOperands<..., __m256/__m512, ...>) lose their
+// alignment attribute there, harmlessly: the operands are locals, not arrays of the type.
+#pragma GCC diagnostic ignored "-Wignored-attributes"
 #include <immintrin.h>
 
 #include <array>

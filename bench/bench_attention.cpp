@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned_buffer.hpp"
 #include "ops/cpu/attention.hpp"
 #include "tensor/quant.hpp"
 #include "bench_support.hpp"
@@ -33,10 +34,12 @@ void BM_Attention(benchmark::State& state, Layout l, bool f16, int64_t depth, in
   const int64_t n_ctx = depth + n_tokens, row = l.n_head_kv * l.head_dim;
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> q(n_tokens * l.n_head * l.head_dim), k(n_ctx * row), v(n_ctx * row);
-  for (auto* vec : {&q, &k, &v})
-    for (auto& x : *vec) x = dist(rng);
-  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  // The caches in AlignedBuffers, as the engine's KvCache (huge pages when large).
+  std::vector<float> q(n_tokens * l.n_head * l.head_dim);
+  AlignedBuffer<float> k(n_ctx * row), v(n_ctx * row);
+  for (auto& x : q) x = dist(rng);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = dist(rng), v[i] = dist(rng);
+  AlignedBuffer<uint16_t> k16(k.size()), v16(v.size());
   quantize_row(DType::F16, k.data(), k16.data(), static_cast<int64_t>(k.size()));
   quantize_row(DType::F16, v.data(), v16.data(), static_cast<int64_t>(v.size()));
   const void* kp = f16 ? static_cast<const void*>(k16.data()) : k.data();

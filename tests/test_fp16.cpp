@@ -45,8 +45,9 @@ TEST(Fp16, RoundsToNearest) {
   }
 }
 
-// The row conversion (F16C / AVX-512 at those levels) gives fp32_to_fp16's bits for every value
-// class: ties to even, subnormals, overflow to infinity, signed zeros; at lengths with tails.
+// The row conversions (F16C / AVX-512 at those levels) give fp32_to_fp16's bits for every value
+// class: ties to even, subnormals, overflow to infinity, signed zeros; at lengths with tails; and
+// back, fp16_to_fp32's.
 TEST(Fp16, RowConversionMatchesScalarAtEveryLevel) {
   test_support::SimdGuard guard;
   std::mt19937 rng(7);
@@ -70,6 +71,11 @@ TEST(Fp16, RowConversionMatchesScalarAtEveryLevel) {
       cpu::to_f16(x.data(), y.data(), static_cast<int64_t>(n));
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], fp32_to_fp16(x[i])) << x[i] << " " << simd_level_name(level);
       EXPECT_EQ(y[n], 0xABCD) << "wrote past the end";
+      // And back: the widening is exact.
+      std::vector<float> back(n + 1, -7.0f);
+      cpu::from_f16(y.data(), back.data(), static_cast<int64_t>(n));
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], fp16_to_fp32(y[i])) << y[i] << " " << simd_level_name(level);
+      EXPECT_EQ(back[n], -7.0f) << "wrote past the end";
     }
   }
 }

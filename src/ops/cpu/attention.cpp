@@ -6,7 +6,6 @@
 
 #include "core/cpu_features.hpp"
 #include "ops/cpu/vec.hpp"
-#include "tensor/quant.hpp"
 
 namespace ember::cpu {
 namespace detail {
@@ -26,7 +25,7 @@ const float* cache_row(const AttentionShape& s, const void* c, int64_t j, int64_
                        float* tmp) {
   const int64_t off = j * kv_stride + kv_head * s.head_dim;
   if (!s.kv_f16) return static_cast<const float*>(c) + off;
-  dequantize_row(DType::F16, static_cast<const uint16_t*>(c) + off, tmp, s.head_dim);
+  from_f16(static_cast<const uint16_t*>(c) + off, tmp, s.head_dim);
   return tmp;
 }
 

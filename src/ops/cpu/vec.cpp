@@ -9,6 +9,8 @@ EMBER_DEFINE_VEC_KERNELS(baseline)
 namespace ember::cpu::detail {
 void to_f16_avx2(const float* x, uint16_t* y, int64_t n);
 void to_f16_avx512(const float* x, uint16_t* y, int64_t n);
+void from_f16_avx2(const uint16_t* x, float* y, int64_t n);
+void from_f16_avx512(const uint16_t* x, float* y, int64_t n);
 }  // namespace ember::cpu::detail
 
 namespace ember::cpu {
@@ -37,6 +39,15 @@ void to_f16(const float* x, uint16_t* y, int64_t n) {
     case SimdLevel::avx2: return detail::to_f16_avx2(x, y, n);
     default:
       for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+  }
+}
+
+void from_f16(const uint16_t* x, float* y, int64_t n) {
+  switch (simd_level()) {
+    case SimdLevel::avx512: return detail::from_f16_avx512(x, y, n);
+    case SimdLevel::avx2: return detail::from_f16_avx2(x, y, n);
+    default:
+      for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
   }
 }
 

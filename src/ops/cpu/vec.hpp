@@ -17,5 +17,7 @@ float sum_squares_f32(const float* x, int64_t n);
 float max_f32(const float* x, int64_t n);
 // y = x rounded to F16 (nearest even), as quantize_row(DType::F16) (F16C / AVX-512 conversions)
 void to_f16(const float* x, uint16_t* y, int64_t n);
+// y = x widened from F16 (exact)
+void from_f16(const uint16_t* x, float* y, int64_t n);
 
 }  // namespace ember::cpu

@@ -33,22 +33,24 @@ void add_f32(const float* x, float* y, int64_t n) { kernels().add(x, y, n); }
 float sum_squares_f32(const float* x, int64_t n) { return kernels().sum_squares(x, n); }
 float max_f32(const float* x, int64_t n) { return kernels().max(x, n); }
 
-void to_f16(const float* x, uint16_t* y, int64_t n) {
+// An F16 row conversion: the AVX-512 or F16C kernel, else the scalar function per value.
+template <class From, class To>
+void convert(const From* x, To* y, int64_t n, void (*avx512)(const From*, To*, int64_t),
+             void (*avx2)(const From*, To*, int64_t), To (*one)(From)) {
   switch (simd_level()) {
-    case SimdLevel::avx512: return detail::to_f16_avx512(x, y, n);
-    case SimdLevel::avx2: return detail::to_f16_avx2(x, y, n);
+    case SimdLevel::avx512: return avx512(x, y, n);
+    case SimdLevel::avx2: return avx2(x, y, n);
     default:
-      for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+      for (int64_t i = 0; i < n; ++i) y[i] = one(x[i]);
   }
 }
 
+void to_f16(const float* x, uint16_t* y, int64_t n) {
+  convert(x, y, n, &detail::to_f16_avx512, &detail::to_f16_avx2, &fp32_to_fp16);
+}
+
 void from_f16(const uint16_t* x, float* y, int64_t n) {
-  switch (simd_level()) {
-    case SimdLevel::avx512: return detail::from_f16_avx512(x, y, n);
-    case SimdLevel::avx2: return detail::from_f16_avx2(x, y, n);
-    default:
-      for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
-  }
+  convert(x, y, n, &detail::from_f16_avx512, &detail::from_f16_avx2, &fp16_to_fp32);
 }
 
 }  // namespace ember::cpu

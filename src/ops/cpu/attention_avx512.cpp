@@ -1,8 +1,12 @@
-// One (token, head) pair of attention on AVX-512: the scores q.k_j sixteen columns at a time
-// into one accumulator (the query held in registers for head sizes up to 256), the softmax with
-// the vector exp (exp_avx512.hpp), and the weighted sum of value rows with the output columns
-// held in registers. The portable loop in attention.cpp calls dot_f32 / axpy_f32 once per
-// position, which at head size 64 spends most of its time in call and reduction overhead.
+// Attention on AVX-512, per token over one head or over four heads that share a KV head:
+//   scores: q.k_j with the query in registers (head sizes up to 256), four positions at a time
+//     (independent multiply-add chains, one hsum4 tree for the four sums);
+//   softmax: the 16-lane exp of exp_avx512.hpp;
+//   weighted sum of the value rows with the output columns held in registers.
+// The four-head kernel loads (and converts, from an F16 cache) each K and V chunk once for the
+// four, and gives the one-head kernel's bits. The portable loop in attention.cpp calls dot_f32 /
+// axpy_f32 once per position, which at head size 64 spends most of its time in call and
+// reduction overhead.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -24,7 +28,6 @@ constexpr int kMaxRegs = 16;  // head sizes up to 256 keep q / the output in reg
 inline __mmask16 lane_mask(int64_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
 }
-
 
 // Sixteen K or V elements (masked) as floats: the cache holds F32 (float) or F16 (uint16_t).
 inline __m512 load(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
@@ -101,7 +104,7 @@ void weighted_sum_at(const float* p, const E* v, int64_t stride, int64_t n, int6
   weighted_sum_regs<R>(p, v, stride, n, hd, out);
 }
 
-// Head sizes above 256: the query from memory.
+// Any head size: up to 256 the query in registers, above it from memory.
 template <class E>
 void scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, scores);

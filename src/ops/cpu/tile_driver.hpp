@@ -27,15 +27,11 @@ constexpr int decode_rows() {
   else return K::kRows;
 }
 
-constexpr int64_t kShortRow = 256;
-
 template <class K>
 void gemm(const GemmArgs& a) {
   constexpr int RM = K::kRows, TM = K::kTokens;
   if constexpr (decode_rows<K>() != RM) {
-    // Rows of fewer than kShortRow values (a predictor's rank-64 fc2) lie back to back: the
-    // full row tiles read them as one stream too, and share the activation loads.
-    if (a.ntok == 1 && a.k >= kShortRow) {
+    if (a.ntok == 1) {
       constexpr int RD = decode_rows<K>();
       static_assert(RD <= RM);
       int64_t r0 = 0;

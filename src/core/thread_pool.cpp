@@ -58,6 +58,20 @@ void ThreadPool::run_raw(RawFn fn, void* ctx) {
   for (int p; (p = pending_.load(std::memory_order_acquire)) != 0;) pending_.wait(p, std::memory_order_acquire);
 }
 
+void ThreadPool::barrier() {
+  if (n_threads_ == 1) return;
+  // The generation cannot move before this thread has arrived, so reading it first is safe.
+  const uint32_t gen = barrier_gen_.load(std::memory_order_acquire);
+  if (barrier_count_.fetch_add(1, std::memory_order_acq_rel) == n_threads_ - 1) {
+    barrier_count_.store(0, std::memory_order_relaxed);  // before the release below: the next round starts at 0
+    barrier_gen_.store(gen + 1, std::memory_order_release);
+    barrier_gen_.notify_all();
+    return;
+  }
+  if (spin_while([&] { return barrier_gen_.load(std::memory_order_acquire) == gen; }))
+    while (barrier_gen_.load(std::memory_order_acquire) == gen) barrier_gen_.wait(gen, std::memory_order_acquire);
+}
+
 void ThreadPool::worker_main(int ith) {
   uint32_t seen = 0;
   for (;;) {

@@ -25,6 +25,12 @@ class ThreadPool {
     run_raw(&invoke<std::remove_reference_t<F>>, static_cast<void*>(&f));
   }
 
+  // Inside a job: returns once all nth threads of the job have called it (each the same number
+  // of times), with their writes before the call visible to all. Lets one job run steps that
+  // depend on each other's results (a split of work by what an earlier step found) without a
+  // second dispatch. Spins briefly, then blocks, as the pool does between jobs.
+  void barrier();
+
   // Splits [0, n) into chunks of `grain` handed out dynamically; f(begin, end, ith).
   template <class F>
   void parallel_for(int64_t n, int64_t grain, F&& f) {
@@ -61,6 +67,8 @@ class ThreadPool {
   alignas(64) std::atomic<uint32_t> generation_{0};
   alignas(64) std::atomic<int> pending_{0};
   alignas(64) std::atomic<bool> stop_{false};
+  alignas(64) std::atomic<int> barrier_count_{0};
+  alignas(64) std::atomic<uint32_t> barrier_gen_{0};
 };
 
 // Splits n items evenly over nth threads: the [begin, end) range of thread ith.

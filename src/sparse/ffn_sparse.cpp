@@ -122,12 +122,13 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   fused_vals_.resize(per_thread);
   partial_stride_ = static_cast<size_t>((hp.n_embd + 15) / 16 * 16);
   fused_partials_.resize(partial_stride_ * static_cast<size_t>(std::max(fused_threads_ - 1, 1)));
-  thread_counts_.resize(2 * static_cast<size_t>(fused_threads_));
+  thread_counts_.resize(3 * static_cast<size_t>(fused_threads_));
   if (opts.mode == FfnMode::predictor) {
     size_t hq = 64;
     for (const LayerWeights& L : model.layers)
       hq = std::max(hq, cpu::matmul_scratch_bytes(L.ffn.fc2.type, L.ffn.fc2.cols(), 1));
-    fused_hq_.resize(hq);
+    hq_stride_ = (hq + 63) / 64 * 64;
+    fused_hq_.resize(hq_stride_ * static_cast<size_t>(fused_threads_));
   }
   log_info("sparse FFN: mode {}, threshold {}, neuron-major down copies ({} from {}) {:.1f} MiB extra, built in {:.2f} s",
            ffn_mode_name(opts.mode),
@@ -272,7 +273,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   // serves both as long as they come from the same file type.
   if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() ||
       cpu::r16_base(w.gate.type) != cpu::r16_base(w.up.type) ||
-      pool.size() > fused_threads_)
+      pool.size() > fused_threads_ || (opts_.mode == FfnMode::predictor && w.fc1.rows() > w.gate.rows()))
     return false;
   const bool predicted = opts_.mode == FfnMode::predictor;
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
@@ -280,72 +281,96 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   const TensorView& down_nm = down_nm_[layer].view;
   const int64_t n_ff = down_nm.rows(), n_embd = down_nm.cols();
   const int64_t n_blocks = (n_ff + kNeuronBlock - 1) / kNeuronBlock;
-  // The predictor's hidden layer (its own dispatch: every score needs all of it).
   float pthr = 0.0f;
+  int64_t rank = 0;
   if (predicted) {
     pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
                                                : model_.predictor_thresholds[static_cast<size_t>(layer)];
-    const int64_t rank = w.fc1.rows();
-    float* hidden = pred_scratch_.data();
-    cpu::matmul(pool, w.fc1, predictor_input(x, ws), 1, hidden, pred_mm_scratch_.data());
-    for (int64_t i = 0; i < rank; ++i) hidden[i] = std::max(hidden[i], 0.0f);
-    cpu::quantize_activations(w.fc2.type, hidden, 1, rank, fused_hq_.data());
+    rank = w.fc1.rows();
+    cpu::quantize_activations(w.fc1.type, predictor_input(x, ws), 1, w.fc1.cols(), pred_mm_scratch_.data());
   }
   void* xq = ws.mm_scratch.data();
   cpu::quantize_activations(w.gate.type, x, 1, n_embd, xq);
   float* gate_all = ws.gate.data();  // oracle / threshold: act(gate) of every neuron
-  float* score = pred_scratch_.data() + (predicted ? (w.fc1.rows() + 15) / 16 * 16 : 0);
+  float* hidden = pred_scratch_.data();
+  float* score = hidden + (rank + 15) / 16 * 16;
+  const auto list_of = [&](int t) { return fused_ids_.data() + static_cast<size_t>(2 * n_ff) * static_cast<size_t>(t); };
   pool.run([&](int ith, int nth) {
-    int32_t* cand = fused_ids_.data() + static_cast<size_t>(2 * n_ff) * ith;
-    int32_t* fired = cand + n_ff;
-    float* cval = fused_vals_.data() + static_cast<size_t>(2 * n_ff) * ith;
-    float* fval = cval + n_ff;
-    size_t x_stride = 0;
-    const void* xp = predicted ? nullptr : cpu::prepare_activations(w.gate.type, xq, 1, n_embd, &x_stride);
-    // Candidates: the predicted neurons of this thread's blocks (their gate gathered), or all
-    // of them (gate rows computed block by block).
-    int64_t nc = 0;
-    for (int64_t b = ith; b < n_blocks; b += nth) {
-      const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
-      if (predicted) {
-        cpu::matmul_rows(w.fc2, fused_hq_.data(), 1, r0, r1, score + r0, n_ff);
-        for (int64_t j = r0; j < r1; ++j)
-          if (score[j] >= pthr) cand[nc++] = static_cast<int32_t>(j);
-      } else {
-        cpu::matmul_rows_prepared(w.gate, xp, x_stride, 1, r0, r1, gate_all + r0, n_ff);
-      }
-    }
-    // Keep the firing ones.
-    int64_t nf = 0;
+    int32_t* own = list_of(ith);  // step 1's finds, in neuron order
+    int32_t* share = own + n_ff;  // step 2: this thread's share of all threads' finds
+    float* val = fused_vals_.data() + static_cast<size_t>(2 * n_ff) * static_cast<size_t>(ith);
+    float* hval = val + n_ff;
+    // Step 1, over a contiguous range of neuron blocks: the predicted neurons (the predictor's
+    // hidden layer split by rows first), or act(gate) of every neuron and the firing ones.
+    int64_t b0, b1;
+    split_range(n_blocks, ith, nth, b0, b1);
+    const int64_t r0 = std::min(n_ff, b0 * kNeuronBlock), r1 = std::min(n_ff, b1 * kNeuronBlock);
+    int64_t n_own = 0;
     if (predicted) {
-      cpu::gather_matmul_rows(w.gate, xq, 1, cand, nc, cval, nc);
-      cpu::activation_inplace(act, cval, nc);
-      for (int64_t c = 0; c < nc; ++c)
-        if (std::fabs(cval[c]) > thr) fired[nf] = cand[c], fval[nf++] = cval[c];
-    } else {
-      for (int64_t b = ith; b < n_blocks; b += nth) {
-        const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
-        cpu::activation_inplace(act, gate_all + r0, r1 - r0);
-        for (int64_t j = r0; j < r1; ++j)
-          if (std::fabs(gate_all[j]) > thr) fired[nf] = static_cast<int32_t>(j), fval[nf++] = gate_all[j];
+      int64_t h0, h1;
+      split_range(rank, ith, nth, h0, h1);
+      if (h1 > h0) cpu::matmul_rows(w.fc1, pred_mm_scratch_.data(), 1, h0, h1, hidden + h0, rank);
+      pool.barrier();
+      // Every thread quantizes the whole hidden row (rank values) for itself: cheaper than
+      // another wait.
+      for (int64_t i = 0; i < rank; ++i) hval[i] = std::max(hidden[i], 0.0f);
+      void* hq = fused_hq_.data() + hq_stride_ * static_cast<size_t>(ith);
+      cpu::quantize_activations(w.fc2.type, hval, 1, rank, hq);
+      if (r1 > r0) cpu::matmul_rows(w.fc2, hq, 1, r0, r1, score + r0, n_ff);
+      for (int64_t j = r0; j < r1; ++j)
+        if (score[j] >= pthr) own[n_own++] = static_cast<int32_t>(j);
+    } else if (r1 > r0) {
+      size_t x_stride = 0;
+      const void* xp = cpu::prepare_activations(w.gate.type, xq, 1, n_embd, &x_stride);
+      cpu::matmul_rows_prepared(w.gate, xp, x_stride, 1, r0, r1, gate_all + r0, n_ff);
+      cpu::activation_inplace(act, gate_all + r0, r1 - r0);
+      for (int64_t j = r0; j < r1; ++j)
+        if (std::fabs(gate_all[j]) > thr) own[n_own++] = static_cast<int32_t>(j);
+    }
+    thread_counts_[3 * ith] = static_cast<uint64_t>(n_own);
+    pool.barrier();
+    // Step 2, balanced by count: the finds of all threads, in neuron order, dealt out in chunks
+    // of kDealChunk (neighbours in the hot-first order fire about as often, so every thread gets
+    // a like mix of hot and cold neurons).
+    int64_t ns = 0, pos = 0;
+    for (int t = 0; t < nth; ++t) {
+      const int32_t* list = list_of(t);
+      const int64_t n = static_cast<int64_t>(thread_counts_[3 * t]);
+      for (int64_t i = 0; i < n;) {
+        const int64_t in_chunk = pos % kDealChunk, take = std::min(kDealChunk - in_chunk, n - i);
+        if ((pos / kDealChunk) % nth == ith) {
+          std::memcpy(share + ns, list + i, sizeof(int32_t) * static_cast<size_t>(take));
+          ns += take;
+        }
+        i += take, pos += take;
       }
     }
-    // H = up * act(gate) for the firing neurons, then their down rows: thread 0 into out, the
-    // others into their partial sums (whole rows: each thread reads its own neurons' rows).
-    cpu::gather_matmul_rows(w.up, xq, 1, fired, nf, cval, nf);
-    for (int64_t i = 0; i < nf; ++i) fval[i] = cval[i] * fval[i];
+    int64_t nf = 0;  // the firing neurons of the share, moved to its front, act(gate) in val
+    if (predicted) {
+      cpu::gather_matmul_rows(w.gate, xq, 1, share, ns, val, ns);
+      cpu::activation_inplace(act, val, ns);
+      for (int64_t c = 0; c < ns; ++c)
+        if (std::fabs(val[c]) > thr) share[nf] = share[c], val[nf++] = val[c];
+    } else {
+      for (int64_t c = 0; c < ns; ++c) val[c] = gate_all[share[c]];
+      nf = ns;
+    }
+    // H = up * act(gate), then the down rows: thread 0 into out, the others into their partial
+    // sums.
+    cpu::gather_matmul_rows(w.up, xq, 1, share, nf, hval, nf);
+    for (int64_t i = 0; i < nf; ++i) hval[i] = hval[i] * val[i];
     float* part = ith == 0 ? out : fused_partials_.data() + static_cast<size_t>(ith - 1) * partial_stride_;
     std::memset(part, 0, sizeof(float) * static_cast<size_t>(n_embd));
     if (nf > 0)
-      cpu::sparse_axpy_rows(down_nm, fired, nf, fval, 1, nf, 0, n_embd, part, n_embd,
+      cpu::sparse_axpy_rows(down_nm, share, nf, hval, 1, nf, 0, n_embd, part, n_embd,
                             axpy_scratch_.data() + static_cast<size_t>(ith) * partial_stride_);
-    thread_counts_[2 * ith] = static_cast<uint64_t>(predicted ? nc : 0);
-    thread_counts_[2 * ith + 1] = static_cast<uint64_t>(nf);
+    thread_counts_[3 * ith + 1] = static_cast<uint64_t>(predicted ? ns : 0);
+    thread_counts_[3 * ith + 2] = static_cast<uint64_t>(nf);
   });
   // The partial sums in thread order (deterministic for a thread count).
   const int nth = pool.size();
   uint64_t n_pred = 0, na = 0;
-  for (int th = 0; th < nth; ++th) n_pred += thread_counts_[2 * th], na += thread_counts_[2 * th + 1];
+  for (int th = 0; th < nth; ++th) n_pred += thread_counts_[3 * th + 1], na += thread_counts_[3 * th + 2];
   for (int th = 1; th < nth; ++th)
     cpu::add_f32(fused_partials_.data() + static_cast<size_t>(th - 1) * partial_stride_, out, n_embd);
   stats_.neurons[layer] += static_cast<uint64_t>(n_ff);

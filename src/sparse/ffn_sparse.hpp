@@ -103,22 +103,28 @@ class SparseFfn final : public FfnExecutor {
   AlignedBuffer<float> pred_scratch_;
   AlignedBuffer<uint8_t> pred_mm_scratch_;
 
-  // One token through a gated FFN without biases on gate/up (decode): predictor scores (fc2),
-  // gate, firing test, up and down in one dispatch, each thread taking every nth block of
-  // kNeuronBlock neurons and reading whole rows of its own neurons (thread 0 adds into out,
-  // thread i > 0 into fused_partials_ row i - 1; the caller adds those in order). One dispatch
-  // (two with the predictor's fc1) instead of three (five). Which neurons fire does not depend
-  // on the thread count; the output does only through the grouping of the down sum. Returns
-  // false where it does not apply.
+  // One token through a gated FFN without biases on gate/up (decode), in one dispatch:
+  //   step 1, each thread over a contiguous range of kNeuronBlock-neuron blocks: the predicted
+  //     neurons (after the predictor's hidden layer, split by rows, and a barrier), or act(gate)
+  //     of every neuron and the firing ones;
+  //   a barrier, then step 2, balanced by count: the step-1 finds of all threads, in neuron
+  //     order, dealt out round robin in chunks of kDealChunk; each thread gathers the gate of
+  //     its predicted neurons (predictor mode), then up and down for its firing ones, thread 0
+  //     into out and thread i > 0 into fused_partials_ row i - 1 (the caller adds those in
+  //     order).
+  // Which neurons fire does not depend on the thread count; the output does only through the
+  // grouping of the down sum. Returns false where it does not apply.
   static constexpr int64_t kNeuronBlock = 64;
+  static constexpr int64_t kDealChunk = 8;  // the sparse kernels' row group
   bool run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                         float* out, Workspace& ws);
-  // Per thread: candidate and firing neuron ids and values (2 x n_ff each), and the thread's
-  // counters (predicted, fired).
+  // Per thread: step-1 finds and step-2 share (neuron ids) and two value rows (2 x n_ff each),
+  // and the thread's counters (step-1 finds, predicted, fired).
   AlignedBuffer<int32_t> fused_ids_;
   AlignedBuffer<float> fused_vals_;
   std::vector<uint64_t> thread_counts_;
-  AlignedBuffer<uint8_t> fused_hq_;  // the predictor's hidden row as fc2's kernel takes it
+  AlignedBuffer<uint8_t> fused_hq_;  // per thread: the predictor's hidden row as fc2's kernel takes it
+  size_t hq_stride_ = 0;             // bytes per thread in fused_hq_ (a multiple of 64)
   AlignedBuffer<float> fused_partials_;  // threads 1.. : their share of the down product
   size_t partial_stride_ = 0;            // floats per partial (n_embd rounded up to 16)
   int fused_threads_ = 0;  // the pool size the buffers are for (a larger pool takes the separate steps)

@@ -296,15 +296,12 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   float* score = hidden + (rank + 15) / 16 * 16;
   const auto list_of = [&](int t) { return fused_ids_.data() + static_cast<size_t>(2 * n_ff) * static_cast<size_t>(t); };
   pool.run([&](int ith, int nth) {
-    int32_t* own = list_of(ith);  // step 1's finds, in neuron order
-    int32_t* share = own + n_ff;  // step 2: this thread's share of all threads' finds
+    int32_t* own = list_of(ith);  // step 1's finds
     float* val = fused_vals_.data() + static_cast<size_t>(2 * n_ff) * static_cast<size_t>(ith);
     float* hval = val + n_ff;
-    // Step 1, over a contiguous range of neuron blocks: the predicted neurons (the predictor's
-    // hidden layer split by rows first), or act(gate) of every neuron and the firing ones.
-    int64_t b0, b1;
-    split_range(n_blocks, ith, nth, b0, b1);
-    const int64_t r0 = std::min(n_ff, b0 * kNeuronBlock), r1 = std::min(n_ff, b1 * kNeuronBlock);
+    // Step 1, over every nth block of kNeuronBlock neurons: the predicted neurons (after the
+    // predictor's hidden layer, split by rows, and a barrier), or act(gate) of every neuron and
+    // the firing ones.
     int64_t n_own = 0;
     if (predicted) {
       int64_t h0, h1;
@@ -316,33 +313,47 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
       for (int64_t i = 0; i < rank; ++i) hval[i] = std::max(hidden[i], 0.0f);
       void* hq = fused_hq_.data() + hq_stride_ * static_cast<size_t>(ith);
       cpu::quantize_activations(w.fc2.type, hval, 1, rank, hq);
-      if (r1 > r0) cpu::matmul_rows(w.fc2, hq, 1, r0, r1, score + r0, n_ff);
-      for (int64_t j = r0; j < r1; ++j)
-        if (score[j] >= pthr) own[n_own++] = static_cast<int32_t>(j);
-    } else if (r1 > r0) {
+      for (int64_t b = ith; b < n_blocks; b += nth) {
+        const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
+        cpu::matmul_rows(w.fc2, hq, 1, r0, r1, score + r0, n_ff);
+        for (int64_t j = r0; j < r1; ++j)
+          if (score[j] >= pthr) own[n_own++] = static_cast<int32_t>(j);
+      }
+    } else {
       size_t x_stride = 0;
       const void* xp = cpu::prepare_activations(w.gate.type, xq, 1, n_embd, &x_stride);
-      cpu::matmul_rows_prepared(w.gate, xp, x_stride, 1, r0, r1, gate_all + r0, n_ff);
-      cpu::activation_inplace(act, gate_all + r0, r1 - r0);
-      for (int64_t j = r0; j < r1; ++j)
-        if (std::fabs(gate_all[j]) > thr) own[n_own++] = static_cast<int32_t>(j);
+      for (int64_t b = ith; b < n_blocks; b += nth) {
+        const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
+        cpu::matmul_rows_prepared(w.gate, xp, x_stride, 1, r0, r1, gate_all + r0, n_ff);
+        cpu::activation_inplace(act, gate_all + r0, r1 - r0);
+        for (int64_t j = r0; j < r1; ++j)
+          if (std::fabs(gate_all[j]) > thr) own[n_own++] = static_cast<int32_t>(j);
+      }
     }
-    thread_counts_[3 * ith] = static_cast<uint64_t>(n_own);
-    pool.barrier();
-    // Step 2, balanced by count: the finds of all threads, in neuron order, dealt out in chunks
-    // of kDealChunk (neighbours in the hot-first order fire about as often, so every thread gets
-    // a like mix of hot and cold neurons).
-    int64_t ns = 0, pos = 0;
-    for (int t = 0; t < nth; ++t) {
-      const int32_t* list = list_of(t);
-      const int64_t n = static_cast<int64_t>(thread_counts_[3 * t]);
-      for (int64_t i = 0; i < n;) {
-        const int64_t in_chunk = pos % kDealChunk, take = std::min(kDealChunk - in_chunk, n - i);
-        if ((pos / kDealChunk) % nth == ith) {
-          std::memcpy(share + ns, list + i, sizeof(int32_t) * static_cast<size_t>(take));
-          ns += take;
+    // Step 2. Predictor mode: the candidates of all threads, dealt out round robin in chunks of
+    // kDealChunk after a barrier, so that the gate gathers are balanced by count (the share is
+    // a like mix of hot and cold neurons, which fire about as often as their neighbours in the
+    // hot-first order). Otherwise the firing neurons of the thread's own blocks: their counts
+    // are already even, and a barrier would cost more than it saves.
+    int32_t* share = own;
+    int64_t ns = n_own;
+    if (predicted) {
+      thread_counts_[3 * ith] = static_cast<uint64_t>(n_own);
+      pool.barrier();
+      share = own + n_ff;
+      ns = 0;
+      int64_t pos = 0;
+      for (int t = 0; t < nth; ++t) {
+        const int32_t* list = list_of(t);
+        const int64_t n = static_cast<int64_t>(thread_counts_[3 * t]);
+        for (int64_t i = 0; i < n;) {
+          const int64_t take = std::min(kDealChunk - pos % kDealChunk, n - i);
+          if ((pos / kDealChunk) % nth == ith) {
+            std::memcpy(share + ns, list + i, sizeof(int32_t) * static_cast<size_t>(take));
+            ns += take;
+          }
+          i += take, pos += take;
         }
-        i += take, pos += take;
       }
     }
     int64_t nf = 0;  // the firing neurons of the share, moved to its front, act(gate) in val

@@ -104,13 +104,13 @@ class SparseFfn final : public FfnExecutor {
   AlignedBuffer<uint8_t> pred_mm_scratch_;
 
   // One token through a gated FFN without biases on gate/up (decode), in one dispatch:
-  //   step 1, each thread over a contiguous range of kNeuronBlock-neuron blocks: the predicted
-  //     neurons (after the predictor's hidden layer, split by rows, and a barrier), or act(gate)
-  //     of every neuron and the firing ones;
-  //   a barrier, then step 2, balanced by count: the step-1 finds of all threads, in neuron
-  //     order, dealt out round robin in chunks of kDealChunk; each thread gathers the gate of
-  //     its predicted neurons (predictor mode), then up and down for its firing ones, thread 0
-  //     into out and thread i > 0 into fused_partials_ row i - 1 (the caller adds those in
+  //   step 1, each thread over every nth block of kNeuronBlock neurons: the predicted neurons
+  //     (after the predictor's hidden layer, split by rows, and a barrier), or act(gate) of
+  //     every neuron and the firing ones;
+  //   step 2: predictor mode, after a barrier, the candidates of all threads dealt out round
+  //     robin in chunks of kDealChunk (balanced by count), their gate gathered and the firing
+  //     ones kept; otherwise the thread's own firing neurons. Then up and down for them, thread
+  //     0 into out and thread i > 0 into fused_partials_ row i - 1 (the caller adds those in
   //     order).
   // Which neurons fire does not depend on the thread count; the output does only through the
   // grouping of the down sum. Returns false where it does not apply.

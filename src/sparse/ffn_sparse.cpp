@@ -316,8 +316,10 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
       for (int64_t b = ith; b < n_blocks; b += nth) {
         const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
         cpu::matmul_rows(w.fc2, hq, 1, r0, r1, score + r0, n_ff);
-        for (int64_t j = r0; j < r1; ++j)
-          if (score[j] >= pthr) own[n_own++] = static_cast<int32_t>(j);
+        for (int64_t j = r0; j < r1; ++j) {  // branch-free: a quarter or so pass, at random
+          own[n_own] = static_cast<int32_t>(j);
+          n_own += score[j] >= pthr ? 1 : 0;
+        }
       }
     } else {
       size_t x_stride = 0;
@@ -326,8 +328,10 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
         const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
         cpu::matmul_rows_prepared(w.gate, xp, x_stride, 1, r0, r1, gate_all + r0, n_ff);
         cpu::activation_inplace(act, gate_all + r0, r1 - r0);
-        for (int64_t j = r0; j < r1; ++j)
-          if (std::fabs(gate_all[j]) > thr) own[n_own++] = static_cast<int32_t>(j);
+        for (int64_t j = r0; j < r1; ++j) {
+          own[n_own] = static_cast<int32_t>(j);
+          n_own += std::fabs(gate_all[j]) > thr ? 1 : 0;
+        }
       }
     }
     // Step 2. Predictor mode: the candidates of all threads, dealt out round robin in chunks of
@@ -360,8 +364,10 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
     if (predicted) {
       cpu::gather_matmul_rows(w.gate, xq, 1, share, ns, val, ns);
       cpu::activation_inplace(act, val, ns);
-      for (int64_t c = 0; c < ns; ++c)
-        if (std::fabs(val[c]) > thr) share[nf] = share[c], val[nf++] = val[c];
+      for (int64_t c = 0; c < ns; ++c) {  // in place (nf <= c), branch-free
+        share[nf] = share[c], val[nf] = val[c];
+        nf += std::fabs(val[c]) > thr ? 1 : 0;
+      }
     } else {
       for (int64_t c = 0; c < ns; ++c) val[c] = gate_all[share[c]];
       nf = ns;

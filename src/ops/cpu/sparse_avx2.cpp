@@ -1,7 +1,8 @@
 // AVX2 + FMA + F16C kernels of the neuron-sparse down projection: one neuron-major row (or a
-// slice of it) dequantized in registers and accumulated into the output, out += h * w, with
-// w computed exactly as dequantize_row computes it (so the fused kernels and the
-// dequantize-then-axpy path give the same bits).
+// slice of it) dequantized in registers and accumulated into the output, out += h * w. For
+// Q8_0 and Q4_0 the block scale goes into the factor, out += (h * d) * q; the other types add
+// h * w with w computed exactly as dequantize_row computes it. The dequantize kernels give
+// dequantize_row's bits.
 #include <immintrin.h>
 
 #include <cmath>
@@ -32,23 +33,39 @@ inline void bytes_to_floats(__m128i q, __m256& a, __m256& b) {
   b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
 }
 
+// One block of 32 signed values q with scale d: dequantize (dst = d * q), or dst += (h * d) * q
+// (the scale in the factor: one multiply per block instead of one per 8 values).
+template <bool S>
+inline void put_block(float* dst, __m128i q_lo16, __m128i q_hi16, float d, float h) {
+  const __m256 f = _mm256_set1_ps(S ? d : h * d);
+  __m256 a, c;
+  bytes_to_floats(q_lo16, a, c);
+  if constexpr (S) {
+    _mm256_storeu_ps(dst, _mm256_mul_ps(f, a));
+    _mm256_storeu_ps(dst + 8, _mm256_mul_ps(f, c));
+  } else {
+    _mm256_storeu_ps(dst, _mm256_fmadd_ps(f, a, _mm256_loadu_ps(dst)));
+    _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(f, c, _mm256_loadu_ps(dst + 8)));
+  }
+  bytes_to_floats(q_hi16, a, c);
+  if constexpr (S) {
+    _mm256_storeu_ps(dst + 16, _mm256_mul_ps(f, a));
+    _mm256_storeu_ps(dst + 24, _mm256_mul_ps(f, c));
+  } else {
+    _mm256_storeu_ps(dst + 16, _mm256_fmadd_ps(f, a, _mm256_loadu_ps(dst + 16)));
+    _mm256_storeu_ps(dst + 24, _mm256_fmadd_ps(f, c, _mm256_loadu_ps(dst + 24)));
+  }
+}
+
 template <bool S>
 void q4_0(float h, const uint8_t* src, float* out, int64_t n) {
   const auto* b = reinterpret_cast<const BlockQ4_0*>(src);
-  const __m256 hv = _mm256_set1_ps(h);
   const __m128i mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
   for (int64_t ib = 0; ib < n / kQK; ++ib, out += kQK) {
-    const __m256 d = _mm256_set1_ps(half(b[ib].d));
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[ib].qs));
     const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
     const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
-    __m256 a, c;
-    bytes_to_floats(lo, a, c);
-    put<S>(out, _mm256_mul_ps(d, a), hv);
-    put<S>(out + 8, _mm256_mul_ps(d, c), hv);
-    bytes_to_floats(hi, a, c);
-    put<S>(out + 16, _mm256_mul_ps(d, a), hv);
-    put<S>(out + 24, _mm256_mul_ps(d, c), hv);
+    put_block<S>(out, lo, hi, half(b[ib].d), h);
   }
 }
 
@@ -77,19 +94,9 @@ void q4_1(float h, const uint8_t* src, float* out, int64_t n) {
 template <bool S>
 void q8_0(float h, const uint8_t* src, float* out, int64_t n) {
   const auto* b = reinterpret_cast<const BlockQ8_0*>(src);
-  const __m256 hv = _mm256_set1_ps(h);
-  for (int64_t ib = 0; ib < n / kQK; ++ib, out += kQK) {
-    const __m256 d = _mm256_set1_ps(half(b[ib].d));
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[ib].qs));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[ib].qs + 16));
-    __m256 a, c;
-    bytes_to_floats(q0, a, c);
-    put<S>(out, _mm256_mul_ps(d, a), hv);
-    put<S>(out + 8, _mm256_mul_ps(d, c), hv);
-    bytes_to_floats(q1, a, c);
-    put<S>(out + 16, _mm256_mul_ps(d, a), hv);
-    put<S>(out + 24, _mm256_mul_ps(d, c), hv);
-  }
+  for (int64_t ib = 0; ib < n / kQK; ++ib, out += kQK)
+    put_block<S>(out, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[ib].qs)),
+                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[ib].qs + 16)), half(b[ib].d), h);
 }
 
 template <bool S>

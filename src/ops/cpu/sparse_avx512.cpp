@@ -13,8 +13,8 @@
 //     bit-identical to matmul()'s rows.
 //   axpy (down, neuron-major Q8_0 / Q4_0 / Q4_1 rows): 32 output floats stay in two registers
 //     while the group's rows are added into them in list order, so each output element sees the
-//     chain out += h0 w0, += h1 w1, ... exactly as the one-row-at-a-time kernel computes it (w
-//     dequantized as dequantize_row does), at an eighth of the loads and stores of the output.
+//     chain out += h0 w0, += h1 w1, ... exactly as the one-row-at-a-time kernel computes it
+//     (rounded as it rounds, see add_block), at an eighth of the loads and stores of the output.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -178,14 +178,33 @@ struct BlockDequant {
   }
 };
 
-// a0, a1 += h * (block at p), rounded as the one-row kernel rounds it (one fused multiply-add
-// on the exactly dequantized d * q).
+// a0, a1 += h * (block at p), rounded as the one-row kernel rounds it. Q8_0 and Q4_0: the
+// scale goes into the factor, (h * d) * q, which saves a multiply per 16 values (these kernels
+// are bound by their int8-to-float conversions); Q4_1: one fused multiply-add on the exactly
+// dequantized d * q + m.
 template <DType T>
-inline void add_block(const uint8_t* p, __m512 hv, __m512& a0, __m512& a1) {
-  __m512 w0, w1;
-  BlockDequant<T>::get(p, w0, w1);
-  a0 = _mm512_fmadd_ps(hv, w0, a0);
-  a1 = _mm512_fmadd_ps(hv, w1, a1);
+inline void add_block(const uint8_t* p, float h, __m512 hv, __m512& a0, __m512& a1) {
+  if constexpr (T == DType::Q4_1) {
+    __m512 w0, w1;
+    BlockDequant<T>::get(p, w0, w1);
+    a0 = _mm512_fmadd_ps(hv, w0, a0);
+    a1 = _mm512_fmadd_ps(hv, w1, a1);
+  } else {
+    const __m512 hd = _mm512_set1_ps(h * _cvtsh_ss(*reinterpret_cast<const uint16_t*>(p)));
+    if constexpr (T == DType::Q8_0) {
+      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18));
+      a0 = _mm512_fmadd_ps(hd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), a0);
+      a1 = _mm512_fmadd_ps(hd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), a1);
+    } else {
+      // Byte i holds values i (low nibble) and i + 16 (high): widened once, each nibble is the
+      // index of q - 8 in a 16-float table (the permute reads only an index's low 4 bits).
+      const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2)));
+      a0 = _mm512_fmadd_ps(hd, _mm512_permutexvar_ps(b, table), a0);
+      a1 = _mm512_fmadd_ps(hd, _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table), a1);
+    }
+  }
 }
 
 template <DType T, int R>
@@ -200,8 +219,8 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
     __m512 a2 = _mm512_loadu_ps(out + 32), a3 = _mm512_loadu_ps(out + 48);
     for (int r = 0; r < R; ++r) {
       prefetch_span(next[r] + b * B::kBytes, 2 * B::kBytes);
-      add_block<T>(src[r] + b * B::kBytes, hv[r], a0, a1);
-      add_block<T>(src[r] + (b + 1) * B::kBytes, hv[r], a2, a3);
+      add_block<T>(src[r] + b * B::kBytes, h[r], hv[r], a0, a1);
+      add_block<T>(src[r] + (b + 1) * B::kBytes, h[r], hv[r], a2, a3);
     }
     _mm512_storeu_ps(out, a0);
     _mm512_storeu_ps(out + 16, a1);
@@ -212,7 +231,7 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
     __m512 a0 = _mm512_loadu_ps(out), a1 = _mm512_loadu_ps(out + 16);
     for (int r = 0; r < R; ++r) {
       prefetch_span(next[r] + b * B::kBytes, B::kBytes);
-      add_block<T>(src[r] + b * B::kBytes, hv[r], a0, a1);
+      add_block<T>(src[r] + b * B::kBytes, h[r], hv[r], a0, a1);
     }
     _mm512_storeu_ps(out, a0);
     _mm512_storeu_ps(out + 16, a1);

@@ -8,7 +8,8 @@
 namespace ember::cpu::detail {
 
 // out[0..n) += h * dequantized(src[0..n)), src starting at a block boundary of `type`;
-// n is a multiple of the block size. Null where the ISA has no fused kernel for the type.
+// n is a multiple of the block size. Q8_0 and Q4_0 round it as (h * d) * q (the block scale
+// in the factor), the other types as h * w. Null where the ISA has no fused kernel for the type.
 using RowAxpyFn = void (*)(float h, const uint8_t* src, float* out, int64_t n);
 // dst[0..n) = dequantized(src[0..n)), bit-identical to dequantize_row.
 using DequantFn = void (*)(const uint8_t* src, float* dst, int64_t n);

@@ -1,6 +1,7 @@
 // Norms, RoPE, activations and vector helpers against direct formulas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -37,6 +38,31 @@ TEST(Vec, DotAxpyMatchDouble) {
     cpu::axpy_f32(0.5f, a.data(), y.data(), n);
     for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(y[i], b[i] + 0.5f * a[i]);
   }
+}
+
+// argmax_f32 == std::max_element: ties (the first wins), the maximum in every position of a
+// chunk and in a tail, infinities, NaNs (never the maximum) and the empty row.
+TEST(Vec, ArgmaxIsTheFirstLargest) {
+  for (int64_t n : {1, 15, 255, 256, 257, 1000, 49152}) {
+    auto x = random_vec(n, 7 + static_cast<uint32_t>(n));
+    EXPECT_EQ(cpu::argmax_f32(x.data(), n), std::max_element(x.begin(), x.end()) - x.begin()) << n;
+    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+      auto y = x;
+      y[at] = 100.0f;
+      if (at + 3 < n) y[at + 3] = 100.0f;  // a tie after it
+      EXPECT_EQ(cpu::argmax_f32(y.data(), n), at) << n << " " << at;
+      y[at] = INFINITY;
+      EXPECT_EQ(cpu::argmax_f32(y.data(), n), at) << n << " " << at;
+      if (at > 0) {
+        y[0] = NAN;
+        EXPECT_EQ(cpu::argmax_f32(y.data(), n), at) << n << " " << at;
+      }
+    }
+  }
+  std::vector<float> nans(40, NAN), low(40, -INFINITY);
+  EXPECT_EQ(cpu::argmax_f32(nans.data(), 40), 0);
+  EXPECT_EQ(cpu::argmax_f32(low.data(), 40), 0);
+  EXPECT_EQ(cpu::argmax_f32(low.data(), 0), -1);
 }
 
 TEST(RmsNorm, MatchesFormula) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "ops/cpu/vec.hpp"
 
 namespace ember {
 
@@ -30,6 +31,8 @@ void Sampler::accept(int32_t token) {
 }
 
 int32_t Sampler::sample(const float* logits) {
+  if (params_.temperature <= 0 && params_.repeat_penalty == 1.0f)
+    return static_cast<int32_t>(cpu::argmax_f32(logits, n_vocab_));  // greedy: no candidate list
   cand_.clear();
   for (int64_t i = 0; i < n_vocab_; ++i) cand_.push_back({static_cast<int32_t>(i), logits[i]});
 

@@ -10,6 +10,7 @@
 #include "common.hpp"
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
+#include "ops/cpu/vec.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "ops/cpu/bandwidth.hpp"
@@ -77,8 +78,7 @@ void run_bench(const BenchFlags& f) {
     Timer t;
     for (int i = 0; i < f.n_gen; ++i) {
       session.eval(&tok, 1);
-      tok = static_cast<int32_t>(std::max_element(session.logits(), session.logits() + model->hp.n_vocab) -
-                                 session.logits());
+      tok = static_cast<int32_t>(cpu::argmax_f32(session.logits(), model->hp.n_vocab));
     }
     return f.n_gen / t.seconds();
   };

@@ -33,6 +33,20 @@ void add_f32(const float* x, float* y, int64_t n) { kernels().add(x, y, n); }
 float sum_squares_f32(const float* x, int64_t n) { return kernels().sum_squares(x, n); }
 float max_f32(const float* x, int64_t n) { return kernels().max(x, n); }
 
+int64_t argmax_f32(const float* x, int64_t n) {
+  if (n <= 0) return -1;
+  const float m = max_f32(x, n);
+  // The chunk that holds it (vector maxima), then the index inside.
+  constexpr int64_t kChunk = 256;
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = n - i < kChunk ? n - i : kChunk;
+    if (max_f32(x + i, len) != m) continue;
+    for (int64_t j = 0; j < len; ++j)
+      if (x[i + j] == m) return i + j;
+  }
+  return 0;
+}
+
 // An F16 row conversion: the AVX-512 or F16C kernel, else the scalar function per value.
 template <class From, class To>
 void convert(const From* x, To* y, int64_t n, void (*avx512)(const From*, To*, int64_t),

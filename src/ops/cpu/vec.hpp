@@ -15,6 +15,9 @@ void scale_f32(float a, float* y, int64_t n);
 void add_f32(const float* x, float* y, int64_t n);
 float sum_squares_f32(const float* x, int64_t n);
 float max_f32(const float* x, int64_t n);
+// The first index of the largest value (std::max_element's answer; NaNs are never the largest,
+// all-NaN gives 0), -1 when n <= 0. Vectorized: a greedy step over a 262k vocabulary.
+int64_t argmax_f32(const float* x, int64_t n);
 // y = x rounded to F16 (nearest even), as quantize_row(DType::F16) (F16C / AVX-512 conversions)
 void to_f16(const float* x, uint16_t* y, int64_t n);
 // y = x widened from F16 (exact)

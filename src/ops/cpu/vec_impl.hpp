@@ -48,9 +48,16 @@ const VecKernels& vec_kernels_avx512();
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];                                               \
   }                                                                                             \
   float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }                          \
+  /* Sixteen running maxima (vectorizable); NaNs never win a comparison, so they are skipped. */ \
   float max(const float* x, int64_t n) {                                                        \
+    float acc[16];                                                                              \
+    for (int j = 0; j < 16; ++j) acc[j] = -INFINITY;                                            \
+    int64_t i = 0;                                                                              \
+    for (; i + 16 <= n; i += 16)                                                                \
+      for (int j = 0; j < 16; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];              \
     float m = -INFINITY;                                                                        \
-    for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;                                    \
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;                                                 \
+    for (int j = 0; j < 16; ++j) m = acc[j] > m ? acc[j] : m;                                   \
     return m;                                                                                   \
   }                                                                                             \
   }                                                                                             \

@@ -1,6 +1,8 @@
 // Micro-benchmarks of the CPU matmul: decode (n = 1, memory-bound: bytes/s of weights read) and
 // prompt processing (n = 512, compute-bound: also reports FLOP/s) at two Llama-1B-like shapes.
 //   ember-bench-micro --benchmark_filter=Matvec
+// Names ending in _R16: the same weights repacked 16 rows at a time (ops/cpu/r16.hpp), as the
+// engine loads them where it can.
 // Thread count: EMBER_BENCH_THREADS (default 2); EMBER_BENCH_HOT=1: decode weights stay in cache.
 #include <benchmark/benchmark.h>
 
@@ -14,6 +16,7 @@
 #include "core/aligned_buffer.hpp"
 #include "ops/cpu/bandwidth.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/r16.hpp"
 #include "tensor/quant.hpp"
 #include "bench_support.hpp"
 
@@ -24,10 +27,17 @@ using bench::Weights;
 
 namespace {
 
-void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_t n) {
+void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_t n, bool repacked) {
   // Decode reads weights from memory, not cache: cycle through copies totalling >= 256 MiB
   // (8x a 32 MiB L3).
-  const Weights w = make_weights(t, rows, k);
+  Weights w = make_weights(t, rows, k);
+  AlignedBuffer<uint8_t> packed;
+  if (repacked) {
+    packed.resize(w.view.nbytes);
+    cpu::repack_r16(t, w.view.data, rows, k, packed.data());
+    w.view.type = cpu::r16_type(t);
+    w.view.data = packed.data();
+  }
   // EMBER_BENCH_HOT=1 keeps one copy (in cache): the kernel's compute speed rather than memory's.
   const bool hot = std::getenv("EMBER_BENCH_HOT") != nullptr;
   const size_t copies = n == 1 && !hot ? std::max<size_t>(1, (size_t{256} << 20) / w.view.nbytes + 1) : 1;
@@ -39,7 +49,7 @@ void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_
   std::mt19937 rng(2);
   std::normal_distribution<float> dist(0.f, 1.f);
   for (auto& v : x) v = dist(rng);
-  AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(t, k, n) + 1);
+  AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(w.view.type, k, n) + 1);
   for (auto _ : state) {
     view.data = pool_bytes.data() + next * w.view.nbytes;
     next = next + 1 == copies ? 0 : next + 1;
@@ -72,15 +82,17 @@ const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}};
 int register_all() {
   benchmark::RegisterBenchmark("ReadBandwidth/1GiB", BM_ReadBandwidth)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const auto& t : kTypes)
-    for (const auto& s : kShapes) {
-      for (int64_t n : {1, 512}) {
-        const std::string name =
-            std::string(n == 1 ? "Matvec/" : "Matmul512/") + t.name + "/" + std::to_string(s[0]) + "x" + std::to_string(s[1]);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t.type, s[0], s[1], n)
-            ->Unit(n == 1 ? benchmark::kMicrosecond : benchmark::kMillisecond)
-            ->UseRealTime();
+    for (const auto& s : kShapes)
+      for (bool repacked : {false, true}) {
+        if (repacked && (!cpu::r16_fast() || cpu::r16_type(t.type) == t.type)) continue;
+        for (int64_t n : {1, 512}) {
+          const std::string name = std::string(n == 1 ? "Matvec/" : "Matmul512/") + t.name + (repacked ? "_R16/" : "/") +
+                                   std::to_string(s[0]) + "x" + std::to_string(s[1]);
+          benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t.type, s[0], s[1], n, repacked)
+              ->Unit(n == 1 ? benchmark::kMicrosecond : benchmark::kMillisecond)
+              ->UseRealTime();
+        }
       }
-    }
   return 0;
 }
 

@@ -1,4 +1,5 @@
-// Matrices repacked 16 rows at a time (Q4_0_R16, Q4_1_R16, Q5_0_R16, Q4_K_R16, Q5_K_R16, Q6_K_R16): layout round trip, and the products
+// Matrices repacked 16 rows at a time (Q4_0_R16, Q4_1_R16, Q5_0_R16, Q8_0_R16, Q4_K_R16, Q5_K_R16, Q6_K_R16): layout
+// round trip, single rows read back through get_rows, and the products
 // (scalar and AVX-512) against a double-precision reference, the file layout's product and each
 // other, on awkward shapes.
 #include <gtest/gtest.h>
@@ -70,7 +71,7 @@ struct Shape {
 const Shape kShapes[] = {{16, 32}, {48, 96}, {208, 800}, {32, 5632}, {16, 2048}};
 // Q6_K: k of 1, 3, 5 and 22 super-blocks.
 const Shape kShapesK[] = {{16, 256}, {48, 768}, {208, 1280}, {32, 5632}};
-const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 bool is_k(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 std::vector<Shape> shapes(DType t) {
   return is_k(t) ? std::vector<Shape>(std::begin(kShapesK), std::end(kShapesK))
@@ -81,12 +82,21 @@ const int64_t kTokens[] = {1, 2, 3, 4, 5, 7, 67};
 }  // namespace
 
 TEST(R16, Q4RepackRoundTripsAndKeepsSize) {
-  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0})
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0})
     for (const Shape& s : kShapes) {
+      ASSERT_TRUE(cpu::r16_unpackable(type));
       Packed p = random_matrix(type, s.rows, s.k, 7);
       std::vector<uint8_t> back(p.plain.size());
       cpu::unpack_r16(type, p.packed.data(), s.rows, s.k, back.data());
-      EXPECT_EQ(back, p.plain) << s.rows << " x " << s.k;
+      EXPECT_EQ(back, p.plain) << dtype_name(type) << " " << s.rows << " x " << s.k;
+      // Single rows of the repacked matrix (the token embedding when it is also the output
+      // matrix) read back as the plain rows do.
+      std::vector<int32_t> ids;
+      for (int64_t r = s.rows - 1; r >= 0; r -= 5) ids.push_back(static_cast<int32_t>(r));
+      std::vector<float> from_plain(ids.size() * s.k), from_packed(ids.size() * s.k);
+      cpu::get_rows(p.plain_view, ids.data(), static_cast<int64_t>(ids.size()), from_plain.data());
+      cpu::get_rows(p.packed_view, ids.data(), static_cast<int64_t>(ids.size()), from_packed.data());
+      EXPECT_EQ(from_packed, from_plain) << dtype_name(type) << " " << s.rows << " x " << s.k;
       // Group g starts where row 16g did, and its first block's scales are rows 16g..16g+15's.
       if (s.rows < 32) continue;
       const size_t stride = row_bytes(type, s.k);
@@ -104,7 +114,9 @@ TEST(R16, RejectsShapesItCannotHold) {
   EXPECT_THROW(cpu::repack_r16(DType::Q6_K, c.data(), 8, 256, d.data()), Error);
   EXPECT_THROW(cpu::repack_r16(DType::Q4_K, c.data(), 16, 256 + 32, d.data()), Error);
   EXPECT_THROW(cpu::repack_r16(DType::Q4_K, c.data(), 24, 256, d.data()), Error);
-  EXPECT_THROW(cpu::repack_r16(DType::Q8_0, c.data(), 16, 32, d.data()), Error);
+  EXPECT_THROW(cpu::repack_r16(DType::Q8_0, c.data(), 16, 48, d.data()), Error);
+  EXPECT_THROW(cpu::repack_r16(DType::Q8_1, c.data(), 16, 32, d.data()), Error);
+  EXPECT_FALSE(cpu::r16_unpackable(DType::Q6_K));
 }
 
 // Against a double-precision dot of the dequantized weights and 8-bit activations (Q8_0, Q8_K),

@@ -91,8 +91,12 @@ TEST(Repack, SparseScopeLeavesTheFfnAndTiedOutputAddressable) {
   auto plain = load_model(path);
   auto packed = load_model(path);
   const RepackStats st = repack_for_dense_kernels(*packed, RepackScope::attention_output);
-  EXPECT_EQ(st.tensors, 4 * packed->hp.n_layer);  // output is the (tied) token embedding
-  EXPECT_EQ(packed->output.type, DType::Q4_0);
+  // The tied output matrix is repacked too: the token embedding's rows are then looked up a
+  // group at a time (the logits below go through that lookup).
+  EXPECT_EQ(st.tensors, 4 * packed->hp.n_layer + 1);
+  EXPECT_EQ(packed->output.type, DType::Q4_0_R16);
+  EXPECT_EQ(packed->tok_embd.type, DType::Q4_0_R16);
+  EXPECT_EQ(packed->tok_embd.data, packed->output.data);
   for (const LayerWeights& l : packed->layers) {
     EXPECT_EQ(l.wq.type, DType::Q4_0_R16);
     for (const TensorView* w : {&l.ffn.gate, &l.ffn.up, &l.ffn.down}) EXPECT_EQ(w->type, DType::Q4_0) << w->name;
@@ -102,7 +106,7 @@ TEST(Repack, SparseScopeLeavesTheFfnAndTiedOutputAddressable) {
   // Oracle and threshold modes compute the gate whole: it may be repacked too (up and down stay).
   auto gate_packed = load_model(path);
   EXPECT_EQ(repack_for_dense_kernels(*gate_packed, RepackScope::attention_output_gate).tensors,
-            5 * gate_packed->hp.n_layer);
+            5 * gate_packed->hp.n_layer + 1);
   for (const LayerWeights& l : gate_packed->layers) {
     EXPECT_EQ(l.ffn.gate.type, DType::Q4_0_R16);
     EXPECT_EQ(l.ffn.up.type, DType::Q4_0);
@@ -126,16 +130,16 @@ TEST(Repack, OnlyMatricesWithWholeGroupsOfRowsAndNothingForOtherTypes) {
   EXPECT_EQ(st.tensors, cpu::r16_fast() ? 7 * m->hp.n_layer : 0);
   std::filesystem::remove(path);
 
-  o.type = DType::Q8_0;
-  const std::string p8 = synth_path(o, "q8_0");
-  auto m8 = load_model(p8);
-  EXPECT_EQ(repack_for_dense_kernels(*m8, RepackScope::all).tensors, 0);
-  std::filesystem::remove(p8);
+  o.type = DType::F16;
+  const std::string p16 = synth_path(o, "f16");
+  auto m16 = load_model(p16);
+  EXPECT_EQ(repack_for_dense_kernels(*m16, RepackScope::all).tensors, 0);
+  std::filesystem::remove(p16);
 }
 
-TEST(Repack, Q4_1Q5_0AndKQuantModelsKeepTheirLogits) {
+TEST(Repack, Q4_1Q5_0Q8_0AndKQuantModelsKeepTheirLogits) {
   if (!cpu::r16_fast()) GTEST_SKIP() << "no AVX-512 VNNI: nothing is repacked";
-  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SynthOptions o = q4_0_model(FfnActivation::silu, false);
     o.type = type;
     o.n_embd = 256;  // K-quant rows are multiples of 256

@@ -86,8 +86,15 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope) {
       group({&l.ffn.gate});
     }
   }
-  // A tied output matrix is the token embedding, whose rows are looked up one at a time.
-  if (model.output.data != model.tok_embd.data) group({&model.output});
+  if (model.output.data != model.tok_embd.data) {
+    group({&model.output});
+  } else if (repackable(model.output) && cpu::r16_unpackable(model.output.type)) {
+    // A tied output matrix is also the token embedding: its rows are then looked up by
+    // unpacking their group of 16 (get_rows), so it can be repacked where that is possible.
+    repack(model, model.output, st);
+    model.tok_embd.type = model.output.type;
+    model.tok_embd.data = model.output.data;
+  }
   st.seconds = timer.seconds();
   return st;
 }

@@ -2,9 +2,9 @@
 // (Q4_0 -> Q4_0_R16, ops/cpu/r16.hpp), as llama.cpp repacks Q4_0 at load. A repacked matrix
 // is copied out of the file into Model::owned_weights (its file pages are released), and its
 // rows are addressable only 16 at a time: only matrices that the forward pass multiplies whole
-// are repacked, never the token embedding (rows looked up one by one), and the FFN only when
-// it runs dense (the sparse paths gather single rows of up and down, and in predictor mode of
-// the gate too).
+// are repacked, the token embedding only when it is also the output matrix and its type can be
+// unpacked a group at a time for the lookup (cpu::get_rows), and the FFN only when it runs dense
+// (the sparse paths gather single rows of up and down, and in predictor mode of the gate too).
 #pragma once
 #include <cstddef>
 

@@ -38,13 +38,14 @@ std::optional<DTypeInfo> dtype_info(uint32_t id) {
 }
 
 const DTypeInfo& info(DType t) {
-  // Same bytes per block as Q4_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q6_K, so row strides and sizes carry over.
-  static constexpr DTypeInfo kQ4_0_R16{"Q4_0_R16", 32, 18}, kQ4_1_R16{"Q4_1_R16", 32, 20},
+  // Same bytes per block as Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K, so row strides and sizes carry over.
+  static constexpr DTypeInfo kQ4_0_R16{"Q4_0_R16", 32, 18}, kQ4_1_R16{"Q4_1_R16", 32, 20}, kQ8_0_R16{"Q8_0_R16", 32, 34},
       kQ5_0_R16{"Q5_0_R16", 32, 22}, kQ4_K_R16{"Q4_K_R16", 256, 144}, kQ5_K_R16{"Q5_K_R16", 256, 176},
       kQ6_K_R16{"Q6_K_R16", 256, 210};
   if (t == DType::Q5_K_R16) return kQ5_K_R16;
   if (t == DType::Q5_0_R16) return kQ5_0_R16;
   if (t == DType::Q4_0_R16) return kQ4_0_R16;
+  if (t == DType::Q8_0_R16) return kQ8_0_R16;
   if (t == DType::Q4_1_R16) return kQ4_1_R16;
   if (t == DType::Q4_K_R16) return kQ4_K_R16;
   if (t == DType::Q6_K_R16) return kQ6_K_R16;

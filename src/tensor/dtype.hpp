@@ -14,9 +14,9 @@ enum class DType : uint32_t {
   IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
   TQ1_0 = 34, TQ2_0 = 35,
   // Ember's own in-memory layouts, never read from or written to a file (dtype_info() does not
-  // know them): Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K rows repacked 16 at a time for the dense kernels
-  // (ops/cpu/r16.hpp).
-  Q4_0_R16 = 0x10002, Q4_1_R16 = 0x10003, Q5_0_R16 = 0x10006, Q4_K_R16 = 0x1000c, Q5_K_R16 = 0x1000d, Q6_K_R16 = 0x1000e,
+  // know them): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K rows repacked 16 at a time for the dense
+  // kernels (ops/cpu/r16.hpp).
+  Q4_0_R16 = 0x10002, Q4_1_R16 = 0x10003, Q5_0_R16 = 0x10006, Q8_0_R16 = 0x10008, Q4_K_R16 = 0x1000c, Q5_K_R16 = 0x1000d, Q6_K_R16 = 0x1000e,
 };
 
 struct DTypeInfo {

@@ -52,7 +52,7 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->check(CLI::IsMember({"exact", "same", "f16", "f32"}))
       ->capture_default_str();
   app->add_flag("--no-repack", no_repack,
-                "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
+                "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
                 "for faster dense products, as llama.cpp does)");
 }
 
@@ -94,7 +94,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
   const RepackStats rp = repack_for_dense_kernels(*model, scope);
   if (rp.tensors > 0)
-    log_info("repacked {} Q4_0 / Q4_1 / Q6_K matrices ({:.1f} MiB) for the dense kernels in {:.2f} s", rp.tensors,
+    log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels in {:.2f} s", rp.tensors,
              rp.bytes / 1048576.0, rp.seconds);
   if (load_seconds) *load_seconds = timer.seconds();
   const Hparams& hp = model->hp;

@@ -24,7 +24,8 @@ using detail::KernelSet;
 DType activation_type(DType w) {
   switch (w) {
     case DType::F32: case DType::F16: case DType::BF16: return DType::F32;
-    case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: case DType::Q5_0_R16: return DType::Q8_0;
+    case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: case DType::Q5_0_R16: case DType::Q8_0_R16:
+      return DType::Q8_0;
     case DType::Q4_1: case DType::Q4_1_R16: return DType::Q8_1;
     case DType::Q6_K: case DType::Q6_K_R16: case DType::Q4_K_R16: case DType::Q5_K_R16: return DType::Q8_K;
     case DType::Q5_0: return DType::Q8_0;
@@ -66,6 +67,7 @@ Kernel gemm_for(DType w) {
   if (w == DType::Q4_0_R16) return {avx512 ? &detail::gemm_q4_0_r16_avx512 : &detail::gemm_q4_0_r16_scalar, true};
   if (w == DType::Q4_1_R16) return {avx512 ? &detail::gemm_q4_1_r16_avx512 : &detail::gemm_q4_1_r16_scalar, true};
   if (w == DType::Q5_0_R16) return {avx512 ? &detail::gemm_q5_0_r16_avx512 : &detail::gemm_q5_0_r16_scalar, true};
+  if (w == DType::Q8_0_R16) return {avx512 ? &detail::gemm_q8_0_r16_avx512 : &detail::gemm_q8_0_r16_scalar, true};
   if (w == DType::Q6_K_R16) return {avx512 ? &detail::gemm_q6_k_r16_avx512 : &detail::gemm_q6_k_r16_scalar, false};
   if (w == DType::Q4_K_R16) return {avx512 ? &detail::gemm_q4_k_r16_avx512 : &detail::gemm_q4_k_r16_scalar, false};
   if (w == DType::Q5_K_R16) return {avx512 ? &detail::gemm_q5_k_r16_avx512 : &detail::gemm_q5_k_r16_scalar, false};
@@ -88,8 +90,10 @@ Kernel gemm_for(DType w) {
 }
 
 // The rearranged activation layout of the kernels with Kernel::quads set: the quad layout
-// (kernels.hpp), or R16Act blocks for Q4_0_R16 / Q4_1_R16 / Q5_0_R16 (r16.hpp).
-bool r16_act(DType w) { return w == DType::Q4_0_R16 || w == DType::Q4_1_R16 || w == DType::Q5_0_R16; }
+// (kernels.hpp), or R16Act blocks for Q4_0_R16 / Q4_1_R16 / Q5_0_R16 / Q8_0_R16 (r16.hpp).
+bool r16_act(DType w) {
+  return w == DType::Q4_0_R16 || w == DType::Q4_1_R16 || w == DType::Q5_0_R16 || w == DType::Q8_0_R16;
+}
 bool may_use_quads(DType w) {
   return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1 || r16_act(w);
 }
@@ -411,9 +415,20 @@ void matmul_gated(ThreadPool& pool, const TensorView& gate, const TensorView& up
 
 void get_rows(const TensorView& W, const int32_t* ids, int64_t n, float* out) {
   const int64_t k = W.cols(), rows = W.rows();
+  const DType base = r16_base(W.type);
+  // A repacked matrix (a tied output matrix that is also the token embedding): the row's group
+  // of 16 unpacked, then its row (into a per-thread buffer that only grows).
+  thread_local std::vector<uint8_t> group;
   for (int64_t i = 0; i < n; ++i) {
     EMBER_CHECK(ids[i] >= 0 && ids[i] < rows, "get_rows: row id {} out of range [0, {}) of {}", ids[i], rows, W.name);
-    dequantize_row(W.type, W.row(ids[i]), out + i * k, k);
+    if (base == W.type) {
+      dequantize_row(W.type, W.row(ids[i]), out + i * k, k);
+      continue;
+    }
+    group.resize(W.row_stride() * static_cast<size_t>(kR16Rows));
+    const int64_t g = ids[i] / kR16Rows;
+    unpack_r16(base, W.row(g * kR16Rows), kR16Rows, k, group.data());
+    dequantize_row(base, group.data() + static_cast<size_t>(ids[i] % kR16Rows) * W.row_stride(), out + i * k, k);
   }
 }
 

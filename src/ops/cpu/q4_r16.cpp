@@ -1,5 +1,5 @@
 // Q4_0_R16, Q4_1_R16 and Q5_0_R16 (layout in r16.hpp): repacking, activation preparation and the
-// scalar reference kernels; and the dispatch over the repacked types.
+// scalar reference kernels; and the dispatch over the repacked types (Q8_0_R16: q8_r16.cpp).
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -140,6 +140,7 @@ DType r16_type(DType t) {
     case DType::Q4_0: return DType::Q4_0_R16;
     case DType::Q4_1: return DType::Q4_1_R16;
     case DType::Q5_0: return DType::Q5_0_R16;
+    case DType::Q8_0: return DType::Q8_0_R16;
     case DType::Q4_K: return DType::Q4_K_R16;
     case DType::Q5_K: return DType::Q5_K_R16;
     case DType::Q6_K: return DType::Q6_K_R16;
@@ -152,6 +153,7 @@ DType r16_base(DType t) {
     case DType::Q4_0_R16: return DType::Q4_0;
     case DType::Q4_1_R16: return DType::Q4_1;
     case DType::Q5_0_R16: return DType::Q5_0;
+    case DType::Q8_0_R16: return DType::Q8_0;
     case DType::Q4_K_R16: return DType::Q4_K;
     case DType::Q5_K_R16: return DType::Q5_K;
     case DType::Q6_K_R16: return DType::Q6_K;
@@ -164,6 +166,7 @@ void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
     case DType::Q4_0: repack<BlockQ4_0>(src, rows, k, dst); return;
     case DType::Q4_1: repack<BlockQ4_1>(src, rows, k, dst); return;
     case DType::Q5_0: repack<BlockQ5_0>(src, rows, k, dst); return;
+    case DType::Q8_0: detail::repack_q8_0_r16(src, rows, k, dst); return;
     case DType::Q4_K: detail::repack_q4_k_r16(src, rows, k, dst); return;
     case DType::Q5_K: detail::repack_q5_k_r16(src, rows, k, dst); return;
     case DType::Q6_K: detail::repack_q6_k_r16(src, rows, k, dst); return;
@@ -171,11 +174,14 @@ void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
   }
 }
 
+bool r16_unpackable(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q8_0; }
+
 void unpack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
   switch (t) {
     case DType::Q4_0: unpack<BlockQ4_0>(src, rows, k, dst); return;
     case DType::Q4_1: unpack<BlockQ4_1>(src, rows, k, dst); return;
     case DType::Q5_0: unpack<BlockQ5_0>(src, rows, k, dst); return;
+    case DType::Q8_0: detail::unpack_q8_0_r16(src, rows, k, dst); return;
     default: fail("unpack_r16: {} has no unpacking", dtype_name(t));
   }
 }
@@ -196,7 +202,7 @@ void prepare_r16(DType weight_type, const void* q8_row, void* out, int64_t k) {
       int32_t sum = 0;
       for (int i = 0; i < kQK; ++i) sum += in.qs[i];
       o[b].d = fp16_to_fp32(in.d);
-      o[b].c = (weight_type == DType::Q5_0_R16 ? -16 : -8) * sum;
+      o[b].c = (weight_type == DType::Q8_0_R16 ? -128 : weight_type == DType::Q5_0_R16 ? -16 : -8) * sum;
       qs = in.qs;
     }
     std::memcpy(o[b].qs, qs, kQK);

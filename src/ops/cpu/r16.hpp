@@ -1,5 +1,5 @@
-// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q4_1_R16, Q5_0_R16, Q4_K_R16, Q5_K_R16,
-// Q6_K_R16), for dense products.
+// Matrices repacked 16 rows at a time (DType::Q4_0_R16, Q4_1_R16, Q5_0_R16, Q8_0_R16, Q4_K_R16,
+// Q5_K_R16, Q6_K_R16), for dense products.
 //
 // A row-by-row Q4_0 matrix makes a decode kernel load the same activation block once per row
 // and keeps its per-block work high (nibble shuffles, a horizontal sum per row). Repacked, 16 rows
@@ -15,6 +15,9 @@
 // Q5_0_R16 is Q4_0_R16 with the fifth bits after d, 352 bytes per block: qh[16][4], byte c of row
 // r = bits 4c .. 4c + 3 of its qh (the fifth bits of the low nibbles of chunk c) | bits
 // 16 + 4c .. 16 + 4c + 3 << 4 (those of the high nibbles).
+// Q8_0_R16, 544 bytes per block: d[16] (fp16), then qs[8][64]: chunk c, bytes 4r .. 4r + 3 =
+// elements 4c .. 4c + 3 of row r, stored as unsigned w + 128 (the offset taken off in integers,
+// as for Q4_0), so a 64-byte load is one vpdpbusd operand as it stands.
 // A group is 16 rows' worth of Q4_0 (Q4_1) bytes, so the matrix keeps its size and row stride, and the
 // rows of a group start where row 16g started: row views at multiples of 16 stay valid.
 //
@@ -57,7 +60,8 @@ constexpr int64_t kR16Rows = 16;
 // Whether the repacked layouts (the *_R16 types) have fast kernels at the current SIMD level
 // (AVX-512 VNNI); where they have none, repacking would only cost time.
 bool r16_fast();
-// The repacked type of a file type (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K -> *_R16); the type itself if none.
+// The repacked type of a file type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K -> *_R16); the type
+// itself if none.
 DType r16_type(DType t);
 // The file type a repacked type came from (the type itself for any other): both take the same
 // quantized activations.
@@ -66,14 +70,16 @@ DType r16_base(DType t);
 // into `dst`: same size, no overlap.
 void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);
 
-// The inverse for Q4_0, Q4_1 and Q5_0 (t: the plain type): back to plain rows.
+// The inverse for Q4_0, Q4_1, Q5_0 and Q8_0 (t: the plain type): back to plain rows.
 void unpack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst);
+// Whether unpack_r16 takes t (a plain type), so single rows of its repacked matrices can be read.
+bool r16_unpackable(DType t);
 
 namespace detail {
 
 // The activations the Q4_0_R16 / Q4_1_R16 kernels read, one 32-element block at a time: the
-// block's scale as float; for Q4_0 (Q5_0), c = -8 (-16) * (sum of its 32 values) (the offset, taken off
-// in integers), for Q4_1 the Q8_1 block's s = d * sum (the fp16 value ggml stores); and its
+// block's scale as float; for Q4_0 (Q5_0, Q8_0), c = -8 (-16, -128) * (sum of its 32 values) (the
+// offset, taken off in integers), for Q4_1 the Q8_1 block's s = d * sum (the fp16 value ggml stores); and its
 // values. Built from the Q8_0 / Q8_1 rows quantize_activations() gives, so results match the
 // file layout's.
 struct R16Act {

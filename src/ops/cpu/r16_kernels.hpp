@@ -1,6 +1,7 @@
 // Internal: the kernels of the 16-row repacked types (r16.hpp), called by
 // matmul.cpp. All take nrows a multiple of 16 (rows w_stride bytes apart, so group g starts at
-// w + 16 g w_stride). Q4_0_R16, Q4_1_R16 and Q5_0_R16 take R16Act activation rows, the K-quants plain Q8_K rows.
+// w + 16 g w_stride). Q4_0_R16, Q4_1_R16, Q5_0_R16 and Q8_0_R16 take R16Act activation rows, the
+// K-quants plain Q8_K rows.
 #pragma once
 #include "core/error.hpp"
 #include "ops/cpu/kernels.hpp"
@@ -14,6 +15,9 @@ void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 // The same for Q4_K into Q4_K_R16 and Q5_K into Q5_K_R16.
 void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 void repack_q5_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
+// Q8_0 into Q8_0_R16 and back.
+void repack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void unpack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
 
 void gemm_q4_0_r16_scalar(const GemmArgs& a);
 void gemm_q4_0_r16_avx512(const GemmArgs& a);
@@ -21,6 +25,8 @@ void gemm_q4_1_r16_scalar(const GemmArgs& a);
 void gemm_q4_1_r16_avx512(const GemmArgs& a);
 void gemm_q5_0_r16_scalar(const GemmArgs& a);
 void gemm_q5_0_r16_avx512(const GemmArgs& a);
+void gemm_q8_0_r16_scalar(const GemmArgs& a);
+void gemm_q8_0_r16_avx512(const GemmArgs& a);
 void gemm_q6_k_r16_scalar(const GemmArgs& a);
 void gemm_q6_k_r16_avx512(const GemmArgs& a);
 void gemm_q4_k_r16_scalar(const GemmArgs& a);

@@ -106,6 +106,13 @@ void rearrange(DType w, const void* xq_row, void* out, int64_t k) {
   else detail::prepare_quads(w, xq_row, out, k);
 }
 
+// A repacked matrix's rows come 16 at a time: a range must start and end on a group.
+void check_r16_rows(const TensorView& W, int64_t row_begin, int64_t row_end) {
+  if (r16_base(W.type) != W.type)
+    EMBER_CHECK(row_begin % kR16Rows == 0 && row_end % kR16Rows == 0,
+                "rows [{}, {}) of the repacked {} do not start and end on a 16-row group", row_begin, row_end, W.name);
+}
+
 uint8_t* align64(uint8_t* p) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
 }
@@ -200,6 +207,7 @@ void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens,
   const int64_t k = W.cols();
   check_k(W.type, k);
   if (row_end <= row_begin || n_tokens <= 0) return;
+  check_r16_rows(W, row_begin, row_end);
   GemmArgs a{k,        W.row(row_begin), W.row_stride(), row_end - row_begin,
              static_cast<const uint8_t*>(x_quantized), row_bytes(activation_type(W.type), k),
              n_tokens, Y,   y_stride};
@@ -222,6 +230,7 @@ const void* prepare_activations(DType w, const void* x_quantized, int64_t n_toke
 void matmul_rows_prepared(const TensorView& W, const void* x_prepared, size_t x_stride, int64_t n_tokens,
                           int64_t row_begin, int64_t row_end, float* Y, int64_t y_stride) {
   if (row_end <= row_begin || n_tokens <= 0) return;
+  check_r16_rows(W, row_begin, row_end);
   GemmArgs a{W.cols(), W.row(row_begin), W.row_stride(), row_end - row_begin, static_cast<const uint8_t*>(x_prepared),
              x_stride, n_tokens, Y, y_stride};
   gemm_for(W.type).fn(a);

@@ -16,6 +16,9 @@ void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, 
 // other; scores: kGroupHeads * n floats).
 void attend_four_avx512(const AttentionShape& s, const float* q, const void* k, const void* v, int64_t kv_stride,
                         int64_t n, float* out, float* scores);
+// attention_avx2.cpp: the one-head kernel on AVX2 + FMA + F16C, for head sizes a multiple of 8.
+void attend_one_avx2(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
+                     int64_t n, float* outh, float* scores);
 }  // namespace detail
 namespace {
 
@@ -38,12 +41,14 @@ void attend_heads(const AttentionShape& s, const float* qh, int heads, int64_t p
   int64_t first = 0;
   if (s.window > 0 && pos - s.window + 1 > 0) first = pos - s.window + 1;
   const int64_t n = pos - first + 1;
+  const int64_t off = (first * kv_stride + kv_head * hd) * (s.kv_f16 ? 2 : 4);
+  const uint8_t *kb = static_cast<const uint8_t*>(k) + off, *vb = static_cast<const uint8_t*>(v) + off;
   if (simd_level() == SimdLevel::avx512) {
-    const int64_t off = (first * kv_stride + kv_head * hd) * (s.kv_f16 ? 2 : 4);
-    const uint8_t *kb = static_cast<const uint8_t*>(k) + off, *vb = static_cast<const uint8_t*>(v) + off;
     if (heads == detail::kGroupHeads) return detail::attend_four_avx512(s, qh, kb, vb, kv_stride, n, outh, scores);
     return detail::attend_one_avx512(s, qh, kb, vb, kv_stride, n, outh, scores);
   }
+  if (simd_level() == SimdLevel::avx2 && hd % 8 == 0)
+    return detail::attend_one_avx2(s, qh, kb, vb, kv_stride, n, outh, scores);
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {
     float sc = dot_f32(qh, cache_row(s, k, first + j, kv_stride, kv_head, row), hd) * s.scale;

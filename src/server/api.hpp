@@ -41,7 +41,7 @@ std::string dump(const json& j);
 struct ServedModel {
   std::string id;           // the name clients pass as "model"
   int64_t n_ctx = 0;        // context of each session, tokens
-  std::string chat_template;  // tokenizer.chat_template source ("" = ChatML)
+  std::string chat_template;  // model_chat_template(): the file's source or a style name ("" = ChatML)
   int64_t created = 0;      // unix time, for /v1/models
 };
 

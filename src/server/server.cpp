@@ -56,7 +56,7 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
     if (served_.id.size() > 5 && served_.id.ends_with(".gguf")) served_.id.resize(served_.id.size() - 5);
   }
   served_.n_ctx = sessions_[0]->n_ctx();
-  served_.chat_template = model_.file->opt_string("tokenizer.chat_template").value_or("");
+  served_.chat_template = model_chat_template(*model_.file);
   served_.created = unix_now();
   // Fail at start, not per request, when the chat template is unknown.
   parse_chat_template(served_.chat_template);

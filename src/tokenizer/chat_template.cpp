@@ -1,6 +1,7 @@
 #include "tokenizer/chat_template.hpp"
 
 #include "core/error.hpp"
+#include "gguf/reader.hpp"
 
 namespace ember {
 
@@ -162,6 +163,13 @@ std::string render_chat(const ChatTemplate& t, const std::vector<ChatMessage>& m
     }
   }
   return out;
+}
+
+std::string model_chat_template(const gguf::Reader& file) {
+  if (auto t = file.opt_string("tokenizer.chat_template"); t && !t->empty()) return *t;
+  const std::string arch = file.opt_string("general.architecture").value_or("");
+  if (arch == "gemma" || arch == "gemma2" || arch == "gemma3") return "gemma";
+  return "";
 }
 
 std::string apply_chat_template(const std::string& template_source, const std::vector<ChatMessage>& messages,

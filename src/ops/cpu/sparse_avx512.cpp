@@ -149,34 +149,9 @@ struct QuadGather {
 
 // ---- axpy: neuron-major rows into the output -----------------------------------------------
 
-// One block (32 values) of a row, dequantized as dequantize_row does, into two registers.
+// Bytes of one 32-value block.
 template <DType T>
-struct BlockDequant {
-  static constexpr int kBytes = T == DType::Q8_0 ? 34 : T == DType::Q4_1 ? 20 : 18;
-  static inline void get(const uint8_t* p, __m512& w0, __m512& w1) {
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(p)));
-    if constexpr (T == DType::Q8_0) {
-      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
-      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18));
-      w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
-      w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
-    } else {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (T == DType::Q4_1 ? 4 : 2)));
-      const __m128i mask = _mm_set1_epi8(0x0F);
-      const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-      if constexpr (T == DType::Q4_0) {
-        const __m128i eight = _mm_set1_epi8(8);
-        w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(lo, eight))));
-        w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(hi, eight))));
-      } else {
-        // d * q is exact in float, so the fused multiply-add rounds as multiply-then-add does.
-        const __m512 m = _mm512_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(p + 2)));
-        w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), m);
-        w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), m);
-      }
-    }
-  }
-};
+constexpr int kBlockBytes = T == DType::Q8_0 ? 34 : T == DType::Q4_1 ? 20 : 18;
 
 // a0, a1 += h * (block at p), rounded as the one-row kernel rounds it. Q8_0 and Q4_0: the
 // scale goes into the factor, (h * d) * q, which saves a multiply per 16 values (these kernels
@@ -185,10 +160,14 @@ struct BlockDequant {
 template <DType T>
 inline void add_block(const uint8_t* p, float h, __m512 hv, __m512& a0, __m512& a1) {
   if constexpr (T == DType::Q4_1) {
-    __m512 w0, w1;
-    BlockDequant<T>::get(p, w0, w1);
-    a0 = _mm512_fmadd_ps(hv, w0, a0);
-    a1 = _mm512_fmadd_ps(hv, w1, a1);
+    // d * q is exact in float, so the fused multiply-add rounds as multiply-then-add does.
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(p)));
+    const __m512 m = _mm512_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(p + 2)));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    a0 = _mm512_fmadd_ps(hv, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), m), a0);
+    a1 = _mm512_fmadd_ps(hv, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), m), a1);
   } else {
     const __m512 hd = _mm512_set1_ps(h * _cvtsh_ss(*reinterpret_cast<const uint16_t*>(p)));
     if constexpr (T == DType::Q8_0) {
@@ -209,7 +188,7 @@ inline void add_block(const uint8_t* p, float h, __m512 hv, __m512& a0, __m512& 
 
 template <DType T, int R>
 void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const float* h, float* out, int64_t nblocks) {
-  using B = BlockDequant<T>;
+  constexpr int kBytes = kBlockBytes<T>;
   __m512 hv[R];
   for (int r = 0; r < R; ++r) hv[r] = _mm512_set1_ps(h[r]), prefetch_row_start(next[r]);
   // Two blocks at a time: four independent chains of fused multiply-adds hide their latency.
@@ -218,9 +197,9 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
     __m512 a0 = _mm512_loadu_ps(out), a1 = _mm512_loadu_ps(out + 16);
     __m512 a2 = _mm512_loadu_ps(out + 32), a3 = _mm512_loadu_ps(out + 48);
     for (int r = 0; r < R; ++r) {
-      prefetch_span(next[r] + b * B::kBytes, 2 * B::kBytes);
-      add_block<T>(src[r] + b * B::kBytes, h[r], hv[r], a0, a1);
-      add_block<T>(src[r] + (b + 1) * B::kBytes, h[r], hv[r], a2, a3);
+      prefetch_span(next[r] + b * kBytes, 2 * kBytes);
+      add_block<T>(src[r] + b * kBytes, h[r], hv[r], a0, a1);
+      add_block<T>(src[r] + (b + 1) * kBytes, h[r], hv[r], a2, a3);
     }
     _mm512_storeu_ps(out, a0);
     _mm512_storeu_ps(out + 16, a1);
@@ -230,8 +209,8 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
   if (b < nblocks) {
     __m512 a0 = _mm512_loadu_ps(out), a1 = _mm512_loadu_ps(out + 16);
     for (int r = 0; r < R; ++r) {
-      prefetch_span(next[r] + b * B::kBytes, B::kBytes);
-      add_block<T>(src[r] + b * B::kBytes, h[r], hv[r], a0, a1);
+      prefetch_span(next[r] + b * kBytes, kBytes);
+      add_block<T>(src[r] + b * kBytes, h[r], hv[r], a0, a1);
     }
     _mm512_storeu_ps(out, a0);
     _mm512_storeu_ps(out + 16, a1);
@@ -241,7 +220,7 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
 template <DType T>
 void axpy_rows(const uint8_t* d, size_t stride, size_t offset, const int32_t* rows, const float* h, int64_t n,
                float* out, int64_t len) {
-  const int64_t nblocks = len / kQK, ahead = rows_ahead(static_cast<size_t>(nblocks) * BlockDequant<T>::kBytes);
+  const int64_t nblocks = len / kQK, ahead = rows_ahead(static_cast<size_t>(nblocks) * kBlockBytes<T>);
   const auto row = [&](int64_t i) { return d + static_cast<size_t>(rows[std::min(i, n - 1)]) * stride + offset; };
   const uint8_t* cur[kGroup];
   const uint8_t* next[kGroup];

@@ -94,6 +94,9 @@ TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
     SessionParams dense = base_params(), sparse = base_params();
     sparse.sparse.mode = FfnMode::oracle;
     FfnSparsityStats ss;
+    // The hybrid devices hold row-wise Q8_0 copies of a quantized down (their shards are rows);
+    // the all-CPU reference uses the same, not its default shared-scale copy.
+    if (type != DType::F32) sparse.sparse.down_type = cpu::NeuronMajorType::q8_0;
     const Logits ref_dense = run(*model, dense), ref_sparse = run(*model, sparse, nullptr, &ss);
     uint64_t sparse_fired = 0;
     for (uint64_t a : ss.active) sparse_fired += a;

@@ -8,6 +8,7 @@
 #include "core/timer.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/nm4.hpp"
 #include "ops/cpu/r16.hpp"
 #include "ops/cpu/vec.hpp"
 #include "sparse/predictor.hpp"
@@ -96,7 +97,7 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
       down_nm_.back().view = L.ffn.down_t;
       continue;
     }
-    const DType t = cpu::neuron_major_dtype(L.ffn.down.type, opts.down_type, hp.n_embd);
+    const DType t = cpu::neuron_major_dtype(L.ffn.down.type, opts.down_type, hp.n_embd, /*shared_scales=*/true);
     down_nm_.push_back(cpu::make_neuron_major(pool, L.ffn.down, t));
   }
   active_.resize(static_cast<size_t>(hp.n_ff));
@@ -164,6 +165,11 @@ double SparseFfn::weight_bytes_per_token() const {
     const size_t down_bytes = w.down.valid() ? w.down.nbytes : w.down_t.nbytes;
     total -= static_cast<double>(w.gate.nbytes + w.up.nbytes + down_bytes);
     if (opts_.mode == FfnMode::predictor) total += static_cast<double>(w.fc1.nbytes + w.fc2.nbytes);
+    // A shared-scale copy's tables: counted whole (read whenever a block of 32 neurons has one
+    // firing, which is nearly all blocks at the sparsities it is chosen for).
+    const cpu::NeuronMajorMatrix& nm = down_nm_[l];
+    if (cpu::is_nm4(nm.view.type))
+      total += static_cast<double>(nm.view.nbytes - nm.view.row_stride() * static_cast<size_t>(nm.view.rows()));
     total += (gate_rows * static_cast<double>(w.gate.valid() ? w.gate.row_stride() : 0) +
               static_cast<double>(stats_.active[l]) * static_cast<double>(w.up.row_stride() + down_nm_[l].view.row_stride())) /
              tokens;

@@ -47,9 +47,10 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("--predictor", predictor_path, "predictor GGUF (ember train-predictor) for --sparse-mode predictor")
       ->check(CLI::ExistingFile);
   app->add_option("--sparse-down", sparse_down,
-                  "sparse modes: type of the neuron-major copy of down: exact (quantized types become Q8_0), "
-                  "same (the type of down: fewer bytes, rounded twice), f16 or f32")
-      ->check(CLI::IsMember({"exact", "same", "f16", "f32"}))
+                  "sparse modes: type of the neuron-major copy of down: exact (Q4_0 / Q4_1 keep their codes and "
+                  "scales, bit-exact in the same bytes; other quantized types become Q8_0), same (the type of down: "
+                  "rounded twice), q8_0, f16 or f32")
+      ->check(CLI::IsMember({"exact", "same", "q8_0", "f16", "f32"}))
       ->capture_default_str();
   app->add_flag("--no-repack", no_repack,
                 "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
@@ -74,6 +75,7 @@ SessionParams EngineFlags::session_params() const {
   p.hybrid.plan_path = plan_path;
   p.hybrid.device_kind = hybrid_device;
   p.sparse.down_type = sparse_down == "same"  ? cpu::NeuronMajorType::same
+                       : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
                        : sparse_down == "f16" ? cpu::NeuronMajorType::f16
                        : sparse_down == "f32" ? cpu::NeuronMajorType::f32
                                               : cpu::NeuronMajorType::exact;

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "ops/cpu/kernels.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/nm4.hpp"
 #include "ops/cpu/sparse_impl.hpp"
 #include "ops/cpu/vec.hpp"
 #include "tensor/quant.hpp"
@@ -102,6 +103,11 @@ void sparse_axpy_rows(const TensorView& D, const int32_t* active, int64_t n_acti
                       float* tmp) {
   const int64_t len = col_end - col_begin;
   if (len <= 0) return;
+  if (is_nm4(D.type)) {  // the shared-scale layout has kernels of its own, a token at a time
+    for (int64_t t = 0; t < n_tokens; ++t)
+      nm4_axpy(D, active, H + t * h_stride, n_active, col_begin, len, out + t * out_stride + col_begin);
+    return;
+  }
   const size_t offset = row_bytes(D.type, col_begin);
   const detail::SparseKernels k = sparse_kernels(D.type);
   const size_t slice_bytes = row_bytes(D.type, col_end) - offset;
@@ -181,13 +187,16 @@ void sparse_axpy(ThreadPool& pool, const TensorView& D, const int32_t* active, i
 
 // ---- neuron-major copy -------------------------------------------------------------------------
 
-DType neuron_major_dtype(DType down_type, NeuronMajorType choice, int64_t n_embd) {
+DType neuron_major_dtype(DType down_type, NeuronMajorType choice, int64_t n_embd, bool shared_scales) {
   DType t = down_type;
   switch (choice) {
     case NeuronMajorType::f32: t = DType::F32; break;
     case NeuronMajorType::f16: t = DType::F16; break;
     case NeuronMajorType::same: break;
+    case NeuronMajorType::q8_0: t = DType::Q8_0; break;
     case NeuronMajorType::exact:
+      if (shared_scales && (down_type == DType::Q4_0 || down_type == DType::Q4_1) && n_embd % 32 == 0)
+        return nm4_type_of(down_type);
       if (down_type != DType::F32 && down_type != DType::F16 && down_type != DType::BF16) t = DType::Q8_0;
       break;
   }
@@ -202,14 +211,21 @@ NeuronMajorMatrix make_neuron_major(ThreadPool& pool, const TensorView& down, DT
               "block size {}", down.name, n_embd, dtype_name(type), info(type).block_size);
   NeuronMajorMatrix m;
   const size_t stride = row_bytes(type, n_embd);
-  m.bytes.resize(stride * static_cast<size_t>(n_ff));
+  const size_t total = is_nm4(type) ? nm4_bytes(type, n_ff, n_embd) : stride * static_cast<size_t>(n_ff);
+  m.bytes.resize(total);
   m.view.name = down.name + ".neuron_major";
   m.view.type = type;
   m.view.n_dims = 2;
   m.view.ne[0] = n_embd;
   m.view.ne[1] = n_ff;
   m.view.data = m.bytes.data();
-  m.view.nbytes = stride * static_cast<size_t>(n_ff);
+  m.view.nbytes = total;
+  if (is_nm4(type)) {
+    EMBER_CHECK(nm4_type_of(down.type) == type, "neuron-major copy of {}: a {} matrix cannot become {}", down.name,
+                dtype_name(down.type), dtype_name(type));
+    nm4_from_down(pool, down, m.bytes.data());
+    return m;
+  }
   // Neurons are taken a block of down's type at a time: each input-major row r contributes one
   // block, dequantized into column r of a (block x n_embd) tile, whose rows are then quantized.
   const int64_t bs = info(down.type).block_size;
@@ -233,6 +249,11 @@ NeuronMajorMatrix make_neuron_major(ThreadPool& pool, const TensorView& down, DT
     }
   });
   return m;
+}
+
+void dequantize_neuron(const TensorView& D, int64_t i, float* dst) {
+  if (is_nm4(D.type)) nm4_dequantize_neuron(D, i, dst);
+  else dequantize_row(D.type, D.row(i), dst, D.cols());
 }
 
 }  // namespace ember::cpu

@@ -76,16 +76,21 @@ void sparse_axpy_rows(const TensorView& D_nm, const int32_t* active, int64_t n_a
 // ---- the neuron-major copy of down ---------------------------------------------------------
 
 // Which type a neuron-major copy of a down matrix of type `down_type` is stored in.
-//  exact:   F32, F16 and BF16 stay as they are (a transpose, bit-exact); quantized types
-//           (Q8_0, Q4_0, Q4_1, K-quants) become Q8_0: the transpose cannot keep the blocks (they run
-//           along the other axis), so each value is requantized, and Q8_0 keeps that second
-//           rounding at 8 bits (relative error ~0.4% of a block's largest value; the dense
-//           path rounds the activations to 8 bits too), at 34/18 the bytes of Q4_0.
+//  exact:   F32, F16 and BF16 stay as they are (a transpose, bit-exact). With `shared_scales`,
+//           Q4_0 and Q4_1 become Q4_0_NM / Q4_1_NM (ops/cpu/nm4.hpp): the file's codes and
+//           scales, bit-exact, in the file's bytes, with the scales in a table shared by 32
+//           neurons (so rows alone cannot be copied elsewhere: the hybrid devices do not take
+//           it). Other quantized types (and Q4_0 / Q4_1 without `shared_scales`) become Q8_0:
+//           the transpose cannot keep their blocks (they run along the other axis), so each
+//           value is requantized, and Q8_0 keeps that second rounding at 8 bits (relative error
+//           ~0.4% of a block's largest value; the dense path rounds the activations to 8 bits
+//           too), at 34/18 the bytes of Q4_0.
 //  same:    the type of down (PowerInfer's ffn_down_t): smallest, but a quantized matrix is
 //           rounded twice (error about sqrt(2) times the type's own).
+//  q8_0:    Q8_0 for every type (what `exact` gives a quantized type without shared scales).
 //  f32/f16: dequantized values as floats (F32 exact; F16 rounds to 11 bits).
-enum class NeuronMajorType { exact, same, f32, f16 };
-DType neuron_major_dtype(DType down_type, NeuronMajorType choice, int64_t n_embd);
+enum class NeuronMajorType { exact, same, q8_0, f32, f16 };
+DType neuron_major_dtype(DType down_type, NeuronMajorType choice, int64_t n_embd, bool shared_scales = false);
 
 struct NeuronMajorMatrix {
   AlignedBuffer<uint8_t> bytes;
@@ -94,7 +99,11 @@ struct NeuronMajorMatrix {
 
 // Builds the neuron-major copy of `down` (ne[0] = n_ff, ne[1] = n_embd, input-major as in GGUF):
 // row j of the result is column j of down, dequantized and quantized to `type` (which needs
-// n_embd to be a multiple of its block size). Threaded over neurons.
+// n_embd to be a multiple of its block size), or for Q4_0_NM / Q4_1_NM transposed code by code.
+// Threaded over neurons.
 NeuronMajorMatrix make_neuron_major(ThreadPool& pool, const TensorView& down, DType type);
+
+// Row i of a neuron-major matrix as floats (cols() values), for every type above.
+void dequantize_neuron(const TensorView& D_nm, int64_t i, float* dst);
 
 }  // namespace ember::cpu

@@ -1,0 +1,189 @@
+// Neuron-major 4-bit down projections with shared scales (ops/cpu/nm4.hpp): the copy holds the
+// file's values bit for bit; the axpy kernels of every SIMD level give the scalar kernel's bits
+// for any list (unsorted, long runs in one block, zero factors), any column slice and thread
+// split, and agree with a double-precision sum.
+#include "ops/cpu/nm4.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ops/cpu/sparse.hpp"
+#include "support/simd_levels.hpp"
+#include "tensor/quant.hpp"
+
+using namespace ember;
+
+namespace {
+
+using test_support::SimdGuard;
+
+struct Down {
+  std::vector<uint8_t> bytes;
+  TensorView view;  // input-major: ne[0] = n_ff, ne[1] = n_embd
+};
+
+// Rows of different magnitude, so that the scales of one neuron block differ by output.
+Down random_down(DType t, int64_t n_embd, int64_t n_ff, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  Down d;
+  const size_t stride = row_bytes(t, n_ff);
+  d.bytes.resize(stride * static_cast<size_t>(n_embd));
+  std::vector<float> row(static_cast<size_t>(n_ff));
+  for (int64_t r = 0; r < n_embd; ++r) {
+    const float scale = 0.1f + static_cast<float>(r % 7);
+    for (auto& x : row) x = dist(rng) * scale + (t == DType::Q4_1 ? 0.3f * scale : 0.f);
+    quantize_row(t, row.data(), d.bytes.data() + static_cast<size_t>(r) * stride, n_ff);
+  }
+  d.view = matrix_view(t, d.bytes.data(), n_embd, n_ff);
+  d.view.name = "down";
+  return d;
+}
+
+// Lists: unsorted subsets, sorted ones (long runs in one block), a whole block and more.
+std::vector<std::vector<int32_t>> lists(int64_t n_ff, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> all(static_cast<size_t>(n_ff));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<std::vector<int32_t>> v = {{}, {static_cast<int32_t>(n_ff - 1)}, all};
+  for (double frac : {0.05, 0.3, 0.7}) {
+    auto s = all;
+    std::shuffle(s.begin(), s.end(), rng);
+    s.resize(std::max<size_t>(1, static_cast<size_t>(frac * static_cast<double>(n_ff))));
+    v.push_back(s);
+    std::sort(s.begin(), s.end());
+    v.push_back(s);
+  }
+  return v;
+}
+
+std::vector<float> factors(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> h(n);
+  for (auto& x : h) x = u(rng) < 0.2f ? 0.f : dist(rng);  // zeros are skipped and split nothing
+  return h;
+}
+
+const int64_t kShapes[][2] = {{32, 32}, {96, 160}, {224, 96}, {2048, 64}};  // n_embd, n_ff
+
+}  // namespace
+
+TEST(Nm4, CopyHoldsTheFilesValuesBitForBit) {
+  ThreadPool pool(2);
+  for (DType t : {DType::Q4_0, DType::Q4_1}) {
+    for (const auto& s : kShapes) {
+      const int64_t n_embd = s[0], n_ff = s[1];
+      Down down = random_down(t, n_embd, n_ff, 3);
+      const DType nt = cpu::neuron_major_dtype(t, cpu::NeuronMajorType::exact, n_embd, true);
+      ASSERT_EQ(nt, t == DType::Q4_0 ? DType::Q4_0_NM : DType::Q4_1_NM);
+      // Without shared scales (the hybrid devices' copies) exact stays Q8_0.
+      EXPECT_EQ(cpu::neuron_major_dtype(t, cpu::NeuronMajorType::exact, n_embd), DType::Q8_0);
+      auto nm = cpu::make_neuron_major(pool, down.view, nt);
+      ASSERT_EQ(nm.view.nbytes, down.bytes.size()) << "the file's bytes, no more";
+      std::vector<float> dense(static_cast<size_t>(n_embd * n_ff)), row(static_cast<size_t>(n_embd));
+      for (int64_t r = 0; r < n_embd; ++r) dequantize_row(t, down.view.row(r), dense.data() + r * n_ff, n_ff);
+      for (int64_t i = 0; i < n_ff; ++i) {
+        cpu::dequantize_neuron(nm.view, i, row.data());
+        for (int64_t r = 0; r < n_embd; ++r)
+          ASSERT_EQ(row[r], dense[r * n_ff + i]) << dtype_name(t) << " neuron " << i << " output " << r;
+      }
+    }
+  }
+}
+
+TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
+  SimdGuard guard;
+  ThreadPool pool(1);
+  for (DType t : {DType::Q4_0, DType::Q4_1}) {
+    for (const auto& s : kShapes) {
+      const int64_t n_embd = s[0], n_ff = s[1];
+      Down down = random_down(t, n_embd, n_ff, 5);
+      auto nm = cpu::make_neuron_major(pool, down.view, cpu::nm4_type_of(t));
+      std::vector<float> dense(static_cast<size_t>(n_embd * n_ff));
+      for (int64_t r = 0; r < n_embd; ++r) dequantize_row(t, down.view.row(r), dense.data() + r * n_ff, n_ff);
+      uint32_t seed = 7;
+      for (const auto& list : lists(n_ff, 11)) {
+        const auto h = factors(list.size(), ++seed);
+        const auto out0 = factors(static_cast<size_t>(n_embd), ++seed);
+        const int64_t n = static_cast<int64_t>(list.size());
+        // The scalar kernel over the whole width.
+        std::vector<float> ref = out0;
+        cpu::detail::nm4_axpy_scalar(nm.view, list.data(), h.data(), n, 0, n_embd, ref.data());
+        // Against doubles.
+        double worst = 0, scale = 1e-30;
+        for (int64_t j = 0; j < n_embd; ++j) {
+          double e = out0[j], mag = std::fabs(out0[j]);
+          for (int64_t i = 0; i < n; ++i) {
+            e += static_cast<double>(h[i]) * dense[j * n_ff + list[i]];
+            mag += std::fabs(static_cast<double>(h[i]) * dense[j * n_ff + list[i]]);
+          }
+          worst = std::max(worst, std::fabs(ref[j] - e));
+          scale = std::max(scale, mag);
+        }
+        EXPECT_LT(worst / scale, 1e-6) << dtype_name(t) << " n_embd " << n_embd << " list " << n;
+        // Every SIMD level, whole width and a slice, gives the same bits.
+        for (SimdLevel level : test_support::simd_levels()) {
+          set_simd_level(level);
+          std::vector<float> got = out0;
+          cpu::nm4_axpy(nm.view, list.data(), h.data(), n, 0, n_embd, got.data());
+          ASSERT_EQ(got, ref) << dtype_name(t) << " " << simd_level_name(level) << " n_embd " << n_embd << " list " << n;
+          if (n_embd >= 96) {
+            const int64_t c0 = 32, len = n_embd - 64;
+            std::vector<float> part(out0.begin() + c0, out0.begin() + c0 + len);
+            cpu::nm4_axpy(nm.view, list.data(), h.data(), n, c0, len, part.data());
+            for (int64_t j = 0; j < len; ++j)
+              ASSERT_EQ(part[j], ref[c0 + j]) << simd_level_name(level) << " slice output " << c0 + j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Through sparse_axpy: the column split gives the same bits for any thread count, several
+// tokens equal one token at a time, and the neurons split stays close.
+TEST(Nm4, SparseAxpyThreadsAndTokens) {
+  for (DType t : {DType::Q4_0, DType::Q4_1}) {
+    const int64_t n_embd = 1024, n_ff = 256, n_tokens = 3;
+    Down down = random_down(t, n_embd, n_ff, 9);
+    ThreadPool one(1), three(3);
+    auto nm = cpu::make_neuron_major(three, down.view, cpu::nm4_type_of(t));
+    auto list = lists(n_ff, 13)[6];  // 30 %, sorted
+    const int64_t n = static_cast<int64_t>(list.size());
+    std::vector<float> H;
+    for (int64_t tk = 0; tk < n_tokens; ++tk) {
+      auto h = factors(list.size(), 17 + static_cast<uint32_t>(tk));
+      H.insert(H.end(), h.begin(), h.end());
+    }
+    std::vector<float> a(n_embd * n_tokens, 0.f), b = a, c = a, per_token = a;
+    std::vector<float> s1(cpu::sparse_axpy_scratch_floats(n_embd, n_tokens, 1, cpu::AxpySplit::columns));
+    std::vector<float> s3(cpu::sparse_axpy_scratch_floats(n_embd, n_tokens, 3, cpu::AxpySplit::neurons));
+    cpu::sparse_axpy(one, nm.view, list.data(), n, H.data(), n_tokens, n, a.data(), n_embd, s1.data());
+    cpu::sparse_axpy(three, nm.view, list.data(), n, H.data(), n_tokens, n, b.data(), n_embd, s3.data());
+    EXPECT_EQ(a, b) << dtype_name(t) << ": columns split, 1 vs 3 threads";
+    for (int64_t tk = 0; tk < n_tokens; ++tk)
+      cpu::nm4_axpy(nm.view, list.data(), H.data() + tk * n, n, 0, n_embd, per_token.data() + tk * n_embd);
+    EXPECT_EQ(a, per_token) << dtype_name(t);
+    cpu::sparse_axpy(three, nm.view, list.data(), n, H.data(), n_tokens, n, c.data(), n_embd, s3.data(),
+                     cpu::AxpySplit::neurons);
+    float worst = 0, mag = 0;
+    for (size_t j = 0; j < a.size(); ++j) worst = std::max(worst, std::fabs(a[j] - c[j])), mag = std::max(mag, std::fabs(a[j]));
+    EXPECT_LT(worst, 1e-5f * mag) << dtype_name(t) << ": neurons split";
+  }
+}
+
+TEST(Nm4, RejectsWhatItCannotHold) {
+  ThreadPool pool(1);
+  Down q8 = random_down(DType::Q8_0, 32, 64, 1);
+  EXPECT_THROW(cpu::nm4_type_of(DType::Q8_0), std::exception);
+  EXPECT_THROW(cpu::make_neuron_major(pool, q8.view, DType::Q4_0_NM), std::exception);
+  // A width that is not a multiple of 32 keeps a row-wise type.
+  EXPECT_NE(cpu::neuron_major_dtype(DType::Q4_0, cpu::NeuronMajorType::exact, 48, true), DType::Q4_0_NM);
+}

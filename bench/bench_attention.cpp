@@ -25,7 +25,7 @@ struct Layout {
   int64_t n_head, n_head_kv, head_dim;
 };
 
-const Layout kLayouts[] = {{"TinyLlama", 32, 4, 64}, {"Mistral", 32, 8, 128}, {"Gemma3-270M", 4, 1, 256}};
+const Layout kLayouts[] = {{"TinyLlama", 32, 4, 64}, {"Mistral", 32, 8, 128}, {"Gemma3-270M", 4, 1, 256}, {"SmolLM2", 9, 3, 64}};
 
 // n_tokens queries at the end of a context of `depth` + n_tokens positions.
 void BM_Attention(benchmark::State& state, Layout l, bool f16, int64_t depth, int64_t n_tokens) {
@@ -44,7 +44,7 @@ void BM_Attention(benchmark::State& state, Layout l, bool f16, int64_t depth, in
   quantize_row(DType::F16, v.data(), v16.data(), static_cast<int64_t>(v.size()));
   const void* kp = f16 ? static_cast<const void*>(k16.data()) : k.data();
   const void* vp = f16 ? static_cast<const void*>(v16.data()) : v.data();
-  std::vector<float> out(q.size()), scratch(cpu::attention_scratch_floats(n_ctx, l.head_dim, pool().size()));
+  std::vector<float> out(q.size()), scratch(cpu::attention_scratch_floats(n_ctx, l.n_head, l.head_dim, pool().size()));
   for (auto _ : state) {
     cpu::attention(pool(), s, q.data(), n_tokens, depth, kp, vp, row, out.data(), scratch.data());
     benchmark::DoNotOptimize(out.data());

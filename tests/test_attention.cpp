@@ -37,7 +37,13 @@ TEST(Attention, MatchesReference) {
                  Case{2, 2, 512, 3, 18, 0, 0},
                  // groups of four heads per KV head (the AVX-512 grouped kernel where enough of them)
                  Case{8, 2, 64, 1, 50, 0, 0}, Case{16, 2, 300, 3, 20, 0, 0}, Case{8, 2, 40, 5, 3, 6, 0},
-                 Case{8, 2, 16, 4, 10, 0, 20.f}}) {
+                 Case{8, 2, 16, 4, 10, 0, 20.f},
+                 // three heads per KV head (grouped by three), and long contexts: decode split into
+                 // chunks of 512 positions (the last one partial; with several tokens, some see a
+                 // chunk fewer), with a window, soft-capping, one head per KV head
+                 Case{9, 3, 64, 2, 30, 0, 0}, Case{9, 3, 64, 1, 1500, 0, 0}, Case{8, 2, 64, 3, 2000, 0, 0},
+                 Case{4, 1, 256, 2, 1100, 1000, 0}, Case{6, 2, 16, 1, 700, 0, 30.f}, Case{5, 5, 33, 4, 1030, 0, 0},
+                 Case{4, 2, 24, 4, 510, 0, 0}}) {
     cpu::AttentionShape s{c.n_head, c.n_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window, c.softcap};
     int64_t n_ctx = c.pos0 + c.n_tokens;
     int64_t stride = c.n_kv * c.hd + 3;  // rows padded: the stride is honoured
@@ -59,7 +65,7 @@ TEST(Attention, MatchesReference) {
         for (bool f16 : {false, true}) {
           set_simd_level(level);
           ThreadPool pool(threads);
-          std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, c.hd, threads));
+          std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, c.n_head, c.hd, threads));
           cpu::AttentionShape sk = s;
           sk.kv_f16 = f16;
           cpu::attention(pool, sk, q.data(), c.n_tokens, c.pos0, f16 ? static_cast<const void*>(k16.data()) : k.data(),
@@ -76,7 +82,7 @@ TEST(Attention, FirstPositionReturnsValue) {
   cpu::AttentionShape s{2, 1, 4, 0.5f, 0, 0};
   std::vector<float> q = {1, 2, 3, 4, -1, 0, 1, 2}, k = {0.5f, 1, 1.5f, 2}, v = {7, -3, 2.5f, 9}, out(8);
   ThreadPool pool(1);
-  std::vector<float> scratch(cpu::attention_scratch_floats(1, 4, 1));
+  std::vector<float> scratch(cpu::attention_scratch_floats(1, 2, 4, 1));
   cpu::attention(pool, s, q.data(), 1, 0, k.data(), v.data(), 4, out.data(), scratch.data());
   for (int h = 0; h < 2; ++h)
     for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(out[h * 4 + i], v[i]);
@@ -86,11 +92,17 @@ TEST(Attention, FirstPositionReturnsValue) {
 // output with the same operations: a decode step gives the same bits on one thread (grouped) as
 // on three (too few groups: one head at a time), so results never depend on the thread count.
 TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
+  struct Case {
+    int64_t n_head, n_kv, n_ctx;
+  };
+  // 37 positions: grouped on one thread, one head at a time on three; 1500 (split into chunks):
+  // the chunks go to the threads, and the result must not depend on how.
+  for (Case c : {Case{8, 2, 37}, Case{9, 3, 37}, Case{9, 3, 1500}, Case{8, 2, 1500}})
   for (bool f16 : {false, true}) {
-    cpu::AttentionShape s{8, 2, 72, 1.0f / std::sqrt(72.0f), 0, 0};
+    cpu::AttentionShape s{c.n_head, c.n_kv, 72, 1.0f / std::sqrt(72.0f), 0, 0};
     s.kv_f16 = f16;
-    const int64_t n_ctx = 37, stride = 2 * 72;
-    auto q = random_vec(8 * 72, 4);
+    const int64_t n_ctx = c.n_ctx, stride = c.n_kv * 72;
+    auto q = random_vec(c.n_head * 72, 4);
     auto k = random_vec(n_ctx * stride, 5), v = random_vec(n_ctx * stride, 6);
     std::vector<uint16_t> k16(k.size()), v16(v.size());
     quantize_row(DType::F16, k.data(), k16.data(), static_cast<int64_t>(k.size()));
@@ -100,10 +112,10 @@ TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
     std::vector<float> one(q.size()), three(q.size());
     for (int threads : {1, 3}) {
       ThreadPool pool(threads);
-      std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, 72, threads));
+      std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, c.n_head, 72, threads));
       cpu::attention(pool, s, q.data(), 1, n_ctx - 1, kp, vp, stride, threads == 1 ? one.data() : three.data(),
                      scratch.data());
     }
-    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(one[i], three[i]) << i << " f16 " << f16;
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(one[i], three[i]) << i << " f16 " << f16 << " ctx " << n_ctx;
   }
 }

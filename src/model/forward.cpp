@@ -29,7 +29,7 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
   gate.resize(batch * hp.n_ff);
   up.resize(batch * hp.n_ff);
   cos_sin.resize(2 * batch * std::max<int64_t>(hp.rope.n_rot, 2));  // global + local RoPE (gemma3)
-  att_scratch.resize(cpu::attention_scratch_floats(ctx, hp.head_dim, n_threads));
+  att_scratch.resize(cpu::attention_scratch_floats(ctx, hp.n_head, hp.head_dim, n_threads));
   size_t mm = 0;
   auto need = [&](const TensorView& t) {
     if (t.valid()) mm = std::max(mm, cpu::matmul_scratch_bytes(t.type, t.cols(), batch));

@@ -20,14 +20,19 @@ struct AttentionShape {
 // k,v: caches with rows of n_head_kv * head_dim values (float, or F16 when shape.kv_f16) at
 //      stride kv_stride values per position, already holding positions 0 .. pos0 + n_tokens - 1.
 // out: [n_tokens][n_head * head_dim].
-// scratch: attention_scratch_floats(pos0 + n_tokens, head_dim, pool.size()) floats.
+// scratch: attention_scratch_floats(pos0 + n_tokens, n_head, head_dim, pool.size()) floats.
+// Up to kSplitTokens (4) tokens over more than 512 visible positions (decode over a long
+// context) split the positions into chunks of 512 that run in parallel and are merged after
+// (flash-decoding), so that few KV heads still keep every thread busy; the chunk edges are fixed,
+// so the result does not depend on the thread count.
 void attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n_tokens, int64_t pos0,
                const void* k, const void* v, int64_t kv_stride, float* out, float* scratch);
-size_t attention_scratch_floats(int64_t n_ctx, int64_t head_dim, int n_threads);
+size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t head_dim, int n_threads);
 
 namespace detail {
-// Heads the AVX-512 kernel takes together when they share a KV head (n_head / n_head_kv a
-// multiple of it) and there are enough such groups to keep the threads busy.
+// Most heads the AVX-512 kernel takes together when they share a KV head (it takes the largest
+// of 4, 3, 2 that divides n_head / n_head_kv, where there are enough such runs to keep the
+// threads busy).
 constexpr int kGroupHeads = 4;
 }  // namespace detail
 

@@ -71,7 +71,7 @@ void scores8(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, 
 }
 
 // scores[0, n) = softmax(scores[0, n)) (after soft-capping when softcap > 0).
-void softmax8(float softcap, int64_t n, float* scores) {
+void softmax8(float softcap, int64_t n, float* scores, float* stat) {
   if (softcap > 0)
     for (int64_t j = 0; j < n; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
   float mx = -INFINITY;
@@ -97,6 +97,7 @@ void softmax8(float softcap, int64_t n, float* scores) {
     _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
     for (int64_t i = j; i < n; ++i) scores[i] = t[i - j], total += t[i - j];
   }
+  if (stat) stat[0] = mx, stat[1] = total;
   const __m256 inv = _mm256_set1_ps(1.0f / total);
   for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(scores + j, _mm256_mul_ps(_mm256_loadu_ps(scores + j), inv));
   for (; j < n; ++j) scores[j] *= 1.0f / total;
@@ -133,20 +134,20 @@ void weighted_sum8(const float* p, const E* v, int64_t stride, int64_t n, int64_
 
 template <class E>
 void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
-            float* outh, float* scores) {
+            float* outh, float* scores, float* stat) {
   scores8(qh, k, kv_stride, n, s.head_dim, s.scale, scores);
-  softmax8(s.softcap, n, scores);
+  softmax8(s.softcap, n, scores, stat);
   weighted_sum8(scores, v, kv_stride, n, s.head_dim, outh);
 }
 
 }  // namespace
 
 void attend_one_avx2(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
-                     int64_t n, float* outh, float* scores) {
+                     int64_t n, float* outh, float* scores, float* stat) {
   if (s.kv_f16)
-    attend(s, qh, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), kv_stride, n, outh, scores);
+    attend(s, qh, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), kv_stride, n, outh, scores, stat);
   else
-    attend(s, qh, static_cast<const float*>(k), static_cast<const float*>(v), kv_stride, n, outh, scores);
+    attend(s, qh, static_cast<const float*>(k), static_cast<const float*>(v), kv_stride, n, outh, scores, stat);
 }
 
 }  // namespace ember::cpu::detail

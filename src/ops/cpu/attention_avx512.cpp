@@ -1,10 +1,10 @@
-// Attention on AVX-512, per token over one head or over four heads that share a KV head:
+// Attention on AVX-512, per token over one head or over two to four heads that share a KV head:
 //   scores: q.k_j with the query in registers (head sizes up to 256), four positions at a time
 //     (independent multiply-add chains, one hsum4 tree for the four sums);
 //   softmax: the 16-lane exp of exp_avx512.hpp;
 //   weighted sum of the value rows with the output columns held in registers.
-// The four-head kernel loads (and converts, from an F16 cache) each K and V chunk once for the
-// four, and gives the one-head kernel's bits. The portable loop in attention.cpp calls dot_f32 /
+// The grouped kernel loads (and converts, from an F16 cache) each K and V chunk once for its
+// heads, and gives the one-head kernel's bits. The portable loop in attention.cpp calls dot_f32 /
 // axpy_f32 once per position, which at head size 64 spends most of its time in call and
 // reduction overhead.
 #include <immintrin.h>
@@ -126,8 +126,9 @@ void weighted_sum_any(const float* p, const E* v, int64_t stride, int64_t n, int
     weighted_sum_at<kMaxRegs>(p, v + c0, stride, n, std::min<int64_t>(hd - c0, 16 * kMaxRegs), out + c0);
 }
 
-// scores[0, n) = softmax(scores[0, n)) (after soft-capping when softcap > 0).
-void softmax(float softcap, int64_t n, float* scores) {
+// scores[0, n) = softmax(scores[0, n)) (after soft-capping when softcap > 0); stat, when given,
+// receives the largest score and the sum of the exponentials (for merging chunks of positions).
+void softmax(float softcap, int64_t n, float* scores, float* stat) {
   if (softcap > 0)
     for (int64_t j = 0; j < n; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
   __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -144,7 +145,9 @@ void softmax(float softcap, int64_t n, float* scores) {
     _mm512_mask_storeu_ps(scores + j, m, e);
     sum = _mm512_mask_add_ps(sum, m, sum, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  const float total = _mm512_reduce_add_ps(sum);
+  if (stat) stat[0] = _mm512_reduce_max_ps(vmax), stat[1] = total;
+  const __m512 inv = _mm512_set1_ps(1.0f / total);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = lane_mask(n - j);
     _mm512_mask_storeu_ps(scores + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scores + j), inv));
@@ -153,104 +156,113 @@ void softmax(float softcap, int64_t n, float* scores) {
 
 template <class E>
 void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
-            float* outh, float* scores) {
+            float* outh, float* scores, float* stat) {
   scores_any(qh, k, kv_stride, n, s.head_dim, s.scale, scores);
-  softmax(s.softcap, n, scores);
+  softmax(s.softcap, n, scores, stat);
   weighted_sum_any(scores, v, kv_stride, n, s.head_dim, outh);
 }
 
-// Four heads that share their K and V rows (grouped-query attention): each K and V value is
-// loaded (and converted from F16) once for the four instead of once per head. q and out hold
-// the four heads one after the other (head_dim apart); scores: 4 * n floats. Every score and
-// output element goes through the same operations as in the one-head kernel (the products of a
-// score chained over the columns from a multiply, the hsum4 tree; each output a chain over the
-// positions), so the two kernels agree bit for bit.
+// G (2 to 4) heads that share their K and V rows (grouped-query attention): each K and V value
+// is loaded (and converted from F16) once for the G instead of once per head. q and out hold
+// the heads one after the other (head_dim apart); scores: G * n floats. Every score and output
+// element goes through the same operations as in the one-head kernel (the products of a score
+// chained over the columns from a multiply, the hsum4 tree, whose lane sums do not depend on
+// each other; each output a chain over the positions), so the kernels agree bit for bit.
 
-// The scores of the four heads, the heads' R column chunks held in registers (R <= 4).
-template <int R, class E>
-void four_scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
-  __m512 qv[kGroupHeads][R];
+// The four lane sums of acc[0 .. G) (zeros beyond G).
+template <int G>
+inline __m128 hsum_g(const __m512 (&acc)[G]) {
+  const __m512 z = _mm512_setzero_ps();
+  if constexpr (G == 2) return hsum4(acc[0], acc[1], z, z);
+  else if constexpr (G == 3) return hsum4(acc[0], acc[1], acc[2], z);
+  else return hsum4(acc[0], acc[1], acc[2], acc[3]);
+}
+
+// The scores of the G heads, the heads' R column chunks held in registers (R <= 4).
+template <int G, int R, class E>
+void group_scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  __m512 qv[G][R];
   __mmask16 m[R];
   for (int c = 0; c < R; ++c) {
     m[c] = lane_mask(hd - 16 * c);
-    for (int g = 0; g < kGroupHeads; ++g) qv[g][c] = _mm512_maskz_loadu_ps(m[c], q + g * hd + 16 * c);
+    for (int g = 0; g < G; ++g) qv[g][c] = _mm512_maskz_loadu_ps(m[c], q + g * hd + 16 * c);
   }
   for (int64_t j = 0; j < n; ++j) {
     const E* kj = k + j * stride;
-    __m512 acc[kGroupHeads];
+    __m512 acc[G];
     const __m512 k0 = load(m[0], kj);
-    for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_mul_ps(qv[g][0], k0);
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_mul_ps(qv[g][0], k0);
     for (int c = 1; c < R; ++c) {
       const __m512 kc = load(m[c], kj + 16 * c);
-      for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_fmadd_ps(qv[g][c], kc, acc[g]);
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][c], kc, acc[g]);
     }
     alignas(16) float sc[4];
-    _mm_store_ps(sc, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
-    for (int g = 0; g < kGroupHeads; ++g) scores[g * n + j] = sc[g];
+    _mm_store_ps(sc, _mm_mul_ps(hsum_g<G>(acc), _mm_set1_ps(scale)));
+    for (int g = 0; g < G; ++g) scores[g * n + j] = sc[g];
   }
 }
 
 // The same for any head size, the query read from memory.
-template <class E>
-void four_scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+template <int G, class E>
+void group_scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   for (int64_t j = 0; j < n; ++j) {
     const E* kj = k + j * stride;
-    __m512 acc[kGroupHeads];
+    __m512 acc[G];
     const __m512 k0 = load(lane_mask(hd), kj);
-    for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(hd), q + g * hd), k0);
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(hd), q + g * hd), k0);
     for (int64_t c = 16; c < hd; c += 16) {
       const __mmask16 m = lane_mask(hd - c);
       const __m512 kc = load(m, kj + c);
-      for (int g = 0; g < kGroupHeads; ++g) acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * hd + c), kc, acc[g]);
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * hd + c), kc, acc[g]);
     }
     alignas(16) float sc[4];
-    _mm_store_ps(sc, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
-    for (int g = 0; g < kGroupHeads; ++g) scores[g * n + j] = sc[g];
+    _mm_store_ps(sc, _mm_mul_ps(hsum_g<G>(acc), _mm_set1_ps(scale)));
+    for (int g = 0; g < G; ++g) scores[g * n + j] = sc[g];
   }
 }
 
-// Columns [0, 16 R) (R <= 4; hd_left of them valid) of the four heads' outputs: sum_j p_g[j] v_j,
+// Columns [0, 16 R) (R <= 4; hd_left of them valid) of the G heads' outputs: sum_j p_g[j] v_j,
 // 4 R accumulators, each value chunk loaded once per position.
-template <int R, class E>
-void four_weighted_block(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd_left, int64_t hd,
+template <int G, int R, class E>
+void group_weighted_block(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd_left, int64_t hd,
                          float* out) {
-  __m512 acc[kGroupHeads][R];
+  __m512 acc[G][R];
   __mmask16 m[R];
   for (int c = 0; c < R; ++c) {
     m[c] = lane_mask(hd_left - 16 * c);
-    for (int g = 0; g < kGroupHeads; ++g) acc[g][c] = _mm512_setzero_ps();
+    for (int g = 0; g < G; ++g) acc[g][c] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < n; ++j) {
     __m512 vc[R];
     for (int c = 0; c < R; ++c) vc[c] = load(m[c], v + j * stride + 16 * c);
-    for (int g = 0; g < kGroupHeads; ++g) {
+    for (int g = 0; g < G; ++g) {
       const __m512 pg = _mm512_set1_ps(p[g * n + j]);
       for (int c = 0; c < R; ++c) acc[g][c] = _mm512_fmadd_ps(pg, vc[c], acc[g][c]);
     }
   }
-  for (int g = 0; g < kGroupHeads; ++g)
+  for (int g = 0; g < G; ++g)
     for (int c = 0; c < R; ++c) _mm512_mask_storeu_ps(out + g * hd + 16 * c, m[c], acc[g][c]);
 }
 
-template <class E>
-void attend_four(const AttentionShape& s, const float* q, const E* k, const E* v, int64_t stride, int64_t n,
-                 float* out, float* scores) {
+template <int G, class E>
+void attend_group(const AttentionShape& s, const float* q, const E* k, const E* v, int64_t stride, int64_t n,
+                  float* out, float* scores, float* stat) {
   const int64_t hd = s.head_dim;
   switch ((hd + 15) / 16) {
-    case 1: four_scores_regs<1>(q, k, stride, n, hd, s.scale, scores); break;
-    case 2: four_scores_regs<2>(q, k, stride, n, hd, s.scale, scores); break;
-    case 3: four_scores_regs<3>(q, k, stride, n, hd, s.scale, scores); break;
-    case 4: four_scores_regs<4>(q, k, stride, n, hd, s.scale, scores); break;
-    default: four_scores_any(q, k, stride, n, hd, s.scale, scores);
+    case 1: group_scores_regs<G, 1>(q, k, stride, n, hd, s.scale, scores); break;
+    case 2: group_scores_regs<G, 2>(q, k, stride, n, hd, s.scale, scores); break;
+    case 3: group_scores_regs<G, 3>(q, k, stride, n, hd, s.scale, scores); break;
+    case 4: group_scores_regs<G, 4>(q, k, stride, n, hd, s.scale, scores); break;
+    default: group_scores_any<G>(q, k, stride, n, hd, s.scale, scores);
   }
-  for (int g = 0; g < kGroupHeads; ++g) softmax(s.softcap, n, scores + g * n);
+  for (int g = 0; g < G; ++g) softmax(s.softcap, n, scores + g * n, stat ? stat + 2 * g : nullptr);
   for (int64_t c0 = 0; c0 < hd; c0 += 64) {
     const int64_t left = hd - c0;
     switch (std::min<int64_t>(4, (left + 15) / 16)) {
-      case 1: four_weighted_block<1>(scores, v + c0, stride, n, left, hd, out + c0); break;
-      case 2: four_weighted_block<2>(scores, v + c0, stride, n, left, hd, out + c0); break;
-      case 3: four_weighted_block<3>(scores, v + c0, stride, n, left, hd, out + c0); break;
-      default: four_weighted_block<4>(scores, v + c0, stride, n, left, hd, out + c0);
+      case 1: group_weighted_block<G, 1>(scores, v + c0, stride, n, left, hd, out + c0); break;
+      case 2: group_weighted_block<G, 2>(scores, v + c0, stride, n, left, hd, out + c0); break;
+      case 3: group_weighted_block<G, 3>(scores, v + c0, stride, n, left, hd, out + c0); break;
+      default: group_weighted_block<G, 4>(scores, v + c0, stride, n, left, hd, out + c0);
     }
   }
 }
@@ -267,13 +279,19 @@ void with_cache_type(const AttentionShape& s, const void* k, const void* v, F&& 
 }  // namespace
 
 void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
-                       int64_t n, float* outh, float* scores) {
-  with_cache_type(s, k, v, [&](auto kt, auto vt) { attend(s, qh, kt, vt, kv_stride, n, outh, scores); });
+                       int64_t n, float* outh, float* scores, float* stat) {
+  with_cache_type(s, k, v, [&](auto kt, auto vt) { attend(s, qh, kt, vt, kv_stride, n, outh, scores, stat); });
 }
 
-void attend_four_avx512(const AttentionShape& s, const float* q, const void* k, const void* v, int64_t kv_stride,
-                        int64_t n, float* out, float* scores) {
-  with_cache_type(s, k, v, [&](auto kt, auto vt) { attend_four(s, q, kt, vt, kv_stride, n, out, scores); });
+void attend_group_avx512(const AttentionShape& s, int heads, const float* q, const void* k, const void* v,
+                         int64_t kv_stride, int64_t n, float* out, float* scores, float* stat) {
+  with_cache_type(s, k, v, [&](auto kt, auto vt) {
+    switch (heads) {
+      case 2: attend_group<2>(s, q, kt, vt, kv_stride, n, out, scores, stat); break;
+      case 3: attend_group<3>(s, q, kt, vt, kv_stride, n, out, scores, stat); break;
+      default: attend_group<4>(s, q, kt, vt, kv_stride, n, out, scores, stat); break;
+    }
+  });
 }
 
 }  // namespace ember::cpu::detail

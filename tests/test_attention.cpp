@@ -38,12 +38,13 @@ TEST(Attention, MatchesReference) {
                  // groups of four heads per KV head (the AVX-512 grouped kernel where enough of them)
                  Case{8, 2, 64, 1, 50, 0, 0}, Case{16, 2, 300, 3, 20, 0, 0}, Case{8, 2, 40, 5, 3, 6, 0},
                  Case{8, 2, 16, 4, 10, 0, 20.f},
-                 // three heads per KV head (grouped by three), and long contexts: decode split into
-                 // chunks of 512 positions (the last one partial; with several tokens, some see a
-                 // chunk fewer), with a window, soft-capping, one head per KV head
+                 // three heads per KV head (grouped by three), and long contexts with few runs of
+                 // heads: decode split into equal chunks of at most 512 positions (tokens of a batch
+                 // see different lengths), with a window, soft-capping, one head per KV head; the
+                 // last case has enough runs (8) not to split
                  Case{9, 3, 64, 2, 30, 0, 0}, Case{9, 3, 64, 1, 1500, 0, 0}, Case{8, 2, 64, 3, 2000, 0, 0},
-                 Case{4, 1, 256, 2, 1100, 1000, 0}, Case{6, 2, 16, 1, 700, 0, 30.f}, Case{5, 5, 33, 4, 1030, 0, 0},
-                 Case{4, 2, 24, 4, 510, 0, 0}}) {
+                 Case{4, 1, 256, 2, 1100, 1000, 0}, Case{6, 2, 16, 1, 700, 0, 30.f}, Case{5, 5, 33, 1, 1030, 0, 0},
+                 Case{4, 2, 24, 3, 510, 0, 0}, Case{32, 4, 64, 1, 1500, 0, 0}}) {
     cpu::AttentionShape s{c.n_head, c.n_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window, c.softcap};
     int64_t n_ctx = c.pos0 + c.n_tokens;
     int64_t stride = c.n_kv * c.hd + 3;  // rows padded: the stride is honoured

@@ -41,10 +41,12 @@ TEST(Attention, MatchesReference) {
                  // three heads per KV head (grouped by three), and long contexts with few runs of
                  // heads: decode split into equal chunks of at most 512 positions (tokens of a batch
                  // see different lengths), with a window, soft-capping, one head per KV head; the
-                 // last case has enough runs (8) not to split
+                 // case after them has enough runs (8) not to split
                  Case{9, 3, 64, 2, 30, 0, 0}, Case{9, 3, 64, 1, 1500, 0, 0}, Case{8, 2, 64, 3, 2000, 0, 0},
                  Case{4, 1, 256, 2, 1100, 1000, 0}, Case{6, 2, 16, 1, 700, 0, 30.f}, Case{5, 5, 33, 1, 1030, 0, 0},
-                 Case{4, 2, 24, 3, 510, 0, 0}, Case{32, 4, 64, 1, 1500, 0, 0}}) {
+                 Case{4, 2, 24, 3, 510, 0, 0}, Case{32, 4, 64, 1, 1500, 0, 0},
+                 // few runs but a batch of more than 4 tokens (a prompt's last chunk): not split
+                 Case{4, 1, 256, 6, 1500, 0, 0}, Case{9, 3, 16, 2, 600, 0, 0}}) {
     cpu::AttentionShape s{c.n_head, c.n_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window, c.softcap};
     int64_t n_ctx = c.pos0 + c.n_tokens;
     int64_t stride = c.n_kv * c.hd + 3;  // rows padded: the stride is honoured

@@ -29,7 +29,7 @@ namespace {
 // batch has fewer than kSplitBelow (token, run of grouped heads) items; the decision and the
 // chunk edges depend only on the shapes, so the result does not depend on the thread count.
 constexpr int64_t kChunk = 512;
-constexpr int64_t kSplitTokens = 4;  // (scratch bound; kSplitBelow keeps batches smaller)
+constexpr int64_t kSplitTokens = 4;  // at most this many tokens (the scratch holds their partials)
 constexpr int64_t kSplitBelow = 8;
 
 // Position j's row of a cache (kv_head's columns) as floats: the row itself (float cache) or
@@ -96,7 +96,7 @@ int64_t split_chunks(const AttentionShape& s, int64_t n_tokens, int64_t pos0, in
   // Only where the (token, run of heads) items are few: with enough of them the threads are
   // busy anyway, and the merge would only cost (it measured 10-15 % on 8 runs).
   const int64_t items = n_tokens * (s.n_head / group_heads(s.n_head / s.n_head_kv));
-  if (items >= kSplitBelow || n <= kChunk) return 1;
+  if (n_tokens > kSplitTokens || items >= kSplitBelow || n <= kChunk) return 1;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   len = (n + chunks - 1) / chunks;
   return chunks;

@@ -21,11 +21,11 @@ struct AttentionShape {
 //      stride kv_stride values per position, already holding positions 0 .. pos0 + n_tokens - 1.
 // out: [n_tokens][n_head * head_dim].
 // scratch: attention_scratch_floats(pos0 + n_tokens, n_head, head_dim, pool.size()) floats.
-// A decode step over more than 512 visible positions with few heads to share out (fewer than 8
-// runs of heads that share a KV head, e.g. SmolLM2's 3 or Gemma-3's 1) splits the positions into
-// equal chunks of at most 512 that run in parallel and are merged after (flash-decoding); the
-// decision and the chunk edges depend only on the shapes, so the result does not depend on the
-// thread count.
+// A decode step (up to 4 tokens) over more than 512 visible positions with few heads to share
+// out (fewer than 8 runs of heads that share a KV head, e.g. SmolLM2's 3 or Gemma-3's 1) splits
+// the positions into equal chunks of at most 512 that run in parallel and are merged after
+// (flash-decoding); the decision and the chunk edges depend only on the shapes, so the result
+// does not depend on the thread count.
 void attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n_tokens, int64_t pos0,
                const void* k, const void* v, int64_t kv_stride, float* out, float* scratch);
 size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t head_dim, int n_threads);

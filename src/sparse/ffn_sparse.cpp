@@ -167,9 +167,8 @@ double SparseFfn::weight_bytes_per_token() const {
     if (opts_.mode == FfnMode::predictor) total += static_cast<double>(w.fc1.nbytes + w.fc2.nbytes);
     // A shared-scale copy's tables: counted whole (read whenever a block of 32 neurons has one
     // firing, which is nearly all blocks at the sparsities it is chosen for).
-    const cpu::NeuronMajorMatrix& nm = down_nm_[l];
-    if (cpu::is_nm4(nm.view.type))
-      total += static_cast<double>(nm.view.nbytes - nm.view.row_stride() * static_cast<size_t>(nm.view.rows()));
+    const TensorView& nm = down_nm_[l].view;
+    if (cpu::is_nm4(nm.type)) total += static_cast<double>(cpu::nm4_table_bytes(nm.type, nm.rows(), nm.cols()));
     total += (gate_rows * static_cast<double>(w.gate.valid() ? w.gate.row_stride() : 0) +
               static_cast<double>(stats_.active[l]) * static_cast<double>(w.up.row_stride() + down_nm_[l].view.row_stride())) /
              tokens;

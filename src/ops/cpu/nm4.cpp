@@ -11,8 +11,6 @@
 namespace ember::cpu {
 namespace {
 
-int tables_per_block(DType t) { return t == DType::Q4_1_NM ? 2 : 1; }
-
 // Code of output j in a neuron row.
 inline int code_at(const uint8_t* row, int64_t j) {
   const uint8_t b = row[(j / 32) * 16 + (j % 16)];
@@ -27,10 +25,13 @@ DType nm4_type_of(DType down_type) {
   return down_type == DType::Q4_0 ? DType::Q4_0_NM : DType::Q4_1_NM;
 }
 
+size_t nm4_table_bytes(DType t, int64_t n_ff, int64_t n_embd) {
+  return static_cast<size_t>(n_ff / 32) * static_cast<size_t>(nm4_tables_per_block(t)) * static_cast<size_t>(n_embd) *
+         sizeof(uint16_t);
+}
+
 size_t nm4_bytes(DType t, int64_t n_ff, int64_t n_embd) {
-  return static_cast<size_t>(n_ff) * static_cast<size_t>(n_embd / 2) +
-         static_cast<size_t>(n_ff / 32) * static_cast<size_t>(tables_per_block(t)) * static_cast<size_t>(n_embd) *
-             sizeof(uint16_t);
+  return static_cast<size_t>(n_ff) * static_cast<size_t>(n_embd / 2) + nm4_table_bytes(t, n_ff, n_embd);
 }
 
 void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst) {
@@ -46,7 +47,7 @@ void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst) {
     for (int64_t b = b0; b < b1; ++b) {
       uint8_t* rows = dst + static_cast<size_t>(b * 32) * row_len;
       std::memset(rows, 0, 32 * row_len);
-      uint16_t* d = tables + b * tables_per_block(t) * n_embd;
+      uint16_t* d = tables + b * nm4_tables_per_block(t) * n_embd;
       for (int64_t r = 0; r < n_embd; ++r) {
         const uint8_t* blk = down.row(r) + static_cast<size_t>(b) * in_block;
         const uint8_t* qs = blk + (q41 ? 4 : 2);

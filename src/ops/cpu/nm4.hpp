@@ -39,13 +39,15 @@ inline bool is_nm4(DType t) { return t == DType::Q4_0_NM || t == DType::Q4_1_NM;
 // The neuron-major type of a Q4_0 / Q4_1 down matrix.
 DType nm4_type_of(DType down_type);
 
-// Bytes of the whole matrix: rows and scale tables.
+// fp16 tables of n_embd values per block of 32 neurons: d, and for Q4_1 m.
+inline int nm4_tables_per_block(DType t) { return t == DType::Q4_1_NM ? 2 : 1; }
+// Bytes of the scale tables, and of the whole matrix (rows and tables).
+size_t nm4_table_bytes(DType t, int64_t n_ff, int64_t n_embd);
 size_t nm4_bytes(DType t, int64_t n_ff, int64_t n_embd);
 // The scale table of neuron block b (d; Q4_1: m follows n_embd values later).
 inline const uint16_t* nm4_scales(const TensorView& D, int64_t block) {
-  const int64_t per_block = D.type == DType::Q4_1_NM ? 2 : 1;
   return reinterpret_cast<const uint16_t*>(D.data + static_cast<size_t>(D.rows()) * D.row_stride()) +
-         block * per_block * D.cols();
+         block * nm4_tables_per_block(D.type) * D.cols();
 }
 
 // Writes the neuron-major copy of `down` (Q4_0 or Q4_1, ne[0] = n_ff, ne[1] = n_embd) into dst

@@ -93,6 +93,17 @@ int register_all() {
               ->UseRealTime();
         }
       }
+  // A predictor's two layers at the 1.1B shape (rank 64): fc1 [2048 -> 64], fc2 [64 -> 5632].
+  for (DType t : {DType::Q8_0, DType::Q4_0})
+    for (const auto& s : {std::pair<int64_t, int64_t>{64, 2048}, std::pair<int64_t, int64_t>{5632, 64}})
+      for (bool repacked : {false, true}) {
+        if (repacked && (!cpu::r16_fast() || cpu::r16_type(t) == t)) continue;
+        const std::string name = std::string("Predictor/") + std::string(dtype_name(t)) + (repacked ? "_R16/" : "/") +
+                                 std::to_string(s.first) + "x" + std::to_string(s.second);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t, s.first, s.second, int64_t{1}, repacked)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
   return 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -58,7 +59,7 @@ void expect_same_logits(const Model& plain, const Model& packed, FfnMode mode, d
 
 bool owned(const Model& m, const TensorView& w) {
   for (const auto& b : m.owned_weights)
-    if (w.data == b.data()) return true;
+    if (w.data >= b.data() && w.data + w.nbytes <= b.data() + b.size()) return true;
   return false;
 }
 
@@ -72,7 +73,8 @@ TEST(Repack, DenseScopeRepacksEveryMultipliedMatrixAndKeepsLogits) {
   const RepackStats st = repack_for_dense_kernels(*packed, RepackScope::all);
   const int64_t nl = packed->hp.n_layer;
   EXPECT_EQ(st.tensors, 7 * nl + 1);
-  EXPECT_EQ(packed->owned_weights.size(), static_cast<size_t>(st.tensors));
+  EXPECT_EQ(packed->owned_weights.size(), 1u);  // one buffer for all of them
+  EXPECT_EQ(st.copied_tensors, 0);
   for (const LayerWeights& l : packed->layers)
     for (const TensorView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.gate, &l.ffn.up, &l.ffn.down}) {
       EXPECT_EQ(w->type, DType::Q4_0_R16) << w->name;
@@ -153,4 +155,61 @@ TEST(Repack, Q4_1Q5_0Q8_0AndKQuantModelsKeepTheirLogits) {
     expect_same_logits(*plain, *packed, FfnMode::dense, type == DType::Q5_0 ? 2e-3 : 1e-6);
     std::filesystem::remove(path);
   }
+}
+
+TEST(Repack, ResidentCopyTakesEveryOtherPerTokenMatrixOutOfTheFileWithItsBytes) {
+  // A PowerInfer-layout file (ffn_down_t, predictors) with a tied output, in predictor mode's
+  // scope: attention and output repacked (where the machine has the kernels), the FFN's rows and
+  // the predictors copied as they are.
+  SynthOptions o = q4_0_model(FfnActivation::relu, true);
+  o.powerinfer = true;
+  o.sparsity = 0.8f;
+  const std::string path = synth_path(o, "resident");
+  auto plain = load_model(path);
+  auto copied = load_model(path);
+  const RepackStats st = repack_for_dense_kernels(*copied, RepackScope::attention_output, ResidentWeights::copy);
+  const int64_t nl = copied->hp.n_layer;
+  const bool packs = cpu::r16_fast();
+  EXPECT_EQ(st.tensors, packs ? 4 * nl + 1 : 0);
+  EXPECT_EQ(st.copied_tensors, (packs ? 5 : 9) * nl + (packs ? 0 : 1));  // gate, up, down_t, fc1, fc2 (+ attention, output)
+  EXPECT_EQ(copied->owned_weights.size(), 1u);
+  for (size_t l = 0; l < copied->layers.size(); ++l) {
+    const LayerWeights& c = copied->layers[l];
+    const LayerWeights& p = plain->layers[l];
+    for (auto [cw, pw] : {std::pair{&c.ffn.gate, &p.ffn.gate}, std::pair{&c.ffn.up, &p.ffn.up},
+                          std::pair{&c.ffn.down_t, &p.ffn.down_t}, std::pair{&c.ffn.fc1, &p.ffn.fc1},
+                          std::pair{&c.ffn.fc2, &p.ffn.fc2}}) {
+      ASSERT_TRUE(pw->valid()) << pw->name;
+      EXPECT_TRUE(owned(*copied, *cw)) << cw->name;
+      EXPECT_EQ(cw->type, pw->type) << cw->name;
+      ASSERT_EQ(cw->nbytes, pw->nbytes) << cw->name;
+      EXPECT_EQ(std::memcmp(cw->data, pw->data, pw->nbytes), 0) << cw->name;
+    }
+    EXPECT_TRUE(owned(*copied, c.wq));
+  }
+  // The tied embedding follows its output matrix into the buffer.
+  EXPECT_TRUE(owned(*copied, copied->output));
+  EXPECT_EQ(copied->tok_embd.data, copied->output.data);
+  EXPECT_EQ(copied->tok_embd.type, copied->output.type);
+  // The same function: predictor-mode logits equal (same bytes, same kernels) at the scalar
+  // level, where repacked and file layouts compute alike.
+  expect_same_logits(*plain, *copied, FfnMode::predictor);
+  std::filesystem::remove(path);
+}
+
+TEST(Repack, NothingToRepackStillCopiesWhenAsked) {
+  SynthOptions o = q4_0_model(FfnActivation::silu, false);
+  o.type = DType::F16;  // no repacked layout
+  const std::string path = synth_path(o, "f16_resident");
+  auto m = load_model(path);
+  auto plain = load_model(path);
+  const RepackStats st = repack_for_dense_kernels(*m, RepackScope::all, ResidentWeights::copy);
+  EXPECT_EQ(st.tensors, 0);
+  EXPECT_EQ(st.copied_tensors, 7 * m->hp.n_layer + 1);
+  EXPECT_TRUE(owned(*m, m->layers[0].ffn.down));
+  EXPECT_FALSE(owned(*m, m->tok_embd));  // untied: looked up a row per token, stays in the file
+  const Logits a = test_support::run_ffn_mode(*plain, FfnMode::dense, 2);
+  const Logits b = test_support::run_ffn_mode(*m, FfnMode::dense, 2);
+  EXPECT_EQ(test_support::max_rel_diff(a, b), 0.0);
+  std::filesystem::remove(path);
 }

@@ -1,11 +1,14 @@
 // A fixed-size, 64-byte aligned, zero-initialized heap buffer. Allocated once (at load or the
-// first use), never on the per-token path.
+// first use), never on the per-token path. Buffers of kHugeAllocMin bytes or more are backed by
+// transparent huge pages where the kernel gives them (core/huge_pages.hpp).
 #pragma once
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
+
+#include "core/huge_pages.hpp"
 
 namespace ember {
 
@@ -14,7 +17,7 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t n) { resize(n); }
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() { free_zeroed(data_, size_ * sizeof(T)); }
   AlignedBuffer(AlignedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
     std::swap(data_, o.data_);
@@ -27,11 +30,10 @@ class AlignedBuffer {
   // Reallocates (contents lost) only when n exceeds the current size.
   void resize(size_t n) {
     if (n <= size_) return;
-    std::free(data_);
-    size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    free_zeroed(data_, size_ * sizeof(T));
+    data_ = nullptr, size_ = 0;
+    data_ = static_cast<T*>(alloc_zeroed(n * sizeof(T)));
     if (!data_) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
     size_ = n;
   }
   T* data() { return data_; }

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <initializer_list>
 #include <thread>
 #include <vector>
 
+#include "core/huge_pages.hpp"
 #include "core/timer.hpp"
 #include "ops/cpu/r16.hpp"
 
@@ -49,32 +51,52 @@ void repack_parallel(const TensorView& w, uint8_t* dst) {
   for (auto& t : threads) t.join();
 }
 
-void repack(Model& model, TensorView& w, RepackStats& st) {
-  AlignedBuffer<uint8_t> buf(w.nbytes);
-  repack_parallel(w, buf.data());
-  release_pages(w.data, w.nbytes);
-  w.type = cpu::r16_type(w.type);
-  w.data = buf.data();
-  model.owned_weights.push_back(std::move(buf));
-  ++st.tensors;
-  st.bytes += w.nbytes;
+// The same split for a plain copy (the first touch of the destination's huge pages spread too).
+void copy_parallel(const TensorView& w, uint8_t* dst) {
+  const size_t chunk = size_t{1} << 20;
+  const int64_t parts = static_cast<int64_t>((w.nbytes + chunk - 1) / chunk);
+  const int64_t nth = std::clamp<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1,
+                                          std::max<int64_t>(1, parts));
+  const auto part = [&](int64_t i) {
+    const size_t b0 = w.nbytes * static_cast<size_t>(i) / static_cast<size_t>(nth);
+    const size_t b1 = w.nbytes * static_cast<size_t>(i + 1) / static_cast<size_t>(nth);
+    std::memcpy(dst + b0, w.data + b0, b1 - b0);
+  };
+  std::vector<std::thread> threads;
+  for (int64_t i = 1; i < nth; ++i) threads.emplace_back(part, i);
+  part(0);
+  for (auto& t : threads) t.join();
 }
+
+// What goes into the model's buffer: matrices to repack, and (ResidentWeights::copy) the other
+// matrices the forward pass reads every token, copied as they are.
+struct Planned {
+  TensorView* w;
+  bool repack;
+  size_t at = 0;  // offset in the buffer
+};
 
 }  // namespace
 
-RepackStats repack_for_dense_kernels(Model& model, RepackScope scope) {
+RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident) {
   RepackStats st;
-  if (scope == RepackScope::none || !cpu::r16_fast()) return st;
+  const bool repacking = scope != RepackScope::none && cpu::r16_fast();
+  if (!repacking && resident == ResidentWeights::in_file) return st;
   Timer timer;
+  std::vector<Planned> plan;
+  const auto planned = [&](const TensorView* w) {
+    for (const Planned& p : plan)
+      if (p.w->data == w->data) return true;
+    return false;
+  };
   // Matrices multiplied together in one fused call when they share their type (Q, K, V; gate and
   // up) keep sharing it: they are repacked all or none. Of mixed types, each goes on its own.
   const auto group = [&](std::initializer_list<TensorView*> ws) {
+    if (!repacking) return;
     bool same = true, all = true;
     for (TensorView* w : ws) same &= w->type == (*ws.begin())->type, all &= repackable(*w);
     for (TensorView* w : ws)
-      if (!same || all) {
-        if (repackable(*w)) repack(model, *w, st);
-      }
+      if ((!same || all) && repackable(*w)) plan.push_back({w, true});
   };
   for (LayerWeights& l : model.layers) {
     group({&l.wq, &l.wk, &l.wv});
@@ -86,17 +108,57 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope) {
       group({&l.ffn.gate});
     }
   }
-  if (model.output.data != model.tok_embd.data) {
+  const bool tied = model.output.data == model.tok_embd.data;
+  if (!tied) {
     group({&model.output});
-  } else if (repackable(model.output) && cpu::r16_unpackable(model.output.type)) {
+  } else if (repacking && repackable(model.output) && cpu::r16_unpackable(model.output.type)) {
     // A tied output matrix is also the token embedding: its rows are then looked up by
     // unpacking their group of 16 (get_rows), so it can be repacked where that is possible.
-    repack(model, model.output, st);
+    plan.push_back({&model.output, true});
+  }
+  if (resident == ResidentWeights::copy) {
+    const auto copy = [&](TensorView* w) {
+      if (w->valid() && w->n_dims == 2 && !planned(w)) plan.push_back({w, false});
+    };
+    for (LayerWeights& l : model.layers)
+      for (TensorView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.gate, &l.ffn.up, &l.ffn.down, &l.ffn.down_t, &l.ffn.fc1,
+                            &l.ffn.fc2})
+        copy(w);
+    copy(&model.output);  // tied: the embedding follows it below
+  }
+  if (plan.empty()) return st;
+  size_t total = 0;
+  for (Planned& p : plan) {
+    p.at = total;
+    total += (p.w->nbytes + 63) / 64 * 64;
+  }
+  AlignedBuffer<uint8_t> buf(total);
+  const uint8_t* const embd = model.tok_embd.data;
+  for (Planned& p : plan) {
+    TensorView& w = *p.w;
+    uint8_t* dst = buf.data() + p.at;
+    if (p.repack) {
+      repack_parallel(w, dst);
+      w.type = cpu::r16_type(w.type);
+      ++st.tensors;
+      st.bytes += w.nbytes;
+    } else {
+      copy_parallel(w, dst);
+      ++st.copied_tensors;
+      st.copied_bytes += w.nbytes;
+    }
+    release_pages(w.data, w.nbytes);
+    w.data = dst;
+  }
+  if (tied && model.output.data != embd) {  // the embedding follows its tied output matrix
     model.tok_embd.type = model.output.type;
     model.tok_embd.data = model.output.data;
   }
+  model.owned_weights.push_back(std::move(buf));
+  st.huge_page_bytes = anon_huge_page_bytes();
   st.seconds = timer.seconds();
   return st;
 }
+
 
 }  // namespace ember

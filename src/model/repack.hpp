@@ -1,5 +1,6 @@
 // Repacking a loaded model's matrices into the layouts the dense kernels read fastest
-// (Q4_0 -> Q4_0_R16, ops/cpu/r16.hpp), as llama.cpp repacks Q4_0 at load. A repacked matrix
+// (Q4_0 -> Q4_0_R16, ops/cpu/r16.hpp), as llama.cpp repacks Q4_0 at load, and optionally
+// copying the other per-token matrices out of the file too. A repacked matrix
 // is copied out of the file into Model::owned_weights (its file pages are released), and its
 // rows are addressable only 16 at a time: only matrices that the forward pass multiplies whole
 // are repacked, the token embedding only when it is also the output matrix and its type can be
@@ -19,14 +20,30 @@ enum class RepackScope {
   all,               // ... and the FFN's gate, up and down
 };
 
+// Where the matrices that are not repacked stay.
+enum class ResidentWeights {
+  in_file,  // in the file's memory map (4 KiB pages of the page cache), used in place
+  // copied into the model's buffer with the repacked ones: huge pages (core/huge_pages.hpp), the
+  // file's pages released. Every matrix the forward pass reads each token: the attention and
+  // FFN matrices (ffn_down_t, predictors included) and the output matrix; not the token
+  // embedding (a row per token) unless it is the tied output matrix.
+  copy,
+};
+
 struct RepackStats {
-  int tensors = 0;
+  int tensors = 0;  // repacked
   size_t bytes = 0;
+  int copied_tensors = 0;  // ResidentWeights::copy: copied as they are
+  size_t copied_bytes = 0;
+  size_t huge_page_bytes = 0;  // the process's memory in huge pages afterwards (0: none or unknown)
   double seconds = 0;
 };
 
 // Repacks what `scope` names where a fast kernel exists for the repacked layout at the current
-// SIMD level (else nothing). Views of the model change type and data; shapes stay.
-RepackStats repack_for_dense_kernels(Model& model, RepackScope scope);
+// SIMD level (else nothing), and with ResidentWeights::copy copies the other per-token matrices,
+// all into one buffer in Model::owned_weights. Views of the model change type and data; shapes
+// stay.
+RepackStats repack_for_dense_kernels(Model& model, RepackScope scope,
+                                     ResidentWeights resident = ResidentWeights::in_file);
 
 }  // namespace ember

@@ -55,6 +55,10 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_flag("--no-repack", no_repack,
                 "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
                 "for faster dense products, as llama.cpp does)");
+  app->add_flag("--mmap", mmap,
+                "use the matrices that are not repacked in place in the file's memory map (by default they are copied "
+                "into memory backed by huge pages, like the repacked ones: fewer TLB misses, faster decode; --mmap "
+                "saves that copy for a model that barely fits in memory)");
 }
 
 SessionParams EngineFlags::session_params() const {
@@ -94,10 +98,16 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
                                 : flags.sparse_mode == "dense"             ? RepackScope::all
                                                                            : RepackScope::attention_output_gate;
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
-  const RepackStats rp = repack_for_dense_kernels(*model, scope);
-  if (rp.tensors > 0)
-    log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels in {:.2f} s", rp.tensors,
-             rp.bytes / 1048576.0, rp.seconds);
+  const RepackStats rp =
+      repack_for_dense_kernels(*model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);
+  if (rp.tensors > 0 || rp.copied_tensors > 0)
+    log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels{} in {:.2f} s; {:.1f} MiB in "
+             "huge pages",
+             rp.tensors, rp.bytes / 1048576.0,
+             rp.copied_tensors ? fmt::format(", copied {} more ({:.1f} MiB) out of the file", rp.copied_tensors,
+                                             rp.copied_bytes / 1048576.0)
+                               : std::string(),
+             rp.seconds, rp.huge_page_bytes / 1048576.0);
   if (load_seconds) *load_seconds = timer.seconds();
   const Hparams& hp = model->hp;
   log_info("model: {} ({}), {} layers, n_embd {}, n_ff {}, heads {}/{} (KV), vocab {}, {:.1f} MiB", flags.model_path,

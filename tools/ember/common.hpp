@@ -27,6 +27,7 @@ struct EngineFlags {
   std::string predictor_path;  // --predictor: attached to the model at load
   std::string sparse_down = "exact";  // type of the neuron-major down copy (cpu::NeuronMajorType)
   bool no_repack = false;  // keep every matrix in the file's layout (model/repack.hpp)
+  bool mmap = false;  // keep the matrices that are not repacked in the file's map (ResidentWeights::in_file)
 
   void add_to(CLI::App* app, bool model_required = true);
   SessionParams session_params() const;
@@ -34,7 +35,8 @@ struct EngineFlags {
 
 // Loads the model named by the flags, logging what it is and how long it took, and repacks its
 // matrices for the dense kernels: the FFN too when it runs dense (no sparse mode, no hybrid) and
-// `max_scope` allows (tools that read FFN rows one by one pass attention_output).
+// `max_scope` allows (tools that read FFN rows one by one pass attention_output). Unless --mmap,
+// the other per-token matrices are copied into the same huge-page buffer (model/repack.hpp).
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds,
                                          RepackScope max_scope = RepackScope::all);
 

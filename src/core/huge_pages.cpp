@@ -1,0 +1,62 @@
+#include "core/huge_pages.hpp"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace ember {
+
+namespace {
+
+size_t huge_size(size_t bytes) { return (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes; }
+
+}  // namespace
+
+void* alloc_zeroed(size_t bytes) {
+  if (bytes < kHugeAllocMin) {
+    const size_t n = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, n);
+    if (p) std::memset(p, 0, n);
+    return p;
+  }
+  // Map a huge page more than needed and trim both ends to the alignment.
+  const size_t n = huge_size(bytes), span = n + kHugePageBytes;
+  void* m = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t start = (base + kHugePageBytes - 1) & ~(uintptr_t{kHugePageBytes} - 1);
+  if (start > base) ::munmap(m, start - base);
+  if (base + span > start + n) ::munmap(reinterpret_cast<void*>(start + n), base + span - (start + n));
+  // Before the first touch, so that the pages are faulted in huge (a no-op where transparent
+  // huge pages are off).
+  ::madvise(reinterpret_cast<void*>(start), n, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(start);
+}
+
+void free_zeroed(void* p, size_t bytes) {
+  if (!p) return;
+  if (bytes < kHugeAllocMin)
+    std::free(p);
+  else
+    ::munmap(p, huge_size(bytes));
+}
+
+size_t anon_huge_page_bytes() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  std::string key;
+  size_t kb = 0;
+  while (f >> key) {
+    if (key == "AnonHugePages:") {
+      f >> kb;
+      return kb * 1024;
+    }
+    f.ignore(4096, '\n');
+  }
+  return 0;
+}
+
+}  // namespace ember

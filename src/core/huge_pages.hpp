@@ -1,0 +1,31 @@
+// Memory for large, long-lived buffers (weights copied or repacked at load, KV caches), backed
+// by transparent huge pages where the kernel gives them.
+//
+// Why: decode reads every weight once per token. With 4 KiB pages, a 1.1B model is 150,000
+// pages, each a TLB miss and a page walk, and the neuron-sparse kernels touch a new page every
+// row or two (a Q4_0 row of 2048 values is 1152 bytes). 2 MiB pages make these walks rare:
+// measured on the 2-core Zen 4 box, dense decode +9 % and predictor-mode decode +11 % (see
+// docs/benchmarks.md, eighth session).
+#pragma once
+#include <cstddef>
+
+namespace ember {
+
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+// Allocations of at least this size are huge-page aligned and advised (below it, the rounding
+// to 2 MiB would waste too much).
+constexpr size_t kHugeAllocMin = size_t{4} << 20;
+
+// `bytes` zeroed bytes aligned to 64, or for bytes >= kHugeAllocMin a fresh anonymous mapping
+// aligned to kHugePageBytes with MADV_HUGEPAGE (the size rounded up to whole huge pages; its
+// pages are zero and become resident at their first touch, so a buffer filled a piece at a time
+// does not hold memory ahead of its contents). Null when the allocation fails. Give it back
+// with free_zeroed(p, bytes), the same bytes.
+void* alloc_zeroed(size_t bytes);
+void free_zeroed(void* p, size_t bytes);
+
+// Bytes of this process's anonymous memory currently in transparent huge pages
+// (AnonHugePages of /proc/self/smaps_rollup), 0 where unknown.
+size_t anon_huge_page_bytes();
+
+}  // namespace ember

@@ -17,6 +17,9 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t n) { resize(n); }
+  // Untouched: a large buffer's pages become resident as they are first written (alloc_zeroed).
+  struct Untouched {};
+  AlignedBuffer(size_t n, Untouched) { allocate(n, false); }
   ~AlignedBuffer() { free_zeroed(data_, size_ * sizeof(T)); }
   AlignedBuffer(AlignedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
@@ -29,12 +32,7 @@ class AlignedBuffer {
 
   // Reallocates (contents lost) only when n exceeds the current size.
   void resize(size_t n) {
-    if (n <= size_) return;
-    free_zeroed(data_, size_ * sizeof(T));
-    data_ = nullptr, size_ = 0;
-    data_ = static_cast<T*>(alloc_zeroed(n * sizeof(T)));
-    if (!data_) throw std::bad_alloc();
-    size_ = n;
+    if (n > size_) allocate(n, true);
   }
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -43,6 +41,14 @@ class AlignedBuffer {
   const T& operator[](size_t i) const { return data_[i]; }
 
  private:
+  void allocate(size_t n, bool touch) {
+    free_zeroed(data_, size_ * sizeof(T));
+    data_ = nullptr, size_ = 0;
+    data_ = static_cast<T*>(alloc_zeroed(n * sizeof(T), touch));
+    if (!data_) throw std::bad_alloc();
+    size_ = n;
+  }
+
   T* data_ = nullptr;
   size_t size_ = 0;
 };

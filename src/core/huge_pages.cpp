@@ -16,7 +16,7 @@ size_t huge_size(size_t bytes) { return (bytes + kHugePageBytes - 1) / kHugePage
 
 }  // namespace
 
-void* alloc_zeroed(size_t bytes) {
+void* alloc_zeroed(size_t bytes, bool touch) {
   if (bytes < kHugeAllocMin) {
     const size_t n = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, n);
@@ -34,6 +34,7 @@ void* alloc_zeroed(size_t bytes) {
   // Before the first touch, so that the pages are faulted in huge (a no-op where transparent
   // huge pages are off).
   ::madvise(reinterpret_cast<void*>(start), n, MADV_HUGEPAGE);
+  if (touch) std::memset(reinterpret_cast<void*>(start), 0, n);
   return reinterpret_cast<void*>(start);
 }
 

@@ -17,11 +17,12 @@ constexpr size_t kHugePageBytes = size_t{2} << 20;
 constexpr size_t kHugeAllocMin = size_t{4} << 20;
 
 // `bytes` zeroed bytes aligned to 64, or for bytes >= kHugeAllocMin a fresh anonymous mapping
-// aligned to kHugePageBytes with MADV_HUGEPAGE (the size rounded up to whole huge pages; its
-// pages are zero and become resident at their first touch, so a buffer filled a piece at a time
-// does not hold memory ahead of its contents). Null when the allocation fails. Give it back
-// with free_zeroed(p, bytes), the same bytes.
-void* alloc_zeroed(size_t bytes);
+// aligned to kHugePageBytes with MADV_HUGEPAGE (the size rounded up to whole huge pages). With
+// `touch`, every page is written once here, so that the cost of making memory resident is paid
+// now (at load) rather than at its first use (the first prompt); without, a huge-page mapping's
+// pages become resident as they are first written (a buffer filled in parallel a piece at a time).
+// Null when the allocation fails. Give it back with free_zeroed(p, bytes), the same bytes.
+void* alloc_zeroed(size_t bytes, bool touch = true);
 void free_zeroed(void* p, size_t bytes);
 
 // Bytes of this process's anonymous memory currently in transparent huge pages

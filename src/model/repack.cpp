@@ -132,7 +132,8 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     p.at = total;
     total += (p.w->nbytes + 63) / 64 * 64;
   }
-  AlignedBuffer<uint8_t> buf(total);
+  // Untouched: the threads below make its pages resident as they fill them.
+  AlignedBuffer<uint8_t> buf(total, AlignedBuffer<uint8_t>::Untouched{});
   const uint8_t* const embd = model.tok_embd.data;
   for (Planned& p : plan) {
     TensorView& w = *p.w;

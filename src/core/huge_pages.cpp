@@ -14,10 +14,18 @@ namespace {
 
 size_t huge_size(size_t bytes) { return (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes; }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;  // keep every buffer on the heap, where ASan sees overflows
+#else
+constexpr bool kSanitized = false;
+#endif
+
+bool huge_allocation(size_t bytes) { return !kSanitized && bytes >= kHugeAllocMin; }
+
 }  // namespace
 
 void* alloc_zeroed(size_t bytes, bool touch) {
-  if (bytes < kHugeAllocMin) {
+  if (!huge_allocation(bytes)) {
     const size_t n = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, n);
     if (p) std::memset(p, 0, n);
@@ -40,7 +48,7 @@ void* alloc_zeroed(size_t bytes, bool touch) {
 
 void free_zeroed(void* p, size_t bytes) {
   if (!p) return;
-  if (bytes < kHugeAllocMin)
+  if (!huge_allocation(bytes))
     std::free(p);
   else
     ::munmap(p, huge_size(bytes));

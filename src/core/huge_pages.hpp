@@ -22,6 +22,7 @@ constexpr size_t kHugeAllocMin = size_t{4} << 20;
 // now (at load) rather than at its first use (the first prompt); without, a huge-page mapping's
 // pages become resident as they are first written (a buffer filled in parallel a piece at a time).
 // Null when the allocation fails. Give it back with free_zeroed(p, bytes), the same bytes.
+// Under AddressSanitizer every buffer comes from the heap (where overflows are caught).
 void* alloc_zeroed(size_t bytes, bool touch = true);
 void free_zeroed(void* p, size_t bytes);
 

@@ -18,6 +18,7 @@
 
 // GCC 12 warns that _mm256_undefined_pd() (inside the lane extracts of _mm512_reduce_add_ps) "may
 // be used uninitialized" once these loops are unrolled; it is undefined by design.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ember::cpu::detail {

@@ -57,6 +57,14 @@ void expect_same_logits(const Model& plain, const Model& packed, FfnMode mode, d
             tol);
 }
 
+// A tied ReLU model in PowerInfer's layout (ffn_down_t, predictors fc1 / fc2).
+std::string powerinfer_path(const std::string& name) {
+  SynthOptions o = q4_0_model(FfnActivation::relu, true);
+  o.powerinfer = true;
+  o.sparsity = 0.8f;
+  return synth_path(o, name);
+}
+
 bool owned(const Model& m, const TensorView& w) {
   for (const auto& b : m.owned_weights)
     if (w.data >= b.data() && w.data + w.nbytes <= b.data() + b.size()) return true;
@@ -161,10 +169,7 @@ TEST(Repack, ResidentCopyTakesEveryOtherPerTokenMatrixOutOfTheFileWithItsBytes) 
   // A PowerInfer-layout file (ffn_down_t, predictors) with a tied output, in predictor mode's
   // scope: attention and output repacked (where the machine has the kernels), the FFN's rows and
   // the predictors copied as they are.
-  SynthOptions o = q4_0_model(FfnActivation::relu, true);
-  o.powerinfer = true;
-  o.sparsity = 0.8f;
-  const std::string path = synth_path(o, "resident");
+  const std::string path = powerinfer_path("resident");
   auto plain = load_model(path);
   auto copied = load_model(path);
   const RepackStats st = repack_for_dense_kernels(*copied, RepackScope::attention_output, ResidentWeights::copy);
@@ -211,5 +216,25 @@ TEST(Repack, NothingToRepackStillCopiesWhenAsked) {
   const Logits a = test_support::run_ffn_mode(*plain, FfnMode::dense, 2);
   const Logits b = test_support::run_ffn_mode(*m, FfnMode::dense, 2);
   EXPECT_EQ(test_support::max_rel_diff(a, b), 0.0);
+  std::filesystem::remove(path);
+}
+
+TEST(Repack, CopiesStayInTheFileWhenMemoryIsShort) {
+  const std::string path = powerinfer_path("short_memory");
+  auto m = load_model(path);
+  const uint8_t* up = m->layers[0].ffn.up.data;
+  // A budget of one byte: nothing is copied, the repacking (which the dense kernels need) still
+  // happens.
+  const RepackStats st = repack_for_dense_kernels(*m, RepackScope::attention_output, ResidentWeights::copy, 1);
+  EXPECT_EQ(st.copied_tensors, 0);
+  EXPECT_GT(st.copy_skipped_bytes, 0u);
+  EXPECT_EQ(m->layers[0].ffn.up.data, up);
+  EXPECT_EQ(st.tensors, cpu::r16_fast() ? 4 * m->hp.n_layer + 1 : 0);
+  // A budget that holds everything: copied.
+  auto m2 = load_model(path);
+  const RepackStats st2 =
+      repack_for_dense_kernels(*m2, RepackScope::attention_output, ResidentWeights::copy, size_t{1} << 40);
+  EXPECT_GT(st2.copied_tensors, 0);
+  EXPECT_EQ(st2.copy_skipped_bytes, 0u);
   std::filesystem::remove(path);
 }

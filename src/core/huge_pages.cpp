@@ -54,12 +54,15 @@ void free_zeroed(void* p, size_t bytes) {
     ::munmap(p, huge_size(bytes));
 }
 
-size_t anon_huge_page_bytes() {
-  std::ifstream f("/proc/self/smaps_rollup");
-  std::string key;
-  size_t kb = 0;
-  while (f >> key) {
-    if (key == "AnonHugePages:") {
+namespace {
+
+// The value in kB of `key` in a /proc file of "Key: value kB" lines, in bytes; 0 if absent.
+size_t proc_kb(const char* path, const std::string& key) {
+  std::ifstream f(path);
+  std::string k;
+  while (f >> k) {
+    if (k == key) {
+      size_t kb = 0;
       f >> kb;
       return kb * 1024;
     }
@@ -67,5 +70,11 @@ size_t anon_huge_page_bytes() {
   }
   return 0;
 }
+
+}  // namespace
+
+size_t available_memory_bytes() { return proc_kb("/proc/meminfo", "MemAvailable:"); }
+
+size_t anon_huge_page_bytes() { return proc_kb("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 }  // namespace ember

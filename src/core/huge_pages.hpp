@@ -26,6 +26,10 @@ constexpr size_t kHugeAllocMin = size_t{4} << 20;
 void* alloc_zeroed(size_t bytes, bool touch = true);
 void free_zeroed(void* p, size_t bytes);
 
+// The memory the system can give without swapping (MemAvailable of /proc/meminfo: free memory
+// plus reclaimable caches), 0 where unknown.
+size_t available_memory_bytes();
+
 // Bytes of this process's anonymous memory currently in transparent huge pages
 // (AnonHugePages of /proc/self/smaps_rollup), 0 where unknown.
 size_t anon_huge_page_bytes();

@@ -78,7 +78,7 @@ struct Planned {
 
 }  // namespace
 
-RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident) {
+RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident, size_t memory_budget) {
   RepackStats st;
   const bool repacking = scope != RepackScope::none && cpu::r16_fast();
   if (!repacking && resident == ResidentWeights::in_file) return st;
@@ -125,6 +125,13 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
                             &l.ffn.fc2})
         copy(w);
     copy(&model.output);  // tied: the embedding follows it below
+    size_t all = 0, copies = 0;
+    for (const Planned& p : plan) all += p.w->nbytes, copies += p.repack ? 0 : p.w->nbytes;
+    const size_t budget = memory_budget ? memory_budget : available_memory_bytes() / 10 * 9;
+    if (budget > 0 && all > budget) {
+      st.copy_skipped_bytes = copies;
+      plan.erase(std::remove_if(plan.begin(), plan.end(), [](const Planned& p) { return !p.repack; }), plan.end());
+    }
   }
   if (plan.empty()) return st;
   size_t total = 0;

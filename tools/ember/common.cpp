@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/huge_pages.hpp"
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -108,6 +109,10 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
                                              rp.copied_bytes / 1048576.0)
                                : std::string(),
              rp.seconds, rp.huge_page_bytes / 1048576.0);
+  if (rp.copy_skipped_bytes > 0)
+    log_info("kept {:.1f} MiB of matrices in the file's map: with the repacked ones they need more than 90% of the "
+             "memory available now ({:.1f} MiB)",
+             rp.copy_skipped_bytes / 1048576.0, available_memory_bytes() / 1048576.0);
   if (load_seconds) *load_seconds = timer.seconds();
   const Hparams& hp = model->hp;
   log_info("model: {} ({}), {} layers, n_embd {}, n_ff {}, heads {}/{} (KV), vocab {}, {:.1f} MiB", flags.model_path,

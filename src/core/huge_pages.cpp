@@ -22,6 +22,21 @@ constexpr bool kSanitized = false;
 
 bool huge_allocation(size_t bytes) { return !kSanitized && bytes >= kHugeAllocMin; }
 
+// The value in kB of `key` in a /proc file of "Key: value kB" lines, in bytes; 0 if absent.
+size_t proc_kb(const char* path, const std::string& key) {
+  std::ifstream f(path);
+  std::string k;
+  while (f >> k) {
+    if (k == key) {
+      size_t kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+    f.ignore(4096, '\n');
+  }
+  return 0;
+}
+
 }  // namespace
 
 void* alloc_zeroed(size_t bytes, bool touch) {
@@ -53,25 +68,6 @@ void free_zeroed(void* p, size_t bytes) {
   else
     ::munmap(p, huge_size(bytes));
 }
-
-namespace {
-
-// The value in kB of `key` in a /proc file of "Key: value kB" lines, in bytes; 0 if absent.
-size_t proc_kb(const char* path, const std::string& key) {
-  std::ifstream f(path);
-  std::string k;
-  while (f >> k) {
-    if (k == key) {
-      size_t kb = 0;
-      f >> kb;
-      return kb * 1024;
-    }
-    f.ignore(4096, '\n');
-  }
-  return 0;
-}
-
-}  // namespace
 
 size_t available_memory_bytes() { return proc_kb("/proc/meminfo", "MemAvailable:"); }
 

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <thread>
 #include <vector>
@@ -31,41 +31,40 @@ void release_pages(const uint8_t* p, size_t n) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+// part(0 .. nth - 1) on up to `units` / `per_thread` of the machine's cores (at least one): the
+// calling thread takes part 0.
+template <class F>
+void on_cores(int64_t units, int64_t per_thread, const F& part) {
+  const int64_t nth = std::clamp<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1,
+                                          std::max<int64_t>(1, units / per_thread));
+  std::vector<std::thread> threads;
+  for (int64_t i = 1; i < nth; ++i) threads.emplace_back(part, i, nth);
+  part(int64_t{0}, nth);
+  for (auto& t : threads) t.join();
+}
+
 // repack_r16 on the machine's cores: 16-row groups are independent and keep their place, so
 // each thread repacks a contiguous range of them (the K-quant layouts cost real arithmetic, and
 // the first touch of the file's and the buffer's pages is spread too).
 void repack_parallel(const TensorView& w, uint8_t* dst) {
   const int64_t groups = w.rows() / cpu::kR16Rows;
   const size_t group_bytes = w.row_stride() * static_cast<size_t>(cpu::kR16Rows);
-  const int64_t nth = std::clamp<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1,
-                                          std::max<int64_t>(1, groups / 8));
-  const auto part = [&](int64_t i) {
+  on_cores(groups, 8, [&](int64_t i, int64_t nth) {
     const int64_t g0 = groups * i / nth, g1 = groups * (i + 1) / nth;
     if (g1 > g0)
       cpu::repack_r16(w.type, w.data + static_cast<size_t>(g0) * group_bytes, (g1 - g0) * cpu::kR16Rows, w.cols(),
                       dst + static_cast<size_t>(g0) * group_bytes);
-  };
-  std::vector<std::thread> threads;
-  for (int64_t i = 1; i < nth; ++i) threads.emplace_back(part, i);
-  part(0);
-  for (auto& t : threads) t.join();
+  });
 }
 
-// The same split for a plain copy (the first touch of the destination's huge pages spread too).
+// A plain copy, split the same way in pieces of at least 1 MiB.
 void copy_parallel(const TensorView& w, uint8_t* dst) {
-  const size_t chunk = size_t{1} << 20;
-  const int64_t parts = static_cast<int64_t>((w.nbytes + chunk - 1) / chunk);
-  const int64_t nth = std::clamp<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1,
-                                          std::max<int64_t>(1, parts));
-  const auto part = [&](int64_t i) {
-    const size_t b0 = w.nbytes * static_cast<size_t>(i) / static_cast<size_t>(nth);
-    const size_t b1 = w.nbytes * static_cast<size_t>(i + 1) / static_cast<size_t>(nth);
+  const size_t n = w.nbytes;
+  on_cores(static_cast<int64_t>(n >> 20), 1, [&](int64_t i, int64_t nth) {
+    const size_t b0 = n * static_cast<size_t>(i) / static_cast<size_t>(nth);
+    const size_t b1 = n * static_cast<size_t>(i + 1) / static_cast<size_t>(nth);
     std::memcpy(dst + b0, w.data + b0, b1 - b0);
-  };
-  std::vector<std::thread> threads;
-  for (int64_t i = 1; i < nth; ++i) threads.emplace_back(part, i);
-  part(0);
-  for (auto& t : threads) t.join();
+  });
 }
 
 // What goes into the model's buffer: matrices to repack, and (ResidentWeights::copy) the other
@@ -167,6 +166,5 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
   st.seconds = timer.seconds();
   return st;
 }
-
 
 }  // namespace ember

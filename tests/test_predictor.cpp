@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -42,6 +43,12 @@ struct Matrix {
     std::normal_distribution<float> nd(0.0f, scale);
     values.resize(static_cast<size_t>(rows * cols));
     for (float& v : values) v = nd(rng);
+    encode(type, rows, cols);
+  }
+  Matrix(DType type, int64_t rows, int64_t cols, std::vector<float> v) : values(std::move(v)) {
+    encode(type, rows, cols);
+  }
+  void encode(DType type, int64_t rows, int64_t cols) {
     bytes.resize(row_bytes(type, cols) * static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       uint8_t* row = bytes.data() + row_bytes(type, cols) * static_cast<size_t>(r);
@@ -164,6 +171,101 @@ TEST(Predictor, InferenceMatchesDoubleReference) {
       }
     }
   }
+}
+
+// A predictor whose hidden units come in pairs of opposite sign runs at half rank without the
+// ReLU: mirrored_half finds h, the halves are fc1's first rows and a copy of fc2's first
+// columns, and they predict what the whole predictor does (same scores to rounding). A single
+// value off, or halves that are not whole blocks, and it is not taken for mirrored.
+TEST(Predictor, MirroredPairsRunAtHalfRank) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t d = 96, nf = 170;
+  for (DType type : {DType::F32, DType::F16, DType::Q8_0}) {
+    const int64_t h = type == DType::Q8_0 ? 32 : 13, rank = 2 * h;
+    std::vector<float> a(static_cast<size_t>(h * d)), u(static_cast<size_t>(nf * h));
+    for (float& v : a) v = 0.3f * nd(rng);
+    for (float& v : u) v = 0.5f * nd(rng);
+    std::vector<float> w1(static_cast<size_t>(rank * d)), w2(static_cast<size_t>(nf * rank));
+    for (int64_t q = 0; q < h; ++q)
+      for (int64_t i = 0; i < d; ++i) w1[q * d + i] = a[q * d + i], w1[(q + h) * d + i] = -a[q * d + i];
+    for (int64_t j = 0; j < nf; ++j)
+      for (int64_t q = 0; q < h; ++q) w2[j * rank + q] = u[j * h + q], w2[j * rank + q + h] = -u[j * h + q];
+    Matrix fc1(type, rank, d, w1), fc2(type, nf, rank, w2);
+    ASSERT_EQ(mirrored_half(fc1.view, fc2.view), h) << dtype_name(type);
+    std::vector<uint8_t> half(half_columns_bytes(fc2.view, h));
+    ASSERT_EQ(half.size(), row_bytes(type, h) * nf);
+    const TensorView f1 = first_rows(fc1.view, h), f2 = copy_half_columns(fc2.view, h, half.data());
+    EXPECT_EQ(f1.rows(), h);
+    EXPECT_EQ(f1.data, fc1.view.data);
+    EXPECT_EQ(f2.rows(), nf);
+    EXPECT_EQ(f2.cols(), h);
+    for (int64_t j = 0; j < nf; ++j)
+      ASSERT_EQ(std::memcmp(f2.row(j), fc2.view.row(j), row_bytes(type, h)), 0) << "row " << j;
+    ThreadPool pool(2);
+    const int64_t n = 3;
+    std::vector<float> x(static_cast<size_t>(n * d));
+    for (float& v : x) v = nd(rng);
+    std::vector<float> s_whole(predictor_scratch_floats(rank, nf, n)), s_half(predictor_scratch_floats(h, nf, n));
+    std::vector<uint8_t> mm(predictor_mm_scratch_bytes(fc1.view, fc2.view, n) + 64);
+    std::vector<int32_t> act_whole(nf), act_half(nf);
+    const float thr = 0.4f;
+    const int64_t n_whole = predict_active(pool, fc1.view, fc2.view, thr, x.data(), n, s_whole.data(), mm.data(),
+                                           act_whole.data());
+    const int64_t n_half = predict_active(pool, f1, f2, thr, x.data(), n, s_half.data(), mm.data(), act_half.data(),
+                                          /*linear=*/true);
+    // Q8_0 rounds the hidden row to 8 bits: [relu(a), relu(-a)] and a get different scales.
+    const double tol = type == DType::Q8_0 ? 2e-2 : 1e-5;
+    double max_err = 0, max_s = 0;
+    for (int64_t i = 0; i < n * nf; ++i) {
+      max_err = std::max(max_err, static_cast<double>(std::fabs(s_whole[i] - s_half[i])));
+      max_s = std::max(max_s, static_cast<double>(std::fabs(s_whole[i])));
+    }
+    EXPECT_LT(max_err, tol * max_s) << dtype_name(type);
+    EXPECT_GT(n_whole, 5);
+    EXPECT_NEAR(static_cast<double>(n_half), static_cast<double>(n_whole), type == DType::Q8_0 ? 3.0 : 0.0)
+        << dtype_name(type);
+    if (type != DType::F32) continue;
+    // One value off in either matrix, or an odd rank: not mirrored.
+    std::vector<float> b1 = w1, b2 = w2;
+    b1[(h + 2) * d + 5] += 1e-3f;
+    EXPECT_EQ(mirrored_half(Matrix(type, rank, d, b1).view, fc2.view), 0);
+    b2[7 * rank + h + 1] += 1e-3f;
+    EXPECT_EQ(mirrored_half(fc1.view, Matrix(type, nf, rank, b2).view), 0);
+    EXPECT_EQ(mirrored_half(first_rows(fc1.view, rank - 1), fc2.view), 0);
+  }
+  // Q8_0 halves of 16 values are not whole blocks: the pair is left whole.
+  std::vector<float> w1(32 * 64), w2(40 * 32);
+  for (int64_t q = 0; q < 16; ++q)
+    for (int64_t i = 0; i < 64; ++i) w1[q * 64 + i] = nd(rng), w1[(q + 16) * 64 + i] = -w1[q * 64 + i];
+  for (int64_t j = 0; j < 40; ++j)
+    for (int64_t q = 0; q < 16; ++q) w2[j * 32 + q] = nd(rng), w2[j * 32 + q + 16] = -w2[j * 32 + q];
+  EXPECT_EQ(mirrored_half(Matrix(DType::F32, 32, 64, w1).view, Matrix(DType::F32, 40, 32, w2).view), 16);
+  EXPECT_EQ(mirrored_half(Matrix(DType::Q8_0, 32, 64, w1).view, Matrix(DType::Q8_0, 40, 32, w2).view), 0);
+}
+
+// The engine runs a mirrored predictor at half rank: the same neurons predicted and fired, the
+// same logits to rounding, half the predictor's bytes.
+TEST(Predictor, MirroredPredictorRunsLikeTheWholeOne) {
+  auto path = write_model(relu_model_options(0), "mirrored");
+  auto model = load_model(path);
+  const std::string pred = (test_dir() / "mirrored.pred.gguf").string();
+  write_predictor_file(pred, "mirrored", gate_copy_predictors(*model, 0.05f), DType::F16);
+  attach_predictors(*model, pred);
+  for (bool fused : {false, true}) {
+    FfnSparsityStats whole, half;
+    auto a = run_ffn_mode(*model, FfnMode::predictor, 2, &whole, fused, /*mirrored=*/false);
+    auto b = run_ffn_mode(*model, FfnMode::predictor, 2, &half, fused, /*mirrored=*/true);
+    EXPECT_LT(rel_diff(a, b), 1e-5) << "fused " << fused;
+    EXPECT_EQ(whole.predicted, half.predicted) << "fused " << fused;
+    EXPECT_EQ(whole.active, half.active) << "fused " << fused;
+    EXPECT_LT(half.predicted[1], half.neurons[1]);
+  }
+  SessionParams p;
+  p.n_ctx = 16;
+  p.sparse.mode = FfnMode::predictor;
+  Session s(*model, p);
+  EXPECT_EQ(s.sparse_ffn()->predictor_run_bytes() * 2, predictor_bytes(*model));
 }
 
 TEST(Predictor, AttachValidatesTheFile) {
@@ -440,7 +542,6 @@ TEST(PredictorTrain, SynthGateRankMakesFiringPredictable) {
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % 300);
   PredictorTrainOptions o;
   o.type = DType::F32;
-  o.epochs = 3;
   double precision[2];
   for (int k = 0; k < 2; ++k) {
     const int64_t gate_rank = k == 0 ? 0 : 6;
@@ -452,11 +553,28 @@ TEST(PredictorTrain, SynthGateRankMakesFiringPredictable) {
     ASSERT_EQ(samples.size(), 3u);
     ASSERT_EQ(samples[1].n, 600);
     o.init_gate = model->layers[1].ffn.gate;
+    o.epochs = 3;
     LayerPredictor p = fit_predictor(pool, samples[1], 16, o);
     // The profile's sparsity holds with the low-rank gate too.
     EXPECT_NEAR(p.true_sparsity, 0.85, 0.06) << "gate rank " << gate_rank;
     EXPECT_GE(p.recall_mass, 0.97);
     precision[k] = p.precision;
+    // The start alone (no training): the linear fit of the gate's pre-activations on the tokens,
+    // which includes the per-neuron offsets of the profile's bias channel.
+    o.epochs = 0;
+    const LayerPredictor p0 = fit_predictor(pool, samples[1], 16, o);
+    EXPECT_EQ(p0.best_epoch, 0);
+    EXPECT_GE(p0.recall_mass, 0.97);
+    if (gate_rank > 0) {
+      EXPECT_GT(p0.precision, 0.6);
+    }
+    // Training keeps the start unless an epoch predicts fewer neurons on the calibration tokens,
+    // so it never ends (beyond the difference between the two held-out halves) worse.
+    EXPECT_GE(p.predicted_sparsity, p0.predicted_sparsity - 0.02) << "gate rank " << gate_rank;
+    if (p.best_epoch == 0) {
+      EXPECT_EQ(p.fc1, p0.fc1);
+      EXPECT_EQ(p.fc2, p0.fc2);
+    }
   }
   // Rank 16 >= 2 * 6 captures the low-rank gate; a random gate is not low-rank.
   EXPECT_GT(precision[1], 0.6);

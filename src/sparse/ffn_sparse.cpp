@@ -108,11 +108,36 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   stats_.predicted.assign(model.layers.size(), 0);
   if (opts.mode == FfnMode::predictor) {
     predicted_.resize(static_cast<size_t>(hp.n_ff));
+    // Mirrored predictors run at half rank (one buffer for all layers' fc2 halves).
+    std::vector<int64_t> half(model.layers.size());
+    size_t half_bytes = 0;
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      const FfnWeights& f = model.layers[l].ffn;
+      half[l] = opts.mirrored_predictors ? mirrored_half(f.fc1, f.fc2) : 0;
+      if (half[l] > 0) half_bytes += (half_columns_bytes(f.fc2, half[l]) + 63) / 64 * 64;
+    }
+    pred_halves_ = AlignedBuffer<uint8_t>(half_bytes);
+    pred_.resize(model.layers.size());
+    size_t at = 0, n_mirrored = 0;
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      const FfnWeights& f = model.layers[l].ffn;
+      if (half[l] == 0) {
+        pred_[l] = {f.fc1, f.fc2, false};
+        continue;
+      }
+      pred_[l] = {first_rows(f.fc1, half[l]), copy_half_columns(f.fc2, half[l], pred_halves_.data() + at), true};
+      at += (half_columns_bytes(f.fc2, half[l]) + 63) / 64 * 64;
+      ++n_mirrored;
+    }
+    if (n_mirrored > 0)
+      log_info("predictor: {} of {} layers mirrored (hidden units in pairs of opposite sign): run at half rank, {:.2f} "
+               "MiB fewer bytes per token", n_mirrored, model.layers.size(), predictor_bytes(model) / 1048576.0 -
+               predictor_run_bytes() / 1048576.0);
     int64_t max_rank = 1;
     size_t mm = 64;
-    for (const LayerWeights& L : model.layers) {
-      max_rank = std::max(max_rank, L.ffn.fc1.rows());
-      mm = std::max(mm, predictor_mm_scratch_bytes(L.ffn.fc1, L.ffn.fc2, batch));
+    for (const LayerPredictorRun& P : pred_) {
+      max_rank = std::max(max_rank, P.fc1.rows());
+      mm = std::max(mm, predictor_mm_scratch_bytes(P.fc1, P.fc2, batch));
     }
     pred_scratch_.resize(predictor_scratch_floats(max_rank, hp.n_ff, batch));
     pred_mm_scratch_.resize(mm);
@@ -126,8 +151,7 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
   thread_counts_.resize(3 * static_cast<size_t>(fused_threads_));
   if (opts.mode == FfnMode::predictor) {
     size_t hq = 64;
-    for (const LayerWeights& L : model.layers)
-      hq = std::max(hq, cpu::matmul_scratch_bytes(L.ffn.fc2.type, L.ffn.fc2.cols(), 1));
+    for (const LayerPredictorRun& P : pred_) hq = std::max(hq, cpu::matmul_scratch_bytes(P.fc2.type, P.fc2.cols(), 1));
     hq_stride_ = (hq + 63) / 64 * 64;
     fused_hq_.resize(hq_stride_ * static_cast<size_t>(fused_threads_));
   }
@@ -140,6 +164,12 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
            neuron_major_bytes() / 1048576.0, timer.seconds());
 }
 
+size_t SparseFfn::predictor_run_bytes() const {
+  size_t b = 0;
+  for (const LayerPredictorRun& P : pred_) b += P.fc1.nbytes + P.fc2.nbytes;
+  return b;
+}
+
 size_t SparseFfn::neuron_major_bytes() const {
   size_t b = 0;
   for (const auto& m : down_nm_) b += m.bytes.size();  // copies only; a file's down_t is mapped
@@ -149,7 +179,7 @@ size_t SparseFfn::neuron_major_bytes() const {
 size_t SparseFfn::bytes() const {
   return neuron_major_bytes() + (active_.size() + predicted_.size() + fused_ids_.size()) * sizeof(int32_t) +
          (axpy_scratch_.size() + pred_scratch_.size() + fused_vals_.size() + fused_partials_.size()) * sizeof(float) +
-         pred_mm_scratch_.size() + fused_hq_.size();
+         pred_mm_scratch_.size() + fused_hq_.size() + pred_halves_.size();
 }
 
 double SparseFfn::weight_bytes_per_token() const {
@@ -164,7 +194,7 @@ double SparseFfn::weight_bytes_per_token() const {
         opts_.mode == FfnMode::predictor ? static_cast<double>(stats_.predicted[l]) : static_cast<double>(stats_.neurons[l]);
     const size_t down_bytes = w.down.valid() ? w.down.nbytes : w.down_t.nbytes;
     total -= static_cast<double>(w.gate.nbytes + w.up.nbytes + down_bytes);
-    if (opts_.mode == FfnMode::predictor) total += static_cast<double>(w.fc1.nbytes + w.fc2.nbytes);
+    if (opts_.mode == FfnMode::predictor) total += static_cast<double>(pred_[l].fc1.nbytes + pred_[l].fc2.nbytes);
     // A shared-scale copy's tables: counted whole (read whenever a block of 32 neurons has one
     // firing, which is nearly all blocks at the sparsities it is chosen for).
     const TensorView& nm = down_nm_[l].view;
@@ -250,8 +280,9 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
                               const float* x, int64_t n, float* out, Workspace& ws) {
   const float pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
                                                          : model_.predictor_thresholds[static_cast<size_t>(layer)];
-  const int64_t np = predict_active(pool, w.fc1, w.fc2, pthr, predictor_input(x, ws), n, pred_scratch_.data(),
-                                    pred_mm_scratch_.data(), predicted_.data());
+  const LayerPredictorRun& P = pred_[static_cast<size_t>(layer)];
+  const int64_t np = predict_active(pool, P.fc1, P.fc2, pthr, predictor_input(x, ws), n, pred_scratch_.data(),
+                                    pred_mm_scratch_.data(), predicted_.data(), P.linear);
   // The deciding value for the predicted rows only: g[t][i] = act(gate row predicted[i] . x[t]),
   // or for an FFN without a gate (OPT) act(up row . x[t] + up_b).
   const bool no_gate = w.gating == FfnGating::none;
@@ -278,9 +309,11 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   // serves both as long as they come from the same file type.
   if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() ||
       cpu::r16_base(w.gate.type) != cpu::r16_base(w.up.type) ||
-      pool.size() > fused_threads_ || (opts_.mode == FfnMode::predictor && w.fc1.rows() > w.gate.rows()))
+      pool.size() > fused_threads_ ||
+      (opts_.mode == FfnMode::predictor && pred_[static_cast<size_t>(layer)].fc1.rows() > w.gate.rows()))
     return false;
   const bool predicted = opts_.mode == FfnMode::predictor;
+  const LayerPredictorRun* P = predicted ? &pred_[static_cast<size_t>(layer)] : nullptr;
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
                                                      : opts_.threshold;
   const TensorView& down_nm = down_nm_[layer].view;
@@ -291,8 +324,8 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   if (predicted) {
     pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
                                                : model_.predictor_thresholds[static_cast<size_t>(layer)];
-    rank = w.fc1.rows();
-    cpu::quantize_activations(w.fc1.type, predictor_input(x, ws), 1, w.fc1.cols(), pred_mm_scratch_.data());
+    rank = P->fc1.rows();
+    cpu::quantize_activations(P->fc1.type, predictor_input(x, ws), 1, P->fc1.cols(), pred_mm_scratch_.data());
   }
   void* xq = ws.mm_scratch.data();
   cpu::quantize_activations(w.gate.type, x, 1, n_embd, xq);
@@ -311,16 +344,16 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
     if (predicted) {
       int64_t h0, h1;
       split_range(rank, ith, nth, h0, h1);
-      if (h1 > h0) cpu::matmul_rows(w.fc1, pred_mm_scratch_.data(), 1, h0, h1, hidden + h0, rank);
+      if (h1 > h0) cpu::matmul_rows(P->fc1, pred_mm_scratch_.data(), 1, h0, h1, hidden + h0, rank);
       pool.barrier();
       // Every thread quantizes the whole hidden row (rank values) for itself: cheaper than
       // another wait.
-      for (int64_t i = 0; i < rank; ++i) hval[i] = std::max(hidden[i], 0.0f);
+      for (int64_t i = 0; i < rank; ++i) hval[i] = P->linear ? hidden[i] : std::max(hidden[i], 0.0f);
       void* hq = fused_hq_.data() + hq_stride_ * static_cast<size_t>(ith);
-      cpu::quantize_activations(w.fc2.type, hval, 1, rank, hq);
+      cpu::quantize_activations(P->fc2.type, hval, 1, rank, hq);
       for (int64_t b = ith; b < n_blocks; b += nth) {
         const int64_t r0 = b * kNeuronBlock, r1 = std::min(n_ff, r0 + kNeuronBlock);
-        cpu::matmul_rows(w.fc2, hq, 1, r0, r1, score + r0, n_ff);
+        cpu::matmul_rows(P->fc2, hq, 1, r0, r1, score + r0, n_ff);
         for (int64_t j = r0; j < r1; ++j) {  // branch-free: a quarter or so pass, at random
           own[n_own] = static_cast<int32_t>(j);
           n_own += score[j] >= pthr ? 1 : 0;

@@ -52,6 +52,9 @@ struct SparseFfnOptions {
   std::vector<float> layer_thresholds;
   cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
   cpu::AxpySplit split = cpu::AxpySplit::columns;
+  // predictor mode: run mirrored predictors at half rank (sparse/predictor.hpp; tests compare
+  // with the whole one)
+  bool mirrored_predictors = true;
 };
 
 // Counts over the tokens the sparse path evaluated (per layer and in total).
@@ -78,6 +81,7 @@ class SparseFfn final : public FfnExecutor {
 
   const SparseFfnOptions& options() const { return opts_; }
   size_t neuron_major_bytes() const;  // the down copies (0 for layers that use the file's down_t)
+  size_t predictor_run_bytes() const;  // of the predictors as run (mirrored ones: the halves)
   size_t bytes() const;               // everything the executor holds
   const FfnSparsityStats& stats() const { return stats_; }
   // Weight bytes one token read on average over the sparse path so far (the stats): the model's
@@ -102,6 +106,15 @@ class SparseFfn final : public FfnExecutor {
   std::vector<int32_t> predicted_;
   AlignedBuffer<float> pred_scratch_;
   AlignedBuffer<uint8_t> pred_mm_scratch_;
+  // The predictor each layer runs: the model's fc1 / fc2 with the ReLU, or for a mirrored one
+  // (sparse/predictor.hpp) fc1's first half and a copy of fc2's first half columns (in
+  // pred_halves_), without it.
+  struct LayerPredictorRun {
+    TensorView fc1, fc2;
+    bool linear = false;
+  };
+  std::vector<LayerPredictorRun> pred_;
+  AlignedBuffer<uint8_t> pred_halves_;
 
   // One token through a gated FFN without biases on gate/up (decode), in one dispatch:
   //   step 1, each thread over every nth block of kNeuronBlock neurons: the predicted neurons

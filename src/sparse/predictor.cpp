@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "tensor/quant.hpp"
 
 namespace ember {
 
@@ -20,13 +23,50 @@ size_t predictor_mm_scratch_bytes(const TensorView& fc1, const TensorView& fc2, 
                   cpu::matmul_scratch_bytes(fc2.type, fc2.cols(), n_tokens));
 }
 
+int64_t mirrored_half(const TensorView& fc1, const TensorView& fc2) {
+  const int64_t rank = fc1.rows(), d = fc1.cols(), n_ff = fc2.rows(), h = rank / 2;
+  if (rank < 2 || rank % 2 != 0 || fc2.cols() != rank || h % info(fc2.type).block_size != 0) return 0;
+  std::vector<float> a(static_cast<size_t>(std::max(d, rank))), b(static_cast<size_t>(d));
+  for (int64_t q = 0; q < h; ++q) {
+    dequantize_row(fc1.type, fc1.row(q), a.data(), d);
+    dequantize_row(fc1.type, fc1.row(q + h), b.data(), d);
+    for (int64_t i = 0; i < d; ++i)
+      if (b[i] != -a[i]) return 0;
+  }
+  for (int64_t j = 0; j < n_ff; ++j) {
+    dequantize_row(fc2.type, fc2.row(j), a.data(), rank);
+    for (int64_t q = 0; q < h; ++q)
+      if (a[q + h] != -a[q]) return 0;
+  }
+  return h;
+}
+
+size_t half_columns_bytes(const TensorView& fc2, int64_t h) {
+  return row_bytes(fc2.type, h) * static_cast<size_t>(fc2.rows());
+}
+
+TensorView copy_half_columns(const TensorView& fc2, int64_t h, uint8_t* dst) {
+  const size_t rb = row_bytes(fc2.type, h);
+  for (int64_t j = 0; j < fc2.rows(); ++j) std::memcpy(dst + rb * static_cast<size_t>(j), fc2.row(j), rb);
+  TensorView v = matrix_view(fc2.type, dst, fc2.rows(), h);
+  v.name = fc2.name;
+  return v;
+}
+
+TensorView first_rows(const TensorView& m, int64_t rows) {
+  TensorView v = matrix_view(m.type, m.data, rows, m.cols());
+  v.name = m.name;
+  return v;
+}
+
 int64_t predict_active(ThreadPool& pool, const TensorView& fc1, const TensorView& fc2, float threshold,
-                       const float* x, int64_t n, float* scratch, void* mm_scratch, int32_t* active) {
+                       const float* x, int64_t n, float* scratch, void* mm_scratch, int32_t* active, bool linear) {
   const int64_t rank = fc1.rows(), n_ff = fc2.rows();
   float* score = scratch;
   float* hidden = scratch + (n_ff * n + 15) / 16 * 16;
   cpu::matmul(pool, fc1, x, n, hidden, mm_scratch);
-  for (int64_t i = 0; i < rank * n; ++i) hidden[i] = std::max(hidden[i], 0.0f);
+  if (!linear)
+    for (int64_t i = 0; i < rank * n; ++i) hidden[i] = std::max(hidden[i], 0.0f);
   cpu::matmul(pool, fc2, hidden, n, score, mm_scratch);
   int64_t na = 0;
   if (n == 1) {

@@ -126,6 +126,9 @@ std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& po
 
 namespace {
 
+// Sample tokens the gate initialization looks at (bounds its memory: two [tokens x n_ff] floats).
+constexpr int64_t kInitTokens = 2048;
+
 // Y[t][r] = sum_i W[r][i] X[t][i] with float W [rows x k], X [n x k].
 void gemm(ThreadPool& pool, const float* W, int64_t rows, int64_t k, const float* X, int64_t n, float* Y) {
   cpu::matmul(pool, matrix_view(DType::F32, W, rows, k), X, n, Y, nullptr);
@@ -227,6 +230,38 @@ void orthonormalize_rows(float* Q, int64_t r, int64_t d) {
   }
 }
 
+// The threshold reaching `recall` of the firing mass of tokens [tok0, tok0 + n) of `s`, from their
+// scores SS [n x n_ff], and the fraction of (token, neuron) pairs it predicts.
+struct Calibration {
+  float threshold = 0;
+  double predicted = 1;
+};
+Calibration calibrate(const float* SS, const LayerSamples& s, int64_t tok0, int64_t n, double recall) {
+  const int64_t nf = s.n_ff;
+  std::vector<std::pair<float, float>> pos;  // (score, mass)
+  double mass = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (uint32_t e = s.offsets[tok0 + t]; e < s.offsets[tok0 + t + 1]; ++e) {
+      pos.push_back({SS[t * nf + s.idx[e]], s.mass[e]});
+      mass += s.mass[e];
+    }
+  std::sort(pos.begin(), pos.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  Calibration c;
+  c.threshold = pos.empty() ? 0.0f : pos.back().first;
+  double acc = 0;
+  for (const auto& [score, m] : pos) {
+    acc += m;
+    if (acc >= recall * mass) {
+      c.threshold = score;
+      break;
+    }
+  }
+  uint64_t n_pred = 0;
+  for (int64_t i = 0; i < n * nf; ++i) n_pred += SS[i] >= c.threshold;
+  c.predicted = n > 0 ? static_cast<double>(n_pred) / static_cast<double>(n * nf) : 1.0;
+  return c;
+}
+
 }  // namespace
 
 void check_predictor_type(DType t, int64_t n_embd, int64_t rank) {
@@ -236,33 +271,45 @@ void check_predictor_type(DType t, int64_t n_embd, int64_t rank) {
               "Q8_0 predictor weights need n_embd ({}) and the rank ({}) to be multiples of 32; use F16", n_embd, rank);
 }
 
-void gate_subspace_init(ThreadPool& pool, const TensorView& gate, int64_t rank, uint64_t seed, std::vector<float>& fc1,
-                        std::vector<float>& fc2) {
+void gate_subspace_init(ThreadPool& pool, const TensorView& gate, const LayerSamples& s, int64_t n_tokens,
+                        int64_t rank, uint64_t seed, std::vector<float>& fc1, std::vector<float>& fc2) {
   const int64_t d = gate.cols(), nf = gate.rows(), h = std::max<int64_t>(1, rank / 2);
   EMBER_CHECK(rank >= 2 && rank % 2 == 0 && h <= d, "gate initialization needs an even rank <= 2 n_embd, got {}", rank);
+  EMBER_CHECK(d == s.n_embd && nf == s.n_ff, "gate initialization: the gate is {} x {}, the samples {} x {}", nf, d,
+              s.n_ff, s.n_embd);
+  const int64_t N = std::min<int64_t>({n_tokens, s.n, kInitTokens});
+  EMBER_CHECK(N >= 1, "gate initialization needs sample tokens");
   // G as floats, and its transpose.
   std::vector<float> G(static_cast<size_t>(nf * d)), GT(static_cast<size_t>(nf * d));
   pool.parallel_for(nf, 64, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) dequantize_row(gate.type, gate.row(r), &G[r * d], d);
   });
   transpose(pool, G.data(), nf, d, GT.data());
-  std::vector<float> QT(static_cast<size_t>(h * d)), Y(static_cast<size_t>(h * nf));
+  // The pre-activations of the sample tokens, P [N x nf], and P^T.
+  std::vector<float> P(static_cast<size_t>(N * nf)), PT(static_cast<size_t>(N * nf));
+  gemm(pool, G.data(), nf, d, s.x.data(), N, P.data());
+  transpose(pool, P.data(), N, nf, PT.data());
+  // V [h x nf]: the top right-singular vectors of P (subspace iteration, V <- orth(P^T P V)).
+  std::vector<float> V(static_cast<size_t>(h * nf)), A(static_cast<size_t>(N * h)), AT(static_cast<size_t>(N * h));
   std::mt19937_64 rng(seed ^ 0x5eedULL);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (float& v : QT) v = nd(rng);
-  orthonormalize_rows(QT.data(), h, d);
-  for (int it = 0; it < 4; ++it) {  // Q <- orth(G^T G Q)
-    gemm(pool, G.data(), nf, d, QT.data(), h, Y.data());   // Y = (G Q)^T  [h x nf]
-    gemm(pool, GT.data(), d, nf, Y.data(), h, QT.data());  // (G^T G Q)^T  [h x d]
-    orthonormalize_rows(QT.data(), h, d);
+  for (float& v : V) v = nd(rng);
+  orthonormalize_rows(V.data(), h, nf);
+  for (int it = 0; it < 6; ++it) {
+    gemm(pool, V.data(), h, nf, P.data(), N, A.data());     // A = P V^T   [N x h]
+    transpose(pool, A.data(), N, h, AT.data());
+    gemm(pool, PT.data(), nf, N, AT.data(), h, V.data());   // V = A^T P   [h x nf]
+    orthonormalize_rows(V.data(), h, nf);
   }
-  gemm(pool, G.data(), nf, d, QT.data(), h, Y.data());
+  // fc1 = [V G; -V G], fc2 = [V^T, -V^T]: score = V^T V G x, as relu(a) - relu(-a) = a.
+  std::vector<float> VG(static_cast<size_t>(h * d));
+  gemm(pool, GT.data(), d, nf, V.data(), h, VG.data());     // VG [h x d]
   fc1.assign(static_cast<size_t>(rank * d), 0.0f);
   fc2.assign(static_cast<size_t>(nf * rank), 0.0f);
   for (int64_t q = 0; q < h; ++q)
-    for (int64_t i = 0; i < d; ++i) fc1[q * d + i] = QT[q * d + i], fc1[(q + h) * d + i] = -QT[q * d + i];
+    for (int64_t i = 0; i < d; ++i) fc1[q * d + i] = VG[q * d + i], fc1[(q + h) * d + i] = -VG[q * d + i];
   for (int64_t j = 0; j < nf; ++j)
-    for (int64_t q = 0; q < h; ++q) fc2[j * rank + q] = Y[q * nf + j], fc2[j * rank + q + h] = -Y[q * nf + j];
+    for (int64_t q = 0; q < h; ++q) fc2[j * rank + q] = V[q * nf + j], fc2[j * rank + q + h] = -V[q * nf + j];
 }
 
 LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o) {
@@ -279,7 +326,7 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
   p.fc2.resize(static_cast<size_t>(nf * rank));
   std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(rank));
   if (o.init_gate.valid() && rank % 2 == 0 && rank / 2 <= d) {
-    gate_subspace_init(pool, o.init_gate, rank, o.seed, p.fc1, p.fc2);
+    gate_subspace_init(pool, o.init_gate, s, n_train, rank, o.seed, p.fc1, p.fc2);
   } else {
     std::normal_distribution<float> n1(0.0f, 1.0f / std::sqrt(static_cast<float>(d)));
     for (float& w : p.fc1) w = n1(rng);
@@ -302,6 +349,19 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
   std::iota(order.begin(), order.end(), int64_t{0});
   std::vector<double> loss_part(static_cast<size_t>(pool.size()));
   std::vector<float> firing(static_cast<size_t>(pool.size() * nf), std::numeric_limits<float>::quiet_NaN());
+  // The weights kept: those (the start, or after an epoch) whose threshold for the recall target
+  // predicts the fewest neurons on the calibration tokens. The cross-entropy is only a proxy for
+  // that, and training can move a good start away from it.
+  std::vector<float> best1, best2;
+  double best_predicted = 2.0;
+  AlignedBuffer<float> HC(static_cast<size_t>(std::max<int64_t>(1, n_cal) * rank)),
+      SC(static_cast<size_t>(std::max<int64_t>(1, n_cal) * nf));
+  auto checkpoint = [&](int epoch) {
+    forward_scores(pool, p, o.type, s, n_train, n_train + n_cal, HC.data(), SC.data());
+    const double predicted = calibrate(SC.data(), s, n_train, n_cal, o.recall).predicted;
+    if (predicted < best_predicted) best_predicted = predicted, best1 = p.fc1, best2 = p.fc2, p.best_epoch = epoch;
+  };
+  checkpoint(0);
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     std::shuffle(order.begin(), order.end(), rng);
     double loss = 0;
@@ -354,7 +414,9 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
       adam2.update(pool, p.fc2.data(), g2.data(), p.fc2.size(), o.lr);
     }
     p.train_loss = loss / static_cast<double>(std::max<int64_t>(1, n_train / B * B));
+    checkpoint(epoch + 1);
   }
+  p.fc1 = std::move(best1), p.fc2 = std::move(best2);
   round_rows(o.type, p.fc1, rank, d);
   round_rows(o.type, p.fc2, nf, rank);
   p.bytes = row_bytes(o.type, d) * static_cast<size_t>(rank) + row_bytes(o.type, rank) * static_cast<size_t>(nf);
@@ -365,25 +427,7 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
   forward_scores(pool, p, o.type, s, n_train, s.n, HS.data(), SS.data());
   // Threshold: the largest score at which the calibration tokens' firing neurons keep >= recall
   // of their mass.
-  std::vector<std::pair<float, float>> pos;  // (score, mass)
-  double cal_mass = 0;
-  for (int64_t t = 0; t < n_cal; ++t) {
-    const int64_t tok = n_train + t;
-    for (uint32_t e = s.offsets[tok]; e < s.offsets[tok + 1]; ++e) {
-      pos.push_back({SS[t * nf + s.idx[e]], s.mass[e]});
-      cal_mass += s.mass[e];
-    }
-  }
-  std::sort(pos.begin(), pos.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  p.threshold = pos.empty() ? 0.0f : pos.back().first;
-  double acc = 0;
-  for (const auto& [score, m] : pos) {
-    acc += m;
-    if (acc >= o.recall * cal_mass) {
-      p.threshold = score;
-      break;
-    }
-  }
+  p.threshold = calibrate(SS.data(), s, n_train, n_cal, o.recall).threshold;
   // Evaluation half.
   double m_tot = 0, m_hit = 0;
   uint64_t n_pos = 0, n_hit = 0, n_pred = 0;
@@ -418,9 +462,9 @@ LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, co
     const LayerPredictor& p = tried.back();
     if (progress)
       progress(fmt::format("rank {:5}: recall {:.4f} (mass) {:.4f} (count), precision {:.3f}, predicted sparsity "
-                           "{:.3f} (true {:.3f}), {:.2f} MiB, cost {:.2f} MiB/token",
+                           "{:.3f} (true {:.3f}), {:.2f} MiB, cost {:.2f} MiB/token, weights of epoch {}",
                            r, p.recall_mass, p.recall_count, p.precision, p.predicted_sparsity, p.true_sparsity,
-                           p.bytes / 1048576.0, p.cost / 1048576.0));
+                           p.bytes / 1048576.0, p.cost / 1048576.0, p.best_epoch));
     return tried.size() - 1;
   };
   auto better = [&](size_t a, size_t b) { return tried[a].cost < tried[b].cost; };

@@ -8,7 +8,9 @@
 //    cross-entropy (a firing neuron weighs pos_weight * mass / mean mass, so recall of mass is
 //    what is optimized; a silent one weighs 1). 10% of the tokens are held out: the first half
 //    picks the score threshold that reaches the recall target (of activation mass), the second
-//    half measures recall, precision and predicted sparsity.
+//    half measures recall, precision and predicted sparsity. The weights kept are the start's or
+//    an epoch's, whichever predicts the fewest neurons at the recall target on the calibration
+//    half (the start, a linear fit of the gate's pre-activations, is often the best already).
 // 3. The rank: doubling from min_rank, each rank is trained and costed as the bytes one token
 //    reads in this layer, predictor plus the gate rows of the predicted neurons and the up/down
 //    rows of the ones that fire: cost = predictor bytes + predicted fraction * ffn_bytes / 3 +
@@ -66,10 +68,13 @@ struct PredictorTrainOptions {
                                 // held-out evaluation runs the engine's kernels on the stored weights
   uint64_t seed = 1;
   double ffn_bytes = 0;         // bytes of the layer's gate + up + down, for the rank's cost; 0: size only
-  // The layer's gate matrix (optional): the predictor starts from its best rank-r/2 linear
-  // approximation, fc1 = [Q^T; -Q^T], fc2 = [G Q, -G Q] with Q the top right-singular subspace of
-  // the gate G (subspace iteration), so score = G Q Q^T x from the first step; training then
-  // turns it into a classifier. Invalid view: random initialization.
+  // The layer's gate matrix (optional): the predictor starts from the best rank-r/2 linear
+  // approximation of the gate's pre-activations on the training tokens: with P = X G^T (tokens x
+  // n_ff) and V the top r/2 right-singular vectors of P (subspace iteration), fc1 = [V G; -V G],
+  // fc2 = [V^T, -V^T], so score = V^T V G x from the first step; training then turns it into a
+  // classifier. Taking the subspace from P rather than from G alone keeps what the inputs make of
+  // the gate: its per-neuron offsets through a constant input channel, which G's own leading
+  // singular vectors miss. Invalid view: random initialization.
   TensorView init_gate;
 };
 
@@ -84,15 +89,17 @@ struct LayerPredictor {
   double cost = 0;         // bytes per token by the cost model above
   size_t bytes = 0;        // of fc1 + fc2 in the stored type
   double train_loss = 0;   // mean weighted cross-entropy of the last epoch
+  int best_epoch = 0;      // the epoch whose weights were kept (0: the initialization)
 };
 
 // Fails with a clear message unless `t` can store a predictor of this shape: F32, F16, or Q8_0
 // when n_embd and the rank are multiples of 32.
 void check_predictor_type(DType t, int64_t n_embd, int64_t rank);
 
-// fc1/fc2 of the rank-(rank/2) linear approximation of `gate` described at init_gate (rank even).
-void gate_subspace_init(ThreadPool& pool, const TensorView& gate, int64_t rank, uint64_t seed, std::vector<float>& fc1,
-                        std::vector<float>& fc2);
+// fc1/fc2 of the rank-(rank/2) approximation described at init_gate (rank even), from the first
+// n_tokens tokens of `s` (at most 2048 of them).
+void gate_subspace_init(ThreadPool& pool, const TensorView& gate, const LayerSamples& s, int64_t n_tokens,
+                        int64_t rank, uint64_t seed, std::vector<float>& fc1, std::vector<float>& fc2);
 
 // Trains one rank (deterministic for a seed and thread count).
 LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o);

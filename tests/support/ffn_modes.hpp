@@ -9,13 +9,14 @@
 namespace ember::test_support {
 
 // One row of n_vocab logits per token. `fused`: whether single tokens take SparseFfn's fused
-// decode path.
+// decode path; `mirrored`: whether mirrored predictors run at half rank.
 inline Logits run_ffn_mode(const Model& m, FfnMode mode, int threads, FfnSparsityStats* stats = nullptr,
-                           bool fused = true) {
+                           bool fused = true, bool mirrored = true) {
   SessionParams p;
   p.n_threads = threads;
   p.n_ctx = 64;
   p.sparse.mode = mode;
+  p.sparse.mirrored_predictors = mirrored;
   Session s(m, p);
   if (s.sparse_ffn()) s.sparse_ffn()->set_fused_decode(fused);
   Logits out = session_logits(s);

@@ -153,7 +153,7 @@ void add_train_predictor(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "f16", "f32", "q8_0"}))
       ->capture_default_str();
   cmd->add_flag("--random-init", a->random_init,
-               "start from random weights instead of the gate's best low-rank linear approximation");
+               "start from random weights instead of the best low-rank linear fit of the gate's pre-activations on the sample tokens");
   cmd->add_option("--seed", a->seed, "random seed")->capture_default_str();
   cmd->callback([a] { run_train(*a); });
 }

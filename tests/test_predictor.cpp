@@ -554,7 +554,9 @@ TEST(PredictorTrain, SynthGateRankMakesFiringPredictable) {
     ASSERT_EQ(samples[1].n, 600);
     o.init_gate = model->layers[1].ffn.gate;
     o.epochs = 3;
+    o.patience = 0;  // all three epochs
     LayerPredictor p = fit_predictor(pool, samples[1], 16, o);
+    EXPECT_EQ(p.epochs_run, 3);
     // The profile's sparsity holds with the low-rank gate too.
     EXPECT_NEAR(p.true_sparsity, 0.85, 0.06) << "gate rank " << gate_rank;
     EXPECT_GE(p.recall_mass, 0.97);
@@ -574,6 +576,14 @@ TEST(PredictorTrain, SynthGateRankMakesFiringPredictable) {
     if (p.best_epoch == 0) {
       EXPECT_EQ(p.fc1, p0.fc1);
       EXPECT_EQ(p.fc2, p0.fc2);
+    }
+    // Training stops once `patience` epochs in a row found nothing better.
+    o.epochs = 8;
+    o.patience = 2;
+    const LayerPredictor pe = fit_predictor(pool, samples[1], 16, o);
+    EXPECT_TRUE(pe.epochs_run == 8 || pe.epochs_run == pe.best_epoch + 2) << pe.epochs_run << " " << pe.best_epoch;
+    if (gate_rank > 0) {
+      EXPECT_LT(pe.epochs_run, 8);  // the start is not beaten here
     }
   }
   // Rank 16 >= 2 * 6 captures the low-rank gate; a random gate is not low-rank.

@@ -415,6 +415,8 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
     }
     p.train_loss = loss / static_cast<double>(std::max<int64_t>(1, n_train / B * B));
     checkpoint(epoch + 1);
+    p.epochs_run = epoch + 1;
+    if (o.patience > 0 && p.epochs_run - p.best_epoch >= o.patience) break;  // no better for `patience` epochs
   }
   p.fc1 = std::move(best1), p.fc2 = std::move(best2);
   round_rows(o.type, p.fc1, rank, d);
@@ -462,9 +464,9 @@ LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, co
     const LayerPredictor& p = tried.back();
     if (progress)
       progress(fmt::format("rank {:5}: recall {:.4f} (mass) {:.4f} (count), precision {:.3f}, predicted sparsity "
-                           "{:.3f} (true {:.3f}), {:.2f} MiB, cost {:.2f} MiB/token, weights of epoch {}",
+                           "{:.3f} (true {:.3f}), {:.2f} MiB, cost {:.2f} MiB/token, weights of epoch {} of {}",
                            r, p.recall_mass, p.recall_count, p.precision, p.predicted_sparsity, p.true_sparsity,
-                           p.bytes / 1048576.0, p.cost / 1048576.0, p.best_epoch));
+                           p.bytes / 1048576.0, p.cost / 1048576.0, p.best_epoch, p.epochs_run));
     return tried.size() - 1;
   };
   auto better = [&](size_t a, size_t b) { return tried[a].cost < tried[b].cost; };

@@ -10,7 +10,8 @@
 //    picks the score threshold that reaches the recall target (of activation mass), the second
 //    half measures recall, precision and predicted sparsity. The weights kept are the start's or
 //    an epoch's, whichever predicts the fewest neurons at the recall target on the calibration
-//    half (the start, a linear fit of the gate's pre-activations, is often the best already).
+//    half (the start, a linear fit of the gate's pre-activations, is often the best already);
+//    training stops after `patience` epochs without a better one.
 // 3. The rank: doubling from min_rank, each rank is trained and costed as the bytes one token
 //    reads in this layer, predictor plus the gate rows of the predicted neurons and the up/down
 //    rows of the ones that fire: cost = predictor bytes + predicted fraction * ffn_bytes / 3 +
@@ -60,6 +61,7 @@ struct PredictorTrainOptions {
   double recall = 0.99;         // target recall of activation mass on held-out tokens
   int64_t min_rank = 16, max_rank = 1024;
   int epochs = 4;
+  int patience = 2;             // stop after this many epochs without a better checkpoint (0: never)
   int64_t batch = 256;          // tokens per Adam step
   float lr = 2e-3f;
   float pos_weight = 4.0f;      // weight of a firing neuron of mean mass, relative to a silent one
@@ -90,6 +92,7 @@ struct LayerPredictor {
   size_t bytes = 0;        // of fc1 + fc2 in the stored type
   double train_loss = 0;   // mean weighted cross-entropy of the last epoch
   int best_epoch = 0;      // the epoch whose weights were kept (0: the initialization)
+  int epochs_run = 0;      // epochs trained (fewer than asked when `patience` stopped them)
 };
 
 // Fails with a clear message unless `t` can store a predictor of this shape: F32, F16, or Q8_0

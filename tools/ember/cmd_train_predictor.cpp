@@ -27,6 +27,7 @@ struct TrainArgs {
   double recall = 0.99;
   int64_t min_rank = 16, max_rank = 1024;
   int epochs = 4;
+  int patience = 2;
   int64_t train_batch = 32;
   float lr = 2e-3f, pos_weight = 4.0f, threshold = 0.0f;
   uint64_t seed = 1;
@@ -92,7 +93,7 @@ void run_train(const TrainArgs& a) {
   PredictorTrainOptions to;
   to.recall = a.recall, to.min_rank = a.min_rank, to.max_rank = std::min<int64_t>(a.max_rank, std::min(hp.n_embd, hp.n_ff));
   to.min_rank = std::min(to.min_rank, to.max_rank);
-  to.epochs = a.epochs, to.batch = a.train_batch, to.lr = a.lr, to.pos_weight = a.pos_weight, to.type = type, to.seed = a.seed;
+  to.epochs = a.epochs, to.patience = a.patience, to.batch = a.train_batch, to.lr = a.lr, to.pos_weight = a.pos_weight, to.type = type, to.seed = a.seed;
   std::vector<LayerPredictor> layers;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const FfnWeights& w = model->layers[il].ffn;
@@ -142,6 +143,11 @@ void add_train_predictor(CLI::App& app) {
   cmd->add_option("--seq", a->seq, "tokens per sequence run through the model")->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--epochs", a->epochs, "training epochs per rank")->check(CLI::Range(0, 10000))->capture_default_str();
+  cmd->add_option("--patience", a->patience,
+                  "stop training a rank after this many epochs that predict no fewer neurons than the best so far "
+                  "(0: run all epochs)")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
   cmd->add_option("--train-batch", a->train_batch, "tokens per Adam step")->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   cmd->add_option("--lr", a->lr, "Adam learning rate")->check(CLI::Range(1e-6f, 1.0f))->capture_default_str();

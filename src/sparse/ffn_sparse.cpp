@@ -110,23 +110,22 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
     predicted_.resize(static_cast<size_t>(hp.n_ff));
     // Mirrored predictors run at half rank (one buffer for all layers' fc2 halves).
     std::vector<int64_t> half(model.layers.size());
-    size_t half_bytes = 0;
+    std::vector<size_t> at(model.layers.size() + 1, 0);  // each layer's place in pred_halves_ (64-byte aligned)
     for (size_t l = 0; l < model.layers.size(); ++l) {
       const FfnWeights& f = model.layers[l].ffn;
       half[l] = opts.mirrored_predictors ? mirrored_half(f.fc1, f.fc2) : 0;
-      if (half[l] > 0) half_bytes += (half_columns_bytes(f.fc2, half[l]) + 63) / 64 * 64;
+      at[l + 1] = at[l] + (half[l] > 0 ? (half_columns_bytes(f.fc2, half[l]) + 63) / 64 * 64 : 0);
     }
-    pred_halves_ = AlignedBuffer<uint8_t>(half_bytes);
+    pred_halves_ = AlignedBuffer<uint8_t>(at.back());
     pred_.resize(model.layers.size());
-    size_t at = 0, n_mirrored = 0;
+    size_t n_mirrored = 0;
     for (size_t l = 0; l < model.layers.size(); ++l) {
       const FfnWeights& f = model.layers[l].ffn;
       if (half[l] == 0) {
         pred_[l] = {f.fc1, f.fc2, false};
         continue;
       }
-      pred_[l] = {first_rows(f.fc1, half[l]), copy_half_columns(f.fc2, half[l], pred_halves_.data() + at), true};
-      at += (half_columns_bytes(f.fc2, half[l]) + 63) / 64 * 64;
+      pred_[l] = {first_rows(f.fc1, half[l]), copy_half_columns(f.fc2, half[l], pred_halves_.data() + at[l]), true};
       ++n_mirrored;
     }
     if (n_mirrored > 0)

@@ -354,8 +354,7 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
   // that, and training can move a good start away from it.
   std::vector<float> best1, best2;
   double best_predicted = 2.0;
-  AlignedBuffer<float> HC(static_cast<size_t>(std::max<int64_t>(1, n_cal) * rank)),
-      SC(static_cast<size_t>(std::max<int64_t>(1, n_cal) * nf));
+  AlignedBuffer<float> HC(static_cast<size_t>(n_cal * rank)), SC(static_cast<size_t>(n_cal * nf));  // n_cal >= 1
   auto checkpoint = [&](int epoch) {
     forward_scores(pool, p, o.type, s, n_train, n_train + n_cal, HC.data(), SC.data());
     const double predicted = calibrate(SC.data(), s, n_train, n_cal, o.recall).predicted;

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_support.hpp"
@@ -77,6 +78,56 @@ void BM_Axpy(benchmark::State& state, DType t, int percent) {
   state.counters["threads"] = bench::pool().size();
 }
 
+// Up and down of the same active neurons on the pool's threads (each an equal share of the
+// list), as the fused decode runs them: `one_pass` = sparse_up_down_rows, else the gather and
+// the axpy in turn; `bundled`: each neuron's up and down rows one after the other (as the
+// resident copy lays them out), else two matrices. Bytes/s counts the up and down rows read.
+void BM_UpDown(benchmark::State& state, bool one_pass, bool bundled, int percent) {
+  const DType t = DType::Q4_0;
+  // Rows of 2 x n_embd: up's row then down's (the two matrices' are their halves when not bundled).
+  const bench::Weights w = bench::make_weights(t, kNff, 2 * kNembd);
+  bench::MemoryCopies copies(w.view);
+  const size_t rb = row_bytes(t, kNembd);
+  const auto active = active_rows(kNff, percent);
+  const int64_t na = static_cast<int64_t>(active.size());
+  const auto x = random_vector(kNembd, 2);
+  const auto g = random_vector(na, 5);
+  AlignedBuffer<uint8_t> xq(cpu::matmul_scratch_bytes(t, kNembd, 1));
+  cpu::quantize_activations(t, x.data(), 1, kNembd, xq.data());
+  const int nth = bench::pool().size();
+  std::vector<std::vector<float>> out(nth, std::vector<float>(kNembd)), h(nth, std::vector<float>(na)),
+      tmp(nth, std::vector<float>(kNembd));
+  for (auto _ : state) {
+    const uint8_t* base = copies.advance(w.view).data;
+    TensorView up = matrix_view(t, base, kNff, kNembd), down = up;
+    if (bundled) {
+      down.data = base + rb;
+      up.stride = down.stride = 2 * rb;
+    } else {
+      down.data = base + rb * kNff;  // the second half of the copy
+    }
+    bench::pool().run([&](int ith, int n) {
+      int64_t i0, i1;
+      split_range(na, ith, n, i0, i1);
+      float* o = out[ith].data();
+      float* hv = h[ith].data();
+      if (one_pass) {
+        cpu::sparse_up_down_rows(up, xq.data(), down, active.data() + i0, i1 - i0, g.data() + i0, hv, o,
+                                 tmp[ith].data());
+      } else {
+        cpu::gather_matmul_rows(up, xq.data(), 1, active.data() + i0, i1 - i0, hv, i1 - i0);
+        for (int64_t i = 0; i < i1 - i0; ++i) hv[i] *= g[i0 + i];
+        cpu::sparse_axpy_rows(down, active.data() + i0, i1 - i0, hv, 1, i1 - i0, 0, kNembd, o, kNembd,
+                              tmp[ith].data());
+      }
+    });
+    benchmark::DoNotOptimize(out[0].data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * na * 2 * static_cast<int64_t>(rb));
+  state.counters["threads"] = nth;
+}
+
 int register_all() {
   for (int percent : {10, 25, 50}) {
     for (auto [name, t] : {std::pair{"Q4_0", DType::Q4_0}, std::pair{"Q4_1", DType::Q4_1}})
@@ -85,6 +136,13 @@ int register_all() {
     for (auto [name, t] : {std::pair{"Q8_0", DType::Q8_0}, std::pair{"Q4_0", DType::Q4_0}})
       benchmark::RegisterBenchmark(("SparseAxpy/" + std::string(name) + "/5632x2048/" + std::to_string(percent) + "%").c_str(),
                                    BM_Axpy, t, percent)->Unit(benchmark::kMicrosecond)->UseRealTime();
+    for (auto [name, one_pass, bundled] : {std::tuple{"gather+axpy", false, false},
+                                          std::tuple{"one_pass", true, false},
+                                          std::tuple{"one_pass_bundled", true, true}})
+      benchmark::RegisterBenchmark(("SparseUpDown/Q4_0/5632x2048/" + std::to_string(percent) + "%/" + name).c_str(),
+                                   BM_UpDown, one_pass, bundled, percent)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
   }
   return 0;
 }

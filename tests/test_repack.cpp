@@ -178,6 +178,7 @@ TEST(Repack, ResidentCopyTakesEveryOtherPerTokenMatrixOutOfTheFileWithItsBytes) 
   EXPECT_EQ(st.tensors, packs ? 4 * nl + 1 : 0);
   EXPECT_EQ(st.copied_tensors, (packs ? 5 : 9) * nl + (packs ? 0 : 1));  // gate, up, down_t, fc1, fc2 (+ attention, output)
   EXPECT_EQ(copied->owned_weights.size(), 1u);
+  EXPECT_EQ(st.bundled_layers, nl);
   for (size_t l = 0; l < copied->layers.size(); ++l) {
     const LayerWeights& c = copied->layers[l];
     const LayerWeights& p = plain->layers[l];
@@ -188,8 +189,17 @@ TEST(Repack, ResidentCopyTakesEveryOtherPerTokenMatrixOutOfTheFileWithItsBytes) 
       EXPECT_TRUE(owned(*copied, *cw)) << cw->name;
       EXPECT_EQ(cw->type, pw->type) << cw->name;
       ASSERT_EQ(cw->nbytes, pw->nbytes) << cw->name;
-      EXPECT_EQ(std::memcmp(cw->data, pw->data, pw->nbytes), 0) << cw->name;
+      ASSERT_EQ(cw->rows(), pw->rows()) << cw->name;
+      for (int64_t r = 0; r < pw->rows(); ++r)
+        ASSERT_EQ(std::memcmp(cw->row(r), pw->row(r), pw->row_stride()), 0) << cw->name << " row " << r;
     }
+    // Each neuron's gate, up and down rows one after the other (the gate is gathered in this
+    // scope); the predictors stay whole matrices.
+    const size_t g = p.ffn.gate.row_stride(), u = p.ffn.up.row_stride(), d = p.ffn.down_t.row_stride();
+    for (const TensorView* w : {&c.ffn.gate, &c.ffn.up, &c.ffn.down_t}) EXPECT_EQ(w->row_stride(), g + u + d);
+    EXPECT_EQ(c.ffn.up.data, c.ffn.gate.data + g);
+    EXPECT_EQ(c.ffn.down_t.data, c.ffn.up.data + u);
+    EXPECT_TRUE(c.ffn.fc1.contiguous() && c.ffn.fc2.contiguous());
     EXPECT_TRUE(owned(*copied, c.wq));
   }
   // The tied embedding follows its output matrix into the buffer.
@@ -199,6 +209,40 @@ TEST(Repack, ResidentCopyTakesEveryOtherPerTokenMatrixOutOfTheFileWithItsBytes) 
   // The same function: predictor-mode logits equal (same bytes, same kernels) at the scalar
   // level, where repacked and file layouts compute alike.
   expect_same_logits(*plain, *copied, FfnMode::predictor);
+  std::filesystem::remove(path);
+}
+
+TEST(Repack, BundledFfnRowsGiveTheSameLogitsAtEveryLevel) {
+  // The same matrices in the file's map and bundled by neuron, the same repacking: the same
+  // kernels read the same bytes at other addresses, so every logit is equal bit for bit: a
+  // 20-token prompt (the dense FFN over strided rows), a 12-token one (the sparse batch path)
+  // and single tokens (the fused decode), in predictor and oracle mode, on 1 and 3 threads.
+  const std::string path = powerinfer_path("bundled");
+  auto in_file = load_model(path);
+  auto bundled = load_model(path);
+  repack_for_dense_kernels(*in_file, RepackScope::attention_output, ResidentWeights::in_file);
+  const RepackStats st = repack_for_dense_kernels(*bundled, RepackScope::attention_output, ResidentWeights::copy);
+  ASSERT_EQ(st.bundled_layers, bundled->hp.n_layer);
+  ASSERT_FALSE(bundled->layers[0].ffn.up.contiguous());
+  for (SimdLevel level : test_support::simd_levels()) {
+    test_support::SimdGuard guard;
+    set_simd_level(level);
+    for (FfnMode mode : {FfnMode::predictor, FfnMode::oracle})
+      for (int threads : {1, 3})
+        for (int64_t prompt : {20, 12}) {
+          const auto run = [&](const Model& m) {
+            SessionParams p;
+            p.n_threads = threads;
+            p.n_ctx = 64;
+            p.sparse.mode = mode;
+            Session s(m, p);
+            return test_support::session_logits(s, prompt, 4);
+          };
+          EXPECT_EQ(test_support::max_rel_diff(run(*in_file), run(*bundled)), 0.0)
+              << simd_level_name(level) << " " << ffn_mode_name(mode) << " " << threads << " threads, prompt "
+              << prompt;
+        }
+  }
   std::filesystem::remove(path);
 }
 

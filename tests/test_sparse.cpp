@@ -304,3 +304,66 @@ TEST(Sparse, OneTokenGroupedKernelsAreBitIdentical) {
     }
   }
 }
+
+// sparse_up_down_rows (up and down of the listed neurons in one pass) equals the gather, the
+// products and the axpy in turn, bit for bit, at every SIMD level: 4-bit up rows with row-wise
+// Q8_0 / Q4_0 / Q4_1 down rows take the AVX-512 one-pass kernel, other types the separate
+// kernels. Both layouts: matrices of their own, and each neuron's up and down rows bundled one
+// after the other (TensorView::stride, as model/repack.cpp lays them out).
+TEST(Sparse, UpDownEqualsGatherThenAxpy) {
+  SimdGuard guard;
+  std::mt19937 rng(29);
+  const int64_t rows = 61;
+  for (SimdLevel level : levels()) {
+    set_simd_level(level);
+    for (DType ut : {DType::Q4_0, DType::Q4_1, DType::Q8_0})
+      for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::F16})
+        for (int64_t k : {int64_t{224}, int64_t{1056}})
+          for (bool bundled : {false, true}) {
+            const Matrix U = random_matrix(ut, rows, k, 47 + static_cast<uint32_t>(k));
+            const Matrix D = random_matrix(dt, rows, k, 53 + static_cast<uint32_t>(k));
+            std::vector<uint8_t> both;
+            TensorView up = U.view, down = D.view;
+            if (bundled) {
+              const size_t ru = U.view.row_stride(), rd = D.view.row_stride();
+              both.resize((ru + rd) * rows);
+              for (int64_t r = 0; r < rows; ++r) {
+                std::copy_n(U.view.row(r), ru, both.data() + r * (ru + rd));
+                std::copy_n(D.view.row(r), rd, both.data() + r * (ru + rd) + ru);
+              }
+              up.data = both.data(), down.data = both.data() + ru;
+              up.stride = down.stride = ru + rd;
+            }
+            const auto X = random_floats(k, 59);
+            AlignedBuffer<uint8_t> xq(cpu::matmul_scratch_bytes(ut, k, 1));
+            cpu::quantize_activations(ut, X.data(), 1, k, xq.data());
+            ThreadPool one(1);
+            std::vector<float> dense(rows);
+            cpu::matmul(one, U.view, X.data(), 1, dense.data(), xq.data());
+            cpu::quantize_activations(ut, X.data(), 1, k, xq.data());
+            for (int64_t na : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{17}, rows}) {
+              std::vector<int32_t> act(rows);
+              std::iota(act.begin(), act.end(), 0);
+              std::shuffle(act.begin(), act.end(), rng);
+              act.resize(na);
+              const auto g = random_floats(na, 61 + static_cast<uint32_t>(na), 0.3f);
+              const auto out0 = random_floats(k, 67);
+              std::vector<float> h_ref(na), h(na), tmp(k), out_ref = out0, out = out0;
+              cpu::gather_matmul_rows(up, xq.data(), 1, act.data(), na, h_ref.data(), na);
+              for (int64_t i = 0; i < na; ++i) h_ref[i] *= g[i];
+              cpu::sparse_axpy_rows(down, act.data(), na, h_ref.data(), 1, na, 0, k, out_ref.data(), k, tmp.data());
+              cpu::sparse_up_down_rows(up, xq.data(), down, act.data(), na, g.data(), h.data(), out.data(), tmp.data());
+              const std::string what = std::string(simd_level_name(level)) + " up " + std::string(dtype_name(ut)) + " down " +
+                                       std::string(dtype_name(dt)) + " k " + std::to_string(k) + (bundled ? " bundled" : "") +
+                                       " active " + std::to_string(na);
+              ASSERT_EQ(h, h_ref) << what;
+              ASSERT_EQ(out, out_ref) << what;
+              // And the values themselves: up's rows as the dense product computes them, the
+              // sum against a double-precision reference.
+              for (int64_t i = 0; i < na; ++i) ASSERT_EQ(h[i], dense[act[i]] * g[i]) << what;
+              const auto dref = axpy_reference(D.view, act, h.data(), 1, na, out0);
+              for (int64_t j = 0; j < k; ++j) ASSERT_NEAR(out[j], dref[j], 2e-6 * std::max(1.0, max_abs(dref))) << what;
+            }
+          }
+  }
+}

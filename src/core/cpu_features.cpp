@@ -35,6 +35,7 @@ const CpuFeatures& cpu_features() {
     f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     f.avx512_vnni = __builtin_cpu_supports("avx512vnni");
+    f.intel = __builtin_cpu_is("intel");
     return f;
   }();
   return features;

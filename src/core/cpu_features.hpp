@@ -8,6 +8,7 @@ struct CpuFeatures {
   bool avx2 = false;      // with FMA and F16C
   bool avx512 = false;    // F, BW, VL, DQ
   bool avx512_vnni = false;
+  bool intel = false;     // the vendor, where kernels tune for it (the sparse kernels' prefetch hint)
 };
 
 enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2 };

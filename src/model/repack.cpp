@@ -73,7 +73,35 @@ struct Planned {
   TensorView* w;
   bool repack;
   size_t at = 0;  // offset in the buffer
+  int bundle = -1;  // copied into that bundle's rows instead
 };
+
+// An FFN layer's matrices with a row per neuron that a sparse path reads together, copied row
+// by row in turn: neuron j's rows (its gate row where the gate is gathered, its up row and its
+// neuron-major down row) are one contiguous read. A gathered row is a short read that the
+// hardware prefetchers cannot see coming; the rows that follow it in memory they fetch on their
+// own, while the kernel still computes the first.
+struct Bundle {
+  std::vector<Planned*> members;
+  int64_t rows = 0;
+  size_t stride = 0;  // bytes per neuron: the members' rows
+  size_t at = 0;      // offset in the buffer
+};
+
+// Copies the bundle's members into dst (rows x stride bytes) on the machine's cores.
+void copy_bundle(const Bundle& b, uint8_t* dst) {
+  on_cores(static_cast<int64_t>((b.stride * static_cast<size_t>(b.rows)) >> 20), 1, [&](int64_t i, int64_t nth) {
+    const int64_t r0 = b.rows * i / nth, r1 = b.rows * (i + 1) / nth;
+    for (int64_t r = r0; r < r1; ++r) {
+      uint8_t* row = dst + static_cast<size_t>(r) * b.stride;
+      for (const Planned* m : b.members) {
+        const size_t n = m->w->row_stride();
+        std::memcpy(row, m->w->row(r), n);
+        row += n;
+      }
+    }
+  });
+}
 
 }  // namespace
 
@@ -133,15 +161,39 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     }
   }
   if (plan.empty()) return st;
+  std::vector<Bundle> bundles;
+  for (LayerWeights& l : model.layers) {
+    const auto copied = [&](const TensorView& w) -> Planned* {
+      for (Planned& p : plan)
+        if (p.w == &w && !p.repack && w.contiguous() && w.rows() == l.ffn.up.rows()) return &p;
+      return nullptr;
+    };
+    Planned* up = copied(l.ffn.up);
+    Planned* down_t = copied(l.ffn.down_t);
+    if (!up || !down_t) continue;
+    Bundle b;
+    if (Planned* gate = copied(l.ffn.gate)) b.members.push_back(gate);
+    b.members.push_back(up);
+    b.members.push_back(down_t);
+    b.rows = l.ffn.up.rows();
+    for (Planned* m : b.members) b.stride += m->w->row_stride(), m->bundle = static_cast<int>(bundles.size());
+    bundles.push_back(std::move(b));
+  }
   size_t total = 0;
   for (Planned& p : plan) {
+    if (p.bundle >= 0) continue;
     p.at = total;
     total += (p.w->nbytes + 63) / 64 * 64;
+  }
+  for (Bundle& b : bundles) {
+    b.at = total;
+    total += (b.stride * static_cast<size_t>(b.rows) + 63) / 64 * 64;
   }
   // Untouched: the threads below make its pages resident as they fill them.
   AlignedBuffer<uint8_t> buf(total, AlignedBuffer<uint8_t>::Untouched{});
   const uint8_t* const embd = model.tok_embd.data;
   for (Planned& p : plan) {
+    if (p.bundle >= 0) continue;
     TensorView& w = *p.w;
     uint8_t* dst = buf.data() + p.at;
     if (p.repack) {
@@ -156,6 +208,21 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     }
     release_pages(w.data, w.nbytes);
     w.data = dst;
+  }
+  for (const Bundle& b : bundles) {
+    copy_bundle(b, buf.data() + b.at);
+    size_t offset = 0;
+    for (Planned* m : b.members) {
+      TensorView& w = *m->w;
+      const size_t row = w.row_stride();
+      ++st.copied_tensors;
+      st.copied_bytes += w.nbytes;
+      release_pages(w.data, w.nbytes);
+      w.data = buf.data() + b.at + offset;
+      w.stride = b.stride;
+      offset += row;
+    }
+    ++st.bundled_layers;
   }
   if (tied && model.output.data != embd) {  // the embedding follows its tied output matrix
     model.tok_embd.type = model.output.type;

@@ -37,13 +37,16 @@ struct RepackStats {
   size_t copied_bytes = 0;
   size_t huge_page_bytes = 0;  // the process's memory in huge pages afterwards (0: none or unknown)
   size_t copy_skipped_bytes = 0;  // ResidentWeights::copy: left in the file for want of memory
+  int bundled_layers = 0;  // ResidentWeights::copy: FFN layers whose neurons' rows were bundled
   double seconds = 0;
 };
 
 // Repacks what `scope` names where a fast kernel exists for the repacked layout at the current
 // SIMD level (else nothing), and with ResidentWeights::copy copies the other per-token matrices,
 // all into one buffer in Model::owned_weights. Views of the model change type and data; shapes
-// stay. The copies are made only if they fit, with the repacked matrices, in `memory_budget`
+// stay. Where an FFN layer has a neuron-major down (ffn_down_t) and it and up are copied (not
+// repacked), each neuron's rows are bundled: its gate row (when the gate is copied too), its up
+// row and its down row one after the other, and those views get a TensorView::stride. The copies are made only if they fit, with the repacked matrices, in `memory_budget`
 // bytes (0: 90 % of the memory available now, core/huge_pages.hpp); otherwise they stay in the
 // file (copy_skipped_bytes), so a model larger than memory still runs from its map.
 RepackStats repack_for_dense_kernels(Model& model, RepackScope scope,

@@ -117,14 +117,14 @@ class SparseFfn final : public FfnExecutor {
   AlignedBuffer<uint8_t> pred_halves_;
 
   // One token through a gated FFN without biases on gate/up (decode), in one dispatch:
-  //   step 1, each thread over every nth block of kNeuronBlock neurons: the predicted neurons
-  //     (after the predictor's hidden layer, split by rows, and a barrier), or act(gate) of
-  //     every neuron and the firing ones;
+  //   step 1: the predicted neurons (after the predictor's hidden layer, split by rows, and a
+  //     barrier), each thread over a contiguous range of blocks of kNeuronBlock neurons; or
+  //     act(gate) of every neuron and the firing ones, each thread over every nth block;
   //   step 2: predictor mode, after a barrier, the candidates of all threads dealt out round
   //     robin in chunks of kDealChunk (balanced by count), their gate gathered and the firing
-  //     ones kept; otherwise the thread's own firing neurons. Then up and down for them, thread
-  //     0 into out and thread i > 0 into fused_partials_ row i - 1 (the caller adds those in
-  //     order).
+  //     ones kept; otherwise the thread's own firing neurons. Then up and down for them in one
+  //     pass (cpu::sparse_up_down_rows), thread 0 into out and thread i > 0 into
+  //     fused_partials_ row i - 1 (the caller adds those in order).
   // Which neurons fire does not depend on the thread count; the output does only through the
   // grouping of the down sum. Returns false where it does not apply.
   static constexpr int64_t kNeuronBlock = 64;
@@ -143,6 +143,9 @@ class SparseFfn final : public FfnExecutor {
   int fused_threads_ = 0;  // the pool size the buffers are for (a larger pool takes the separate steps)
   bool fused_ = true;  // tests switch it off to compare with the separate steps
 
+  // Repacks a mirrored predictor's fc2 half (the executor's own copy) 16 rows at a time where the
+  // dense kernels have a fast layout for its type.
+  static void repack_for_decode(TensorView& fc2);
   // What the predictor reads: the residual stream before ffn_norm for PowerInfer's predictors
   // (Model::predictor_on_residual), else the FFN input x.
   const float* predictor_input(const float* x, const Workspace& ws) const;

@@ -16,12 +16,18 @@ struct TensorView {
   int n_dims = 0;
   int64_t ne[4] = {1, 1, 1, 1};
   const uint8_t* data = nullptr;
-  size_t nbytes = 0;
+  size_t nbytes = 0;  // of the tensor's own rows (rows() x row_bytes), also when they are interleaved
+  // Bytes from the start of one row to the next: 0 for rows stored one after the other
+  // (row_bytes(type, ne[0]) apart). More where a matrix's rows are interleaved with other
+  // matrices' (model/repack.cpp bundles each FFN neuron's up and down rows, and its gate row
+  // where the gate is gathered, so that a neuron's rows are one contiguous read).
+  size_t stride = 0;
 
   int64_t cols() const { return ne[0]; }
   int64_t rows() const { return ne[1] * ne[2] * ne[3]; }
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
-  size_t row_stride() const { return row_bytes(type, ne[0]); }
+  size_t row_stride() const { return stride ? stride : row_bytes(type, ne[0]); }
+  bool contiguous() const { return stride == 0 || stride == row_bytes(type, ne[0]); }
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_stride(); }
   bool valid() const { return data != nullptr; }
 };

@@ -105,8 +105,11 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels{} in {:.2f} s; {:.1f} MiB in "
              "huge pages",
              rp.tensors, rp.bytes / 1048576.0,
-             rp.copied_tensors ? fmt::format(", copied {} more ({:.1f} MiB) out of the file", rp.copied_tensors,
-                                             rp.copied_bytes / 1048576.0)
+             rp.copied_tensors ? fmt::format(", copied {} more ({:.1f} MiB) out of the file{}", rp.copied_tensors,
+                                             rp.copied_bytes / 1048576.0,
+                                             rp.bundled_layers ? fmt::format(" (the FFN rows of {} layers bundled by "
+                                                                             "neuron)", rp.bundled_layers)
+                                                               : std::string())
                                : std::string(),
              rp.seconds, rp.huge_page_bytes / 1048576.0);
   if (rp.copy_skipped_bytes > 0)

@@ -38,6 +38,13 @@ int64_t slice_unit(DType t) { return std::max<int64_t>(64, info(t).block_size); 
 // Active rows are scattered, so the hardware prefetchers cannot see the next one coming: ask
 // for it a couple of rows ahead (the cost of a row is one DRAM latency otherwise).
 constexpr int64_t kPrefetchRows = 2;
+
+// Whether the AVX-512 one-token kernels over 4-bit rows (sparse_avx512.cpp) take activations
+// that prepare_activations() laid out with row stride x_stride for a matrix of k columns.
+bool quad_kernels_apply(int64_t n_tokens, int64_t k, size_t x_stride) {
+  return n_tokens == 1 && simd_level() == SimdLevel::avx512 && detail::kernels_avx512().q4_quads &&
+         x_stride == detail::quad_row_bytes(k);
+}
 inline void prefetch_bytes(const uint8_t* p, size_t n) {
   for (size_t b = 0; b < n; b += 64) __builtin_prefetch(p + b);
 }
@@ -56,8 +63,7 @@ void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, c
   // Activations in the kernel's layout once for the whole list, not once per run of rows.
   size_t x_stride = 0;
   const void* xp = prepare_activations(W.type, xq, n_tokens, W.cols(), &x_stride);
-  if (n_tokens == 1 && simd_level() == SimdLevel::avx512 && detail::kernels_avx512().q4_quads &&
-      x_stride == detail::quad_row_bytes(W.cols())) {
+  if (quad_kernels_apply(n_tokens, W.cols(), x_stride)) {
     // One token over 4-bit rows: the grouped kernel (several scattered rows in flight).
     if (const detail::GatherFn gather = detail::sparse_gather_avx512(W.type)) {
       gather(W.row(0), stride, active, n_active, W.cols(), static_cast<const uint8_t*>(xp), Y);
@@ -183,6 +189,26 @@ void sparse_axpy(ThreadPool& pool, const TensorView& D, const int32_t* active, i
       }
     }
   });
+}
+
+// ---- up and down together -----------------------------------------------------------------------
+
+void sparse_up_down_rows(const TensorView& up, const void* xq, const TensorView& D_nm, const int32_t* active,
+                         int64_t n_active, const float* g, float* h, float* out, float* tmp) {
+  if (n_active <= 0) return;
+  const int64_t n_embd = D_nm.cols();
+  size_t x_stride = 0;
+  const void* xp = prepare_activations(up.type, xq, 1, up.cols(), &x_stride);
+  if (quad_kernels_apply(1, up.cols(), x_stride) && up.cols() == n_embd && n_embd % 32 == 0 && !is_nm4(D_nm.type)) {
+    if (const detail::UpDownFn f = detail::sparse_up_down_avx512(up.type, D_nm.type)) {
+      f(up.row(0), up.row_stride(), D_nm.row(0), D_nm.row_stride(), active, g, n_active, n_embd,
+        static_cast<const uint8_t*>(xp), h, out);
+      return;
+    }
+  }
+  gather_matmul_rows(up, xq, 1, active, n_active, h, n_active);
+  for (int64_t i = 0; i < n_active; ++i) h[i] *= g[i];
+  sparse_axpy_rows(D_nm, active, n_active, h, 1, n_active, 0, n_embd, out, n_embd, tmp);
 }
 
 // ---- neuron-major copy -------------------------------------------------------------------------

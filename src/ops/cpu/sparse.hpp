@@ -73,6 +73,18 @@ void sparse_axpy_rows(const TensorView& D_nm, const int32_t* active, int64_t n_a
                       int64_t n_tokens, int64_t h_stride, int64_t col_begin, int64_t col_end, float* out,
                       int64_t out_stride, float* tmp);
 
+// ---- up and down together (one token) ------------------------------------------------------
+
+// The tail of a one-token sparse FFN on one thread, for the listed neurons in list order:
+// h[i] = dot(up row active[i], x) * g[i], then out[0..cols(D_nm)) += h[i] * D_nm row active[i]
+// (a zero h[i] adds nothing). x_quantized as quantize_activations(up.type) makes it; `tmp` holds
+// cols(D_nm) floats. Bit for bit gather_matmul_rows, the products and sparse_axpy_rows over all
+// columns; at the AVX-512 level, for 4-bit up and row-wise Q8_0 / Q4_0 / Q4_1 down rows, one pass
+// that alternates groups of up rows with their down rows (sparse_avx512.cpp), so that the next
+// group's loads wait while this group's arithmetic runs.
+void sparse_up_down_rows(const TensorView& up, const void* x_quantized, const TensorView& D_nm, const int32_t* active,
+                         int64_t n_active, const float* g, float* h, float* out, float* tmp);
+
 // ---- the neuron-major copy of down ---------------------------------------------------------
 
 // Which type a neuron-major copy of a down matrix of type `down_type` is stored in.

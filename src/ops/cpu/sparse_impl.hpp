@@ -34,5 +34,12 @@ GatherFn sparse_gather_avx512(DType type);
 using AxpyRowsFn = void (*)(const uint8_t* d, size_t stride, size_t offset, const int32_t* rows, const float* h,
                             int64_t n, float* out, int64_t len);
 AxpyRowsFn sparse_axpy_rows_avx512(DType type);
+// For i < n in list order: h[i] = dot(up row rows[i], x) * g[i] (x as GatherFn takes it), then
+// out[0..k) += h[i] * dequantized(down row rows[i]) (a neuron-major down of k columns), skipping
+// zero h[i]. Bit-identical to GatherFn, the products and AxpyRowsFn in turn.
+using UpDownFn = void (*)(const uint8_t* up, size_t up_stride, const uint8_t* down, size_t down_stride,
+                          const int32_t* rows, const float* g, int64_t n, int64_t k, const uint8_t* x, float* h,
+                          float* out);
+UpDownFn sparse_up_down_avx512(DType up, DType down);
 
 }  // namespace ember::cpu::detail

@@ -11,6 +11,7 @@
 #include "ops/cpu/norm.hpp"
 #include "ops/cpu/rope.hpp"
 #include "ops/cpu/vec.hpp"
+#include "support/simd_levels.hpp"
 
 using namespace ember;
 
@@ -37,6 +38,20 @@ TEST(Vec, DotAxpyMatchDouble) {
     auto y = b;
     cpu::axpy_f32(0.5f, a.data(), y.data(), n);
     for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(y[i], b[i] + 0.5f * a[i]);
+  }
+}
+
+// scale_mul_f32 (rms_norm's last step) == (x * a) * w exactly, at every SIMD level, with tails.
+TEST(Vec, ScaleMulIsExactAtEveryLevel) {
+  test_support::SimdGuard guard;
+  for (SimdLevel level : test_support::simd_levels()) {
+    set_simd_level(level);
+    for (int64_t n : {1, 15, 16, 17, 100, 2051}) {
+      const auto x = random_vec(n, 3), w = random_vec(n, 4);
+      std::vector<float> y(n);
+      cpu::scale_mul_f32(x.data(), 0.37f, w.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], x[i] * 0.37f * w[i]) << simd_level_name(level) << " n " << n;
+    }
   }
 }
 

@@ -18,7 +18,7 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n_tokens,
     } else if (add_one) {
       for (int64_t i = 0; i < n; ++i) ot[i] = xt[i] * scale * (1.0f + weight[i]);
     } else {
-      for (int64_t i = 0; i < n; ++i) ot[i] = xt[i] * scale * weight[i];
+      scale_mul_f32(xt, scale, weight, ot, n);
     }
   }
 }

@@ -30,6 +30,9 @@ float dot_f32(const float* a, const float* b, int64_t n) { return kernels().dot(
 void axpy_f32(float a, const float* x, float* y, int64_t n) { kernels().axpy(a, x, y, n); }
 void scale_f32(float a, float* y, int64_t n) { kernels().scale(a, y, n); }
 void add_f32(const float* x, float* y, int64_t n) { kernels().add(x, y, n); }
+void scale_mul_f32(const float* x, float a, const float* w, float* y, int64_t n) {
+  kernels().scale_mul(x, a, w, y, n);
+}
 float sum_squares_f32(const float* x, int64_t n) { return kernels().sum_squares(x, n); }
 float max_f32(const float* x, int64_t n) { return kernels().max(x, n); }
 

@@ -13,6 +13,8 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 void scale_f32(float a, float* y, int64_t n);
 // y += x
 void add_f32(const float* x, float* y, int64_t n);
+// y = (x * a) * w, element by element
+void scale_mul_f32(const float* x, float a, const float* w, float* y, int64_t n);
 float sum_squares_f32(const float* x, int64_t n);
 float max_f32(const float* x, int64_t n);
 // The first index of the largest value (std::max_element's answer; NaNs are never the largest,

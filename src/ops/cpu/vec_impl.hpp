@@ -13,6 +13,7 @@ struct VecKernels {
   void (*axpy)(float, const float*, float*, int64_t);
   void (*scale)(float, float*, int64_t);
   void (*add)(const float*, float*, int64_t);
+  void (*scale_mul)(const float*, float, const float*, float*, int64_t);
   float (*sum_squares)(const float*, int64_t);
   float (*max)(const float*, int64_t);
 };
@@ -47,6 +48,9 @@ const VecKernels& vec_kernels_avx512();
   void add(const float* x, float* y, int64_t n) {                                               \
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];                                               \
   }                                                                                             \
+  void scale_mul(const float* x, float a, const float* w, float* y, int64_t n) {                \
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * a * w[i];                                     \
+  }                                                                                             \
   float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }                          \
   /* Sixteen running maxima (vectorizable); NaNs never win a comparison, so they are skipped. */ \
   float max(const float* x, int64_t n) {                                                        \
@@ -62,7 +66,7 @@ const VecKernels& vec_kernels_avx512();
   }                                                                                             \
   }                                                                                             \
   const VecKernels& vec_kernels_##SUFFIX() {                                                    \
-    static const VecKernels k{&dot, &axpy, &scale, &add, &sum_squares, &max};                   \
+    static const VecKernels k{&dot, &axpy, &scale, &add, &scale_mul, &sum_squares, &max};       \
     return k;                                                                                   \
   }                                                                                             \
   }

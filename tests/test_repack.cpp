@@ -243,6 +243,18 @@ TEST(Repack, BundledFfnRowsGiveTheSameLogitsAtEveryLevel) {
               << prompt;
         }
   }
+  // The bytes the sparse path reports reading count each row's own bytes, not the bundle's.
+  double bytes[2];
+  for (int i = 0; i < 2; ++i) {
+    SessionParams p;
+    p.n_ctx = 64;
+    p.sparse.mode = FfnMode::predictor;
+    Session s(i ? *bundled : *in_file, p);
+    test_support::session_logits(s, 4, 4);
+    bytes[i] = s.sparse_ffn()->weight_bytes_per_token();
+  }
+  EXPECT_GT(bytes[0], 0.0);
+  EXPECT_EQ(bytes[0], bytes[1]);
   std::filesystem::remove(path);
 }
 

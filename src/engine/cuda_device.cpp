@@ -56,7 +56,7 @@ void CudaDevice::load(const Model& model, const std::vector<TensorView>& down_nm
     if (s.n == 0) continue;
     const auto& ids = plan.layers[l].gpu_neurons;
     auto upload = [&](const TensorView& src, uint64_t offset) {
-      const size_t rb = src.row_stride();
+      const size_t rb = src.row_size();
       staging.resize(rb * static_cast<size_t>(s.n));
       for (int64_t i = 0; i < s.n; ++i) std::memcpy(staging.data() + i * rb, src.row(ids[static_cast<size_t>(i)]), rb);
       cuda::copy_to_device_sync(arena_ + offset, staging.data(), staging.size());

@@ -199,8 +199,8 @@ double SparseFfn::weight_bytes_per_token() const {
     // firing, which is nearly all blocks at the sparsities it is chosen for).
     const TensorView& nm = down_nm_[l].view;
     if (cpu::is_nm4(nm.type)) total += static_cast<double>(cpu::nm4_table_bytes(nm.type, nm.rows(), nm.cols()));
-    total += (gate_rows * static_cast<double>(w.gate.valid() ? w.gate.row_stride() : 0) +
-              static_cast<double>(stats_.active[l]) * static_cast<double>(w.up.row_stride() + down_nm_[l].view.row_stride())) /
+    total += (gate_rows * static_cast<double>(w.gate.valid() ? w.gate.row_size() : 0) +
+              static_cast<double>(stats_.active[l]) * static_cast<double>(w.up.row_size() + down_nm_[l].view.row_size())) /
              tokens;
   }
   return seen > 0 ? total : 0.0;

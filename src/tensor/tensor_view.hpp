@@ -27,6 +27,8 @@ struct TensorView {
   int64_t rows() const { return ne[1] * ne[2] * ne[3]; }
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
   size_t row_stride() const { return stride ? stride : row_bytes(type, ne[0]); }
+  // Bytes of one row's own data (what a copy of the row takes; row_stride() may be more).
+  size_t row_size() const { return row_bytes(type, ne[0]); }
   bool contiguous() const { return stride == 0 || stride == row_bytes(type, ne[0]); }
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_stride(); }
   bool valid() const { return data != nullptr; }

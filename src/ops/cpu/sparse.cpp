@@ -70,9 +70,9 @@ void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, c
       return;
     }
   }
-  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), stride);
+  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), W.row_size());
   for (int64_t i = 0; i < n_active;) {
-    if (i + kPrefetchRows < n_active) prefetch_bytes(W.row(active[i + kPrefetchRows]), stride);
+    if (i + kPrefetchRows < n_active) prefetch_bytes(W.row(active[i + kPrefetchRows]), W.row_size());
     // A run of consecutive rows is one call of the dense row kernel (its register tiles span
     // several rows when the run is long).
     int64_t e = i + 1;

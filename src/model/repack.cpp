@@ -95,7 +95,7 @@ void copy_bundle(const Bundle& b, uint8_t* dst) {
     for (int64_t r = r0; r < r1; ++r) {
       uint8_t* row = dst + static_cast<size_t>(r) * b.stride;
       for (const Planned* m : b.members) {
-        const size_t n = m->w->row_stride();
+        const size_t n = m->w->row_size();
         std::memcpy(row, m->w->row(r), n);
         row += n;
       }
@@ -176,7 +176,7 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     b.members.push_back(up);
     b.members.push_back(down_t);
     b.rows = l.ffn.up.rows();
-    for (Planned* m : b.members) b.stride += m->w->row_stride(), m->bundle = static_cast<int>(bundles.size());
+    for (Planned* m : b.members) b.stride += m->w->row_size(), m->bundle = static_cast<int>(bundles.size());
     bundles.push_back(std::move(b));
   }
   size_t total = 0;
@@ -214,7 +214,7 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     size_t offset = 0;
     for (Planned* m : b.members) {
       TensorView& w = *m->w;
-      const size_t row = w.row_stride();
+      const size_t row = w.row_size();
       ++st.copied_tensors;
       st.copied_bytes += w.nbytes;
       release_pages(w.data, w.nbytes);

@@ -271,6 +271,7 @@ void axpy_rows(const uint8_t* d, size_t stride, size_t offset, const int32_t* ro
   int c = 0;
   // Groups of kGroup rows with a nonzero factor, in list order (a zero adds exactly nothing).
   const auto flush = [&](int64_t after) {
+    if (c == 0) return;  // nothing gathered (an empty list, or only zero factors): no rows to read
     for (int g = 0; g < kGroup; ++g) next[g] = row(after + ahead - kGroup + g);
     with_rows(c, [&](auto r) { axpy_group<T, decltype(r)::value, H>(cur, next, hc, out, nblocks); });
     c = 0;

@@ -38,15 +38,15 @@ int64_t slice_unit(DType t) { return std::max<int64_t>(64, info(t).block_size); 
 // Active rows are scattered, so the hardware prefetchers cannot see the next one coming: ask
 // for it a couple of rows ahead (the cost of a row is one DRAM latency otherwise).
 constexpr int64_t kPrefetchRows = 2;
+inline void prefetch_bytes(const uint8_t* p, size_t n) {
+  for (size_t b = 0; b < n; b += 64) __builtin_prefetch(p + b);
+}
 
 // Whether the AVX-512 one-token kernels over 4-bit rows (sparse_avx512.cpp) take activations
 // that prepare_activations() laid out with row stride x_stride for a matrix of k columns.
 bool quad_kernels_apply(int64_t n_tokens, int64_t k, size_t x_stride) {
   return n_tokens == 1 && simd_level() == SimdLevel::avx512 && detail::kernels_avx512().q4_quads &&
          x_stride == detail::quad_row_bytes(k);
-}
-inline void prefetch_bytes(const uint8_t* p, size_t n) {
-  for (size_t b = 0; b < n; b += 64) __builtin_prefetch(p + b);
 }
 
 }  // namespace

@@ -46,7 +46,8 @@ struct RepackStats {
 // all into one buffer in Model::owned_weights. Views of the model change type and data; shapes
 // stay. Where an FFN layer has a neuron-major down (ffn_down_t) and it and up are copied (not
 // repacked), each neuron's rows are bundled: its gate row (when the gate is copied too), its up
-// row and its down row one after the other, and those views get a TensorView::stride. The copies are made only if they fit, with the repacked matrices, in `memory_budget`
+// row and its down row one after the other, and those views get a TensorView::stride. The
+// copies are made only if they fit, with the repacked matrices, in `memory_budget`
 // bytes (0: 90 % of the memory available now, core/huge_pages.hpp); otherwise they stay in the
 // file (copy_skipped_bytes), so a model larger than memory still runs from its map.
 RepackStats repack_for_dense_kernels(Model& model, RepackScope scope,

@@ -81,7 +81,7 @@ void sparse_axpy_rows(const TensorView& D_nm, const int32_t* active, int64_t n_a
 // cols(D_nm) floats. Bit for bit gather_matmul_rows, the products and sparse_axpy_rows over all
 // columns; at the AVX-512 level, for 4-bit up and row-wise Q8_0 / Q4_0 / Q4_1 down rows, one pass
 // that alternates groups of up rows with their down rows (sparse_avx512.cpp), so that the next
-// group's loads wait while this group's arithmetic runs.
+// group's loads are in flight while this group's arithmetic runs.
 void sparse_up_down_rows(const TensorView& up, const void* x_quantized, const TensorView& D_nm, const int32_t* active,
                          int64_t n_active, const float* g, float* h, float* out, float* tmp);
 

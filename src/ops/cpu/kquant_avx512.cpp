@@ -394,10 +394,14 @@ struct G16Kernel512 {
 }  // namespace
 
 const KQuantSet& kquant_avx512() {
-  static const KQuantSet set{&gemm<Q5QuadKernel<DType::Q5_0>>,  &gemm<Q5QuadKernel<DType::Q5_1>>,
-                             &gemm<K45Kernel512<DType::Q4_K>>, &gemm<K45Kernel512<DType::Q5_K>>,
-                             &gemm<G16Kernel512<DType::Q2_K>>, &gemm<G16Kernel512<DType::Q3_K>>,
-                             &gemm<G16Kernel512<DType::Q6_K>>, /*q5_quads=*/true};
+  static const KQuantSet set{.q5_0 = &gemm<Q5QuadKernel<DType::Q5_0>>,
+                             .q5_1 = &gemm<Q5QuadKernel<DType::Q5_1>>,
+                             .q4_k = &gemm<K45Kernel512<DType::Q4_K>>,
+                             .q5_k = &gemm<K45Kernel512<DType::Q5_K>>,
+                             .q2_k = &gemm<G16Kernel512<DType::Q2_K>>,
+                             .q3_k = &gemm<G16Kernel512<DType::Q3_K>>,
+                             .q6_k = &gemm<G16Kernel512<DType::Q6_K>>,
+                             .q5_quads = true};
   return set;
 }
 

@@ -122,8 +122,12 @@ void gemm(const GemmArgs& a) {
 }  // namespace
 
 const KQuantSet& kquant_scalar() {
-  static const KQuantSet set{&gemm<dot_q5_0>,          &gemm<dot_q5_1>,          &gemm<dot_k45<BlockQ4_K>>,
-                             &gemm<dot_k45<BlockQ5_K>>, &gemm<dot_q23<BlockQ2_K>>, &gemm<dot_q23<BlockQ3_K>>};
+  static const KQuantSet set{.q5_0 = &gemm<dot_q5_0>,
+                             .q5_1 = &gemm<dot_q5_1>,
+                             .q4_k = &gemm<dot_k45<BlockQ4_K>>,
+                             .q5_k = &gemm<dot_k45<BlockQ5_K>>,
+                             .q2_k = &gemm<dot_q23<BlockQ2_K>>,
+                             .q3_k = &gemm<dot_q23<BlockQ3_K>>};
   return set;
 }
 

@@ -287,8 +287,11 @@ struct Q23Kernel {
 };
 
 [[maybe_unused]] const KQuantSet& make_kquant_set() {
-  static const KQuantSet set{&gemm<Q5Kernel<DType::Q5_0>>, &gemm<Q5Kernel<DType::Q5_1>>,
-                             &gemm<K45Kernel<DType::Q4_K>>, &gemm<K45Kernel<DType::Q5_K>>,
-                             &gemm<Q23Kernel<DType::Q2_K>>, &gemm<Q23Kernel<DType::Q3_K>>};
+  static const KQuantSet set{.q5_0 = &gemm<Q5Kernel<DType::Q5_0>>,
+                             .q5_1 = &gemm<Q5Kernel<DType::Q5_1>>,
+                             .q4_k = &gemm<K45Kernel<DType::Q4_K>>,
+                             .q5_k = &gemm<K45Kernel<DType::Q5_K>>,
+                             .q2_k = &gemm<Q23Kernel<DType::Q2_K>>,
+                             .q3_k = &gemm<Q23Kernel<DType::Q3_K>>};
   return set;
 }

@@ -144,12 +144,12 @@ void as_dequant(const uint8_t* src, float* dst, int64_t n) {
 
 SparseKernels sparse_kernels_avx2(DType type) {
   switch (type) {
-    case DType::F32: return {&f32<false>, &as_dequant<&f32<true>>};
-    case DType::F16: return {&f16<false>, &as_dequant<&f16<true>>};
-    case DType::BF16: return {&bf16<false>, &as_dequant<&bf16<true>>};
-    case DType::Q8_0: return {&q8_0<false>, &as_dequant<&q8_0<true>>};
-    case DType::Q4_0: return {&q4_0<false>, &as_dequant<&q4_0<true>>};
-    case DType::Q4_1: return {&q4_1<false>, &as_dequant<&q4_1<true>>};
+    case DType::F32: return {.axpy = &f32<false>, .dequant = &as_dequant<&f32<true>>};
+    case DType::F16: return {.axpy = &f16<false>, .dequant = &as_dequant<&f16<true>>};
+    case DType::BF16: return {.axpy = &bf16<false>, .dequant = &as_dequant<&bf16<true>>};
+    case DType::Q8_0: return {.axpy = &q8_0<false>, .dequant = &as_dequant<&q8_0<true>>};
+    case DType::Q4_0: return {.axpy = &q4_0<false>, .dequant = &as_dequant<&q4_0<true>>};
+    case DType::Q4_1: return {.axpy = &q4_1<false>, .dequant = &as_dequant<&q4_1<true>>};
     default: return {};
   }
 }

@@ -209,10 +209,13 @@ struct Q6KKernel {
 }  // namespace
 
 const KernelSet& kernels_avx2() {
-  static const KernelSet set{
-      &gemm<FloatKernel<DType::F32>>,    &gemm<FloatKernel<DType::F16>>,    &gemm<FloatKernel<DType::BF16>>,
-      &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Block32Kernel<DType::Q4_0>>, &gemm<Block32Kernel<DType::Q4_1>>,
-      &gemm<Q6KKernel>};
+  static const KernelSet set{.f32 = &gemm<FloatKernel<DType::F32>>,
+                             .f16 = &gemm<FloatKernel<DType::F16>>,
+                             .bf16 = &gemm<FloatKernel<DType::BF16>>,
+                             .q8_0 = &gemm<Block32Kernel<DType::Q8_0>>,
+                             .q4_0 = &gemm<Block32Kernel<DType::Q4_0>>,
+                             .q4_1 = &gemm<Block32Kernel<DType::Q4_1>>,
+                             .q6_k = &gemm<Q6KKernel>};
   return set;
 }
 

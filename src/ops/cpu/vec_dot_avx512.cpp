@@ -415,11 +415,19 @@ void quantize_quads(const float* x, void* out, int64_t k) {
 }  // namespace
 
 const KernelSet& kernels_avx512() {
-  static const KernelSet set{
-      &gemm<FloatKernel<DType::F32>>,    &gemm<FloatKernel<DType::F16>>,    &gemm<FloatKernel<DType::BF16>>,
-      &gemm<Block32Kernel<DType::Q8_0>>, &gemm<Q4QuadKernel<DType::Q4_0>>, &gemm<Q4QuadKernel<DType::Q4_1>>,
-      &gemm<Q6KKernel>, &quantize_q8<false>, &quantize_q8<true>, &quantize_q8_k, /*q4_quads=*/true,
-      &quantize_quads<false>, &quantize_quads<true>};
+  static const KernelSet set{.f32 = &gemm<FloatKernel<DType::F32>>,
+                             .f16 = &gemm<FloatKernel<DType::F16>>,
+                             .bf16 = &gemm<FloatKernel<DType::BF16>>,
+                             .q8_0 = &gemm<Block32Kernel<DType::Q8_0>>,
+                             .q4_0 = &gemm<Q4QuadKernel<DType::Q4_0>>,
+                             .q4_1 = &gemm<Q4QuadKernel<DType::Q4_1>>,
+                             .q6_k = &gemm<Q6KKernel>,
+                             .quantize_q8_0 = &quantize_q8<false>,
+                             .quantize_q8_1 = &quantize_q8<true>,
+                             .quantize_q8_k = &quantize_q8_k,
+                             .q4_quads = true,
+                             .quads_q8_0 = &quantize_quads<false>,
+                             .quads_q8_1 = &quantize_quads<true>};
   return set;
 }
 

@@ -113,8 +113,13 @@ void gemm(const GemmArgs& a) {
 }  // namespace
 
 const KernelSet& kernels_scalar() {
-  static const KernelSet set{&gemm<dot_f32>,  &gemm<dot_f16>,  &gemm<dot_bf16>, &gemm<dot_q8_0>,
-                             &gemm<dot_q4_0>, &gemm<dot_q4_1>, &gemm<dot_q6_k>};
+  static const KernelSet set{.f32 = &gemm<dot_f32>,
+                             .f16 = &gemm<dot_f16>,
+                             .bf16 = &gemm<dot_bf16>,
+                             .q8_0 = &gemm<dot_q8_0>,
+                             .q4_0 = &gemm<dot_q4_0>,
+                             .q4_1 = &gemm<dot_q4_1>,
+                             .q6_k = &gemm<dot_q6_k>};
   return set;
 }
 

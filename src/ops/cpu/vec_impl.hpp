@@ -66,7 +66,8 @@ const VecKernels& vec_kernels_avx512();
   }                                                                                             \
   }                                                                                             \
   const VecKernels& vec_kernels_##SUFFIX() {                                                    \
-    static const VecKernels k{&dot, &axpy, &scale, &add, &scale_mul, &sum_squares, &max};       \
+    static const VecKernels k{.dot = &dot, .axpy = &axpy, .scale = &scale, .add = &add,          \
+                              .scale_mul = &scale_mul, .sum_squares = &sum_squares, .max = &max};  \
     return k;                                                                                   \
   }                                                                                             \
   }

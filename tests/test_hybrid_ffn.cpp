@@ -250,12 +250,28 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
     o.min_gpu_neurons = 0;
     Plan p;
     p.layers.resize(3);
-    for (auto& L : p.layers)
+    uint64_t attn_bytes = 0;
+    int64_t attn_layers = 0;
+    for (size_t l = 0; l < 3; ++l) {
+      auto& L = p.layers[l];
       for (int32_t j = 0; j < model->hp.n_ff; ++j)
         if (rng() % (1 + trial) == 0) L.gpu_neurons.push_back(j);
+      L.attn_gpu = rng() % 2 == 0;
+      if (L.attn_gpu) attn_bytes += pm.layers[l].attn_bytes, ++attn_layers;
+    }
     CpuDevice dev(1);
-    dev.load(*model, views, pm, o, p);
-    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p));
+    DeviceLoad what;
+    what.pm = &pm;
+    what.opts = &o;
+    what.plan = &p;
+    what.down_nm = views;
+    what.kv_type = DType::F16;
+    what.n_batch = 8;
+    dev.load(*model, what);
+    EXPECT_EQ(dev.layout().ffn_total, gpu_ffn_bytes(pm, o, p));
+    EXPECT_EQ(dev.layout().attn_weights, attn_bytes);
+    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p) + attn_bytes +
+                               2 * static_cast<uint64_t>(attn_layers * 64 * model->hp.n_head_kv * model->hp.head_dim) * 2);
     // And its share computes what the CPU computes over the same neurons.
     for (size_t l = 0; l < 3; ++l) {
       const auto& ids = p.layers[l].gpu_neurons;
@@ -266,14 +282,101 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
       const float* got = dev.ffn_end();
       std::vector<float> act(static_cast<size_t>(o.max_batch * 352)), h(act.size()), out(x.size()),
           axpy(cpu::sparse_axpy_scratch_floats(128, o.max_batch, 1, cpu::AxpySplit::columns));
-      std::vector<int32_t> active(352), pos(352);
+      std::vector<int32_t> active(352);
       AlignedBuffer<uint8_t> mm(cpu::gather_matmul_scratch_bytes(DType::Q4_0, 128, o.max_batch) + 64);
-      const FfnShareScratch sc{act.data(), h.data(), active.data(), pos.data(), mm.data(), axpy.data()};
-      const FfnWeights& w = model->layers[l].ffn;
-      ffn_share_partial(pool, {w.gate, w.up, views[l]}, ids.data(), static_cast<int64_t>(ids.size()),
-                        cpu::Activation::relu, 0.0f, x.data(), o.max_batch, out.data(), sc);
+      const FfnShareScratch sc{act.data(), h.data(), active.data(), mm.data(), axpy.data()};
+      FfnWeights w = model->layers[l].ffn;
+      w.down = {};
+      w.down_t = views[l];
+      ffn_share_partial(pool, w, ids.data(), static_cast<int64_t>(ids.size()), cpu::Activation::relu, 0.0f, x.data(),
+                        o.max_batch, out.data(), sc);
       for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(got[i], out[i]) << "layer " << l << " at " << i;
     }
   }
+  std::filesystem::remove(path);
+}
+
+// Attention blocks placed on the stand-in device (which runs the CPU's own block functions on
+// its own copies, KV cache and threads) change no bit of the output, for FFN splits of none and
+// some neurons and attention on no, some and all layers; the hidden state crosses only where
+// consecutive blocks change device. Llama (Q4_0, RoPE), Gemma 3 (QK-norm, post-norms, sliding
+// window, local RoPE) and OPT (LayerNorm, biases, learned positions, no gate).
+TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
+  for (const char* arch : {"llama", "gemma3", "opt"}) {
+    SCOPED_TRACE(arch);
+    SynthOptions o;
+    o.arch = arch;
+    o.act = std::string(arch) == "gemma3" ? FfnActivation::silu : FfnActivation::relu;
+    if (o.act == FfnActivation::relu) o.sparsity = 0.7f;
+    o.type = std::string(arch) == "llama" ? DType::Q4_0 : DType::F32;
+    o.n_embd = 128;
+    o.n_ff = 288;
+    o.n_layer = 3;
+    o.n_head = 4;
+    o.n_head_kv = std::string(arch) == "opt" ? 4 : 2;
+    o.tied = std::string(arch) == "opt";
+    o.seed = 8;
+    o.n_threads = 1;
+    const std::string path = (test_dir() / (std::string("attn-") + arch + ".gguf")).string();
+    synth_write(o, path);
+    auto model = load_model(path);
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(split ? "half the neurons on the device" : "no neurons on the device");
+      Logits first;
+      for (int placement = 0; placement < 3; ++placement) {  // attention on no, layers 0 and 2, all layers
+        Plan plan;
+        plan.method = PlanMethod::greedy;
+        plan.vram_budget = uint64_t{1} << 40;
+        plan.layers.resize(3);
+        for (size_t l = 0; l < 3; ++l) {
+          if (split)
+            for (int32_t j = 1; j < model->hp.n_ff; j += 2) plan.layers[l].gpu_neurons.push_back(j);
+          plan.layers[l].attn_gpu = placement == 2 || (placement == 1 && l != 1);
+        }
+        SessionParams p = base_params();
+        p.kv_type = DType::F16;
+        p.hybrid.given = &plan;
+        p.hybrid.plan.min_gpu_neurons = 0;  // attention without neurons
+        Session s(*model, p);
+        const Logits got = test_support::session_logits(s);  // 1 prompt pass + 6 decode passes
+        const CrossingStats c = s.hybrid_ffn()->device().crossings();
+        const uint64_t passes = 7, per_pass = placement == 0 ? 0 : placement == 1 ? 2 : 1;
+        EXPECT_EQ(c.hidden_in, passes * per_pass) << "placement " << placement;
+        EXPECT_EQ(c.hidden_out, passes * per_pass) << "placement " << placement;
+        if (placement == 0) {
+          first = got;
+          continue;
+        }
+        EXPECT_EQ(got, first) << "placement " << placement << ": the attention's device changed the logits";
+      }
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+// PowerInfer's layout through the hybrid (a file with only ffn_down_t): the same logits as the
+// all-CPU oracle on that file (the merge once covered one float per token: top-1 agreement 64 %).
+TEST(HybridFfn, PowerInferFileEqualsOracle) {
+  SynthOptions o;
+  o.act = FfnActivation::relu;
+  o.sparsity = 0.8f;
+  o.powerinfer = true;
+  o.type = DType::Q4_0;
+  o.n_embd = 128;
+  o.n_ff = 352;
+  o.n_layer = 3;
+  o.seed = 6;
+  o.n_threads = 1;
+  const std::string path = (test_dir() / "pwri.gguf").string();
+  synth_write(o, path);
+  auto model = load_model(path);
+  ASSERT_TRUE(model->layers[0].ffn.down_neuron_major_only());
+  SessionParams oracle = base_params();
+  oracle.sparse.mode = FfnMode::oracle;
+  const Plan hand = hand_plan(*model);
+  SessionParams h = base_params();
+  h.hybrid.given = &hand;
+  h.hybrid.plan.min_gpu_neurons = 1;
+  EXPECT_LT(rel_diff(run(*model, oracle), run(*model, h)), 1e-5);
   std::filesystem::remove(path);
 }

@@ -16,7 +16,7 @@
 #include "model/synth.hpp"
 #include "ops/cpu/activation.hpp"
 #include "sparse/ffn_sparse.hpp"
-#include "sparse/profile.hpp"
+#include "engine/profile_run.hpp"
 #include "sparse/threshold.hpp"
 #include "support/paths.hpp"
 #include "support/reference_llama.hpp"

@@ -286,6 +286,7 @@ class PredictorCounter final : public FfnExecutor {
     seen += s.size();
     dense_ffn(pool, w, act, x_ffn, n, out, ws);
   }
+  std::string refusal(const Model&) const override { return {}; }
 };
 
 // Runs tokens one at a time through the dense model while counting what its predictor marks

@@ -28,20 +28,26 @@ CudaDevice::~CudaDevice() {
   if (stream_) cuda::stream_destroy(stream_);
 }
 
-void CudaDevice::load(const Model& model, const std::vector<TensorView>& down_nm, const PlanModel& pm,
-                      const PlanOptions& opts, const Plan& plan) {
+void CudaDevice::no_attention() {
+  fail("CUDA device: attention blocks do not run on CUDA yet; plan without attention on the GPU");
+}
+
+void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   EMBER_CHECK(!arena_, "CUDA device: load called twice");
-  EMBER_CHECK(down_nm.size() == model.layers.size(), "CUDA device: {} neuron-major down matrices for {} layers",
-              down_nm.size(), model.layers.size());
-  layout_ = ffn_arena_layout(pm, opts, plan);
-  n_embd_ = pm.n_embd, n_ff_ = pm.n_ff, max_batch_ = opts.max_batch;
+  EMBER_CHECK(d.pm && d.opts && d.plan, "CUDA device: load needs the plan, its model and options");
+  EMBER_CHECK(d.down_nm.size() == model.layers.size(), "CUDA device: {} neuron-major down matrices for {} layers",
+              d.down_nm.size(), model.layers.size());
+  const std::string why = device_refusal(caps(), model, *d.plan, d.down_nm);
+  EMBER_CHECK(why.empty(), "CUDA device: {}", why);
+  const PlanModel& pm = *d.pm;
+  const Plan& plan = *d.plan;
+  const std::vector<TensorView>& down_nm = d.down_nm;
+  layout_ = device_arena_layout(model, pm, *d.opts, plan, d.kv_type);
+  n_embd_ = pm.n_embd, n_ff_ = pm.n_ff, max_batch_ = d.opts->max_batch;
   types_.assign(model.layers.size(), {});
   for (size_t l = 0; l < model.layers.size(); ++l) {
     if (layout_.layers[l].n == 0) continue;
     const FfnWeights& w = model.layers[l].ffn;
-    for (DType t : {w.gate.type, w.up.type, down_nm[l].type})
-      EMBER_CHECK(cuda::supports(t), "CUDA device: layer {} has {} weights; the CUDA kernels read F32, F16, Q8_0 and "
-                  "Q4_0", l, dtype_name(t));
     types_[l] = {w.gate.type, w.up.type, down_nm[l].type};
   }
   arena_ = static_cast<uint8_t*>(cuda::malloc_device(layout_.total));

@@ -1,8 +1,10 @@
 // The CUDA device of the hybrid engine (built with EMBER_HAS_CUDA): the plan's FFN shares in one
-// cudaMalloc'd arena laid out by ffn_arena_layout (exactly the plan's byte count), the layer
+// cudaMalloc'd arena laid out by device_arena_layout (exactly the plan's byte count), the layer
 // input and the partial output through pinned host buffers with asynchronous copies on a stream
 // of its own, the kernels of ops/cuda/cuda_ops.hpp in between. ffn_begin returns once the work
-// is queued, so the CPU computes its neurons meanwhile.
+// is queued, so the CPU computes its neurons meanwhile. What it runs is cuda_caps()
+// (engine/device.hpp): gated FFN shares (act(gate) * up) of F32, F16, Q8_0 and Q4_0 rows, no
+// attention blocks yet (the GPU issue); anything else is refused before a byte is copied.
 #pragma once
 #include "engine/device.hpp"
 
@@ -16,19 +18,27 @@ class CudaDevice final : public Device {
   CudaDevice& operator=(const CudaDevice&) = delete;
 
   const char* name() const override { return "cuda"; }
-  void load(const Model& model, const std::vector<TensorView>& down_nm, const PlanModel& pm, const PlanOptions& opts,
-            const Plan& plan) override;
+  DeviceCaps caps() const override { return cuda_caps(); }
+  void load(const Model& model, const DeviceLoad& what) override;
   void ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) override;
   const float* ffn_end() override;
+  // No attention blocks on CUDA yet: caps() says so and load() refuses such a plan.
+  void put_hidden(const float*, int64_t) override { no_attention(); }
+  void get_hidden(float*, int64_t) override { no_attention(); }
+  void attention(int64_t, int64_t, int64_t) override { no_attention(); }
+  const float* ffn_input(int64_t, int64_t) override { no_attention(); }
+  void ffn_finish(int64_t, const float*, int64_t) override { no_attention(); }
   uint64_t bytes() const override { return layout_.total; }
   uint64_t fired() const override { return fired_; }
+  CrossingStats crossings() const override { return {}; }
   void reset_stats() override { fired_ = 0; }
 
  private:
   struct Share {
     DType gate = DType::F32, up = DType::F32, down = DType::F32;
   };
-  FfnArenaLayout layout_;
+  [[noreturn]] static void no_attention();
+  DeviceArenaLayout layout_;
   std::vector<Share> types_;
   uint8_t* arena_ = nullptr;        // device
   float* x_host_ = nullptr;         // pinned

@@ -1,111 +1,199 @@
-// Devices of the hybrid engine (issue 5). A device holds its share of each layer's FFN neurons
-// (the rows of gate, up and the neuron-major down of the neurons a plan gives it, copied into its
-// own memory) and computes, for a batch of tokens, the partial FFN output over those of its
-// neurons that fire, while the CPU computes the rest. Two implementations: CpuDevice (a second
-// CPU device on threads of its own, standing in for a GPU where there is none, so that the split,
-// ordering and merge are tested everywhere) and the CUDA device (ops/cuda/, when built).
+// Devices of the hybrid engine. A device holds what a plan (sparse/plan.hpp) puts on it, at the
+// level of a layer's blocks (model/blocks.hpp):
+//   - per layer, an FFN share: the rows of gate, up, up bias and the neuron-major down of the
+//     neurons the plan gives it, as an FFN of their own (FfnWeights, row i = the share's neuron
+//     i), of which it computes, for a batch of tokens, the partial output over the neurons that
+//     fire, while the CPU computes the rest (ffn_begin / ffn_end);
+//   - for the layers whose attention the plan places there (LayerPlacement::attn_gpu): the
+//     attention block's tensors and the FFN block's norms, and a KV cache of its own for them;
+//     then the device holds the hidden state: it runs the attention block on it, hands out the
+//     FFN's input (ffn_input) and takes the merged FFN output back (ffn_finish). The hybrid
+//     executor moves the hidden state only where consecutive blocks change device
+//     (put_hidden / get_hidden).
+// Two implementations: CpuDevice (a second CPU device on threads of its own, standing in for a GPU
+// where there is none, running the CPU's own block functions, so that the split, the ordering
+// and the merge are tested everywhere, bit for bit against the CPU) and CudaDevice (ops/cuda/,
+// when built; FFN shares only so far).
 //
-// Memory is accounted: a device allocates exactly gpu_ffn_bytes(plan) (sparse/plan.hpp) in one
-// arena laid out by FfnArenaLayout, the function the solvers count with.
+// Memory is accounted: a device allocates one arena laid out by device_arena_layout, whose FFN
+// part equals gpu_ffn_bytes(plan) and whose attention part equals the plan's attn_bytes of
+// those layers (sparse/plan.hpp, the functions the solvers count with).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
 #include "core/thread_pool.hpp"
+#include "model/forward.hpp"
+#include "model/kv_cache.hpp"
 #include "model/model.hpp"
 #include "ops/cpu/sparse.hpp"
 #include "sparse/plan.hpp"
 
 namespace ember {
 
-// Where everything lives in a device's FFN arena: per layer the share's gate, up and down rows
-// and its row list (0..k-1), then the scratch. Each buffer is padded to kGpuAlign; `total`
-// equals gpu_ffn_bytes(model, opts, plan).
-struct FfnArenaLayout {
+// What a device can run. Checked against a model and plan before anything is loaded.
+struct DeviceCaps {
+  std::string name;
+  bool attention = false;                // holds attention blocks (LayerPlacement::attn_gpu)
+  std::vector<FfnGating> gatings;        // of its FFN shares
+  bool up_bias = false;                  // FFN shares with an up bias (OPT)
+  std::vector<DType> weight_types;       // of its FFN share rows; empty: every type
+};
+DeviceCaps cpu_standin_caps();
+DeviceCaps cuda_caps();  // what CudaDevice runs (defined without CUDA too, so it can be checked anywhere)
+// Why a device of `caps` cannot run `plan` on `model` with these neuron-major down matrices
+// (naming the first layer and part it cannot hold), or empty when it can.
+std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan,
+                           const std::vector<TensorView>& down_nm);
+
+// Where everything lives in a device's arena: per layer the FFN share's gate, up, down and up
+// bias rows and its row list (0..k-1), then the FFN scratch, then per attention layer its
+// tensors (LayerWeights::attention_tensors and ffn_block_tensors, in that order). Each buffer
+// is padded to kGpuAlign. The KV cache of the attention layers comes on top (`kv`).
+struct DeviceArenaLayout {
   struct Share {
     int64_t n = 0;  // neurons
-    uint64_t gate = 0, up = 0, down = 0, rows = 0;  // byte offsets
+    uint64_t gate = 0, up = 0, down = 0, up_b = 0, rows = 0;  // byte offsets
+  };
+  struct Attention {
+    bool on = false;
+    std::vector<uint64_t> tensors;  // offsets, in the order of the two lists (0 for empty views)
   };
   std::vector<Share> layers;
-  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0;  // scratch offsets
-  uint64_t total = 0;
+  std::vector<Attention> attn;
+  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0;  // FFN scratch offsets
+  uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
+  uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
+  uint64_t arena = 0;         // ffn_total + attn_weights: the arena's size
+  uint64_t kv = 0;            // K and V of the attention layers, in the cache's type (KvCache::bytes_for)
+  uint64_t total = 0;         // arena + kv
 };
-FfnArenaLayout ffn_arena_layout(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
+DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, const PlanOptions& opts,
+                                      const Plan& plan, DType kv_type);
 
-// The weights of an FFN share: row i of gate, up and down_nm belongs to the share's neuron i.
-struct FfnShareWeights {
-  TensorView gate, up, down_nm;
+// What a device is given to load.
+struct DeviceLoad {
+  const PlanModel* pm = nullptr;
+  const PlanOptions* opts = nullptr;
+  const Plan* plan = nullptr;
+  std::vector<TensorView> down_nm;  // per layer, the neuron-major down (row j = neuron j)
+  DType kv_type = DType::F16;       // of the KV cache of its attention layers
+  int64_t n_batch = 1;              // the most tokens an attention block takes at once
 };
+
+// An FFN share of neurons `ids` of w: their rows as an FFN of their own, over the rows at
+// `base` (gate, up, down_nm, up_b at the layout's offsets); down and down_b are left empty
+// (the merge adds down_b once).
+FfnWeights share_weights(const FfnWeights& w, const TensorView& down_nm, const uint8_t* base,
+                         const DeviceArenaLayout::Share& s);
 
 // Per-call scratch of ffn_share_partial, for up to max_batch tokens and n rows.
 struct FfnShareScratch {
-  float* act = nullptr;     // [max_batch][n]
-  float* h = nullptr;       // [max_batch][n]
+  float* act = nullptr;       // [max_batch][n]
+  float* h = nullptr;         // [max_batch][n]
   int32_t* active = nullptr;  // [n] rows of the firing neurons
-  int32_t* pos = nullptr;     // [n] their positions in `rows`
   void* mm = nullptr;         // gather_matmul_scratch_bytes(type, n_embd, max_batch)
   float* axpy = nullptr;      // sparse_axpy_scratch_floats(n_embd, max_batch, threads)
 };
 
-// out[t] = sum over rows[i] (i < n_rows) whose |act(gate . x[t])| > threshold for some token of
-// the batch: act(gate . x[t]) * (up . x[t]) * down_nm row. out holds n * n_embd floats and is
-// overwritten. Returns the number of (token, neuron) pairs that fired.
-uint64_t ffn_share_partial(ThreadPool& pool, const FfnShareWeights& w, const int32_t* rows, int64_t n_rows,
+// out[t] = sum over the rows[i] (i < n_rows) of `share` that fire for some token of the batch
+// (|firing value| > threshold, model/ffn.hpp) of their value times their down_t row. out holds
+// n * n_embd floats and is overwritten; share.down_b is not added. Returns the number of
+// (token, neuron) pairs that fired.
+uint64_t ffn_share_partial(ThreadPool& pool, const FfnWeights& share, const int32_t* rows, int64_t n_rows,
                            cpu::Activation act, float threshold, const float* x, int64_t n, float* out,
                            const FfnShareScratch& s);
+
+// Bytes that crossed between the host and a device's hidden state (the hybrid's boundaries).
+struct CrossingStats {
+  uint64_t hidden_in = 0, hidden_out = 0;  // put_hidden / get_hidden calls
+  uint64_t bytes = 0;                      // of those and of the FFN inputs and outputs
+};
 
 class Device {
  public:
   virtual ~Device() = default;
   virtual const char* name() const = 0;
-  // Allocates the arena (ffn_arena_layout) and copies every layer's share: rows of w.gate and
-  // w.up and of the neuron-major down `down_nm[layer]` for the plan's neuron ids.
-  virtual void load(const Model& model, const std::vector<TensorView>& down_nm, const PlanModel& pm,
-                    const PlanOptions& opts, const Plan& plan) = 0;
-  // Starts layer `layer`'s partial FFN on n <= max_batch tokens (x: n * n_embd floats, read
-  // before ffn_begin returns or kept alive until ffn_end). Only for layers with a share.
+  virtual DeviceCaps caps() const = 0;
+  // Allocates the arena (device_arena_layout) and copies every layer's share and attention
+  // tensors. Refuses (throws naming why) what caps() does not cover.
+  virtual void load(const Model& model, const DeviceLoad& what) = 0;
+
+  // FFN share of a layer that has one: starts the partial FFN on n <= max_batch tokens (x:
+  // n * n_embd floats, read before ffn_begin returns); ffn_end waits for the partial output
+  // (n * n_embd floats, valid until the next ffn_begin).
   virtual void ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) = 0;
-  // Waits for the partial output: n * n_embd floats, valid until the next ffn_begin.
   virtual const float* ffn_end() = 0;
+
+  // Layers whose attention is here. The hidden state (n * n_embd floats) in and out:
+  virtual void put_hidden(const float* x, int64_t n) = 0;
+  virtual void get_hidden(float* x, int64_t n) = 0;
+  // The attention block of `layer` on the hidden state, at positions pos0.. (its own KV cache).
+  virtual void attention(int64_t layer, int64_t n, int64_t pos0) = 0;
+  // The FFN block's input (ffn_norm of the hidden state), n * n_embd floats on the host, valid
+  // until the next call; then the merged FFN output `out` (n * n_embd, down bias included)
+  // back: post-norm and residual onto the hidden state.
+  virtual const float* ffn_input(int64_t layer, int64_t n) = 0;
+  virtual void ffn_finish(int64_t layer, const float* out, int64_t n) = 0;
+
   virtual uint64_t bytes() const = 0;             // device memory held (the arena)
   virtual uint64_t fired() const = 0;             // (token, neuron) pairs that fired here so far
+  virtual CrossingStats crossings() const = 0;
   virtual void reset_stats() = 0;
 };
 
-// A CPU standing in for the GPU: its own arena (host memory) and its own thread pool, driven
-// by a thread of its own so that it runs concurrently with the caller's pool.
+// A CPU standing in for the GPU: its own arena (host memory), its own thread pool, its own
+// workspace and KV cache, its FFN shares driven by a thread of its own so that they run
+// concurrently with the caller's pool. Its blocks are the CPU's (model/blocks.hpp).
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(int n_threads);
   ~CpuDevice() override;
 
   const char* name() const override { return "cpu-standin"; }
-  void load(const Model& model, const std::vector<TensorView>& down_nm, const PlanModel& pm, const PlanOptions& opts,
-            const Plan& plan) override;
+  DeviceCaps caps() const override { return cpu_standin_caps(); }
+  void load(const Model& model, const DeviceLoad& what) override;
   void ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) override;
   const float* ffn_end() override;
+  void put_hidden(const float* x, int64_t n) override;
+  void get_hidden(float* x, int64_t n) override;
+  void attention(int64_t layer, int64_t n, int64_t pos0) override;
+  const float* ffn_input(int64_t layer, int64_t n) override;
+  void ffn_finish(int64_t layer, const float* out, int64_t n) override;
   uint64_t bytes() const override { return layout_.total; }
   uint64_t fired() const override { return fired_; }
-  void reset_stats() override { fired_ = 0; }
+  CrossingStats crossings() const override { return crossings_; }
+  void reset_stats() override { fired_ = 0, crossings_ = {}; }
   size_t kernel_scratch_bytes() const { return kernel_scratch_.size(); }
+  const DeviceArenaLayout& layout() const { return layout_; }
 
  private:
   void driver();
   void compute();
+  const LayerWeights& attn_layer(int64_t layer) const;
 
   int n_threads_;
-  std::unique_ptr<ThreadPool> pool_;  // made on the driver thread's side, used only by it
-  FfnArenaLayout layout_;
+  std::unique_ptr<ThreadPool> pool_;  // used by the driver thread, and by the caller's thread
+                                      // for attention blocks while no FFN share is pending
+  const Model* model_ = nullptr;
+  DeviceArenaLayout layout_;
   AlignedBuffer<uint8_t> arena_, kernel_scratch_;
-  std::vector<FfnShareWeights> shares_;
-  int64_t n_embd_ = 0, max_batch_ = 0;
+  std::vector<FfnWeights> shares_;
+  std::vector<LayerWeights> attn_;    // per layer: views into the arena (attention layers only)
+  std::vector<int64_t> kv_slot_;      // per layer: its layer in kv_ (-1: none)
+  KvCache kv_;                        // of the attention layers (layout_.kv bytes)
+  Workspace ws_;                      // the hidden state (ws_.x) and the blocks' buffers
+  AlignedBuffer<float> io_;           // the FFN input handed out (host side)
+  int64_t n_embd_ = 0, max_batch_ = 0, n_batch_ = 0;
   size_t mm_bytes_ = 0;
   uint64_t fired_ = 0;
+  CrossingStats crossings_;
   // The job (written by the caller before `pending_` is set, read by the driver).
   int64_t job_layer_ = 0, job_n_ = 0;
   cpu::Activation job_act_ = cpu::Activation::relu;

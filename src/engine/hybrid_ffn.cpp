@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "model/blocks.hpp"
 #ifdef EMBER_HAS_CUDA
 #include "engine/cuda_device.hpp"
 #include "ops/cuda/cuda_ops.hpp"
@@ -122,8 +123,8 @@ std::unique_ptr<Device> make_device(const HybridOptions& o) {
   return std::make_unique<CpuDevice>(o.device_threads);
 }
 
-HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx,
-                     std::unique_ptr<Device> device)
+HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
+                     DType kv_type, std::unique_ptr<Device> device)
     : model_(model), threshold_(opts.threshold) {
   EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "hybrid: threshold must be >= 0, got {}",
               opts.threshold);
@@ -141,19 +142,32 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
           pool, w.down, cpu::neuron_major_dtype(w.down.type, cpu::NeuronMajorType::exact, hp.n_embd));
       down_views_.push_back(down_nm_[l].view);
     }
+    // The CPU's share reads the layer's own rows; the merge adds down_b once.
+    FfnWeights c = w;
+    c.down = {};
+    c.down_b = {};
+    c.down_t = down_views_.back();
+    cpu_share_.push_back(c);
   }
+  DeviceLoad what;
+  what.pm = &pm_;
+  what.opts = &popts_;
+  what.plan = &plan_;
+  what.down_nm = down_views_;
+  what.kv_type = kv_type;
+  what.n_batch = n_batch;
   const bool given_device = device != nullptr;
   device_ = given_device ? std::move(device) : make_device(opts);
   try {
-    device_->load(model, down_views_, pm_, popts_, plan_);
+    device_->load(model, what);
   } catch (const Error& e) {
     // "auto" takes the stand-in where the GPU cannot hold this model (a weight type its
     // kernels do not read, too little memory); an explicit choice fails with the reason.
     if (given_device || opts.device_kind != "auto" || std::string(device_->name()) == "cpu-standin") throw;
-    log_warn("hybrid: the {} device cannot take this model ({}); a second CPU device stands in", device_->name(),
-             e.what());
+    log_warn("hybrid: the {} device cannot take this model ({}); A SECOND CPU DEVICE STANDS IN: this run measures "
+             "no GPU", device_->name(), e.what());
     device_ = std::make_unique<CpuDevice>(opts.device_threads);
-    device_->load(model, down_views_, pm_, popts_, plan_);
+    device_->load(model, what);
   }
   cpu_rows_.resize(model.layers.size());
   for (size_t l = 0; l < model.layers.size(); ++l) {
@@ -167,16 +181,20 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
   h_.resize(b * nf);
   partial_.resize(b * static_cast<size_t>(hp.n_embd));
   active_.resize(nf);
-  pos_.resize(nf);
   axpy_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, popts_.max_batch, pool.size(), cpu::AxpySplit::columns));
-  int used = 0;
-  for (size_t l = 0; l < plan_.layers.size(); ++l) used += !plan_.layers[l].gpu_neurons.empty();
-  log_info("hybrid FFN: device {} holds {} neurons in {} of {} layers ({:.1f} MiB), CPU the rest; ready in {:.2f} s",
-           device_->name(), plan_.n_gpu_neurons(), used, plan_.layers.size(), device_->bytes() / 1048576.0,
+  int used = 0, attn = 0;
+  for (size_t l = 0; l < plan_.layers.size(); ++l) {
+    used += !plan_.layers[l].gpu_neurons.empty();
+    attn += plan_.layers[l].attn_gpu;
+  }
+  log_info("hybrid: device {} holds {} neurons in {} of {} layers and the attention of {} layers ({:.1f} MiB), CPU the "
+           "rest; ready in {:.2f} s",
+           device_->name(), plan_.n_gpu_neurons(), used, plan_.layers.size(), attn, device_->bytes() / 1048576.0,
            timer.seconds());
-  int attn = 0;
-  for (const auto& L : plan_.layers) attn += L.attn_gpu;
-  if (attn > 0) log_info("hybrid FFN: the plan puts attention of {} layers on the GPU; it runs on the CPU here", attn);
+}
+
+std::string HybridFfn::refusal(const Model& model) const {
+  return device_refusal(device_->caps(), model, plan_, down_views_);
 }
 
 HybridStats HybridFfn::stats() const { return {device_->fired(), cpu_fired_, device_calls_}; }
@@ -192,16 +210,16 @@ size_t HybridFfn::cpu_bytes() const {
   for (const auto& m : down_nm_) b += m.view.nbytes;
   for (const auto& r : cpu_rows_) b += r.size() * sizeof(int32_t);
   return b + (act_.size() + h_.size() + partial_.size() + axpy_.size()) * sizeof(float) +
-         (active_.size() + pos_.size()) * sizeof(int32_t);
+         active_.size() * sizeof(int32_t);
 }
 
 void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                     int64_t n, float* out, Workspace& ws) {
-  const int64_t n_embd = w.down.rows();
+  const int64_t n_embd = w.n_embd();
   const size_t l = static_cast<size_t>(layer);
   const bool on_device = !plan_.layers[l].gpu_neurons.empty();
-  const FfnShareWeights cpu_w{w.gate, w.up, down_views_[l]};
-  FfnShareScratch sc{act_.data(), h_.data(), active_.data(), pos_.data(), ws.mm_scratch.data(), axpy_.data()};
+  const FfnWeights& cpu_w = cpu_share_[l];
+  const FfnShareScratch sc{act_.data(), h_.data(), active_.data(), ws.mm_scratch.data(), axpy_.data()};
   const auto& rows = cpu_rows_[l];
   for (int64_t t0 = 0; t0 < n; t0 += popts_.max_batch) {
     const int64_t nc = std::min(popts_.max_batch, n - t0);
@@ -220,7 +238,26 @@ void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
       // Fixed order: CPU partial, then the device's.
       for (int64_t i = 0; i < nc * n_embd; ++i) oc[i] = partial_[static_cast<size_t>(i)] + dev[i];
     }
+    ffn_add_down_bias(w, oc, nc);
   }
+}
+
+void HybridFfn::run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) {
+  bool on_device = false;  // where the hidden state is
+  for (int64_t il = 0; il < model.hp.n_layer; ++il) {
+    const LayerWeights& L = model.layers[static_cast<size_t>(il)];
+    if (!plan_.layers[static_cast<size_t>(il)].attn_gpu) {
+      if (on_device) device_->get_hidden(ws.x.data(), n), on_device = false;
+      cpu_layer(model, il, pool, kv, ws, n, pos0);  // its FFN through run() (ws.ffn)
+      continue;
+    }
+    if (!on_device) device_->put_hidden(ws.x.data(), n), on_device = true;
+    device_->attention(il, n, pos0);
+    const float* xn = device_->ffn_input(il, n);
+    run(pool, il, L.ffn, model.hp.act, xn, n, ws.o.data(), ws);
+    device_->ffn_finish(il, ws.o.data(), n);
+  }
+  if (on_device) device_->get_hidden(ws.x.data(), n);
 }
 
 }  // namespace ember

@@ -1,13 +1,21 @@
-// The hybrid FFN executor (issue 5, "Execution"): per layer, the plan's GPU neurons run on a
-// device (engine/device.hpp) while the CPU computes its own neurons concurrently; the two
-// partial sums are added in a fixed order (CPU first, then the device's), so results are
-// deterministic for fixed thread counts. Both sides use the oracle rule of SparseFfn: a neuron
-// fires for a token when |act(gate . x)| > threshold (exact for ReLU models at threshold 0), and
-// a batch takes the union of its tokens' firing neurons. Layers whose plan puts no neuron on the
-// device run entirely on the CPU. Batches longer than the plan's max_batch go in chunks.
+// The hybrid executor (PowerInfer's hybrid GPU-CPU inference, on a Device, engine/device.hpp).
+// Per layer, following the plan:
+//   - the FFN: the plan's device neurons run on the device while the CPU computes its own
+//     neurons concurrently; the two partial sums are added in a fixed order (CPU first, then
+//     the device's), then the down bias, so results are deterministic for fixed thread counts.
+//     Both sides use the oracle rule (model/ffn.hpp): a neuron fires for a token when its
+//     |firing value| > threshold (exact for ReLU models at threshold 0), and a batch takes the
+//     union of its tokens' firing neurons. Batches longer than the plan's max_batch go in chunks.
+//   - the attention block, where the plan puts it on the device (LayerPlacement::attn_gpu): the
+//     device holds the hidden state from the first such layer on, runs the attention block and
+//     the FFN block's norms there, and hands out only the FFN's input (for the CPU's neurons) and
+//     takes back the merged FFN output; the hidden state crosses to the CPU only before a layer
+//     whose attention is on the CPU, and before the output head.
+// With the CPU stand-in device every block runs the CPU's own functions, so placing attention
+// on the device changes no bit of the output.
 //
-// Not yet: attention placed on the GPU by a plan runs on the CPU (the plan counts its memory;
-// the executor covers the FFN), and there is no predictor path (the gate decides).
+// Not yet (the GPU issue): a predictor (the gate decides on both sides), the output head on
+// the device, and the host KV cache of device layers is still allocated.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,6 +25,7 @@
 #include "engine/device.hpp"
 #include "model/ffn.hpp"
 #include "model/forward.hpp"
+#include "model/kv_cache.hpp"
 #include "sparse/plan.hpp"
 
 namespace ember {
@@ -51,13 +60,17 @@ struct HybridStats {
   uint64_t device_layer_calls = 0;           // layer-chunks the device took part in
 };
 
-class HybridFfn final : public FfnExecutor {
+class HybridFfn final : public FfnExecutor, public LayerExecutor {
  public:
-  HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx,
-            std::unique_ptr<Device> device = nullptr);  // null: make_device(opts)
+  // n_batch: the most tokens a forward pass takes at once (the device's attention blocks take
+  // them whole); kv_type: the KV cache's values (the device's cache holds the same).
+  HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
+            DType kv_type, std::unique_ptr<Device> device = nullptr);  // null: make_device(opts)
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
+  std::string refusal(const Model& model) const override;
+  void run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) override;
 
   const Plan& plan() const { return plan_; }
   const Device& device() const { return *device_; }
@@ -74,9 +87,10 @@ class HybridFfn final : public FfnExecutor {
   std::unique_ptr<Device> device_;
   std::vector<cpu::NeuronMajorMatrix> down_nm_;  // per layer, when the file has no down_t
   std::vector<TensorView> down_views_;
+  std::vector<FfnWeights> cpu_share_;             // per layer: the FFN with down_t = down_views_ (no down_b)
   std::vector<std::vector<int32_t>> cpu_rows_;    // per layer: the CPU's neurons
   AlignedBuffer<float> act_, h_, partial_, axpy_;
-  AlignedBuffer<int32_t> active_, pos_;
+  AlignedBuffer<int32_t> active_;
   uint64_t cpu_fired_ = 0, device_calls_ = 0;
 };
 

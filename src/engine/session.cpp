@@ -12,6 +12,11 @@ int default_thread_count() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
+RepackScope repack_scope_for(FfnMode mode, bool hybrid) {
+  if (hybrid || mode == FfnMode::predictor) return RepackScope::attention_output;
+  return mode == FfnMode::dense ? RepackScope::all : RepackScope::attention_output_gate;
+}
+
 namespace {
 int resolve_threads(int n) {
   EMBER_CHECK(n >= 0 && n <= 1024, "thread count must be between 1 and 1024, got {}", n);
@@ -28,17 +33,29 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
   if (p.hybrid_on()) {
+    EMBER_CHECK(p.sparse.mode == FfnMode::dense || p.sparse.mode == FfnMode::oracle,
+                "the hybrid executor (--vram-budget / --plan) runs the oracle rule (the gate decides on both sides, "
+                "--sparse-threshold); --sparse-mode {} does not combine with it yet", ffn_mode_name(p.sparse.mode));
     HybridOptions h = p.hybrid;
     h.threshold = p.sparse.threshold;
-    hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx);
-    ws_.ffn = hybrid_.get();
+    hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch, p.kv_type);
+    ws_.layers = hybrid_.get();
   } else if (p.sparse.mode != FfnMode::dense) {
     SparseFfnOptions so = p.sparse;
     // Threshold mode without thresholds given: the calibrated ones stored in the model file.
     if (so.mode == FfnMode::threshold && so.layer_thresholds.empty()) so.layer_thresholds = model.gate_thresholds;
     sparse_ = std::make_unique<SparseFfn>(model, pool_, so, ws_.max_batch);
-    ws_.ffn = sparse_.get();
   }
+  set_ffn_executor(nullptr);
+}
+
+void Session::set_ffn_executor(FfnExecutor* e) {
+  FfnExecutor* ffn = e ? e : own_ffn();
+  if (ffn) {
+    const std::string why = ffn->refusal(model_);
+    EMBER_CHECK(why.empty(), "{}: {}", model_.file->path(), why);
+  }
+  ws_.ffn = ffn;
 }
 
 void Session::eval(const std::vector<int32_t>& tokens) { eval(tokens.data(), static_cast<int64_t>(tokens.size())); }

@@ -11,6 +11,7 @@
 #include "model/kv_cache.hpp"
 #include "engine/hybrid_ffn.hpp"
 #include "model/model.hpp"
+#include "model/repack.hpp"
 #include "sparse/ffn_sparse.hpp"
 
 namespace ember {
@@ -51,9 +52,10 @@ class Session {
   size_t workspace_bytes() const { return ws_.bytes(); }
   // The neuron-sparse FFN executor; null in dense mode.
   SparseFfn* sparse_ffn() { return sparse_.get(); }
-  // Replaces the FFN executor (e.g. the profiler's); null restores the session's own (dense or
-  // sparse). The executor must outlive its use.
-  void set_ffn_executor(FfnExecutor* e) { ws_.ffn = e ? e : own_ffn(); }
+  // Replaces the FFN executor (e.g. the profiler's); null restores the session's own (dense,
+  // sparse or hybrid). Throws naming why when the executor cannot run the model
+  // (FfnExecutor::refusal). The executor must outlive its use.
+  void set_ffn_executor(FfnExecutor* e);
   // The hybrid FFN executor; null unless SessionParams::hybrid_on().
   HybridFfn* hybrid_ffn() { return hybrid_.get(); }
 
@@ -70,5 +72,11 @@ class Session {
 };
 
 int default_thread_count();
+
+// How far the dense kernels' repacking at load (model/repack.hpp) may go for a session that runs
+// its FFN in `mode`, on the hybrid path or not: the FFN's rows stay in a gatherable layout where
+// a sparse path gathers them (up and down in every sparse mode, the gate too in predictor mode
+// and on the hybrid path, which compute it for some neurons only).
+RepackScope repack_scope_for(FfnMode mode, bool hybrid);
 
 }  // namespace ember

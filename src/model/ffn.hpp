@@ -1,7 +1,22 @@
-// The feed-forward block of a layer. The dense form is here; sparse and hybrid executors
-// compute the same function over a subset of neurons.
+// The FFN contract: what an FFN computes, written once, and the executors that compute it.
+//
+// Neuron j of an FFN (FfnWeights, gating as FfnGating):
+//   firing value  a_j = act(gate_j . x)                  par, sym
+//                 a_j = act(up_j . x + up_b_j)           none (no gate: OPT)
+//   value         h_j = a_j * (up_j . x + up_b_j)        par  (SwiGLU, GeGLU, ReLU llama)
+//                 h_j = a_j * act(up_j . x + up_b_j)     sym  (Bamboo)
+//                 h_j = a_j                              none
+//   out = sum_j h_j down_j + down_b
+// A neuron whose firing value is 0 contributes exactly nothing (act(0) = 0 for every activation
+// Ember runs, and every gating multiplies by a_j), so a sparse executor computes a_j first,
+// keeps the neurons with |a_j| > threshold and computes h and down only for them: exact at
+// threshold 0, an approximation above it. ffn_firing_values and ffn_neuron_values below are
+// the rule; every executor (dense, sparse, predictor, the hybrid's CPU share and its devices,
+// the profiler, the predictor trainer's sample recorder) calls them or says it does not run
+// a gating (FfnExecutor::refusal, checked when a session is built).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "core/thread_pool.hpp"
 #include "model/model.hpp"
@@ -10,28 +25,58 @@ namespace ember {
 
 struct Workspace;
 
-// Replaces dense_ffn in a forward pass when set in Workspace::ffn (the neuron-sparse and hybrid
-// executors). It must compute the same function: out[t] = down(act(gate x[t]) * up x[t]),
-// exactly or within a documented approximation, and may use the workspace's gate/up buffers.
+// ---- the rule ------------------------------------------------------------------------------
+
+// In place: a[t * stride + i] holds the product of row ids[i] of w.firing_matrix() with x[t]
+// (ids null: row i) for t < n, i < cols; becomes the firing value a (adds up_b without a gate,
+// then the activation).
+void ffn_firing_values(const FfnWeights& w, cpu::Activation act, float* a, int64_t n, int64_t cols, int64_t stride,
+                       const int32_t* ids);
+// The firing test. a [n][cols] holds the firing values of neurons ids[0..cols) (ids null:
+// 0..cols). Keeps the columns that fire (|a| > threshold) for at least one token, moved in
+// place to the front of each row with the silent entries zeroed; writes their neuron ids to
+// `active` and returns their count. `fired` counts the firing (token, neuron) pairs.
+int64_t ffn_keep_firing(float* a, int64_t n, int64_t cols, const int32_t* ids, float threshold, int32_t* active,
+                        uint64_t& fired);
+// Whether a neuron's value needs its up product besides its firing value (every gated FFN).
+inline bool ffn_needs_up(const FfnWeights& w) { return w.gated(); }
+// In place: u[t * u_stride + i] holds the product of up row ids[i] with x[t] (not read without a
+// gate); becomes the neuron value h from it and the firing value a[t * a_stride + i].
+void ffn_neuron_values(const FfnWeights& w, cpu::Activation act, const float* a, int64_t a_stride, float* u,
+                       int64_t u_stride, int64_t n, int64_t cols, const int32_t* ids);
+// out[t] += down_b for n tokens (nothing without the bias).
+void ffn_add_down_bias(const FfnWeights& w, float* out, int64_t n);
+
+// ---- executors -----------------------------------------------------------------------------
+
+// Replaces dense_ffn in a forward pass when set in Workspace::ffn (the neuron-sparse, hybrid,
+// profiling and sample-recording executors). It computes the rule above, exactly or within a
+// documented approximation, and may use the workspace's gate/up buffers.
 class FfnExecutor {
  public:
   virtual ~FfnExecutor() = default;
   virtual void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                    int64_t n, float* out, Workspace& ws) = 0;
+  // Why this executor cannot run `model` (a gating, a bias, a weight type, a missing tensor it
+  // does not handle), or empty when it can. Session checks it when it is built.
+  virtual std::string refusal(const Model& model) const = 0;
 };
 
-// out[t] = down( act(gate(x[t])) * up(x[t]) ) for n tokens. gate_buf/up_buf hold n * n_ff floats.
-// Every gating (par, sym, none) and the biases of FfnWeights are honoured; down must be present
-// (a layer with only the neuron-major down_t needs the Workspace overload).
-void dense_ffn(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
-               float* gate_buf, float* up_buf, void* mm_scratch);
-// The same with the workspace's buffers; a layer without down (PowerInfer's files carry only
-// down_t) multiplies by down_t with an axpy over every neuron (ws.all_neurons, ws.axpy_scratch).
+// The dense FFN in three steps, for executors that look at (or zero) the firing values on the
+// way, over all n_ff neurons of n tokens in the workspace's buffers:
+//   ffn_firing_all: a = firing values, n x n_ff in ws.gate (returned);
+//   ffn_values_all: h from a (and up), n x n_ff in ws.up (returned); a is read, not changed;
+//   ffn_down_all:   out = down h + down_b (down, or down_t over every neuron in files that
+//                   only have it).
+float* ffn_firing_all(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
+                      Workspace& ws);
+float* ffn_values_all(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
+                      Workspace& ws);
+void ffn_down_all(ThreadPool& pool, const FfnWeights& w, const float* h, int64_t n, float* out, Workspace& ws);
+
+// out[t] = the FFN of x[t] for n tokens, every neuron (the steps above, or one fused dispatch of
+// gate and up for a gated FFN without an up bias whose gate and up share a type).
 void dense_ffn(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
                Workspace& ws);
-
-// h[t][j] = the neuron values of FfnWeights::gating for all n_ff neurons, from the gate and up
-// projections already in gate_buf / up_buf (up_b not yet added); written to gate_buf.
-void ffn_combine(const FfnWeights& w, cpu::Activation act, float* gate_buf, float* up_buf, int64_t n, int64_t n_ff);
 
 }  // namespace ember

@@ -4,9 +4,8 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "model/gemma3.hpp"
-#include "model/llama.hpp"
-#include "model/opt.hpp"
+#include "model/blocks.hpp"
+#include "ops/cpu/attention.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/sparse.hpp"
 #include "ops/cpu/vec.hpp"
@@ -53,36 +52,6 @@ size_t Workspace::bytes() const {
   return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + all_neurons.size() * sizeof(int32_t);
 }
 
-void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, Workspace& ws, int64_t il,
-                      int64_t n, int64_t pos0) {
-  const int64_t nkv = shape.n_head_kv * shape.head_dim;
-  uint8_t* kc = kv.k_layer(il);
-  uint8_t* vc = kv.v_layer(il);
-  const size_t at = static_cast<size_t>(pos0 * nkv) * kv.value_bytes();
-  if (kv.type == DType::F16) {
-    cpu::to_f16(ws.k.data(), reinterpret_cast<uint16_t*>(kc + at), n * nkv);
-    cpu::to_f16(ws.v.data(), reinterpret_cast<uint16_t*>(vc + at), n * nkv);
-  } else {
-    std::memcpy(kc + at, ws.k.data(), sizeof(float) * static_cast<size_t>(n * nkv));
-    std::memcpy(vc + at, ws.v.data(), sizeof(float) * static_cast<size_t>(n * nkv));
-  }
-  cpu::AttentionShape s = shape;
-  s.kv_f16 = kv.type == DType::F16;
-  cpu::attention(pool, s, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
-}
-
-void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws) {
-  void* mm = ws.mm_scratch.data();
-  if (L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
-    const cpu::MatmulOut outs[] = {{L.wq, ws.q.data()}, {L.wk, ws.k.data()}, {L.wv, ws.v.data()}};
-    cpu::matmul_multi(pool, outs, xn, n, mm);
-    return;
-  }
-  cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
-  cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
-  cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
-}
-
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
              int64_t pos0, float* logits, bool logits_all) {
   EMBER_CHECK(n >= 1 && n <= ws.max_batch, "forward: batch of {} tokens (1 to {} allowed)", n, ws.max_batch);
@@ -92,15 +61,13 @@ void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, c
   for (int64_t t = 0; t < n; ++t)
     EMBER_CHECK(tokens[t] >= 0 && tokens[t] < model.hp.n_vocab, "token id {} is out of range (vocabulary has {})",
                 tokens[t], model.hp.n_vocab);
-  if (model.hp.arch == "llama" || model.hp.arch == "bamboo") {
-    llama_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
-  } else if (model.hp.arch == "opt") {
-    opt_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
-  } else if (model.hp.arch == "gemma3") {
-    gemma3_forward(model, pool, kv, ws, tokens, n, pos0, logits, logits_all);
+  embed_block(model, tokens, n, pos0, ws.x.data(), ws.o.data());
+  if (ws.layers) {
+    ws.layers->run_layers(model, pool, kv, ws, n, pos0);
   } else {
-    fail("no forward pass for architecture '{}'", model.hp.arch);
+    for (int64_t il = 0; il < model.hp.n_layer; ++il) cpu_layer(model, il, pool, kv, ws, n, pos0);
   }
+  output_block(model, pool, ws, n, logits, logits_all);
 }
 
 }  // namespace ember

@@ -6,11 +6,21 @@
 #include "core/thread_pool.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model.hpp"
-#include "ops/cpu/attention.hpp"
 
 namespace ember {
 
 class FfnExecutor;
+struct Workspace;
+
+// Runs the layers of a forward pass elsewhere than layer by layer on the CPU (the hybrid
+// executor, engine/hybrid_ffn.hpp, which places blocks on devices). It starts from the
+// embeddings in ws.x and must leave the last layer's output there.
+class LayerExecutor {
+ public:
+  virtual ~LayerExecutor() = default;
+  virtual void run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n,
+                          int64_t pos0) = 0;
+};
 
 // Activation buffers for up to `max_batch` tokens at a time, allocated once.
 struct Workspace {
@@ -21,26 +31,22 @@ struct Workspace {
   // Layers with only a neuron-major down (ffn_down_t): 0..n_ff-1 and sparse_axpy's scratch.
   AlignedBuffer<int32_t> all_neurons;
   AlignedBuffer<float> axpy_scratch;
-  FfnExecutor* ffn = nullptr;  // null: dense_ffn (model/ffn.hpp)
+  FfnExecutor* ffn = nullptr;       // null: dense_ffn (model/ffn.hpp)
+  LayerExecutor* layers = nullptr;  // null: every layer on the CPU (model/blocks.hpp's cpu_layer)
   // The residual stream entering the current layer's FFN (before its norm), n x n_embd, set by
-  // the forward pass before it calls the FFN: PowerInfer's predictors read it.
+  // the FFN block before it calls the FFN: PowerInfer's predictors read it.
   const float* ffn_residual = nullptr;
+  // The positions whose RoPE angles cos_sin holds (model/blocks.cpp).
+  int64_t angles_pos0 = -1, angles_n = 0;
 
   void init(const Model& model, int64_t max_batch, int64_t n_ctx, int n_threads);
   size_t bytes() const;
 };
 
-// Appends the n tokens' keys and values (ws.k, ws.v) to layer il's cache at pos0 and runs causal
-// attention of ws.q over the cache into ws.attn (the step every architecture's layer shares).
-void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, Workspace& ws, int64_t il,
-                      int64_t n, int64_t pos0);
-// ws.q, ws.k, ws.v = the layer's Q, K, V projections of xn (n tokens): one fused matmul when
-// the three matrices share a type (cpu::matmul_multi), else one matmul each.
-void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws);
-
 // Runs tokens[0..n) at positions pos0..pos0+n-1 (n <= ws.max_batch, pos0 + n <= kv.n_ctx),
-// appending to the KV cache. Writes logits of the last token to `logits` (n_vocab floats), or
-// of every token (n * n_vocab) when `logits_all`.
+// appending to the KV cache: the embedding, the layers, the output head (model/blocks.hpp).
+// Writes logits of the last token to `logits` (n_vocab floats), or of every token
+// (n * n_vocab) when `logits_all`.
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
              int64_t pos0, float* logits, bool logits_all);
 

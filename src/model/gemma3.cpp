@@ -1,4 +1,4 @@
-// Gemma 3, as llama.cpp runs it (src/models/gemma3.cpp there) from the keys its converter writes:
+// Gemma 3 (`gemma3` in GGUF; text part of Gemma 3 270M .. 27B), as llama.cpp runs it (src/models/gemma3.cpp there) from the keys its converter writes:
 //
 //   x = embed(token) * sqrt(n_embd)
 //   per layer:  h = x + post_attn_norm(attn(attn_norm(x)))
@@ -16,19 +16,10 @@
 // il % P == P - 1 with P = gemma3.attention.sliding_window_pattern (default 6, as llama.cpp),
 // which makes every P-th layer global (full attention, RoPE base gemma3.rope.freq_base and the
 // file's rope scaling). Without the key every layer is global.
-#include "model/gemma3.hpp"
-
 #include <cmath>
-#include <cstring>
 
 #include "core/error.hpp"
-#include "model/ffn.hpp"
-#include "model/forward.hpp"
 #include "model/loader.hpp"
-#include "ops/cpu/attention.hpp"
-#include "ops/cpu/matmul.hpp"
-#include "ops/cpu/norm.hpp"
-#include "ops/cpu/vec.hpp"
 
 namespace ember {
 
@@ -39,6 +30,7 @@ void load_gemma3(Model& m) {
   read_common_hparams(r, hp);
   if (!r.opt_float("gemma3.attention.layer_norm_rms_epsilon")) hp.norm_eps = 1e-6f;  // Gemma's default
   hp.act = cpu::Activation::gelu_tanh;
+  hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
   hp.rope.layout = cpu::RopeLayout::neox;
   EMBER_CHECK(hp.rope.n_rot == hp.head_dim, "{}: gemma3 rotates whole heads, rope.dimension_count {} != head size {}",
               r.path(), hp.rope.n_rot, hp.head_dim);
@@ -87,68 +79,6 @@ void load_gemma3(Model& m) {
   read_sparse_metadata(m);
   build_rope(m);
   m.rope_local = std::make_unique<cpu::RopeTable>(hp.rope_local);
-}
-
-void gemma3_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
-                    int64_t pos0, float* logits, bool logits_all) {
-  const Hparams& hp = m.hp;
-  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
-  const int64_t n_rot = hp.rope.n_rot;
-  float* x = ws.x.data();
-  float* xn = ws.xn.data();
-  float* cs_global = ws.cos_sin.data();
-  float* cs_local = cs_global + n * n_rot;
-  void* mm = ws.mm_scratch.data();
-
-  cpu::get_rows(m.tok_embd, tokens, n, x);
-  cpu::scale_f32(std::sqrt(static_cast<float>(d)), x, n * d);
-  for (int64_t t = 0; t < n; ++t) {
-    m.rope->angles(pos0 + t, cs_global + t * n_rot);
-    m.rope_local->angles(pos0 + t, cs_local + t * n_rot);
-  }
-
-  cpu::AttentionShape shape;
-  shape.n_head = hp.n_head;
-  shape.n_head_kv = hp.n_head_kv;
-  shape.head_dim = hd;
-  shape.scale = hp.attn_scale;
-
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const LayerWeights& L = m.layers[il];
-    const bool local = hp.swa_layers[il];
-    const cpu::RopeTable& rope = local ? *m.rope_local : *m.rope;
-    const float* cs = local ? cs_local : cs_global;
-    shape.window = local ? hp.sliding_window : 0;
-
-    cpu::rms_norm(x, as_floats(L.attn_norm), xn, n, d, hp.norm_eps);
-    qkv_projections(pool, L, xn, n, ws);
-    cpu::rms_norm(ws.q.data(), as_floats(L.q_norm), ws.q.data(), n * hp.n_head, hd, hp.norm_eps);
-    cpu::rms_norm(ws.k.data(), as_floats(L.k_norm), ws.k.data(), n * hp.n_head_kv, hd, hp.norm_eps);
-    for (int64_t t = 0; t < n; ++t) {
-      rope.apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
-      rope.apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
-    }
-    cache_and_attend(pool, shape, kv, ws, il, n, pos0);
-    cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
-    cpu::rms_norm(ws.o.data(), as_floats(L.attn_post_norm), ws.o.data(), n, d, hp.norm_eps);
-    cpu::add_f32(ws.o.data(), x, n * d);
-
-    cpu::rms_norm(x, as_floats(L.ffn.norm), xn, n, d, hp.norm_eps);
-    ws.ffn_residual = x;
-    if (ws.ffn) ws.ffn->run(pool, il, L.ffn, hp.act, xn, n, ws.o.data(), ws);  // sparse / profiler
-    else dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws);
-    cpu::rms_norm(ws.o.data(), as_floats(L.ffn_post_norm), ws.o.data(), n, d, hp.norm_eps);
-    cpu::add_f32(ws.o.data(), x, n * d);
-  }
-
-  const int64_t first = logits_all ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  cpu::rms_norm(x + first * d, as_floats(m.output_norm), xn, n_out, d, hp.norm_eps);
-  cpu::matmul(pool, m.output, xn, n_out, logits, mm);
-  if (hp.final_softcap > 0) {
-    const float c = hp.final_softcap;
-    for (int64_t i = 0; i < n_out * hp.n_vocab; ++i) logits[i] = c * std::tanh(logits[i] / c);
-  }
 }
 
 }  // namespace ember

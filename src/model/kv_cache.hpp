@@ -32,7 +32,11 @@ struct KvCache {
   size_t layer_bytes() const { return static_cast<size_t>(n_ctx * row) * value_bytes(); }
   uint8_t* k_layer(int64_t il) { return k.data() + static_cast<size_t>(il) * layer_bytes(); }
   uint8_t* v_layer(int64_t il) { return v.data() + static_cast<size_t>(il) * layer_bytes(); }
-  size_t bytes() const { return 2 * layer_bytes() * static_cast<size_t>(n_layer); }
+  size_t bytes() const { return bytes_for(n_layer, n_ctx, row, type); }
+  // What init(layers, ctx, row_values, t) allocates.
+  static size_t bytes_for(int64_t layers, int64_t ctx, int64_t row_values, DType t) {
+    return 2 * static_cast<size_t>(layers * ctx * row_values) * (t == DType::F16 ? 2 : 4);
+  }
 };
 
 // Parses a KV cache type name: "f32" or "f16".

@@ -1,25 +1,24 @@
-#include "model/llama.hpp"
-
-#include <cmath>
-#include <cstring>
-
+// The llama architecture (Llama 1/2/3, SmolLM, Mistral-style dense models, ReluLLaMA, ProSparse)
+// and Bamboo (PowerInfer's arch "bamboo", keys bamboo.*: a llama with ReLU on both gate and up,
+// FfnGating::sym), in the shared blocks (model/blocks.hpp):
+//
+//   x = embed(token)
+//   per layer:  h = x + wo attn(rope(wq n), rope(wk n), wv n),  n = rms_norm(x; attn_norm)
+//               x = h + down(act(gate m) * up m),               m = rms_norm(h; ffn_norm)
+//   logits = output(rms_norm(x; output_norm))      output tied to token_embd when absent
+//
+// RoPE in the normal (interleaved-pair) layout: llama GGUF files store Q and K permuted for it.
 #include "core/error.hpp"
-#include "model/ffn.hpp"
-#include "model/forward.hpp"
 #include "model/loader.hpp"
-#include "ops/cpu/attention.hpp"
-#include "ops/cpu/matmul.hpp"
-#include "ops/cpu/norm.hpp"
-#include "ops/cpu/vec.hpp"
 
 namespace ember {
 
-void load_llama(Model& m) {
+namespace {
+
+void load_llama_family(Model& m, bool bamboo) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  // Bamboo (PowerInfer's arch "bamboo", keys bamboo.*) is a llama with ReLU on both gate and up.
-  hp.arch = r.opt_string("general.architecture").value_or("llama") == "bamboo" ? "bamboo" : "llama";
-  const bool bamboo = hp.arch == "bamboo";
+  hp.arch = bamboo ? "bamboo" : "llama";
   read_common_hparams(r, hp);
   // PowerInfer runs every llama in a PWRI file with ReLU (its sparse FFN knows no other
   // activation: ReluLLaMA, ProSparse), and a plain GGUF llama with SiLU; Ember's own key
@@ -54,48 +53,9 @@ void load_llama(Model& m) {
   build_rope(m);
 }
 
-void llama_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
-                   int64_t pos0, float* logits, bool logits_all) {
-  const Hparams& hp = m.hp;
-  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
-  const int64_t n_rot = hp.rope.n_rot;
-  float* x = ws.x.data();
-  float* xn = ws.xn.data();
-  float* cs = ws.cos_sin.data();
-  void* mm = ws.mm_scratch.data();
+}  // namespace
 
-  cpu::get_rows(m.tok_embd, tokens, n, x);
-  for (int64_t t = 0; t < n; ++t) m.rope->angles(pos0 + t, cs + t * n_rot);
-
-  cpu::AttentionShape shape;
-  shape.n_head = hp.n_head;
-  shape.n_head_kv = hp.n_head_kv;
-  shape.head_dim = hd;
-  shape.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const LayerWeights& L = m.layers[il];
-    cpu::rms_norm(x, as_floats(L.attn_norm), xn, n, d, hp.norm_eps);
-    qkv_projections(pool, L, xn, n, ws);
-    for (int64_t t = 0; t < n; ++t) {
-      m.rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
-      m.rope->apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
-    }
-    cache_and_attend(pool, shape, kv, ws, il, n, pos0);
-    cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
-    cpu::add_f32(ws.o.data(), x, n * d);
-
-    cpu::rms_norm(x, as_floats(L.ffn.norm), xn, n, d, hp.norm_eps);
-    ws.ffn_residual = x;
-    if (ws.ffn) ws.ffn->run(pool, il, L.ffn, hp.act, xn, n, ws.o.data(), ws);
-    else dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws);
-    cpu::add_f32(ws.o.data(), x, n * d);
-  }
-
-  const int64_t first = logits_all ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  cpu::rms_norm(x + first * d, as_floats(m.output_norm), xn, n_out, d, hp.norm_eps);
-  cpu::matmul(pool, m.output, xn, n_out, logits, mm);
-}
+void load_llama(Model& m) { load_llama_family(m, false); }
+void load_bamboo(Model& m) { load_llama_family(m, true); }
 
 }  // namespace ember

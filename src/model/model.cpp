@@ -3,22 +3,27 @@
 #include <cmath>
 
 #include "core/error.hpp"
-#include "model/gemma3.hpp"
-#include "model/llama.hpp"
-#include "model/opt.hpp"
 
 namespace ember {
 
 size_t Model::weight_bytes_per_token() const {
   size_t total = output.nbytes;
   for (const auto& l : layers) {
-    for (const TensorView* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.norm, &l.ffn.gate, &l.ffn.up,
-                                &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.ffn_post_norm, &l.attn_norm_b, &l.bq,
-                                &l.bk, &l.bv, &l.bo, &l.ffn.norm_b, &l.ffn.up_b, &l.ffn.down_b})
-      total += t->nbytes;
+    for (const TensorView* t : l.attention_tensors()) total += t->nbytes;
+    for (const TensorView* t : l.ffn_block_tensors()) total += t->nbytes;
+    total += l.ffn.gate.nbytes + l.ffn.up.nbytes + l.ffn.up_b.nbytes;
     total += l.ffn.down.valid() ? l.ffn.down.nbytes : l.ffn.down_t.nbytes;  // the one the dense path reads
   }
   return total;
+}
+
+const char* ffn_gating_name(FfnGating g) {
+  switch (g) {
+    case FfnGating::par: return "gated (act(gate) * up)";
+    case FfnGating::sym: return "symmetric (act(gate) * act(up), Bamboo)";
+    case FfnGating::none: return "ungated (act(up + bias), OPT)";
+  }
+  return "?";
 }
 
 bool predictor_reads_residual(const gguf::Reader& r) {
@@ -32,26 +37,11 @@ bool predictor_reads_residual(const gguf::Reader& r) {
 std::unique_ptr<Model> load_model(const std::string& path) {
   auto model = std::make_unique<Model>();
   model->file = std::make_unique<gguf::Reader>(path);
-  std::string arch = model->file->opt_string("general.architecture").value_or("");
-  if (arch == "llama" || arch == "bamboo") {
-    load_llama(*model);
-  } else if (arch == "opt") {
-    load_opt(*model);
-  } else if (arch == "gemma3") {
-    load_gemma3(*model);
-  } else {
-    fail("{}: architecture '{}' is not supported (Ember runs: llama, bamboo, opt, gemma3)", path, arch.empty() ? "<none>" : arch);
-  }
-  // Calibrated per-layer gate thresholds of sparse-ready files (docs/sparse_formats.md).
-  if (model->file->has("ember.sparse.thresholds")) {
-    model->gate_thresholds = model->file->get_float_array("ember.sparse.thresholds");
-    EMBER_CHECK(static_cast<int64_t>(model->gate_thresholds.size()) == model->hp.n_layer,
-                "{}: ember.sparse.thresholds has {} entries for {} layers", path, model->gate_thresholds.size(),
-                model->hp.n_layer);
-    for (float t : model->gate_thresholds)
-      EMBER_CHECK(std::isfinite(t) && t >= 0.0f, "{}: ember.sparse.thresholds holds {}, not a finite value >= 0", path,
-                  t);
-  }
+  const std::string arch = model->file->opt_string("general.architecture").value_or("");
+  const Architecture* a = find_architecture(arch);
+  EMBER_CHECK(a, "{}: architecture '{}' is not supported (Ember runs: {})", path, arch.empty() ? "<none>" : arch,
+              architecture_names());
+  a->load(*model);
   return model;
 }
 

@@ -2,6 +2,7 @@
 // Each architecture has its own file (llama.cpp, ...) that reads its hyperparameters, binds
 // the tensors it needs and implements its forward pass with the ops.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,6 +15,9 @@
 #include "tensor/tensor_view.hpp"
 
 namespace ember {
+
+// The normalization of a model's attention, FFN and output norms.
+enum class NormKind { rms, layer };  // RMSNorm (weight); LayerNorm (weight and bias: OPT)
 
 struct Hparams {
   std::string arch;
@@ -28,7 +32,10 @@ struct Hparams {
   float norm_eps = 1e-5f;
   cpu::Activation act = cpu::Activation::silu;
   cpu::RopeConfig rope;
-  // Architecture-specific settings (defaults: none).
+  // Architecture-specific settings of the shared blocks (model/blocks.hpp; defaults: none).
+  NormKind norm = NormKind::rms;
+  float embd_scale = 0.0f;        // embeddings times this (gemma3: sqrt(n_embd)); 0 = none
+  int64_t pos_offset = 0;         // learned positions (Model::pos_embd): row pos + pos_offset
   float attn_scale = 0.0f;        // q.k scale; 0 = 1/sqrt(head_dim)
   int64_t sliding_window = 0;     // window of the local (sliding-window) layers; 0 = none
   std::vector<bool> swa_layers;   // per layer: uses the sliding window (and rope_local)
@@ -36,14 +43,16 @@ struct Hparams {
   float final_softcap = 0.0f;     // logits = c * tanh(logits / c); 0 = none
 };
 
-// How an FFN combines its projections (neuron j's value h_j, then out = sum_j h_j down_j):
+// How an FFN combines its projections; the rule itself (a neuron's firing value and value for
+// each gating, with the biases) is written once, in model/ffn.hpp:
 //   par:  h = act(gate x) * (up x)        SwiGLU / GeGLU / ReLU llama (ReluLLaMA, ProSparse)
 //   sym:  h = act(gate x) * act(up x)     Bamboo (PowerInfer's LLM_FFN_SYM)
 //   none: h = act(up x + up_b)            OPT (no gate; PowerInfer's LLM_FFN_SEQ without a gate)
 enum class FfnGating { par, sym, none };
+const char* ffn_gating_name(FfnGating g);
 
 // The FFN of one layer. Neurons are the unit of placement: neuron j is row j of gate and up
-// (ne[0] = n_embd) and column j of down (ne[0] = n_ff).
+// (ne[0] = n_embd) and column j of down (ne[0] = n_ff), or row j of the neuron-major down_t.
 struct FfnWeights {
   TensorView norm, gate, up, down;
   FfnGating gating = FfnGating::par;
@@ -57,6 +66,15 @@ struct FfnWeights {
   //   fc1, fc2: the activation predictor, fc2(relu(fc1 x)), ne = [n_embd, rank] and [rank, n_ff];
   //             neuron j is predicted active when its score >= Model::predictor_threshold.
   TensorView down_t, fc1, fc2;
+
+  // The shape, from up (every FFN has it): ne = [n_embd, n_ff].
+  int64_t n_embd() const { return up.cols(); }
+  int64_t n_ff() const { return up.rows(); }
+  bool gated() const { return gating != FfnGating::none; }
+  // The matrix whose rows decide whether a neuron fires: gate, or up for an FFN without one.
+  const TensorView& firing_matrix() const { return gated() ? gate : up; }
+  // Whether the down projection exists only neuron-major (down_t, PowerInfer's files).
+  bool down_neuron_major_only() const { return !down.valid(); }
 };
 
 struct LayerWeights {
@@ -66,6 +84,17 @@ struct LayerWeights {
   FfnWeights ffn;
   // Gemma 3: RMSNorm of each q / k head (over head_dim) and of the attention / FFN outputs.
   TensorView q_norm, k_norm, attn_post_norm, ffn_post_norm;
+
+  // The tensors of the attention block (norm, projections, biases, q/k norms, post-norm), and
+  // those the FFN block reads besides its neurons (its norm, post-norm and down bias): what a
+  // device that holds a layer's hidden state holds, what the planner counts for it and what a
+  // token reads. Empty views included (valid() false).
+  std::array<const TensorView*, 13> attention_tensors() const {
+    return {&attn_norm, &attn_norm_b, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &bo, &q_norm, &k_norm, &attn_post_norm};
+  }
+  std::array<const TensorView*, 4> ffn_block_tensors() const {
+    return {&ffn.norm, &ffn.norm_b, &ffn_post_norm, &ffn.down_b};
+  }
 };
 
 struct Model {
@@ -104,6 +133,18 @@ struct Model {
 // (ffn_input) in `ember-predictor` files, which always came from `ember train-predictor`.
 constexpr const char* kPredictorInputKey = "ember.predictor.input";
 bool predictor_reads_residual(const gguf::Reader& r);
+
+// An architecture Ember runs: its GGUF name and its loader (hyperparameters, tensor binding and
+// the settings of the shared blocks, model/blocks.hpp), one file each (model/llama.cpp, ...),
+// registered in one table (model/architectures.cpp). docs/architecture.md says how to add one.
+struct Architecture {
+  const char* name;  // general.architecture
+  void (*load)(Model& model);
+};
+// The table; null when `name` is not in it.
+const Architecture* find_architecture(const std::string& name);
+// "llama, bamboo, ..." for messages.
+std::string architecture_names();
 
 // Opens a GGUF file and binds an architecture Ember knows; errors name what is missing.
 std::unique_ptr<Model> load_model(const std::string& path);

@@ -1,23 +1,25 @@
-#include "model/opt.hpp"
-
+// OPT (Meta's Open Pre-trained Transformers; PowerInfer runs its ReLU FFN sparsely), from the
+// GGUF names PowerInfer's converter (convert-hf-to-powerinfer-gguf.py, OptModel) writes:
+//
+//   x = token_embd[tok] + position_embd[pos + 2]        (learned positions, HF's offset of 2)
+//   per layer:  h = x + attn_output(attn(LN(x; attn_norm)))          q, k, v, output with biases
+//               x = h + down(relu(up(LN(h; ffn_norm)) + up_b)) + down_b       (no gate)
+//   logits = output(LN(x; output_norm)), output tied to token_embd when output.weight is absent
+//
+// LN is LayerNorm with weight and bias (opt.attention.layer_norm_epsilon, default 1e-5: HF's
+// OPT value; PowerInfer's loader reads no key). Attention has no rotary embedding; q.k is scaled
+// by 1/sqrt(head_dim). The down projection is ffn_down (n_ff -> n_embd) or, in PowerInfer's
+// files, only the neuron-major ffn_down_t with its bias ffn_down_t.bias.
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.hpp"
-#include "model/ffn.hpp"
 #include "model/loader.hpp"
-#include "ops/cpu/attention.hpp"
-#include "ops/cpu/matmul.hpp"
-#include "ops/cpu/norm.hpp"
-#include "ops/cpu/vec.hpp"
 
 namespace ember {
 namespace {
 
-void add_bias(const TensorView& b, float* y, int64_t n, int64_t width) {
-  if (!b.valid()) return;
-  for (int64_t t = 0; t < n; ++t) cpu::add_f32(as_floats(b), y + t * width, width);
-}
+constexpr int64_t kOptPositionOffset = 2;  // HF OPTLearnedPositionalEmbedding
 
 }  // namespace
 
@@ -30,6 +32,8 @@ void load_opt(Model& m) {
   EMBER_CHECK(hp.norm_eps > 0 && std::isfinite(hp.norm_eps), "{}: opt.attention.layer_norm_epsilon must be positive",
               r.path());
   hp.act = cpu::Activation::relu;
+  hp.norm = NormKind::layer;
+  hp.pos_offset = kOptPositionOffset;
   EMBER_CHECK(hp.head_dim * hp.n_head == hp.n_embd, "{}: opt needs n_head * head size == n_embd", r.path());
 
   TensorBinder b(r, hp);
@@ -69,61 +73,6 @@ void load_opt(Model& m) {
     L.ffn.down_b = b.norm(db, d);
   }
   read_sparse_metadata(m);
-}
-
-void opt_forward(const Model& m, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
-                 int64_t pos0, float* logits, bool logits_all) {
-  const Hparams& hp = m.hp;
-  const int64_t d = hp.n_embd, hd = hp.head_dim, nkv = hp.n_head_kv * hd;
-  EMBER_CHECK(pos0 + n + kOptPositionOffset <= m.pos_embd.rows(),
-              "opt: position {} is beyond the model's {} learned positions; use a context of at most {}", pos0 + n - 1,
-              m.pos_embd.rows() - kOptPositionOffset, m.pos_embd.rows() - kOptPositionOffset);
-  float* x = ws.x.data();
-  float* xn = ws.xn.data();
-  void* mm = ws.mm_scratch.data();
-
-  cpu::get_rows(m.tok_embd, tokens, n, x);
-  {
-    // Position rows pos0 + 2 .. through the scratch of the first attention output.
-    float* p = ws.o.data();
-    for (int64_t t = 0; t < n; ++t) {
-      const int32_t id = static_cast<int32_t>(pos0 + t + kOptPositionOffset);  // < rows (checked above)
-      cpu::get_rows(m.pos_embd, &id, 1, p + t * d);
-    }
-    cpu::add_f32(p, x, n * d);
-  }
-
-  cpu::AttentionShape shape;
-  shape.n_head = hp.n_head;
-  shape.n_head_kv = hp.n_head_kv;
-  shape.head_dim = hd;
-  shape.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const LayerWeights& L = m.layers[il];
-    cpu::layer_norm(x, as_floats(L.attn_norm), as_floats(L.attn_norm_b), xn, n, d, hp.norm_eps);
-    cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
-    cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
-    cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
-    add_bias(L.bq, ws.q.data(), n, d);
-    add_bias(L.bk, ws.k.data(), n, nkv);
-    add_bias(L.bv, ws.v.data(), n, nkv);
-    cache_and_attend(pool, shape, kv, ws, il, n, pos0);
-    cpu::matmul(pool, L.wo, ws.attn.data(), n, ws.o.data(), mm);
-    add_bias(L.bo, ws.o.data(), n, d);
-    cpu::add_f32(ws.o.data(), x, n * d);
-
-    cpu::layer_norm(x, as_floats(L.ffn.norm), as_floats(L.ffn.norm_b), xn, n, d, hp.norm_eps);
-    ws.ffn_residual = x;
-    if (ws.ffn) ws.ffn->run(pool, il, L.ffn, hp.act, xn, n, ws.o.data(), ws);
-    else dense_ffn(pool, L.ffn, hp.act, xn, n, ws.o.data(), ws);
-    cpu::add_f32(ws.o.data(), x, n * d);
-  }
-
-  const int64_t first = logits_all ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  cpu::layer_norm(x + first * d, as_floats(m.output_norm), as_floats(m.output_norm_b), xn, n_out, d, hp.norm_eps);
-  cpu::matmul(pool, m.output, xn, n_out, logits, mm);
 }
 
 }  // namespace ember

@@ -14,34 +14,6 @@
 #include "sparse/predictor.hpp"
 
 namespace ember {
-namespace {
-
-// g [n][cols] holds act(gate) of the neurons ids[0..cols) (ids null: 0..cols). Keeps the
-// columns that fire (|v| > thr) for at least one token, moved in place to the front of each row
-// with the silent entries zeroed; writes their neuron ids to `active` and returns their count.
-// `fired` counts the firing (token, neuron) pairs. Column i is read before any column < i is
-// written, so the in-place move is safe.
-int64_t keep_firing(float* g, int64_t n, int64_t cols, const int32_t* ids, float thr, int32_t* active,
-                    uint64_t& fired) {
-  int64_t na = 0;
-  for (int64_t i = 0; i < cols; ++i) {
-    bool any = false;
-    for (int64_t t = 0; t < n; ++t) {
-      float v = g[t * cols + i];
-      if (std::fabs(v) > thr) {
-        any = true;
-        ++fired;
-      } else {
-        v = 0.0f;
-      }
-      g[t * cols + na] = v;
-    }
-    if (any) active[na++] = ids ? ids[i] : static_cast<int32_t>(i);
-  }
-  return na;
-}
-
-}  // namespace
 
 FfnMode parse_ffn_mode(const std::string& s) {
   if (s == "dense") return FfnMode::dense;
@@ -218,52 +190,40 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   void* mm = ws.mm_scratch.data();
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
                                                      : opts_.threshold;
-  const int64_t n_ff = down_nm_[layer].view.rows();
+  const int64_t n_ff = w.n_ff();
   if (n >= kDenseBatch) {
     if (thr == 0.0f) {  // exact: dropping act(gate) == 0 changes nothing
       dense_ffn(pool, w, act, x, n, out, ws);
       stats_.dense_tokens += static_cast<uint64_t>(n);
       return;
     }
-    if (w.gating == FfnGating::par && w.down.valid() && !w.up_b.valid() && !w.down_b.valid()) {
-      // Thresholded (threshold mode on a SwiGLU/GeGLU model): dense kernels, inactive act(gate)
-      // zeroed.
-      float* g = ws.gate.data();
-      float* u = ws.up.data();
-      cpu::matmul(pool, w.gate, x, n, g, mm);
-      cpu::activation_inplace(act, g, n * n_ff);
-      uint64_t n_active = 0;
-      for (int64_t i = 0; i < n * n_ff; ++i) {
-        if (std::fabs(g[i]) > thr)
-          ++n_active;
-        else
-          g[i] = 0.0f;
-      }
-      stats_.neurons[layer] += static_cast<uint64_t>(n * n_ff);
-      stats_.active[layer] += n_active;
-      cpu::matmul(pool, w.up, x, n, u, mm);
-      for (int64_t i = 0; i < n * n_ff; ++i) g[i] *= u[i];
-      cpu::matmul(pool, w.down, g, n, out, mm);
-      stats_.dense_tokens += static_cast<uint64_t>(n);
-      return;
+    // Thresholded (threshold mode on a SwiGLU/GeGLU model): the dense kernels, the silent
+    // neurons' firing values zeroed.
+    float* a = ffn_firing_all(pool, w, act, x, n, ws);
+    uint64_t n_active = 0;
+    for (int64_t i = 0; i < n * n_ff; ++i) {
+      if (std::fabs(a[i]) > thr)
+        ++n_active;
+      else
+        a[i] = 0.0f;
     }
-    // Other layouts (no gate, biases, only ffn_down_t) take the sparse path below.
+    stats_.neurons[layer] += static_cast<uint64_t>(n * n_ff);
+    stats_.active[layer] += n_active;
+    ffn_down_all(pool, w, ffn_values_all(pool, w, act, x, n, ws), n, out, ws);
+    stats_.dense_tokens += static_cast<uint64_t>(n);
+    return;
   }
   if (n == 1 && fused_ && run_decode_fused(pool, layer, w, act, x, out, ws)) return;
   if (opts_.mode == FfnMode::predictor) return run_predicted(pool, layer, w, act, x, n, out, ws);
-  // a = [n][n_ff]: the value that decides firing, zero where inactive: act(gate x), or for an
-  // FFN without a gate (OPT) the neuron's whole value act(up x + up_b).
-  const bool no_gate = w.gating == FfnGating::none;
+  // a = [n][n_ff]: the firing values (model/ffn.hpp), zero where inactive.
   float* a = ws.gate.data();
-  cpu::matmul(pool, no_gate ? w.up : w.gate, x, n, a, mm);
-  if (no_gate && w.up_b.valid())
-    for (int64_t t = 0; t < n; ++t) cpu::add_f32(reinterpret_cast<const float*>(w.up_b.data), a + t * n_ff, n_ff);
-  cpu::activation_inplace(act, a, n * n_ff);
+  cpu::matmul(pool, w.firing_matrix(), x, n, a, mm);
+  ffn_firing_values(w, act, a, n, n_ff, n_ff, nullptr);
 
   // The active set: neurons active for at least one token of the batch (their values moved to
   // the front of each row of a).
   uint64_t n_active_tokens = 0;
-  const int64_t na = keep_firing(a, n, n_ff, nullptr, thr, active_.data(), n_active_tokens);
+  const int64_t na = ffn_keep_firing(a, n, n_ff, nullptr, thr, active_.data(), n_active_tokens);
   stats_.neurons[layer] += static_cast<uint64_t>(n * n_ff);
   stats_.active[layer] += n_active_tokens;
   up_down(pool, layer, w, act, x, n, a, n_ff, na, out, ws);
@@ -296,30 +256,31 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   const LayerPredictorRun& P = pred_[static_cast<size_t>(layer)];
   const int64_t np = predict_active(pool, P.fc1, P.fc2, pthr, predictor_input(x, ws), n, pred_scratch_.data(),
                                     pred_mm_scratch_.data(), predicted_.data(), P.linear);
-  // The deciding value for the predicted rows only: g[t][i] = act(gate row predicted[i] . x[t]),
-  // or for an FFN without a gate (OPT) act(up row . x[t] + up_b).
-  const bool no_gate = w.gating == FfnGating::none;
+  // The firing values of the predicted rows only (model/ffn.hpp).
   float* g = ws.gate.data();
-  cpu::gather_matmul(pool, no_gate ? w.up : w.gate, x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
-  if (no_gate && w.up_b.valid()) {
-    const float* b = reinterpret_cast<const float*>(w.up_b.data);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t i = 0; i < np; ++i) g[t * np + i] += b[predicted_[i]];
-  }
-  cpu::activation_inplace(act, g, n * np);
+  cpu::gather_matmul(pool, w.firing_matrix(), x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
+  ffn_firing_values(w, act, g, n, np, np, predicted_.data());
   // Keep the predicted neurons that fire for some token.
   uint64_t n_active_tokens = 0;
-  const int64_t na = keep_firing(g, n, np, predicted_.data(), opts_.threshold, active_.data(), n_active_tokens);
+  const int64_t na = ffn_keep_firing(g, n, np, predicted_.data(), opts_.threshold, active_.data(), n_active_tokens);
   stats_.neurons[layer] += static_cast<uint64_t>(n * down_nm_[layer].view.rows());
   stats_.active[layer] += n_active_tokens;
   stats_.predicted[layer] += static_cast<uint64_t>(n * np);
   up_down(pool, layer, w, act, x, n, g, np, na, out, ws);
 }
 
+std::string SparseFfn::refusal(const Model&) const {
+  // Every gating and bias runs through the rule of model/ffn.hpp; the predictor's presence and
+  // the thresholds are checked when the executor is made.
+  return {};
+}
+
 bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
                                  const float* x, float* out, Workspace& ws) {
-  // The gate may be repacked (ops/cpu/r16.hpp) while up stays gatherable: one quantization of x
-  // serves both as long as they come from the same file type.
+  // The par rule of model/ffn.hpp (h = act(gate) * up, no up bias) computed inline by the fused
+  // kernels; every other gating takes the separate steps. The gate may be repacked
+  // (ops/cpu/r16.hpp) while up stays gatherable: one quantization of x serves both as long as
+  // they come from the same file type.
   if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() ||
       cpu::r16_base(w.gate.type) != cpu::r16_base(w.up.type) ||
       pool.size() > fused_threads_ ||
@@ -444,7 +405,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   stats_.neurons[layer] += static_cast<uint64_t>(n_ff);
   stats_.active[layer] += na;
   if (predicted) stats_.predicted[layer] += n_pred;
-  if (w.down_b.valid()) cpu::add_f32(reinterpret_cast<const float*>(w.down_b.data), out, n_embd);
+  ffn_add_down_bias(w, out, 1);
   return true;
 }
 
@@ -454,22 +415,13 @@ void SparseFfn::up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cp
   const int64_t n_embd = down_nm.cols();
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
   if (na > 0) {
+    // The active neurons' values (model/ffn.hpp): up gathered for them where the rule needs it.
     float* h = ws.up.data();
-    if (w.gating == FfnGating::none) {
-      // The neuron values are already known: H[t][i] = g[t][i].
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t i = 0; i < na; ++i) h[t * na + i] = g[t * g_stride + i];
-    } else {
-      // up for the active rows, then H[t][i] = act(gate)[t][i] * up[t][i] (Bamboo: * act(up)).
-      cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, ws.mm_scratch.data());
-      if (w.gating == FfnGating::sym) cpu::activation_inplace(act, h, n * na);
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t i = 0; i < na; ++i) h[t * na + i] *= g[t * g_stride + i];
-    }
+    if (ffn_needs_up(w)) cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, ws.mm_scratch.data());
+    ffn_neuron_values(w, act, g, g_stride, h, na, n, na, active_.data());
     cpu::sparse_axpy(pool, down_nm, active_.data(), na, h, n, na, out, n_embd, axpy_scratch_.data(), opts_.split);
   }
-  if (w.down_b.valid())
-    for (int64_t t = 0; t < n; ++t) cpu::add_f32(reinterpret_cast<const float*>(w.down_b.data), out + t * n_embd, n_embd);
+  ffn_add_down_bias(w, out, n);
 }
 
 }  // namespace ember

@@ -78,6 +78,7 @@ class SparseFfn final : public FfnExecutor {
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
+  std::string refusal(const Model& model) const override;
 
   const SparseFfnOptions& options() const { return opts_; }
   size_t neuron_major_bytes() const;  // the down copies (0 for layers that use the file's down_t)

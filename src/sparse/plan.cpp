@@ -43,7 +43,8 @@ int64_t Plan::n_gpu_neurons() const {
 uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
   if (n <= 0) return 0;
   const uint64_t k = static_cast<uint64_t>(n);
-  return gpu_pad(k * L.gate_row) + gpu_pad(k * L.up_row) + gpu_pad(k * L.down_row) + gpu_pad(k * sizeof(int32_t));
+  return gpu_pad(k * L.gate_row) + gpu_pad(k * L.up_row) + gpu_pad(k * L.down_row) +
+         (L.bias_row ? gpu_pad(k * L.bias_row) : 0) + gpu_pad(k * sizeof(int32_t));
 }
 
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
@@ -196,7 +197,7 @@ void validate(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     const PlanLayer& L = m.layers[l];
     EMBER_CHECK(static_cast<int64_t>(L.p.size()) == m.n_ff, "plan: layer {} has {} firing probabilities, expected n_ff = {}",
                 l, L.p.size(), m.n_ff);
-    EMBER_CHECK(L.gate_row > 0 && L.up_row > 0 && L.down_row > 0, "plan: layer {} has a zero neuron row size", l);
+    EMBER_CHECK(L.up_row > 0 && L.down_row > 0, "plan: layer {} has a zero neuron row size", l);  // gate: 0 without one
     for (size_t j = 0; j < L.p.size(); ++j)
       EMBER_CHECK(std::isfinite(L.p[j]) && L.p[j] >= 0.0f && L.p[j] <= 1.0f,
                   "plan: layer {} neuron {} has firing probability {} (must be in [0, 1]); is the profile corrupt?", l,
@@ -343,11 +344,14 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& W = model.layers[l];
     PlanLayer& L = m.layers[l];
-    L.attn_bytes = padded(W.attn_norm) + padded(W.wq) + padded(W.wk) + padded(W.wv) + padded(W.wo) +
-                   padded(W.q_norm) + padded(W.k_norm) + padded(W.attn_post_norm);
+    // The tensors a device holding the layer's hidden state holds (LayerWeights' own list).
+    L.attn_bytes = 0;
+    for (const TensorView* t : W.attention_tensors()) L.attn_bytes += padded(*t);
+    for (const TensorView* t : W.ffn_block_tensors()) L.attn_bytes += padded(*t);
     L.predictor_bytes = padded(W.ffn.fc1) + padded(W.ffn.fc2);
-    L.gate_row = row_bytes(W.ffn.gate.type, hp.n_embd);
+    L.gate_row = W.ffn.gated() ? row_bytes(W.ffn.gate.type, hp.n_embd) : 0;  // OPT has no gate
     L.up_row = row_bytes(W.ffn.up.type, hp.n_embd);
+    L.bias_row = W.ffn.up_b.valid() ? sizeof(float) : 0;
     const DType down_t = W.ffn.down_t.data ? W.ffn.down_t.type
                                            : cpu::neuron_major_dtype(W.ffn.down.type, cpu::NeuronMajorType::exact, hp.n_embd);
     L.down_row = row_bytes(down_t, hp.n_embd);
@@ -365,10 +369,10 @@ PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_
   PlanModel m = base_shape(name, n_embd, n_ff, n_head, n_embd, n_head_kv * head_dim, n_ctx, p,
                            static_cast<size_t>(n_layer));
   auto mat = [&](int64_t cols, int64_t rows) { return gpu_pad(row_bytes(type, cols) * static_cast<uint64_t>(rows)); };
-  const uint64_t norm = gpu_pad(static_cast<uint64_t>(n_embd) * sizeof(float));
+  const uint64_t norm = gpu_pad(static_cast<uint64_t>(n_embd) * sizeof(float));  // attention's and the FFN's
   m.output_bytes = row_bytes(type, n_embd) * static_cast<uint64_t>(n_vocab);
   for (auto& L : m.layers) {
-    L.attn_bytes = norm + mat(n_embd, n_embd) + 2 * mat(n_embd, n_head_kv * head_dim) + mat(n_embd, n_embd);
+    L.attn_bytes = 2 * norm + mat(n_embd, n_embd) + 2 * mat(n_embd, n_head_kv * head_dim) + mat(n_embd, n_embd);
     L.gate_row = L.up_row = row_bytes(type, n_embd);
     L.down_row = row_bytes(cpu::neuron_major_dtype(type, cpu::NeuronMajorType::exact, n_embd), n_embd);
   }

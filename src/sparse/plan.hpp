@@ -47,6 +47,7 @@ struct PlanLayer {
   uint64_t kv_bytes = 0;         // K and V for the context, each padded
   uint64_t predictor_bytes = 0;  // fc1 + fc2, each padded (0 when the model has no predictor)
   uint64_t gate_row = 0, up_row = 0, down_row = 0;  // bytes of one neuron in each (down: neuron-major)
+  uint64_t bias_row = 0;         // bytes of one neuron's up bias (OPT: 4), 0 without one
   std::vector<float> p;          // firing probability of each neuron, in [0, 1]
 };
 
@@ -93,8 +94,8 @@ struct Plan {
 
 // ---- exact byte accounting (the one function) ---------------------------------------------
 
-// Bytes of one layer's FFN share on the GPU: n neurons' gate, up and down rows and their index
-// list, each buffer padded; 0 when n == 0.
+// Bytes of one layer's FFN share on the GPU: n neurons' gate, up and down rows, their up bias
+// where the FFN has one, and their index list, each buffer padded; 0 when n == 0.
 uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
 // Scratch of the FFN side (any layer with GPU neurons) and of the attention side (any layer
 // with attention on the GPU), for opts.max_batch tokens.

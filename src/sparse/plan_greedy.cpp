@@ -57,7 +57,7 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
     for (size_t l = 0; l < nl; ++l) {
       if (banned[l]) continue;
       const PlanLayer& L = m.layers[l];
-      const double nb = static_cast<double>(L.gate_row + L.up_row + L.down_row + sizeof(int32_t));
+      const double nb = static_cast<double>(L.gate_row + L.up_row + L.down_row + L.bias_row + sizeof(int32_t));
       for (size_t g = 0; g < groups[l].size(); ++g)
         items.push_back({neuron_seconds_saved(dev, L, groups[l].mass[g]) / (nb * groups[l].count(g)),
                          static_cast<int32_t>(l), static_cast<int32_t>(g)});

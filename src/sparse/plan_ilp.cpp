@@ -64,7 +64,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
   CoinPackedVector memory;
   for (size_t l = 0; l < nl; ++l) {
     const PlanLayer& L = m.layers[l];
-    const double nb = static_cast<double>(L.gate_row + L.up_row + L.down_row + sizeof(int32_t));
+    const double nb = static_cast<double>(L.gate_row + L.up_row + L.down_row + L.bias_row + sizeof(int32_t));
     // CBC minimizes: the objective is the negated saving.
     obj[a_col[l]] = -kScale * attn_seconds_saved(dev, L);
     obj[u_col[l]] = kScale * layer_fixed_seconds(m, dev, L);

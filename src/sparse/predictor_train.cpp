@@ -42,26 +42,26 @@ class RecordingFfn final : public FfnExecutor {
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override {
-    const int64_t n_ff = w.gate.rows(), n_embd = w.gate.cols();
-    float* g = ws.gate.data();
-    float* u = ws.up.data();
-    cpu::matmul(pool, w.gate, x, n, g, ws.mm_scratch.data());
-    cpu::matmul(pool, w.up, x, n, u, ws.mm_scratch.data());
-    cpu::activation_inplace(act, g, n * n_ff);
+    // The dense FFN in its steps (model/ffn.hpp): the firing values, the silent ones zeroed
+    // (the threshold applies in the forward too), the values, recorded, then down.
+    const int64_t n_ff = w.n_ff(), n_embd = w.n_embd();
+    float* a = ffn_firing_all(pool, w, act, x, n, ws);
     const float threshold = opts_.layer_thresholds.empty() ? opts_.threshold : opts_.layer_thresholds[layer];
+    for (int64_t i = 0; i < n * n_ff; ++i)
+      if (!(std::fabs(a[i]) > threshold)) a[i] = 0.0f;
+    const float* h = ffn_values_all(pool, w, act, x, n, ws);
     for (int64_t t = 0; t < n; ++t) {
-      float* gt = g + t * n_ff;
-      const float* ut = u + t * n_ff;
+      if (!(*keep)[t]) continue;
+      const float* at = a + t * n_ff;
+      const float* ht = h + t * n_ff;
       int64_t c = 0;
-      for (int64_t j = 0; j < n_ff; ++j) {
-        const bool fires = std::fabs(gt[j]) > threshold;
-        gt[j] = fires ? gt[j] * ut[j] : 0.0f;  // the threshold applies in the forward too
-        if (fires && (*keep)[t]) ids_[c] = static_cast<int32_t>(j), masses_[c++] = std::fabs(gt[j]);
-      }
-      if ((*keep)[t]) out_[layer].add_token(x + t * n_embd, ids_.data(), masses_.data(), c);
+      for (int64_t j = 0; j < n_ff; ++j)
+        if (at[j] != 0.0f) ids_[c] = static_cast<int32_t>(j), masses_[c++] = std::fabs(ht[j]);
+      out_[layer].add_token(x + t * n_embd, ids_.data(), masses_.data(), c);
     }
-    cpu::matmul(pool, w.down, g, n, out, ws.mm_scratch.data());
+    ffn_down_all(pool, w, h, n, out, ws);
   }
+  std::string refusal(const Model&) const override { return {}; }  // every gating
 
  private:
   std::vector<LayerSamples>& out_;

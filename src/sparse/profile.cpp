@@ -21,7 +21,6 @@ namespace {
 constexpr uint32_t kLowBits = static_cast<uint32_t>(127 + AbsHistogram::kMinExp) << 23;
 constexpr uint32_t kHighBits = static_cast<uint32_t>(127 + AbsHistogram::kMaxExp) << 23;
 constexpr int kShift = 23 - AbsHistogram::kMantBits;
-constexpr int64_t kQuantiles = 1001;
 
 float bin_lower(int64_t b) { return std::bit_cast<float>(kLowBits + (static_cast<uint32_t>(b) << kShift)); }
 }  // namespace
@@ -84,90 +83,19 @@ void ProfileFfn::set_count_thresholds(std::vector<float> t) {
 
 void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                      int64_t n, float* out, Workspace& ws) {
-  void* mm = ws.mm_scratch.data();
-  const int64_t n_ff = w.gate.rows();
-  float* g = ws.gate.data();
-  float* u = ws.up.data();
-  cpu::matmul(pool, w.gate, x, n, g, mm);
-  cpu::activation_inplace(act, g, n * n_ff);
+  // The dense FFN in its steps (model/ffn.hpp), the firing values recorded on the way.
+  const int64_t n_ff = w.n_ff();
+  const float* a = ffn_firing_all(pool, w, act, x, n, ws);
   const size_t l = static_cast<size_t>(layer);
-  if (record_hist_) hist_[l].add(g, n * n_ff);
+  if (record_hist_) hist_[l].add(a, n * n_ff);
   if (!thresholds_.empty()) {
     const float t = thresholds_[l];
     uint64_t* c = counts_[l].data();
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < n_ff; ++j) c[j] += std::fabs(g[i * n_ff + j]) > t;
+      for (int64_t j = 0; j < n_ff; ++j) c[j] += std::fabs(a[i * n_ff + j]) > t;
     if (layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
   }
-  cpu::matmul(pool, w.up, x, n, u, mm);
-  for (int64_t i = 0; i < n * n_ff; ++i) g[i] *= u[i];
-  cpu::matmul(pool, w.down, g, n, out, mm);
-}
-
-Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const ProfileOptions& opts,
-                    const std::function<void(int64_t, int64_t, int)>& progress) {
-  const Model& model = session.model();
-  const Hparams& hp = model.hp;
-  EMBER_CHECK(opts.n_ctx >= 1 && opts.n_ctx <= session.n_ctx(), "profile chunk length {} must be in [1, {}]",
-              opts.n_ctx, session.n_ctx());
-  EMBER_CHECK(opts.threshold >= 0.0f || (opts.sparsity > 0.0f && opts.sparsity < 1.0f),
-              "--sparsity must be in (0, 1), got {}", opts.sparsity);
-  int64_t n_tok = static_cast<int64_t>(tokens.size());
-  if (opts.max_tokens > 0) n_tok = std::min(n_tok, opts.max_tokens);
-  EMBER_CHECK(n_tok >= 1, "the corpus has no tokens to profile");
-  for (int64_t i = 0; i < n_tok; ++i)
-    EMBER_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab, "token id {} out of the vocabulary ({})", tokens[i],
-                hp.n_vocab);
-
-  ProfileFfn ffn(model);
-  session.set_ffn_executor(&ffn);
-  auto run_pass = [&](int pass) {
-    for (int64_t done = 0; done < n_tok;) {
-      const int64_t len = std::min(opts.n_ctx, n_tok - done);
-      session.reset();
-      session.eval(tokens.data() + done, len);
-      done += len;
-      if (progress) progress(done, n_tok, pass);
-    }
-  };
-  Profile p;
-  p.model_name = std::filesystem::path(model.file->path()).filename().string();
-  p.n_layer = hp.n_layer;
-  p.n_ff = hp.n_ff;
-  try {
-    if (opts.threshold >= 0.0f) {
-      p.thresholds.assign(static_cast<size_t>(hp.n_layer), opts.threshold);
-      ffn.set_count_thresholds(p.thresholds);
-      run_pass(1);
-    } else {
-      ffn.set_count_thresholds({});
-      run_pass(1);
-      for (int64_t l = 0; l < hp.n_layer; ++l) {
-        auto q = ffn.histogram(l).quantiles(kQuantiles);
-        p.thresholds.push_back(quantile_at(q.data(), kQuantiles, opts.sparsity));
-      }
-      ffn.set_record_histograms(false);
-      ffn.set_count_thresholds(p.thresholds);
-      run_pass(2);
-      p.sparsity = opts.sparsity;
-    }
-  } catch (...) {
-    session.set_ffn_executor(nullptr);
-    throw;
-  }
-  session.set_ffn_executor(nullptr);
-  p.n_tokens = ffn.tokens_counted();
-  EMBER_CHECK(p.n_tokens > 0, "the forward pass of architecture '{}' did not run the FFN executor: it cannot be "
-              "profiled", hp.arch);
-  double tsum = 0;
-  for (float t : p.thresholds) tsum += t;
-  p.threshold = opts.threshold >= 0.0f ? opts.threshold : static_cast<float>(tsum / static_cast<double>(hp.n_layer));
-  for (int64_t l = 0; l < hp.n_layer; ++l) {
-    p.quantiles.push_back(ffn.histogram(l).quantiles(kQuantiles));
-    const auto& c = ffn.counts(l);
-    p.counts.emplace_back(c.begin(), c.end());
-  }
-  return p;
+  ffn_down_all(pool, w, ffn_values_all(pool, w, act, x, n, ws), n, out, ws);
 }
 
 void write_profile(const Profile& p, const std::string& path) {

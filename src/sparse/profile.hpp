@@ -1,6 +1,7 @@
 // Activation profiling (`ember profile`): run a model over a corpus with the dense FFN and
-// record, per layer and neuron, how often the neuron fires (|act(gate)| > t), and the
-// distribution of |act(gate)| over all (token, neuron) pairs of each layer, from which the
+// record, per layer and neuron, how often the neuron fires (|firing value| > t: |act(gate)|, or
+// for an FFN without a gate |act(up + bias)|, model/ffn.hpp), and the distribution of the
+// firing values' magnitudes over all (token, neuron) pairs of each layer, from which the
 // profile's 1001 quantiles come (docs/sparse_formats.md).
 //
 // Quantiles come from a histogram over the float bit pattern of |act(gate)|: bins of 2^-10
@@ -18,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/session.hpp"
+#include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
 
 namespace ember {
@@ -50,6 +51,7 @@ class ProfileFfn final : public FfnExecutor {
   explicit ProfileFfn(const Model& model);
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
+  std::string refusal(const Model&) const override { return {}; }  // every gating (model/ffn.hpp)
 
   // Pass settings: record histograms; count firings against per-layer thresholds (empty: don't).
   void set_record_histograms(bool on) { record_hist_ = on; }
@@ -74,6 +76,9 @@ struct ProfileOptions {
   float sparsity = 0.5f;
 };
 
+// Quantiles of the firing values' magnitudes per layer in a profile.
+constexpr int64_t kQuantiles = 1001;
+
 struct Profile {
   std::string model_name;
   uint64_t n_tokens = 0;
@@ -84,11 +89,6 @@ struct Profile {
   std::vector<std::vector<float>> counts;     // [layer][n_ff]
   std::vector<std::vector<float>> quantiles;  // [layer][1001]
 };
-
-// Runs the tokens through the session (chunks of opts.n_ctx from position 0) with the
-// profiler's executor; `progress(tokens_done, tokens_total, pass)`.
-Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const ProfileOptions& opts,
-                    const std::function<void(int64_t, int64_t, int)>& progress = {});
 
 void write_profile(const Profile& p, const std::string& path);
 Profile read_profile(const std::string& path);

@@ -1,4 +1,4 @@
-// An independent, plain double-precision forward pass of OPT (model/opt.hpp), written straight
+// An independent, plain double-precision forward pass of OPT (model/opt.cpp), written straight
 // from the math (no Ember ops), used to check the engine's logits.
 #pragma once
 #include <cmath>
@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "model/model.hpp"
-#include "model/opt.hpp"
 #include "reference_llama.hpp"
 
 namespace ember::test_support {
@@ -41,7 +40,7 @@ inline std::vector<std::vector<double>> reference_opt_logits(const Model& m, con
   const std::vector<double> emb = dequant_matrix(m.tok_embd), pos = dequant_matrix(m.pos_embd);
   std::vector<std::vector<double>> x(T, std::vector<double>(d));
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < d; ++i) x[t][i] = emb[tokens[t] * d + i] + pos[(t + kOptPositionOffset) * d + i];
+    for (int64_t i = 0; i < d; ++i) x[t][i] = emb[tokens[t] * d + i] + pos[(t + 2) * d + i]  /* HF OPT: learned positions start at row 2 */;
 
   for (const LayerWeights& L : m.layers) {
     const auto wq = dequant_matrix(L.wq), wk = dequant_matrix(L.wk), wv = dequant_matrix(L.wv), wo = dequant_matrix(L.wo);

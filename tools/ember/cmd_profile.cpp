@@ -12,7 +12,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "sparse/predictor_train.hpp"
-#include "sparse/profile.hpp"
+#include "engine/profile_run.hpp"
 #include "sparse/samples_file.hpp"
 #include "tokenizer/tokenizer.hpp"
 

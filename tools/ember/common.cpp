@@ -92,12 +92,8 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   Timer timer;
   auto model = load_model(flags.model_path);
   if (!flags.predictor_path.empty()) attach_predictors(*model, flags.predictor_path);
-  // The FFN's rows stay addressable where a sparse path gathers them: up and down in every sparse
-  // mode, the gate too in predictor mode and on the hybrid path.
   const bool hybrid = !flags.vram_budget.empty() || !flags.plan_path.empty();
-  const RepackScope ffn_scope = hybrid || flags.sparse_mode == "predictor" ? RepackScope::attention_output
-                                : flags.sparse_mode == "dense"             ? RepackScope::all
-                                                                           : RepackScope::attention_output_gate;
+  const RepackScope ffn_scope = repack_scope_for(parse_ffn_mode(flags.sparse_mode), hybrid);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
   const RepackStats rp =
       repack_for_dense_kernels(*model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);

@@ -1,0 +1,77 @@
+#include "engine/profile_run.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "sparse/threshold.hpp"
+
+namespace ember {
+
+Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const ProfileOptions& opts,
+                    const std::function<void(int64_t, int64_t, int)>& progress) {
+  const Model& model = session.model();
+  const Hparams& hp = model.hp;
+  EMBER_CHECK(opts.n_ctx >= 1 && opts.n_ctx <= session.n_ctx(), "profile chunk length {} must be in [1, {}]",
+              opts.n_ctx, session.n_ctx());
+  EMBER_CHECK(opts.threshold >= 0.0f || (opts.sparsity > 0.0f && opts.sparsity < 1.0f),
+              "--sparsity must be in (0, 1), got {}", opts.sparsity);
+  int64_t n_tok = static_cast<int64_t>(tokens.size());
+  if (opts.max_tokens > 0) n_tok = std::min(n_tok, opts.max_tokens);
+  EMBER_CHECK(n_tok >= 1, "the corpus has no tokens to profile");
+  for (int64_t i = 0; i < n_tok; ++i)
+    EMBER_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab, "token id {} out of the vocabulary ({})", tokens[i],
+                hp.n_vocab);
+
+  ProfileFfn ffn(model);
+  session.set_ffn_executor(&ffn);
+  auto run_pass = [&](int pass) {
+    for (int64_t done = 0; done < n_tok;) {
+      const int64_t len = std::min(opts.n_ctx, n_tok - done);
+      session.reset();
+      session.eval(tokens.data() + done, len);
+      done += len;
+      if (progress) progress(done, n_tok, pass);
+    }
+  };
+  Profile p;
+  p.model_name = std::filesystem::path(model.file->path()).filename().string();
+  p.n_layer = hp.n_layer;
+  p.n_ff = hp.n_ff;
+  try {
+    if (opts.threshold >= 0.0f) {
+      p.thresholds.assign(static_cast<size_t>(hp.n_layer), opts.threshold);
+      ffn.set_count_thresholds(p.thresholds);
+      run_pass(1);
+    } else {
+      ffn.set_count_thresholds({});
+      run_pass(1);
+      for (int64_t l = 0; l < hp.n_layer; ++l) {
+        auto q = ffn.histogram(l).quantiles(kQuantiles);
+        p.thresholds.push_back(quantile_at(q.data(), kQuantiles, opts.sparsity));
+      }
+      ffn.set_record_histograms(false);
+      ffn.set_count_thresholds(p.thresholds);
+      run_pass(2);
+      p.sparsity = opts.sparsity;
+    }
+  } catch (...) {
+    session.set_ffn_executor(nullptr);
+    throw;
+  }
+  session.set_ffn_executor(nullptr);
+  p.n_tokens = ffn.tokens_counted();
+  EMBER_CHECK(p.n_tokens > 0, "the forward pass of architecture '{}' did not run the FFN executor: it cannot be "
+              "profiled", hp.arch);
+  double tsum = 0;
+  for (float t : p.thresholds) tsum += t;
+  p.threshold = opts.threshold >= 0.0f ? opts.threshold : static_cast<float>(tsum / static_cast<double>(hp.n_layer));
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    p.quantiles.push_back(ffn.histogram(l).quantiles(kQuantiles));
+    const auto& c = ffn.counts(l);
+    p.counts.emplace_back(c.begin(), c.end());
+  }
+  return p;
+}
+
+}  // namespace ember

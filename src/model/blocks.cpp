@@ -1,0 +1,180 @@
+#include "model/blocks.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "model/ffn.hpp"
+#include "model/loader.hpp"
+#include "ops/cpu/attention.hpp"
+#include "ops/cpu/matmul.hpp"
+#include "ops/cpu/norm.hpp"
+#include "ops/cpu/vec.hpp"
+
+namespace ember {
+namespace {
+
+// The model's normalization (Hparams::norm) with weight w and, for LayerNorm, bias b.
+void norm(const Model& m, const TensorView& w, const TensorView& b, const float* x, float* out, int64_t n) {
+  const Hparams& hp = m.hp;
+  if (hp.norm == NormKind::layer)
+    cpu::layer_norm(x, as_floats(w), as_floats(b), out, n, hp.n_embd, hp.norm_eps);
+  else
+    cpu::rms_norm(x, as_floats(w), out, n, hp.n_embd, hp.norm_eps);
+}
+
+// An optional RMSNorm over the whole row (Gemma's post-norms), in place.
+void post_norm(const Model& m, const TensorView& w, float* y, int64_t n) {
+  if (w.valid()) cpu::rms_norm(y, as_floats(w), y, n, m.hp.n_embd, m.hp.norm_eps);
+}
+
+void add_bias(const TensorView& b, float* y, int64_t n, int64_t width) {
+  if (!b.valid()) return;
+  for (int64_t t = 0; t < n; ++t) cpu::add_f32(as_floats(b), y + t * width, width);
+}
+
+// ws.q, ws.k, ws.v = the layer's Q, K, V projections of xn (n tokens): one fused matmul when
+// the three matrices share a type (cpu::matmul_multi), else one matmul each.
+void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws) {
+  void* mm = ws.mm_scratch.data();
+  if (L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
+    const cpu::MatmulOut outs[] = {{L.wq, ws.q.data()}, {L.wk, ws.k.data()}, {L.wv, ws.v.data()}};
+    cpu::matmul_multi(pool, outs, xn, n, mm);
+    return;
+  }
+  cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
+  cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
+  cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
+}
+
+// Appends the n tokens' keys and values (ws.k, ws.v) to the cache's layer at pos0 and runs
+// causal attention of ws.q over it into ws.attn.
+void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, int64_t kv_layer, Workspace& ws,
+                      int64_t n, int64_t pos0) {
+  const int64_t nkv = shape.n_head_kv * shape.head_dim;
+  uint8_t* kc = kv.k_layer(kv_layer);
+  uint8_t* vc = kv.v_layer(kv_layer);
+  const size_t at = static_cast<size_t>(pos0 * nkv) * kv.value_bytes();
+  if (kv.type == DType::F16) {
+    cpu::to_f16(ws.k.data(), reinterpret_cast<uint16_t*>(kc + at), n * nkv);
+    cpu::to_f16(ws.v.data(), reinterpret_cast<uint16_t*>(vc + at), n * nkv);
+  } else {
+    std::memcpy(kc + at, ws.k.data(), sizeof(float) * static_cast<size_t>(n * nkv));
+    std::memcpy(vc + at, ws.v.data(), sizeof(float) * static_cast<size_t>(n * nkv));
+  }
+  cpu::AttentionShape s = shape;
+  s.kv_f16 = kv.type == DType::F16;
+  cpu::attention(pool, s, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
+}
+
+// The RoPE angles of positions pos0 .. pos0 + n - 1 for the global table (and the local one,
+// right after them), computed once per batch of positions into ws.cos_sin and reused by every
+// layer (the angles depend only on the position).
+const float* rope_angles(const Model& m, Workspace& ws, bool local, int64_t n, int64_t pos0) {
+  const int64_t n_rot = m.rope->config().n_rot;
+  float* cs = ws.cos_sin.data();
+  if (ws.angles_pos0 != pos0 || ws.angles_n != n) {
+    for (int64_t t = 0; t < n; ++t) {
+      m.rope->angles(pos0 + t, cs + t * n_rot);
+      if (m.rope_local) m.rope_local->angles(pos0 + t, cs + (n + t) * n_rot);
+    }
+    ws.angles_pos0 = pos0, ws.angles_n = n;
+  }
+  return local ? cs + n * n_rot : cs;
+}
+
+}  // namespace
+
+void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0, float* x, float* scratch) {
+  const Hparams& hp = m.hp;
+  const int64_t d = hp.n_embd;
+  cpu::get_rows(m.tok_embd, tokens, n, x);
+  if (hp.embd_scale != 0.0f) cpu::scale_f32(hp.embd_scale, x, n * d);
+  if (m.pos_embd.valid()) {  // learned positions (OPT): rows pos + pos_offset
+    EMBER_CHECK(pos0 + n + hp.pos_offset <= m.pos_embd.rows(),
+                "{}: position {} is beyond the model's {} learned positions; use a context of at most {}", hp.arch,
+                pos0 + n - 1, m.pos_embd.rows() - hp.pos_offset, m.pos_embd.rows() - hp.pos_offset);
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t id = static_cast<int32_t>(pos0 + t + hp.pos_offset);
+      cpu::get_rows(m.pos_embd, &id, 1, scratch + t * d);
+    }
+    cpu::add_f32(scratch, x, n * d);
+  }
+}
+
+void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
+                     int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0) {
+  const Hparams& hp = m.hp;
+  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
+  float* xn = ws.xn.data();
+  norm(m, L.attn_norm, L.attn_norm_b, x, xn, n);
+  qkv_projections(pool, L, xn, n, ws);
+  add_bias(L.bq, ws.q.data(), n, nq);
+  add_bias(L.bk, ws.k.data(), n, nkv);
+  add_bias(L.bv, ws.v.data(), n, nkv);
+  if (L.q_norm.valid()) cpu::rms_norm(ws.q.data(), as_floats(L.q_norm), ws.q.data(), n * hp.n_head, hd, hp.norm_eps);
+  if (L.k_norm.valid())
+    cpu::rms_norm(ws.k.data(), as_floats(L.k_norm), ws.k.data(), n * hp.n_head_kv, hd, hp.norm_eps);
+  const bool local = !hp.swa_layers.empty() && hp.swa_layers[static_cast<size_t>(il)];
+  const cpu::RopeTable* rope = local ? m.rope_local.get() : m.rope.get();
+  if (rope) {  // none: OPT's positions are learned
+    const float* cs = rope_angles(m, ws, local, n, pos0);
+    const int64_t n_rot = rope->config().n_rot;
+    for (int64_t t = 0; t < n; ++t) {
+      rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
+      rope->apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
+    }
+  }
+  cpu::AttentionShape shape;
+  shape.n_head = hp.n_head;
+  shape.n_head_kv = hp.n_head_kv;
+  shape.head_dim = hd;
+  shape.scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  shape.window = local ? hp.sliding_window : 0;
+  cache_and_attend(pool, shape, kv, kv_layer, ws, n, pos0);
+  float* o = ws.o.data();
+  cpu::matmul(pool, L.wo, ws.attn.data(), n, o, ws.mm_scratch.data());
+  add_bias(L.bo, o, n, d);
+  post_norm(m, L.attn_post_norm, o, n);
+  cpu::add_f32(o, x, n * d);
+}
+
+void ffn_block_input(const Model& m, const LayerWeights& L, const float* x, float* xn, int64_t n) {
+  norm(m, L.ffn.norm, L.ffn.norm_b, x, xn, n);
+}
+
+void ffn_block_output(const Model& m, const LayerWeights& L, float* out, float* x, int64_t n) {
+  post_norm(m, L.ffn_post_norm, out, n);
+  cpu::add_f32(out, x, n * m.hp.n_embd);
+}
+
+void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, Workspace& ws, int64_t n) {
+  float* x = ws.x.data();
+  float* xn = ws.xn.data();
+  float* out = ws.o.data();
+  ffn_block_input(m, L, x, xn, n);
+  ws.ffn_residual = x;
+  if (ws.ffn) ws.ffn->run(pool, il, L.ffn, m.hp.act, xn, n, out, ws);
+  else dense_ffn(pool, L.ffn, m.hp.act, xn, n, out, ws);
+  ffn_block_output(m, L, out, x, n);
+}
+
+void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) {
+  const LayerWeights& L = m.layers[static_cast<size_t>(il)];
+  attention_block(m, L, il, pool, kv, il, ws, ws.x.data(), n, pos0);
+  ffn_block(m, L, il, pool, ws, n);
+}
+
+void output_block(const Model& m, ThreadPool& pool, Workspace& ws, int64_t n, float* logits, bool logits_all) {
+  const Hparams& hp = m.hp;
+  const int64_t first = logits_all ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  norm(m, m.output_norm, m.output_norm_b, ws.x.data() + first * hp.n_embd, ws.xn.data(), n_out);
+  cpu::matmul(pool, m.output, ws.xn.data(), n_out, logits, ws.mm_scratch.data());
+  if (hp.final_softcap > 0) {
+    const float c = hp.final_softcap;
+    for (int64_t i = 0; i < n_out * hp.n_vocab; ++i) logits[i] = c * std::tanh(logits[i] / c);
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,49 @@
+// The shared blocks every architecture's layer is composed of (as llama.cpp's graph builders
+// share build_norm / build_attn / build_ffn). An architecture file (llama.cpp, gemma3.cpp,
+// opt.cpp) only reads its hyperparameters and binds its tensors; which optional part a block
+// uses follows from what was bound (a bias, a q/k norm, a post-norm, learned positions) and from
+// a few hyperparameters (Hparams::norm, embd_scale, rope tables, sliding-window layers,
+// final_softcap). One layer is
+//
+//   x += post_attn_norm(wo attn(rope(qk_norm(wq n + bq, wk n + bk)), wv n + bv) + bo),  n = attn_norm(x)
+//   x += post_ffn_norm(ffn(ffn_norm(x)))
+//
+// with every named part optional except the projections, the attention and the FFN. The blocks
+// work on caller-given buffers (a Workspace, a KV cache and the hidden state x), so that a
+// device (engine/device.hpp) runs the very same functions on its own copies: the CPU stand-in
+// gives the same bits as the CPU.
+#pragma once
+#include <cstdint>
+
+#include "core/thread_pool.hpp"
+#include "model/forward.hpp"
+#include "model/kv_cache.hpp"
+#include "model/model.hpp"
+
+namespace ember {
+
+// x = the embeddings of tokens[0..n) at positions pos0.. (n x n_embd): the token rows, times
+// embd_scale, plus the learned position rows (OPT). `scratch` holds n x n_embd floats.
+void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0, float* x, float* scratch);
+
+// x += the attention block of layer il for n tokens at positions pos0.. (appending their keys
+// and values to the cache's layer `kv_layer`). L holds the layer's attention tensors (the model's,
+// or a device's copies of them). Uses ws.xn, q, k, v, attn, o, cos_sin, att_scratch, mm_scratch.
+void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
+                     int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0);
+
+// The FFN block in its two halves around the FFN itself: xn = ffn_norm(x); then x += post_norm(out).
+void ffn_block_input(const Model& m, const LayerWeights& L, const float* x, float* xn, int64_t n);
+void ffn_block_output(const Model& m, const LayerWeights& L, float* out, float* x, int64_t n);
+
+// The whole FFN block on the CPU: input, the workspace's executor (dense_ffn when none), output.
+void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, Workspace& ws, int64_t n);
+
+// One layer on the CPU: attention_block, then ffn_block, on ws.x with the cache's layer il.
+void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0);
+
+// logits = output(output_norm(x)) of the last token, or of all n (logits_all), soft-capped where
+// the model says so.
+void output_block(const Model& m, ThreadPool& pool, Workspace& ws, int64_t n, float* logits, bool logits_all);
+
+}  // namespace ember

@@ -140,6 +140,13 @@ expect_ok "generate hybrid with plan" "$ember" generate -m "$tmp/relu.gguf" -p "
 contains "hybrid log" "$tmp/err" "hybrid FFN"
 expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
 expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
+# Every gating through the hybrid (the CPU stand-in runs them all): OPT in PowerInfer's layout
+# (no gate, biases, only ffn_down_t) and Bamboo; a sparse mode it does not run is refused.
+expect_ok "synth opt powerinfer" "$ember" synth --preset tiny --arch opt --act relu --sparsity 0.8 --powerinfer -o "$tmp/opt.pi.gguf"
+expect_ok "generate hybrid opt powerinfer" "$ember" generate -m "$tmp/opt.pi.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K --hybrid-device cpu
+expect_ok "synth bamboo" "$ember" synth --preset tiny --arch bamboo --act relu --sparsity 0.8 -o "$tmp/bamboo.gguf"
+expect_ok "generate hybrid bamboo" "$ember" generate -m "$tmp/bamboo.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K --hybrid-device cpu
+expect_error "hybrid with predictor mode" "does not combine" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 64K --sparse-mode predictor
 expect_error "plan bad budget" "size" "$ember" plan --synth-preset 7b --vram-budget 4XB
 expect_error "plan without profile" "profile" "$ember" plan -m "$tmp/tiny.gguf" --vram-budget 1M
 

@@ -300,26 +300,29 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
 // its own copies, KV cache and threads) change no bit of the output, for FFN splits of none and
 // some neurons and attention on no, some and all layers; the hidden state crosses only where
 // consecutive blocks change device. Llama (Q4_0, RoPE), Gemma 3 (QK-norm, post-norms, sliding
-// window, local RoPE) and OPT (LayerNorm, biases, learned positions, no gate).
+// window, local RoPE), OPT (LayerNorm, biases, learned positions, no gate) and a llama with a
+// parallel residual (the FFN's input taken before attention, on the device).
 TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
-  for (const char* arch : {"llama", "gemma3", "opt"}) {
-    SCOPED_TRACE(arch);
+  for (const std::string variant : {"llama", "gemma3", "opt", "llama-parallel"}) {
+    SCOPED_TRACE(variant);
+    const std::string arch = variant == "llama-parallel" ? "llama" : variant;
     SynthOptions o;
     o.arch = arch;
-    o.act = std::string(arch) == "gemma3" ? FfnActivation::silu : FfnActivation::relu;
+    o.act = arch == "gemma3" ? FfnActivation::silu : FfnActivation::relu;
     if (o.act == FfnActivation::relu) o.sparsity = 0.7f;
-    o.type = std::string(arch) == "llama" ? DType::Q4_0 : DType::F32;
+    o.type = arch == "llama" ? DType::Q4_0 : DType::F32;
     o.n_embd = 128;
     o.n_ff = 288;
     o.n_layer = 3;
     o.n_head = 4;
-    o.n_head_kv = std::string(arch) == "opt" ? 4 : 2;
-    o.tied = std::string(arch) == "opt";
+    o.n_head_kv = arch == "opt" ? 4 : 2;
+    o.tied = arch == "opt";
     o.seed = 8;
     o.n_threads = 1;
-    const std::string path = (test_dir() / (std::string("attn-") + arch + ".gguf")).string();
+    const std::string path = (test_dir() / ("attn-" + variant + ".gguf")).string();
     synth_write(o, path);
     auto model = load_model(path);
+    model->hp.parallel_residual = variant == "llama-parallel";
     for (bool split : {false, true}) {
       SCOPED_TRACE(split ? "half the neurons on the device" : "no neurons on the device");
       Logits first;

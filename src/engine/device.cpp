@@ -292,7 +292,7 @@ void CpuDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
 
 const float* CpuDevice::ffn_input(int64_t layer, int64_t n) {
   const LayerWeights& L = attn_layer(layer);
-  ffn_block_input(*model_, L, ws_.x.data(), io_.data(), n);
+  ffn_block_input(*model_, L, ws_, ws_.x.data(), io_.data(), n);
   crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
   return io_.data();
 }

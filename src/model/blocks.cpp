@@ -108,6 +108,12 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
   float* xn = ws.xn.data();
   norm(m, L.attn_norm, L.attn_norm_b, x, xn, n);
+  if (hp.parallel_residual) {  // the FFN reads the layer's input: its norm now, before x changes
+    if (L.ffn.norm.valid())
+      norm(m, L.ffn.norm, L.ffn.norm_b, x, ws.ffn_in.data(), n);
+    else
+      std::memcpy(ws.ffn_in.data(), xn, sizeof(float) * static_cast<size_t>(n * d));
+  }
   qkv_projections(pool, L, xn, n, ws);
   add_bias(L.bq, ws.q.data(), n, nq);
   add_bias(L.bk, ws.k.data(), n, nkv);
@@ -139,8 +145,12 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   cpu::add_f32(o, x, n * d);
 }
 
-void ffn_block_input(const Model& m, const LayerWeights& L, const float* x, float* xn, int64_t n) {
-  norm(m, L.ffn.norm, L.ffn.norm_b, x, xn, n);
+void ffn_block_input(const Model& m, const LayerWeights& L, const Workspace& ws, const float* x, float* xn,
+                     int64_t n) {
+  if (m.hp.parallel_residual)
+    std::memcpy(xn, ws.ffn_in.data(), sizeof(float) * static_cast<size_t>(n * m.hp.n_embd));
+  else
+    norm(m, L.ffn.norm, L.ffn.norm_b, x, xn, n);
 }
 
 void ffn_block_output(const Model& m, const LayerWeights& L, float* out, float* x, int64_t n) {
@@ -152,7 +162,7 @@ void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& po
   float* x = ws.x.data();
   float* xn = ws.xn.data();
   float* out = ws.o.data();
-  ffn_block_input(m, L, x, xn, n);
+  ffn_block_input(m, L, ws, x, xn, n);
   ws.ffn_residual = x;
   if (ws.ffn) ws.ffn->run(pool, il, L.ffn, m.hp.act, xn, n, out, ws);
   else dense_ffn(pool, L.ffn, m.hp.act, xn, n, out, ws);

@@ -8,7 +8,10 @@
 //   x += post_attn_norm(wo attn(rope(qk_norm(wq n + bq, wk n + bk)), wv n + bv) + bo),  n = attn_norm(x)
 //   x += post_ffn_norm(ffn(ffn_norm(x)))
 //
-// with every named part optional except the projections, the attention and the FFN. The blocks
+// with every named part optional except the projections, the attention and the FFN; a
+// parallel-residual model (Hparams::parallel_residual) feeds the FFN ffn_norm of the layer's
+// input instead (attn_norm's output when it has no ffn_norm). Q, K and V come from three tensors
+// or from one fused attn_qkv (three row ranges of it, model/loader.hpp). The blocks
 // work on caller-given buffers (a Workspace, a KV cache and the hidden state x), so that a
 // device (engine/device.hpp) runs the very same functions on its own copies: the CPU stand-in
 // gives the same bits as the CPU.
@@ -28,12 +31,16 @@ void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0,
 
 // x += the attention block of layer il for n tokens at positions pos0.. (appending their keys
 // and values to the cache's layer `kv_layer`). L holds the layer's attention tensors (the model's,
-// or a device's copies of them). Uses ws.xn, q, k, v, attn, o, cos_sin, att_scratch, mm_scratch.
+// or a device's copies of them). Uses ws.xn, q, k, v, attn, o, cos_sin, att_scratch, mm_scratch;
+// a parallel-residual model's FFN input goes to ws.ffn_in.
 void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
                      int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0);
 
-// The FFN block in its two halves around the FFN itself: xn = ffn_norm(x); then x += post_norm(out).
-void ffn_block_input(const Model& m, const LayerWeights& L, const float* x, float* xn, int64_t n);
+// The FFN block in its two halves around the FFN itself: xn = ffn_norm(x) (parallel-residual
+// models: the input attention_block took from the layer's input, ws.ffn_in); then
+// x += post_norm(out).
+void ffn_block_input(const Model& m, const LayerWeights& L, const Workspace& ws, const float* x, float* xn,
+                     int64_t n);
 void ffn_block_output(const Model& m, const LayerWeights& L, float* out, float* x, int64_t n);
 
 // The whole FFN block on the CPU: input, the workspace's executor (dense_ffn when none), output.

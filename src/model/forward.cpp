@@ -25,6 +25,7 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
   v.resize(batch * nkv);
   attn.resize(batch * nq);
   o.resize(batch * hp.n_embd);
+  if (hp.parallel_residual) ffn_in.resize(batch * hp.n_embd);
   gate.resize(batch * hp.n_ff);
   up.resize(batch * hp.n_ff);
   cos_sin.resize(2 * batch * std::max<int64_t>(hp.rope.n_rot, 2));  // global + local RoPE (gemma3)
@@ -48,7 +49,7 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
 
 size_t Workspace::bytes() const {
   size_t floats = x.size() + xn.size() + q.size() + k.size() + v.size() + attn.size() + o.size() + gate.size() +
-                  up.size() + cos_sin.size() + att_scratch.size() + logits_tmp.size();
+                  up.size() + cos_sin.size() + att_scratch.size() + logits_tmp.size() + ffn_in.size();
   return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + all_neurons.size() * sizeof(int32_t);
 }
 

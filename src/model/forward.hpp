@@ -27,6 +27,7 @@ struct Workspace {
   int64_t max_batch = 0;
   int64_t n_ctx = 0;
   AlignedBuffer<float> x, xn, q, k, v, attn, o, gate, up, cos_sin, att_scratch, logits_tmp;
+  AlignedBuffer<float> ffn_in;  // parallel-residual models: the FFN's input, taken before attention
   AlignedBuffer<uint8_t> mm_scratch;
   // Layers with only a neuron-major down (ffn_down_t): 0..n_ff-1 and sparse_axpy's scratch.
   AlignedBuffer<int32_t> all_neurons;

@@ -58,15 +58,12 @@ void load_gemma3(Model& m) {
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
   m.layers.resize(hp.n_layer);
-  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
+  const int64_t d = hp.n_embd, hd = hp.head_dim;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     LayerWeights& L = m.layers[il];
     auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
     L.attn_norm = b.norm(name("attn_norm"), d);
-    L.wq = b.matrix(name("attn_q"), d, nq);
-    L.wk = b.matrix(name("attn_k"), d, nkv);
-    L.wv = b.matrix(name("attn_v"), d, nkv);
-    L.wo = b.matrix(name("attn_output"), nq, d);
+    bind_attention(b, hp, il, L, /*biases=*/false);
     L.q_norm = b.norm(name("attn_q_norm"), hd);
     L.k_norm = b.norm(name("attn_k_norm"), hd);
     L.attn_post_norm = b.norm(name("post_attention_norm"), d);

@@ -34,15 +34,12 @@ void load_llama_family(Model& m, bool bamboo) {
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
   m.layers.resize(hp.n_layer);
-  const int64_t d = hp.n_embd, nq = hp.n_head * hp.head_dim, nkv = hp.n_head_kv * hp.head_dim;
+  const int64_t d = hp.n_embd;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     LayerWeights& L = m.layers[il];
     auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
     L.attn_norm = b.norm(name("attn_norm"), d);
-    L.wq = b.matrix(name("attn_q"), d, nq);
-    L.wk = b.matrix(name("attn_k"), d, nkv);
-    L.wv = b.matrix(name("attn_v"), d, nkv);
-    L.wo = b.matrix(name("attn_output"), nq, d);
+    bind_attention(b, hp, il, L, /*biases=*/false);
     L.ffn.norm = b.norm(name("ffn_norm"), d);
     L.ffn.gate = b.matrix(name("ffn_gate"), d, hp.n_ff);
     L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);

@@ -68,6 +68,52 @@ TensorView TensorBinder::norm(const std::string& name, int64_t n) const {
   return t;
 }
 
+TensorView row_range(const TensorView& t, int64_t r0, int64_t r1) {
+  EMBER_CHECK(0 <= r0 && r0 <= r1 && r1 <= (t.n_dims == 1 ? t.ne[0] : t.rows()), "{}: rows [{}, {}) out of range",
+              t.name, r0, r1);
+  TensorView v = t;
+  v.name = fmt::format("{}[{}:{}]", t.name, r0, r1);
+  if (t.n_dims == 1) {  // a vector: elements
+    v.ne[0] = r1 - r0;
+    v.data = t.data + static_cast<size_t>(r0) * sizeof(float);
+    v.nbytes = static_cast<size_t>(r1 - r0) * sizeof(float);
+    return v;
+  }
+  v.ne[1] = r1 - r0;
+  v.ne[2] = v.ne[3] = 1;
+  v.data = t.data + static_cast<size_t>(r0) * t.row_stride();
+  v.nbytes = static_cast<size_t>(r1 - r0) * t.row_size();
+  return v;
+}
+
+void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, bool biases) {
+  auto name = [&](const char* t, const char* kind = "weight") { return fmt::format("blk.{}.{}.{}", il, t, kind); };
+  const int64_t d = hp.n_embd, nq = hp.n_head * hp.head_dim, nkv = hp.n_head_kv * hp.head_dim;
+  if (b.optional(name("attn_q")).valid() || !b.optional(name("attn_qkv")).valid()) {
+    L.wq = b.matrix(name("attn_q"), d, nq);
+    L.wk = b.matrix(name("attn_k"), d, nkv);
+    L.wv = b.matrix(name("attn_v"), d, nkv);
+    if (biases) {
+      L.bq = b.norm(name("attn_q", "bias"), nq);
+      L.bk = b.norm(name("attn_k", "bias"), nkv);
+      L.bv = b.norm(name("attn_v", "bias"), nkv);
+    }
+  } else {
+    const TensorView qkv = b.matrix(name("attn_qkv"), d, nq + 2 * nkv);
+    L.wq = row_range(qkv, 0, nq);
+    L.wk = row_range(qkv, nq, nq + nkv);
+    L.wv = row_range(qkv, nq + nkv, nq + 2 * nkv);
+    if (biases) {
+      const TensorView bias = b.norm(name("attn_qkv", "bias"), nq + 2 * nkv);
+      L.bq = row_range(bias, 0, nq);
+      L.bk = row_range(bias, nq, nq + nkv);
+      L.bv = row_range(bias, nq + nkv, nq + 2 * nkv);
+    }
+  }
+  L.wo = b.matrix(name("attn_output"), nq, d);
+  if (biases) L.bo = b.norm(name("attn_output", "bias"), d);
+}
+
 void bind_embeddings(const TensorBinder& b, Model& m) {
   Hparams& hp = m.hp;
   TensorView emb = b.optional("token_embd.weight");

@@ -28,6 +28,16 @@ class TensorBinder {
   const Hparams& hp_;
 };
 
+// Rows [r0, r1) of a matrix or 1-D vector as a view of their own (zero-copy), named
+// "name[r0:r1]". For tensors stored fused (attn_qkv).
+TensorView row_range(const TensorView& t, int64_t r0, int64_t r1);
+
+// Layer il's attention projections: blk.il.attn_q / attn_k / attn_v, or one fused
+// blk.il.attn_qkv (ne = [n_embd, nq + 2 nkv], Q rows then K then V, as llama.cpp's converters
+// write for Phi-3, Falcon, ...) split into three row ranges; blk.il.attn_output. With `biases`,
+// also their .bias vectors (attn_qkv.bias split the same way); fails naming what is missing.
+void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, bool biases);
+
 // token_embd, output_norm and output (tied to token_embd when absent).
 void bind_embeddings(const TensorBinder& b, Model& m);
 // The down projection of layer il: blk.il.ffn_down.weight and/or the neuron-major

@@ -36,6 +36,9 @@ struct Hparams {
   NormKind norm = NormKind::rms;
   float embd_scale = 0.0f;        // embeddings times this (gemma3: sqrt(n_embd)); 0 = none
   int64_t pos_offset = 0;         // learned positions (Model::pos_embd): row pos + pos_offset
+  // x + attn(attn_norm x) + ffn(ffn_norm x) (Falcon, Phi-2, GPT-J): the FFN reads the layer's
+  // input, not the attention's output; without an ffn_norm it reads attn_norm's output.
+  bool parallel_residual = false;
   float attn_scale = 0.0f;        // q.k scale; 0 = 1/sqrt(head_dim)
   int64_t sliding_window = 0;     // window of the local (sliding-window) layers; 0 = none
   std::vector<bool> swa_layers;   // per layer: uses the sliding window (and rope_local)

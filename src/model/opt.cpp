@@ -47,20 +47,13 @@ void load_opt(Model& m) {
   hp.n_ctx_train = std::min(hp.n_ctx_train, pos.rows() - kOptPositionOffset);
 
   m.layers.resize(hp.n_layer);
-  const int64_t d = hp.n_embd, nkv = hp.n_head_kv * hp.head_dim;
+  const int64_t d = hp.n_embd;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     LayerWeights& L = m.layers[il];
     auto name = [&](const char* t, const char* kind = "weight") { return fmt::format("blk.{}.{}.{}", il, t, kind); };
     L.attn_norm = b.norm(name("attn_norm"), d);
     L.attn_norm_b = b.norm(name("attn_norm", "bias"), d);
-    L.wq = b.matrix(name("attn_q"), d, d);
-    L.bq = b.norm(name("attn_q", "bias"), d);
-    L.wk = b.matrix(name("attn_k"), d, nkv);
-    L.bk = b.norm(name("attn_k", "bias"), nkv);
-    L.wv = b.matrix(name("attn_v"), d, nkv);
-    L.bv = b.norm(name("attn_v", "bias"), nkv);
-    L.wo = b.matrix(name("attn_output"), d, d);
-    L.bo = b.norm(name("attn_output", "bias"), d);
+    bind_attention(b, hp, il, L, /*biases=*/true);
     L.ffn.norm = b.norm(name("ffn_norm"), d);
     L.ffn.norm_b = b.norm(name("ffn_norm", "bias"), d);
     L.ffn.gating = FfnGating::none;

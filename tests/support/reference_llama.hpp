@@ -146,8 +146,13 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
     }
     for (int64_t t = 0; t < T; ++t) {
       auto o = matvec(wo, L.wo, attn_out[t]);
+      const std::vector<double> layer_in = x[t];
       for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
-      auto xn = rmsnorm(x[t], L.ffn.norm);
+      // Parallel residual (Falcon, Phi-2): the FFN reads the layer's input, through attn_norm when
+      // the layer has no ffn_norm.
+      auto xn = !hp.parallel_residual    ? rmsnorm(x[t], L.ffn.norm)
+                : L.ffn.norm.valid()     ? rmsnorm(layer_in, L.ffn.norm)
+                                         : rmsnorm(layer_in, L.attn_norm);
       auto g = matvec(wg, L.ffn.gate, xn), u = matvec(wu, L.ffn.up, xn);
       const bool sym = L.ffn.gating == FfnGating::sym;  // Bamboo: act on up too
       for (int64_t j = 0; j < nff; ++j) g[j] = act(g[j]) * (sym ? act(u[j]) : u[j]);

@@ -39,8 +39,8 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->check(CLI::Range(0.0f, 0.999f))
       ->capture_default_str();
   app->add_option("--vram-budget", vram_budget,
-                  "hybrid: GPU memory for FFN neurons, e.g. 4GiB; a plan is computed at load (needs a profile) and "
-                  "cached beside the model");
+                  "hybrid: GPU memory for the plan (FFN neurons, and attention blocks with their KV cache), e.g. 4GiB; "
+                  "a plan is computed at load (needs a profile) and cached beside the model");
   app->add_option("--plan", plan_path, "hybrid: a plan file from `ember plan` (instead of --vram-budget)");
   app->add_option("--hybrid-device", hybrid_device, "hybrid: auto (CUDA if built and present), cuda, or cpu (stand-in)")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))

@@ -66,6 +66,7 @@ SessionParams base_params(int threads = 2) {
   p.hybrid.device.sync_seconds = 0;
   p.hybrid.device.pcie_bandwidth = 1e15;
   p.hybrid.device_kind = "cpu";  // the stand-in, GPU or not (test_cuda_ops.cpp covers CUDA)
+  p.kv_type = DType::F16;        // as the plans below count it (plan_model_from's default)
   return p;
 }
 

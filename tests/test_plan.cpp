@@ -140,6 +140,38 @@ TEST(Plan, NeverExceedsBudgetRandomModelsAndBudgets) {
   for (auto& [k, v] : status_count) std::printf("ILP %s: %d\n", k.c_str(), v);  // the budgets were not all too small to matter
 }
 
+// A device that holds no attention blocks (the CUDA device so far): no solver places attention
+// there, each still uses the budget for neurons, and validation refuses a plan that does.
+TEST(Plan, DeviceWithoutAttentionGetsNone) {
+  std::mt19937 rng(77);
+  int with_neurons = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const PlanModel m = random_model(rng, trial % 2 == 1);
+    PlanOptions o;
+    o.group_size = 8;
+    o.min_gpu_neurons = 0;
+    o.time_limit = 0.25;
+    o.attention = false;
+    const uint64_t budget = gpu_bytes(m, o, all_on_gpu(m)) / 2;
+    const DeviceDesc dev = random_device(rng, budget);
+    for (const Plan& p : {plan_greedy(m, dev, o), plan_layer_split(m, dev, o), plan_ilp(m, dev, o)}) {
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << " " << plan_method_name(p.method));
+      for (const auto& L : p.layers) EXPECT_FALSE(L.attn_gpu);
+      EXPECT_LE(p.gpu_bytes, budget);
+      with_neurons += p.n_gpu_neurons() > 0;
+    }
+  }
+  EXPECT_GT(with_neurons, 60);
+  const PlanModel m = random_model(rng, false);
+  Plan p;
+  p.layers.resize(m.layers.size());
+  p.layers[0].attn_gpu = true;
+  PlanOptions o;
+  o.min_gpu_neurons = 0;
+  o.attention = false;
+  EXPECT_THROW(validate_plan(m, o, p, ~uint64_t{0}), Error);
+}
+
 // Brute force over every choice of groups and attention on a tiny model, with the ILP's own
 // (conservative) memory row: the ILP must find the optimum.
 TEST(Plan, IlpReachesBruteForceOptimum) {
@@ -415,7 +447,8 @@ TEST(Plan, ModelFromSynthFileAndProfile) {
   EXPECT_EQ(m.n_ctx, 100);
   EXPECT_EQ(m.layers[0].gate_row, 2u * 18u);  // 64 values = 2 Q4_0 blocks of 18 bytes
   EXPECT_EQ(m.layers[0].down_row, 2u * 34u);  // neuron-major down in Q8_0
-  EXPECT_EQ(m.layers[0].kv_bytes, 2 * gpu_pad(100 * 32 * 4));  // n_head_kv 2 x head_dim 16
+  EXPECT_EQ(m.layers[0].kv_bytes, 2u * 100 * 32 * 2);  // n_head_kv 2 x head_dim 16, F16 (the engine's default)
+  EXPECT_EQ(plan_model_from(*model, p, 100, DType::F32).layers[0].kv_bytes, 2u * 100 * 32 * 4);
   EXPECT_GT(m.layers[0].attn_bytes, 0u);
 
   // A profile file in the agreed format gives counts / n_tokens.

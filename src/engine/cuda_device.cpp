@@ -1,8 +1,10 @@
 #include "engine/cuda_device.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
 namespace ember {
@@ -50,12 +52,18 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     const FfnWeights& w = model.layers[l].ffn;
     types_[l] = {w.gate.type, w.up.type, down_nm[l].type};
   }
+  size_t free0 = 0, total = 0;
+  cuda::mem_info(&free0, &total);
+  log_info("CUDA device {}: {:.1f} MiB free of {:.1f} MiB before load; the plan's arena {:.1f} MiB", cuda::device_name(),
+           free0 / 1048576.0, total / 1048576.0, layout_.total / 1048576.0);
   arena_ = static_cast<uint8_t*>(cuda::malloc_device(layout_.total));
   const size_t io = static_cast<size_t>(max_batch_ * n_embd_) * sizeof(float);
   x_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
   out_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
   counters_host_ = static_cast<int32_t*>(cuda::malloc_host_pinned(2 * sizeof(int32_t)));
-  // Upload each share: its rows gathered on the host, one copy per buffer.
+  // Upload each share: its rows gathered on the host, one copy per buffer, on the device's own
+  // stream and waited for before the staging buffer is reused: a blocking copy from pageable
+  // memory is not ordered with the kernels of a non-blocking stream.
   std::vector<uint8_t> staging;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const auto& s = layout_.layers[l];
@@ -65,15 +73,22 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
       const size_t rb = src.row_size();
       staging.resize(rb * static_cast<size_t>(s.n));
       for (int64_t i = 0; i < s.n; ++i) std::memcpy(staging.data() + i * rb, src.row(ids[static_cast<size_t>(i)]), rb);
-      cuda::copy_to_device_sync(arena_ + offset, staging.data(), staging.size());
+      cuda::copy_to_device(arena_ + offset, staging.data(), staging.size(), stream_);
+      cuda::stream_sync(stream_);
     };
     upload(model.layers[l].ffn.gate, s.gate);
     upload(model.layers[l].ffn.up, s.up);
     upload(down_nm[l], s.down);
     std::vector<int32_t> rows(static_cast<size_t>(s.n));
     for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-    cuda::copy_to_device_sync(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t));
+    cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);
+    cuda::stream_sync(stream_);
   }
+  size_t free1 = 0;
+  cuda::mem_info(&free1, &total);
+  log_info("CUDA device: {:.1f} MiB free after load: {:.1f} MiB taken (arena {:.1f} MiB, pinned buffers, the rest "
+           "CUDA's own)", free1 / 1048576.0, (free0 - std::min(free0, free1)) / 1048576.0,
+           layout_.total / 1048576.0);
 }
 
 void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) {

@@ -120,6 +120,11 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
               "accounting ({} bytes)", a.attn_weights, planned);
   a.arena = off;
   a.kv = KvCache::bytes_for(n_attn, m.n_ctx, m.kv_dim, kv_type);
+  uint64_t planned_kv = 0;
+  for (size_t l = 0; l < m.layers.size(); ++l)
+    if (plan.layers[l].attn_gpu) planned_kv += m.layers[l].kv_bytes;
+  EMBER_CHECK(a.kv == planned_kv, "device: a KV cache of {} bytes ({}) for its {} attention layers, the plan counts {} "
+              "(was the plan made for another KV type or context?)", a.kv, dtype_name(kv_type), n_attn, planned_kv);
   a.total = a.arena + a.kv;
   return a;
 }

@@ -39,9 +39,10 @@ std::string plan_cache_key(const Model& model, const std::string& profile_source
   const DeviceDesc& d = o.device;
   const PlanOptions& p = o.plan;
   const std::string all =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()), file_stamp(profile_source),
-                  o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth, d.sync_seconds, p.group_size,
-                  p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance, plan_method_name(o.method), n_ctx);
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
+                  file_stamp(profile_source), o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth,
+                  d.sync_seconds, p.group_size, p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance,
+                  plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type));
   return fmt::format("{:016x}", fnv1a64(all));
 }
 
@@ -53,7 +54,7 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
       model,
       given ? std::vector<std::vector<float>>(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f))
             : plan_probabilities(model, o.profile_path, &source),
-      n_ctx);
+      n_ctx, o.kv_type);
   const PlanModel& pm = *pm_out;
   *popts = o.plan;
   if (o.given) {
@@ -113,23 +114,29 @@ std::unique_ptr<Device> make_device(const HybridOptions& o) {
       return std::make_unique<CudaDevice>();
     }
     EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: {}", why);
-    log_info("hybrid: no CUDA device ({}): a second CPU device stands in for the GPU", why);
+    log_warn("hybrid: no CUDA device ({}): a second CPU device stands in for the GPU; this run measures no GPU", why);
   }
 #else
   EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: this build has no CUDA backend (configure with a CUDA "
               "toolkit, EMBER_CUDA=ON)");
-  if (o.device_kind == "auto") log_info("hybrid: built without CUDA: a second CPU device stands in for the GPU");
+  if (o.device_kind == "auto")
+    log_warn("hybrid: built without CUDA: a second CPU device stands in for the GPU; this run measures no GPU");
 #endif
   return std::make_unique<CpuDevice>(o.device_threads);
 }
 
 HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
-                     DType kv_type, std::unique_ptr<Device> device)
+                     std::unique_ptr<Device> device)
     : model_(model), threshold_(opts.threshold) {
   EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "hybrid: threshold must be >= 0, got {}",
               opts.threshold);
   Timer timer;
-  plan_ = hybrid_plan(model, opts, n_ctx, &pm_, &popts_);
+  // The device first: what it can hold decides what the planner may put there.
+  const bool given_device = device != nullptr;
+  device_ = given_device ? std::move(device) : make_device(opts);
+  HybridOptions o = opts;
+  o.plan.attention = opts.plan.attention && device_->caps().attention;
+  plan_ = hybrid_plan(model, o, n_ctx, &pm_, &popts_);
   const Hparams& hp = model.hp;
   // The neuron-major down: the file's down_t where it has one, else a copy (as SparseFfn).
   down_nm_.resize(model.layers.size());
@@ -154,18 +161,16 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
   what.opts = &popts_;
   what.plan = &plan_;
   what.down_nm = down_views_;
-  what.kv_type = kv_type;
+  what.kv_type = opts.kv_type;
   what.n_batch = n_batch;
-  const bool given_device = device != nullptr;
-  device_ = given_device ? std::move(device) : make_device(opts);
   try {
     device_->load(model, what);
   } catch (const Error& e) {
     // "auto" takes the stand-in where the GPU cannot hold this model (a weight type its
     // kernels do not read, too little memory); an explicit choice fails with the reason.
     if (given_device || opts.device_kind != "auto" || std::string(device_->name()) == "cpu-standin") throw;
-    log_warn("hybrid: the {} device cannot take this model ({}); A SECOND CPU DEVICE STANDS IN: this run measures "
-             "no GPU", device_->name(), e.what());
+    log_warn("hybrid: the {} device cannot take this model ({}); a second CPU device stands in for it; this run "
+             "measures no GPU", device_->name(), e.what());
     device_ = std::make_unique<CpuDevice>(opts.device_threads);
     device_->load(model, what);
   }

@@ -42,6 +42,7 @@ struct HybridOptions {
   std::string device_kind = "auto";  // "auto" (CUDA when built and a GPU is present, else the
                                      // CPU stand-in), "cuda" or "cpu"
   int device_threads = 1;     // threads of the CPU stand-in device
+  DType kv_type = DType::F16; // the session's KV cache values: the device's cache holds the same, the plan counts them
   const Plan* given = nullptr;  // tests: use this plan as is (validated)
 };
 
@@ -63,9 +64,9 @@ struct HybridStats {
 class HybridFfn final : public FfnExecutor, public LayerExecutor {
  public:
   // n_batch: the most tokens a forward pass takes at once (the device's attention blocks take
-  // them whole); kv_type: the KV cache's values (the device's cache holds the same).
+  // them whole).
   HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
-            DType kv_type, std::unique_ptr<Device> device = nullptr);  // null: make_device(opts)
+            std::unique_ptr<Device> device = nullptr);  // null: make_device(opts)
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;

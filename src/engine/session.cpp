@@ -38,7 +38,8 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
                 "--sparse-threshold); --sparse-mode {} does not combine with it yet", ffn_mode_name(p.sparse.mode));
     HybridOptions h = p.hybrid;
     h.threshold = p.sparse.threshold;
-    hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch, p.kv_type);
+    h.kv_type = p.kv_type;
+    hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch);
     ws_.layers = hybrid_.get();
   } else if (p.sparse.mode != FfnMode::dense) {
     SparseFfnOptions so = p.sparse;

@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "gguf/writer.hpp"
+#include "model/kv_cache.hpp"
 #include "model/synth.hpp"
 #include "ops/cpu/sparse.hpp"
 
@@ -228,6 +229,8 @@ void validate_plan(const PlanModel& m, const PlanOptions& opts, const Plan& plan
       EMBER_CHECK(ids[i] >= 0 && ids[i] < m.n_ff, "plan: layer {} names neuron {} (n_ff is {})", l, ids[i], m.n_ff);
       EMBER_CHECK(i == 0 || ids[i] > ids[i - 1], "plan: layer {} neuron ids are not sorted and unique (at {})", l, i);
     }
+    EMBER_CHECK(opts.attention || !plan.layers[l].attn_gpu,
+                "plan: layer {} puts attention on a device that runs no attention blocks", l);
     if (plan.layer_uses_gpu(l))
       EMBER_CHECK(static_cast<int64_t>(ids.size()) >= min_n,
                   "plan: layer {} uses the GPU with {} neurons, fewer than the minimum {}", l, ids.size(), min_n);
@@ -318,7 +321,8 @@ namespace {
 uint64_t padded(const TensorView& v) { return v.data ? gpu_pad(v.nbytes) : 0; }
 
 PlanModel base_shape(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_head, int64_t q_dim,
-                     int64_t kv_dim, int64_t n_ctx, const std::vector<std::vector<float>>& p, size_t n_layer) {
+                     int64_t kv_dim, int64_t n_ctx, const std::vector<std::vector<float>>& p, size_t n_layer,
+                     DType kv_type) {
   EMBER_CHECK(p.size() == n_layer, "plan: {} layers of firing probabilities for a model of {} layers", p.size(),
               n_layer);
   PlanModel m;
@@ -327,19 +331,19 @@ PlanModel base_shape(const std::string& name, int64_t n_embd, int64_t n_ff, int6
   m.layers.resize(n_layer);
   for (size_t l = 0; l < n_layer; ++l) {
     m.layers[l].p = p[l];
-    m.layers[l].kv_bytes = 2 * gpu_pad(static_cast<uint64_t>(n_ctx * kv_dim) * sizeof(float));
+    m.layers[l].kv_bytes = KvCache::bytes_for(1, n_ctx, kv_dim, kv_type);  // what the cache allocates
   }
   return m;
 }
 
 }  // namespace
 
-PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx) {
+PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type) {
   const Hparams& hp = model.hp;
   EMBER_CHECK(n_ctx >= 1, "plan: context size must be positive, got {}", n_ctx);
   n_ctx = std::min(n_ctx, hp.n_ctx_train);
   PlanModel m = base_shape(std::filesystem::path(model.file->path()).filename().string(), hp.n_embd, hp.n_ff, hp.n_head,
-                           hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_ctx, p, model.layers.size());
+                           hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_ctx, p, model.layers.size(), kv_type);
   m.output_bytes = model.output.nbytes;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& W = model.layers[l];
@@ -361,13 +365,13 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
 
 PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_layer,
                                  int64_t n_head, int64_t n_head_kv, int64_t n_vocab, DType type, int64_t n_ctx,
-                                 const std::vector<std::vector<float>>& p) {
+                                 const std::vector<std::vector<float>>& p, DType kv_type) {
   EMBER_CHECK(n_embd > 0 && n_ff > 0 && n_layer > 0 && n_head > 0 && n_head_kv > 0 && n_embd % n_head == 0,
               "plan: bad shape (n_embd {}, n_ff {}, n_layer {}, n_head {}, n_head_kv {})", n_embd, n_ff, n_layer, n_head,
               n_head_kv);
   const int64_t head_dim = n_embd / n_head;
   PlanModel m = base_shape(name, n_embd, n_ff, n_head, n_embd, n_head_kv * head_dim, n_ctx, p,
-                           static_cast<size_t>(n_layer));
+                           static_cast<size_t>(n_layer), kv_type);
   auto mat = [&](int64_t cols, int64_t rows) { return gpu_pad(row_bytes(type, cols) * static_cast<uint64_t>(rows)); };
   const uint64_t norm = gpu_pad(static_cast<uint64_t>(n_embd) * sizeof(float));  // attention's and the FFN's
   m.output_bytes = row_bytes(type, n_embd) * static_cast<uint64_t>(n_vocab);

@@ -44,7 +44,7 @@ struct DeviceDesc {
 // One layer as the solvers see it: byte sizes on the GPU and firing probabilities.
 struct PlanLayer {
   uint64_t attn_bytes = 0;       // attention weights and norms, each tensor padded
-  uint64_t kv_bytes = 0;         // K and V for the context, each padded
+  uint64_t kv_bytes = 0;         // K and V for the context in the cache's type (KvCache::bytes_for)
   uint64_t predictor_bytes = 0;  // fc1 + fc2, each padded (0 when the model has no predictor)
   uint64_t gate_row = 0, up_row = 0, down_row = 0;  // bytes of one neuron in each (down: neuron-major)
   uint64_t bias_row = 0;         // bytes of one neuron's up bias (OPT: 4), 0 without one
@@ -64,6 +64,9 @@ struct PlanOptions {
   int64_t max_batch = 16;         // tokens per GPU pass (sizes the scratch)
   double time_limit = 10.0;       // seconds for CBC
   double gap_tolerance = 1e-4;    // CBC stops when the relative optimality gap is below this
+  // Whether the device can hold attention blocks (DeviceCaps::attention): when not, no solver
+  // places attention there and validation refuses a plan that does.
+  bool attention = true;
 };
 
 enum class PlanMethod { ilp, greedy, layer_split };
@@ -167,13 +170,15 @@ std::vector<std::vector<float>> synth_profile_probabilities(const Model& model);
 // provide one. `source` (optional) receives what was used, for messages and cache keys.
 std::vector<std::vector<float>> plan_probabilities(const Model& model, const std::string& profile_path,
                                                    std::string* source = nullptr);
-// The solver's view of a loaded model with probabilities p[layer][neuron], for a context of n_ctx.
-PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx);
+// The solver's view of a loaded model with probabilities p[layer][neuron], for a context of n_ctx
+// with a KV cache of kv_type (F16 as the engine's default; KvCache::bytes_for counts it).
+PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx,
+                          DType kv_type = DType::F16);
 // The same from shapes alone (a model too large to write, e.g. 7B): weights of `type`, llama
 // layout, no predictor, probabilities p.
 PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_layer,
                                  int64_t n_head, int64_t n_head_kv, int64_t n_vocab, DType type, int64_t n_ctx,
-                                 const std::vector<std::vector<float>>& p);
+                                 const std::vector<std::vector<float>>& p, DType kv_type = DType::F16);
 
 // "4GiB", "512MiB", "1.5G", "123456" (bytes) -> bytes; throws naming the accepted forms.
 uint64_t parse_byte_size(const std::string& s);

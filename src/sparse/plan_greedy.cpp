@@ -61,8 +61,9 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
       for (size_t g = 0; g < groups[l].size(); ++g)
         items.push_back({neuron_seconds_saved(dev, L, groups[l].mass[g]) / (nb * groups[l].count(g)),
                          static_cast<int32_t>(l), static_cast<int32_t>(g)});
-      items.push_back({attn_seconds_saved(dev, L) / static_cast<double>(L.attn_bytes + L.kv_bytes + 1),
-                       static_cast<int32_t>(l), -1});
+      if (opts.attention)
+        items.push_back({attn_seconds_saved(dev, L) / static_cast<double>(L.attn_bytes + L.kv_bytes + 1),
+                         static_cast<int32_t>(l), -1});
     }
     std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.density > b.density; });
     for (const Item& it : items) {

@@ -52,6 +52,8 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
 
   std::vector<double> obj(static_cast<size_t>(n_cols), 0.0), lo(static_cast<size_t>(n_cols), 0.0),
       hi(static_cast<size_t>(n_cols), 1.0);
+  if (!opts.attention)  // a device without attention blocks: a[l] = 0
+    for (size_t l = 0; l < nl; ++l) hi[static_cast<size_t>(a_col[l])] = 0.0;
   CoinPackedMatrix rows(false, 0, 0);
   rows.setDimensions(0, n_cols);
   std::vector<double> row_lo, row_hi;

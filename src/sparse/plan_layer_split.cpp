@@ -1,6 +1,7 @@
 // Layer-split placement, the baseline llama.cpp's -ngl gives: the first k layers entirely on
 // the GPU (attention, KV cache, every neuron, the predictor), the rest on the CPU, k as large as
-// the budget allows.
+// the budget allows. For a device without attention blocks (PlanOptions::attention false) the
+// layers' FFNs alone.
 #include "core/timer.hpp"
 #include "sparse/plan.hpp"
 
@@ -15,7 +16,7 @@ Plan plan_layer_split(const PlanModel& m, const DeviceDesc& dev, const PlanOptio
   std::vector<int32_t> all(static_cast<size_t>(m.n_ff));
   for (int32_t j = 0; j < static_cast<int32_t>(m.n_ff); ++j) all[static_cast<size_t>(j)] = j;
   for (size_t l = 0; l < m.layers.size(); ++l) {
-    plan.layers[l].attn_gpu = true;
+    plan.layers[l].attn_gpu = opts.attention;  // a device without attention blocks: the FFN alone
     plan.layers[l].gpu_neurons = all;
     if (gpu_bytes(m, opts, plan) > dev.vram_budget) {
       plan.layers[l] = LayerPlacement{};

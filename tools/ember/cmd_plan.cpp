@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/synth.hpp"
+#include "model/kv_cache.hpp"
 #include "sparse/plan.hpp"
 
 namespace ember::cli {
@@ -22,6 +23,7 @@ struct PlanFlags {
   float synth_sparsity = 0.9f, synth_zipf = 1.1f;
   double gpu_gbps = 1500, cpu_gbps = 50, pcie_gbps = 25, sync_us = 20;
   int64_t ctx = 4096;
+  std::string kv_type = "f16";
   PlanOptions opts;
   bool verbose = false;
 };
@@ -71,11 +73,11 @@ void run_plan(const PlanFlags& f) {
     for (int64_t l = 0; l < so.n_layer; ++l) p.push_back(synth_firing_probabilities(so, l));
     EMBER_CHECK(!p.empty() && !p[0].empty(), "plan: --synth-sparsity must be in (0, 1), got {}", f.synth_sparsity);
     m = plan_model_from_shapes("synth-" + f.synth_preset, so.n_embd, so.n_ff, so.n_layer, so.n_head, so.n_head_kv,
-                               so.n_vocab, so.type, std::min(f.ctx, so.n_ctx), p);
+                               so.n_vocab, so.type, std::min(f.ctx, so.n_ctx), p, parse_kv_type(f.kv_type));
     source = fmt::format("synth profile (sparsity {}, zipf {})", f.synth_sparsity, f.synth_zipf);
   } else {
     model = load_model(f.model_path);
-    m = plan_model_from(*model, plan_probabilities(*model, f.profile_path, &source), f.ctx);
+    m = plan_model_from(*model, plan_probabilities(*model, f.profile_path, &source), f.ctx, parse_kv_type(f.kv_type));
   }
   const PlanMethod chosen = parse_plan_method(f.method);
   Plan all;
@@ -128,6 +130,9 @@ void add_plan(CLI::App& app) {
       ->check(CLI::IsMember({"ilp", "greedy", "layer-split"}))
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", f->ctx, "context size the KV cache is sized for")->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--kv-type", f->kv_type, "KV cache values the plan counts: f16 (the engine's default) or f32")
+      ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
   cmd->add_option("--gpu-bw", f->gpu_gbps, "GPU memory bandwidth, GB/s")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--cpu-bw", f->cpu_gbps, "CPU memory bandwidth, GB/s")->check(CLI::PositiveNumber)->capture_default_str();

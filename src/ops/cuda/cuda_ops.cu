@@ -262,6 +262,9 @@ void copy_to_host(void* dst, const void* src, size_t bytes, void* s) {
 void copy_to_device_sync(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (to device)");
 }
+void mem_info(size_t* free_bytes, size_t* total_bytes) {
+  check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
 void copy_to_host_sync(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to host)");
 }

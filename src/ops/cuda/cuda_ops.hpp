@@ -39,6 +39,8 @@ void stream_sync(void* stream);
 void copy_to_device(void* dst, const void* host_src, size_t bytes, void* stream);    // async
 void copy_to_host(void* host_dst, const void* src, size_t bytes, void* stream);      // async
 void copy_to_device_sync(void* dst, const void* host_src, size_t bytes);
+// Free and total memory of the current device (cudaMemGetInfo).
+void mem_info(size_t* free_bytes, size_t* total_bytes);
 void copy_to_host_sync(void* host_dst, const void* src, size_t bytes);
 
 // True for the weight types the kernels read.

@@ -232,8 +232,8 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     auto fsrc = W.ffn_block_tensors();
     auto fdst = C.ffn_block_tensors();
     size_t k = 0;
-    auto copy = [&](const TensorView* from, const TensorView* to) {
-      TensorView& v = const_cast<TensorView&>(*to);
+    auto copy = [&](const TensorView* from, TensorView* to) {
+      TensorView& v = *to;
       const uint64_t at_off = at.tensors[k++];
       if (!from->valid()) return;
       v = *from;

@@ -1,14 +1,12 @@
 #include "model/forward.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.hpp"
 #include "model/blocks.hpp"
 #include "ops/cpu/attention.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/sparse.hpp"
-#include "ops/cpu/vec.hpp"
 
 namespace ember {
 

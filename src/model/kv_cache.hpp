@@ -28,14 +28,15 @@ struct KvCache {
     k.resize(layer_bytes() * static_cast<size_t>(layers));
     v.resize(layer_bytes() * static_cast<size_t>(layers));
   }
-  size_t value_bytes() const { return type == DType::F16 ? 2 : 4; }
+  static size_t value_bytes(DType t) { return t == DType::F16 ? 2 : 4; }
+  size_t value_bytes() const { return value_bytes(type); }
   size_t layer_bytes() const { return static_cast<size_t>(n_ctx * row) * value_bytes(); }
   uint8_t* k_layer(int64_t il) { return k.data() + static_cast<size_t>(il) * layer_bytes(); }
   uint8_t* v_layer(int64_t il) { return v.data() + static_cast<size_t>(il) * layer_bytes(); }
   size_t bytes() const { return bytes_for(n_layer, n_ctx, row, type); }
   // What init(layers, ctx, row_values, t) allocates.
   static size_t bytes_for(int64_t layers, int64_t ctx, int64_t row_values, DType t) {
-    return 2 * static_cast<size_t>(layers * ctx * row_values) * (t == DType::F16 ? 2 : 4);
+    return 2 * static_cast<size_t>(layers * ctx * row_values) * value_bytes(t);
   }
 };
 

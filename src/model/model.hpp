@@ -91,13 +91,20 @@ struct LayerWeights {
   // The tensors of the attention block (norm, projections, biases, q/k norms, post-norm), and
   // those the FFN block reads besides its neurons (its norm, post-norm and down bias): what a
   // device that holds a layer's hidden state holds, what the planner counts for it and what a
-  // token reads. Empty views included (valid() false).
-  std::array<const TensorView*, 13> attention_tensors() const {
-    return {&attn_norm, &attn_norm_b, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &bo, &q_norm, &k_norm, &attn_post_norm};
+  // token reads. Empty views included (valid() false). Const and mutable (a device's copy).
+  template <class L>
+  static auto attention_list(L& l) {
+    return std::array{&l.attn_norm, &l.attn_norm_b, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq,
+                      &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.attn_post_norm};
   }
-  std::array<const TensorView*, 4> ffn_block_tensors() const {
-    return {&ffn.norm, &ffn.norm_b, &ffn_post_norm, &ffn.down_b};
+  template <class L>
+  static auto ffn_block_list(L& l) {
+    return std::array{&l.ffn.norm, &l.ffn.norm_b, &l.ffn_post_norm, &l.ffn.down_b};
   }
+  auto attention_tensors() const { return attention_list(*this); }
+  auto attention_tensors() { return attention_list(*this); }
+  auto ffn_block_tensors() const { return ffn_block_list(*this); }
+  auto ffn_block_tensors() { return ffn_block_list(*this); }
 };
 
 struct Model {

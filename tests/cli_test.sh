@@ -146,6 +146,9 @@ expect_ok "synth opt powerinfer" "$ember" synth --preset tiny --arch opt --act r
 expect_ok "generate hybrid opt powerinfer" "$ember" generate -m "$tmp/opt.pi.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K --hybrid-device cpu
 expect_ok "synth bamboo" "$ember" synth --preset tiny --arch bamboo --act relu --sparsity 0.8 -o "$tmp/bamboo.gguf"
 expect_ok "generate hybrid bamboo" "$ember" generate -m "$tmp/bamboo.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K --hybrid-device cpu
+expect_ok "synth qwen2" "$ember" synth --preset tiny --arch qwen2 -o "$tmp/qwen2.gguf"
+expect_ok "generate qwen2" "$ember" generate -m "$tmp/qwen2.gguf" -p "hello" -n 4 --temp 0
+contains "qwen2 loaded" "$tmp/err" "\\(qwen2\\)"
 expect_error "hybrid with predictor mode" "does not combine" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 64K --sparse-mode predictor
 expect_error "plan bad budget" "size" "$ember" plan --synth-preset 7b --vram-budget 4XB
 expect_error "plan without profile" "profile" "$ember" plan -m "$tmp/tiny.gguf" --vram-budget 1M

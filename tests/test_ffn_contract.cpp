@@ -1,7 +1,7 @@
 // The FFN contract (model/ffn.hpp) across executors, architectures and file layouts: every
 // executor (sparse oracle, threshold at 0, predictor that names every neuron, the hybrid's CPU
 // share with a stand-in device holding half the neurons, the profiler) on {llama SiLU, llama
-// ReLU, Bamboo, OPT, Gemma 3} x {plain file, PowerInfer's layout (only the neuron-major
+// ReLU, Bamboo, OPT, Gemma 3, Qwen2} x {plain file, PowerInfer's layout (only the neuron-major
 // down_t)} gives the dense path's logits: the sparse rule is exact there (threshold 0, every
 // firing neuron computed), so only the summation order differs. And the refusals: a device or
 // executor that cannot run a model says so, naming what, when the session is built.
@@ -177,7 +177,7 @@ TEST_P(FfnContract, EveryExecutorEqualsDenseOnBothLayouts) {
 INSTANTIATE_TEST_SUITE_P(Archs, FfnContract,
                          ::testing::Values(ModelCase{"llama", FfnActivation::silu}, ModelCase{"llama", FfnActivation::relu},
                                            ModelCase{"bamboo", FfnActivation::relu}, ModelCase{"opt", FfnActivation::relu},
-                                           ModelCase{"gemma3", FfnActivation::silu}),
+                                           ModelCase{"gemma3", FfnActivation::silu}, ModelCase{"qwen2", FfnActivation::silu}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The rule itself on one neuron of each gating, against the formulas written out.

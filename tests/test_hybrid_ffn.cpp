@@ -301,15 +301,16 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
 // its own copies, KV cache and threads) change no bit of the output, for FFN splits of none and
 // some neurons and attention on no, some and all layers; the hidden state crosses only where
 // consecutive blocks change device. Llama (Q4_0, RoPE), Gemma 3 (QK-norm, post-norms, sliding
-// window, local RoPE), OPT (LayerNorm, biases, learned positions, no gate) and a llama with a
-// parallel residual (the FFN's input taken before attention, on the device).
+// window, local RoPE), OPT (LayerNorm, biases, learned positions, no gate), a llama with a
+// parallel residual (the FFN's input taken before attention, on the device) and Qwen2 (Q/K/V
+// biases, NeoX RoPE).
 TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
-  for (const std::string variant : {"llama", "gemma3", "opt", "llama-parallel"}) {
+  for (const std::string variant : {"llama", "gemma3", "opt", "llama-parallel", "qwen2"}) {
     SCOPED_TRACE(variant);
     const std::string arch = variant == "llama-parallel" ? "llama" : variant;
     SynthOptions o;
     o.arch = arch;
-    o.act = arch == "gemma3" ? FfnActivation::silu : FfnActivation::relu;
+    o.act = arch == "gemma3" || arch == "qwen2" ? FfnActivation::silu : FfnActivation::relu;
     if (o.act == FfnActivation::relu) o.sparsity = 0.7f;
     o.type = arch == "llama" ? DType::Q4_0 : DType::F32;
     o.n_embd = 128;

@@ -10,6 +10,7 @@ void load_llama(Model& model);   // llama.cpp: Llama 1/2/3, SmolLM, Mistral, Rel
 void load_bamboo(Model& model);  // llama.cpp: a llama with ReLU on gate and up
 void load_gemma3(Model& model);  // gemma3.cpp
 void load_opt(Model& model);     // opt.cpp
+void load_qwen2(Model& model);   // qwen2.cpp
 
 namespace {
 
@@ -18,6 +19,7 @@ constexpr Architecture kArchitectures[] = {
     {.name = "bamboo", .load = load_bamboo},
     {.name = "gemma3", .load = load_gemma3},
     {.name = "opt", .load = load_opt},
+    {.name = "qwen2", .load = load_qwen2},
 };
 
 }  // namespace

@@ -63,14 +63,11 @@ void load_gemma3(Model& m) {
     LayerWeights& L = m.layers[il];
     auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
     L.attn_norm = b.norm(name("attn_norm"), d);
-    bind_attention(b, hp, il, L, /*biases=*/false);
+    bind_attention(b, hp, il, L, AttnBiases::none);
     L.q_norm = b.norm(name("attn_q_norm"), hd);
     L.k_norm = b.norm(name("attn_k_norm"), hd);
     L.attn_post_norm = b.norm(name("post_attention_norm"), d);
-    L.ffn.norm = b.norm(name("ffn_norm"), d);
-    L.ffn.gate = b.matrix(name("ffn_gate"), d, hp.n_ff);
-    L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
-    bind_ffn_down_and_predictor(b, hp, il, L.ffn);
+    bind_gated_ffn(b, hp, il, L.ffn, FfnGating::par);
     L.ffn_post_norm = b.norm(name("post_ffw_norm"), d);
   }
   read_sparse_metadata(m);

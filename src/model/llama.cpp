@@ -39,12 +39,8 @@ void load_llama_family(Model& m, bool bamboo) {
     LayerWeights& L = m.layers[il];
     auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
     L.attn_norm = b.norm(name("attn_norm"), d);
-    bind_attention(b, hp, il, L, /*biases=*/false);
-    L.ffn.norm = b.norm(name("ffn_norm"), d);
-    L.ffn.gate = b.matrix(name("ffn_gate"), d, hp.n_ff);
-    L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
-    L.ffn.gating = bamboo ? FfnGating::sym : FfnGating::par;
-    bind_ffn_down_and_predictor(b, hp, il, L.ffn);
+    bind_attention(b, hp, il, L, AttnBiases::none);
+    bind_gated_ffn(b, hp, il, L.ffn, bamboo ? FfnGating::sym : FfnGating::par);
   }
   read_sparse_metadata(m);
   build_rope(m);

@@ -86,14 +86,14 @@ TensorView row_range(const TensorView& t, int64_t r0, int64_t r1) {
   return v;
 }
 
-void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, bool biases) {
+void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, AttnBiases biases) {
   auto name = [&](const char* t, const char* kind = "weight") { return fmt::format("blk.{}.{}.{}", il, t, kind); };
   const int64_t d = hp.n_embd, nq = hp.n_head * hp.head_dim, nkv = hp.n_head_kv * hp.head_dim;
   if (b.optional(name("attn_q")).valid() || !b.optional(name("attn_qkv")).valid()) {
     L.wq = b.matrix(name("attn_q"), d, nq);
     L.wk = b.matrix(name("attn_k"), d, nkv);
     L.wv = b.matrix(name("attn_v"), d, nkv);
-    if (biases) {
+    if (biases != AttnBiases::none) {
       L.bq = b.norm(name("attn_q", "bias"), nq);
       L.bk = b.norm(name("attn_k", "bias"), nkv);
       L.bv = b.norm(name("attn_v", "bias"), nkv);
@@ -103,7 +103,7 @@ void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerW
     L.wq = row_range(qkv, 0, nq);
     L.wk = row_range(qkv, nq, nq + nkv);
     L.wv = row_range(qkv, nq + nkv, nq + 2 * nkv);
-    if (biases) {
+    if (biases != AttnBiases::none) {
       const TensorView bias = b.norm(name("attn_qkv", "bias"), nq + 2 * nkv);
       L.bq = row_range(bias, 0, nq);
       L.bk = row_range(bias, nq, nq + nkv);
@@ -111,7 +111,16 @@ void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerW
     }
   }
   L.wo = b.matrix(name("attn_output"), nq, d);
-  if (biases) L.bo = b.norm(name("attn_output", "bias"), d);
+  if (biases == AttnBiases::all) L.bo = b.norm(name("attn_output", "bias"), d);
+}
+
+void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWeights& f, FfnGating gating) {
+  auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+  f.norm = b.norm(name("ffn_norm"), hp.n_embd);
+  f.gate = b.matrix(name("ffn_gate"), hp.n_embd, hp.n_ff);
+  f.up = b.matrix(name("ffn_up"), hp.n_embd, hp.n_ff);
+  f.gating = gating;
+  bind_ffn_down_and_predictor(b, hp, il, f);
 }
 
 void bind_embeddings(const TensorBinder& b, Model& m) {

@@ -32,11 +32,18 @@ class TensorBinder {
 // "name[r0:r1]". For tensors stored fused (attn_qkv).
 TensorView row_range(const TensorView& t, int64_t r0, int64_t r1);
 
+// Which attention projections carry a bias: none (llama, Gemma), Q/K/V (Qwen2), all four (OPT).
+enum class AttnBiases { none, qkv, all };
+
 // Layer il's attention projections: blk.il.attn_q / attn_k / attn_v, or one fused
 // blk.il.attn_qkv (ne = [n_embd, nq + 2 nkv], Q rows then K then V, as llama.cpp's converters
-// write for Phi-3, Falcon, ...) split into three row ranges; blk.il.attn_output. With `biases`,
+// write for Phi-3, Falcon, ...) split into three row ranges; blk.il.attn_output. With biases,
 // also their .bias vectors (attn_qkv.bias split the same way); fails naming what is missing.
-void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, bool biases);
+void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, AttnBiases biases);
+
+// Layer il's gated FFN (SwiGLU, GeGLU, ReLU llama, Bamboo): blk.il.ffn_norm, ffn_gate, ffn_up,
+// the down projection and predictor (bind_ffn_down_and_predictor), with `gating`.
+void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWeights& f, FfnGating gating);
 
 // token_embd, output_norm and output (tied to token_embd when absent).
 void bind_embeddings(const TensorBinder& b, Model& m);

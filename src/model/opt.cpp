@@ -53,7 +53,7 @@ void load_opt(Model& m) {
     auto name = [&](const char* t, const char* kind = "weight") { return fmt::format("blk.{}.{}.{}", il, t, kind); };
     L.attn_norm = b.norm(name("attn_norm"), d);
     L.attn_norm_b = b.norm(name("attn_norm", "bias"), d);
-    bind_attention(b, hp, il, L, /*biases=*/true);
+    bind_attention(b, hp, il, L, AttnBiases::all);
     L.ffn.norm = b.norm(name("ffn_norm"), d);
     L.ffn.norm_b = b.norm(name("ffn_norm", "bias"), d);
     L.ffn.gating = FfnGating::none;

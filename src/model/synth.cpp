@@ -331,6 +331,11 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
     v.push_back({p + "post_attention_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
     v.push_back({p + "post_ffw_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
   }
+  if (o.arch == "qwen2") {  // biases on Q, K and V (large ones, as Qwen's are)
+    v.push_back({p + "attn_q.bias", DType::F32, n_embd_q, 0, 0.0f, 0.5f});
+    v.push_back({p + "attn_k.bias", DType::F32, n_embd_kv, 0, 0.0f, 0.5f});
+    v.push_back({p + "attn_v.bias", DType::F32, n_embd_kv, 0, 0.0f, 0.1f});
+  }
   if (o.gate_rank > 0) {  // the gate (index 6) from shared directions
     auto basis = std::make_shared<std::vector<float>>(static_cast<size_t>(o.gate_rank * o.n_embd));
     SplitMix64 rng{mix64(o.seed) ^ fnv1a("ember.synth.gate_basis") ^ mix64(static_cast<uint64_t>(il) + 1)};
@@ -490,11 +495,13 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.n_vocab >= 260 && o.n_vocab <= (int64_t{1} << 21),
               "synth: n_vocab must be between 260 (256 bytes + 4 control tokens) and {}, got {}",
               int64_t{1} << 21, o.n_vocab);
-  EMBER_CHECK(o.arch == "llama" || o.arch == "gemma3" || o.arch == "bamboo" || o.arch == "opt",
-              "synth: --arch must be llama, bamboo, opt or gemma3, got '{}'", o.arch);
+  EMBER_CHECK(o.arch == "llama" || o.arch == "gemma3" || o.arch == "bamboo" || o.arch == "opt" || o.arch == "qwen2",
+              "synth: --arch must be llama, bamboo, opt, gemma3 or qwen2, got '{}'", o.arch);
+  EMBER_CHECK(o.act == FfnActivation::silu || o.arch != "qwen2", "synth: qwen2 is a SwiGLU architecture; use --act silu");
   EMBER_CHECK(o.act == FfnActivation::relu || (o.arch != "bamboo" && o.arch != "opt"),
               "synth: --arch {} is a ReLU architecture; use --act relu", o.arch);
-  EMBER_CHECK(!o.powerinfer || o.arch != "gemma3", "synth: PowerInfer's layout has no gemma3 (llama, bamboo, opt)");
+  EMBER_CHECK(!o.powerinfer || (o.arch != "gemma3" && o.arch != "qwen2"),
+              "synth: PowerInfer's layout has no {} (llama, bamboo, opt)", o.arch);
   EMBER_CHECK(o.arch != "opt" || o.n_head_kv == o.n_head, "synth: opt has no grouped-query attention (n_head_kv {} != n_head {})",
               o.n_head_kv, o.n_head);
   EMBER_CHECK(o.predictor_rank >= 0 && o.predictor_rank <= o.n_ff, "synth: predictor rank must be 0 (default) to n_ff, got {}",
@@ -632,6 +639,9 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
     // * up x), as in every llama) or "relu" (ReluLLaMA / ProSparse: down(relu(gate x) * up x)).
     // Readers treat a missing key as "silu".
     w.set("llama.ffn_activation", Value::str(ffn_activation_name(o.act)));
+  } else if (a == "qwen2") {
+    // llama.cpp's converter writes no rope.dimension_count or vocab_size for Qwen2 (whole heads
+    // rotate; the vocabulary is the token list's length).
   } else {  // gemma3, with the keys llama.cpp's converter writes
     w.set("gemma3.attention.key_length", u32(head_dim));
     w.set("gemma3.attention.value_length", u32(head_dim));

@@ -1,5 +1,6 @@
 // An independent, plain double-precision forward pass of the llama architecture, written
-// straight from the math (no Ember ops), used to check the engine's logits.
+// straight from the math (no Ember ops), used to check the engine's logits. Also Qwen2 (Q/K/V
+// biases, NeoX RoPE) and the parallel residual.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -124,6 +125,15 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
       auto q = matvec(wq, L.wq, xn);
       K[t] = matvec(wk, L.wk, xn);
       V[t] = matvec(wv, L.wv, xn);
+      // Qwen2: biases on Q, K and V.
+      auto add_bias = [](std::vector<double>& y, const TensorView& b) {
+        if (!b.valid()) return;
+        const float* bf = reinterpret_cast<const float*>(b.data);
+        for (size_t i = 0; i < y.size(); ++i) y[i] += bf[i];
+      };
+      add_bias(q, L.bq);
+      add_bias(K[t], L.bk);
+      add_bias(V[t], L.bv);
       rope(q, nh, t);
       rope(K[t], nkv, t);
       std::vector<double> o(nh * hd, 0.0);

@@ -117,7 +117,7 @@ void add_synth(CLI::App& app) {
   cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k")
                   ->capture_default_str();
   a->o_act = cmd->add_option("--act", a->act, "FFN activation: silu or relu (bamboo, opt: relu)")->capture_default_str();
-  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt or gemma3")->capture_default_str();
+  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt, gemma3 or qwen2")->capture_default_str();
   cmd->add_flag("--powerinfer", a->powerinfer,
                 "PowerInfer's layout: PWRI magic, ffn_down_t instead of ffn_down, predictor fc1/fc2, "
                 "powerinfer.sparse_threshold");

@@ -1,0 +1,38 @@
+// Qwen2 / Qwen2.5 (`qwen2` in GGUF), as llama.cpp runs it (LLM_ARCH_QWEN2), in the shared blocks
+// (model/blocks.hpp):
+//
+//   x = embed(token)
+//   per layer:  h = x + wo attn(rope(wq n + bq), rope(wk n + bk), wv n + bv),  n = rms_norm(x; attn_norm)
+//               x = h + down(silu(gate m) * up m),                          m = rms_norm(h; ffn_norm)
+//   logits = output(rms_norm(x; output_norm))      output tied to token_embd when absent
+//
+// A llama with biases on Q, K and V (not on the output projection) and RoPE in the NeoX layout
+// (the two halves of each head rotated together: Qwen's files store Q and K unpermuted). It is
+// the proof of docs/architecture.md's promise: one file and one table row.
+#include "core/error.hpp"
+#include "model/loader.hpp"
+
+namespace ember {
+
+void load_qwen2(Model& m) {
+  const gguf::Reader& r = *m.file;
+  Hparams& hp = m.hp;
+  hp.arch = "qwen2";
+  read_common_hparams(r, hp);
+  hp.act = cpu::Activation::silu;
+  hp.rope.layout = cpu::RopeLayout::neox;
+
+  TensorBinder b(r, hp);
+  bind_embeddings(b, m);
+  m.layers.resize(hp.n_layer);
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& L = m.layers[il];
+    L.attn_norm = b.norm(fmt::format("blk.{}.attn_norm.weight", il), hp.n_embd);
+    bind_attention(b, hp, il, L, AttnBiases::qkv);
+    bind_gated_ffn(b, hp, il, L.ffn, FfnGating::par);
+  }
+  read_sparse_metadata(m);
+  build_rope(m);
+}
+
+}  // namespace ember

@@ -288,7 +288,7 @@ TEST(Synth, BadOptionsGiveClearErrors) {
   expect_error(o, "not supported");
   o = small_opts();
   o.arch = "mistral";
-  expect_error(o, "--arch must be llama, bamboo, opt or gemma3");
+  expect_error(o, "--arch must be llama, bamboo, opt, gemma3 or qwen2");
   o = small_opts();
   o.head_dim = 32;
   expect_error(o, "explicit head size needs --arch gemma3");

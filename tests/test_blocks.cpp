@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <regex>
 
 #include "core/error.hpp"
@@ -140,19 +139,8 @@ TEST(Blocks, ParallelResidualMatchesTheReference) {
     if (!own_norm)
       for (auto& L : m->layers) L.ffn.norm = {};
     const Logits parallel = logits_of(*m);
-    // session_logits' tokens (seed 9): a 12-token prompt, then 6 more one at a time.
-    std::mt19937 rng(9);
-    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(m->hp.n_vocab - 1));
-    std::vector<int32_t> tokens(18);
-    for (auto& t : tokens) t = pick(rng);
-    const auto ref = test_support::reference_llama_logits(*m, tokens);
-    double d = 0, mx = 0;
-    for (size_t t = 0; t < ref.size(); ++t)
-      for (size_t i = 0; i < ref[t].size(); ++i) {
-        d = std::max(d, std::fabs(parallel[t][i] - ref[t][i]));
-        mx = std::max(mx, std::fabs(ref[t][i]));
-      }
-    EXPECT_LT(d / mx, 1e-5);
+    const auto ref = test_support::reference_llama_logits(*m, test_support::session_tokens(*m));
+    EXPECT_LT(test_support::max_rel_diff(parallel, ref), 1e-5);
     EXPECT_GT(test_support::max_rel_diff(sequential, parallel), 1e-2);  // it is another function
   }
   std::filesystem::remove(path);

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <random>
 
 #include "core/error.hpp"
 #include "engine/session.hpp"
@@ -37,16 +36,6 @@ std::string write_qwen2(DType type, bool tied, const std::string& name) {
   return path;
 }
 
-double rel_to_reference(const test_support::Logits& got, const std::vector<std::vector<double>>& ref) {
-  double d = 0, m = 0;
-  for (size_t t = 0; t < ref.size(); ++t)
-    for (size_t i = 0; i < ref[t].size(); ++i) {
-      d = std::max(d, std::fabs(got[t][i] - ref[t][i]));
-      m = std::max(m, std::fabs(ref[t][i]));
-    }
-  return d / m;
-}
-
 }  // namespace
 
 TEST(Qwen2, LogitsMatchTheReference) {
@@ -63,16 +52,13 @@ TEST(Qwen2, LogitsMatchTheReference) {
     p.n_ctx = 64;
     Session s(*m, p);
     const auto got = test_support::session_logits(s);
-    std::mt19937 rng(9);  // session_logits' tokens
-    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(m->hp.n_vocab - 1));
-    std::vector<int32_t> tokens(18);
-    for (auto& t : tokens) t = pick(rng);
+    const std::vector<int32_t> tokens = test_support::session_tokens(*m);
     const bool quantized = type != DType::F32;
-    EXPECT_LT(rel_to_reference(got, test_support::reference_llama_logits(*m, tokens, quantized)),
+    EXPECT_LT(test_support::max_rel_diff(got, test_support::reference_llama_logits(*m, tokens, quantized)),
               quantized ? 2e-4 : 1e-5);
     // The biases matter: without them the reference is another function.
     for (auto& L : m->layers) L.bq = L.bk = L.bv = {};
-    EXPECT_GT(rel_to_reference(got, test_support::reference_llama_logits(*m, tokens, quantized)), 1e-2);
+    EXPECT_GT(test_support::max_rel_diff(got, test_support::reference_llama_logits(*m, tokens, quantized)), 1e-2);
     std::filesystem::remove(path);
   }
 }

@@ -13,13 +13,20 @@ namespace ember::test_support {
 
 using Logits = std::vector<std::vector<float>>;
 
-// Logits of a `prompt`-token batched prompt, then `decode` single tokens (random tokens, seed 9).
-inline Logits session_logits(Session& s, int64_t prompt = 12, int64_t decode = 6) {
-  const Model& m = s.model();
+// The tokens session_logits runs: n random ids of the model's vocabulary (seed 9), so that a
+// reference can be computed on the same sequence.
+inline std::vector<int32_t> session_tokens(const Model& m, int64_t n = 18) {
   std::mt19937 rng(9);
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(m.hp.n_vocab - 1));
-  std::vector<int32_t> tokens(static_cast<size_t>(prompt + decode));
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (auto& t : tokens) t = pick(rng);
+  return tokens;
+}
+
+// Logits of a `prompt`-token batched prompt, then `decode` single tokens (session_tokens).
+inline Logits session_logits(Session& s, int64_t prompt = 12, int64_t decode = 6) {
+  const Model& m = s.model();
+  const std::vector<int32_t> tokens = session_tokens(m, prompt + decode);
   const int64_t nv = m.hp.n_vocab;
   std::vector<float> all(static_cast<size_t>(prompt * nv));
   s.eval_all_logits(tokens.data(), prompt, all.data());
@@ -30,6 +37,17 @@ inline Logits session_logits(Session& s, int64_t prompt = 12, int64_t decode = 6
     out.emplace_back(s.logits(), s.logits() + nv);
   }
   return out;
+}
+
+// max |got - ref| / max |ref| against a double-precision reference's logits.
+inline double max_rel_diff(const Logits& got, const std::vector<std::vector<double>>& ref) {
+  double d = 0, m = 0;
+  for (size_t t = 0; t < ref.size(); ++t)
+    for (size_t i = 0; i < ref[t].size(); ++i) {
+      d = std::max(d, std::fabs(got[t][i] - ref[t][i]));
+      m = std::max(m, std::fabs(ref[t][i]));
+    }
+  return d / m;
 }
 
 inline double max_rel_diff(const Logits& a, const Logits& b) {

@@ -149,6 +149,16 @@ expect_ok "generate hybrid bamboo" "$ember" generate -m "$tmp/bamboo.gguf" -p "h
 expect_ok "synth qwen2" "$ember" synth --preset tiny --arch qwen2 -o "$tmp/qwen2.gguf"
 expect_ok "generate qwen2" "$ember" generate -m "$tmp/qwen2.gguf" -p "hello" -n 4 --temp 0
 contains "qwen2 loaded" "$tmp/err" "\\(qwen2\\)"
+# The other families (each checked against llama.cpp in test_llamacpp_synth.cpp), and PowerInfer's
+# ReluFalcon layout (ffn_down_t, predictor) in its sparse modes.
+for arch in qwen3 phi3 falcon; do
+  expect_ok "synth $arch" "$ember" synth --preset tiny --arch $arch -o "$tmp/$arch.gguf"
+  expect_ok "generate $arch" "$ember" generate -m "$tmp/$arch.gguf" -p "hello" -n 4 --temp 0
+  contains "$arch loaded" "$tmp/err" "\\($arch\\)"
+done
+expect_ok "synth relu falcon powerinfer" "$ember" synth --preset tiny --arch falcon --act relu --powerinfer -o "$tmp/falcon.pi.gguf"
+expect_ok "generate relu falcon predictor" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode predictor
+expect_ok "generate relu falcon oracle" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode oracle
 expect_error "hybrid with predictor mode" "does not combine" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 64K --sparse-mode predictor
 expect_error "plan bad budget" "size" "$ember" plan --synth-preset 7b --vram-budget 4XB
 expect_error "plan without profile" "profile" "$ember" plan -m "$tmp/tiny.gguf" --vram-budget 1M

@@ -303,15 +303,17 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
 // consecutive blocks change device. Llama (Q4_0, RoPE), Gemma 3 (QK-norm, post-norms, sliding
 // window, local RoPE), OPT (LayerNorm, biases, learned positions, no gate), a llama with a
 // parallel residual (the FFN's input taken before attention, on the device) and Qwen2 (Q/K/V
-// biases, NeoX RoPE).
+// biases, NeoX RoPE), Qwen3 (Q/K-norm), Phi-3 (fused QKV and gate/up, LongRoPE factors) and
+// Falcon (LayerNorm, fused QKV, parallel residual with two norms, ReLU without a gate).
 TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
-  for (const std::string variant : {"llama", "gemma3", "opt", "llama-parallel", "qwen2"}) {
+  for (const std::string variant : {"llama", "gemma3", "opt", "llama-parallel", "qwen2", "qwen3", "phi3", "falcon"}) {
     SCOPED_TRACE(variant);
     const std::string arch = variant == "llama-parallel" ? "llama" : variant;
     SynthOptions o;
     o.arch = arch;
-    o.act = arch == "gemma3" || arch == "qwen2" ? FfnActivation::silu : FfnActivation::relu;
-    if (o.act == FfnActivation::relu) o.sparsity = 0.7f;
+    o.act = arch == "gemma3" || arch == "qwen2" || arch == "qwen3" || arch == "phi3" ? FfnActivation::silu
+                                                                                    : FfnActivation::relu;
+    if (o.act == FfnActivation::relu && arch != "falcon") o.sparsity = 0.7f;
     o.type = arch == "llama" ? DType::Q4_0 : DType::F32;
     o.n_embd = 128;
     o.n_ff = 288;

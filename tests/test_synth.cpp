@@ -264,7 +264,8 @@ TEST(Synth, Presets) {
     EXPECT_NE(std::string(e.what()).find("known: tiny"), std::string::npos) << e.what();
   }
   EXPECT_EQ(parse_ffn_activation("relu"), FfnActivation::relu);
-  EXPECT_THROW(parse_ffn_activation("gelu"), Error);
+  EXPECT_EQ(parse_ffn_activation("gelu"), FfnActivation::gelu);
+  EXPECT_THROW(parse_ffn_activation("swish"), Error);
 }
 
 TEST(Synth, BadOptionsGiveClearErrors) {
@@ -288,10 +289,20 @@ TEST(Synth, BadOptionsGiveClearErrors) {
   expect_error(o, "not supported");
   o = small_opts();
   o.arch = "mistral";
-  expect_error(o, "--arch must be llama, bamboo, opt, gemma3 or qwen2");
+  expect_error(o, "--arch must be llama, bamboo, opt, gemma3, qwen2, qwen3, phi3 or falcon");
+  o = small_opts();
+  o.arch = "falcon";  // GELU or ReLU, never SwiGLU
+  expect_error(o, "falcon's FFN is gelu");
+  o.act = FfnActivation::gelu;
+  o.arch = "llama";
+  expect_error(o, "--act gelu is for falcon");
+  o = small_opts();
+  o.arch = "phi3";
+  o.powerinfer = true;
+  expect_error(o, "PowerInfer's layout has no phi3");
   o = small_opts();
   o.head_dim = 32;
-  expect_error(o, "explicit head size needs --arch gemma3");
+  expect_error(o, "explicit head size needs --arch gemma3 or qwen3");
   o = small_opts();
   o.n_vocab = 100;
   expect_error(o, "n_vocab must be between 260");

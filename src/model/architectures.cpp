@@ -11,6 +11,9 @@ void load_bamboo(Model& model);  // llama.cpp: a llama with ReLU on gate and up
 void load_gemma3(Model& model);  // gemma3.cpp
 void load_opt(Model& model);     // opt.cpp
 void load_qwen2(Model& model);   // qwen2.cpp
+void load_qwen3(Model& model);   // qwen3.cpp
+void load_phi3(Model& model);    // phi3.cpp
+void load_falcon(Model& model);  // falcon.cpp
 
 namespace {
 
@@ -20,6 +23,9 @@ constexpr Architecture kArchitectures[] = {
     {.name = "gemma3", .load = load_gemma3},
     {.name = "opt", .load = load_opt},
     {.name = "qwen2", .load = load_qwen2},
+    {.name = "qwen3", .load = load_qwen3},
+    {.name = "phi3", .load = load_phi3},
+    {.name = "falcon", .load = load_falcon},
 };
 
 }  // namespace

@@ -41,6 +41,10 @@ void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
     fail("{}: rope scaling type '{}' is not supported (none, linear)", r.path(), scaling);
   }
 
+  hp.rope.attn_factor = r.opt_float(key("rope.scaling.attn_factor")).value_or(1.0);
+  EMBER_CHECK(hp.rope.attn_factor > 0 && std::isfinite(hp.rope.attn_factor), "{}: rope.scaling.attn_factor {} must be positive",
+              r.path(), hp.rope.attn_factor);
+
   // The vocabulary size: explicit key, else the embedding's row count (bound later).
   hp.n_vocab = r.opt_int(key("vocab_size")).value_or(0);
 }

@@ -298,6 +298,46 @@ std::vector<TensorSpec> predictor_specs(const SynthOptions& o, int64_t il) {
   return v;
 }
 
+// Falcon's layer (llama.cpp's names): LayerNorms with biases (a second one, attn_norm_2, in the
+// 40B layout: more than one KV head), fused attn_qkv, attn_output, up and down without biases.
+std::vector<TensorSpec> falcon_layer_specs(const SynthOptions& o, int64_t il) {
+  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
+  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
+  const std::string p = "blk." + std::to_string(il) + ".";
+  const int64_t d = o.n_embd, nkv = o.n_head_kv * head_dim_of(o);
+  std::vector<TensorSpec> v = {
+      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.1f},
+      {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.1f},
+  };
+  if (o.n_head_kv > 1) {
+    v.push_back({p + "attn_norm_2.weight", DType::F32, d, 0, 1.0f, 0.1f});
+    v.push_back({p + "attn_norm_2.bias", DType::F32, d, 0, 0.0f, 0.1f});
+  }
+  v.push_back({p + "attn_qkv.weight", o.type, d, d + 2 * nkv, 0.0f, s_embd});
+  v.push_back({p + "attn_output.weight", o.type, d, d, 0.0f, s_embd});
+  v.push_back({p + "ffn_up.weight", o.type, d, o.n_ff, 0.0f, s_embd});
+  v.push_back({p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, s_ff});
+  if (o.powerinfer)
+    for (auto& t : predictor_specs(o, il)) v.push_back(t);
+  return v;
+}
+
+// Phi-3's layer: fused attn_qkv and fused gate/up (ffn_up: the gate's n_ff rows, then up's).
+std::vector<TensorSpec> phi3_layer_specs(const SynthOptions& o, int64_t il) {
+  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
+  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
+  const std::string p = "blk." + std::to_string(il) + ".";
+  const int64_t d = o.n_embd, nkv = o.n_head_kv * head_dim_of(o);
+  return {
+      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "attn_qkv.weight", o.type, d, d + 2 * nkv, 0.0f, s_embd},
+      {p + "attn_output.weight", o.type, d, d, 0.0f, s_embd},
+      {p + "ffn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "ffn_up.weight", o.type, d, 2 * o.n_ff, 0.0f, s_embd},
+      {p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, s_ff},
+  };
+}
+
 std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
   if (o.arch == "opt") {
     auto v = opt_layer_specs(o, il);
@@ -305,6 +345,8 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
       for (auto& t : predictor_specs(o, il)) v.push_back(t);
     return v;
   }
+  if (o.arch == "falcon") return falcon_layer_specs(o, il);
+  if (o.arch == "phi3") return phi3_layer_specs(o, il);
   const int64_t head_dim = head_dim_of(o);
   const int64_t n_embd_kv = o.n_head_kv * head_dim;
   const int64_t n_embd_q = o.n_head * head_dim;
@@ -324,6 +366,10 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
       {p + "ffn_up.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
       {p + "ffn_down.weight", o.type, o.n_ff, o.n_embd, 0.0f, s_ff},
   };
+  if (o.arch == "qwen3") {
+    v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
+    v.push_back({p + "attn_k_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
+  }
   if (o.arch == "gemma3") {
     // Norm weights as the GGUF stores them (llama.cpp's converter has already added Gemma's 1).
     v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
@@ -367,6 +413,12 @@ std::vector<TensorSpec> global_specs(const SynthOptions& o) {
     v.push_back({"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.02f});
     v.push_back({"position_embd.weight", o.type, o.n_embd, o.n_ctx + 2, 0.0f, s_embd});
     return v;
+  }
+  if (o.arch == "falcon") v.push_back({"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.1f});
+  if (o.arch == "phi3") {  // LongRoPE's per-frequency factors (n_rot / 2 each), both >= 1
+    const int64_t half = head_dim_of(o) / 2;
+    v.push_back({"rope_factors_short.weight", DType::F32, half, 0, 2.0f, 0.5f});
+    v.push_back({"rope_factors_long.weight", DType::F32, half, 0, 8.0f, 2.0f});
   }
   if (profile_on(o)) {
     const int64_t c = o.n_embd - 1;
@@ -477,10 +529,13 @@ SynthOptions synth_preset(const std::string& name) {
 FfnActivation parse_ffn_activation(const std::string& s) {
   if (s == "silu") return FfnActivation::silu;
   if (s == "relu") return FfnActivation::relu;
-  fail("unknown FFN activation '{}' (expected silu or relu)", s);
+  if (s == "gelu") return FfnActivation::gelu;
+  fail("unknown FFN activation '{}' (expected silu, relu or gelu)", s);
 }
 
-const char* ffn_activation_name(FfnActivation a) { return a == FfnActivation::relu ? "relu" : "silu"; }
+const char* ffn_activation_name(FfnActivation a) {
+  return a == FfnActivation::relu ? "relu" : a == FfnActivation::gelu ? "gelu" : "silu";
+}
 
 void validate(const SynthOptions& o) {
   auto positive = [](const char* what, int64_t v, int64_t max) {
@@ -495,13 +550,21 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.n_vocab >= 260 && o.n_vocab <= (int64_t{1} << 21),
               "synth: n_vocab must be between 260 (256 bytes + 4 control tokens) and {}, got {}",
               int64_t{1} << 21, o.n_vocab);
-  EMBER_CHECK(o.arch == "llama" || o.arch == "gemma3" || o.arch == "bamboo" || o.arch == "opt" || o.arch == "qwen2",
-              "synth: --arch must be llama, bamboo, opt, gemma3 or qwen2, got '{}'", o.arch);
-  EMBER_CHECK(o.act == FfnActivation::silu || o.arch != "qwen2", "synth: qwen2 is a SwiGLU architecture; use --act silu");
-  EMBER_CHECK(o.act == FfnActivation::relu || (o.arch != "bamboo" && o.arch != "opt"),
-              "synth: --arch {} is a ReLU architecture; use --act relu", o.arch);
-  EMBER_CHECK(!o.powerinfer || (o.arch != "gemma3" && o.arch != "qwen2"),
-              "synth: PowerInfer's layout has no {} (llama, bamboo, opt)", o.arch);
+  const std::string& a = o.arch;
+  EMBER_CHECK(a == "llama" || a == "gemma3" || a == "bamboo" || a == "opt" || a == "qwen2" || a == "qwen3" || a == "phi3" ||
+                  a == "falcon",
+              "synth: --arch must be llama, bamboo, opt, gemma3, qwen2, qwen3, phi3 or falcon, got '{}'", a);
+  const bool swiglu_only = a == "qwen2" || a == "qwen3" || a == "phi3";
+  EMBER_CHECK(o.act == FfnActivation::silu || !swiglu_only, "synth: {} is a SwiGLU architecture; use --act silu", a);
+  EMBER_CHECK(o.act == FfnActivation::relu || (a != "bamboo" && a != "opt"),
+              "synth: --arch {} is a ReLU architecture; use --act relu", a);
+  EMBER_CHECK(o.act != FfnActivation::gelu || a == "falcon", "synth: --act gelu is for falcon (gemma3 is GeGLU by itself)");
+  EMBER_CHECK(a != "falcon" || o.act != FfnActivation::silu, "synth: falcon's FFN is gelu (or relu, ReluFalcon); use --act gelu or relu");
+  EMBER_CHECK(!o.powerinfer || a == "llama" || a == "bamboo" || a == "opt" || a == "falcon",
+              "synth: PowerInfer's layout has no {} (llama, bamboo, opt, falcon)", a);
+  EMBER_CHECK(o.sparsity == 0.0f || a == "llama" || a == "bamboo" || a == "opt",
+              "synth: an activation profile (--sparsity) is built for llama, bamboo and opt, not {}", a);
+  EMBER_CHECK(o.gate_rank == 0 || a == "llama" || a == "bamboo", "synth: a predictable gate (--gate-rank) needs llama or bamboo");
   EMBER_CHECK(o.arch != "opt" || o.n_head_kv == o.n_head, "synth: opt has no grouped-query attention (n_head_kv {} != n_head {})",
               o.n_head_kv, o.n_head);
   EMBER_CHECK(o.predictor_rank >= 0 && o.predictor_rank <= o.n_ff, "synth: predictor rank must be 0 (default) to n_ff, got {}",
@@ -512,7 +575,7 @@ void validate(const SynthOptions& o) {
     EMBER_CHECK(synth_predictor_rank(o) % pbs == 0, "synth: predictor rank {} must be a multiple of {} ({} predictor)",
                 synth_predictor_rank(o), pbs, dtype_name(predictor_type(o.type)));
   }
-  EMBER_CHECK(o.head_dim == 0 || o.arch == "gemma3", "synth: an explicit head size needs --arch gemma3");
+  EMBER_CHECK(o.head_dim == 0 || o.arch == "gemma3" || o.arch == "qwen3", "synth: an explicit head size needs --arch gemma3 or qwen3");
   EMBER_CHECK(o.head_dim > 0 || o.n_embd % o.n_head == 0, "synth: n_head ({}) must divide n_embd ({})", o.n_head, o.n_embd);
   EMBER_CHECK(o.head_dim >= 0 && o.head_dim <= 4096 && head_dim_of(o) % 2 == 0, "synth: head size {} must be even",
               head_dim_of(o));
@@ -614,13 +677,18 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   w.set("general.file_type", Value::u32(file_type_of(o.type)));
   w.set("general.quantization_version", Value::u32(2));
   w.set(a + ".block_count", u32(o.n_layer));
-  // OPT: the rows of the position table, as PowerInfer's converter writes (2050 for 2048).
-  w.set(a + ".context_length", u32(a == "opt" ? o.n_ctx + 2 : o.n_ctx));
+  // OPT: the rows of the position table, as PowerInfer's converter writes (2050 for 2048). Phi-3:
+  // a LongRoPE model trained to 4x its original context.
+  w.set(a + ".context_length", u32(a == "opt" ? o.n_ctx + 2 : a == "phi3" ? 4 * o.n_ctx : o.n_ctx));
   w.set(a + ".embedding_length", u32(o.n_embd));
   w.set(a + ".feed_forward_length", u32(o.n_ff));
   w.set(a + ".attention.head_count", u32(o.n_head));
   if (a == "opt") {
     w.set("opt.attention.layer_norm_epsilon", Value::f32(o.rms_eps));
+  } else if (a == "falcon") {
+    w.set("falcon.attention.head_count_kv", u32(o.n_head_kv));
+    w.set("falcon.attention.layer_norm_epsilon", Value::f32(o.rms_eps));
+    w.set("falcon.rope.freq_base", Value::f32(o.rope_base));
   } else {
     w.set(a + ".attention.head_count_kv", u32(o.n_head_kv));
     w.set(a + ".rope.freq_base", Value::f32(o.rope_base));
@@ -642,6 +710,15 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   } else if (a == "qwen2") {
     // llama.cpp's converter writes no rope.dimension_count or vocab_size for Qwen2 (whole heads
     // rotate; the vocabulary is the token list's length).
+  } else if (a == "qwen3") {
+    w.set("qwen3.attention.key_length", u32(head_dim));
+    w.set("qwen3.attention.value_length", u32(head_dim));
+  } else if (a == "phi3") {
+    w.set("phi3.rope.dimension_count", u32(head_dim));
+    w.set("phi3.rope.scaling.original_context_length", u32(o.n_ctx));
+    w.set("phi3.rope.scaling.attn_factor", Value::f32(1.19f));
+  } else if (a == "falcon") {
+    w.set("falcon.ffn_activation", Value::str(ffn_activation_name(o.act)));
   } else {  // gemma3, with the keys llama.cpp's converter writes
     w.set("gemma3.attention.key_length", u32(head_dim));
     w.set("gemma3.attention.value_length", u32(head_dim));

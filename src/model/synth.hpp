@@ -13,7 +13,7 @@
 
 namespace ember {
 
-enum class FfnActivation { silu, relu };
+enum class FfnActivation { silu, relu, gelu };
 
 struct SynthOptions {
   int64_t n_embd = 64;
@@ -35,6 +35,12 @@ struct SynthOptions {
   // "bamboo": a llama with ReLU on gate and up (PowerInfer's arch name and keys). "opt": OPT
   // (LayerNorm with biases, learned positions with n_ctx + 2 rows, biases everywhere, ReLU FFN
   // of up and down only), with the names PowerInfer's converter writes.
+  // "qwen2": Q/K/V biases. "qwen3": per-head Q/K RMSNorm (head_dim may differ from n_embd /
+  // n_head). "phi3": fused attn_qkv and fused gate/up (ffn_up of 2 n_ff rows), LongRoPE factors
+  // (rope_factors_short / _long, rope.scaling.attn_factor; context_length 4 n_ctx with
+  // original_context_length n_ctx). "falcon": LayerNorm with biases, fused attn_qkv, parallel
+  // residual, FFN without gate (act gelu, or relu as ReluFalcon); one input norm with one KV head
+  // (Falcon-7B's layout), attn_norm_2 as well with more (40B's).
   std::string arch = "llama";
   int64_t head_dim = 0;
   int64_t sliding_window = 4;  // gemma3: window of the local layers (small, so tests cross it)
@@ -75,7 +81,7 @@ int64_t synth_predictor_rank(const SynthOptions& opts);
 // Throws ember::Error naming the known presets for any other name.
 SynthOptions synth_preset(const std::string& name);
 const std::vector<std::string>& synth_preset_names();
-// Parses "silu" / "relu".
+// Parses "silu" / "relu" / "gelu".
 FfnActivation parse_ffn_activation(const std::string& s);
 const char* ffn_activation_name(FfnActivation a);
 

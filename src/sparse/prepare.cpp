@@ -159,11 +159,13 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
     w.set(k, mr.metadata().at(k));
   }
   w.set("powerinfer.sparse_threshold", gguf::Value::f32(pred_threshold));
-  // A PWRI llama without the key is ReLU (PowerInfer's reading, model/llama.cpp); a plain GGUF
-  // llama without it is SwiGLU. Say which the model is, or a SwiGLU model (SmolLM2) comes back
-  // as ReLU.
+  // A PWRI llama or falcon without the key is ReLU (PowerInfer's reading, model/llama.cpp,
+  // falcon.cpp); a plain GGUF one is SwiGLU / GELU. Say which the model is, or a SwiGLU model
+  // (SmolLM2) comes back as ReLU.
   if (hp.arch == "llama")
     w.set("llama.ffn_activation", gguf::Value::str(hp.act == cpu::Activation::relu ? "relu" : "silu"));
+  if (hp.arch == "falcon")
+    w.set("falcon.ffn_activation", gguf::Value::str(hp.act == cpu::Activation::relu ? "relu" : "gelu"));
   // The embedded predictor keeps the input convention it was trained for.
   w.set(kPredictorInputKey,
         gguf::Value::str((pred ? predictor_reads_residual(*pred) : model->predictor_on_residual) ? "residual" : "ffn_input"));

@@ -53,6 +53,7 @@ void run_synth(const SynthArgs& a) {
   // ReLU architectures: relu unless --act says otherwise (validate names the conflict); OPT ties
   // its output to the embedding (PowerInfer loads no output.weight for it).
   if ((o.arch == "bamboo" || o.arch == "opt") && a.o_act->count() == 0) o.act = FfnActivation::relu;
+  if (o.arch == "falcon" && a.o_act->count() == 0) o.act = FfnActivation::gelu;
   if (o.arch == "opt") o.tied = true, o.n_head_kv = o.n_head;
   o.head_dim = a.head_dim;
   if (a.o_tied->count() > 0) o.tied = a.tied;
@@ -116,8 +117,8 @@ void add_synth(CLI::App& app) {
   for (const auto& d : dims) a->dims.push_back({cmd->add_option(d.flag, *d.field, d.help), d.field});
   cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k")
                   ->capture_default_str();
-  a->o_act = cmd->add_option("--act", a->act, "FFN activation: silu or relu (bamboo, opt: relu)")->capture_default_str();
-  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt, gemma3 or qwen2")->capture_default_str();
+  a->o_act = cmd->add_option("--act", a->act, "FFN activation: silu or relu (bamboo, opt: relu; falcon: gelu or relu)")->capture_default_str();
+  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt, gemma3, qwen2, qwen3, phi3 or falcon")->capture_default_str();
   cmd->add_flag("--powerinfer", a->powerinfer,
                 "PowerInfer's layout: PWRI magic, ffn_down_t instead of ffn_down, predictor fc1/fc2, "
                 "powerinfer.sparse_threshold");
@@ -125,7 +126,7 @@ void add_synth(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--predictor-threshold", a->predictor_threshold, "powerinfer.sparse_threshold of --powerinfer")
       ->capture_default_str();
-  cmd->add_option("--head-dim", a->head_dim, "Head size (gemma3 only; 0: n_embd / n_head)")->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dim, "Head size (gemma3, qwen3; 0: n_embd / n_head)")->capture_default_str();
   a->o_tied = cmd->add_flag("--tied,!--untied", a->tied, "Share token_embd as the output projection");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   a->o_rope = cmd->add_option("--rope-base", a->rope_base, "RoPE frequency base (default: the preset's)");

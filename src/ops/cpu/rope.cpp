@@ -11,6 +11,7 @@ RopeTable::RopeTable(RopeConfig config) : config_(std::move(config)) {
               config_.n_rot);
   EMBER_CHECK(config_.base > 0, "rope: base must be positive");
   EMBER_CHECK(config_.linear_scale > 0, "rope: scale must be positive");
+  EMBER_CHECK(config_.attn_factor > 0 && std::isfinite(config_.attn_factor), "rope: attention factor must be positive");
   int half = config_.n_rot / 2;
   EMBER_CHECK(config_.freq_factors.empty() || static_cast<int>(config_.freq_factors.size()) == half,
               "rope: {} frequency factors given, {} expected", config_.freq_factors.size(), half);
@@ -25,8 +26,8 @@ RopeTable::RopeTable(RopeConfig config) : config_(std::move(config)) {
 void RopeTable::angles(int64_t pos, float* cos_sin) const {
   for (size_t i = 0; i < inv_freq_.size(); ++i) {
     double theta = static_cast<double>(pos) * inv_freq_[i];
-    cos_sin[2 * i] = static_cast<float>(std::cos(theta));
-    cos_sin[2 * i + 1] = static_cast<float>(std::sin(theta));
+    cos_sin[2 * i] = static_cast<float>(config_.attn_factor * std::cos(theta));
+    cos_sin[2 * i + 1] = static_cast<float>(config_.attn_factor * std::sin(theta));
   }
 }
 

@@ -18,6 +18,8 @@ struct RopeConfig {
   double linear_scale = 1.0; // positions are divided by this (rope.scaling.type = linear)
   RopeLayout layout = RopeLayout::normal;
   std::vector<float> freq_factors;  // optional, n_rot/2 entries: theta_i /= factor_i
+  // cos and sin are multiplied by this (rope.scaling.attn_factor: Phi-3's LongRoPE scale)
+  double attn_factor = 1.0;
 };
 
 class RopeTable {

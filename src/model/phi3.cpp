@@ -1,0 +1,82 @@
+// Phi-3 / Phi-3.5 / Phi-4-mini (`phi3` in GGUF), as llama.cpp runs it (src/models/phi3.cpp
+// there), in the shared blocks (model/blocks.hpp):
+//
+//   x = embed(token)
+//   per layer:  h = x + wo attn(rope(wq n), rope(wk n), wv n),   n = rms_norm(x; attn_norm)
+//               x = h + down(silu(g) * u),  [g; u] = ffn_up m,   m = rms_norm(h; ffn_norm)
+//   logits = output(rms_norm(x; output_norm))      output tied to token_embd when absent
+//
+// Both projections come fused: Q, K and V as one attn_qkv (bound as three row ranges,
+// loader.hpp), gate and up as one ffn_up of 2 n_ff rows, the gate's rows first (llama.cpp's
+// LLM_FFN_SWIGLU splits it so); files with a separate ffn_gate are read too. RoPE in the NeoX
+// layout. Its LongRoPE scaling (Phi-3-*-128k): per-frequency factors rope_factors_short /
+// rope_factors_long and a cos/sin scale rope.scaling.attn_factor. llama.cpp takes the long
+// factors only when the context exceeds rope.scaling.original_context_length; Ember uses the
+// short ones and limits the context to that length when the two differ (the long factors
+// are not implemented yet, and the limit is logged). The file's attention.sliding_window is
+// ignored, as llama.cpp does (its converters write values that disagree with the models).
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "model/loader.hpp"
+
+namespace ember {
+namespace {
+
+// rope_factors_short / _long (n_rot / 2 F32 values) when the file has them, else empty.
+std::vector<float> rope_factors(const gguf::Reader& r, const char* name, int64_t n) {
+  const TensorView t = r.view(name);
+  if (!t.valid()) return {};
+  EMBER_CHECK(t.type == DType::F32 && t.n_elements() == n, "{}: {} must be F32 with {} elements", r.path(), name, n);
+  return std::vector<float>(as_floats(t), as_floats(t) + n);
+}
+
+}  // namespace
+
+void load_phi3(Model& m) {
+  const gguf::Reader& r = *m.file;
+  Hparams& hp = m.hp;
+  hp.arch = "phi3";
+  read_common_hparams(r, hp);
+  hp.act = cpu::Activation::silu;
+  hp.rope.layout = cpu::RopeLayout::neox;
+  EMBER_CHECK(hp.n_head * hp.head_dim == hp.n_embd, "{}: phi3 needs n_head * head size == n_embd", r.path());
+
+  const std::vector<float> short_f = rope_factors(r, "rope_factors_short.weight", hp.rope.n_rot / 2);
+  const std::vector<float> long_f = rope_factors(r, "rope_factors_long.weight", hp.rope.n_rot / 2);
+  hp.rope.freq_factors = short_f;
+  if (!long_f.empty() && long_f != short_f) {
+    const int64_t orig = r.opt_int("phi3.rope.scaling.original_context_length").value_or(hp.n_ctx_train);
+    if (orig < hp.n_ctx_train) {
+      log_warn("{}: contexts beyond {} tokens need Phi-3's long RoPE factors, which Ember does not implement yet; "
+               "the context is limited to {}", r.path(), orig, orig);
+      hp.n_ctx_train = orig;
+    }
+  }
+
+  TensorBinder b(r, hp);
+  bind_embeddings(b, m);
+  m.layers.resize(hp.n_layer);
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& L = m.layers[il];
+    auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+    L.attn_norm = b.norm(name("attn_norm"), hp.n_embd);
+    bind_attention(b, hp, il, L, AttnBiases::none);
+    if (b.optional(name("ffn_gate")).valid()) {
+      bind_gated_ffn(b, hp, il, L.ffn, FfnGating::par);
+      continue;
+    }
+    FfnWeights& f = L.ffn;
+    f.norm = b.norm(name("ffn_norm"), hp.n_embd);
+    const TensorView gate_up = b.matrix(name("ffn_up"), hp.n_embd, 2 * hp.n_ff);
+    f.gate = row_range(gate_up, 0, hp.n_ff);
+    f.up = row_range(gate_up, hp.n_ff, 2 * hp.n_ff);
+    f.gating = FfnGating::par;
+    bind_ffn_down_and_predictor(b, hp, il, f);
+  }
+  read_sparse_metadata(m);
+  build_rope(m);
+}
+
+}  // namespace ember

@@ -156,6 +156,11 @@ for arch in qwen3 phi3 falcon; do
   expect_ok "generate $arch" "$ember" generate -m "$tmp/$arch.gguf" -p "hello" -n 4 --temp 0
   contains "$arch loaded" "$tmp/err" "\\($arch\\)"
 done
+expect_ok "synth mixtral" "$ember" synth --preset tiny --n-expert 4 --n-expert-used 2 -o "$tmp/mixtral.gguf"
+expect_ok "generate mixtral" "$ember" generate -m "$tmp/mixtral.gguf" -p "hello" -n 4 --temp 0
+expect_ok "synth qwen3moe" "$ember" synth --preset tiny --arch qwen3moe --n-expert 8 --n-expert-used 2 --n-ff 64 -o "$tmp/qwen3moe.gguf"
+expect_ok "generate qwen3moe" "$ember" generate -m "$tmp/qwen3moe.gguf" -p "hello" -n 4 --temp 0
+expect_error "sparse mode on experts" "mixtures of experts" "$ember" generate -m "$tmp/qwen3moe.gguf" -p "hello" -n 4 --sparse-mode oracle
 expect_ok "synth relu falcon powerinfer" "$ember" synth --preset tiny --arch falcon --act relu --powerinfer -o "$tmp/falcon.pi.gguf"
 expect_ok "generate relu falcon predictor" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode predictor
 expect_ok "generate relu falcon oracle" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode oracle

@@ -147,12 +147,12 @@ TEST(Blocks, ParallelResidualMatchesTheReference) {
 }
 
 TEST(Blocks, ArchitectureTable) {
-  for (const char* a : {"llama", "bamboo", "gemma3", "opt", "qwen2", "qwen3", "phi3", "falcon"}) {
+  for (const char* a : {"llama", "bamboo", "gemma3", "opt", "qwen2", "qwen3", "phi3", "falcon", "qwen3moe"}) {
     ASSERT_NE(find_architecture(a), nullptr) << a;
     EXPECT_STREQ(find_architecture(a)->name, a);
   }
   EXPECT_EQ(find_architecture("mixtral"), nullptr);
-  EXPECT_EQ(architecture_names(), "llama, bamboo, gemma3, opt, qwen2, qwen3, phi3, falcon");
+  EXPECT_EQ(architecture_names(), "llama, bamboo, gemma3, opt, qwen2, qwen3, phi3, falcon, qwen3moe");
   // A file of another architecture is refused naming the ones Ember runs.
   gguf::Writer w;
   w.set("general.architecture", gguf::Value::str("mamba"));

@@ -36,7 +36,8 @@ SynthOptions synth_options(const std::vector<std::string>& flags) {
   const std::map<std::string, int64_t*> dims = {{"--n-embd", &o.n_embd}, {"--n-ff", &o.n_ff},
                                                 {"--n-layer", &o.n_layer}, {"--n-head", &o.n_head},
                                                 {"--n-head-kv", &o.n_head_kv}, {"--n-vocab", &o.n_vocab},
-                                                {"--ctx", &o.n_ctx}, {"--head-dim", &o.head_dim}};
+                                                {"--ctx", &o.n_ctx}, {"--head-dim", &o.head_dim},
+                                                {"--n-expert", &o.n_expert}, {"--n-expert-used", &o.n_expert_used}};
   bool act_given = false;
   for (size_t i = 0; i < flags.size(); ++i) {
     const std::string& f = flags[i];
@@ -81,14 +82,14 @@ int32_t argmax(const float* l, int64_t n) { return static_cast<int32_t>(std::max
 
 TEST(LlamaCppSynth, EveryArchitectureAndTypeAgrees) {
   const std::vector<Case> all = cases();
-  ASSERT_GE(all.size(), 28u) << "tests/data/llamacpp_synth is incomplete";
+  ASSERT_GE(all.size(), 36u) << "tests/data/llamacpp_synth is incomplete";
   const auto dir = std::filesystem::temp_directory_path() / "ember-test-llamacpp-synth";
   std::filesystem::create_directories(dir);
   std::map<std::string, int> archs;
   for (const Case& c : all) {
     SCOPED_TRACE(c.name);
     const SynthOptions o = synth_options(c.data["synth"].get<std::vector<std::string>>());
-    ++archs[o.arch];
+    ++archs[o.n_expert > 0 && o.arch == "llama" ? "mixtral" : o.arch];
     const std::string path = (dir / (c.name + ".gguf")).string();
     synth_write(o, path);
     auto m = load_model(path);
@@ -131,5 +132,5 @@ TEST(LlamaCppSynth, EveryArchitectureAndTypeAgrees) {
     std::printf("%-18s max |Ember - llama.cpp| %.4f (llama.cpp vs itself %.4f), top-1 checked at %d of %d positions\n",
                 c.name.c_str(), worst, self, top1_checked, positions);
   }
-  for (const char* a : {"llama", "qwen2", "qwen3", "phi3", "falcon"}) EXPECT_GE(archs[a], 4) << a;
+  for (const char* a : {"llama", "qwen2", "qwen3", "phi3", "falcon", "mixtral", "qwen3moe"}) EXPECT_GE(archs[a], 4) << a;
 }

@@ -289,7 +289,7 @@ TEST(Synth, BadOptionsGiveClearErrors) {
   expect_error(o, "not supported");
   o = small_opts();
   o.arch = "mistral";
-  expect_error(o, "--arch must be llama, bamboo, opt, gemma3, qwen2, qwen3, phi3 or falcon");
+  expect_error(o, "--arch must be llama, bamboo, opt, gemma3, qwen2, qwen3, qwen3moe, phi3 or falcon");
   o = small_opts();
   o.arch = "falcon";  // GELU or ReLU, never SwiGLU
   expect_error(o, "falcon's FFN is gelu");
@@ -297,12 +297,21 @@ TEST(Synth, BadOptionsGiveClearErrors) {
   o.arch = "llama";
   expect_error(o, "--act gelu is for falcon");
   o = small_opts();
+  o.n_expert = 4;  // experts without a count chosen per token
+  expect_error(o, "needs both --n-expert and --n-expert-used");
+  o.n_expert_used = 2;
+  o.arch = "phi3";
+  expect_error(o, "experts are for llama (Mixtral) and qwen3moe");
+  o = small_opts();
+  o.arch = "qwen3moe";
+  expect_error(o, "qwen3moe needs --n-expert");
+  o = small_opts();
   o.arch = "phi3";
   o.powerinfer = true;
   expect_error(o, "PowerInfer's layout has no phi3");
   o = small_opts();
   o.head_dim = 32;
-  expect_error(o, "explicit head size needs --arch gemma3 or qwen3");
+  expect_error(o, "explicit head size needs --arch gemma3, qwen3 or qwen3moe");
   o = small_opts();
   o.n_vocab = 100;
   expect_error(o, "n_vocab must be between 260");

@@ -400,6 +400,14 @@ TEST(PreTokenize, Llama3) {
   EXPECT_EQ(split(PreTokenizer::Llama3, "a  \n b"), (Words{"a", "  \n", " b"}));
 }
 
+TEST(PreTokenize, Falcon) {
+  // Falcon: '`' is punctuation of its own, and numbers are not split from their leading space
+  // (no \p{N}+ step), only into ASCII digit triples.
+  EXPECT_EQ(split(PreTokenizer::Falcon, "x 12 a`b"), (Words{"x", " 12", " a", "`", "b"}));
+  EXPECT_EQ(split(PreTokenizer::Default, "x 12 a`b"), (Words{"x", " ", "12", " a", "`", "b"}));
+  EXPECT_EQ(pre_tokenizer_from_name("falcon"), PreTokenizer::Falcon);
+}
+
 TEST(PreTokenize, Names) {
   EXPECT_EQ(pre_tokenizer_from_name("smollm"), PreTokenizer::Smollm);
   EXPECT_EQ(pre_tokenizer_from_name("llama-bpe"), PreTokenizer::Llama3);

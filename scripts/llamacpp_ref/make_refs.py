@@ -35,6 +35,9 @@ ARCHS = [
     ("phi3", ["--arch", "phi3"]),
     ("falcon-7b", ["--arch", "falcon", "--n-head-kv", "1"]),
     ("falcon-40b", ["--arch", "falcon"]),
+    ("mixtral", ["--arch", "llama", "--n-expert", "4", "--n-expert-used", "2", "--n-ff", "256"]),
+    ("qwen3moe", ["--arch", "qwen3moe", "--head-dim", "128", "--n-expert", "8", "--n-expert-used", "2",
+                  "--n-ff", "256"]),
 ]
 TYPES = ["f32", "f16", "q8_0", "q4_k"]
 

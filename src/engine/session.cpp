@@ -32,6 +32,11 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim, p.kv_type);
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
+  if (p.hybrid_on() || p.sparse.mode != FfnMode::dense) {
+    const std::string why = model_moe_refusal(model, p.hybrid_on() ? "the hybrid executor (--vram-budget / --plan)"
+                                                                    : fmt::format("--sparse-mode {}", ffn_mode_name(p.sparse.mode)));
+    EMBER_CHECK(why.empty(), "{}: {}", model.file->path(), why);
+  }
   if (p.hybrid_on()) {
     EMBER_CHECK(p.sparse.mode == FfnMode::dense || p.sparse.mode == FfnMode::oracle,
                 "the hybrid executor (--vram-budget / --plan) runs the oracle rule (the gate decides on both sides, "
@@ -53,7 +58,8 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
 void Session::set_ffn_executor(FfnExecutor* e) {
   FfnExecutor* ffn = e ? e : own_ffn();
   if (ffn) {
-    const std::string why = ffn->refusal(model_);
+    std::string why = model_moe_refusal(model_, "an FFN executor (sparse modes, profiling, predictor training)");
+    if (why.empty()) why = ffn->refusal(model_);
     EMBER_CHECK(why.empty(), "{}: {}", model_.file->path(), why);
   }
   ws_.ffn = ffn;

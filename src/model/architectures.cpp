@@ -6,7 +6,7 @@
 
 namespace ember {
 
-void load_llama(Model& model);   // llama.cpp: Llama 1/2/3, SmolLM, Mistral, ReluLLaMA, ProSparse
+void load_llama(Model& model);   // llama.cpp: Llama 1/2/3, SmolLM, Mistral, Mixtral, ReluLLaMA, ProSparse
 void load_bamboo(Model& model);  // llama.cpp: a llama with ReLU on gate and up
 void load_gemma3(Model& model);  // gemma3.cpp
 void load_opt(Model& model);     // opt.cpp
@@ -14,6 +14,7 @@ void load_qwen2(Model& model);   // qwen2.cpp
 void load_qwen3(Model& model);   // qwen3.cpp
 void load_phi3(Model& model);    // phi3.cpp
 void load_falcon(Model& model);  // falcon.cpp
+void load_qwen3moe(Model& model);  // qwen3moe.cpp
 
 namespace {
 
@@ -26,6 +27,7 @@ constexpr Architecture kArchitectures[] = {
     {.name = "qwen3", .load = load_qwen3},
     {.name = "phi3", .load = load_phi3},
     {.name = "falcon", .load = load_falcon},
+    {.name = "qwen3moe", .load = load_qwen3moe},
 };
 
 }  // namespace

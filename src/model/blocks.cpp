@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "model/ffn.hpp"
 #include "model/loader.hpp"
+#include "model/moe.hpp"
 #include "ops/cpu/attention.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/norm.hpp"
@@ -164,7 +165,8 @@ void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& po
   float* out = ws.o.data();
   ffn_block_input(m, L, ws, x, xn, n);
   ws.ffn_residual = x;
-  if (ws.ffn) ws.ffn->run(pool, il, L.ffn, m.hp.act, xn, n, out, ws);
+  if (L.moe.valid()) moe_ffn(pool, L.moe, m.hp.act, xn, n, out, ws);  // no executor takes experts (yet)
+  else if (ws.ffn) ws.ffn->run(pool, il, L.ffn, m.hp.act, xn, n, out, ws);
   else dense_ffn(pool, L.ffn, m.hp.act, xn, n, out, ws);
   ffn_block_output(m, L, out, x, n);
 }

@@ -33,11 +33,15 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
     if (t.valid()) mm = std::max(mm, cpu::matmul_scratch_bytes(t.type, t.cols(), batch));
   };
   need(model.output);
-  for (const auto& l : model.layers)
+  for (const auto& l : model.layers) {
     for (const TensorView* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn.gate, &l.ffn.up, &l.ffn.down}) need(*t);
+    need(l.moe.router);
+    for (const FfnWeights& e : l.moe.experts)
+      for (const TensorView* t : {&e.gate, &e.up, &e.down}) need(*t);
+  }
   mm_scratch.resize(std::max<size_t>(mm, 64));
   bool down_t_only = false;
-  for (const auto& l : model.layers) down_t_only |= !l.ffn.down.valid();
+  for (const auto& l : model.layers) down_t_only |= !l.ffn.down.valid() && !l.moe.valid();
   if (down_t_only) {
     all_neurons.resize(static_cast<size_t>(hp.n_ff));
     for (int64_t j = 0; j < hp.n_ff; ++j) all_neurons[static_cast<size_t>(j)] = static_cast<int32_t>(j);

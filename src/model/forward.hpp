@@ -1,6 +1,7 @@
 // Running tokens through a model: the per-sequence workspace and the forward entry point.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/aligned_buffer.hpp"
 #include "core/thread_pool.hpp"
@@ -37,6 +38,10 @@ struct Workspace {
   // The residual stream entering the current layer's FFN (before its norm), n x n_embd, set by
   // the FFN block before it calls the FFN: PowerInfer's predictors read it.
   const float* ffn_residual = nullptr;
+  // Mixture-of-experts layers (model/moe.hpp): router probabilities, the chosen experts and
+  // their weights, the rows of the tokens that chose one expert and its output for them.
+  std::vector<float> moe_logits, moe_weights, moe_x, moe_out;
+  std::vector<int32_t> moe_ids;
   // The positions whose RoPE angles cos_sin holds (model/blocks.cpp).
   int64_t angles_pos0 = -1, angles_n = 0;
 

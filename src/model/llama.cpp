@@ -1,4 +1,5 @@
-// The llama architecture (Llama 1/2/3, SmolLM, Mistral-style dense models, ReluLLaMA, ProSparse)
+// The llama architecture (Llama 1/2/3, SmolLM, Mistral-style dense models, ReluLLaMA, ProSparse,
+// and Mixtral: layers with ffn_gate_inp are mixtures of experts, model/moe.hpp)
 // and Bamboo (PowerInfer's arch "bamboo", keys bamboo.*: a llama with ReLU on both gate and up,
 // FfnGating::sym), in the shared blocks (model/blocks.hpp):
 //
@@ -40,7 +41,10 @@ void load_llama_family(Model& m, bool bamboo) {
     auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
     L.attn_norm = b.norm(name("attn_norm"), d);
     bind_attention(b, hp, il, L, AttnBiases::none);
-    bind_gated_ffn(b, hp, il, L.ffn, bamboo ? FfnGating::sym : FfnGating::par);
+    if (!bamboo && b.optional(name("ffn_gate_inp")).valid())  // Mixtral: a mixture of experts
+      bind_moe_ffn(b, hp, il, L, hp.n_ff);
+    else
+      bind_gated_ffn(b, hp, il, L.ffn, bamboo ? FfnGating::sym : FfnGating::par);
   }
   read_sparse_metadata(m);
   build_rope(m);

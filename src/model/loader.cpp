@@ -45,6 +45,11 @@ void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
   EMBER_CHECK(hp.rope.attn_factor > 0 && std::isfinite(hp.rope.attn_factor), "{}: rope.scaling.attn_factor {} must be positive",
               r.path(), hp.rope.attn_factor);
 
+  hp.n_expert = r.opt_int(key("expert_count")).value_or(0);
+  hp.n_expert_used = r.opt_int(key("expert_used_count")).value_or(0);
+  EMBER_CHECK(hp.n_expert >= 0 && hp.n_expert <= 4096 && (hp.n_expert == 0 || (hp.n_expert_used >= 1 && hp.n_expert_used <= hp.n_expert)),
+              "{}: expert_count {} / expert_used_count {} are inconsistent", r.path(), hp.n_expert, hp.n_expert_used);
+
   // The vocabulary size: explicit key, else the embedding's row count (bound later).
   hp.n_vocab = r.opt_int(key("vocab_size")).value_or(0);
 }
@@ -60,6 +65,16 @@ TensorView TensorBinder::matrix(const std::string& name, int64_t in, int64_t out
   TensorView t = require(name);
   EMBER_CHECK(t.ne[0] == in && t.rows() == out && t.ne[2] == 1 && t.ne[3] == 1,
               "{}: tensor '{}' has shape [{}, {}], expected [{}, {}]", r_.path(), name, t.ne[0], t.ne[1], in, out);
+  EMBER_CHECK(dtype_supported(t.type), "{}: tensor '{}' has type {}, which Ember cannot compute with yet", r_.path(),
+              name, dtype_name(t.type));
+  return t;
+}
+
+TensorView TensorBinder::experts(const std::string& name, int64_t in, int64_t out, int64_t n_expert) const {
+  TensorView t = require(name);
+  EMBER_CHECK(t.ne[0] == in && t.ne[1] == out && t.ne[2] == n_expert && t.ne[3] == 1,
+              "{}: tensor '{}' has shape [{}, {}, {}], expected [{}, {}, {}] (n_expert {})", r_.path(), name, t.ne[0],
+              t.ne[1], t.ne[2], in, out, n_expert, n_expert);
   EMBER_CHECK(dtype_supported(t.type), "{}: tensor '{}' has type {}, which Ember cannot compute with yet", r_.path(),
               name, dtype_name(t.type));
   return t;
@@ -83,6 +98,7 @@ TensorView row_range(const TensorView& t, int64_t r0, int64_t r1) {
     v.nbytes = static_cast<size_t>(r1 - r0) * sizeof(float);
     return v;
   }
+  v.n_dims = 2;
   v.ne[1] = r1 - r0;
   v.ne[2] = v.ne[3] = 1;
   v.data = t.data + static_cast<size_t>(r0) * t.row_stride();
@@ -125,6 +141,29 @@ void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWei
   f.up = b.matrix(name("ffn_up"), hp.n_embd, hp.n_ff);
   f.gating = gating;
   bind_ffn_down_and_predictor(b, hp, il, f);
+}
+
+void bind_moe_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, int64_t n_ff_exp) {
+  auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+  const int64_t d = hp.n_embd, ne = hp.n_expert;
+  EMBER_CHECK(ne >= 1, "{}: layer {} has {} but the file declares no {}.expert_count", b.path(), il,
+              name("ffn_gate_inp"), hp.arch);
+  L.ffn.norm = b.norm(name("ffn_norm"), d);
+  MoeWeights& moe = L.moe;
+  moe.router = b.matrix(name("ffn_gate_inp"), d, ne);
+  moe.n_used = hp.n_expert_used;
+  moe.norm_weights = true;  // Mixtral and Qwen3-MoE renormalise the chosen experts' weights
+  const TensorView gate = b.experts(name("ffn_gate_exps"), d, n_ff_exp, ne);
+  const TensorView up = b.experts(name("ffn_up_exps"), d, n_ff_exp, ne);
+  const TensorView down = b.experts(name("ffn_down_exps"), n_ff_exp, d, ne);
+  moe.experts.resize(static_cast<size_t>(ne));
+  for (int64_t e = 0; e < ne; ++e) {
+    FfnWeights& f = moe.experts[static_cast<size_t>(e)];
+    f.gating = FfnGating::par;
+    f.gate = row_range(gate, e * n_ff_exp, (e + 1) * n_ff_exp);
+    f.up = row_range(up, e * n_ff_exp, (e + 1) * n_ff_exp);
+    f.down = row_range(down, e * d, (e + 1) * d);
+  }
 }
 
 void bind_embeddings(const TensorBinder& b, Model& m) {

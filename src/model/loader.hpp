@@ -17,6 +17,8 @@ class TensorBinder {
   TensorBinder(const gguf::Reader& r, const Hparams& hp) : r_(r), hp_(hp) {}
   // A weight matrix mapping `in` inputs to `out` outputs: ne = [in, out], a supported type.
   TensorView matrix(const std::string& name, int64_t in, int64_t out) const;
+  // The experts' matrices of a mixture-of-experts layer, one 3-D tensor: ne = [in, out, n_expert].
+  TensorView experts(const std::string& name, int64_t in, int64_t out, int64_t n_expert) const;
   // A 1-D F32 vector of length n.
   TensorView norm(const std::string& name, int64_t n) const;
   TensorView optional(const std::string& name) const { return r_.view(name); }
@@ -44,6 +46,12 @@ void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerW
 // Layer il's gated FFN (SwiGLU, GeGLU, ReLU llama, Bamboo): blk.il.ffn_norm, ffn_gate, ffn_up,
 // the down projection and predictor (bind_ffn_down_and_predictor), with `gating`.
 void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWeights& f, FfnGating gating);
+
+// Layer il's mixture-of-experts FFN (Mixtral, Qwen3-MoE; model/moe.hpp): blk.il.ffn_norm, the
+// router ffn_gate_inp and the experts' ffn_gate_exps / ffn_up_exps (ne = [n_embd, n_ff_exp,
+// n_expert]) and ffn_down_exps ([n_ff_exp, n_embd, n_expert]), each expert a 2-D slice, with
+// hp.n_expert / n_expert_used.
+void bind_moe_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, int64_t n_ff_exp);
 
 // token_embd, output_norm and output (tied to token_embd when absent).
 void bind_embeddings(const TensorBinder& b, Model& m);

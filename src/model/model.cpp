@@ -11,10 +11,28 @@ size_t Model::weight_bytes_per_token() const {
   for (const auto& l : layers) {
     for (const TensorView* t : l.attention_tensors()) total += t->nbytes;
     for (const TensorView* t : l.ffn_block_tensors()) total += t->nbytes;
+    if (l.moe.valid()) {  // the router and n_used experts (of equal size)
+      const FfnWeights& e = l.moe.experts[0];
+      total += l.moe.router.nbytes + static_cast<size_t>(l.moe.n_used) * (e.gate.nbytes + e.up.nbytes + e.down.nbytes);
+      continue;
+    }
     total += l.ffn.gate.nbytes + l.ffn.up.nbytes + l.ffn.up_b.nbytes;
     total += l.ffn.down.valid() ? l.ffn.down.nbytes : l.ffn.down_t.nbytes;  // the one the dense path reads
   }
   return total;
+}
+
+bool model_has_moe(const Model& model) {
+  for (const auto& l : model.layers)
+    if (l.moe.valid()) return true;
+  return false;
+}
+
+std::string model_moe_refusal(const Model& model, const std::string& what) {
+  if (!model_has_moe(model)) return {};
+  return fmt::format("{} works on dense FFNs; this {} model's FFNs are mixtures of experts, which it does not "
+                     "place or predict yet (run it dense: no --sparse-mode, no --vram-budget)",
+                     what, model.hp.arch);
 }
 
 const char* ffn_gating_name(FfnGating g) {

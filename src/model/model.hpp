@@ -44,6 +44,9 @@ struct Hparams {
   std::vector<bool> swa_layers;   // per layer: uses the sliding window (and rope_local)
   cpu::RopeConfig rope_local;     // RoPE of the sliding-window layers (gemma3)
   float final_softcap = 0.0f;     // logits = c * tanh(logits / c); 0 = none
+  // Mixture of experts ({arch}.expert_count, expert_used_count; 0 = dense FFNs).
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
 };
 
 // How an FFN combines its projections; the rule itself (a neuron's firing value and value for
@@ -80,11 +83,30 @@ struct FfnWeights {
   bool down_neuron_major_only() const { return !down.valid(); }
 };
 
+// A mixture-of-experts FFN (Mixtral, Qwen3-MoE): a router picks, per token, the n_used experts
+// of highest softmax probability; the FFN's output is the sum of their outputs weighted by those
+// probabilities (renormalised to sum 1 when norm_weights). Each expert is a gated FFN of its own
+// (par, SwiGLU), its gate / up / down 2-D slices of the file's 3-D ffn_*_exps tensors; a token
+// reads only the rows of its chosen experts. Experts are the coarse-grained version of Ember's
+// neurons: the sparse modes and the hybrid do not place or predict them yet and refuse such
+// models (model_moe_refusal).
+struct MoeWeights {
+  TensorView router;                // ffn_gate_inp, ne = [n_embd, n_expert]
+  std::vector<FfnWeights> experts;  // n_expert of them
+  int64_t n_used = 0;
+  bool norm_weights = true;
+  bool valid() const { return router.valid(); }
+  int64_t n_expert() const { return static_cast<int64_t>(experts.size()); }
+};
+
 struct LayerWeights {
   TensorView attn_norm, wq, wk, wv, wo;
   // OPT: LayerNorm bias and the attention projections' biases (empty views elsewhere).
   TensorView attn_norm_b, bq, bk, bv, bo;
+  // The FFN; in a mixture-of-experts layer only its norm (ffn.norm) is bound and `moe` holds
+  // the experts.
   FfnWeights ffn;
+  MoeWeights moe;
   // Gemma 3: RMSNorm of each q / k head (over head_dim) and of the attention / FFN outputs.
   TensorView q_norm, k_norm, attn_post_norm, ffn_post_norm;
 
@@ -137,6 +159,12 @@ struct Model {
   size_t weight_bytes_per_token() const;
   size_t file_bytes() const { return file->file_size(); }
 };
+
+// Whether any layer is a mixture of experts, and the refusal of a part that computes FFNs
+// neuron by neuron (sparse modes, profiling, predictors, planning, the hybrid): empty when the
+// model has none, else a message naming `what` and the model.
+bool model_has_moe(const Model& model);
+std::string model_moe_refusal(const Model& model, const std::string& what);
 
 // The predictor input a file declares in `ember.predictor.input`: "residual" (true) or
 // "ffn_input" (false). Absent: PowerInfer's convention (residual) in model files, Ember's

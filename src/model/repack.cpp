@@ -131,6 +131,10 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     if (scope == RepackScope::all) {
       group({&l.ffn.gate, &l.ffn.up});
       group({&l.ffn.down});
+      for (FfnWeights& e : l.moe.experts) {  // each expert as a dense FFN of its own
+        group({&e.gate, &e.up});
+        group({&e.down});
+      }
     } else if (scope == RepackScope::attention_output_gate) {
       group({&l.ffn.gate});
     }

@@ -67,6 +67,8 @@ struct TensorSpec {
   std::shared_ptr<const std::vector<float>> basis = nullptr;
   int64_t basis_rank = 0;
   float noise = 0.0f;
+  // A 3-D tensor of ne2 matrices [ne0, ne1 / ne2] (the experts of a mixture; 0: 2-D or 1-D).
+  int64_t ne2 = 0;
 };
 
 // ---- activation profile ------------------------------------------------------------------------
@@ -366,7 +368,15 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
       {p + "ffn_up.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
       {p + "ffn_down.weight", o.type, o.n_ff, o.n_embd, 0.0f, s_ff},
   };
-  if (o.arch == "qwen3") {
+  if (o.n_expert > 0) {  // the FFN's gate, up, down (indices 6-8) become the experts and a router
+    const int64_t E = o.n_expert;
+    v.erase(v.begin() + 6, v.begin() + 9);
+    v.push_back({p + "ffn_gate_inp.weight", DType::F32, o.n_embd, E, 0.0f, 4.0f * s_embd});
+    v.push_back({p + "ffn_gate_exps.weight", o.type, o.n_embd, o.n_ff * E, 0.0f, s_embd, Edit::none, -1, 0, nullptr, nullptr, 0, 0, E});
+    v.push_back({p + "ffn_up_exps.weight", o.type, o.n_embd, o.n_ff * E, 0.0f, s_embd, Edit::none, -1, 0, nullptr, nullptr, 0, 0, E});
+    v.push_back({p + "ffn_down_exps.weight", o.type, o.n_ff, o.n_embd * E, 0.0f, s_ff, Edit::none, -1, 0, nullptr, nullptr, 0, 0, E});
+  }
+  if (o.arch == "qwen3" || o.arch == "qwen3moe") {
     v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
     v.push_back({p + "attn_k_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
   }
@@ -552,9 +562,9 @@ void validate(const SynthOptions& o) {
               int64_t{1} << 21, o.n_vocab);
   const std::string& a = o.arch;
   EMBER_CHECK(a == "llama" || a == "gemma3" || a == "bamboo" || a == "opt" || a == "qwen2" || a == "qwen3" || a == "phi3" ||
-                  a == "falcon",
-              "synth: --arch must be llama, bamboo, opt, gemma3, qwen2, qwen3, phi3 or falcon, got '{}'", a);
-  const bool swiglu_only = a == "qwen2" || a == "qwen3" || a == "phi3";
+                  a == "falcon" || a == "qwen3moe",
+              "synth: --arch must be llama, bamboo, opt, gemma3, qwen2, qwen3, qwen3moe, phi3 or falcon, got '{}'", a);
+  const bool swiglu_only = a == "qwen2" || a == "qwen3" || a == "phi3" || a == "qwen3moe";
   EMBER_CHECK(o.act == FfnActivation::silu || !swiglu_only, "synth: {} is a SwiGLU architecture; use --act silu", a);
   EMBER_CHECK(o.act == FfnActivation::relu || (a != "bamboo" && a != "opt"),
               "synth: --arch {} is a ReLU architecture; use --act relu", a);
@@ -565,6 +575,13 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.sparsity == 0.0f || a == "llama" || a == "bamboo" || a == "opt",
               "synth: an activation profile (--sparsity) is built for llama, bamboo and opt, not {}", a);
   EMBER_CHECK(o.gate_rank == 0 || a == "llama" || a == "bamboo", "synth: a predictable gate (--gate-rank) needs llama or bamboo");
+  EMBER_CHECK(o.n_expert >= 0 && o.n_expert <= 256 && o.n_expert_used >= 0 && o.n_expert_used <= o.n_expert,
+              "synth: experts: {} used of {} (0 to 256, used at most all)", o.n_expert_used, o.n_expert);
+  EMBER_CHECK((o.n_expert > 0) == (o.n_expert_used > 0), "synth: a mixture of experts needs both --n-expert and --n-expert-used");
+  EMBER_CHECK(o.n_expert == 0 || a == "llama" || a == "qwen3moe", "synth: experts are for llama (Mixtral) and qwen3moe, not {}", a);
+  EMBER_CHECK(a != "qwen3moe" || o.n_expert > 0, "synth: qwen3moe needs --n-expert and --n-expert-used");
+  EMBER_CHECK(o.n_expert == 0 || (o.act == FfnActivation::silu && !o.powerinfer && o.gate_rank == 0),
+              "synth: experts are SwiGLU, in the plain layout, with a random gate");
   EMBER_CHECK(o.arch != "opt" || o.n_head_kv == o.n_head, "synth: opt has no grouped-query attention (n_head_kv {} != n_head {})",
               o.n_head_kv, o.n_head);
   EMBER_CHECK(o.predictor_rank >= 0 && o.predictor_rank <= o.n_ff, "synth: predictor rank must be 0 (default) to n_ff, got {}",
@@ -575,7 +592,8 @@ void validate(const SynthOptions& o) {
     EMBER_CHECK(synth_predictor_rank(o) % pbs == 0, "synth: predictor rank {} must be a multiple of {} ({} predictor)",
                 synth_predictor_rank(o), pbs, dtype_name(predictor_type(o.type)));
   }
-  EMBER_CHECK(o.head_dim == 0 || o.arch == "gemma3" || o.arch == "qwen3", "synth: an explicit head size needs --arch gemma3 or qwen3");
+  EMBER_CHECK(o.head_dim == 0 || o.arch == "gemma3" || o.arch == "qwen3" || o.arch == "qwen3moe",
+              "synth: an explicit head size needs --arch gemma3, qwen3 or qwen3moe");
   EMBER_CHECK(o.head_dim > 0 || o.n_embd % o.n_head == 0, "synth: n_head ({}) must divide n_embd ({})", o.n_head, o.n_embd);
   EMBER_CHECK(o.head_dim >= 0 && o.head_dim <= 4096 && head_dim_of(o) % 2 == 0, "synth: head size {} must be even",
               head_dim_of(o));
@@ -710,9 +728,10 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   } else if (a == "qwen2") {
     // llama.cpp's converter writes no rope.dimension_count or vocab_size for Qwen2 (whole heads
     // rotate; the vocabulary is the token list's length).
-  } else if (a == "qwen3") {
-    w.set("qwen3.attention.key_length", u32(head_dim));
-    w.set("qwen3.attention.value_length", u32(head_dim));
+  } else if (a == "qwen3" || a == "qwen3moe") {
+    w.set(a + ".attention.key_length", u32(head_dim));
+    w.set(a + ".attention.value_length", u32(head_dim));
+    if (a == "qwen3moe") w.set("qwen3moe.expert_feed_forward_length", u32(o.n_ff));
   } else if (a == "phi3") {
     w.set("phi3.rope.dimension_count", u32(head_dim));
     w.set("phi3.rope.scaling.original_context_length", u32(o.n_ctx));
@@ -725,6 +744,10 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
     w.set("gemma3.attention.sliding_window", u32(o.sliding_window));
     w.set("gemma3.attention.sliding_window_pattern", u32(o.swa_period));
     if (o.final_softcap > 0) w.set("gemma3.final_logit_softcapping", Value::f32(o.final_softcap));
+  }
+  if (o.n_expert > 0) {
+    w.set(a + ".expert_count", u32(o.n_expert));
+    w.set(a + ".expert_used_count", u32(o.n_expert_used));
   }
   w.set("ember.synth.seed", Value::u64(o.seed));
   if (profile_on(o)) {
@@ -764,7 +787,8 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
       return;
     }
     std::vector<int64_t> ne = {t.ne0};
-    if (t.ne1 > 0) ne.push_back(t.ne1);
+    if (t.ne2 > 0) ne = {t.ne0, t.ne1 / t.ne2, t.ne2};
+    else if (t.ne1 > 0) ne.push_back(t.ne1);
     w.add_tensor(t.name, t.type, ne, generate(t, o.seed, pool));
   };
   for (const auto& t : global_specs(o)) emit(t);

@@ -43,6 +43,10 @@ struct SynthOptions {
   // (Falcon-7B's layout), attn_norm_2 as well with more (40B's).
   std::string arch = "llama";
   int64_t head_dim = 0;
+  // Mixture of experts (llama: Mixtral's layout; "qwen3moe" needs it): n_expert experts of
+  // width n_ff in every layer, n_expert_used chosen per token by the router ffn_gate_inp (F32).
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
   int64_t sliding_window = 4;  // gemma3: window of the local layers (small, so tests cross it)
   int64_t swa_period = 3;      // gemma3: every swa_period-th layer is global (llama.cpp: 6)
   float final_softcap = 0.0f;  // gemma3: final logit soft-capping, 0 = none (key omitted)

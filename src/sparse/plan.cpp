@@ -339,6 +339,8 @@ PlanModel base_shape(const std::string& name, int64_t n_embd, int64_t n_ff, int6
 }  // namespace
 
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type) {
+  const std::string moe = model_moe_refusal(model, "the placement planner");
+  EMBER_CHECK(moe.empty(), "{}", moe);
   const Hparams& hp = model.hp;
   EMBER_CHECK(n_ctx >= 1, "plan: context size must be positive, got {}", n_ctx);
   n_ctx = std::min(n_ctx, hp.n_ctx_train);

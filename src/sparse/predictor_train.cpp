@@ -75,6 +75,8 @@ class RecordingFfn final : public FfnExecutor {
 std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
                                               const SampleOptions& o, const TrainProgress& progress) {
   const Hparams& hp = model.hp;
+  const std::string moe = model_moe_refusal(model, "train-predictor");
+  EMBER_CHECK(moe.empty(), "{}", moe);
   const int64_t total = static_cast<int64_t>(tokens.size());
   EMBER_CHECK(total >= 20, "train-predictor: {} tokens are too few to train on (give at least 20, better thousands)",
               total);

@@ -67,6 +67,8 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
   EMBER_CHECK(std::filesystem::absolute(o.output) != std::filesystem::absolute(o.model),
               "prepare: the output '{}' would overwrite the model", o.output);
   auto model = load_model(o.model);
+  const std::string moe = model_moe_refusal(*model, "ember prepare");
+  EMBER_CHECK(moe.empty(), "{}: {}", o.model, moe);
   const Hparams& hp = model->hp;
   const gguf::Reader& mr = *model->file;
   const int64_t L = hp.n_layer, n_ff = hp.n_ff, d = hp.n_embd;

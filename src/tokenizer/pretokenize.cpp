@@ -259,13 +259,14 @@ std::optional<PreTokenizer> pre_tokenizer_from_name(std::string_view name) {
   if (is({"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "chatglm-bpe"}))
     return PreTokenizer::Llama3;
   if (is({"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"})) return PreTokenizer::Qwen2;
+  if (name == "falcon") return PreTokenizer::Falcon;
   return std::nullopt;
 }
 
 const char* supported_pre_tokenizers() {
   return "default, gpt2 (gpt-2, phi-2, roberta-bpe, mpt, olmo, jais, jina-*), smollm (starcoder, refact, "
          "command-r, codeshell, exaone, minerva-7b), llama3 (llama-v3, llama-bpe, falcon3, dbrx, smaug-bpe, "
-         "chatglm-bpe), qwen2 (deepseek-r1-qwen, stablelm2, megrez)";
+         "chatglm-bpe), qwen2 (deepseek-r1-qwen, stablelm2, megrez), falcon";
 }
 
 std::vector<size_t> pre_tokenize(PreTokenizer pre, const std::vector<uint32_t>& cpts) {
@@ -281,18 +282,22 @@ std::vector<size_t> pre_tokenize(PreTokenizer pre, const std::vector<uint32_t>& 
       return split_llama3(cpts, pieces, 3);
     case PreTokenizer::Qwen2:
       return split_llama3(cpts, pieces, 1);
-    case PreTokenizer::Default: {
-      // [\p{P}\$\+<=>\^~\|]+ , GPT-2, \p{N}+ , [0-9][0-9][0-9]
+    case PreTokenizer::Default:
+    case PreTokenizer::Falcon: {
+      // Default: [\p{P}\$\+<=>\^~\|]+ , GPT-2, \p{N}+ , [0-9][0-9][0-9]
+      // Falcon:  [\p{P}\$\+<=>\^~\|`]+ , GPT-2, [0-9][0-9][0-9]
+      const bool falcon = pre == PreTokenizer::Falcon;
       pieces = split_class(
           cpts, pieces,
-          [](uint32_t c) {
-            if (c < 128 && (c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' || c == '|'))
+          [falcon](uint32_t c) {
+            if (c < 128 && (c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' || c == '|' ||
+                            (falcon && c == '`')))
               return true;
             return (unicode::flags(c) & kPunctuation) != 0;
           },
           /*runs=*/true);
       pieces = split_gpt2(cpts, pieces);
-      pieces = split_class(cpts, pieces, [](uint32_t c) { return unicode::is_number(c); }, /*runs=*/true);
+      if (!falcon) pieces = split_class(cpts, pieces, [](uint32_t c) { return unicode::is_number(c); }, /*runs=*/true);
       return split_ascii_digit_triples(cpts, pieces);
     }
   }

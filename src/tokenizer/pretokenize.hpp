@@ -16,6 +16,7 @@ enum class PreTokenizer {
   Smollm,   // every \p{N} alone, then the GPT-2 regex (SmolLM, StarCoder, Refact, Command-R)
   Llama3,   // Llama-3 regex (numbers in groups of up to 3)
   Qwen2,    // Llama-3 regex with single-digit numbers
+  Falcon,   // Default's rules with '`' among the punctuation and no \p{N}+ step (Falcon-7B/40B)
 };
 
 // Maps a tokenizer.ggml.pre name to its rules; nullopt when unknown.

@@ -1,4 +1,4 @@
-// `ember synth -o OUT.gguf [--preset P] [flags]`: writes a random-weight GGUF (llama, bamboo, opt, gemma3)
+// `ember synth -o OUT.gguf [--preset P] [flags]`: writes a random-weight GGUF of any architecture Ember runs
 // (see src/model/synth.hpp). Individual flags override the preset's values.
 #include <fmt/format.h>
 
@@ -19,7 +19,8 @@ namespace {
 struct SynthArgs {
   std::string out;
   std::string preset = "tiny";
-  int64_t n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_vocab = 0, n_ctx = 0;
+  int64_t n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_vocab = 0, n_ctx = 0, n_expert = 0,
+          n_expert_used = 0;
   std::string type = "f32";
   std::string act = "silu";
   std::string arch = "llama";
@@ -42,7 +43,8 @@ struct SynthArgs {
 
 void run_synth(const SynthArgs& a) {
   SynthOptions o = synth_preset(a.preset);
-  int64_t* fields[] = {&o.n_embd, &o.n_ff, &o.n_layer, &o.n_head, &o.n_head_kv, &o.n_vocab, &o.n_ctx};
+  int64_t* fields[] = {&o.n_embd, &o.n_ff, &o.n_layer, &o.n_head, &o.n_head_kv, &o.n_vocab, &o.n_ctx, &o.n_expert,
+                       &o.n_expert_used};
   for (size_t k = 0; k < a.dims.size(); ++k)
     if (a.dims[k].first->count() > 0) *fields[k] = *a.dims[k].second;
   auto t = dtype_from_name(a.type);
@@ -113,12 +115,14 @@ void add_synth(CLI::App& app) {
       {"--n-head-kv", &a->n_head_kv, "Key/value heads (grouped-query attention)"},
       {"--n-vocab", &a->n_vocab, "Vocabulary size (at least 260)"},
       {"--ctx", &a->n_ctx, "Context length written to the metadata"},
+      {"--n-expert", &a->n_expert, "Experts per layer (a mixture of experts: llama as Mixtral, qwen3moe; 0: dense)"},
+      {"--n-expert-used", &a->n_expert_used, "Experts chosen per token"},
   };
   for (const auto& d : dims) a->dims.push_back({cmd->add_option(d.flag, *d.field, d.help), d.field});
   cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k")
                   ->capture_default_str();
   a->o_act = cmd->add_option("--act", a->act, "FFN activation: silu or relu (bamboo, opt: relu; falcon: gelu or relu)")->capture_default_str();
-  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt, gemma3, qwen2, qwen3, phi3 or falcon")->capture_default_str();
+  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt, gemma3, qwen2, qwen3, qwen3moe, phi3 or falcon")->capture_default_str();
   cmd->add_flag("--powerinfer", a->powerinfer,
                 "PowerInfer's layout: PWRI magic, ffn_down_t instead of ffn_down, predictor fc1/fc2, "
                 "powerinfer.sparse_threshold");
@@ -126,7 +130,7 @@ void add_synth(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--predictor-threshold", a->predictor_threshold, "powerinfer.sparse_threshold of --powerinfer")
       ->capture_default_str();
-  cmd->add_option("--head-dim", a->head_dim, "Head size (gemma3, qwen3; 0: n_embd / n_head)")->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dim, "Head size (gemma3, qwen3, qwen3moe; 0: n_embd / n_head)")->capture_default_str();
   a->o_tied = cmd->add_flag("--tied,!--untied", a->tied, "Share token_embd as the output projection");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   a->o_rope = cmd->add_option("--rope-base", a->rope_base, "RoPE frequency base (default: the preset's)");

@@ -1,0 +1,29 @@
+// The mixture-of-experts FFN (MoeWeights, model/model.hpp), as llama.cpp's build_moe_ffn with
+// softmax gating computes it:
+//
+//   p = softmax(router x)                                 over the n_expert experts
+//   E = the n_used experts of largest p                   (ties: the lower index)
+//   w_e = p_e / sum_{e' in E} p_e'   (norm_weights)       else w_e = p_e
+//   out = sum_{e in E} w_e * expert_e(x)                  expert_e: a dense SwiGLU FFN
+//
+// Tokens are grouped by expert, so each chosen expert runs once per batch over the tokens that
+// chose it (dense_ffn on them: the same kernels as a dense layer) and an unchosen expert is
+// never read. Each token's sum is taken in ascending expert order: deterministic.
+#pragma once
+#include <cstdint>
+
+#include "core/thread_pool.hpp"
+#include "model/forward.hpp"
+#include "model/model.hpp"
+
+namespace ember {
+
+// The experts token t chose (ids[t * n_used ..]) and their weights, from the router's logits
+// (n x n_expert, overwritten with the probabilities).
+void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights);
+
+// out (n x n_embd) = the mixture's output for x (n x n_embd).
+void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
+             Workspace& ws);
+
+}  // namespace ember

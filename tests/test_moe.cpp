@@ -1,0 +1,135 @@
+// Mixture-of-experts FFNs (model/moe.hpp; Mixtral as `llama` with ffn_gate_inp, and qwen3moe):
+// the router's choice and weights, that a token reads only its chosen experts, and the clear
+// refusal of the parts that do not take experts yet. Agreement with llama.cpp on the same files:
+// test_llamacpp_synth.cpp (mixtral_*, qwen3moe_*).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "engine/session.hpp"
+#include "model/model.hpp"
+#include "model/moe.hpp"
+#include "model/synth.hpp"
+#include "sparse/plan.hpp"
+#include "support/errors.hpp"
+#include "support/session_logits.hpp"
+
+using namespace ember;
+
+namespace {
+
+std::unique_ptr<Model> load_mixtral(const std::string& arch = "llama") {
+  SynthOptions o;
+  o.arch = arch;
+  o.n_embd = 64;
+  o.n_ff = 96;
+  o.n_layer = 2;
+  o.n_head = 4;
+  o.n_head_kv = 2;
+  o.n_expert = 6;
+  o.n_expert_used = 2;
+  o.seed = 21;
+  o.n_threads = 1;
+  auto dir = std::filesystem::temp_directory_path() / "ember-test-moe";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / (arch + ".gguf")).string();
+  synth_write(o, path);
+  auto m = load_model(path);
+  std::filesystem::remove(path);
+  return m;
+}
+
+SessionParams params() {
+  SessionParams p;
+  p.n_threads = 2;
+  p.n_ctx = 64;
+  return p;
+}
+
+}  // namespace
+
+TEST(Moe, RouteTakesTheLargestProbabilitiesAndRenormalises) {
+  MoeWeights moe;
+  moe.router = matrix_view(DType::F32, nullptr, 4, 8);  // 4 experts (only the count is read)
+  moe.experts.resize(4);
+  moe.n_used = 2;
+  float logits[8] = {0.0f, 2.0f, 1.0f, 2.0f,    // token 0: experts 1 and 3 tie at the top
+                     -1.0f, 0.5f, 3.0f, 0.0f};  // token 1: experts 2, then 1
+  int32_t ids[4];
+  float w[4];
+  moe_route(moe, logits, 2, ids, w);
+  EXPECT_EQ(ids[0], 1);  // the tie goes to the lower index
+  EXPECT_EQ(ids[1], 3);
+  EXPECT_FLOAT_EQ(w[0], 0.5f);
+  EXPECT_FLOAT_EQ(w[1], 0.5f);
+  EXPECT_EQ(ids[2], 2);
+  EXPECT_EQ(ids[3], 1);
+  const double e2 = std::exp(3.0), e1 = std::exp(0.5);
+  EXPECT_NEAR(w[2], e2 / (e2 + e1), 1e-6);
+  EXPECT_NEAR(w[3], e1 / (e2 + e1), 1e-6);
+  // Without renormalisation the weights are the softmax probabilities over all experts.
+  float again[8] = {0.0f, 2.0f, 1.0f, 2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+  moe.norm_weights = false;
+  moe_route(moe, again, 2, ids, w);
+  const double z = std::exp(-1.0) + std::exp(0.5) + std::exp(3.0) + 1.0;
+  EXPECT_NEAR(w[2], e2 / z, 1e-6);
+}
+
+TEST(Moe, ATokenReadsOnlyItsChosenExperts) {
+  for (const std::string arch : {"llama", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    auto m = load_mixtral(arch);
+    ASSERT_TRUE(m->layers[0].moe.valid());
+    ASSERT_EQ(m->layers[0].moe.n_expert(), 6);
+    ASSERT_EQ(m->layers[0].moe.n_used, 2);
+    // A router of zeros: every expert equally likely, the two lowest indices chosen.
+    std::vector<float> zeros(static_cast<size_t>(64 * 6), 0.0f);
+    for (auto& L : m->layers) L.moe.router = matrix_view(DType::F32, zeros.data(), 6, 64);
+    Session s1(*m, params());
+    const test_support::Logits before = test_support::session_logits(s1, 6, 3);
+    // Experts 2..5 replaced by NaN: never read, nothing changes.
+    std::vector<float> nan(static_cast<size_t>(96 * 64), std::numeric_limits<float>::quiet_NaN());
+    for (auto& L : m->layers)
+      for (int64_t e = 2; e < 6; ++e) {
+        FfnWeights& f = L.moe.experts[static_cast<size_t>(e)];
+        f.gate = f.up = matrix_view(DType::F32, nan.data(), 96, 64);
+        f.down = matrix_view(DType::F32, nan.data(), 64, 96);
+      }
+    Session s2(*m, params());
+    const test_support::Logits after = test_support::session_logits(s2, 6, 3);
+    for (const auto& l : after)
+      for (float v : l) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(test_support::max_rel_diff(after, before), 0.0);
+    // And expert 1 does matter: NaN there reaches the logits.
+    for (auto& L : m->layers) {
+      FfnWeights& f = L.moe.experts[1];
+      f.gate = matrix_view(DType::F32, nan.data(), 96, 64);
+    }
+    Session s3(*m, params());
+    const test_support::Logits poisoned = test_support::session_logits(s3, 6, 3);
+    EXPECT_TRUE(std::isnan(poisoned[0][0]));
+  }
+}
+
+TEST(Moe, BytesPerTokenCountTheChosenExpertsOnly) {
+  auto m = load_mixtral();
+  const size_t all = m->weight_bytes_per_token();
+  const FfnWeights& e = m->layers[0].moe.experts[0];
+  const size_t expert = e.gate.nbytes + e.up.nbytes + e.down.nbytes;
+  // Adding one more used expert per layer adds one expert's bytes per layer.
+  for (auto& L : m->layers) L.moe.n_used = 3;
+  EXPECT_EQ(m->weight_bytes_per_token(), all + 2 * expert);
+}
+
+TEST(Moe, NeuronLevelPartsRefuseExpertsClearly) {
+  auto m = load_mixtral();
+  SessionParams p = params();
+  p.sparse.mode = FfnMode::oracle;
+  const std::string sparse = test_support::error_of([&] { Session s(*m, p); });
+  EXPECT_NE(sparse.find("mixtures of experts"), std::string::npos) << sparse;
+  EXPECT_NE(sparse.find("--sparse-mode oracle"), std::string::npos) << sparse;
+  const std::string plan = test_support::error_of([&] { plan_model_from(*m, {}, 64); });
+  EXPECT_NE(plan.find("placement planner"), std::string::npos) << plan;
+}

@@ -14,7 +14,7 @@ void load_qwen2(Model& model);   // qwen2.cpp
 void load_qwen3(Model& model);   // qwen3.cpp
 void load_phi3(Model& model);    // phi3.cpp
 void load_falcon(Model& model);  // falcon.cpp
-void load_qwen3moe(Model& model);  // qwen3moe.cpp
+void load_qwen3moe(Model& model);  // qwen3.cpp
 
 namespace {
 

@@ -84,6 +84,21 @@ TEST(ChatTemplate, Llama3) {
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+TEST(ChatTemplate, Phi3) {
+  // Phi-3-mini-4k-instruct's template (as its GGUF files carry it), rendered as llama.cpp's
+  // LLM_CHAT_TEMPLATE_PHI_3 does.
+  const std::string tmpl =
+      "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+      "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif "
+      "message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor "
+      "%}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+  EXPECT_EQ(parse_chat_template(tmpl).style, ChatStyle::Phi3);
+  EXPECT_EQ(apply_chat_template(tmpl, {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "2+2?"}}, true),
+            "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n<|user|>\n2+2?<|end|>\n"
+            "<|assistant|>\n");
+  EXPECT_EQ(parse_chat_template("phi3").style, ChatStyle::Phi3);
+}
+
 TEST(ChatTemplate, Llama2) {
   const std::string tmpl =
       "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + messages[0]['content'] "

@@ -25,6 +25,7 @@
 #include "model/repack.hpp"
 #include "model/synth.hpp"
 #include "support/paths.hpp"
+#include "tokenizer/tokenizer.hpp"
 
 using namespace ember;
 
@@ -41,17 +42,20 @@ SynthOptions synth_options(const std::vector<std::string>& flags) {
   bool act_given = false;
   for (size_t i = 0; i < flags.size(); ++i) {
     const std::string& f = flags[i];
-    if (f == "--tied") {
-      o.tied = true;
+    if (f == "--tied" || f == "--rope-freqs" || f == "--symbol-merges") {
+      (f == "--tied" ? o.tied : f == "--rope-freqs" ? o.rope_freqs : o.symbol_merges) = true;
       continue;
     }
     EXPECT_LT(i + 1, flags.size()) << f;
     const std::string v = flags[++i];
     if (dims.count(f)) *dims.at(f) = std::stoll(v);
     else if (f == "--seed") o.seed = std::stoull(v);
+    else if (f == "--rope-base") o.rope_base = std::stof(v);
     else if (f == "--arch") o.arch = v;
     else if (f == "--type") o.type = *dtype_from_name(v);
     else if (f == "--act") o.act = parse_ffn_activation(v), act_given = true;
+    else if (f == "--pre") o.pre = v;
+    else if (f == "--preset") continue;  // tiny, the starting point here too
     else ADD_FAILURE() << "unknown synth flag " << f;
   }
   if (o.arch == "falcon" && !act_given) o.act = FfnActivation::gelu;  // as `ember synth`
@@ -64,11 +68,13 @@ struct Case {
   nlohmann::json data;
 };
 
-std::vector<Case> cases() {
+// The data files whose name starts with `prefix` ("tokenizer_": pre-tokenizer cases, "": the rest).
+std::vector<Case> cases(bool tokenizer) {
   std::vector<Case> out;
   const std::string dir = test_support::data_path("llamacpp_synth");
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     if (e.path().extension() != ".json") continue;
+    if ((e.path().stem().string().rfind("tokenizer_", 0) == 0) != tokenizer) continue;
     std::ifstream f(e.path());
     out.push_back({e.path().stem().string(), nlohmann::json::parse(f)});
   }
@@ -81,15 +87,15 @@ int32_t argmax(const float* l, int64_t n) { return static_cast<int32_t>(std::max
 }  // namespace
 
 TEST(LlamaCppSynth, EveryArchitectureAndTypeAgrees) {
-  const std::vector<Case> all = cases();
-  ASSERT_GE(all.size(), 36u) << "tests/data/llamacpp_synth is incomplete";
+  const std::vector<Case> all = cases(false);
+  ASSERT_GE(all.size(), 40u) << "tests/data/llamacpp_synth is incomplete";
   const auto dir = std::filesystem::temp_directory_path() / "ember-test-llamacpp-synth";
   std::filesystem::create_directories(dir);
   std::map<std::string, int> archs;
   for (const Case& c : all) {
     SCOPED_TRACE(c.name);
     const SynthOptions o = synth_options(c.data["synth"].get<std::vector<std::string>>());
-    ++archs[o.n_expert > 0 && o.arch == "llama" ? "mixtral" : o.arch];
+    ++archs[o.n_expert > 0 ? (o.arch == "llama" ? "mixtral" : o.arch) : o.rope_freqs ? "llama3" : o.arch];
     const std::string path = (dir / (c.name + ".gguf")).string();
     synth_write(o, path);
     auto m = load_model(path);
@@ -132,5 +138,36 @@ TEST(LlamaCppSynth, EveryArchitectureAndTypeAgrees) {
     std::printf("%-18s max |Ember - llama.cpp| %.4f (llama.cpp vs itself %.4f), top-1 checked at %d of %d positions\n",
                 c.name.c_str(), worst, self, top1_checked, positions);
   }
-  for (const char* a : {"llama", "qwen2", "qwen3", "phi3", "falcon", "mixtral", "qwen3moe"}) EXPECT_GE(archs[a], 4) << a;
+  for (const char* a : {"llama", "llama3", "qwen2", "qwen3", "phi3", "falcon", "mixtral", "qwen3moe"})
+    EXPECT_GE(archs[a], 4) << a;
+}
+
+// Pre-tokenizers: llama.cpp's token ids for ~300 awkward strings (unicode, digits, whitespace
+// runs, code, CJK, emoji, contractions) per tokenizer.ggml.pre, on a synth vocabulary whose
+// merges of digits, whitespace and punctuation make every split visible; Ember's must be
+// identical on every string.
+TEST(LlamaCppSynth, PreTokenizersGiveLlamaCppsIds) {
+  const std::vector<Case> all = cases(true);
+  ASSERT_GE(all.size(), 6u) << "tests/data/llamacpp_synth has too few tokenizer_*.json";
+  const auto dir = std::filesystem::temp_directory_path() / "ember-test-llamacpp-synth";
+  std::filesystem::create_directories(dir);
+  for (const Case& c : all) {
+    SCOPED_TRACE(c.name);
+    const SynthOptions o = synth_options(c.data["synth"].get<std::vector<std::string>>());
+    const std::string path = (dir / (c.name + ".gguf")).string();
+    synth_write(o, path);
+    gguf::Reader r(path);
+    Tokenizer tok(r);
+    int same = 0, total = 0;
+    for (const auto& e : c.data["cases"]) {
+      const std::string text = e["text"].get<std::string>();
+      const auto want = e["ids"].get<std::vector<int32_t>>();
+      const std::vector<int32_t> got = tok.encode(text, /*add_special=*/false, /*parse_special=*/false);
+      ++total;
+      if (got == want) ++same;
+      else ADD_FAILURE() << "'" << text << "': " << got.size() << " tokens, llama.cpp " << want.size();
+    }
+    EXPECT_GE(total, 290);
+    std::printf("%-22s %d of %d strings identical to llama.cpp\n", c.name.c_str(), same, total);
+  }
 }

@@ -8,6 +8,11 @@
 // batch (all their logits kept), every further token alone (a decode step), teacher forced.
 // Output: {"n_vocab": V, "sequences": [{"n_prompt": P, "tokens": [...], "logits": [[V floats]
 // per position]}]}, each sequence in a fresh KV cache.
+//
+//   dump_logits MODEL.gguf tokenize < strings.hex > ids.txt
+//
+// Each input line is a string's UTF-8 bytes in hex; each output line its token ids as llama.cpp's
+// tokenizer gives them (no BOS/EOS added, special tokens not parsed), space-separated.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +47,27 @@ bool decode(llama_context* ctx, const std::vector<llama_token>& toks, int pos0) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[2], "tokenize") == 0) {
+    llama_log_set(quiet, nullptr);
+    llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    llama_model* model = llama_model_load_from_file(argv[1], mp);
+    if (!model) return std::fprintf(stderr, "cannot load %s\n", argv[1]), 1;
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      std::string text;
+      for (size_t i = 0; i + 1 < line.size(); i += 2) text += static_cast<char>(std::stoi(line.substr(i, 2), nullptr, 16));
+      std::vector<llama_token> ids(text.size() + 16);
+      const int n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), ids.data(),
+                                   static_cast<int32_t>(ids.size()), false, false);
+      if (n < 0) return std::fprintf(stderr, "tokenize failed\n"), 1;
+      for (int i = 0; i < n; ++i) std::printf("%s%d", i ? " " : "", ids[i]);
+      std::printf("\n");
+    }
+    llama_model_free(model);
+    return 0;
+  }
   if (argc != 5) {
     std::fprintf(stderr, "usage: %s MODEL.gguf f16|f32 auto|on|off THREADS < sequences.txt\n", argv[0]);
     return 2;

@@ -30,6 +30,7 @@ BASE = {"--n-embd": "256", "--n-ff": "512", "--n-layer": "2", "--n-head": "4", "
 ARCHS = [
     ("llama", ["--arch", "llama"]),
     ("llama-tied", ["--arch", "llama", "--tied", ""]),
+    ("llama3", ["--arch", "llama", "--rope-freqs", "", "--rope-base", "500000"]),
     ("qwen2", ["--arch", "qwen2"]),
     ("qwen3", ["--arch", "qwen3", "--head-dim", "128"]),
     ("phi3", ["--arch", "phi3"]),
@@ -40,6 +41,33 @@ ARCHS = [
                   "--n-ff", "256"]),
 ]
 TYPES = ["f32", "f16", "q8_0", "q4_k"]
+
+
+# Pre-tokenizers (tokenizer.ggml.pre) checked on a synth vocabulary that merges digits,
+# whitespace and punctuation (ember synth --pre X --symbol-merges), so that every split shows.
+PRE_TOKENIZERS = ["default", "llama-bpe", "qwen2", "falcon", "gpt-2", "smollm"]
+FIXED_STRINGS = [
+    "", " ", "  ", "\n", "\n\n\n", "\t\tx", " \n \n", "hello world", " hello  world ", "Hello, World!",
+    "don't you're we'll I'd they've it's", "DON'T YOU'RE", "1", "12", "123", "1234", "1234567", " 12 345 6789",
+    "3.14159 2,718 -42 +7 1e-5", "x1 y22 z333 w4444", "$100.00 (approx.)", "a`b `code` ``x``", "a--b__c::d;;e",
+    "foo(bar, baz[0]) -> int {\n\treturn x == y ? 1 : 0;\n}", "def f(x):\n    return x**2  # square\n",
+    "<html><body>Hi!</body></html>", "naïve café résumé Ångström", "Grüße, Straße!", "Привет, мир!",
+    "こんにちは世界", "你好，世界。", "안녕하세요", "مرحبا بالعالم", "١٢٣٤ ٥٦", "😀 👍🏽 🇫🇷 ❤️", "emoji😀in😀text",
+    "   leading", "trailing   ", "mixed \t tabs\t\tand  spaces", "line1\r\nline2\rline3", "!!!???...,,,",
+    "''''", "\"quoted\" 'single'", "x\u00a0y\u2003z", "ℕ ∑ ∫ √2 ≈ 1.414", "#1 @user https://example.com/a?b=1&c=2",
+]
+FRAGMENTS = ["the", " the", "The", " quick", "brown", " fox", "'s", "'ll", "'RE", " 7", "42", " 2024", "123456",
+             "3.5", " ", "  ", "   ", "\n", "\n\n", "\t", ".", ",", "!", "?", "...", "$", "(", ")", "-", "_", ":",
+             "`", "\"", "é", "ü", "中文", "日本", "😀", "ß", "Ω", " x", "y", "__init__", "i++", "==", "->", "0x1F"]
+
+
+def tokenizer_strings(seed):
+    """The fixed strings and 250 random concatenations of fragments."""
+    rng = random.Random(seed)
+    out = list(FIXED_STRINGS)
+    for _ in range(250):
+        out.append("".join(rng.choice(FRAGMENTS) for _ in range(rng.randrange(1, 9))))
+    return out
 
 
 def sequences(n_vocab, seed):
@@ -76,6 +104,22 @@ def main():
                     os.path.join(HERE, "dump_logits.cpp"), f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
                     f"-Wl,-rpath,{lib}", "-o", tool], check=True)
     os.makedirs(a.out, exist_ok=True)
+    for pre in PRE_TOKENIZERS:
+        case = f"tokenizer_{pre}"
+        if a.only and not case.startswith(a.only):
+            continue
+        model = os.path.join(work, case + ".gguf")
+        synth = ["--preset", "tiny", "--n-vocab", "1200", "--pre", pre, "--symbol-merges"]
+        subprocess.run([a.ember, "synth", *synth, "-o", model], check=True, capture_output=True)
+        strings = tokenizer_strings(7)
+        text = "".join(s.encode().hex() + "\n" for s in strings)
+        out = subprocess.run([tool, model, "tokenize"], input=text, capture_output=True, text=True, check=True)
+        ids = [[int(x) for x in line.split()] for line in out.stdout.split("\n")[:len(strings)]]
+        path = os.path.join(a.out, case + ".json")
+        with open(path, "w") as f:
+            json.dump({"llama_cpp_commit": commit, "synth": synth,
+                       "cases": [{"text": s, "ids": i} for s, i in zip(strings, ids)]}, f, ensure_ascii=False, indent=0)
+        print(f"{case}: {len(strings)} strings, {sum(map(len, ids))} tokens", flush=True)
     for name, flags in ARCHS:
         for ty in TYPES:
             case = f"{name}_{ty}"

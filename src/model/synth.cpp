@@ -425,6 +425,7 @@ std::vector<TensorSpec> global_specs(const SynthOptions& o) {
     return v;
   }
   if (o.arch == "falcon") v.push_back({"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.1f});
+  if (o.rope_freqs) v.push_back({"rope_freqs.weight", DType::F32, head_dim_of(o) / 2, 0, 3.0f, 1.0f});
   if (o.arch == "phi3") {  // LongRoPE's per-frequency factors (n_rot / 2 each), both >= 1
     const int64_t half = head_dim_of(o) / 2;
     v.push_back({"rope_factors_short.weight", DType::F32, half, 0, 2.0f, 0.5f});
@@ -575,6 +576,7 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.sparsity == 0.0f || a == "llama" || a == "bamboo" || a == "opt",
               "synth: an activation profile (--sparsity) is built for llama, bamboo and opt, not {}", a);
   EMBER_CHECK(o.gate_rank == 0 || a == "llama" || a == "bamboo", "synth: a predictable gate (--gate-rank) needs llama or bamboo");
+  EMBER_CHECK(!o.rope_freqs || a == "llama", "synth: --rope-freqs (Llama-3's RoPE scaling) is for llama");
   EMBER_CHECK(o.n_expert >= 0 && o.n_expert <= 256 && o.n_expert_used >= 0 && o.n_expert_used <= o.n_expert,
               "synth: experts: {} used of {} (0 to 256, used at most all)", o.n_expert_used, o.n_expert);
   EMBER_CHECK((o.n_expert > 0) == (o.n_expert_used > 0), "synth: a mixture of experts needs both --n-expert and --n-expert-used");
@@ -631,7 +633,7 @@ int64_t synth_predictor_rank(const SynthOptions& o) {
 
 // ---- vocabulary ----------------------------------------------------------------------------
 
-SynthVocab synth_vocab(int64_t n_vocab) {
+SynthVocab synth_vocab(int64_t n_vocab, bool symbol_merges) {
   EMBER_CHECK(n_vocab >= 260, "synth: n_vocab must be at least 260, got {}", n_vocab);
   SynthVocab v;
   v.tokens = gpt2_byte_symbols();
@@ -641,6 +643,18 @@ SynthVocab synth_vocab(int64_t n_vocab) {
   for (const char* s : {"<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"}) {
     v.tokens.push_back(s);
     v.token_types.push_back(3);
+  }
+  if (symbol_merges) {
+    std::vector<std::string> sym;
+    const std::vector<std::string> bytes = gpt2_byte_symbols();
+    for (unsigned char c : std::string("0123456789 \n\t.,!?'`$()-_:;\"")) sym.push_back(bytes[c]);
+    for (const std::string& a : sym)
+      for (const std::string& b : sym) {
+        if (static_cast<int64_t>(v.tokens.size()) >= n_vocab) break;
+        v.tokens.push_back(a + b);
+        v.token_types.push_back(1);
+        v.merges.push_back(a + " " + b);
+      }
   }
   // Merged tokens, level by level: level 2 pairs a word-start marker (GPT-2's 'Ġ', the space
   // byte) or a letter with a letter; each further level appends a letter to a token of the
@@ -760,9 +774,9 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
     w.set("ember.synth.gate_noise", Value::f32(o.gate_noise));
   }
 
-  SynthVocab vocab = synth_vocab(o.n_vocab);
+  SynthVocab vocab = synth_vocab(o.n_vocab, o.symbol_merges);
   w.set("tokenizer.ggml.model", Value::str("gpt2"));
-  w.set("tokenizer.ggml.pre", Value::str("default"));
+  w.set("tokenizer.ggml.pre", Value::str(o.pre));
   w.set("tokenizer.ggml.tokens", Value::strings(vocab.tokens));
   w.set("tokenizer.ggml.token_type", Value::ints(vocab.token_types));
   w.set("tokenizer.ggml.merges", Value::strings(vocab.merges));

@@ -28,6 +28,13 @@ struct SynthOptions {
   bool tied = false;        // no output.weight: the output projection reuses token_embd
   uint64_t seed = 1;
   float rope_base = 10000.0f;
+  // llama: Llama-3.1's RoPE frequency scaling, as its converter writes it: rope_freqs.weight
+  // (head_dim / 2 F32 factors dividing each frequency; here random, 1.3 to 4.7).
+  bool rope_freqs = false;
+  // tokenizer.ggml.pre, and whether the vocabulary also merges digits, whitespace and punctuation
+  // (synth_vocab's symbol_merges), which makes a pre-tokenizer's splits show in the token ids.
+  std::string pre = "default";
+  bool symbol_merges = false;
   float rms_eps = 1e-5f;
   std::string name = "ember-synth";
   // "llama", or "gemma3": Gemma 3's tensors and keys (QK-norm, post-norms, GeGLU, interleaved
@@ -105,7 +112,9 @@ void synth_write(const SynthOptions& opts, const std::string& path, const SynthP
 
 // The vocabulary `synth_model` writes: 256 byte tokens in GPT-2's byte-to-unicode spelling
 // (token id = byte value), the control tokens, then merged tokens up to n_vocab; `merges` holds
-// one "left right" entry per merged token, in rank order.
+// one "left right" entry per merged token, in rank order. With `symbol_merges` the letter merges are preceded by every pair of digits, spaces,
+// newlines, tabs and common punctuation, and space + each of them, so that where a
+// pre-tokenizer splits numbers, whitespace and punctuation shows in the token ids.
 struct SynthVocab {
   std::vector<std::string> tokens;
   std::vector<int32_t> token_types;  // 1 normal, 3 control
@@ -113,7 +122,7 @@ struct SynthVocab {
   int32_t bos_id = 0;
   int32_t eos_id = 0;
 };
-SynthVocab synth_vocab(int64_t n_vocab);
+SynthVocab synth_vocab(int64_t n_vocab, bool symbol_merges = false);
 
 // The per-neuron firing probabilities of layer `il` under opts.sparsity / opts.zipf (empty when
 // the profile is off).

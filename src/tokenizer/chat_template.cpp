@@ -59,6 +59,7 @@ const char* chat_style_name(ChatStyle style) {
     case ChatStyle::Llama3: return "llama3";
     case ChatStyle::Llama2: return "llama2";
     case ChatStyle::Gemma: return "gemma";
+    case ChatStyle::Phi3: return "phi3";
   }
   return "?";
 }
@@ -78,6 +79,10 @@ ChatTemplate parse_chat_template(const std::string& src) {
     t.style = ChatStyle::Gemma;
     return t;
   }
+  if (src == "phi3") {
+    t.style = ChatStyle::Phi3;
+    return t;
+  }
   // Same order of tests as llama.cpp's llm_chat_detect_template.
   if (contains(src, "<|im_start|>")) {
     t.style = ChatStyle::ChatML;
@@ -91,6 +96,10 @@ ChatTemplate parse_chat_template(const std::string& src) {
     t.llama2_system = contains(src, "<<SYS>>") || t.llama2_strip || t.llama2_bos_in_history;
     return t;
   }
+  if (contains(src, "<|assistant|>") && contains(src, "<|end|>")) {
+    t.style = ChatStyle::Phi3;
+    return t;
+  }
   if (contains(src, "<start_of_turn>")) {
     t.style = ChatStyle::Gemma;
     return t;
@@ -100,7 +109,7 @@ ChatTemplate parse_chat_template(const std::string& src) {
     return t;
   }
   fail("chat template not recognized (supported styles: chatml '<|im_start|>', llama3 '<|start_header_id|>', "
-       "llama2 '[INST]', gemma '<start_of_turn>'); template starts with: {}",
+       "llama2 '[INST]', gemma '<start_of_turn>', phi3 '<|end|>'); template starts with: {}",
        src.substr(0, 120));
 }
 
@@ -159,6 +168,11 @@ std::string render_chat(const ChatTemplate& t, const std::vector<ChatMessage>& m
         out += trim(m.content) + "<end_of_turn>\n";
       }
       if (add_generation_prompt) out += "<start_of_turn>model\n";
+      break;
+    }
+    case ChatStyle::Phi3: {
+      for (const auto& m : messages) out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+      if (add_generation_prompt) out += "<|assistant|>\n";
       break;
     }
   }

@@ -20,6 +20,7 @@ enum class ChatStyle {
   Llama3,   // <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
   Llama2,   // [INST] ... [/INST] (with <<SYS>> when the template supports it)
   Gemma,    // <start_of_turn>user\n...<end_of_turn>\n, assistant is "model", system merged into the first user turn
+  Phi3,     // <|role|>\n...<|end|>\n (Phi-3, Phi-3.5)
 };
 
 struct ChatTemplate {
@@ -34,7 +35,7 @@ struct ChatTemplate {
 };
 
 // Detects the style of a template source. An empty source means ChatML (llama.cpp's default);
-// a style name ("chatml", "llama3", "llama2", "gemma") is accepted too. Throws ember::Error
+// a style name ("chatml", "llama3", "llama2", "gemma", "phi3") is accepted too. Throws ember::Error
 // naming the supported styles when the template is not recognized.
 ChatTemplate parse_chat_template(const std::string& template_source);
 

@@ -31,6 +31,9 @@ struct SynthArgs {
   int threads = 0;
   float sparsity = 0.0f, zipf = 1.1f;
   bool powerinfer = false;
+  bool rope_freqs = false;
+  std::string pre = "default";
+  bool symbol_merges = false;
   int64_t predictor_rank = 0;
   float predictor_threshold = 0.0f;
   CLI::Option* o_act = nullptr;
@@ -58,6 +61,9 @@ void run_synth(const SynthArgs& a) {
   if (o.arch == "falcon" && a.o_act->count() == 0) o.act = FfnActivation::gelu;
   if (o.arch == "opt") o.tied = true, o.n_head_kv = o.n_head;
   o.head_dim = a.head_dim;
+  o.rope_freqs = a.rope_freqs;
+  o.pre = a.pre;
+  o.symbol_merges = a.symbol_merges;
   if (a.o_tied->count() > 0) o.tied = a.tied;
   o.seed = a.seed;
   if (a.o_rope->count() > 0) o.rope_base = a.rope_base;
@@ -134,6 +140,12 @@ void add_synth(CLI::App& app) {
   a->o_tied = cmd->add_flag("--tied,!--untied", a->tied, "Share token_embd as the output projection");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   a->o_rope = cmd->add_option("--rope-base", a->rope_base, "RoPE frequency base (default: the preset's)");
+  cmd->add_option("--pre", a->pre,
+                  "tokenizer.ggml.pre (default, llama-bpe, qwen2, falcon, gpt-2, smollm, ...)")
+      ->capture_default_str();
+  cmd->add_flag("--symbol-merges", a->symbol_merges,
+                "The vocabulary also merges digits, whitespace and punctuation (pre-tokenizer splits then show)");
+  cmd->add_flag("--rope-freqs", a->rope_freqs, "llama: Llama-3.1's RoPE frequency factors (rope_freqs.weight)");
   cmd->add_option("--sparsity", a->sparsity,
                   "ReLU activation profile: mean fraction of inactive FFN neurons on random inputs (0: off)")
       ->capture_default_str();

@@ -88,7 +88,7 @@ int32_t argmax(const float* l, int64_t n) { return static_cast<int32_t>(std::max
 
 TEST(LlamaCppSynth, EveryArchitectureAndTypeAgrees) {
   const std::vector<Case> all = cases(false);
-  ASSERT_GE(all.size(), 40u) << "tests/data/llamacpp_synth is incomplete";
+  ASSERT_GE(all.size(), 44u) << "tests/data/llamacpp_synth is incomplete";
   const auto dir = std::filesystem::temp_directory_path() / "ember-test-llamacpp-synth";
   std::filesystem::create_directories(dir);
   std::map<std::string, int> archs;
@@ -100,6 +100,11 @@ TEST(LlamaCppSynth, EveryArchitectureAndTypeAgrees) {
     synth_write(o, path);
     auto m = load_model(path);
     repack_for_dense_kernels(*m, RepackScope::all);
+    if (o.arch == "phi3") {  // which LongRoPE table a 512-token session takes
+      EXPECT_TRUE(m->rope_long);
+      EXPECT_EQ(&m->rope_for_context(512) == m->rope_long.get(), o.n_ctx < 512) << "original context " << o.n_ctx;
+    }
+
     const int64_t nv = c.data["n_vocab"].get<int64_t>();
     ASSERT_EQ(nv, m->hp.n_vocab);
     const double self = c.data["f32_kv_no_fa_max_abs_diff"].get<double>();
@@ -113,7 +118,7 @@ TEST(LlamaCppSynth, EveryArchitectureAndTypeAgrees) {
       ASSERT_EQ(ref.size(), tokens.size());
       SessionParams p;
       p.n_threads = 2;
-      p.n_ctx = 64;
+      p.n_ctx = 512;  // as the dump program's: phi3-long's context then exceeds its original 256 (long RoPE factors)
       p.kv_type = DType::F16;
       Session s(*m, p);
       std::vector<float> got(tokens.size() * static_cast<size_t>(nv));

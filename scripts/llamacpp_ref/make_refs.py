@@ -34,6 +34,9 @@ ARCHS = [
     ("qwen2", ["--arch", "qwen2"]),
     ("qwen3", ["--arch", "qwen3", "--head-dim", "128"]),
     ("phi3", ["--arch", "phi3"]),
+    # Original context 256 (context_length 1024): llama.cpp's 512-token context takes the long
+    # LongRoPE factors.
+    ("phi3-long", ["--arch", "phi3", "--ctx", "256"]),
     ("falcon-7b", ["--arch", "falcon", "--n-head-kv", "1"]),
     ("falcon-40b", ["--arch", "falcon"]),
     ("mixtral", ["--arch", "llama", "--n-expert", "4", "--n-expert-used", "2", "--n-ff", "256"]),

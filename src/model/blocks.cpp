@@ -72,11 +72,12 @@ void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCach
 // right after them), computed once per batch of positions into ws.cos_sin and reused by every
 // layer (the angles depend only on the position).
 const float* rope_angles(const Model& m, Workspace& ws, bool local, int64_t n, int64_t pos0) {
-  const int64_t n_rot = m.rope->config().n_rot;
+  const cpu::RopeTable& global = m.rope_for_context(ws.n_ctx);
+  const int64_t n_rot = global.config().n_rot;
   float* cs = ws.cos_sin.data();
   if (ws.angles_pos0 != pos0 || ws.angles_n != n) {
     for (int64_t t = 0; t < n; ++t) {
-      m.rope->angles(pos0 + t, cs + t * n_rot);
+      global.angles(pos0 + t, cs + t * n_rot);
       if (m.rope_local) m.rope_local->angles(pos0 + t, cs + (n + t) * n_rot);
     }
     ws.angles_pos0 = pos0, ws.angles_n = n;
@@ -123,7 +124,7 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   if (L.k_norm.valid())
     cpu::rms_norm(ws.k.data(), as_floats(L.k_norm), ws.k.data(), n * hp.n_head_kv, hd, hp.norm_eps);
   const bool local = !hp.swa_layers.empty() && hp.swa_layers[static_cast<size_t>(il)];
-  const cpu::RopeTable* rope = local ? m.rope_local.get() : m.rope.get();
+  const cpu::RopeTable* rope = local ? m.rope_local.get() : m.rope ? &m.rope_for_context(ws.n_ctx) : nullptr;
   if (rope) {  // none: OPT's positions are learned
     const float* cs = rope_angles(m, ws, local, n, pos0);
     const int64_t n_rot = rope->config().n_rot;

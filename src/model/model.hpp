@@ -139,6 +139,14 @@ struct Model {
   std::vector<LayerWeights> layers;
   std::unique_ptr<cpu::RopeTable> rope;  // built from hp.rope at load
   std::unique_ptr<cpu::RopeTable> rope_local;  // from hp.rope_local, for the swa_layers (gemma3)
+  // LongRoPE (phi3): the table a context longer than rope_long_after tokens uses instead of
+  // `rope` (llama.cpp's rule: n_ctx > the original context length); null when the model has none.
+  std::unique_ptr<cpu::RopeTable> rope_long;
+  int64_t rope_long_after = 0;
+  // The global RoPE table for a context of n_ctx tokens.
+  const cpu::RopeTable& rope_for_context(int64_t n_ctx) const {
+    return rope_long && n_ctx > rope_long_after ? *rope_long : *rope;
+  }
   // Sparse-ready files: the predictor's score threshold (`powerinfer.sparse_threshold`, 0 when
   // absent) and calibrated per-layer thresholds on |act(gate)| (`ember.sparse.thresholds`,
   // empty when absent). See docs/sparse_formats.md.

@@ -10,15 +10,14 @@
 // loader.hpp), gate and up as one ffn_up of 2 n_ff rows, the gate's rows first (llama.cpp's
 // LLM_FFN_SWIGLU splits it so); files with a separate ffn_gate are read too. RoPE in the NeoX
 // layout. Its LongRoPE scaling (Phi-3-*-128k): per-frequency factors rope_factors_short /
-// rope_factors_long and a cos/sin scale rope.scaling.attn_factor. llama.cpp takes the long
-// factors only when the context exceeds rope.scaling.original_context_length; Ember uses the
-// short ones and limits the context to that length when the two differ (the long factors
-// are not implemented yet, and the limit is logged). The file's attention.sliding_window is
+// rope_factors_long and a cos/sin scale rope.scaling.attn_factor. As llama.cpp, a session
+// whose context exceeds rope.scaling.original_context_length uses the long factors at every
+// position (Model::rope_for_context), a shorter one the short factors. The file's
+// attention.sliding_window is
 // ignored, as llama.cpp does (its converters write values that disagree with the models).
 #include <algorithm>
 
 #include "core/error.hpp"
-#include "core/log.hpp"
 #include "model/loader.hpp"
 
 namespace ember {
@@ -46,14 +45,6 @@ void load_phi3(Model& m) {
   const std::vector<float> short_f = rope_factors(r, "rope_factors_short.weight", hp.rope.n_rot / 2);
   const std::vector<float> long_f = rope_factors(r, "rope_factors_long.weight", hp.rope.n_rot / 2);
   hp.rope.freq_factors = short_f;
-  if (!long_f.empty() && long_f != short_f) {
-    const int64_t orig = r.opt_int("phi3.rope.scaling.original_context_length").value_or(hp.n_ctx_train);
-    if (orig < hp.n_ctx_train) {
-      log_warn("{}: contexts beyond {} tokens need Phi-3's long RoPE factors, which Ember does not implement yet; "
-               "the context is limited to {}", r.path(), orig, orig);
-      hp.n_ctx_train = orig;
-    }
-  }
 
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
@@ -77,6 +68,12 @@ void load_phi3(Model& m) {
   }
   read_sparse_metadata(m);
   build_rope(m);
+  if (!long_f.empty() && long_f != short_f) {
+    cpu::RopeConfig c = hp.rope;
+    c.freq_factors = long_f;
+    m.rope_long = std::make_unique<cpu::RopeTable>(c);
+    m.rope_long_after = r.opt_int("phi3.rope.scaling.original_context_length").value_or(hp.n_ctx_train);
+  }
 }
 
 }  // namespace ember

@@ -146,6 +146,31 @@ TEST(Blocks, ParallelResidualMatchesTheReference) {
   std::filesystem::remove(path);
 }
 
+// A llama file that declares a sliding window (Mistral-7B-v0.1's llama.attention.sliding_window)
+// attends over that many positions on every layer, with the global RoPE: the double reference
+// with the same window, and other logits than without it once the prompt is longer.
+TEST(Blocks, LlamaSlidingWindowWhereTheFileDeclaresIt) {
+  SynthOptions o;
+  o.n_embd = 64, o.n_ff = 96, o.n_layer = 2, o.n_head = 4, o.n_head_kv = 2, o.seed = 5, o.n_threads = 1;
+  gguf::Writer w = synth_model(o);
+  w.set("llama.attention.sliding_window", gguf::Value::u32(5));
+  const std::string path = (test_dir() / "llama-swa.gguf").string();
+  w.write(path);
+  auto m = load_model(path);
+  ASSERT_EQ(m->hp.sliding_window, 5);
+  ASSERT_EQ(m->hp.swa_layers, std::vector<bool>(2, true));
+  EXPECT_EQ(m->rope_local, nullptr);
+  const Logits windowed = logits_of(*m);  // 12 prompt tokens and 6 decode steps: beyond the window
+  const auto ref = test_support::reference_llama_logits(*m, test_support::session_tokens(*m));
+  EXPECT_LT(test_support::max_rel_diff(windowed, ref), 1e-5);
+  m->hp.sliding_window = 0, m->hp.swa_layers.clear();
+  const Logits full = logits_of(*m);
+  EXPECT_EQ(test_support::max_rel_diff(Logits(windowed.begin(), windowed.begin() + 5), Logits(full.begin(), full.begin() + 5)),
+            0.0);  // within the window: the same
+  EXPECT_GT(test_support::max_rel_diff(windowed, full), 1e-3);
+  std::filesystem::remove(path);
+}
+
 TEST(Blocks, ArchitectureTable) {
   for (const char* a : {"llama", "bamboo", "gemma3", "opt", "qwen2", "qwen3", "phi3", "falcon", "qwen3moe"}) {
     ASSERT_NE(find_architecture(a), nullptr) << a;

@@ -99,6 +99,39 @@ TEST(ChatTemplate, Phi3) {
   EXPECT_EQ(parse_chat_template("phi3").style, ChatStyle::Phi3);
 }
 
+// Mistral's official templates (detected and rendered as llama.cpp's mistral-v1 / v3 /
+// v3-tekken / v7), each with a system message and two turns. The expected strings are what
+// llama.cpp 0253fb21's llama_chat_apply_template returns for the same messages (checked once with
+// a small program against its libllama, docs/agreement.md).
+TEST(ChatTemplate, MistralOfficialVariants) {
+  const std::vector<ChatMessage> chat = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", " Hello. "}, {"user", "2+2?"}};
+  struct Case {
+    std::string tmpl;  // the part of the official template that identifies it
+    MistralVersion v;
+    std::string want;
+  };
+  const Case cases[] = {
+      {"{{ bos_token }}{% for m in messages %}{{ ' [INST] ' + system_message + '\\n\\n' }}[INST]{% endfor %}", MistralVersion::v1,
+       " [INST] Be brief.\n\nHi [/INST]  Hello. </s> [INST] 2+2? [/INST]"},
+      {"{%- if tools %}[AVAILABLE_TOOLS] {{ tools }}[/AVAILABLE_TOOLS]{%- endif %}{{ '[INST] ' }}", MistralVersion::v3,
+       "[INST] Be brief.\n\nHi[/INST] Hello.</s>[INST] 2+2?[/INST]"},
+      {"{%- if tools %}{{ \"[AVAILABLE_TOOLS]\" }}{%- endif %}{{ \"[INST]\" + message }}", MistralVersion::v3_tekken,
+       "[INST]Be brief.\n\nHi[/INST] Hello. </s>[INST]2+2?[/INST]"},
+      {"{{ '[SYSTEM_PROMPT] ' + system }}{{ '[INST] ' + content + '[/INST]' }}", MistralVersion::v7,
+       "[SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST] Hi[/INST]  Hello. </s>[INST] 2+2?[/INST]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.want);
+    const ChatTemplate t = parse_chat_template(c.tmpl);
+    ASSERT_EQ(t.style, ChatStyle::Mistral);
+    EXPECT_EQ(t.mistral, c.v);
+    EXPECT_EQ(render_chat(t, chat, true), c.want);
+  }
+  EXPECT_EQ(parse_chat_template("mistral-v7").mistral, MistralVersion::v7);
+  // A plain Llama-2 / Mistral-v0.1-style [INST] template stays Llama-2.
+  EXPECT_EQ(parse_chat_template("{{ '[INST] ' + message['content'] + ' [/INST]' }}").style, ChatStyle::Llama2);
+}
+
 TEST(ChatTemplate, Llama2) {
   const std::string tmpl =
       "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + messages[0]['content'] "

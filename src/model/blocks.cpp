@@ -124,9 +124,11 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   if (L.k_norm.valid())
     cpu::rms_norm(ws.k.data(), as_floats(L.k_norm), ws.k.data(), n * hp.n_head_kv, hd, hp.norm_eps);
   const bool local = !hp.swa_layers.empty() && hp.swa_layers[static_cast<size_t>(il)];
-  const cpu::RopeTable* rope = local ? m.rope_local.get() : m.rope ? &m.rope_for_context(ws.n_ctx) : nullptr;
+  // Sliding-window layers take the local RoPE table where the model has one (gemma3).
+  const bool local_rope = local && m.rope_local;
+  const cpu::RopeTable* rope = local_rope ? m.rope_local.get() : m.rope ? &m.rope_for_context(ws.n_ctx) : nullptr;
   if (rope) {  // none: OPT's positions are learned
-    const float* cs = rope_angles(m, ws, local, n, pos0);
+    const float* cs = rope_angles(m, ws, local_rope, n, pos0);
     const int64_t n_rot = rope->config().n_rot;
     for (int64_t t = 0; t < n; ++t) {
       rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);

@@ -5,6 +5,7 @@
 //
 //   x = embed(token)
 //   per layer:  h = x + wo attn(rope(wq n), rope(wk n), wv n),  n = rms_norm(x; attn_norm)
+//               (attention over the last llama.attention.sliding_window positions when set)
 //               x = h + down(act(gate m) * up m),               m = rms_norm(h; ffn_norm)
 //   logits = output(rms_norm(x; output_norm))      output tied to token_embd when absent
 //
@@ -31,6 +32,13 @@ void load_llama_family(Model& m, bool bamboo) {
     else fail("{}: {}.ffn_activation '{}' is not supported ({})", r.path(), hp.arch, *act, bamboo ? "relu" : "silu or relu");
   }
   hp.rope.layout = cpu::RopeLayout::normal;  // llama GGUF files store Q/K permuted for it
+  // A sliding window where the file declares one (Mistral-7B-v0.1: 4096), on every layer and
+  // with the global RoPE. llama.cpp's llama graph ignores this key: the two agree up to the
+  // window and part beyond it, where Ember follows the model.
+  if (auto w = r.opt_int(hp.arch + ".attention.sliding_window"); w && *w > 0) {
+    hp.sliding_window = *w;
+    hp.swa_layers.assign(static_cast<size_t>(hp.n_layer), true);
+  }
 
   TensorBinder b(r, hp);
   bind_embeddings(b, m);

@@ -60,6 +60,7 @@ const char* chat_style_name(ChatStyle style) {
     case ChatStyle::Llama2: return "llama2";
     case ChatStyle::Gemma: return "gemma";
     case ChatStyle::Phi3: return "phi3";
+    case ChatStyle::Mistral: return "mistral";
   }
   return "?";
 }
@@ -83,10 +84,30 @@ ChatTemplate parse_chat_template(const std::string& src) {
     t.style = ChatStyle::Phi3;
     return t;
   }
+  for (const auto& [name, v] : {std::pair{"mistral-v1", MistralVersion::v1}, std::pair{"mistral-v3", MistralVersion::v3},
+                                std::pair{"mistral-v3-tekken", MistralVersion::v3_tekken},
+                                std::pair{"mistral-v7", MistralVersion::v7}})
+    if (src == name) {
+      t.style = ChatStyle::Mistral;
+      t.mistral = v;
+      return t;
+    }
   // Same order of tests as llama.cpp's llm_chat_detect_template.
   if (contains(src, "<|im_start|>")) {
     t.style = ChatStyle::ChatML;
     t.default_system = find_default_system(src);
+    return t;
+  }
+  if (contains(src, "[INST]") && contains(src, "[SYSTEM_PROMPT]")) {
+    t.style = ChatStyle::Mistral;
+    t.mistral = MistralVersion::v7;
+    return t;
+  }
+  if (contains(src, "[INST]") && (contains(src, "' [INST] ' + system_message") || contains(src, "[AVAILABLE_TOOLS]"))) {
+    t.style = ChatStyle::Mistral;  // the official v1 / v3 / v3-tekken templates
+    t.mistral = contains(src, " [INST]")       ? MistralVersion::v1
+                : contains(src, "\"[INST]\"") ? MistralVersion::v3_tekken
+                                               : MistralVersion::v3;
     return t;
   }
   if (contains(src, "[INST]")) {
@@ -109,7 +130,8 @@ ChatTemplate parse_chat_template(const std::string& src) {
     return t;
   }
   fail("chat template not recognized (supported styles: chatml '<|im_start|>', llama3 '<|start_header_id|>', "
-       "llama2 '[INST]', gemma '<start_of_turn>', phi3 '<|end|>'); template starts with: {}",
+       "llama2 '[INST]', mistral '[INST]' official v1/v3/v7, gemma '<start_of_turn>', phi3 '<|end|>'); template "
+       "starts with: {}",
        src.substr(0, 120));
 }
 
@@ -168,6 +190,36 @@ std::string render_chat(const ChatTemplate& t, const std::vector<ChatMessage>& m
         out += trim(m.content) + "<end_of_turn>\n";
       }
       if (add_generation_prompt) out += "<start_of_turn>model\n";
+      break;
+    }
+    case ChatStyle::Mistral: {
+      if (t.mistral == MistralVersion::v7) {  // [SYSTEM_PROMPT] s[/SYSTEM_PROMPT][INST] u[/INST] a</s>
+        for (const auto& m : messages) {
+          if (m.role == "system") out += "[SYSTEM_PROMPT] " + m.content + "[/SYSTEM_PROMPT]";
+          else if (m.role == "user") out += "[INST] " + m.content + "[/INST]";
+          else out += " " + m.content + "</s>";
+        }
+        break;
+      }
+      // v1: " [INST] s\n\nu [/INST] a</s>"; v3: "[INST] s\n\nu[/INST] a</s>" (assistant trimmed);
+      // v3-tekken: "[INST]s\n\nu[/INST]a</s>". The system text opens the next [INST].
+      const std::string lead = t.mistral == MistralVersion::v1 ? " " : "";
+      const std::string trail = t.mistral == MistralVersion::v3_tekken ? "" : " ";
+      bool inside_turn = false;
+      for (const auto& m : messages) {
+        if (!inside_turn) {
+          out += lead + "[INST]" + trail;
+          inside_turn = true;
+        }
+        if (m.role == "system") {
+          out += m.content + "\n\n";
+        } else if (m.role == "user") {
+          out += m.content + lead + "[/INST]";
+        } else {
+          out += trail + (t.mistral == MistralVersion::v3 ? trim(m.content) : m.content) + "</s>";
+          inside_turn = false;
+        }
+      }
       break;
     }
     case ChatStyle::Phi3: {

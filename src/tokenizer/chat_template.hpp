@@ -21,7 +21,11 @@ enum class ChatStyle {
   Llama2,   // [INST] ... [/INST] (with <<SYS>> when the template supports it)
   Gemma,    // <start_of_turn>user\n...<end_of_turn>\n, assistant is "model", system merged into the first user turn
   Phi3,     // <|role|>\n...<|end|>\n (Phi-3, Phi-3.5)
+  Mistral,  // Mistral's official [INST] templates: v1, v3, v3-tekken, v7 (ChatTemplate::mistral)
 };
+
+// The variants of Mistral's official templates (mistralai/cookbook, as llama.cpp renders them).
+enum class MistralVersion { v1, v3, v3_tekken, v7 };
 
 struct ChatTemplate {
   ChatStyle style = ChatStyle::ChatML;
@@ -29,13 +33,15 @@ struct ChatTemplate {
   bool llama2_system = false;        // <<SYS>> block
   bool llama2_bos_in_history = false;  // "<s>[INST] " for later turns
   bool llama2_strip = false;         // content is trimmed
+  MistralVersion mistral = MistralVersion::v3;
   // System text the template inserts when the conversation does not start with a system
   // message (SmolLM2: "You are a helpful AI assistant named SmolLM, trained by Hugging Face").
   std::string default_system;
 };
 
 // Detects the style of a template source. An empty source means ChatML (llama.cpp's default);
-// a style name ("chatml", "llama3", "llama2", "gemma", "phi3") is accepted too. Throws ember::Error
+// a style name ("chatml", "llama3", "llama2", "gemma", "phi3", "mistral-v1", "mistral-v3",
+// "mistral-v3-tekken", "mistral-v7") is accepted too. Throws ember::Error
 // naming the supported styles when the template is not recognized.
 ChatTemplate parse_chat_template(const std::string& template_source);
 

@@ -105,7 +105,8 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < d; ++i) x[t][i] = emb[tokens[t] * d + i];
 
-  for (const LayerWeights& L : m.layers) {
+  for (size_t il = 0; il < m.layers.size(); ++il) {
+    const LayerWeights& L = m.layers[il];
     auto wq = dequant_matrix(L.wq), wk = dequant_matrix(L.wk), wv = dequant_matrix(L.wv), wo = dequant_matrix(L.wo);
     auto wg = dequant_matrix(L.ffn.gate), wu = dequant_matrix(L.ffn.up);
     // PowerInfer's files hold only the neuron-major down_t: transpose it back.
@@ -137,19 +138,22 @@ inline std::vector<std::vector<double>> reference_llama_logits(const Model& m, c
       rope(q, nh, t);
       rope(K[t], nkv, t);
       std::vector<double> o(nh * hd, 0.0);
+      // Sliding-window layers see the keys of the last `sliding_window` positions only.
+      const bool swa = hp.sliding_window > 0 && !hp.swa_layers.empty() && hp.swa_layers[il];
+      const int64_t j0 = swa ? std::max<int64_t>(0, t - hp.sliding_window + 1) : 0;
       for (int64_t h = 0; h < nh; ++h) {
         int64_t kh = h / (nh / nkv);
         std::vector<double> sc(t + 1);
         double mx = -1e300;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = j0; j <= t; ++j) {
           double s = 0;
           for (int64_t i = 0; i < hd; ++i) s += q[h * hd + i] * K[j][kh * hd + i];
           sc[j] = s / std::sqrt(double(hd));
           mx = std::max(mx, sc[j]);
         }
         double sum = 0;
-        for (auto& s : sc) sum += (s = std::exp(s - mx));
-        for (int64_t j = 0; j <= t; ++j)
+        for (int64_t j = j0; j <= t; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+        for (int64_t j = j0; j <= t; ++j)
           for (int64_t i = 0; i < hd; ++i) o[h * hd + i] += sc[j] / sum * V[j][kh * hd + i];
       }
       attn_out[t] = o;

@@ -156,6 +156,9 @@ for arch in qwen3 phi3 falcon; do
   expect_ok "generate $arch" "$ember" generate -m "$tmp/$arch.gguf" -p "hello" -n 4 --temp 0
   contains "$arch loaded" "$tmp/err" "\\($arch\\)"
 done
+# Llama-3's vocabulary size (128256) and RoPE frequency factors.
+expect_ok "synth llama3 vocab" "$ember" synth --preset tiny --n-vocab 128256 --tied --rope-freqs --rope-base 500000 -o "$tmp/llama3.gguf"
+expect_ok "generate llama3 vocab" "$ember" generate -m "$tmp/llama3.gguf" -p "hello world" -n 4 --temp 0
 expect_ok "synth mixtral" "$ember" synth --preset tiny --n-expert 4 --n-expert-used 2 -o "$tmp/mixtral.gguf"
 expect_ok "generate mixtral" "$ember" generate -m "$tmp/mixtral.gguf" -p "hello" -n 4 --temp 0
 expect_ok "synth qwen3moe" "$ember" synth --preset tiny --arch qwen3moe --n-expert 8 --n-expert-used 2 --n-ff 64 -o "$tmp/qwen3moe.gguf"

@@ -58,7 +58,7 @@ SynthOptions synth_options(const std::vector<std::string>& flags) {
     else if (f == "--preset") continue;  // tiny, the starting point here too
     else ADD_FAILURE() << "unknown synth flag " << f;
   }
-  if (o.arch == "falcon" && !act_given) o.act = FfnActivation::gelu;  // as `ember synth`
+  if (!act_given) o.act = synth_default_activation(o.arch);  // as `ember synth`
   o.n_threads = 2;
   return o;
 }

@@ -57,9 +57,9 @@ TEST(Moe, RouteTakesTheLargestProbabilitiesAndRenormalises) {
   moe.n_used = 2;
   float logits[8] = {0.0f, 2.0f, 1.0f, 2.0f,    // token 0: experts 1 and 3 tie at the top
                      -1.0f, 0.5f, 3.0f, 0.0f};  // token 1: experts 2, then 1
-  int32_t ids[4];
+  int32_t ids[4], order[4];
   float w[4];
-  moe_route(moe, logits, 2, ids, w);
+  moe_route(moe, logits, 2, ids, w, order);
   EXPECT_EQ(ids[0], 1);  // the tie goes to the lower index
   EXPECT_EQ(ids[1], 3);
   EXPECT_FLOAT_EQ(w[0], 0.5f);
@@ -72,7 +72,7 @@ TEST(Moe, RouteTakesTheLargestProbabilitiesAndRenormalises) {
   // Without renormalisation the weights are the softmax probabilities over all experts.
   float again[8] = {0.0f, 2.0f, 1.0f, 2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
   moe.norm_weights = false;
-  moe_route(moe, again, 2, ids, w);
+  moe_route(moe, again, 2, ids, w, order);
   const double z = std::exp(-1.0) + std::exp(0.5) + std::exp(3.0) + 1.0;
   EXPECT_NEAR(w[2], e2 / z, 1e-6);
 }

@@ -40,6 +40,19 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
       for (const TensorView* t : {&e.gate, &e.up, &e.down}) need(*t);
   }
   mm_scratch.resize(std::max<size_t>(mm, 64));
+  int64_t n_expert = 0, n_used = 0;
+  for (const auto& l : model.layers) n_expert = std::max(n_expert, l.moe.n_expert()), n_used = std::max(n_used, l.moe.n_used);
+  if (n_expert > 0) {
+    const auto b = static_cast<size_t>(batch), d = static_cast<size_t>(hp.n_embd);
+    moe_logits.resize(b * static_cast<size_t>(n_expert));
+    moe_ids.resize(b * static_cast<size_t>(n_used));
+    moe_weights.resize(b * static_cast<size_t>(n_used));
+    moe_order.resize(static_cast<size_t>(n_expert));
+    moe_tokens.resize(b);
+    moe_token_w.resize(b);
+    moe_x.resize(b * d);
+    moe_out.resize(b * d);
+  }
   bool down_t_only = false;
   for (const auto& l : model.layers) down_t_only |= !l.ffn.down.valid() && !l.moe.valid();
   if (down_t_only) {
@@ -52,7 +65,9 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
 size_t Workspace::bytes() const {
   size_t floats = x.size() + xn.size() + q.size() + k.size() + v.size() + attn.size() + o.size() + gate.size() +
                   up.size() + cos_sin.size() + att_scratch.size() + logits_tmp.size() + ffn_in.size();
-  return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + all_neurons.size() * sizeof(int32_t);
+  floats += moe_logits.size() + moe_weights.size() + moe_token_w.size() + moe_x.size() + moe_out.size();
+  const size_t ints = all_neurons.size() + moe_ids.size() + moe_order.size() + moe_tokens.size();
+  return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + ints * sizeof(int32_t);
 }
 
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,

@@ -38,10 +38,11 @@ struct Workspace {
   // The residual stream entering the current layer's FFN (before its norm), n x n_embd, set by
   // the FFN block before it calls the FFN: PowerInfer's predictors read it.
   const float* ffn_residual = nullptr;
-  // Mixture-of-experts layers (model/moe.hpp): router probabilities, the chosen experts and
-  // their weights, the rows of the tokens that chose one expert and its output for them.
-  std::vector<float> moe_logits, moe_weights, moe_x, moe_out;
-  std::vector<int32_t> moe_ids;
+  // Mixture-of-experts layers (model/moe.hpp), sized once by init: router probabilities, the
+  // chosen experts and their weights, the experts in routing order (one token's scratch), and
+  // for one expert the tokens that chose it, their weights, their rows and its output for them.
+  std::vector<float> moe_logits, moe_weights, moe_token_w, moe_x, moe_out;
+  std::vector<int32_t> moe_ids, moe_order, moe_tokens;
   // The positions whose RoPE angles cos_sin holds (model/blocks.cpp).
   int64_t angles_pos0 = -1, angles_n = 0;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/error.hpp"
 #include "model/ffn.hpp"
@@ -10,25 +11,24 @@
 
 namespace ember {
 
-void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights) {
+void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights, int32_t* order) {
   const int64_t ne = moe.n_expert(), k = moe.n_used;
-  std::vector<int32_t> order(static_cast<size_t>(ne));
   for (int64_t t = 0; t < n; ++t) {
     float* p = logits + t * ne;
     const float mx = *std::max_element(p, p + ne);
     double sum = 0;
     for (int64_t e = 0; e < ne; ++e) sum += (p[e] = std::exp(p[e] - mx));
     for (int64_t e = 0; e < ne; ++e) p[e] = static_cast<float>(p[e] / sum);
-    for (int64_t e = 0; e < ne; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+    std::iota(order, order + ne, 0);
+    std::partial_sort(order, order + k, order + ne,
                       [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
     float total = 0;
-    for (int64_t i = 0; i < k; ++i) total += p[order[static_cast<size_t>(i)]];
+    for (int64_t i = 0; i < k; ++i) total += p[order[i]];
     // llama.cpp clamps the sum below at 2^-14 before dividing.
     const float norm = moe.norm_weights ? 1.0f / std::max(total, 6.103515625e-5f) : 1.0f;
     for (int64_t i = 0; i < k; ++i) {
-      ids[t * k + i] = order[static_cast<size_t>(i)];
-      weights[t * k + i] = p[order[static_cast<size_t>(i)]] * norm;
+      ids[t * k + i] = order[i];
+      weights[t * k + i] = p[order[i]] * norm;
     }
   }
 }
@@ -36,33 +36,29 @@ void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, fl
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
              Workspace& ws) {
   const int64_t d = moe.router.cols(), ne = moe.n_expert(), k = moe.n_used;
-  ws.moe_logits.resize(static_cast<size_t>(n * ne));
-  ws.moe_ids.resize(static_cast<size_t>(n * k));
-  ws.moe_weights.resize(static_cast<size_t>(n * k));
-  ws.moe_x.resize(static_cast<size_t>(n * d));
-  ws.moe_out.resize(static_cast<size_t>(n * d));
+  EMBER_CHECK(static_cast<int64_t>(ws.moe_order.size()) >= ne && static_cast<int64_t>(ws.moe_ids.size()) >= n * k &&
+                  static_cast<int64_t>(ws.moe_x.size()) >= n * d,
+              "mixture of experts: the workspace was not set up for {} tokens of {} experts", n, ne);
   cpu::matmul(pool, moe.router, x, n, ws.moe_logits.data(), ws.mm_scratch.data());
-  moe_route(moe, ws.moe_logits.data(), n, ws.moe_ids.data(), ws.moe_weights.data());
+  moe_route(moe, ws.moe_logits.data(), n, ws.moe_ids.data(), ws.moe_weights.data(), ws.moe_order.data());
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
-  std::vector<int64_t> tokens;
-  std::vector<float> w;
   for (int64_t e = 0; e < ne; ++e) {  // ascending expert order: each token's sum in that order
-    tokens.clear(), w.clear();
+    int64_t m = 0;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < k; ++i)
         if (ws.moe_ids[static_cast<size_t>(t * k + i)] == e) {
-          tokens.push_back(t);
-          w.push_back(ws.moe_weights[static_cast<size_t>(t * k + i)]);
+          ws.moe_tokens[static_cast<size_t>(m)] = static_cast<int32_t>(t);
+          ws.moe_token_w[static_cast<size_t>(m++)] = ws.moe_weights[static_cast<size_t>(t * k + i)];
         }
-    if (tokens.empty()) continue;
-    const int64_t m = static_cast<int64_t>(tokens.size());
+    if (m == 0) continue;
     for (int64_t i = 0; i < m; ++i)
-      std::memcpy(ws.moe_x.data() + i * d, x + tokens[static_cast<size_t>(i)] * d, sizeof(float) * static_cast<size_t>(d));
+      std::memcpy(ws.moe_x.data() + i * d, x + ws.moe_tokens[static_cast<size_t>(i)] * d,
+                  sizeof(float) * static_cast<size_t>(d));
     dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, ws.moe_x.data(), m, ws.moe_out.data(), ws);
     for (int64_t i = 0; i < m; ++i) {
-      float* o = out + tokens[static_cast<size_t>(i)] * d;
+      float* o = out + ws.moe_tokens[static_cast<size_t>(i)] * d;
       const float* r = ws.moe_out.data() + i * d;
-      const float wi = w[static_cast<size_t>(i)];
+      const float wi = ws.moe_token_w[static_cast<size_t>(i)];
       for (int64_t c = 0; c < d; ++c) o[c] += wi * r[c];
     }
   }

@@ -19,10 +19,11 @@
 namespace ember {
 
 // The experts token t chose (ids[t * n_used ..]) and their weights, from the router's logits
-// (n x n_expert, overwritten with the probabilities).
-void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights);
+// (n x n_expert, overwritten with the probabilities); `order` holds n_expert ints of scratch.
+void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights, int32_t* order);
 
-// out (n x n_embd) = the mixture's output for x (n x n_embd).
+// out (n x n_embd) = the mixture's output for x (n x n_embd), in the buffers Workspace::init sized
+// (no allocation per call).
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
              Workspace& ws);
 

@@ -245,14 +245,27 @@ std::shared_ptr<std::vector<float>> profile_probits(const SynthOptions& o, int64
   return z;
 }
 
+// What every layer's tensor list starts from: the name prefix "blk.N.", the weights' spreads
+// 1/sqrt(fan_in) for inputs of n_embd and of n_ff, and the K/V width.
+struct LayerShape {
+  LayerShape(const SynthOptions& o, int64_t il)
+      : prefix("blk." + std::to_string(il) + "."),
+        s_embd(1.0f / std::sqrt(static_cast<float>(o.n_embd))),
+        s_ff(1.0f / std::sqrt(static_cast<float>(o.n_ff))),
+        nkv(o.n_head_kv * head_dim_of(o)) {}
+  std::string prefix;
+  float s_embd, s_ff;
+  int64_t nkv;
+};
+
 // OPT's layer, with the names of PowerInfer's converter. The activation profile needs no bias
 // channel here: LayerNorm makes the FFN input's elements about unit variance, so up_j . x is
 // about N(0, |w_j|^2) with |w_j| ~ 1, and an up bias of probit(p_j) fires neuron j with p_j.
 std::vector<TensorSpec> opt_layer_specs(const SynthOptions& o, int64_t il) {
-  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
-  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
-  const std::string p = "blk." + std::to_string(il) + ".";
-  const int64_t d = o.n_embd, nkv = o.n_head_kv * head_dim_of(o);
+  const LayerShape sh(o, il);
+  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
+  const std::string& p = sh.prefix;
+  const int64_t d = o.n_embd, nkv = sh.nkv;
   std::vector<TensorSpec> v = {
       {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
       {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.02f},
@@ -303,10 +316,10 @@ std::vector<TensorSpec> predictor_specs(const SynthOptions& o, int64_t il) {
 // Falcon's layer (llama.cpp's names): LayerNorms with biases (a second one, attn_norm_2, in the
 // 40B layout: more than one KV head), fused attn_qkv, attn_output, up and down without biases.
 std::vector<TensorSpec> falcon_layer_specs(const SynthOptions& o, int64_t il) {
-  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
-  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
-  const std::string p = "blk." + std::to_string(il) + ".";
-  const int64_t d = o.n_embd, nkv = o.n_head_kv * head_dim_of(o);
+  const LayerShape sh(o, il);
+  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
+  const std::string& p = sh.prefix;
+  const int64_t d = o.n_embd, nkv = sh.nkv;
   std::vector<TensorSpec> v = {
       {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.1f},
       {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.1f},
@@ -326,10 +339,10 @@ std::vector<TensorSpec> falcon_layer_specs(const SynthOptions& o, int64_t il) {
 
 // Phi-3's layer: fused attn_qkv and fused gate/up (ffn_up: the gate's n_ff rows, then up's).
 std::vector<TensorSpec> phi3_layer_specs(const SynthOptions& o, int64_t il) {
-  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
-  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
-  const std::string p = "blk." + std::to_string(il) + ".";
-  const int64_t d = o.n_embd, nkv = o.n_head_kv * head_dim_of(o);
+  const LayerShape sh(o, il);
+  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
+  const std::string& p = sh.prefix;
+  const int64_t d = o.n_embd, nkv = sh.nkv;
   return {
       {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
       {p + "attn_qkv.weight", o.type, d, d + 2 * nkv, 0.0f, s_embd},
@@ -350,11 +363,11 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
   if (o.arch == "falcon") return falcon_layer_specs(o, il);
   if (o.arch == "phi3") return phi3_layer_specs(o, il);
   const int64_t head_dim = head_dim_of(o);
-  const int64_t n_embd_kv = o.n_head_kv * head_dim;
+  const LayerShape sh(o, il);
+  const int64_t n_embd_kv = sh.nkv;
   const int64_t n_embd_q = o.n_head * head_dim;
-  const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
-  const float s_ff = 1.0f / std::sqrt(static_cast<float>(o.n_ff));
-  const std::string p = "blk." + std::to_string(il) + ".";
+  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
+  const std::string& p = sh.prefix;
   const float s_q = 1.0f / std::sqrt(static_cast<float>(n_embd_q));
   const float norm_std = 0.02f;
   std::vector<TensorSpec> v = {
@@ -371,10 +384,15 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
   if (o.n_expert > 0) {  // the FFN's gate, up, down (indices 6-8) become the experts and a router
     const int64_t E = o.n_expert;
     v.erase(v.begin() + 6, v.begin() + 9);
+    auto experts = [&](const char* name, int64_t in, int64_t out, float std) {  // E matrices [in, out]
+      TensorSpec t{p + name, o.type, in, out * E, 0.0f, std};
+      t.ne2 = E;
+      v.push_back(t);
+    };
     v.push_back({p + "ffn_gate_inp.weight", DType::F32, o.n_embd, E, 0.0f, 4.0f * s_embd});
-    v.push_back({p + "ffn_gate_exps.weight", o.type, o.n_embd, o.n_ff * E, 0.0f, s_embd, Edit::none, -1, 0, nullptr, nullptr, 0, 0, E});
-    v.push_back({p + "ffn_up_exps.weight", o.type, o.n_embd, o.n_ff * E, 0.0f, s_embd, Edit::none, -1, 0, nullptr, nullptr, 0, 0, E});
-    v.push_back({p + "ffn_down_exps.weight", o.type, o.n_ff, o.n_embd * E, 0.0f, s_ff, Edit::none, -1, 0, nullptr, nullptr, 0, 0, E});
+    experts("ffn_gate_exps.weight", o.n_embd, o.n_ff, s_embd);
+    experts("ffn_up_exps.weight", o.n_embd, o.n_ff, s_embd);
+    experts("ffn_down_exps.weight", o.n_ff, o.n_embd, s_ff);
   }
   if (o.arch == "qwen3" || o.arch == "qwen3moe") {
     v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
@@ -535,6 +553,12 @@ SynthOptions synth_preset(const std::string& name) {
   }
   o.name = "ember-synth-" + name;
   return o;
+}
+
+FfnActivation synth_default_activation(const std::string& arch) {
+  if (arch == "bamboo" || arch == "opt") return FfnActivation::relu;
+  if (arch == "falcon") return FfnActivation::gelu;
+  return FfnActivation::silu;
 }
 
 FfnActivation parse_ffn_activation(const std::string& s) {

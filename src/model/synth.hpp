@@ -92,6 +92,9 @@ int64_t synth_predictor_rank(const SynthOptions& opts);
 // Throws ember::Error naming the known presets for any other name.
 SynthOptions synth_preset(const std::string& name);
 const std::vector<std::string>& synth_preset_names();
+// The FFN activation an architecture has unless told otherwise: relu for bamboo and opt, gelu
+// for falcon, silu for the others (`ember synth` without --act).
+FfnActivation synth_default_activation(const std::string& arch);
 // Parses "silu" / "relu" / "gelu".
 FfnActivation parse_ffn_activation(const std::string& s);
 const char* ffn_activation_name(FfnActivation a);

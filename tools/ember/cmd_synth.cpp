@@ -55,10 +55,9 @@ void run_synth(const SynthArgs& a) {
   o.type = *t;
   o.act = parse_ffn_activation(a.act);
   o.arch = a.arch;
-  // ReLU architectures: relu unless --act says otherwise (validate names the conflict); OPT ties
+  // Without --act, the architecture's own activation (validate names a conflict); OPT ties
   // its output to the embedding (PowerInfer loads no output.weight for it).
-  if ((o.arch == "bamboo" || o.arch == "opt") && a.o_act->count() == 0) o.act = FfnActivation::relu;
-  if (o.arch == "falcon" && a.o_act->count() == 0) o.act = FfnActivation::gelu;
+  if (a.o_act->count() == 0) o.act = synth_default_activation(o.arch);
   if (o.arch == "opt") o.tied = true, o.n_head_kv = o.n_head;
   o.head_dim = a.head_dim;
   o.rope_freqs = a.rope_freqs;

@@ -25,6 +25,7 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
 
   ProfileFfn ffn(model);
   session.set_ffn_executor(&ffn);
+  session.set_projection_executor(&ffn);
   auto run_pass = [&](int pass) {
     for (int64_t done = 0; done < n_tok;) {
       const int64_t len = std::min(opts.n_ctx, n_tok - done);
@@ -57,9 +58,11 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
     }
   } catch (...) {
     session.set_ffn_executor(nullptr);
+    session.set_projection_executor(nullptr);
     throw;
   }
   session.set_ffn_executor(nullptr);
+  session.set_projection_executor(nullptr);
   p.n_tokens = ffn.tokens_counted();
   EMBER_CHECK(p.n_tokens > 0, "the forward pass of architecture '{}' did not run the FFN executor: it cannot be "
               "profiled", hp.arch);
@@ -68,6 +71,15 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
   p.threshold = opts.threshold >= 0.0f ? opts.threshold : static_cast<float>(tsum / static_cast<double>(hp.n_layer));
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     p.quantiles.push_back(ffn.histogram(l).quantiles(kQuantiles));
+    std::vector<float> iq, ie;
+    for (int s = 0; s < kInputSites; ++s) {
+      const AbsHistogram& h = ffn.input_histogram(l, s);
+      const std::vector<float> q = h.quantiles(kQuantiles), e = h.energy_fractions(kQuantiles);
+      iq.insert(iq.end(), q.begin(), q.end());
+      ie.insert(ie.end(), e.begin(), e.end());
+    }
+    p.input_quantiles.push_back(std::move(iq));
+    p.input_energy.push_back(std::move(ie));
     const auto& c = ffn.counts(l);
     p.counts.emplace_back(c.begin(), c.end());
   }

@@ -13,6 +13,9 @@ int default_thread_count() {
 }
 
 RepackScope repack_scope_for(FfnMode mode, bool hybrid) {
+  // Input sparsity reads the file's row-major matrices for prompts (its decode reads its own
+  // copies), and builds those copies from them: every layer matrix stays as the file has it.
+  if (mode == FfnMode::input) return RepackScope::output;
   if (hybrid || mode == FfnMode::predictor) return RepackScope::attention_output;
   return mode == FfnMode::dense ? RepackScope::all : RepackScope::attention_output_gate;
 }
@@ -46,6 +49,12 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     h.kv_type = p.kv_type;
     hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch);
     ws_.layers = hybrid_.get();
+  } else if (p.sparse.mode == FfnMode::input) {
+    InputThresholds t = p.sparse.input_thresholds.empty() ? model.input_thresholds : p.sparse.input_thresholds;
+    EMBER_CHECK(!t.empty(), "--sparse-mode input needs thresholds: give --sparse-profile FILE --sparsity S (a profile "
+                "from `ember profile`) or a model made with `ember sparsify`");
+    input_ = std::make_unique<InputSparseExecutor>(model, pool_, std::move(t), p.sparse.down_type, ws_.max_batch);
+    ws_.proj = input_.get();
   } else if (p.sparse.mode != FfnMode::dense) {
     SparseFfnOptions so = p.sparse;
     // Threshold mode without thresholds given: the calibrated ones stored in the model file.
@@ -64,6 +73,8 @@ void Session::set_ffn_executor(FfnExecutor* e) {
   }
   ws_.ffn = ffn;
 }
+
+void Session::set_projection_executor(ProjectionExecutor* e) { ws_.proj = e ? e : input_.get(); }
 
 void Session::eval(const std::vector<int32_t>& tokens) { eval(tokens.data(), static_cast<int64_t>(tokens.size())); }
 

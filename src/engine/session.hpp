@@ -13,6 +13,7 @@
 #include "model/model.hpp"
 #include "model/repack.hpp"
 #include "sparse/ffn_sparse.hpp"
+#include "sparse/input_sparse.hpp"
 
 namespace ember {
 
@@ -56,17 +57,27 @@ class Session {
   // sparse or hybrid). Throws naming why when the executor cannot run the model
   // (FfnExecutor::refusal). The executor must outlive its use.
   void set_ffn_executor(FfnExecutor* e);
+  // Replaces the attention projections' executor (the profiler's recorder); null restores the
+  // session's own (input sparsity's, or the dense projections).
+  void set_projection_executor(ProjectionExecutor* e);
+  // The input-sparsity executor; null unless --sparse-mode input.
+  InputSparseExecutor* input_sparse() { return input_.get(); }
   // The hybrid FFN executor; null unless SessionParams::hybrid_on().
   HybridFfn* hybrid_ffn() { return hybrid_.get(); }
 
  private:
-  FfnExecutor* own_ffn() { return hybrid_ ? static_cast<FfnExecutor*>(hybrid_.get()) : sparse_.get(); }
+  FfnExecutor* own_ffn() {
+    if (hybrid_) return hybrid_.get();
+    if (input_) return input_.get();
+    return sparse_.get();
+  }
   const Model& model_;
   ThreadPool pool_;
   KvCache kv_;
   Workspace ws_;
   std::unique_ptr<SparseFfn> sparse_;
   std::unique_ptr<HybridFfn> hybrid_;
+  std::unique_ptr<InputSparseExecutor> input_;
   std::vector<float> logits_;
   int64_t pos_ = 0;
 };

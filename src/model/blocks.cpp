@@ -34,20 +34,6 @@ void add_bias(const TensorView& b, float* y, int64_t n, int64_t width) {
   for (int64_t t = 0; t < n; ++t) cpu::add_f32(as_floats(b), y + t * width, width);
 }
 
-// ws.q, ws.k, ws.v = the layer's Q, K, V projections of xn (n tokens): one fused matmul when
-// the three matrices share a type (cpu::matmul_multi), else one matmul each.
-void qkv_projections(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws) {
-  void* mm = ws.mm_scratch.data();
-  if (L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
-    const cpu::MatmulOut outs[] = {{L.wq, ws.q.data()}, {L.wk, ws.k.data()}, {L.wv, ws.v.data()}};
-    cpu::matmul_multi(pool, outs, xn, n, mm);
-    return;
-  }
-  cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
-  cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
-  cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
-}
-
 // Appends the n tokens' keys and values (ws.k, ws.v) to the cache's layer at pos0 and runs
 // causal attention of ws.q over it into ws.attn.
 void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, int64_t kv_layer, Workspace& ws,
@@ -87,6 +73,18 @@ const float* rope_angles(const Model& m, Workspace& ws, bool local, int64_t n, i
 
 }  // namespace
 
+void dense_qkv(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws) {
+  void* mm = ws.mm_scratch.data();
+  if (L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
+    const cpu::MatmulOut outs[] = {{L.wq, ws.q.data()}, {L.wk, ws.k.data()}, {L.wv, ws.v.data()}};
+    cpu::matmul_multi(pool, outs, xn, n, mm);
+    return;
+  }
+  cpu::matmul(pool, L.wq, xn, n, ws.q.data(), mm);
+  cpu::matmul(pool, L.wk, xn, n, ws.k.data(), mm);
+  cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
+}
+
 void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0, float* x, float* scratch) {
   const Hparams& hp = m.hp;
   const int64_t d = hp.n_embd;
@@ -116,7 +114,10 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
     else
       std::memcpy(ws.ffn_in.data(), xn, sizeof(float) * static_cast<size_t>(n * d));
   }
-  qkv_projections(pool, L, xn, n, ws);
+  if (ws.proj)
+    ws.proj->qkv(pool, il, L, xn, n, ws);
+  else
+    dense_qkv(pool, L, xn, n, ws);
   add_bias(L.bq, ws.q.data(), n, nq);
   add_bias(L.bk, ws.k.data(), n, nkv);
   add_bias(L.bv, ws.v.data(), n, nkv);
@@ -143,7 +144,10 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   shape.window = local ? hp.sliding_window : 0;
   cache_and_attend(pool, shape, kv, kv_layer, ws, n, pos0);
   float* o = ws.o.data();
-  cpu::matmul(pool, L.wo, ws.attn.data(), n, o, ws.mm_scratch.data());
+  if (ws.proj)
+    ws.proj->out(pool, il, L, ws.attn.data(), n, o, ws);
+  else
+    cpu::matmul(pool, L.wo, ws.attn.data(), n, o, ws.mm_scratch.data());
   add_bias(L.bo, o, n, d);
   post_norm(m, L.attn_post_norm, o, n);
   cpu::add_f32(o, x, n * d);

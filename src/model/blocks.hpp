@@ -29,10 +29,15 @@ namespace ember {
 // embd_scale, plus the learned position rows (OPT). `scratch` holds n x n_embd floats.
 void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0, float* x, float* scratch);
 
+// ws.q, ws.k, ws.v = the layer's dense Q, K, V projections of xn (n tokens): one fused matmul
+// when the three matrices share a type (cpu::matmul_multi), else one matmul each.
+void dense_qkv(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws);
+
 // x += the attention block of layer il for n tokens at positions pos0.. (appending their keys
 // and values to the cache's layer `kv_layer`). L holds the layer's attention tensors (the model's,
 // or a device's copies of them). Uses ws.xn, q, k, v, attn, o, cos_sin, att_scratch, mm_scratch;
-// a parallel-residual model's FFN input goes to ws.ffn_in.
+// a parallel-residual model's FFN input goes to ws.ffn_in. The projections are ws.proj's where
+// one is set.
 void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
                      int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0);
 

@@ -13,6 +13,19 @@ namespace ember {
 class FfnExecutor;
 struct Workspace;
 
+// Replaces the attention block's dense projections when set in Workspace::proj (input sparsity,
+// sparse/input_sparse.hpp, and the profiler's input recorder). Each takes the input it projects
+// by pointer and may change it (the block reads it no more).
+class ProjectionExecutor {
+ public:
+  virtual ~ProjectionExecutor() = default;
+  // ws.q, ws.k, ws.v = the layer's Q, K, V projections of xn (n tokens), before biases.
+  virtual void qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) = 0;
+  // o = wo attn (n tokens), before the bias.
+  virtual void out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
+                   Workspace& ws) = 0;
+};
+
 // Runs the layers of a forward pass elsewhere than layer by layer on the CPU (the hybrid
 // executor, engine/hybrid_ffn.hpp, which places blocks on devices). It starts from the
 // embeddings in ws.x and must leave the last layer's output there.
@@ -35,6 +48,7 @@ struct Workspace {
   AlignedBuffer<float> axpy_scratch;
   FfnExecutor* ffn = nullptr;       // null: dense_ffn (model/ffn.hpp)
   LayerExecutor* layers = nullptr;  // null: every layer on the CPU (model/blocks.hpp's cpu_layer)
+  ProjectionExecutor* proj = nullptr;  // null: the dense projections (model/blocks.hpp's dense_qkv)
   // The residual stream entering the current layer's FFN (before its norm), n x n_embd, set by
   // the FFN block before it calls the FFN: PowerInfer's predictors read it.
   const float* ffn_residual = nullptr;

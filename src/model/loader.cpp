@@ -215,6 +215,18 @@ void read_sparse_metadata(Model& m) {
       EMBER_CHECK(std::isfinite(v) && v >= 0.0f, "{}: ember.sparse.thresholds holds {} (must be finite, >= 0)", r.path(), v);
     m.gate_thresholds = std::move(t);
   }
+  if (r.has("ember.input_sparsity.thresholds")) {
+    const std::vector<float> t = r.get_float_array("ember.input_sparsity.thresholds");
+    EMBER_CHECK(static_cast<int64_t>(t.size()) == 4 * m.hp.n_layer,
+                "{}: ember.input_sparsity.thresholds has {} values, the model's {} layers need {} (4 per layer)",
+                r.path(), t.size(), m.hp.n_layer, 4 * m.hp.n_layer);
+    for (size_t i = 0; i < t.size(); i += 4) {
+      for (size_t s = 0; s < 4; ++s)
+        EMBER_CHECK(std::isfinite(t[i + s]), "{}: ember.input_sparsity.thresholds holds {} (must be finite)",
+                    r.path(), t[i + s]);
+      m.input_thresholds.push_back({t[i], t[i + 1], t[i + 2], t[i + 3]});
+    }
+  }
 }
 
 void build_rope(Model& m) {

@@ -155,6 +155,9 @@ struct Model {
   // present they replace predictor_threshold layer by layer. Empty when absent.
   std::vector<float> predictor_thresholds;
   std::vector<float> gate_thresholds;
+  // Input sparsity (sparse/input_sparse.hpp): per layer, the thresholds of its four input sites
+  // (`ember.input_sparsity.thresholds`, f32 [4 n_layer], layer by layer; empty when absent).
+  std::vector<std::array<float, 4>> input_thresholds;
   // What the predictor (fc1) reads: the residual stream entering the FFN, before ffn_norm, as
   // PowerInfer's models and converter do (true), or the FFN's own input after ffn_norm, as
   // `ember train-predictor` trains (false). From `ember.predictor.input` (predictor_input_key).

@@ -126,6 +126,7 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
       if ((!same || all) && repackable(*w)) plan.push_back({w, true});
   };
   for (LayerWeights& l : model.layers) {
+    if (scope == RepackScope::output) continue;
     group({&l.wq, &l.wk, &l.wv});
     group({&l.wo});
     if (scope == RepackScope::all) {

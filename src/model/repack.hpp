@@ -15,7 +15,8 @@ namespace ember {
 
 enum class RepackScope {
   none,
-  attention_output,  // attention projections and the output matrix
+  output,            // the output matrix
+  attention_output,  // ... and the attention projections
   attention_output_gate,  // ... and the FFN's gate (oracle and threshold modes compute it whole)
   all,               // ... and the FFN's gate, up and down
 };

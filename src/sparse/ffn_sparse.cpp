@@ -20,7 +20,8 @@ FfnMode parse_ffn_mode(const std::string& s) {
   if (s == "oracle") return FfnMode::oracle;
   if (s == "threshold") return FfnMode::threshold;
   if (s == "predictor") return FfnMode::predictor;
-  fail("unknown sparse mode '{}' (expected dense, oracle, threshold or predictor)", s);
+  if (s == "input") return FfnMode::input;
+  fail("unknown sparse mode '{}' (expected dense, oracle, threshold, predictor or input)", s);
 }
 
 const char* ffn_mode_name(FfnMode m) {
@@ -28,6 +29,7 @@ const char* ffn_mode_name(FfnMode m) {
     case FfnMode::oracle: return "oracle";
     case FfnMode::threshold: return "threshold";
     case FfnMode::predictor: return "predictor";
+    case FfnMode::input: return "input";
     default: return "dense";
   }
 }
@@ -44,7 +46,8 @@ double FfnSparsityStats::layer_sparsity(size_t l) const {
 
 SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOptions& opts, int64_t max_batch)
     : model_(model), opts_(opts) {
-  EMBER_CHECK(opts.mode != FfnMode::dense, "SparseFfn: mode dense needs no executor");
+  EMBER_CHECK(opts.mode != FfnMode::dense && opts.mode != FfnMode::input,
+              "SparseFfn: mode {} is not a neuron-sparse FFN mode", ffn_mode_name(opts.mode));
   EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "sparse threshold must be >= 0, got {}",
               opts.threshold);
   const Hparams& hp = model.hp;

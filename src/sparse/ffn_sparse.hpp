@@ -37,11 +37,14 @@
 #include "model/ffn.hpp"
 #include "model/forward.hpp"
 #include "ops/cpu/sparse.hpp"
+#include "sparse/input_site.hpp"
 
 namespace ember {
 
-enum class FfnMode { dense, oracle, threshold, predictor };
-FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle" | "threshold" | "predictor"
+// input: not a SparseFfn mode but input sparsity on every matrix (sparse/input_sparse.hpp), run
+// by its own executor; it shares the option and the CLI's flags.
+enum class FfnMode { dense, oracle, threshold, predictor, input };
+FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle" | "threshold" | "predictor" | "input"
 const char* ffn_mode_name(FfnMode m);
 
 struct SparseFfnOptions {
@@ -50,6 +53,9 @@ struct SparseFfnOptions {
   // threshold mode: per layer, a neuron is active when |act(gate)| > layer_thresholds[layer]
   // (empty in SessionParams: the model file's Model::gate_thresholds).
   std::vector<float> layer_thresholds;
+  // input mode: per layer and input site (sparse/input_site.hpp), entries kept when |x| > t
+  // (empty in SessionParams: the model file's Model::input_thresholds).
+  InputThresholds input_thresholds;
   cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
   cpu::AxpySplit split = cpu::AxpySplit::columns;
   // predictor mode: run mirrored predictors at half rank (sparse/predictor.hpp; tests compare

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
+#include "model/blocks.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "sparse/threshold.hpp"
@@ -45,35 +46,68 @@ void AbsHistogram::merge(const AbsHistogram& o) {
   total_ += o.total_;
 }
 
-std::vector<float> AbsHistogram::quantiles(int64_t n) const {
+namespace {
+
+// The value at each of n equally spaced ranks (linear inside a bin) and the energy of the values
+// up to it (the bins before, and the same fraction of its own).
+void walk_quantiles(const std::vector<uint64_t>& counts, uint64_t total, int64_t n, std::vector<float>* q,
+                    std::vector<float>* energy) {
   EMBER_CHECK(n >= 2, "need at least 2 quantiles, got {}", n);
-  std::vector<float> q(static_cast<size_t>(n), 0.0f);
-  if (total_ == 0) return q;
-  // Value of the bin holding rank r (in (cum, cum + count]), linear inside the bin.
+  if (q) q->assign(static_cast<size_t>(n), 0.0f);
+  if (energy) energy->assign(static_cast<size_t>(n), 0.0f);
+  if (total == 0) return;
+  const size_t last = counts.size() - 1;
+  const auto bin_energy = [&](size_t b) {  // count x the bin's middle squared
+    if (b == 0) return 0.0;
+    const double lo = b == last ? std::ldexp(1.0, AbsHistogram::kMaxExp) : bin_lower(static_cast<int64_t>(b) - 1);
+    const double hi = b == last ? lo : bin_lower(static_cast<int64_t>(b));
+    return static_cast<double>(counts[b]) * 0.25 * (lo + hi) * (lo + hi);
+  };
+  double e_total = 0;
+  for (size_t b = 0; b < counts.size(); ++b) e_total += bin_energy(b);
   size_t bin = 0;
   uint64_t cum = 0;  // counts of the bins before `bin`
-  const size_t last = counts_.size() - 1;
+  double e_cum = 0;  // their energy
   for (int64_t k = 0; k < n; ++k) {
-    const double r = static_cast<double>(k) / static_cast<double>(n - 1) * static_cast<double>(total_);
-    while (bin < last && (counts_[bin] == 0 || static_cast<double>(cum + counts_[bin]) < r)) cum += counts_[bin++];
-    const double f = counts_[bin] ? std::clamp((r - static_cast<double>(cum)) / counts_[bin], 0.0, 1.0) : 1.0;
+    const double r = static_cast<double>(k) / static_cast<double>(n - 1) * static_cast<double>(total);
+    while (bin < last && (counts[bin] == 0 || static_cast<double>(cum + counts[bin]) < r))
+      e_cum += bin_energy(bin), cum += counts[bin++];
+    const double f = counts[bin] ? std::clamp((r - static_cast<double>(cum)) / counts[bin], 0.0, 1.0) : 1.0;
     double v;
     if (bin == 0)
       v = 0.0;  // below 2^kMinExp: zero for every purpose here
     else if (bin == last)
-      v = std::ldexp(1.0, kMaxExp);
+      v = std::ldexp(1.0, AbsHistogram::kMaxExp);
     else {
       const double lo = bin_lower(static_cast<int64_t>(bin) - 1), hi = bin_lower(static_cast<int64_t>(bin));
       v = lo + f * (hi - lo);
     }
-    q[static_cast<size_t>(k)] = static_cast<float>(v);
+    if (q) (*q)[static_cast<size_t>(k)] = static_cast<float>(v);
+    if (energy && e_total > 0)
+      (*energy)[static_cast<size_t>(k)] = static_cast<float>(std::min(1.0, (e_cum + f * bin_energy(bin)) / e_total));
   }
-  for (size_t k = 1; k < q.size(); ++k) q[k] = std::max(q[k], q[k - 1]);
+  for (std::vector<float>* t : {q, energy})
+    if (t)
+      for (size_t k = 1; k < t->size(); ++k) (*t)[k] = std::max((*t)[k], (*t)[k - 1]);
+}
+
+}  // namespace
+
+std::vector<float> AbsHistogram::quantiles(int64_t n) const {
+  std::vector<float> q;
+  walk_quantiles(counts_, total_, n, &q, nullptr);
   return q;
+}
+
+std::vector<float> AbsHistogram::energy_fractions(int64_t n) const {
+  std::vector<float> e;
+  walk_quantiles(counts_, total_, n, nullptr, &e);
+  return e;
 }
 
 ProfileFfn::ProfileFfn(const Model& model)
     : hist_(static_cast<size_t>(model.hp.n_layer)),
+      inputs_(static_cast<size_t>(model.hp.n_layer)),
       counts_(static_cast<size_t>(model.hp.n_layer), std::vector<uint64_t>(static_cast<size_t>(model.hp.n_ff), 0)) {}
 
 void ProfileFfn::set_count_thresholds(std::vector<float> t) {
@@ -87,7 +121,10 @@ void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::
   const int64_t n_ff = w.n_ff();
   const float* a = ffn_firing_all(pool, w, act, x, n, ws);
   const size_t l = static_cast<size_t>(layer);
-  if (record_hist_) hist_[l].add(a, n * n_ff);
+  if (record_hist_) {
+    hist_[l].add(a, n * n_ff);
+    inputs_[l][static_cast<int>(InputSite::ffn_in)].add(x, n * w.n_embd());
+  }
   if (!thresholds_.empty()) {
     const float t = thresholds_[l];
     uint64_t* c = counts_[l].data();
@@ -95,7 +132,20 @@ void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::
       for (int64_t j = 0; j < n_ff; ++j) c[j] += std::fabs(a[i * n_ff + j]) > t;
     if (layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
   }
-  ffn_down_all(pool, w, ffn_values_all(pool, w, act, x, n, ws), n, out, ws);
+  const float* h = ffn_values_all(pool, w, act, x, n, ws);
+  if (record_hist_) inputs_[l][static_cast<int>(InputSite::ffn_hidden)].add(h, n * n_ff);
+  ffn_down_all(pool, w, h, n, out, ws);
+}
+
+void ProfileFfn::qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) {
+  if (record_hist_) inputs_[static_cast<size_t>(layer)][static_cast<int>(InputSite::attn_in)].add(xn, n * L.wq.cols());
+  dense_qkv(pool, L, xn, n, ws);
+}
+
+void ProfileFfn::out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
+                     Workspace& ws) {
+  if (record_hist_) inputs_[static_cast<size_t>(layer)][static_cast<int>(InputSite::attn_out)].add(attn, n * L.wo.cols());
+  cpu::matmul(pool, L.wo, attn, n, o, ws.mm_scratch.data());
 }
 
 void write_profile(const Profile& p, const std::string& path) {
@@ -117,6 +167,12 @@ void write_profile(const Profile& p, const std::string& path) {
   for (int64_t l = 0; l < p.n_layer; ++l) {
     w.add_tensor(fmt::format("blk.{}.ffn_act_count", l), DType::F32, {p.n_ff}, bytes(p.counts[l]));
     w.add_tensor(fmt::format("blk.{}.ffn_gate_quantiles", l), DType::F32, {kQuantiles}, bytes(p.quantiles[l]));
+    if (p.has_input_tables()) {
+      w.add_tensor(fmt::format("blk.{}.input_quantiles", l), DType::F32, {kQuantiles, kInputSites},
+                   bytes(p.input_quantiles[l]));
+      w.add_tensor(fmt::format("blk.{}.input_energy", l), DType::F32, {kQuantiles, kInputSites},
+                   bytes(p.input_energy[l]));
+    }
   }
   w.write(path);
 }
@@ -147,6 +203,20 @@ Profile read_profile(const std::string& path) {
   for (int64_t l = 0; l < p.n_layer; ++l) {
     p.counts.push_back(read(fmt::format("blk.{}.ffn_act_count", l), p.n_ff));
     p.quantiles.push_back(read(fmt::format("blk.{}.ffn_gate_quantiles", l), kQuantiles));
+  }
+  if (r.find_tensor("blk.0.input_quantiles")) {  // the input tables (profiles from session 14 on)
+    for (int64_t l = 0; l < p.n_layer; ++l) {
+      p.input_quantiles.push_back(read(fmt::format("blk.{}.input_quantiles", l), kQuantiles * kInputSites));
+      p.input_energy.push_back(read(fmt::format("blk.{}.input_energy", l), kQuantiles * kInputSites));
+      for (const std::vector<float>* t : {&p.input_quantiles.back(), &p.input_energy.back()})
+        for (int s = 0; s < kInputSites; ++s)
+          for (int64_t k = 0; k < kQuantiles; ++k) {
+            const float v = (*t)[static_cast<size_t>(s * kQuantiles + k)];
+            EMBER_CHECK(std::isfinite(v) && v >= 0.0f && (k == 0 || v >= (*t)[static_cast<size_t>(s * kQuantiles + k - 1)]),
+                        "'{}': layer {}'s input tables ({}) are not non-decreasing finite values >= 0", path, l,
+                        input_site_name(s));
+          }
+    }
   }
   return p;
 }

@@ -13,7 +13,14 @@
 // not given (threshold < 0), each layer's threshold is its quantile at `sparsity`, so that the
 // counts mean something for SwiGLU/GeGLU models where act(gate) is never exactly 0; this needs
 // the quantiles first, so the corpus is run twice (pass 1: histograms, pass 2: counts).
+//
+// Pass 1 also records the magnitudes of every matrix's input at the four input sites of each
+// layer (sparse/input_site.hpp: the inputs of q/k/v, o, gate/up and down), from which the
+// profile's input tables come: 1001 quantiles of |x| and, beside each, the fraction of the
+// input's energy (sum of x^2) at or below it (what input sparsity, sparse/input_allocation.hpp,
+// allocates from).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -21,6 +28,8 @@
 
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
+#include "model/forward.hpp"
+#include "sparse/input_site.hpp"
 
 namespace ember {
 
@@ -37,6 +46,9 @@ class AbsHistogram {
   // n equally spaced quantiles: entry k is the value below which a fraction k / (n - 1) of the
   // counted values lie (linear inside a bin; the first and last: the extreme bins' edges).
   std::vector<float> quantiles(int64_t n) const;
+  // Beside each of those n quantiles: the fraction of the counted values' energy (sum of x^2,
+  // each bin at its middle) held by the values at or below it (0 when there is none).
+  std::vector<float> energy_fractions(int64_t n) const;
   void merge(const AbsHistogram& o);
 
  private:
@@ -45,24 +57,32 @@ class AbsHistogram {
   uint64_t total_ = 0;
 };
 
-// The FFN executor of the profiler: the dense FFN, plus the statistics.
-class ProfileFfn final : public FfnExecutor {
+// The FFN executor of the profiler: the dense FFN, plus the statistics; and its projection
+// executor (the dense projections, recording their inputs).
+class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
  public:
   explicit ProfileFfn(const Model& model);
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
   std::string refusal(const Model&) const override { return {}; }  // every gating (model/ffn.hpp)
+  void qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) override;
+  void out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
+           Workspace& ws) override;
 
   // Pass settings: record histograms; count firings against per-layer thresholds (empty: don't).
   void set_record_histograms(bool on) { record_hist_ = on; }
   void set_count_thresholds(std::vector<float> t);
 
   const AbsHistogram& histogram(int64_t layer) const { return hist_[static_cast<size_t>(layer)]; }
+  const AbsHistogram& input_histogram(int64_t layer, int site) const {
+    return inputs_[static_cast<size_t>(layer)][static_cast<size_t>(site)];
+  }
   const std::vector<uint64_t>& counts(int64_t layer) const { return counts_[static_cast<size_t>(layer)]; }
   uint64_t tokens_counted() const { return tokens_counted_; }
 
  private:
   std::vector<AbsHistogram> hist_;
+  std::vector<std::array<AbsHistogram, kInputSites>> inputs_;
   std::vector<std::vector<uint64_t>> counts_;
   std::vector<float> thresholds_;
   bool record_hist_ = true;
@@ -88,6 +108,10 @@ struct Profile {
   float sparsity = -1.0f;           // per-layer mode: the sparsity the thresholds are at; else -1
   std::vector<std::vector<float>> counts;     // [layer][n_ff]
   std::vector<std::vector<float>> quantiles;  // [layer][1001]
+  // Input tables (empty in profiles from before them): per layer, site by site, 1001 quantiles of
+  // |x| and the energy fractions beside them ([layer][site * 1001 + k]).
+  std::vector<std::vector<float>> input_quantiles, input_energy;
+  bool has_input_tables() const { return !input_quantiles.empty(); }
 };
 
 void write_profile(const Profile& p, const std::string& path);

@@ -49,7 +49,7 @@ Stats stats_of(std::vector<double> v) {
 void run_bench(const BenchFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
   model->file->prefetch();
-  SessionParams sp = f.engine.session_params();
+  SessionParams sp = f.engine.session_params(*model);
   sp.n_ctx = std::max<int64_t>(sp.n_ctx, int64_t{f.depth} + f.n_prompt + f.n_gen + 1);
   Session session(*model, sp);
   EMBER_CHECK(int64_t{f.depth} + f.n_prompt + f.n_gen < session.n_ctx(),
@@ -139,6 +139,19 @@ void run_bench(const BenchFlags& f) {
       out["sparse_weight_bytes_per_token"] = sparse_bytes;
       std::printf("sparse path reads %.1f MB of weights per token (dense %.1f MB): %.2f GB/s\n", sparse_bytes / 1e6,
                   bytes_per_token / 1e6, stats_of(tg).median * sparse_bytes / 1e9);
+    }
+    log_ffn_sparsity(session);
+  }
+  if (InputSparseExecutor* in = session.input_sparse()) {
+    const double input_bytes = in->weight_bytes_per_token();
+    out["input_sparsity"] = in->stats().sparsity();
+    out["sparse_extra_bytes"] = in->bytes();
+    if (!tg.empty() && input_bytes > 0) {
+      out["sparse_weight_bytes_per_token"] = input_bytes;
+      std::printf("input sparsity: %.1f%% of the layers' weights skipped; %.1f MB of weights per token (dense %.1f MB, "
+                  "ideal %.2fx): %.2f GB/s; input-channel-major copies %.1f MiB\n",
+                  100.0 * in->stats().sparsity(), input_bytes / 1e6, bytes_per_token / 1e6, bytes_per_token / input_bytes,
+                  stats_of(tg).median * input_bytes / 1e9, in->copy_bytes() / 1048576.0);
     }
     log_ffn_sparsity(session);
   }

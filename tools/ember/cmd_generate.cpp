@@ -51,7 +51,7 @@ void run_generate(GenerateFlags& f) {
   std::vector<int32_t> prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
   EMBER_CHECK(!prompt.empty(), "the prompt is empty: give one with -p or -f");
 
-  Session session(*model, f.engine.session_params());
+  Session session(*model, f.engine.session_params(*model));
   EMBER_CHECK(static_cast<int64_t>(prompt.size()) < session.n_ctx(),
               "the prompt has {} tokens but the context holds {}; use a larger -c", prompt.size(), session.n_ctx());
   SamplerParams sp = f.sampling;

@@ -36,7 +36,7 @@ void run_perplexity(PerplexityFlags& f) {
   Tokenizer tok(*model->file);
   const bool add_bos = tok.vocab().add_bos;
   const std::vector<int32_t> tokens = tok.encode(text, add_bos);
-  SessionParams sp = f.engine.session_params();
+  SessionParams sp = f.engine.session_params(*model);
   sp.n_ctx = f.engine.ctx;
   Session session(*model, sp);
   f.opts.n_ctx = std::min<int64_t>(f.engine.ctx, session.n_ctx());

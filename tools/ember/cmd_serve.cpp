@@ -31,7 +31,7 @@ void run_serve(ServeFlags& f) {
   signal(SIGPIPE, SIG_IGN);  // a client that goes away must not kill the server
 
   auto model = load_model_logged(f.engine, nullptr);
-  f.server.session = f.engine.session_params();
+  f.server.session = f.engine.session_params(*model);
   if (f.server.session.hybrid_on() && f.server.parallel > 1) {
     // Each session holds its own device share: split the budget so that all of them fit it.
     EMBER_CHECK(f.server.session.hybrid.plan_path.empty(),

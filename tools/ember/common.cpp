@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "sparse/input_allocation.hpp"
 #include "sparse/threshold.hpp"
 #include "sparse/predictor.hpp"
 
@@ -27,16 +28,23 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("--sparse-mode", sparse_mode,
                   "FFN: dense, oracle (gate for all neurons, up and down only for the active ones), or "
                   "threshold (as oracle with calibrated per-layer thresholds: --sparse-profile, or the model's), or "
-                  "predictor (gate, up and down only for the neurons the predictor names)")
-      ->check(CLI::IsMember({"dense", "oracle", "threshold", "predictor"}))
+                  "predictor (gate, up and down only for the neurons the predictor names), or input (every matrix "
+                  "skips the weights of its input's small entries, TEAL: --sparse-profile and --sparsity, or the "
+                  "thresholds of a model from `ember sparsify`)")
+      ->check(CLI::IsMember({"dense", "oracle", "threshold", "predictor", "input"}))
       ->capture_default_str();
   app->add_option("--sparse-threshold", sparse_threshold, "oracle: a neuron is active when |act(gate)| > this")
       ->check(CLI::Range(0.0f, 1e30f));
   app->add_option("--sparse-profile", sparse_profile,
-                  "threshold mode: calibrate per-layer thresholds on |act(gate)| from this profile (`ember profile`)");
+                  "threshold and input modes: calibrate the thresholds from this profile (`ember profile`)");
   app->add_option("--sparsity", sparsity, "target fraction of inactive neurons (threshold mode with --sparse-profile; profile: where "
-                  "the per-layer firing thresholds lie)")
+                  "the per-layer firing thresholds lie); input mode: of the layers' weights skipped")
       ->check(CLI::Range(0.0f, 0.999f))
+      ->capture_default_str();
+  app->add_option("--input-allocation", input_allocation,
+                  "input mode: greedy (per layer, more sparsity where the profile says it costs less error) or "
+                  "uniform (every input at --sparsity)")
+      ->check(CLI::IsMember({"greedy", "uniform"}))
       ->capture_default_str();
   app->add_option("--vram-budget", vram_budget,
                   "hybrid: GPU memory for the plan (FFN neurons, and attention blocks with their KV cache), e.g. 4GiB; "
@@ -62,7 +70,7 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
                 "saves that copy for a model that barely fits in memory)");
 }
 
-SessionParams EngineFlags::session_params() const {
+SessionParams EngineFlags::session_params(const Model& model) const {
   SessionParams p;
   p.n_threads = threads;
   p.n_ctx = ctx;
@@ -70,8 +78,14 @@ SessionParams EngineFlags::session_params() const {
   p.kv_type = parse_kv_type(kv_type);
   p.sparse.mode = parse_ffn_mode(sparse_mode);
   p.sparse.threshold = sparse_threshold;
-  if (!sparse_profile.empty()) {
-    EMBER_CHECK(p.sparse.mode == FfnMode::threshold, "--sparse-profile is for --sparse-mode threshold");
+  if (!sparse_profile.empty() && p.sparse.mode == FfnMode::input) {
+    const InputSparsityPlan plan =
+        allocate_input_sparsity(read_profile(sparse_profile), model, sparsity, parse_input_allocation(input_allocation));
+    p.sparse.input_thresholds = plan.thresholds;
+    log_info("input mode: thresholds for {:.0f}% of the layers' weights ({} allocation) from {}",
+             100.0 * plan.weighted_sparsity, input_allocation, sparse_profile);
+  } else if (!sparse_profile.empty()) {
+    EMBER_CHECK(p.sparse.mode == FfnMode::threshold, "--sparse-profile is for --sparse-mode threshold or input");
     p.sparse.layer_thresholds = calibrate_thresholds(sparse_profile, sparsity);
     log_info("threshold mode: per-layer thresholds for sparsity {:.2f} from {}", sparsity, sparse_profile);
   }
@@ -127,6 +141,13 @@ void log_ffn_sparsity(Session& session) {
     const uint64_t all = st.device_fired + st.cpu_fired;
     log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,
              all ? 100.0 * st.device_fired / all : 0.0, hy->device().name(), all ? 100.0 * st.cpu_fired / all : 0.0);
+  }
+  if (const InputSparseExecutor* in = session.input_sparse()) {
+    const InputSparsityStats& st = in->stats();
+    std::string sites;
+    for (int s = 0; s < kInputSites; ++s) sites += fmt::format("{} {}: {:.1f}%", s ? "," : "", input_site_name(s), 100.0 * st.sparsity(s));
+    log_info("input sparsity (decode tokens): {:.1f}% of the layers' weights skipped;{}; {:.1f} MB of weights per "
+             "token", 100.0 * st.sparsity(), sites, in->weight_bytes_per_token() / 1e6);
   }
   const SparseFfn* sp = session.sparse_ffn();
   if (!sp) return;

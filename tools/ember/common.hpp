@@ -30,7 +30,9 @@ struct EngineFlags {
   bool mmap = false;  // keep the matrices that are not repacked in the file's map (ResidentWeights::in_file)
 
   void add_to(CLI::App* app, bool model_required = true);
-  SessionParams session_params() const;
+  std::string input_allocation = "greedy";  // input mode: how --sparsity is spread (sparse/input_allocation.hpp)
+  // The session's settings; the model is what input sparsity's thresholds are allocated over.
+  SessionParams session_params(const Model& model) const;
 };
 
 // Loads the model named by the flags, logging what it is and how long it took, and repacks its

@@ -1,0 +1,101 @@
+// Training-free input sparsity on every matrix of a layer (TEAL, arXiv 2408.14690): the entries of
+// a matrix's input whose magnitude is at or below a calibrated threshold are taken as zero, so
+// the columns of the matrix they multiply are never read. Unlike the threshold mode (CATS),
+// which skips up and down for silent neurons but reads the whole gate, every matrix skips, at
+// each of the four input sites of a layer (sparse/input_site.hpp: the inputs of q/k/v, o,
+// gate/up and down).
+//
+// A skipped input is a skipped row only when the matrix is stored input-channel-major: one row
+// of n_out values per input. The executor keeps such a copy of each matrix (built with the
+// neuron-major copies of ops/cpu/sparse.hpp: a Q4_0 / Q4_1 matrix keeps the file's codes and
+// scales bit for bit as Q4_0_NM / Q4_1_NM, F32 / F16 / BF16 are transposed exactly, other
+// quantized types become Q8_0), and one token (decode) runs cpu::sparse_axpy over the kept
+// inputs. Batches of several tokens (prompts, perplexity) run the dense kernels on the file's
+// row-major matrices with the same inputs zeroed: the same function, from the other layout. Both
+// layouts stay in memory: the copies add the size of the layers' weights (the file's layout is
+// read only by prompts).
+//
+// Thresholds (per layer and site) come from a profile's input quantiles (`ember profile` records
+// them) and an allocation of a model-wide target sparsity (sparse/input_allocation.hpp).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/aligned_buffer.hpp"
+#include "model/ffn.hpp"
+#include "model/forward.hpp"
+#include "ops/cpu/sparse.hpp"
+#include "sparse/input_site.hpp"
+
+namespace ember {
+
+// The matrices that read each site's input (the table above), for one layer: what the copies
+// are made of and what skipping an input saves. Down is the file's down, or its neuron-major
+// down_t where it has only that.
+struct InputSiteMatrices {
+  std::array<std::vector<const TensorView*>, kInputSites> site;
+};
+InputSiteMatrices input_site_matrices(const LayerWeights& L);
+// The number of weights of each site's matrices (n_in x the sum of their n_out).
+std::array<double, kInputSites> input_site_weights(const LayerWeights& L);
+
+// The kept entries of x[0..n): their indices and values, in index order; returns their count.
+int64_t select_inputs(const float* x, int64_t n, float threshold, int32_t* ids, float* vals);
+
+// Counts over the one-token (decode) path, per layer and site: input entries seen, kept.
+struct InputSparsityStats {
+  std::vector<std::array<uint64_t, kInputSites>> seen, kept;
+  uint64_t batch_tokens = 0;  // token-layers that took the dense path (batches of several tokens)
+  double sparsity(int site) const;  // over all layers; 0 when none seen
+  double sparsity() const;          // weighted by the weights each site's inputs multiply
+  std::vector<double> site_weights;  // per site, the model's total (for sparsity())
+};
+
+class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor {
+ public:
+  // Builds the input-channel-major copies of every layer's matrices (threaded on `pool`).
+  // `copy_type` as SparseFfnOptions::down_type (ops/cpu/sparse.hpp's NeuronMajorType).
+  InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
+                      cpu::NeuronMajorType copy_type, int64_t max_batch);
+
+  void qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) override;
+  void out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
+           Workspace& ws) override;
+  void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
+           float* out, Workspace& ws) override;
+  std::string refusal(const Model& model) const override;
+
+  const InputThresholds& thresholds() const { return thr_; }
+  const InputSparsityStats& stats() const { return stats_; }
+  void reset_stats();
+  size_t copy_bytes() const;  // the input-channel-major copies
+  size_t bytes() const;       // everything the executor holds
+  // Weight bytes one decode token read on average so far: the model's bytes per token with each
+  // layer's matrices replaced by the rows of the kept inputs (and a shared-scale copy's tables,
+  // counted whole). 0 before a decode token ran.
+  double weight_bytes_per_token() const;
+
+ private:
+  struct LayerCopies {
+    cpu::NeuronMajorMatrix wq, wk, wv, wo, fire, up, down;  // `down` empty when the file has down_t
+    TensorView down_view;                                   // the one the axpy reads
+  };
+  // x[0..n_in) restricted to its kept entries, times the copy, into y[0..cols) (overwritten).
+  void sparse_product(ThreadPool& pool, const TensorView& copy, int64_t n_kept, float* y);
+  // Zeroes the entries at or below t in x (n rows of width w) and counts them.
+  void mask(float* x, int64_t n, int64_t w, float t);
+  int64_t keep(int64_t layer, InputSite site, const float* x, int64_t n_in);
+
+  const Model& model_;
+  InputThresholds thr_;
+  std::vector<LayerCopies> copies_;
+  std::vector<int32_t> ids_;
+  std::vector<float> vals_;
+  std::vector<float> axpy_scratch_;
+  AlignedBuffer<float> xm_;  // batches: the FFN's masked input
+  InputSparsityStats stats_;
+};
+
+}  // namespace ember

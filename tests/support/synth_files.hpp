@@ -1,0 +1,39 @@
+// Synth models written to a test's own temporary folder, and random token sequences for them.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/model.hpp"
+#include "model/synth.hpp"
+
+namespace ember::test_support {
+
+// <tmp>/ember-test-<name>, created.
+inline std::filesystem::path test_temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("ember-test-" + name);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Writes the synth model `o` as `file` in `dir` and loads it.
+inline std::unique_ptr<Model> load_synth_in(const std::filesystem::path& dir, const SynthOptions& o,
+                                            const std::string& file) {
+  const std::string path = (dir / file).string();
+  synth_write(o, path);
+  return load_model(path);
+}
+
+// n token ids drawn uniformly from [0, n_vocab).
+inline std::vector<int32_t> random_tokens(size_t n, int64_t n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(n_vocab - 1));
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = pick(rng);
+  return t;
+}
+
+}  // namespace ember::test_support

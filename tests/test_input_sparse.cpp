@@ -1,0 +1,381 @@
+// Input sparsity (sparse/input_sparse.hpp, sparse/input_allocation.hpp): the profile's input
+// tables, the allocation of a target over layers and sites, the product over the kept inputs of
+// an input-channel-major copy against doubles (every type, SIMD level, awkward shapes), the
+// executor's FFN and projections against a masked double reference, one function on the decode
+// and prompt paths, thread-count independence, and thresholds stored in a model file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "core/error.hpp"
+#include "engine/profile_run.hpp"
+#include "engine/session.hpp"
+#include "gguf/writer.hpp"
+#include "model/blocks.hpp"
+#include "model/synth.hpp"
+#include "ops/cpu/nm4.hpp"
+#include "sparse/input_allocation.hpp"
+#include "sparse/input_sparse.hpp"
+#include "support/reference_llama.hpp"
+#include "support/session_logits.hpp"
+#include "support/session_params.hpp"
+#include "support/simd_levels.hpp"
+#include "support/synth_files.hpp"
+#include "tensor/quant.hpp"
+
+using namespace ember;
+using test_support::Logits;
+
+namespace {
+
+std::filesystem::path temp_dir() { return test_support::test_temp_dir("input-sparse"); }
+
+SynthOptions small(DType type, uint64_t seed) {
+  SynthOptions o;
+  o.type = type;
+  o.act = FfnActivation::silu;
+  o.n_embd = 128;
+  o.n_ff = 352;
+  o.n_layer = 3;
+  o.n_head = 4;
+  o.n_head_kv = 2;
+  o.seed = seed;
+  o.n_threads = 1;
+  return o;
+}
+
+std::unique_ptr<Model> load_synth(const SynthOptions& o, const std::string& name) {
+  return test_support::load_synth_in(temp_dir(), o, name);
+}
+
+using test_support::random_tokens;
+
+// A profile of `m` over random tokens (the input tables included).
+Profile profile_of(const Model& m) {
+  Session s(m, test_support::session_params(2, 64, 64));
+  ProfileOptions o;
+  o.n_ctx = 64;
+  o.sparsity = 0.5f;
+  return run_profile(s, random_tokens(128, m.hp.n_vocab, 7), o);
+}
+
+Logits run_input_mode(const Model& m, const InputThresholds& t, int threads, InputSparsityStats* stats = nullptr) {
+  SessionParams p = test_support::session_params(threads, 64, 64);
+  p.sparse.mode = FfnMode::input;
+  p.sparse.input_thresholds = t;
+  Session s(m, p);
+  Logits out = test_support::session_logits(s);
+  if (stats) *stats = s.input_sparse()->stats();
+  return out;
+}
+
+}  // namespace
+
+TEST(AbsHistogram, EnergyFractionsOfUniformValuesAreCubes) {
+  // For |x| uniform in [0, 1], the values below quantile p hold p^3 of the energy.
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(400000);
+  for (auto& v : x) v = u(rng);
+  AbsHistogram h;
+  h.add(x.data(), static_cast<int64_t>(x.size()));
+  const std::vector<float> e = h.energy_fractions(kQuantiles);
+  for (int64_t k : {0, 100, 250, 500, 800, 1000}) {
+    const double p = k / 1000.0;
+    EXPECT_NEAR(e[k], p * p * p, 4e-3) << "quantile " << k;
+  }
+  EXPECT_FLOAT_EQ(e[1000], 1.0f);
+}
+
+TEST(InputSparse, SelectInputsKeepsTheEntriesAboveTheThreshold) {
+  const float x[] = {0.5f, -0.1f, 0.0f, -2.0f, 0.1f, 0.11f};
+  int32_t ids[6];
+  float vals[6];
+  ASSERT_EQ(select_inputs(x, 6, 0.1f, ids, vals), 3);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 3);
+  EXPECT_EQ(ids[2], 5);
+  EXPECT_FLOAT_EQ(vals[1], -2.0f);
+  EXPECT_EQ(select_inputs(x, 6, -1.0f, ids, vals), 6);  // t < 0 keeps every entry, zeros too
+}
+
+// The product of an input-channel-major copy (as the executor makes it) with the kept inputs,
+// against doubles over the file's values: every copy type the executor makes, every SIMD
+// level, shapes that are no multiple of the kernels' widths.
+TEST(InputSparse, ProductOverKeptInputsMatchesDoubles) {
+  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0,
+                         DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K};
+  struct Shape {
+    int64_t n_in, n_out;
+  };
+  for (SimdLevel level : test_support::simd_levels()) {
+    test_support::SimdGuard guard(level);
+    for (DType t : types) {
+      const int64_t bs = info(t).block_size;
+      for (Shape sh : {Shape{bs == 256 ? 512 : 96, 160}, Shape{bs == 256 ? 768 : 544, 32},
+                       Shape{bs == 256 ? 256 : 288, 96}}) {
+        std::mt19937 rng(static_cast<uint32_t>(sh.n_in * 7 + sh.n_out));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        // W: n_out rows of n_in (the file's layout), rows of different scales.
+        std::vector<uint8_t> bytes(row_bytes(t, sh.n_in) * static_cast<size_t>(sh.n_out));
+        std::vector<float> row(static_cast<size_t>(sh.n_in));
+        for (int64_t r = 0; r < sh.n_out; ++r) {
+          for (auto& v : row) v = nd(rng) * (0.2f + static_cast<float>(r % 5));
+          quantize_row(t, row.data(), bytes.data() + r * row_bytes(t, sh.n_in), sh.n_in);
+        }
+        TensorView W;
+        W.name = "w";
+        W.type = t;
+        W.n_dims = 2;
+        W.ne[0] = sh.n_in;
+        W.ne[1] = sh.n_out;
+        W.data = bytes.data();
+        W.nbytes = bytes.size();
+        const std::vector<double> Wd = test_support::dequant_matrix(W);
+        ThreadPool pool(2);
+        const DType ct = cpu::neuron_major_dtype(t, cpu::NeuronMajorType::exact, sh.n_out, true);
+        const cpu::NeuronMajorMatrix copy = cpu::make_neuron_major(pool, W, ct);
+        std::vector<float> x(static_cast<size_t>(sh.n_in));
+        for (auto& v : x) v = nd(rng);
+        for (float thr : {-1.0f, 0.5f, 1.5f}) {  // none, ~40 %, ~85 % dropped
+          std::vector<int32_t> ids(x.size());
+          std::vector<float> vals(x.size());
+          const int64_t k = select_inputs(x.data(), sh.n_in, thr, ids.data(), vals.data());
+          std::vector<float> y(static_cast<size_t>(sh.n_out), 0.0f);
+          std::vector<float> scratch(cpu::sparse_axpy_scratch_floats(sh.n_out, 1, 2, cpu::AxpySplit::columns));
+          if (k > 0)
+            cpu::sparse_axpy(pool, copy.view, ids.data(), k, vals.data(), 1, k, y.data(), sh.n_out, scratch.data());
+          // Q4_0 / Q4_1 and floats keep the file's values (only float rounding); the other
+          // types (Q8_0 too) are requantized to Q8_0 along the input's row of outputs: each
+          // value moves by at most half a step, 1/254 of the largest |value| of its block of 32
+          // outputs.
+          const bool exact = info(t).block_size == 1 || cpu::is_nm4(ct);
+          for (int64_t j = 0; j < sh.n_out; ++j) {
+            double ref = 0, mag = 0, requant = 0;
+            for (int64_t i = 0; i < sh.n_in; ++i) {
+              if (std::fabs(x[i]) <= thr) continue;
+              ref += x[i] * Wd[j * sh.n_in + i], mag += std::fabs(x[i] * Wd[j * sh.n_in + i]);
+              double block_max = 0;
+              for (int64_t jj = j / 32 * 32; jj < j / 32 * 32 + 32; ++jj)
+                block_max = std::max(block_max, std::fabs(Wd[jj * sh.n_in + i]));
+              requant += std::fabs(x[i]) * block_max / 254.0;
+            }
+            ASSERT_NEAR(y[j], ref, 2e-6 * mag + (exact ? 0.0 : 1.01 * requant) + 1e-6)
+                << dtype_name(t) << " -> " << dtype_name(ct) << " " << sh.n_in << "x" << sh.n_out << " thr " << thr
+                << " out " << j << " level " << simd_level_name(level);
+          }
+        }
+      }
+    }
+  }
+}
+
+// One layer's FFN and Q/K/V/O projections through the executor, one token (the copies) and
+// several (the file's layout, masked), against doubles on the masked inputs.
+TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
+  auto m = load_synth(small(DType::F32, 4), "layer.gguf");
+  const Hparams& hp = m->hp;
+  const LayerWeights& L = m->layers[1];
+  const int64_t d = hp.n_embd, nff = hp.n_ff, nq = hp.n_head * hp.head_dim, nkv = hp.n_head_kv * hp.head_dim;
+  const auto G = test_support::dequant_matrix(L.ffn.gate), U = test_support::dequant_matrix(L.ffn.up),
+             D = test_support::dequant_matrix(L.ffn.down), Q = test_support::dequant_matrix(L.wq),
+             K = test_support::dequant_matrix(L.wk), O = test_support::dequant_matrix(L.wo);
+  InputThresholds thr(3, {-1.0f, -1.0f, -1.0f, -1.0f});
+  thr[1] = {0.6f, 0.7f, 0.5f, 0.02f};
+  ThreadPool pool(2);
+  InputSparseExecutor ex(*m, pool, thr, cpu::NeuronMajorType::exact, 8);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const auto masked = [](std::vector<double> v, float t) {
+    for (auto& e : v)
+      if (std::fabs(e) <= t) e = 0;
+    return v;
+  };
+  const auto matvec = [](const std::vector<double>& W, int64_t rows, int64_t cols, const double* x) {
+    std::vector<double> y(static_cast<size_t>(rows), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < cols; ++i) y[r] += W[r * cols + i] * x[i];
+    return y;
+  };
+  for (int64_t n : {1, 5}) {
+    Workspace ws;
+    ws.init(*m, 8, 8, 2);
+    std::vector<float> x(static_cast<size_t>(n * d)), a(static_cast<size_t>(n * nq)), out(static_cast<size_t>(n * d)),
+        o(static_cast<size_t>(n * d));
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : a) v = nd(rng);
+    std::vector<float> xn = x, attn = a;  // the executor may zero its inputs in place
+    ex.run(pool, 1, L.ffn, hp.act, x.data(), n, out.data(), ws);
+    std::vector<float> ffn_out = out;
+    ex.qkv(pool, 1, L, xn.data(), n, ws);
+    ex.out(pool, 1, L, attn.data(), n, o.data(), ws);
+    int64_t dropped_h = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<double> xt = masked({x.begin() + t * d, x.begin() + (t + 1) * d}, 0.5f);
+      const std::vector<double> g = matvec(G, nff, d, xt.data()), u = matvec(U, nff, d, xt.data());
+      std::vector<double> h(static_cast<size_t>(nff));
+      for (int64_t j = 0; j < nff; ++j) h[j] = g[j] / (1.0 + std::exp(-g[j])) * u[j];
+      const std::vector<double> hm = masked(h, 0.02f);
+      for (int64_t j = 0; j < nff; ++j) dropped_h += hm[j] == 0.0 && h[j] != 0.0;
+      const std::vector<double> y = matvec(D, d, nff, hm.data());
+      for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(ffn_out[t * d + i], y[i], 1e-4 * (1 + std::fabs(y[i]))) << n << " " << t;
+      const std::vector<double> xa = masked({x.begin() + t * d, x.begin() + (t + 1) * d}, 0.6f);
+      const std::vector<double> q = matvec(Q, nq, d, xa.data()), k = matvec(K, nkv, d, xa.data());
+      for (int64_t i = 0; i < nq; ++i) EXPECT_NEAR(ws.q[t * nq + i], q[i], 1e-4 * (1 + std::fabs(q[i])));
+      for (int64_t i = 0; i < nkv; ++i) EXPECT_NEAR(ws.k[t * nkv + i], k[i], 1e-4 * (1 + std::fabs(k[i])));
+      const std::vector<double> am = masked({a.begin() + t * nq, a.begin() + (t + 1) * nq}, 0.7f);
+      const std::vector<double> ov = matvec(O, d, nq, am.data());
+      for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(o[t * d + i], ov[i], 1e-4 * (1 + std::fabs(ov[i])));
+    }
+    EXPECT_GT(dropped_h, n * nff / 10) << "the down threshold drops too little to test anything";
+  }
+  // One token went through the copies: the stats saw it, with about 38 % of x at |x| <= 0.5.
+  const InputSparsityStats& st = ex.stats();
+  EXPECT_EQ(st.seen[1][static_cast<int>(InputSite::ffn_in)], static_cast<uint64_t>(d));
+  EXPECT_EQ(st.seen[0][0], 0u);
+  EXPECT_GT(ex.copy_bytes(), 0u);
+}
+
+// Thresholds below every input keep everything: input mode is the dense model (float weights:
+// to rounding; Q4_0: the copies multiply float inputs where the dense kernels round them to
+// 8 bits, as in the oracle mode's test).
+TEST(InputSparse, KeepingEveryInputIsTheDenseModel) {
+  for (DType t : {DType::F32, DType::Q4_0}) {
+    auto m = load_synth(small(t, 2), "all.gguf");
+    SessionParams p = test_support::session_params(2, 64, 64);
+    Session dense(*m, p);
+    const Logits want = test_support::session_logits(dense);
+    InputSparsityStats st;
+    const Logits got = run_input_mode(*m, InputThresholds(3, {-1.0f, -1.0f, -1.0f, -1.0f}), 2, &st);
+    EXPECT_LT(test_support::max_rel_diff(want, got), t == DType::F32 ? 1e-4 : 2e-2) << dtype_name(t);
+    EXPECT_EQ(st.sparsity(), 0.0);
+  }
+}
+
+// The decode path (the copies) and the prompt path (the file's layout with inputs zeroed)
+// compute one function: a sequence evaluated token by token gives the logits of the same
+// sequence as one batch; the measured sparsity follows the allocation; thread counts change no
+// bit.
+TEST(InputSparse, DecodeAndPromptPathsAgreeAndThreadsChangeNothing) {
+  auto m = load_synth(small(DType::F32, 3), "paths.gguf");
+  const Profile prof = profile_of(*m);
+  const InputSparsityPlan plan = allocate_input_sparsity(prof, *m, 0.5);
+  const std::vector<int32_t> tokens = test_support::session_tokens(*m, 18);
+  SessionParams p = test_support::session_params(2, 64, 64);
+  p.sparse.mode = FfnMode::input;
+  p.sparse.input_thresholds = plan.thresholds;
+  Session batch(*m, p), single(*m, p);
+  std::vector<float> all(tokens.size() * static_cast<size_t>(m->hp.n_vocab));
+  batch.eval_all_logits(tokens.data(), static_cast<int64_t>(tokens.size()), all.data());
+  double worst = 0, mag = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    single.eval(&tokens[t], 1);
+    for (int64_t i = 0; i < m->hp.n_vocab; ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(single.logits()[i] - all[t * m->hp.n_vocab + i])));
+      mag = std::max(mag, static_cast<double>(std::fabs(all[t * m->hp.n_vocab + i])));
+    }
+  }
+  EXPECT_LT(worst / mag, 1e-3);
+  // Random tokens of the profile's kind: the sparsity measured on decode is near the target.
+  EXPECT_NEAR(single.input_sparse()->stats().sparsity(), 0.5, 0.08);
+  EXPECT_GT(single.input_sparse()->weight_bytes_per_token(), 0.0);
+
+  auto q = load_synth(small(DType::Q4_0, 3), "paths_q4.gguf");
+  const InputThresholds tq = allocate_input_sparsity(profile_of(*q), *q, 0.4).thresholds;
+  const Logits a = run_input_mode(*q, tq, 1), b = run_input_mode(*q, tq, 2), c = run_input_mode(*q, tq, 3);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+}
+
+// The allocation meets each layer's share, gives sites where sparsity costs little more of it,
+// costs less error than the uniform one, and round-trips through the profile file.
+TEST(InputAllocation, GreedyMeetsTheTargetAndSpendsErrorWhereItIsCheap) {
+  auto m = load_synth(small(DType::F32, 6), "alloc.gguf");
+  Profile prof = profile_of(*m);
+  ASSERT_TRUE(prof.has_input_tables());
+  const std::string path = (temp_dir() / "alloc.profile.gguf").string();
+  write_profile(prof, path);
+  const Profile back = read_profile(path);
+  EXPECT_EQ(back.input_quantiles, prof.input_quantiles);
+  EXPECT_EQ(back.input_energy, prof.input_energy);
+
+  for (double target : {0.25, 0.4, 0.5}) {
+    const InputSparsityPlan g = allocate_input_sparsity(prof, *m, target);
+    const InputSparsityPlan u = allocate_input_sparsity(prof, *m, target, InputAllocation::uniform);
+    EXPECT_NEAR(g.weighted_sparsity, target, 0.006) << target;
+    EXPECT_NEAR(u.weighted_sparsity, target, 1e-6) << target;
+    double eg = 0, eu = 0;
+    for (int64_t l = 0; l < m->hp.n_layer; ++l) {
+      const auto w = input_site_weights(m->layers[static_cast<size_t>(l)]);
+      double skipped = 0, total = 0;
+      for (int s = 0; s < kInputSites; ++s) {
+        EXPECT_LE(g.sparsity[l][s], 0.95f);
+        EXPECT_FLOAT_EQ(u.sparsity[l][s], static_cast<float>(target));
+        // Each threshold is the profile's quantile at the site's sparsity.
+        EXPECT_FLOAT_EQ(g.thresholds[l][s],
+                        prof.input_quantiles[l][static_cast<size_t>(s * kQuantiles + std::lround(g.sparsity[l][s] * 1000))]);
+        skipped += w[s] * g.sparsity[l][s], total += w[s];
+        eg += g.error[l][s], eu += u.error[l][s];
+      }
+      EXPECT_NEAR(skipped / total, target, 0.006) << "layer " << l;
+    }
+    EXPECT_LE(eg, eu) << target;
+  }
+  // A site whose entries below the 90 % quantile hold no energy at all is filled up to there
+  // before any error is spent elsewhere.
+  Profile cheap = prof;
+  for (auto& e : cheap.input_energy)
+    for (int64_t k = 0; k < kQuantiles; ++k)
+      e[static_cast<size_t>(1 * kQuantiles + k)] = k <= 900 ? 0.0f : (k - 900) / 100.0f;
+  const InputSparsityPlan c = allocate_input_sparsity(cheap, *m, 0.3);
+  for (int64_t l = 0; l < m->hp.n_layer; ++l) {
+    EXPECT_GE(c.sparsity[l][1], 0.9f) << "layer " << l;
+    for (int s : {0, 2, 3}) EXPECT_LT(c.sparsity[l][s], 0.9f) << "layer " << l;
+  }
+
+  Profile old = prof;
+  old.input_quantiles.clear();
+  old.input_energy.clear();
+  EXPECT_THROW(allocate_input_sparsity(old, *m, 0.5), Error);  // a profile from before the tables
+  EXPECT_THROW(allocate_input_sparsity(prof, *m, 0.99), Error);
+}
+
+// Thresholds stored in the model (ember.input_sparsity.thresholds, what `ember sparsify`
+// writes) are used when none are given; a wrong count is refused at load; input mode without
+// thresholds, or with the hybrid, names what to do.
+TEST(InputSparse, ThresholdsFromTheModelFileAndRefusals) {
+  SynthOptions o = small(DType::Q4_0, 9);
+  gguf::Writer w = synth_model(o);
+  std::vector<float> flat;
+  for (int l = 0; l < 3; ++l) flat.insert(flat.end(), {0.1f, 0.2f, 0.3f, l == 2 ? 1e6f : 0.01f});
+  w.set("ember.input_sparsity.thresholds", gguf::Value::floats(flat));
+  const std::string path = (temp_dir() / "with_input_thresholds.gguf").string();
+  w.write(path);
+  auto m = load_model(path);
+  ASSERT_EQ(m->input_thresholds.size(), 3u);
+  EXPECT_FLOAT_EQ(m->input_thresholds[1][2], 0.3f);
+  SessionParams sp = test_support::session_params(1, 32, 8);
+  sp.sparse.mode = FfnMode::input;
+  Session s(*m, sp);
+  const auto tokens = random_tokens(4, m->hp.n_vocab, 5);
+  s.eval(tokens.data(), 3);
+  s.eval(tokens.data() + 3, 1);
+  const InputSparsityStats& st = s.input_sparse()->stats();
+  EXPECT_EQ(st.kept[2][static_cast<int>(InputSite::ffn_hidden)], 0u);  // layer 2 drops every h
+  EXPECT_GT(st.kept[1][static_cast<int>(InputSite::ffn_hidden)], 0u);
+
+  flat.pop_back();
+  w.set("ember.input_sparsity.thresholds", gguf::Value::floats(flat));
+  w.write(path);
+  EXPECT_THROW(load_model(path), Error);
+  auto plain = load_synth(o, "no_input_thresholds.gguf");
+  EXPECT_THROW(Session(*plain, sp), Error);
+  SessionParams hy = sp;
+  hy.sparse.input_thresholds = InputThresholds(3, {0.f, 0.f, 0.f, 0.f});
+  hy.hybrid.vram_budget = 1 << 20;
+  EXPECT_THROW(Session(*plain, hy), Error);
+  EXPECT_EQ(parse_ffn_mode("input"), FfnMode::input);
+}

@@ -95,6 +95,16 @@ contains "profile quantiles" "$tmp/out" "blk\.0\.ffn_gate_quantiles"
 expect_ok "oracle ppl relu" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -b 8 -t 2 --sparse-mode oracle
 oracle_sparsity=$(num "$tmp/err" '.*FFN sparsity \(oracle\): ([0-9.]+)% .*')
 close "profile sparsity = oracle sparsity" "$relu_profile_sparsity" "$(python3 -c "print(${oracle_sparsity:-nan} / 100)")" 0.002
+# Input sparsity (TEAL) on a SiLU model: the profile's input tables, `sparsify`, and the result
+# run with --sparse-mode input reaching its target on decode tokens.
+expect_ok "profile silu" "$ember" profile -m "$tmp/tiny.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 512 -o "$tmp/silu-input.profile.gguf" -t 2
+expect_ok "sparsify" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/silu-input.profile.gguf" --sparsity 0.4 -o "$tmp/tiny.sparse.gguf"
+contains "sparsify summary" "$tmp/err" "40\.[0-9]% of the layers' weights skipped"
+expect_ok "input mode from the file" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0 --sparse-mode input
+input_sparsity=$(num "$tmp/err" '.*input sparsity \(decode tokens\): ([0-9.]+)% .*')
+close "input mode sparsity near the target" "${input_sparsity:-nan}" 40 15
+expect_error "input mode needs thresholds" "sparsify|sparse-profile" "$ember" generate -m "$tmp/tiny.gguf" -p hi --sparse-mode input
+expect_error "sparsify with an old profile" "input tables|profile" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/tiny.gguf" -o "$tmp/x.gguf"
 # Predictor training samples saved by the profiler, trained on, used.
 expect_ok "profile samples" "$ember" profile -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 512 --samples "$tmp/relu.samples.gguf" --samples-max 200 -o "$tmp/relu.profile2.gguf" -t 2
 contains "samples written" "$tmp/err" "samples: 200 tokens x [0-9]+ layers"

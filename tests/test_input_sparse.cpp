@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <cstring>
 #include <random>
 
 #include "core/error.hpp"
@@ -19,6 +20,7 @@
 #include "ops/cpu/nm4.hpp"
 #include "sparse/input_allocation.hpp"
 #include "sparse/input_sparse.hpp"
+#include "sparse/sparsify.hpp"
 #include "support/reference_llama.hpp"
 #include "support/session_logits.hpp"
 #include "support/session_params.hpp"
@@ -378,4 +380,37 @@ TEST(InputSparse, ThresholdsFromTheModelFileAndRefusals) {
   hy.hybrid.vram_budget = 1 << 20;
   EXPECT_THROW(Session(*plain, hy), Error);
   EXPECT_EQ(parse_ffn_mode("input"), FfnMode::input);
+}
+
+// `ember sparsify`: every tensor and key of the model unchanged, the plan's thresholds added;
+// the result runs input mode without a profile and equals the model with the thresholds given.
+TEST(Sparsify, EmbedsThePlansThresholdsAndChangesNothingElse) {
+  auto m = load_synth(small(DType::Q4_0, 12), "sparsify_in.gguf");
+  const std::string prof = (temp_dir() / "sparsify.profile.gguf").string();
+  write_profile(profile_of(*m), prof);
+  SparsifyOptions o;
+  o.model = m->file->path();
+  o.profile = prof;
+  o.output = (temp_dir() / "sparsify_out.gguf").string();
+  o.sparsity = 0.4;
+  const SparsifySummary s = sparsify_model(o);
+  EXPECT_NEAR(s.plan.weighted_sparsity, 0.4, 0.006);
+  auto out = load_model(o.output);
+  EXPECT_EQ(out->input_thresholds, s.plan.thresholds);
+  const gguf::Reader &a = *m->file, &b = *out->file;
+  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  for (const gguf::TensorInfo& t : a.tensors()) {
+    const TensorView va = a.view(t), vb = b.view(t.name);
+    ASSERT_TRUE(vb.valid()) << t.name;
+    ASSERT_EQ(va.nbytes, vb.nbytes) << t.name;
+    EXPECT_EQ(std::memcmp(va.data, vb.data, va.nbytes), 0) << t.name;
+  }
+  for (const std::string& k : a.keys()) EXPECT_TRUE(b.has(k)) << k;
+  SessionParams p = test_support::session_params(2, 64, 64);
+  p.sparse.mode = FfnMode::input;
+  Session embedded(*out, p);
+  const Logits got = test_support::session_logits(embedded);
+  EXPECT_EQ(got, run_input_mode(*m, s.plan.thresholds, 2));
+  o.output = o.model;
+  EXPECT_THROW(sparsify_model(o), Error);
 }

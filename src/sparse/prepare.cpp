@@ -1,5 +1,7 @@
 #include "sparse/prepare.hpp"
 
+#include "gguf/copy.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -33,9 +35,8 @@ int64_t layer_of(const std::string& name, std::string& rest) {
   }
 }
 
-std::vector<int64_t> shape_of(const gguf::TensorInfo& t) { return std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)); }
-
-std::vector<uint8_t> copy_of(const TensorView& v) { return std::vector<uint8_t>(v.data, v.data + v.nbytes); }
+using gguf::copy_of;
+using gguf::shape_of;
 
 DType pick_down_t_type(const std::string& choice, DType down, int64_t n_embd, const std::string& path) {
   if (choice == "same") {
@@ -190,7 +191,7 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
     std::string rest;
     const int64_t il = layer_of(t.name, rest);
     if (il < 0 || il >= L) {
-      w.add_tensor_lazy(t.name, t.type, shape_of(t), [v] { return copy_of(v); });
+      gguf::add_tensor_copy(w, mr, t);
       continue;
     }
     const std::vector<int32_t>* perm = &perms[il];

@@ -12,6 +12,7 @@ void add_serve(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_profile(CLI::App& app);
 void add_prepare(CLI::App& app);
+void add_sparsify(CLI::App& app);
 void add_plan(CLI::App& app);
 void add_train_predictor(CLI::App& app);
 

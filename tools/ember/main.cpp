@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   ember::cli::add_perplexity(app);
   ember::cli::add_profile(app);
   ember::cli::add_prepare(app);
+  ember::cli::add_sparsify(app);
   ember::cli::add_plan(app);
   ember::cli::add_train_predictor(app);
   try {

@@ -1,0 +1,34 @@
+#include "sparse/sparsify.hpp"
+
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "gguf/copy.hpp"
+#include "model/model.hpp"
+
+namespace ember {
+
+SparsifySummary sparsify_model(const SparsifyOptions& o) {
+  EMBER_CHECK(o.output != o.model, "sparsify: the output must be another file than the model ('{}')", o.model);
+  auto model = load_model(o.model);
+  SparsifySummary sum;
+  sum.plan = allocate_input_sparsity(read_profile(o.profile), *model, o.sparsity, o.allocation);
+  const gguf::Reader& r = *model->file;
+  gguf::Writer w(r.alignment());
+  w.set_powerinfer_magic(r.is_powerinfer());
+  for (const std::string& k : r.keys())
+    if (k.rfind("ember.input_sparsity.", 0) != 0) w.set(k, r.metadata().at(k));
+  std::vector<float> flat;
+  for (const auto& t : sum.plan.thresholds) flat.insert(flat.end(), t.begin(), t.end());
+  w.set("ember.input_sparsity.thresholds", gguf::Value::floats(flat));
+  w.set("ember.input_sparsity.target", gguf::Value::f32(static_cast<float>(o.sparsity)));
+  w.set("ember.input_sparsity.allocation",
+        gguf::Value::str(o.allocation == InputAllocation::greedy ? "greedy" : "uniform"));
+  w.set("ember.input_sparsity.profile", gguf::Value::str(std::filesystem::path(o.profile).filename().string()));
+  for (const gguf::TensorInfo& t : r.tensors()) gguf::add_tensor_copy(w, r, t);
+  w.write(o.output);
+  sum.bytes = std::filesystem::file_size(o.output);
+  return sum;
+}
+
+}  // namespace ember

@@ -1,0 +1,27 @@
+// `ember sparsify`: the model file as it is, plus input sparsity's thresholds for a target
+// (sparse/input_sparse.hpp, input_allocation.hpp) as ember.input_sparsity.thresholds (f32
+// [4 n_layer], layer by layer in site order), .target and .allocation. Every tensor and key is
+// copied unchanged, so every tool that reads the model still does; `--sparse-mode input` then
+// needs no profile.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "sparse/input_allocation.hpp"
+
+namespace ember {
+
+struct SparsifyOptions {
+  std::string model, profile, output;
+  double sparsity = 0.4;
+  InputAllocation allocation = InputAllocation::greedy;
+};
+
+struct SparsifySummary {
+  InputSparsityPlan plan;
+  uint64_t bytes = 0;  // of the written file
+};
+
+SparsifySummary sparsify_model(const SparsifyOptions& o);
+
+}  // namespace ember

@@ -414,3 +414,36 @@ TEST(Sparsify, EmbedsThePlansThresholdsAndChangesNothingElse) {
   o.output = o.model;
   EXPECT_THROW(sparsify_model(o), Error);
 }
+
+// Every family the blocks build (fused Q/K/V and gate/up, parallel residual, no gate with
+// biases, Q/K norms, post-norms): input mode's decode path and prompt path compute one function,
+// and each reaches a real share of skipped weights.
+TEST(InputSparse, EveryFamilyRunsOneFunctionOnBothPaths) {
+  for (const char* arch : {"phi3", "falcon", "qwen3", "gemma3", "opt", "qwen2"}) {
+    SynthOptions o = small(DType::F32, 21);
+    o.arch = arch;
+    o.act = synth_default_activation(arch);
+    if (std::string(arch) == "falcon") o.n_head_kv = 1;
+    if (std::string(arch) == "opt") o.n_head_kv = o.n_head;
+    auto m = load_synth(o, std::string("family_") + arch + ".gguf");
+    const InputThresholds t = allocate_input_sparsity(profile_of(*m), *m, 0.4).thresholds;
+    const std::vector<int32_t> tokens = test_support::session_tokens(*m, 10);
+    SessionParams p = test_support::session_params(2, 64, 64);
+    p.sparse.mode = FfnMode::input;
+    p.sparse.input_thresholds = t;
+    Session batch(*m, p), single(*m, p);
+    const int64_t nv = m->hp.n_vocab;
+    std::vector<float> all(tokens.size() * static_cast<size_t>(nv));
+    batch.eval_all_logits(tokens.data(), static_cast<int64_t>(tokens.size()), all.data());
+    double worst = 0, mag = 0;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      single.eval(&tokens[i], 1);
+      for (int64_t v = 0; v < nv; ++v) {
+        worst = std::max(worst, static_cast<double>(std::fabs(single.logits()[v] - all[i * nv + v])));
+        mag = std::max(mag, static_cast<double>(std::fabs(all[i * nv + v])));
+      }
+    }
+    EXPECT_LT(worst / mag, 1e-3) << arch;
+    EXPECT_GT(single.input_sparse()->stats().sparsity(), 0.2) << arch;
+  }
+}

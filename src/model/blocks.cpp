@@ -85,6 +85,10 @@ void dense_qkv(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t
   cpu::matmul(pool, L.wv, xn, n, ws.v.data(), mm);
 }
 
+void dense_out(ThreadPool& pool, const LayerWeights& L, const float* attn, int64_t n, float* o, Workspace& ws) {
+  cpu::matmul(pool, L.wo, attn, n, o, ws.mm_scratch.data());
+}
+
 void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0, float* x, float* scratch) {
   const Hparams& hp = m.hp;
   const int64_t d = hp.n_embd;
@@ -147,7 +151,7 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   if (ws.proj)
     ws.proj->out(pool, il, L, ws.attn.data(), n, o, ws);
   else
-    cpu::matmul(pool, L.wo, ws.attn.data(), n, o, ws.mm_scratch.data());
+    dense_out(pool, L, ws.attn.data(), n, o, ws);
   add_bias(L.bo, o, n, d);
   post_norm(m, L.attn_post_norm, o, n);
   cpu::add_f32(o, x, n * d);

@@ -32,6 +32,8 @@ void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0,
 // ws.q, ws.k, ws.v = the layer's dense Q, K, V projections of xn (n tokens): one fused matmul
 // when the three matrices share a type (cpu::matmul_multi), else one matmul each.
 void dense_qkv(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws);
+// o = the layer's dense output projection of attn (n tokens), before the bias.
+void dense_out(ThreadPool& pool, const LayerWeights& L, const float* attn, int64_t n, float* o, Workspace& ws);
 
 // x += the attention block of layer il for n tokens at positions pos0.. (appending their keys
 // and values to the cache's layer `kv_layer`). L holds the layer's attention tensors (the model's,

@@ -156,7 +156,8 @@ struct Model {
   std::vector<float> predictor_thresholds;
   std::vector<float> gate_thresholds;
   // Input sparsity (sparse/input_sparse.hpp): per layer, the thresholds of its four input sites
-  // (`ember.input_sparsity.thresholds`, f32 [4 n_layer], layer by layer; empty when absent).
+  // (`ember.input_sparsity.thresholds`, f32 [4 n_layer], layer by layer; empty when absent). The
+  // same type as sparse/input_site.hpp's InputThresholds (asserted there; model/ cannot include it).
   std::vector<std::array<float, 4>> input_thresholds;
   // What the predictor (fc1) reads: the residual stream entering the FFN, before ffn_norm, as
   // PowerInfer's models and converter do (true), or the FFN's own input after ffn_norm, as

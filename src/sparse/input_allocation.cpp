@@ -72,9 +72,4 @@ InputSparsityPlan allocate_input_sparsity(const Profile& p, const Model& model, 
   return plan;
 }
 
-InputThresholds input_thresholds_from_profile(const std::string& profile_path, const Model& model, double target,
-                                              InputAllocation how) {
-  return allocate_input_sparsity(read_profile(profile_path), model, target, how).thresholds;
-}
-
 }  // namespace ember

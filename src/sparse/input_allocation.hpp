@@ -36,8 +36,5 @@ struct InputSparsityPlan {
 // Needs a profile with input tables (Profile::input_quantiles). `target` in [0, 0.95].
 InputSparsityPlan allocate_input_sparsity(const Profile& p, const Model& model, double target,
                                           InputAllocation how = InputAllocation::greedy);
-// Convenience: the thresholds from a profile file.
-InputThresholds input_thresholds_from_profile(const std::string& profile_path, const Model& model, double target,
-                                              InputAllocation how = InputAllocation::greedy);
 
 }  // namespace ember

@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
-#include "ops/cpu/matmul.hpp"
 #include "ops/cpu/nm4.hpp"
 
 namespace ember {
+
+static_assert(std::is_same_v<InputThresholds::value_type, decltype(Model::input_thresholds)::value_type>,
+              "Model::input_thresholds holds one threshold per input site");
 
 const char* input_site_name(int site) {
   static const char* names[kInputSites] = {"attn_in", "attn_out", "ffn_in", "ffn_hidden"};
@@ -171,7 +174,7 @@ void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeight
   const size_t l = static_cast<size_t>(layer);
   if (n > 1) {
     mask(attn, n, L.wo.cols(), thr_[l][1]);
-    return cpu::matmul(pool, L.wo, attn, n, o, ws.mm_scratch.data());
+    return dense_out(pool, L, attn, n, o, ws);
   }
   const int64_t k = keep(layer, InputSite::attn_out, attn, L.wo.cols());
   sparse_product(pool, copies_[l].wo.view, k, o);

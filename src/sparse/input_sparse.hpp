@@ -84,8 +84,8 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   };
   // x[0..n_in) restricted to its kept entries, times the copy, into y[0..cols) (overwritten).
   void sparse_product(ThreadPool& pool, const TensorView& copy, int64_t n_kept, float* y);
-  // Zeroes the entries at or below t in x (n rows of width w) and counts them.
-  void mask(float* x, int64_t n, int64_t w, float t);
+  // Zeroes the entries at or below t in x (n rows of width w): the batch path's input.
+  static void mask(float* x, int64_t n, int64_t w, float t);
   int64_t keep(int64_t layer, InputSite site, const float* x, int64_t n_in);
 
   const Model& model_;

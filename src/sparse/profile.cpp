@@ -145,7 +145,7 @@ void ProfileFfn::qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, flo
 void ProfileFfn::out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
                      Workspace& ws) {
   if (record_hist_) inputs_[static_cast<size_t>(layer)][static_cast<int>(InputSite::attn_out)].add(attn, n * L.wo.cols());
-  cpu::matmul(pool, L.wo, attn, n, o, ws.mm_scratch.data());
+  dense_out(pool, L, attn, n, o, ws);
 }
 
 void write_profile(const Profile& p, const std::string& path) {

@@ -1,6 +1,7 @@
 // The engine's generation loop and its stop-string matcher (used by the CLI and the server).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <cstdio>
 #include <vector>
@@ -192,4 +193,54 @@ TEST_F(GeneratorTest, PromptLongerThanTheContextThrows) {
   std::vector<int32_t> prompt(8, 65);
   EXPECT_THROW(generate(s, *tok_, prompt, greedy(4), [](std::string_view) { return true; }), Error);
   EXPECT_THROW(generate(s, *tok_, {}, greedy(4), [](std::string_view) { return true; }), Error);
+}
+
+// The prompt cache (generate_cached): a chat's next turn evaluates only what is new, and the
+// text is what a fresh session gives for the whole prompt.
+TEST_F(GeneratorTest, PromptCacheEvaluatesOnlyTheNewSuffixAndChangesNothing) {
+  const auto collect = [](std::string& out) {
+    return [&out](std::string_view p) {
+      out.append(p);
+      return true;
+    };
+  };
+  const auto fresh = [&](const std::vector<int32_t>& prompt) {
+    Session s(*model_, test_support::session_params(1, 64, 16));
+    std::string out;
+    generate(s, *tok_, prompt, greedy(6), collect(out));
+    return out;
+  };
+  Session cached(*model_, test_support::session_params(1, 64, 16));
+  const std::vector<int32_t> first = tok_->encode("hello world", true, false);
+  std::string a;
+  GenerateResult r = generate_cached(cached, *tok_, first, greedy(6), collect(a));
+  EXPECT_EQ(r.n_cached, 0);
+  EXPECT_EQ(a, fresh(first));
+  // The cache holds the prompt and every sampled token but the last (never evaluated).
+  ASSERT_EQ(cached.tokens().size(), first.size() + 5);
+  EXPECT_TRUE(std::equal(first.begin(), first.end(), cached.tokens().begin()));
+
+  // The next turn: everything so far, then new text.
+  std::vector<int32_t> second = cached.tokens();
+  for (int32_t t : tok_->encode(" and then", false, false)) second.push_back(t);
+  std::string b;
+  r = generate_cached(cached, *tok_, second, greedy(6), collect(b));
+  EXPECT_EQ(r.n_cached, static_cast<int64_t>(first.size() + 5));
+  EXPECT_EQ(r.n_prompt, static_cast<int64_t>(second.size()));
+  EXPECT_EQ(b, fresh(second));
+
+  // The same prompt again: all of it but the last token comes from the cache.
+  std::string c;
+  r = generate_cached(cached, *tok_, second, greedy(6), collect(c));
+  EXPECT_EQ(r.n_cached, static_cast<int64_t>(second.size()) - 1);
+  EXPECT_EQ(c, b);
+
+  // A prompt that differs at its second token keeps one: the rest of the cache is dropped.
+  std::vector<int32_t> other = second;
+  other[1] = other[1] == 65 ? 66 : 65;
+  std::string d;
+  r = generate_cached(cached, *tok_, other, greedy(6), collect(d));
+  EXPECT_EQ(r.n_cached, 1);
+  EXPECT_EQ(d, fresh(other));
+  EXPECT_EQ(cached_prefix(cached, {}), 0);
 }

@@ -122,3 +122,22 @@ TEST(SlotQueue, ManyThreadsNeverExceedTheSlots) {
   EXPECT_LE(max_running.load(), 3);
   EXPECT_EQ(q.stats().busy, 0u);
 }
+
+// The prompt cache's choice: the free slot of the highest affinity, the lowest index among
+// equals, and never a busy one; FIFO order still decides who chooses first.
+TEST(SlotQueue, AffinityPicksTheBestFreeSlot) {
+  SlotQueue q(3, 4);
+  const std::vector<size_t> gain = {2, 7, 7};
+  auto a = q.enqueue([&](size_t s) { return gain[s]; });
+  EXPECT_EQ(a->wait(), 1);  // 7 beats 2; slot 1 before slot 2
+  auto b = q.enqueue([&](size_t s) { return gain[s]; });
+  EXPECT_EQ(b->wait(), 2);  // slot 1 is busy
+  auto c = q.enqueue([&](size_t s) { return s == 1 ? size_t{100} : 0; });
+  EXPECT_EQ(c->wait(), 0);  // the only free one, whatever it prefers
+  auto d = q.enqueue([&](size_t s) { return s == 2 ? size_t{100} : 0; });
+  auto e = q.enqueue();
+  a.reset();  // frees slot 1: d is first in line and takes it although it prefers the busy slot 2
+  EXPECT_EQ(d->wait(), 1);
+  b.reset();
+  EXPECT_EQ(e->wait(), 2);
+}

@@ -61,13 +61,19 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                        const GenerateParams& params, const PieceCallback& on_piece) {
+namespace {
+
+// Evaluates prompt[n_cached ..) after what the session holds, then generates; the sampler sees
+// the whole prompt.
+GenerateResult run(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt, int64_t n_cached,
+                   const GenerateParams& params, const PieceCallback& on_piece) {
   EMBER_CHECK(!prompt.empty(), "the prompt is empty");
-  EMBER_CHECK(session.pos() + static_cast<int64_t>(prompt.size()) < session.n_ctx(),
-              "the prompt has {} tokens but the context holds {}", session.pos() + prompt.size(), session.n_ctx());
+  const int64_t n_new = static_cast<int64_t>(prompt.size()) - n_cached;
+  EMBER_CHECK(session.pos() + n_new < session.n_ctx(), "the prompt has {} tokens but the context holds {}",
+              session.pos() + n_new, session.n_ctx());
   GenerateResult res;
   res.n_prompt = static_cast<int64_t>(prompt.size());
+  res.n_cached = n_cached;
 
   Sampler sampler(params.sampling, session.model().hp.n_vocab);
   for (int32_t t : prompt) sampler.accept(t);
@@ -80,7 +86,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   };
 
   Timer prompt_timer;
-  session.eval(prompt);
+  session.eval(prompt.data() + n_cached, n_new);
   res.prompt_seconds = prompt_timer.seconds();
 
   // No limit: the end of the context stops it.
@@ -123,6 +129,28 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     if (cancelled) res.finish = FinishReason::cancelled;
   }
   return res;
+}
+
+}  // namespace
+
+GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                        const GenerateParams& params, const PieceCallback& on_piece) {
+  return run(session, tok, prompt, 0, params, on_piece);
+}
+
+int64_t cached_prefix(const Session& session, const std::vector<int32_t>& prompt) {
+  const std::vector<int32_t>& held = session.tokens();
+  const size_t most = prompt.empty() ? 0 : std::min(held.size(), prompt.size() - 1);
+  size_t k = 0;
+  while (k < most && held[k] == prompt[k]) ++k;
+  return static_cast<int64_t>(k);
+}
+
+GenerateResult generate_cached(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                               const GenerateParams& params, const PieceCallback& on_piece) {
+  const int64_t keep = cached_prefix(session, prompt);
+  session.truncate(keep);
+  return run(session, tok, prompt, keep, params, on_piece);
 }
 
 }  // namespace ember

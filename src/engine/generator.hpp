@@ -54,7 +54,8 @@ enum class FinishReason {
 const char* finish_reason_name(FinishReason r);
 
 struct GenerateResult {
-  int64_t n_prompt = 0;     // tokens evaluated for the prompt
+  int64_t n_prompt = 0;     // tokens of the prompt
+  int64_t n_cached = 0;     // of those, already in the session's cache (generate_cached)
   int64_t n_generated = 0;  // tokens sampled (including a final EOG token, as llama.cpp counts)
   FinishReason finish = FinishReason::length;
   double prompt_seconds = 0;
@@ -69,5 +70,17 @@ using PieceCallback = std::function<bool(std::string_view piece)>;
 // ember::Error otherwise). The sampler sees the prompt tokens (repetition penalty).
 GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
                         const GenerateParams& params, const PieceCallback& on_piece);
+
+// The prompt cache: how many leading tokens of `prompt` the session already holds, at most
+// prompt.size() - 1 (the last prompt token is always evaluated, for its logits).
+int64_t cached_prefix(const Session& session, const std::vector<int32_t>& prompt);
+
+// As generate on a reset session, but the longest prefix of `prompt` the session already holds
+// (cached_prefix: the earlier turns of a chat, a shared system prompt) is kept and only the rest
+// is evaluated; the cache past that prefix is dropped. The sampler still sees the whole prompt.
+// Greedy output equals generate's on a reset session up to the rounding of a different batch
+// split of the prompt (tests/test_server_generator.cpp).
+GenerateResult generate_cached(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                               const GenerateParams& params, const PieceCallback& on_piece);
 
 }  // namespace ember

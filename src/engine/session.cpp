@@ -82,6 +82,7 @@ void Session::eval(const int32_t* tokens, int64_t n) {
   for (int64_t done = 0; done < n;) {
     int64_t chunk = std::min(ws_.max_batch, n - done);
     forward(model_, pool_, kv_, ws_, tokens + done, chunk, pos_, logits_.data(), false);
+    tokens_.insert(tokens_.end(), tokens + done, tokens + done + chunk);
     pos_ += chunk;
     done += chunk;
   }
@@ -92,6 +93,7 @@ void Session::eval_all_logits(const int32_t* tokens, int64_t n, float* all_logit
   for (int64_t done = 0; done < n;) {
     int64_t chunk = std::min(ws_.max_batch, n - done);
     forward(model_, pool_, kv_, ws_, tokens + done, chunk, pos_, all_logits + done * nv, true);
+    tokens_.insert(tokens_.end(), tokens + done, tokens + done + chunk);
     pos_ += chunk;
     done += chunk;
   }
@@ -101,6 +103,7 @@ void Session::eval_all_logits(const int32_t* tokens, int64_t n, float* all_logit
 void Session::truncate(int64_t pos) {
   EMBER_CHECK(pos >= 0 && pos <= pos_, "cannot truncate to {} (sequence has {} tokens)", pos, pos_);
   pos_ = pos;
+  tokens_.resize(static_cast<size_t>(pos));
 }
 
 }  // namespace ember

@@ -42,9 +42,14 @@ class Session {
 
   int64_t pos() const { return pos_; }
   int64_t n_ctx() const { return kv_.n_ctx; }
-  void reset() { pos_ = 0; }
+  void reset() {
+    pos_ = 0;
+    tokens_.clear();
+  }
   // Drops the cached positions from `pos` on (pos <= current position).
   void truncate(int64_t pos);
+  // The tokens the KV cache holds, position by position (pos() of them).
+  const std::vector<int32_t>& tokens() const { return tokens_; }
 
   const Model& model() const { return model_; }
   ThreadPool& pool() { return pool_; }
@@ -80,6 +85,7 @@ class Session {
   std::unique_ptr<InputSparseExecutor> input_;
   std::vector<float> logits_;
   int64_t pos_ = 0;
+  std::vector<int32_t> tokens_;  // tokens_[i] sits at position i of the cache
 };
 
 int default_thread_count();

@@ -83,6 +83,7 @@ const char* openai_finish_reason(FinishReason r);
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prompt cache
 };
 json usage_json(const Usage& u);
 

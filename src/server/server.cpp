@@ -172,7 +172,9 @@ void Server::install_routes() {
       if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(res, *e);
       auto prep = std::make_shared<PreparedRequest>(std::move(std::get<PreparedRequest>(prepared)));
 
-      std::unique_ptr<SlotQueue::Ticket> ticket = queue_.enqueue();
+      // The prompt cache: the free session holding the longest prefix of this prompt serves it.
+      std::unique_ptr<SlotQueue::Ticket> ticket =
+          queue_.enqueue([this, prep](size_t slot) { return static_cast<size_t>(cached_prefix(*sessions_[slot], prep->prompt)); });
       if (!ticket) {
         SlotQueue::Stats q = queue_.stats();
         res.set_header("Retry-After", "1");
@@ -188,11 +190,10 @@ void Server::install_routes() {
       // Runs the request on its session; `write` gets each piece and returns false to stop.
       auto run = [this, prep](int slot, const PieceCallback& write) {
         Session& session = *sessions_[slot];
-        session.reset();
         Timer t;
-        GenerateResult r = generate(session, tok_, prep->prompt, prep->gen, write);
-        log_info("slot {}: prompt {} tokens, generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot, r.n_prompt,
-                 r.n_generated, finish_reason_name(r.finish), t.seconds() * 1e3,
+        GenerateResult r = generate_cached(session, tok_, prep->prompt, prep->gen, write);
+        log_info("slot {}: prompt {} tokens ({} cached), generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot,
+                 r.n_prompt, r.n_cached, r.n_generated, finish_reason_name(r.finish), t.seconds() * 1e3,
                  r.gen_seconds > 0 ? r.n_generated / r.gen_seconds : 0.0);
         if (r.finish == FinishReason::cancelled) ++n_cancelled_;
         else ++n_completed_;
@@ -208,7 +209,8 @@ void Server::install_routes() {
           return !stopping_.load();
         });
         ticket.reset();
-        res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated})), "application/json");
+        res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated, r.n_cached})),
+                        "application/json");
         return;
       }
 
@@ -244,7 +246,8 @@ void Server::install_routes() {
               held->reset();  // the session is free for the next request from here on
               if (r.finish == FinishReason::cancelled) return false;
               bool ok = write(sse(dump(chunk_json(meta, "", r.finish))));
-              if (ok && include_usage) ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated}))));
+              if (ok && include_usage)
+                ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated, r.n_cached}))));
               if (ok) ok = write("data: [DONE]\n\n");
               if (ok) sink.done();
               return ok;

@@ -2,7 +2,9 @@
 // requests; each of `parallel` sessions owns its KV cache and its thread pool of
 // `session.n_threads` threads, so up to parallel * n_threads threads compute at once (on a
 // small machine pass -t so that this product does not exceed the cores). Requests wait for a
-// session in FIFO order (SlotQueue); past the queue they get 503.
+// session in FIFO order (SlotQueue); past the queue they get 503. A request goes to the free
+// session whose cache holds the longest prefix of its prompt, and only the rest is evaluated
+// (the prompt cache: generate_cached).
 #pragma once
 #include <atomic>
 #include <cstdint>

@@ -10,7 +10,7 @@ SlotQueue::SlotQueue(size_t n_slots, size_t max_waiting) : max_waiting_(max_wait
   EMBER_CHECK(n_slots >= 1, "the number of parallel sessions must be at least 1");
 }
 
-std::unique_ptr<SlotQueue::Ticket> SlotQueue::enqueue() {
+std::unique_ptr<SlotQueue::Ticket> SlotQueue::enqueue(Affinity affinity) {
   std::lock_guard lock(mu_);
   if (n_busy_ + line_.size() >= busy_.size() + max_waiting_) {
     ++rejected_;
@@ -19,13 +19,19 @@ std::unique_ptr<SlotQueue::Ticket> SlotQueue::enqueue() {
   ++admitted_;
   uint64_t id = next_id_++;
   line_.push_back(id);
-  return std::unique_ptr<Ticket>(new Ticket(*this, id));
+  return std::unique_ptr<Ticket>(new Ticket(*this, id, std::move(affinity)));
 }
 
-int SlotQueue::free_slot_locked() const {
-  for (size_t i = 0; i < busy_.size(); ++i)
-    if (!busy_[i]) return static_cast<int>(i);
-  return -1;
+int SlotQueue::free_slot_locked(const Affinity& affinity) const {
+  int best = -1;
+  size_t best_gain = 0;
+  for (size_t i = 0; i < busy_.size(); ++i) {
+    if (busy_[i]) continue;
+    if (!affinity) return static_cast<int>(i);
+    const size_t gain = affinity(i);
+    if (best < 0 || gain > best_gain) best = static_cast<int>(i), best_gain = gain;
+  }
+  return best;
 }
 
 int SlotQueue::Ticket::wait(const std::function<bool()>& cancelled, std::chrono::milliseconds poll) {
@@ -33,8 +39,9 @@ int SlotQueue::Ticket::wait(const std::function<bool()>& cancelled, std::chrono:
   if (!in_line_) return -1;
   std::unique_lock lock(q_.mu_);
   for (;;) {
-    int free = q_.free_slot_locked();
-    if (free >= 0 && !q_.line_.empty() && q_.line_.front() == id_) {
+    const bool first = !q_.line_.empty() && q_.line_.front() == id_;
+    const int free = first ? q_.free_slot_locked(affinity_) : -1;
+    if (free >= 0) {
       q_.line_.pop_front();
       q_.busy_[free] = true;
       ++q_.n_busy_;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace ember::server {
@@ -21,6 +22,10 @@ class SlotQueue {
   SlotQueue(size_t n_slots, size_t max_waiting);
   SlotQueue(const SlotQueue&) = delete;
   SlotQueue& operator=(const SlotQueue&) = delete;
+
+  // How much a request gains from a slot (the server: prompt tokens the slot's cache already
+  // holds); called for free slots, with the queue's lock held.
+  using Affinity = std::function<size_t(size_t slot)>;
 
   class Ticket {
    public:
@@ -34,15 +39,18 @@ class SlotQueue {
 
    private:
     friend class SlotQueue;
-    Ticket(SlotQueue& q, uint64_t id) : q_(q), id_(id) {}
+    Ticket(SlotQueue& q, uint64_t id, Affinity affinity) : q_(q), id_(id), affinity_(std::move(affinity)) {}
     SlotQueue& q_;
     uint64_t id_;
+    Affinity affinity_;
     int slot_ = -1;
     bool in_line_ = true;
   };
 
   // A place in line, or nullptr when busy slots plus waiters already reach n_slots + max_waiting.
-  std::unique_ptr<Ticket> enqueue();
+  // When its turn comes the ticket gets the free slot of the highest affinity (the lowest index
+  // among equals; any free slot without an affinity).
+  std::unique_ptr<Ticket> enqueue(Affinity affinity = {});
 
   struct Stats {
     size_t n_slots = 0, max_waiting = 0;
@@ -53,7 +61,7 @@ class SlotQueue {
 
  private:
   void leave(Ticket& t);
-  int free_slot_locked() const;
+  int free_slot_locked(const Affinity& affinity) const;
 
   const size_t max_waiting_;
   mutable std::mutex mu_;

@@ -114,6 +114,21 @@ with common.Server(ember, model) as srv:
     c.check(r.choices[0].message.content.strip() != "" and r.usage.prompt_tokens > 30,
             f"multi-turn: {r.choices[0].message.content!r}, usage {r.usage}")
 
+    # The prompt cache: a chat's next turn reuses the session that holds the conversation so far
+    # (usage.prompt_tokens_details.cached_tokens), and the answer is the same as without it.
+    turn = [{"role": "user", "content": "Name a large city in Italy."}]
+    r1 = client.chat.completions.create(model=model_id, temperature=0, max_tokens=12, messages=turn)
+    turn += [{"role": "assistant", "content": r1.choices[0].message.content},
+             {"role": "user", "content": "And one in Spain?"}]
+    r2 = client.chat.completions.create(model=model_id, temperature=0, max_tokens=12, messages=turn)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    c.check(r1.usage.prompt_tokens <= cached < r2.usage.prompt_tokens,
+            f"second turn: {cached} of {r2.usage.prompt_tokens} prompt tokens cached (first turn {r1.usage.prompt_tokens})")
+    r3 = client.chat.completions.create(model=model_id, temperature=0, max_tokens=12, messages=turn)
+    c.check(r3.usage.prompt_tokens_details.cached_tokens == r2.usage.prompt_tokens - 1 and
+            r3.choices[0].message.content == r2.choices[0].message.content,
+            f"the same turn again: {r3.usage} {r3.choices[0].message.content!r}")
+
     # curl: streaming SSE ends with [DONE]; /health; the chat page.
     if shutil.which("curl"):
         out = subprocess.run(["curl", "-sN", srv.url + "/v1/chat/completions", "-H", "Content-Type: application/json",

@@ -106,7 +106,10 @@ TEST(ServerApi, WrongTypesNameTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n"},
       {R"({"messages":[{"role":"user","content":"x"}],"model":7})", "model"},
       {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})", "stream_options"},
-      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":-1})", "top_logprobs"},
   };
   for (const auto& c : cases) {
     ApiError e = err(c.body);
@@ -117,6 +120,20 @@ TEST(ServerApi, WrongTypesNameTheField) {
   EXPECT_EQ(err(R"({"prompt":42})", false).param, "prompt");
   EXPECT_EQ(err(R"({"prompt":["a","b"]})", false).param, "prompt");
   EXPECT_EQ(err(R"({"messages":[]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":"x","logprobs":6})", false).param, "logprobs");
+  EXPECT_EQ(err(R"({"prompt":"x","logprobs":true})", false).param, "logprobs");
+}
+
+// Log-probabilities as OpenAI asks for them: chat logprobs (bool) + top_logprobs (0-20),
+// completions logprobs (0-5); off by default.
+TEST(ServerApi, LogprobsFields) {
+  EXPECT_EQ(ok(R"({"messages":[{"role":"user","content":"x"}]})").logprobs, -1);
+  EXPECT_EQ(ok(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false})").logprobs, -1);
+  EXPECT_EQ(ok(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})").logprobs, 0);
+  EXPECT_EQ(ok(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})").logprobs, 20);
+  EXPECT_EQ(ok(R"({"prompt":"x","logprobs":null})", false).logprobs, -1);
+  EXPECT_EQ(ok(R"({"prompt":"x","logprobs":0})", false).logprobs, 0);
+  EXPECT_EQ(ok(R"({"prompt":"x","logprobs":5})", false).logprobs, 5);
 }
 
 TEST(ServerApi, AbsurdMaxTokens) {
@@ -162,6 +179,40 @@ TEST(ServerApi, ResponseShapes) {
   ResponseMeta t{"cmpl-1", 123, "smol", false};
   EXPECT_EQ(completion_json(t, "x", FinishReason::length, {1, 1})["choices"][0]["text"], "x");
   EXPECT_EQ(chunk_json(t, "y", std::nullopt)["object"], "text_completion");
+  EXPECT_TRUE(c["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+TEST(ServerApi, LogprobsShapes) {
+  std::string path = test_support::model_path(test_support::kSmolLM2);
+  if (path.empty()) GTEST_SKIP() << "SmolLM2 not installed";
+  auto model = load_model(path);
+  Tokenizer tok(*model->file);
+  const std::vector<int32_t> ids = tok.encode("Hello world", false, false);
+  ASSERT_GE(ids.size(), 2u);
+  std::vector<TokenLogprobs> lps;
+  for (int32_t id : ids) lps.push_back({id, -0.5f, {{id, -0.5f}, {ids[0] == id ? ids[1] : ids[0], -1.5f}}});
+  const json chat = logprobs_json(true, lps, tok);
+  ASSERT_EQ(chat["content"].size(), ids.size());
+  std::string joined;
+  for (const json& e : chat["content"]) {
+    joined += e["token"].get<std::string>();
+    EXPECT_EQ(e["logprob"], -0.5f);
+    EXPECT_EQ(e["bytes"].size(), e["token"].get<std::string>().size());
+    EXPECT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["top_logprobs"][1]["logprob"], -1.5f);
+  }
+  EXPECT_EQ(joined, "Hello world");
+  EXPECT_TRUE(chat["refusal"].is_null());
+  const json text = logprobs_json(false, lps, tok, 10);
+  ASSERT_EQ(text["tokens"].size(), ids.size());
+  EXPECT_EQ(text["text_offset"][0], 10);
+  EXPECT_EQ(text["text_offset"][1], 10 + static_cast<int64_t>(text["tokens"][0].get<std::string>().size()));
+  EXPECT_EQ(text["token_logprobs"][1], -0.5f);
+  EXPECT_EQ(text["top_logprobs"][0].size(), 2u);
+  ResponseMeta m{"chatcmpl-1", 123, "smol", true};
+  EXPECT_EQ(completion_json(m, "x", FinishReason::eog, {1, 1}, chat)["choices"][0]["logprobs"], chat);
+  EXPECT_EQ(chunk_json(m, "x", std::nullopt, chat)["choices"][0]["logprobs"], chat);
 }
 
 TEST(ServerApi, PrepareChecksTheContext) {

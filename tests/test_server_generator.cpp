@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <cstdio>
 #include <vector>
@@ -243,4 +244,54 @@ TEST_F(GeneratorTest, PromptCacheEvaluatesOnlyTheNewSuffixAndChangesNothing) {
   EXPECT_EQ(r.n_cached, 1);
   EXPECT_EQ(d, fresh(other));
   EXPECT_EQ(cached_prefix(cached, {}), 0);
+}
+
+// token_logprobs: the log-softmax of the logits, the alternatives most likely first.
+TEST(TokenLogprobs, LogSoftmaxAndTopTokens) {
+  const float logits[4] = {0.0f, std::log(3.0f), 0.0f, -100.0f};  // p = 1/5, 3/5, 1/5, ~0
+  TokenLogprobs t = token_logprobs(logits, 4, 2, 3);
+  EXPECT_EQ(t.token, 2);
+  EXPECT_NEAR(t.logprob, std::log(0.2), 1e-6);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].first, 1);
+  EXPECT_NEAR(t.top[0].second, std::log(0.6), 1e-6);
+  EXPECT_EQ(t.top[1].first, 0);  // a tie: the lower id first
+  EXPECT_EQ(t.top[2].first, 2);
+  EXPECT_TRUE(token_logprobs(logits, 4, 3, 0).top.empty());
+  EXPECT_EQ(token_logprobs(logits, 4, 3, 9).top.size(), 4u);
+  EXPECT_THROW(token_logprobs(logits, 4, 4, 1), Error);
+}
+
+// Through generate: one entry per sampled token, the greedy token the most likely one, its
+// log-probability the log-softmax of the session's logits at that step.
+TEST_F(GeneratorTest, LogprobsOfEachSampledToken) {
+  GenerateParams g = greedy(5);
+  g.n_logprobs = 3;
+  Session s(*model_, test_support::session_params(1, 64, 16));
+  const std::vector<int32_t> prompt = tok_->encode("hello world", true, false);
+  std::vector<TokenLogprobs> got;
+  GenerateResult r = generate(
+      s, *tok_, prompt, g, [](std::string_view) { return true; }, [&](const TokenLogprobs& t) { got.push_back(t); });
+  ASSERT_EQ(static_cast<int64_t>(got.size()), r.n_generated);
+  for (const TokenLogprobs& t : got) {
+    ASSERT_EQ(t.top.size(), 3u);
+    EXPECT_EQ(t.token, t.top[0].first);
+    EXPECT_EQ(t.logprob, t.top[0].second);
+    EXPECT_GE(t.top[0].second, t.top[1].second);
+    EXPECT_GE(t.top[1].second, t.top[2].second);
+    EXPECT_LE(std::exp(t.top[0].second) + std::exp(t.top[1].second) + std::exp(t.top[2].second), 1.0 + 1e-5);
+  }
+  // The first token against a double log-softmax of a fresh session's logits.
+  Session f(*model_, test_support::session_params(1, 64, 16));
+  f.eval(prompt);
+  const int64_t nv = model_->hp.n_vocab;
+  double mx = f.logits()[0], z = 0;
+  for (int64_t i = 0; i < nv; ++i) mx = std::max(mx, static_cast<double>(f.logits()[i]));
+  for (int64_t i = 0; i < nv; ++i) z += std::exp(f.logits()[i] - mx);
+  EXPECT_NEAR(got[0].logprob, f.logits()[got[0].token] - mx - std::log(z), 1e-5);
+  // Not asked for: no calls.
+  int calls = 0;
+  generate(
+      f, *tok_, prompt, greedy(3), [](std::string_view) { return true; }, [&](const TokenLogprobs&) { ++calls; });
+  EXPECT_EQ(calls, 0);
 }

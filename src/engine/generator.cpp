@@ -1,6 +1,7 @@
 #include "engine/generator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -66,7 +67,7 @@ namespace {
 // Evaluates prompt[n_cached ..) after what the session holds, then generates; the sampler sees
 // the whole prompt.
 GenerateResult run(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt, int64_t n_cached,
-                   const GenerateParams& params, const PieceCallback& on_piece) {
+                   const GenerateParams& params, const PieceCallback& on_piece, const LogprobCallback& on_logprobs) {
   EMBER_CHECK(!prompt.empty(), "the prompt is empty");
   const int64_t n_new = static_cast<int64_t>(prompt.size()) - n_cached;
   EMBER_CHECK(session.pos() + n_new < session.n_ctx(), "the prompt has {} tokens but the context holds {}",
@@ -105,6 +106,8 @@ GenerateResult run(Session& session, const Tokenizer& tok, const std::vector<int
       res.finish = FinishReason::eog;
       break;
     }
+    if (params.n_logprobs >= 0 && on_logprobs)
+      on_logprobs(token_logprobs(session.logits(), session.model().hp.n_vocab, next, params.n_logprobs));
     emit(stops.push(utf8.push(tok.token_to_piece(next))));
     if (stops.stopped()) {
       res.finish = FinishReason::stop;
@@ -133,9 +136,30 @@ GenerateResult run(Session& session, const Tokenizer& tok, const std::vector<int
 
 }  // namespace
 
+TokenLogprobs token_logprobs(const float* logits, int64_t n_vocab, int32_t token, int n) {
+  EMBER_CHECK(token >= 0 && token < n_vocab, "token {} is not in the vocabulary of {}", token, n_vocab);
+  float mx = logits[0];
+  for (int64_t i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double log_z = mx + std::log(sum);
+  const auto lp = [&](int32_t i) { return static_cast<float>(static_cast<double>(logits[i]) - log_z); };
+  TokenLogprobs r;
+  r.token = token;
+  r.logprob = lp(token);
+  const int64_t k = std::clamp<int64_t>(n, 0, n_vocab);
+  std::vector<int32_t> ids(static_cast<size_t>(n_vocab));
+  for (int64_t i = 0; i < n_vocab; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  const auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
+  for (int64_t i = 0; i < k; ++i) r.top.emplace_back(ids[static_cast<size_t>(i)], lp(ids[static_cast<size_t>(i)]));
+  return r;
+}
+
 GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                        const GenerateParams& params, const PieceCallback& on_piece) {
-  return run(session, tok, prompt, 0, params, on_piece);
+                        const GenerateParams& params, const PieceCallback& on_piece,
+                        const LogprobCallback& on_logprobs) {
+  return run(session, tok, prompt, 0, params, on_piece, on_logprobs);
 }
 
 int64_t cached_prefix(const Session& session, const std::vector<int32_t>& prompt) {
@@ -147,10 +171,11 @@ int64_t cached_prefix(const Session& session, const std::vector<int32_t>& prompt
 }
 
 GenerateResult generate_cached(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                               const GenerateParams& params, const PieceCallback& on_piece) {
+                               const GenerateParams& params, const PieceCallback& on_piece,
+                               const LogprobCallback& on_logprobs) {
   const int64_t keep = cached_prefix(session, prompt);
   session.truncate(keep);
-  return run(session, tok, prompt, keep, params, on_piece);
+  return run(session, tok, prompt, keep, params, on_piece, on_logprobs);
 }
 
 }  // namespace ember

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine/sampler.hpp"
@@ -42,7 +43,20 @@ struct GenerateParams {
   int64_t max_tokens = 128;  // < 0: until the context is full
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // >= 0: report each sampled token's log-probability and this many most likely alternatives
+  // (TokenLogprobs, through the LogprobCallback); < 0: none.
+  int n_logprobs = -1;
 };
+
+// A sampled token's log-probability under the model (log-softmax of the raw logits, before any
+// sampling setting) and the most likely tokens with theirs, most likely first.
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+// The log-softmax of `logits` at `token`, and the n most likely tokens (ties: lower id first).
+TokenLogprobs token_logprobs(const float* logits, int64_t n_vocab, int32_t token, int n);
 
 enum class FinishReason {
   length,     // max_tokens reached
@@ -64,12 +78,17 @@ struct GenerateResult {
 
 // Called with each nonempty piece of text (valid UTF-8); return false to stop generating.
 using PieceCallback = std::function<bool(std::string_view piece)>;
+// Called for each sampled token but an end-of-generation one, before its text reaches the
+// PieceCallback (which may hold text back: stop strings, split UTF-8), when
+// GenerateParams::n_logprobs >= 0.
+using LogprobCallback = std::function<void(const TokenLogprobs&)>;
 
 // Evaluates `prompt` after what the session already holds (reset it first for a fresh
 // sequence), then generates. The prompt must be nonempty and fit in the context (throws
 // ember::Error otherwise). The sampler sees the prompt tokens (repetition penalty).
 GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                        const GenerateParams& params, const PieceCallback& on_piece);
+                        const GenerateParams& params, const PieceCallback& on_piece,
+                        const LogprobCallback& on_logprobs = {});
 
 // The prompt cache: how many leading tokens of `prompt` the session already holds, at most
 // prompt.size() - 1 (the last prompt token is always evaluated, for its logits).
@@ -81,6 +100,7 @@ int64_t cached_prefix(const Session& session, const std::vector<int32_t>& prompt
 // Greedy output equals generate's on a reset session up to the rounding of a different batch
 // split of the prompt (tests/test_server_generator.cpp).
 GenerateResult generate_cached(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                               const GenerateParams& params, const PieceCallback& on_piece);
+                               const GenerateParams& params, const PieceCallback& on_piece,
+                               const LogprobCallback& on_logprobs = {});
 
 }  // namespace ember

@@ -223,8 +223,18 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     for (const auto& x : r.stop)
       if (x.size() > kMaxStopBytes) return bad("stop", fmt::format("each stop string must be at most {} bytes", kMaxStopBytes));
   }
-  if (const json* lp = field(j, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    return bad("logprobs", "'logprobs' is not supported");
+  if (chat) {
+    bool want = false;
+    if (auto e = get_bool(j, "logprobs", want)) return *e;
+    std::optional<int64_t> top;
+    if (auto e = get_int(j, "top_logprobs", 0, kMaxTopLogprobs, top)) return *e;
+    if (top && !want) return bad("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+    if (want) r.logprobs = static_cast<int>(top.value_or(0));
+  } else {
+    std::optional<int64_t> n_lp;
+    if (auto e = get_int(j, "logprobs", 0, kMaxCompletionsLogprobs, n_lp)) return *e;
+    if (n_lp) r.logprobs = static_cast<int>(*n_lp);
+  }
   if (const json* tools = field(j, "tools"); tools && !(tools->is_array() && tools->empty()))
     return bad("tools", "'tools' (function calling) is not supported");
   return r;
@@ -259,6 +269,7 @@ std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest&
   p.gen.sampling = req.sampling;
   p.gen.sampling.seed = req.seed.value_or(random_seed);
   p.gen.stop = req.stop;
+  p.gen.n_logprobs = req.logprobs;
   return p;
 }
 
@@ -287,9 +298,43 @@ json base(const ResponseMeta& m, bool chunk) {
 }
 }  // namespace
 
-json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u) {
+json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t text_offset) {
+  const auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprobs& t : tokens) {
+      const std::string piece = tok.token_to_piece(t.token);
+      json top = json::array();
+      for (const auto& [id, lp] : t.top) {
+        const std::string p = tok.token_to_piece(id);
+        top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes(p)}});
+      }
+      content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes(piece)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json pieces = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobs& t : tokens) {
+    const std::string piece = tok.token_to_piece(t.token);
+    pieces.push_back(piece);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : t.top) top[tok.token_to_piece(id)] = lp;
+    tops.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(piece.size());
+  }
+  return {{"tokens", pieces}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u,
+                     const json& logprobs) {
   json j = base(m, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(finish)}};
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", openai_finish_reason(finish)}};
   if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
   j["choices"] = json::array({choice});
@@ -297,9 +342,10 @@ json completion_json(const ResponseMeta& m, const std::string& text, FinishReaso
   return j;
 }
 
-json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish) {
+json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish,
+                const json& logprobs) {
   json j = base(m, true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"logprobs", logprobs}};
   choice["finish_reason"] = finish ? json(openai_finish_reason(*finish)) : json(nullptr);
   if (m.chat) choice["delta"] = finish ? json::object() : json{{"content", text}};
   else choice["text"] = text;

@@ -55,7 +55,13 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Log-probabilities: -1 none; else the sampled tokens' and this many alternatives each (chat:
+  // "logprobs": true with "top_logprobs" 0-20; completions: "logprobs" 0-5).
+  int logprobs = -1;
 };
+
+constexpr int kMaxTopLogprobs = 20;            // chat, as OpenAI
+constexpr int kMaxCompletionsLogprobs = 5;     // completions, as OpenAI
 
 constexpr size_t kMaxStopStrings = 4;  // as OpenAI
 constexpr size_t kMaxStopBytes = 1024;
@@ -95,10 +101,18 @@ struct ResponseMeta {
   bool chat = false;
 };
 
-json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u);
+// A choice's "logprobs" for these tokens: chat {"content": [{token, logprob, bytes, top_logprobs}],
+// "refusal": null}; completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, the
+// offsets counted in bytes of the completion's text from `text_offset` on.
+json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t text_offset = 0);
+
+// `logprobs`: the choice's "logprobs" (null when not asked for).
+json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u,
+                     const json& logprobs = nullptr);
 // A stream chunk carrying text (finish absent) or the final chunk (empty text, finish set).
 // For chat the first chunk should carry the role: role_chunk.
-json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish);
+json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish,
+                const json& logprobs = nullptr);
 json role_chunk_json(const ResponseMeta& m);
 // The extra chunk of stream_options.include_usage: no choices, usage set.
 json usage_chunk_json(const ResponseMeta& m, const Usage& u);

@@ -188,10 +188,10 @@ void Server::install_routes() {
                         unix_now(), served_.id, chat};
 
       // Runs the request on its session; `write` gets each piece and returns false to stop.
-      auto run = [this, prep](int slot, const PieceCallback& write) {
+      auto run = [this, prep](int slot, const PieceCallback& write, const LogprobCallback& logprobs) {
         Session& session = *sessions_[slot];
         Timer t;
-        GenerateResult r = generate_cached(session, tok_, prep->prompt, prep->gen, write);
+        GenerateResult r = generate_cached(session, tok_, prep->prompt, prep->gen, write, logprobs);
         log_info("slot {}: prompt {} tokens ({} cached), generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot,
                  r.n_prompt, r.n_cached, r.n_generated, finish_reason_name(r.finish), t.seconds() * 1e3,
                  r.gen_seconds > 0 ? r.n_generated / r.gen_seconds : 0.0);
@@ -204,12 +204,17 @@ void Server::install_routes() {
         int slot = ticket->wait([this] { return stopping_.load(); });
         if (slot < 0) return send_error(res, ApiError{503, "the server is shutting down", "server_error", "", ""});
         std::string text;
-        GenerateResult r = run(slot, [&](std::string_view piece) {
-          text.append(piece);
-          return !stopping_.load();
-        });
+        std::vector<TokenLogprobs> lps;
+        GenerateResult r = run(
+            slot,
+            [&](std::string_view piece) {
+              text.append(piece);
+              return !stopping_.load();
+            },
+            [&](const TokenLogprobs& t) { lps.push_back(t); });
         ticket.reset();
-        res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated, r.n_cached})),
+        const json lp = prep->gen.n_logprobs >= 0 ? logprobs_json(meta.chat, lps, tok_) : json(nullptr);
+        res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated, r.n_cached}, lp)),
                         "application/json");
         return;
       }
@@ -221,7 +226,7 @@ void Server::install_routes() {
       res.set_header("Cache-Control", "no-cache");
       res.set_header("X-Accel-Buffering", "no");
       res.set_chunked_content_provider(
-          "text/event-stream", [this, held, meta, include_usage, run](size_t, httplib::DataSink& sink) {
+          "text/event-stream", [this, held, meta, include_usage, run, prep](size_t, httplib::DataSink& sink) {
             if (!*held) return false;  // already ran
             auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
             // While waiting, an SSE comment every half second finds clients that went away
@@ -240,12 +245,28 @@ void Server::install_routes() {
                 held->reset();
                 return false;
               }
-              GenerateResult r = run(slot, [&](std::string_view piece) {
-                return !stopping_.load() && write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt))));
-              });
+              // Log-probabilities of the tokens sampled since the last chunk ride on the next one
+              // (text held back by a stop string or split UTF-8 arrives later than its token).
+              const bool want_lp = prep->gen.n_logprobs >= 0;
+              std::vector<TokenLogprobs> pending;
+              int64_t offset = 0;
+              const auto take_lp = [&]() -> json {
+                if (!want_lp) return nullptr;
+                json j = logprobs_json(meta.chat, pending, tok_, offset);
+                for (const TokenLogprobs& t : pending) offset += static_cast<int64_t>(tok_.token_to_piece(t.token).size());
+                pending.clear();
+                return j;
+              };
+              GenerateResult r = run(
+                  slot,
+                  [&](std::string_view piece) {
+                    return !stopping_.load() &&
+                           write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt, take_lp()))));
+                  },
+                  [&](const TokenLogprobs& t) { pending.push_back(t); });
               held->reset();  // the session is free for the next request from here on
               if (r.finish == FinishReason::cancelled) return false;
-              bool ok = write(sse(dump(chunk_json(meta, "", r.finish))));
+              bool ok = write(sse(dump(chunk_json(meta, "", r.finish, pending.empty() ? json(nullptr) : take_lp()))));
               if (ok && include_usage)
                 ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated, r.n_cached}))));
               if (ok) ok = write("data: [DONE]\n\n");

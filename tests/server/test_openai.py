@@ -114,6 +114,33 @@ with common.Server(ember, model) as srv:
     c.check(r.choices[0].message.content.strip() != "" and r.usage.prompt_tokens > 30,
             f"multi-turn: {r.choices[0].message.content!r}, usage {r.usage}")
 
+    # Log-probabilities (chat: logprobs + top_logprobs; completions: logprobs N), streamed and not.
+    q = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    r = client.chat.completions.create(model=model_id, temperature=0, max_tokens=12, messages=q, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    c.check("".join(t.token for t in content) == r.choices[0].message.content,
+            f"chat logprobs tokens spell the answer: {[t.token for t in content]}")
+    c.check(all(len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token and t.logprob <= 0 and
+                t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob and
+                bytes(t.bytes).decode("utf-8", "replace") == t.token for t in content),
+            f"chat logprobs entries: {content[:2]}")
+    streamed = []
+    for chunk in client.chat.completions.create(model=model_id, temperature=0, max_tokens=12, messages=q,
+                                                logprobs=True, top_logprobs=3, stream=True):
+        for ch in chunk.choices:
+            if ch.logprobs and ch.logprobs.content:
+                streamed += [(t.token, round(t.logprob, 4)) for t in ch.logprobs.content]
+    c.check(streamed == [(t.token, round(t.logprob, 4)) for t in content], f"streamed logprobs {streamed[:4]}")
+    r = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=6, temperature=0,
+                                  logprobs=2)
+    lp = r.choices[0].logprobs
+    c.check("".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == len(lp.tokens) and
+            all(1 <= len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset == sorted(lp.text_offset),
+            f"completion logprobs {lp}")
+    c.check(client.chat.completions.create(model=model_id, max_tokens=2, messages=q).choices[0].logprobs is None,
+            "no logprobs unless asked")
+
     # The prompt cache: a chat's next turn reuses the session that holds the conversation so far
     # (usage.prompt_tokens_details.cached_tokens), and the answer is the same as without it.
     turn = [{"role": "user", "content": "Name a large city in Italy."}]

@@ -204,10 +204,12 @@ TEST(ServerApi, LogprobsShapes) {
   }
   EXPECT_EQ(joined, "Hello world");
   EXPECT_TRUE(chat["refusal"].is_null());
-  const json text = logprobs_json(false, lps, tok, 10);
+  int64_t offset = 10;
+  const json text = logprobs_json(false, lps, tok, &offset);
   ASSERT_EQ(text["tokens"].size(), ids.size());
   EXPECT_EQ(text["text_offset"][0], 10);
   EXPECT_EQ(text["text_offset"][1], 10 + static_cast<int64_t>(text["tokens"][0].get<std::string>().size()));
+  EXPECT_EQ(offset, 10 + static_cast<int64_t>(std::string("Hello world").size()));  // advanced for the next chunk
   EXPECT_EQ(text["token_logprobs"][1], -0.5f);
   EXPECT_EQ(text["top_logprobs"][0].size(), 2u);
   ResponseMeta m{"chatcmpl-1", 123, "smol", true};

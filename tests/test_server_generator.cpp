@@ -260,6 +260,15 @@ TEST(TokenLogprobs, LogSoftmaxAndTopTokens) {
   EXPECT_TRUE(token_logprobs(logits, 4, 3, 0).top.empty());
   EXPECT_EQ(token_logprobs(logits, 4, 3, 9).top.size(), 4u);
   EXPECT_THROW(token_logprobs(logits, 4, 4, 1), Error);
+  // Many ties (values from a small set), against a full sort.
+  std::vector<float> many(1000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<float>((i * 7919) % 13);
+  std::vector<int32_t> order(many.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return many[a] > many[b]; });
+  const TokenLogprobs m = token_logprobs(many.data(), 1000, 5, 20);
+  ASSERT_EQ(m.top.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(m.top[i].first, order[i]) << i;
 }
 
 // Through generate: one entry per sampled token, the greedy token the most likely one, its

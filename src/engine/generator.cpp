@@ -147,12 +147,17 @@ TokenLogprobs token_logprobs(const float* logits, int64_t n_vocab, int32_t token
   TokenLogprobs r;
   r.token = token;
   r.logprob = lp(token);
-  const int64_t k = std::clamp<int64_t>(n, 0, n_vocab);
-  std::vector<int32_t> ids(static_cast<size_t>(n_vocab));
-  for (int64_t i = 0; i < n_vocab; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  const auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
-  for (int64_t i = 0; i < k; ++i) r.top.emplace_back(ids[static_cast<size_t>(i)], lp(ids[static_cast<size_t>(i)]));
+  // The k best in one pass, kept sorted in r.top (k is small: at most 20 from the server), so
+  // nothing of the vocabulary's size is allocated per token.
+  const size_t k = static_cast<size_t>(std::clamp<int64_t>(n, 0, n_vocab));
+  r.top.reserve(k + 1);
+  for (int64_t i = 0; i < n_vocab && k > 0; ++i) {
+    if (r.top.size() == k && logits[i] <= logits[r.top.back().first]) continue;  // ties: the lower id stays
+    auto at = std::find_if(r.top.begin(), r.top.end(), [&](const auto& e) { return logits[i] > logits[e.first]; });
+    r.top.insert(at, {static_cast<int32_t>(i), 0.0f});
+    if (r.top.size() > k) r.top.pop_back();
+  }
+  for (auto& [id, v] : r.top) v = lp(id);
   return r;
 }
 

@@ -35,6 +35,7 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim, p.kv_type);
   ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
   logits_.resize(hp.n_vocab);
+  tokens_.reserve(static_cast<size_t>(n_ctx));  // no reallocation on the decode path
   if (p.hybrid_on() || p.sparse.mode != FfnMode::dense) {
     const std::string why = model_moe_refusal(model, p.hybrid_on() ? "the hybrid executor (--vram-budget / --plan)"
                                                                     : fmt::format("--sparse-mode {}", ffn_mode_name(p.sparse.mode)));

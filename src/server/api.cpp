@@ -298,7 +298,8 @@ json base(const ResponseMeta& m, bool chunk) {
 }
 }  // namespace
 
-json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t text_offset) {
+json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t* text_offset) {
+  int64_t offset = text_offset ? *text_offset : 0;
   const auto bytes = [](const std::string& s) {
     json b = json::array();
     for (unsigned char c : s) b.push_back(static_cast<int>(c));
@@ -314,7 +315,9 @@ json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const To
         top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes(p)}});
       }
       content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes(piece)}, {"top_logprobs", top}});
+      offset += static_cast<int64_t>(piece.size());
     }
+    if (text_offset) *text_offset = offset;
     return {{"content", content}, {"refusal", nullptr}};
   }
   json pieces = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
@@ -325,9 +328,10 @@ json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const To
     json top = json::object();
     for (const auto& [id, lp] : t.top) top[tok.token_to_piece(id)] = lp;
     tops.push_back(top);
-    offsets.push_back(text_offset);
-    text_offset += static_cast<int64_t>(piece.size());
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(piece.size());
   }
+  if (text_offset) *text_offset = offset;
   return {{"tokens", pieces}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 

@@ -103,8 +103,10 @@ struct ResponseMeta {
 
 // A choice's "logprobs" for these tokens: chat {"content": [{token, logprob, bytes, top_logprobs}],
 // "refusal": null}; completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, the
-// offsets counted in bytes of the completion's text from `text_offset` on.
-json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t text_offset = 0);
+// offsets counted in bytes of the completion's text from *text_offset (0 when null) on, which is
+// advanced past these tokens (a stream's next chunk goes on from there).
+json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok,
+                   int64_t* text_offset = nullptr);
 
 // `logprobs`: the choice's "logprobs" (null when not asked for).
 json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u,

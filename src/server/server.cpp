@@ -173,8 +173,8 @@ void Server::install_routes() {
       auto prep = std::make_shared<PreparedRequest>(std::move(std::get<PreparedRequest>(prepared)));
 
       // The prompt cache: the free session holding the longest prefix of this prompt serves it.
-      std::unique_ptr<SlotQueue::Ticket> ticket =
-          queue_.enqueue([this, prep](size_t slot) { return static_cast<size_t>(cached_prefix(*sessions_[slot], prep->prompt)); });
+      std::unique_ptr<SlotQueue::Ticket> ticket = queue_.enqueue(
+          [this, prep](size_t slot) { return static_cast<size_t>(cached_prefix(*sessions_[slot], prep->prompt)); });
       if (!ticket) {
         SlotQueue::Stats q = queue_.stats();
         res.set_header("Retry-After", "1");
@@ -252,8 +252,7 @@ void Server::install_routes() {
               int64_t offset = 0;
               const auto take_lp = [&]() -> json {
                 if (!want_lp) return nullptr;
-                json j = logprobs_json(meta.chat, pending, tok_, offset);
-                for (const TokenLogprobs& t : pending) offset += static_cast<int64_t>(tok_.token_to_piece(t.token).size());
+                json j = logprobs_json(meta.chat, pending, tok_, &offset);
                 pending.clear();
                 return j;
               };

@@ -150,6 +150,7 @@ expect_ok "generate hybrid with plan" "$ember" generate -m "$tmp/relu.gguf" -p "
 contains "hybrid log" "$tmp/err" "hybrid FFN"
 expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
 expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
+expect_error "serve hybrid parallel" "parallel 1" "$ember" serve -m "$tmp/relu.gguf" --vram-budget 64K --parallel 2 --port 0
 # Every gating through the hybrid (the CPU stand-in runs them all): OPT in PowerInfer's layout
 # (no gate, biases, only ffn_down_t) and Bamboo; a sparse mode it does not run is refused.
 expect_ok "synth opt powerinfer" "$ember" synth --preset tiny --arch opt --act relu --sparsity 0.8 --powerinfer -o "$tmp/opt.pi.gguf"

@@ -14,6 +14,7 @@
 #include "model/synth.hpp"
 #include "tokenizer/tokenizer.hpp"
 #include "support/session_params.hpp"
+#include "support/synth_suite.hpp"
 
 using namespace ember;
 
@@ -111,45 +112,30 @@ TEST(StopMatcher, EveryPieceSplitGivesTheSameResult) {
 class GeneratorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    path_ = ::testing::TempDir() + "ember_generator_test.gguf";
     SynthOptions o = synth_preset("tiny");
     o.n_ctx = 64;
-    synth_write(o, path_);
-    model_ = load_model(path_).release();
-    tok_ = new Tokenizer(*model_->file);
+    suite_.open(o, "ember_generator_test");
   }
-  static void TearDownTestSuite() {
-    delete tok_;
-    delete model_;
-    std::remove(path_.c_str());
-  }
-  static GenerateParams greedy(int64_t n) {
-    GenerateParams g;
-    g.sampling.temperature = 0;
-    g.max_tokens = n;
-    g.ignore_eos = true;
-    return g;
-  }
+  static void TearDownTestSuite() { suite_.close(); }
+  static GenerateParams greedy(int64_t n) { return test_support::greedy(n); }
   static std::string run(const GenerateParams& g, GenerateResult* res = nullptr, int stop_after = -1) {
-    Session s(*model_, test_support::session_params(1, 64, 16));
+    Session s(*suite_.model, test_support::session_params(1, 64, 16));
     std::string out;
     int calls = 0;
-    GenerateResult r = generate(s, *tok_, tok_->encode("hello world", true, false), g, [&](std::string_view p) {
+    GenerateResult r = generate(s, *suite_.tok, suite_.tok->encode("hello world", true, false), g, [&](std::string_view p) {
       out.append(p);
       return ++calls != stop_after;
     });
     if (res) *res = r;
     return out;
   }
-  static inline std::string path_;
-  static inline Model* model_ = nullptr;
-  static inline Tokenizer* tok_ = nullptr;
+  static inline test_support::SynthSuite suite_;
 };
 
 TEST_F(GeneratorTest, CountsAndLengthLimit) {
   GenerateResult r;
   std::string out = run(greedy(10), &r);
-  EXPECT_EQ(r.n_prompt, static_cast<int64_t>(tok_->encode("hello world", true, false).size()));
+  EXPECT_EQ(r.n_prompt, static_cast<int64_t>(suite_.tok->encode("hello world", true, false).size()));
   EXPECT_EQ(r.n_generated, 10);
   EXPECT_EQ(r.finish, FinishReason::length);
   EXPECT_FALSE(out.empty());
@@ -190,10 +176,10 @@ TEST_F(GeneratorTest, SameSeedSameText) {
 }
 
 TEST_F(GeneratorTest, PromptLongerThanTheContextThrows) {
-  Session s(*model_, test_support::session_params(1, 8, 16));
+  Session s(*suite_.model, test_support::session_params(1, 8, 16));
   std::vector<int32_t> prompt(8, 65);
-  EXPECT_THROW(generate(s, *tok_, prompt, greedy(4), [](std::string_view) { return true; }), Error);
-  EXPECT_THROW(generate(s, *tok_, {}, greedy(4), [](std::string_view) { return true; }), Error);
+  EXPECT_THROW(generate(s, *suite_.tok, prompt, greedy(4), [](std::string_view) { return true; }), Error);
+  EXPECT_THROW(generate(s, *suite_.tok, {}, greedy(4), [](std::string_view) { return true; }), Error);
 }
 
 // The prompt cache (generate_cached): a chat's next turn evaluates only what is new, and the
@@ -206,15 +192,15 @@ TEST_F(GeneratorTest, PromptCacheEvaluatesOnlyTheNewSuffixAndChangesNothing) {
     };
   };
   const auto fresh = [&](const std::vector<int32_t>& prompt) {
-    Session s(*model_, test_support::session_params(1, 64, 16));
+    Session s(*suite_.model, test_support::session_params(1, 64, 16));
     std::string out;
-    generate(s, *tok_, prompt, greedy(6), collect(out));
+    generate(s, *suite_.tok, prompt, greedy(6), collect(out));
     return out;
   };
-  Session cached(*model_, test_support::session_params(1, 64, 16));
-  const std::vector<int32_t> first = tok_->encode("hello world", true, false);
+  Session cached(*suite_.model, test_support::session_params(1, 64, 16));
+  const std::vector<int32_t> first = suite_.tok->encode("hello world", true, false);
   std::string a;
-  GenerateResult r = generate_cached(cached, *tok_, first, greedy(6), collect(a));
+  GenerateResult r = generate_cached(cached, *suite_.tok, first, greedy(6), collect(a));
   EXPECT_EQ(r.n_cached, 0);
   EXPECT_EQ(a, fresh(first));
   // The cache holds the prompt and every sampled token but the last (never evaluated).
@@ -223,16 +209,16 @@ TEST_F(GeneratorTest, PromptCacheEvaluatesOnlyTheNewSuffixAndChangesNothing) {
 
   // The next turn: everything so far, then new text.
   std::vector<int32_t> second = cached.tokens();
-  for (int32_t t : tok_->encode(" and then", false, false)) second.push_back(t);
+  for (int32_t t : suite_.tok->encode(" and then", false, false)) second.push_back(t);
   std::string b;
-  r = generate_cached(cached, *tok_, second, greedy(6), collect(b));
+  r = generate_cached(cached, *suite_.tok, second, greedy(6), collect(b));
   EXPECT_EQ(r.n_cached, static_cast<int64_t>(first.size() + 5));
   EXPECT_EQ(r.n_prompt, static_cast<int64_t>(second.size()));
   EXPECT_EQ(b, fresh(second));
 
   // The same prompt again: all of it but the last token comes from the cache.
   std::string c;
-  r = generate_cached(cached, *tok_, second, greedy(6), collect(c));
+  r = generate_cached(cached, *suite_.tok, second, greedy(6), collect(c));
   EXPECT_EQ(r.n_cached, static_cast<int64_t>(second.size()) - 1);
   EXPECT_EQ(c, b);
 
@@ -240,7 +226,7 @@ TEST_F(GeneratorTest, PromptCacheEvaluatesOnlyTheNewSuffixAndChangesNothing) {
   std::vector<int32_t> other = second;
   other[1] = other[1] == 65 ? 66 : 65;
   std::string d;
-  r = generate_cached(cached, *tok_, other, greedy(6), collect(d));
+  r = generate_cached(cached, *suite_.tok, other, greedy(6), collect(d));
   EXPECT_EQ(r.n_cached, 1);
   EXPECT_EQ(d, fresh(other));
   EXPECT_EQ(cached_prefix(cached, {}), 0);
@@ -276,11 +262,11 @@ TEST(TokenLogprobs, LogSoftmaxAndTopTokens) {
 TEST_F(GeneratorTest, LogprobsOfEachSampledToken) {
   GenerateParams g = greedy(5);
   g.n_logprobs = 3;
-  Session s(*model_, test_support::session_params(1, 64, 16));
-  const std::vector<int32_t> prompt = tok_->encode("hello world", true, false);
+  Session s(*suite_.model, test_support::session_params(1, 64, 16));
+  const std::vector<int32_t> prompt = suite_.tok->encode("hello world", true, false);
   std::vector<TokenLogprobs> got;
   GenerateResult r = generate(
-      s, *tok_, prompt, g, [](std::string_view) { return true; }, [&](const TokenLogprobs& t) { got.push_back(t); });
+      s, *suite_.tok, prompt, g, [](std::string_view) { return true; }, [&](const TokenLogprobs& t) { got.push_back(t); });
   ASSERT_EQ(static_cast<int64_t>(got.size()), r.n_generated);
   for (const TokenLogprobs& t : got) {
     ASSERT_EQ(t.top.size(), 3u);
@@ -291,9 +277,9 @@ TEST_F(GeneratorTest, LogprobsOfEachSampledToken) {
     EXPECT_LE(std::exp(t.top[0].second) + std::exp(t.top[1].second) + std::exp(t.top[2].second), 1.0 + 1e-5);
   }
   // The first token against a double log-softmax of a fresh session's logits.
-  Session f(*model_, test_support::session_params(1, 64, 16));
+  Session f(*suite_.model, test_support::session_params(1, 64, 16));
   f.eval(prompt);
-  const int64_t nv = model_->hp.n_vocab;
+  const int64_t nv = suite_.model->hp.n_vocab;
   double mx = f.logits()[0], z = 0;
   for (int64_t i = 0; i < nv; ++i) mx = std::max(mx, static_cast<double>(f.logits()[i]));
   for (int64_t i = 0; i < nv; ++i) z += std::exp(f.logits()[i] - mx);
@@ -301,6 +287,6 @@ TEST_F(GeneratorTest, LogprobsOfEachSampledToken) {
   // Not asked for: no calls.
   int calls = 0;
   generate(
-      f, *tok_, prompt, greedy(3), [](std::string_view) { return true; }, [&](const TokenLogprobs&) { ++calls; });
+      f, *suite_.tok, prompt, greedy(3), [](std::string_view) { return true; }, [&](const TokenLogprobs&) { ++calls; });
   EXPECT_EQ(calls, 0);
 }

@@ -62,6 +62,58 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
+Generation::Generation(const Tokenizer& tok, int64_t n_vocab, const std::vector<int32_t>& prompt,
+                       const GenerateParams& params, PieceCallback on_piece, LogprobCallback on_logprobs)
+    : tok_(tok),
+      n_vocab_(n_vocab),
+      params_(params),
+      on_piece_(std::move(on_piece)),
+      on_logprobs_(std::move(on_logprobs)),
+      sampler_(params.sampling, n_vocab),
+      stops_(params.stop),
+      limit_(params.max_tokens < 0 ? INT64_MAX : params.max_tokens) {  // no limit: the context's end stops it
+  EMBER_CHECK(!prompt.empty(), "the prompt is empty");
+  for (int32_t t : prompt) sampler_.accept(t);
+  res_.n_prompt = static_cast<int64_t>(prompt.size());
+}
+
+void Generation::emit(const std::string& text) {
+  if (!text.empty() && !cancelled_ && !on_piece_(text)) cancelled_ = true;
+}
+
+void Generation::finish(FinishReason why) {
+  done_ = true;
+  res_.finish = why;
+  if (why == FinishReason::cancelled || why == FinishReason::stop) return;
+  emit(stops_.push(utf8_.flush()));  // the held-back text: split UTF-8, a partial stop string
+  if (stops_.stopped()) res_.finish = FinishReason::stop;
+  emit(stops_.flush());
+  if (cancelled_) res_.finish = FinishReason::cancelled;
+}
+
+void Generation::cancel() {
+  if (done_) return;
+  cancelled_ = true;
+  finish(FinishReason::cancelled);
+}
+
+int32_t Generation::next(const float* logits, int64_t pos, int64_t n_ctx) {
+  if (done_) return -1;
+  if (res_.n_generated >= limit_) return finish(FinishReason::length), -1;
+  if (pos >= n_ctx) return finish(FinishReason::context), -1;
+  const int32_t t = sampler_.sample(logits);
+  sampler_.accept(t);
+  ++res_.n_generated;
+  if (tok_.is_eog(t) && !params_.ignore_eos) return finish(FinishReason::eog), -1;
+  if (params_.n_logprobs >= 0 && on_logprobs_) on_logprobs_(token_logprobs(logits, n_vocab_, t, params_.n_logprobs));
+  emit(stops_.push(utf8_.push(tok_.token_to_piece(t))));
+  if (stops_.stopped()) return finish(FinishReason::stop), -1;
+  if (cancelled_) return finish(FinishReason::cancelled), -1;
+  if (res_.n_generated >= limit_) return finish(FinishReason::length), -1;
+  if (pos >= n_ctx) return finish(FinishReason::context), -1;
+  return t;
+}
+
 namespace {
 
 // Evaluates prompt[n_cached ..) after what the session holds, then generates; the sampler sees
@@ -72,65 +124,16 @@ GenerateResult run(Session& session, const Tokenizer& tok, const std::vector<int
   const int64_t n_new = static_cast<int64_t>(prompt.size()) - n_cached;
   EMBER_CHECK(session.pos() + n_new < session.n_ctx(), "the prompt has {} tokens but the context holds {}",
               session.pos() + n_new, session.n_ctx());
-  GenerateResult res;
-  res.n_prompt = static_cast<int64_t>(prompt.size());
-  res.n_cached = n_cached;
-
-  Sampler sampler(params.sampling, session.model().hp.n_vocab);
-  for (int32_t t : prompt) sampler.accept(t);
-  Utf8Streamer utf8;
-  StopMatcher stops(params.stop);
-
-  bool cancelled = false;
-  auto emit = [&](const std::string& text) {
-    if (!text.empty() && !cancelled && !on_piece(text)) cancelled = true;
-  };
-
+  Generation gen(tok, session.model().hp.n_vocab, prompt, params, on_piece, on_logprobs);
   Timer prompt_timer;
   session.eval(prompt.data() + n_cached, n_new);
-  res.prompt_seconds = prompt_timer.seconds();
-
-  // No limit: the end of the context stops it.
-  const int64_t limit = params.max_tokens < 0 ? INT64_MAX : params.max_tokens;
-  res.finish = FinishReason::length;
+  const double prompt_seconds = prompt_timer.seconds();
   Timer gen_timer;
-  while (res.n_generated < limit) {
-    if (session.pos() >= session.n_ctx()) {
-      res.finish = FinishReason::context;
-      break;
-    }
-    int32_t next = sampler.sample(session.logits());
-    sampler.accept(next);
-    ++res.n_generated;
-    if (tok.is_eog(next) && !params.ignore_eos) {
-      res.finish = FinishReason::eog;
-      break;
-    }
-    if (params.n_logprobs >= 0 && on_logprobs)
-      on_logprobs(token_logprobs(session.logits(), session.model().hp.n_vocab, next, params.n_logprobs));
-    emit(stops.push(utf8.push(tok.token_to_piece(next))));
-    if (stops.stopped()) {
-      res.finish = FinishReason::stop;
-      break;
-    }
-    if (cancelled) {
-      res.finish = FinishReason::cancelled;
-      break;
-    }
-    if (res.n_generated >= limit) break;
-    if (session.pos() >= session.n_ctx()) {
-      res.finish = FinishReason::context;
-      break;
-    }
-    session.eval(&next, 1);
-  }
+  for (int32_t t; (t = gen.next(session.logits(), session.pos(), session.n_ctx())) >= 0;) session.eval(&t, 1);
+  GenerateResult res = gen.result();
+  res.n_cached = n_cached;
+  res.prompt_seconds = prompt_seconds;
   res.gen_seconds = gen_timer.seconds();
-  if (res.finish != FinishReason::cancelled && res.finish != FinishReason::stop) {
-    emit(stops.push(utf8.flush()));
-    if (stops.stopped()) res.finish = FinishReason::stop;
-    emit(stops.flush());
-    if (cancelled) res.finish = FinishReason::cancelled;
-  }
   return res;
 }
 
@@ -168,7 +171,10 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
 }
 
 int64_t cached_prefix(const Session& session, const std::vector<int32_t>& prompt) {
-  const std::vector<int32_t>& held = session.tokens();
+  return cached_prefix(session.tokens(), prompt);
+}
+
+int64_t cached_prefix(const std::vector<int32_t>& held, const std::vector<int32_t>& prompt) {
   const size_t most = prompt.empty() ? 0 : std::min(held.size(), prompt.size() - 1);
   size_t k = 0;
   while (k < most && held[k] == prompt[k]) ++k;

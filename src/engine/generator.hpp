@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/sampler.hpp"
+#include "tokenizer/tokenizer.hpp"
 
 namespace ember {
 
@@ -83,6 +84,39 @@ using PieceCallback = std::function<bool(std::string_view piece)>;
 // GenerateParams::n_logprobs >= 0.
 using LogprobCallback = std::function<void(const TokenLogprobs&)>;
 
+// One generation's state between forward passes: the sampler (which has seen the prompt), the
+// UTF-8 and stop-string filters, the limits and the counts. The caller evaluates tokens (the
+// prompt first) and hands next() the logits of the last one; next() samples, reports the token
+// and returns it for evaluation, or -1 once the generation has ended (result().finish says
+// why). generate runs one on a Session; the server's batch engine runs many side by side.
+class Generation {
+ public:
+  Generation(const Tokenizer& tok, int64_t n_vocab, const std::vector<int32_t>& prompt, const GenerateParams& params,
+             PieceCallback on_piece, LogprobCallback on_logprobs = {});
+  // `logits`: of the last token evaluated, which sits at position pos - 1 of a context of n_ctx.
+  int32_t next(const float* logits, int64_t pos, int64_t n_ctx);
+  // Ends the generation from outside (the client went away): finish cancelled, no more text.
+  void cancel();
+  bool done() const { return done_; }
+  GenerateResult& result() { return res_; }
+
+ private:
+  void finish(FinishReason why);
+  void emit(const std::string& text);
+
+  const Tokenizer& tok_;
+  int64_t n_vocab_;
+  GenerateParams params_;
+  PieceCallback on_piece_;
+  LogprobCallback on_logprobs_;
+  Sampler sampler_;
+  Utf8Streamer utf8_;
+  StopMatcher stops_;
+  GenerateResult res_;
+  int64_t limit_;
+  bool cancelled_ = false, done_ = false;
+};
+
 // Evaluates `prompt` after what the session already holds (reset it first for a fresh
 // sequence), then generates. The prompt must be nonempty and fit in the context (throws
 // ember::Error otherwise). The sampler sees the prompt tokens (repetition penalty).
@@ -93,6 +127,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
 // The prompt cache: how many leading tokens of `prompt` the session already holds, at most
 // prompt.size() - 1 (the last prompt token is always evaluated, for its logits).
 int64_t cached_prefix(const Session& session, const std::vector<int32_t>& prompt);
+// The same for a cache holding `held` (Session::tokens of any sequence).
+int64_t cached_prefix(const std::vector<int32_t>& held, const std::vector<int32_t>& prompt);
 
 // As generate on a reset session, but the longest prefix of `prompt` the session already holds
 // (cached_prefix: the earlier turns of a chat, a shared system prompt) is kept and only the rest

@@ -30,12 +30,26 @@ int resolve_threads(int n) {
 Session::Session(const Model& model, const SessionParams& p) : model_(model), pool_(resolve_threads(p.n_threads)) {
   EMBER_CHECK(p.n_ctx >= 1, "context size must be positive, got {}", p.n_ctx);
   EMBER_CHECK(p.n_batch >= 1, "batch size must be positive, got {}", p.n_batch);
+  EMBER_CHECK(p.n_seq >= 1 && p.n_seq <= 256, "the number of sequences must be between 1 and 256, got {}", p.n_seq);
+  EMBER_CHECK(p.n_seq == 1 || !p.hybrid_on(),
+              "the hybrid executor (--vram-budget / --plan) holds one sequence's KV cache on its devices: it runs one "
+              "sequence at a time (use --parallel 1)");
   int64_t n_ctx = std::min(p.n_ctx, model.hp.n_ctx_train);
   const Hparams& hp = model.hp;
-  kv_.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim, p.kv_type);
-  ws_.init(model, std::min(p.n_batch, n_ctx), n_ctx, pool_.size());
-  logits_.resize(hp.n_vocab);
-  tokens_.reserve(static_cast<size_t>(n_ctx));  // no reallocation on the decode path
+  seqs_.resize(static_cast<size_t>(p.n_seq));
+  for (Seq& sq : seqs_) {
+    sq.kv.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim, p.kv_type);
+    sq.logits.resize(static_cast<size_t>(hp.n_vocab));
+    sq.tokens.reserve(static_cast<size_t>(n_ctx));  // no reallocation on the decode path
+  }
+  ws_.init(model, std::min(p.n_batch, n_ctx * p.n_seq), n_ctx, pool_.size());
+  if (p.n_seq > 1) {
+    const size_t most = static_cast<size_t>(std::min<int64_t>(p.n_seq, ws_.max_batch));
+    batch_tokens_.reserve(static_cast<size_t>(ws_.max_batch));
+    batch_spans_.reserve(most);
+    batch_rows_.reserve(most);
+    batch_logits_.resize(most * static_cast<size_t>(hp.n_vocab));
+  }
   if (p.hybrid_on() || p.sparse.mode != FfnMode::dense) {
     const std::string why = model_moe_refusal(model, p.hybrid_on() ? "the hybrid executor (--vram-budget / --plan)"
                                                                     : fmt::format("--sparse-mode {}", ffn_mode_name(p.sparse.mode)));
@@ -77,34 +91,72 @@ void Session::set_ffn_executor(FfnExecutor* e) {
 
 void Session::set_projection_executor(ProjectionExecutor* e) { ws_.proj = e ? e : input_.get(); }
 
+Session::Seq& Session::at(int seq) {
+  EMBER_CHECK(seq >= 0 && seq < n_seq(), "sequence {} does not exist (the session has {})", seq, n_seq());
+  return seqs_[static_cast<size_t>(seq)];
+}
+const Session::Seq& Session::at(int seq) const { return const_cast<Session*>(this)->at(seq); }
+
 void Session::eval(const std::vector<int32_t>& tokens) { eval(tokens.data(), static_cast<int64_t>(tokens.size())); }
 
 void Session::eval(const int32_t* tokens, int64_t n) {
+  Seq& sq = seqs_[0];
   for (int64_t done = 0; done < n;) {
     int64_t chunk = std::min(ws_.max_batch, n - done);
-    forward(model_, pool_, kv_, ws_, tokens + done, chunk, pos_, logits_.data(), false);
-    tokens_.insert(tokens_.end(), tokens + done, tokens + done + chunk);
-    pos_ += chunk;
+    forward(model_, pool_, sq.kv, ws_, tokens + done, chunk, pos(), sq.logits.data(), false);
+    sq.tokens.insert(sq.tokens.end(), tokens + done, tokens + done + chunk);
     done += chunk;
   }
 }
 
 void Session::eval_all_logits(const int32_t* tokens, int64_t n, float* all_logits) {
   const int64_t nv = model_.hp.n_vocab;
+  Seq& sq = seqs_[0];
   for (int64_t done = 0; done < n;) {
     int64_t chunk = std::min(ws_.max_batch, n - done);
-    forward(model_, pool_, kv_, ws_, tokens + done, chunk, pos_, all_logits + done * nv, true);
-    tokens_.insert(tokens_.end(), tokens + done, tokens + done + chunk);
-    pos_ += chunk;
+    forward(model_, pool_, sq.kv, ws_, tokens + done, chunk, pos(), all_logits + done * nv, true);
+    sq.tokens.insert(sq.tokens.end(), tokens + done, tokens + done + chunk);
     done += chunk;
   }
-  std::copy(all_logits + (n - 1) * nv, all_logits + n * nv, logits_.begin());
+  std::copy(all_logits + (n - 1) * nv, all_logits + n * nv, sq.logits.begin());
 }
 
-void Session::truncate(int64_t pos) {
-  EMBER_CHECK(pos >= 0 && pos <= pos_, "cannot truncate to {} (sequence has {} tokens)", pos, pos_);
-  pos_ = pos;
-  tokens_.resize(static_cast<size_t>(pos));
+void Session::eval_seqs(std::span<const SeqEval> items) {
+  EMBER_CHECK(!items.empty(), "eval_seqs: no sequence given");
+  if (items.size() == 1 && items[0].seq == 0) return eval(items[0].tokens, items[0].n);
+  EMBER_CHECK(items.size() <= batch_spans_.capacity(), "eval_seqs: {} sequences in one step (at most {})", items.size(),
+              batch_spans_.capacity());
+  batch_tokens_.clear();
+  batch_spans_.clear();
+  batch_rows_.clear();
+  std::vector<bool> seen(seqs_.size(), false);
+  for (const SeqEval& it : items) {
+    Seq& sq = at(it.seq);
+    EMBER_CHECK(!seen[static_cast<size_t>(it.seq)], "eval_seqs: sequence {} is given twice", it.seq);
+    seen[static_cast<size_t>(it.seq)] = true;
+    EMBER_CHECK(it.n >= 1 && static_cast<int64_t>(batch_tokens_.size()) + it.n <= ws_.max_batch,
+                "eval_seqs: {} tokens in one step (1 to {} allowed)", static_cast<int64_t>(batch_tokens_.size()) + it.n,
+                ws_.max_batch);
+    const int64_t first = static_cast<int64_t>(batch_tokens_.size());
+    batch_spans_.push_back({&sq.kv, first, it.n, pos(it.seq)});
+    batch_rows_.push_back(first + it.n - 1);
+    batch_tokens_.insert(batch_tokens_.end(), it.tokens, it.tokens + it.n);
+  }
+  forward_seqs(model_, pool_, ws_, batch_tokens_.data(), batch_spans_, batch_rows_.data(),
+               static_cast<int64_t>(batch_rows_.size()), batch_logits_.data());
+  const size_t nv = static_cast<size_t>(model_.hp.n_vocab);
+  for (size_t i = 0; i < items.size(); ++i) {
+    Seq& sq = seqs_[static_cast<size_t>(items[i].seq)];
+    std::copy_n(batch_logits_.data() + i * nv, nv, sq.logits.begin());
+    sq.tokens.insert(sq.tokens.end(), items[i].tokens, items[i].tokens + items[i].n);
+  }
+}
+
+void Session::truncate(int64_t pos, int seq) {
+  Seq& sq = at(seq);
+  EMBER_CHECK(pos >= 0 && pos <= static_cast<int64_t>(sq.tokens.size()), "cannot truncate to {} (sequence has {} tokens)",
+              pos, sq.tokens.size());
+  sq.tokens.resize(static_cast<size_t>(pos));
 }
 
 }  // namespace ember

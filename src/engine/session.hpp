@@ -1,9 +1,12 @@
-// A Session runs one sequence through a model: it owns the thread pool, the KV cache and the
-// activation workspace (all allocated at creation), evaluates prompt tokens in batches and
-// generated tokens one at a time.
+// A Session runs sequences through a model: it owns the thread pool, the activation workspace
+// and one KV cache per sequence (all allocated at creation). Most users run one sequence
+// (sequence 0: eval, logits, pos, ...): prompt tokens in batches, generated tokens one at a
+// time. The server's continuous batching runs several (SessionParams::n_seq): eval_seqs gives
+// one forward pass the new tokens of several sequences, each attending over its own cache.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/thread_pool.hpp"
@@ -20,7 +23,8 @@ namespace ember {
 struct SessionParams {
   int n_threads = 0;     // 0: all hardware threads
   int64_t n_ctx = 4096;  // capped at the model's training context
-  int64_t n_batch = 512; // prompt tokens per forward pass
+  int64_t n_batch = 512; // tokens per forward pass (all sequences')
+  int64_t n_seq = 1;     // sequences, each with its own KV cache of n_ctx positions
   DType kv_type = DType::F32;  // KV cache values: F32 or F16 (the CLI's default)
   SparseFfnOptions sparse; // FFN executor: dense (default) or neuron-sparse
   // Hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp) when a budget or a plan is given; its firing
@@ -33,28 +37,39 @@ class Session {
  public:
   Session(const Model& model, const SessionParams& params);
 
-  // Appends tokens to the sequence; afterwards logits() holds the last token's logits.
+  // Appends tokens to sequence 0; afterwards logits() holds the last token's logits.
   void eval(const std::vector<int32_t>& tokens);
   void eval(const int32_t* tokens, int64_t n);
   // As eval, but also writes every token's logits (n * n_vocab floats) to `all_logits`.
   void eval_all_logits(const int32_t* tokens, int64_t n, float* all_logits);
-  const float* logits() const { return logits_.data(); }
+  const float* logits() const { return logits(0); }
 
-  int64_t pos() const { return pos_; }
-  int64_t n_ctx() const { return kv_.n_ctx; }
-  void reset() {
-    pos_ = 0;
-    tokens_.clear();
-  }
+  // New tokens of one sequence in a batched step.
+  struct SeqEval {
+    int seq = 0;
+    const int32_t* tokens = nullptr;
+    int64_t n = 0;
+  };
+  // One forward pass over several sequences' new tokens (each sequence at most once, n >= 1,
+  // at most max_batch() tokens in all); afterwards logits(seq) holds each one's last token's
+  // logits.
+  void eval_seqs(std::span<const SeqEval> items);
+
+  int n_seq() const { return static_cast<int>(seqs_.size()); }
+  int64_t max_batch() const { return ws_.max_batch; }
+  const float* logits(int seq) const { return at(seq).logits.data(); }
+  int64_t pos(int seq = 0) const { return static_cast<int64_t>(at(seq).tokens.size()); }
+  int64_t n_ctx() const { return seqs_[0].kv.n_ctx; }
+  void reset(int seq = 0) { at(seq).tokens.clear(); }
   // Drops the cached positions from `pos` on (pos <= current position).
-  void truncate(int64_t pos);
+  void truncate(int64_t pos, int seq = 0);
   // The tokens the KV cache holds, position by position (pos() of them).
-  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<int32_t>& tokens(int seq = 0) const { return at(seq).tokens; }
 
   const Model& model() const { return model_; }
   ThreadPool& pool() { return pool_; }
   int n_threads() const { return pool_.size(); }
-  size_t kv_bytes() const { return kv_.bytes(); }
+  size_t kv_bytes() const { return seqs_[0].kv.bytes() * seqs_.size(); }  // all sequences
   size_t workspace_bytes() const { return ws_.bytes(); }
   // The neuron-sparse FFN executor; null in dense mode.
   SparseFfn* sparse_ffn() { return sparse_.get(); }
@@ -76,16 +91,26 @@ class Session {
     if (input_) return input_.get();
     return sparse_.get();
   }
+  struct Seq {
+    KvCache kv;
+    std::vector<int32_t> tokens;  // tokens[i] sits at position i of the cache
+    std::vector<float> logits;    // of the last token evaluated
+  };
+  Seq& at(int seq);
+  const Seq& at(int seq) const;
+
   const Model& model_;
   ThreadPool pool_;
-  KvCache kv_;
+  std::vector<Seq> seqs_;
   Workspace ws_;
   std::unique_ptr<SparseFfn> sparse_;
   std::unique_ptr<HybridFfn> hybrid_;
   std::unique_ptr<InputSparseExecutor> input_;
-  std::vector<float> logits_;
-  int64_t pos_ = 0;
-  std::vector<int32_t> tokens_;  // tokens_[i] sits at position i of the cache
+  // eval_seqs' scratch: the rows' tokens, spans and output rows, and their logits.
+  std::vector<int32_t> batch_tokens_;
+  std::vector<SeqSpan> batch_spans_;
+  std::vector<int64_t> batch_rows_;
+  std::vector<float> batch_logits_;
 };
 
 int default_thread_count();

@@ -34,39 +34,51 @@ void add_bias(const TensorView& b, float* y, int64_t n, int64_t width) {
   for (int64_t t = 0; t < n; ++t) cpu::add_f32(as_floats(b), y + t * width, width);
 }
 
-// Appends the n tokens' keys and values (ws.k, ws.v) to the cache's layer at pos0 and runs
-// causal attention of ws.q over it into ws.attn.
-void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, KvCache& kv, int64_t kv_layer, Workspace& ws,
-                      int64_t n, int64_t pos0) {
-  const int64_t nkv = shape.n_head_kv * shape.head_dim;
-  uint8_t* kc = kv.k_layer(kv_layer);
-  uint8_t* vc = kv.v_layer(kv_layer);
-  const size_t at = static_cast<size_t>(pos0 * nkv) * kv.value_bytes();
-  if (kv.type == DType::F16) {
-    cpu::to_f16(ws.k.data(), reinterpret_cast<uint16_t*>(kc + at), n * nkv);
-    cpu::to_f16(ws.v.data(), reinterpret_cast<uint16_t*>(vc + at), n * nkv);
-  } else {
-    std::memcpy(kc + at, ws.k.data(), sizeof(float) * static_cast<size_t>(n * nkv));
-    std::memcpy(vc + at, ws.v.data(), sizeof(float) * static_cast<size_t>(n * nkv));
+// Appends each sequence's keys and values (its rows of ws.k, ws.v) to its cache's layer at its
+// positions and runs causal attention of its rows of ws.q over that cache into ws.attn.
+void cache_and_attend(ThreadPool& pool, const cpu::AttentionShape& shape, std::span<const SeqSpan> seqs,
+                      int64_t kv_layer, Workspace& ws) {
+  const int64_t nkv = shape.n_head_kv * shape.head_dim, nq = shape.n_head * shape.head_dim;
+  for (const SeqSpan& sq : seqs) {
+    KvCache& kv = *sq.kv;
+    uint8_t* kc = kv.k_layer(kv_layer);
+    uint8_t* vc = kv.v_layer(kv_layer);
+    const size_t at = static_cast<size_t>(sq.pos0 * nkv) * kv.value_bytes();
+    const float* k = ws.k.data() + sq.first * nkv;
+    const float* v = ws.v.data() + sq.first * nkv;
+    if (kv.type == DType::F16) {
+      cpu::to_f16(k, reinterpret_cast<uint16_t*>(kc + at), sq.n * nkv);
+      cpu::to_f16(v, reinterpret_cast<uint16_t*>(vc + at), sq.n * nkv);
+    } else {
+      std::memcpy(kc + at, k, sizeof(float) * static_cast<size_t>(sq.n * nkv));
+      std::memcpy(vc + at, v, sizeof(float) * static_cast<size_t>(sq.n * nkv));
+    }
+    cpu::AttentionShape s = shape;
+    s.kv_f16 = kv.type == DType::F16;
+    cpu::attention(pool, s, ws.q.data() + sq.first * nq, sq.n, sq.pos0, kc, vc, nkv, ws.attn.data() + sq.first * nq,
+                   ws.att_scratch.data());
   }
-  cpu::AttentionShape s = shape;
-  s.kv_f16 = kv.type == DType::F16;
-  cpu::attention(pool, s, ws.q.data(), n, pos0, kc, vc, nkv, ws.attn.data(), ws.att_scratch.data());
 }
 
-// The RoPE angles of positions pos0 .. pos0 + n - 1 for the global table (and the local one,
-// right after them), computed once per batch of positions into ws.cos_sin and reused by every
+// The RoPE angles of every row's position (each sequence's pos0 ..) for the global table (and the
+// local one, right after them), computed once per batch into ws.cos_sin and reused by every
 // layer (the angles depend only on the position).
-const float* rope_angles(const Model& m, Workspace& ws, bool local, int64_t n, int64_t pos0) {
+const float* rope_angles(const Model& m, Workspace& ws, bool local, std::span<const SeqSpan> seqs, int64_t n) {
   const cpu::RopeTable& global = m.rope_for_context(ws.n_ctx);
   const int64_t n_rot = global.config().n_rot;
   float* cs = ws.cos_sin.data();
-  if (ws.angles_pos0 != pos0 || ws.angles_n != n) {
-    for (int64_t t = 0; t < n; ++t) {
-      global.angles(pos0 + t, cs + t * n_rot);
-      if (m.rope_local) m.rope_local->angles(pos0 + t, cs + (n + t) * n_rot);
-    }
-    ws.angles_pos0 = pos0, ws.angles_n = n;
+  bool same = static_cast<int64_t>(ws.angles_pos.size()) == n;
+  for (const SeqSpan& sq : seqs)
+    for (int64_t t = 0; t < sq.n && same; ++t) same = ws.angles_pos[static_cast<size_t>(sq.first + t)] == sq.pos0 + t;
+  if (!same) {
+    ws.angles_pos.assign(static_cast<size_t>(n), 0);
+    for (const SeqSpan& sq : seqs)
+      for (int64_t t = 0; t < sq.n; ++t) {
+        const int64_t row = sq.first + t, pos = sq.pos0 + t;
+        ws.angles_pos[static_cast<size_t>(row)] = pos;
+        global.angles(pos, cs + row * n_rot);
+        if (m.rope_local) m.rope_local->angles(pos, cs + (n + row) * n_rot);
+      }
   }
   return local ? cs + n * n_rot : cs;
 }
@@ -108,6 +120,12 @@ void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0,
 
 void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
                      int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0) {
+  const SeqSpan one{&kv, 0, n, pos0};
+  attention_block(m, L, il, pool, std::span<const SeqSpan>(&one, 1), kv_layer, ws, x, n);
+}
+
+void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
+                     int64_t kv_layer, Workspace& ws, float* x, int64_t n) {
   const Hparams& hp = m.hp;
   const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
   float* xn = ws.xn.data();
@@ -133,7 +151,7 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   const bool local_rope = local && m.rope_local;
   const cpu::RopeTable* rope = local_rope ? m.rope_local.get() : m.rope ? &m.rope_for_context(ws.n_ctx) : nullptr;
   if (rope) {  // none: OPT's positions are learned
-    const float* cs = rope_angles(m, ws, local_rope, n, pos0);
+    const float* cs = rope_angles(m, ws, local_rope, seqs, n);
     const int64_t n_rot = rope->config().n_rot;
     for (int64_t t = 0; t < n; ++t) {
       rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
@@ -146,7 +164,7 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   shape.head_dim = hd;
   shape.scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   shape.window = local ? hp.sliding_window : 0;
-  cache_and_attend(pool, shape, kv, kv_layer, ws, n, pos0);
+  cache_and_attend(pool, shape, seqs, kv_layer, ws);
   float* o = ws.o.data();
   if (ws.proj)
     ws.proj->out(pool, il, L, ws.attn.data(), n, o, ws);
@@ -183,21 +201,45 @@ void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& po
 }
 
 void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) {
+  const SeqSpan one{&kv, 0, n, pos0};
+  cpu_layer(m, il, pool, std::span<const SeqSpan>(&one, 1), ws, n);
+}
+
+void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws, int64_t n) {
   const LayerWeights& L = m.layers[static_cast<size_t>(il)];
-  attention_block(m, L, il, pool, kv, il, ws, ws.x.data(), n, pos0);
+  attention_block(m, L, il, pool, seqs, il, ws, ws.x.data(), n);
   ffn_block(m, L, il, pool, ws, n);
 }
 
-void output_block(const Model& m, ThreadPool& pool, Workspace& ws, int64_t n, float* logits, bool logits_all) {
+namespace {
+// logits = output(output_norm(x)) of n_out contiguous rows, soft-capped where the model says so.
+void head(const Model& m, ThreadPool& pool, Workspace& ws, const float* x, int64_t n_out, float* logits) {
   const Hparams& hp = m.hp;
-  const int64_t first = logits_all ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  norm(m, m.output_norm, m.output_norm_b, ws.x.data() + first * hp.n_embd, ws.xn.data(), n_out);
+  norm(m, m.output_norm, m.output_norm_b, x, ws.xn.data(), n_out);
   cpu::matmul(pool, m.output, ws.xn.data(), n_out, logits, ws.mm_scratch.data());
   if (hp.final_softcap > 0) {
     const float c = hp.final_softcap;
     for (int64_t i = 0; i < n_out * hp.n_vocab; ++i) logits[i] = c * std::tanh(logits[i] / c);
   }
+}
+}  // namespace
+
+void output_block(const Model& m, ThreadPool& pool, Workspace& ws, int64_t n, float* logits, bool logits_all) {
+  const int64_t first = logits_all ? 0 : n - 1;
+  head(m, pool, ws, ws.x.data() + first * m.hp.n_embd, n - first, logits);
+}
+
+void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows, float* logits) {
+  const int64_t d = m.hp.n_embd;
+  float* gathered = ws.o.data();  // free after the last layer
+  for (int64_t i = 0; i < n_rows; ++i)
+    std::memcpy(gathered + i * d, ws.x.data() + rows[i] * d, sizeof(float) * static_cast<size_t>(d));
+  head(m, pool, ws, gathered, n_rows, logits);
+}
+
+void embed_seqs(const Model& m, const int32_t* tokens, std::span<const SeqSpan> seqs, float* x, float* scratch) {
+  const int64_t d = m.hp.n_embd;
+  for (const SeqSpan& sq : seqs) embed_block(m, tokens + sq.first, sq.n, sq.pos0, x + sq.first * d, scratch);
 }
 
 }  // namespace ember

@@ -17,6 +17,7 @@
 // gives the same bits as the CPU.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "core/thread_pool.hpp"
 #include "model/forward.hpp"
@@ -28,6 +29,9 @@ namespace ember {
 // x = the embeddings of tokens[0..n) at positions pos0.. (n x n_embd): the token rows, times
 // embd_scale, plus the learned position rows (OPT). `scratch` holds n x n_embd floats.
 void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0, float* x, float* scratch);
+
+// The same for a batch of several sequences (SeqSpan: each its rows, positions and KV cache).
+void embed_seqs(const Model& m, const int32_t* tokens, std::span<const SeqSpan> seqs, float* x, float* scratch);
 
 // ws.q, ws.k, ws.v = the layer's dense Q, K, V projections of xn (n tokens): one fused matmul
 // when the three matrices share a type (cpu::matmul_multi), else one matmul each.
@@ -42,6 +46,10 @@ void dense_out(ThreadPool& pool, const LayerWeights& L, const float* attn, int64
 // one is set.
 void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
                      int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0);
+// The same over n rows of several sequences: everything but the attention itself runs on all
+// rows at once (one pass over each weight), each sequence attends over its own cache.
+void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
+                     int64_t kv_layer, Workspace& ws, float* x, int64_t n);
 
 // The FFN block in its two halves around the FFN itself: xn = ffn_norm(x) (parallel-residual
 // models: the input attention_block took from the layer's input, ws.ffn_in); then
@@ -55,9 +63,12 @@ void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& po
 
 // One layer on the CPU: attention_block, then ffn_block, on ws.x with the cache's layer il.
 void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0);
+void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws, int64_t n);
 
 // logits = output(output_norm(x)) of the last token, or of all n (logits_all), soft-capped where
 // the model says so.
 void output_block(const Model& m, ThreadPool& pool, Workspace& ws, int64_t n, float* logits, bool logits_all);
+// logits (n_rows x n_vocab) = the output of the given rows of ws.x (uses ws.o as scratch).
+void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows, float* logits);
 
 }  // namespace ember

@@ -88,4 +88,34 @@ void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, c
   output_block(model, pool, ws, n, logits, logits_all);
 }
 
+void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int32_t* tokens,
+                  std::span<const SeqSpan> seqs, const int64_t* out_rows, int64_t n_out, float* logits) {
+  EMBER_CHECK(!seqs.empty(), "forward: no sequence in the batch");
+  EMBER_CHECK(!ws.layers || seqs.size() == 1,
+              "the hybrid executor (--vram-budget / --plan) holds one sequence's KV cache on its devices: it runs one "
+              "sequence at a time (use --parallel 1)");
+  int64_t n = 0;
+  for (const SeqSpan& sq : seqs) {
+    EMBER_CHECK(sq.kv && sq.first == n && sq.n >= 1, "forward: the batch's sequences must cover its rows in order");
+    EMBER_CHECK(sq.pos0 >= 0 && sq.pos0 + sq.n <= sq.kv->n_ctx,
+                "context is full: {} tokens would exceed the context size of {}; use a larger -c", sq.pos0 + sq.n,
+                sq.kv->n_ctx);
+    n += sq.n;
+  }
+  EMBER_CHECK(n <= ws.max_batch, "forward: batch of {} tokens (1 to {} allowed)", n, ws.max_batch);
+  for (int64_t t = 0; t < n; ++t)
+    EMBER_CHECK(tokens[t] >= 0 && tokens[t] < model.hp.n_vocab, "token id {} is out of range (vocabulary has {})",
+                tokens[t], model.hp.n_vocab);
+  for (int64_t i = 0; i < n_out; ++i)
+    EMBER_CHECK(out_rows[i] >= 0 && out_rows[i] < n, "forward: output row {} is not in the batch of {}", out_rows[i], n);
+  if (seqs.size() == 1 && ws.layers) {
+    embed_block(model, tokens, n, seqs[0].pos0, ws.x.data(), ws.o.data());
+    ws.layers->run_layers(model, pool, *seqs[0].kv, ws, n, seqs[0].pos0);
+  } else {
+    embed_seqs(model, tokens, seqs, ws.x.data(), ws.o.data());
+    for (int64_t il = 0; il < model.hp.n_layer; ++il) cpu_layer(model, il, pool, seqs, ws, n);
+  }
+  output_rows(model, pool, ws, out_rows, n_out, logits);
+}
+
 }  // namespace ember

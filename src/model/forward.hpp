@@ -1,6 +1,7 @@
 // Running tokens through a model: the per-sequence workspace and the forward entry point.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
@@ -36,6 +37,14 @@ class LayerExecutor {
                           int64_t pos0) = 0;
 };
 
+// One sequence's rows in a forward pass over several sequences (continuous batching): rows
+// [first, first + n) of the batch, at positions pos0 .. pos0 + n - 1 of the sequence's own KV
+// cache.
+struct SeqSpan {
+  KvCache* kv = nullptr;
+  int64_t first = 0, n = 0, pos0 = 0;
+};
+
 // Activation buffers for up to `max_batch` tokens at a time, allocated once.
 struct Workspace {
   int64_t max_batch = 0;
@@ -57,8 +66,8 @@ struct Workspace {
   // for one expert the tokens that chose it, their weights, their rows and its output for them.
   std::vector<float> moe_logits, moe_weights, moe_token_w, moe_x, moe_out;
   std::vector<int32_t> moe_ids, moe_order, moe_tokens;
-  // The positions whose RoPE angles cos_sin holds (model/blocks.cpp).
-  int64_t angles_pos0 = -1, angles_n = 0;
+  // The position of each row whose RoPE angles cos_sin holds (model/blocks.cpp).
+  std::vector<int64_t> angles_pos;
 
   void init(const Model& model, int64_t max_batch, int64_t n_ctx, int n_threads);
   size_t bytes() const;
@@ -70,5 +79,13 @@ struct Workspace {
 // (n * n_vocab) when `logits_all`.
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
              int64_t pos0, float* logits, bool logits_all);
+
+// A forward pass over several sequences at once: tokens[0..n) are the rows of all of them, and
+// seqs (in row order, contiguous, none empty) say whose they are; each appends to its own KV
+// cache. logits (n_out x n_vocab) = the logits of rows out_rows[0..n_out). Weights are read once
+// for all rows; attention runs per sequence. Not on the hybrid path (ws.layers), which holds one
+// sequence's cache on its devices.
+void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int32_t* tokens,
+                  std::span<const SeqSpan> seqs, const int64_t* out_rows, int64_t n_out, float* logits);
 
 }  // namespace ember

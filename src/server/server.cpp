@@ -42,20 +42,15 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
     : model_(model), opts_(options), tok_(*model.file), queue_(options.parallel, options.queue) {
   EMBER_CHECK(opts_.parallel >= 1 && opts_.parallel <= 256, "--parallel must be between 1 and 256, got {}", opts_.parallel);
   EMBER_CHECK(opts_.queue <= 100000, "--queue must be at most 100000, got {}", opts_.queue);
-  for (size_t i = 0; i < opts_.parallel; ++i) sessions_.push_back(std::make_unique<Session>(model_, opts_.session));
-  // Each session computes with its own pool of -t threads; busy sessions run side by side.
-  const size_t n_compute = opts_.parallel * static_cast<size_t>(sessions_[0]->n_threads());
-  if (n_compute > static_cast<size_t>(default_thread_count()))
-    log_warn("{} sessions x {} threads = {} compute threads on {} hardware threads: concurrent requests will "
-             "contend; pass -t {} to give each session its share",
-             opts_.parallel, sessions_[0]->n_threads(), n_compute, default_thread_count(),
-             std::max<int>(1, default_thread_count() / static_cast<int>(opts_.parallel)));
+  SessionParams sp = opts_.session;
+  sp.n_seq = static_cast<int64_t>(opts_.parallel);
+  engine_ = std::make_unique<BatchEngine>(model_, tok_, sp, opts_.batch);
   served_.id = opts_.model_id;
   if (served_.id.empty()) {
     served_.id = std::filesystem::path(model_path).filename().string();
     if (served_.id.size() > 5 && served_.id.ends_with(".gguf")) served_.id.resize(served_.id.size() - 5);
   }
-  served_.n_ctx = sessions_[0]->n_ctx();
+  served_.n_ctx = engine_->n_ctx();
   served_.chat_template = model_chat_template(*model_.file);
   served_.created = unix_now();
   // Fail at start, not per request, when the chat template is unknown.
@@ -95,8 +90,9 @@ int Server::bind() {
 }
 
 void Server::listen() {
-  log_info("serving {} on http://{}:{} ({} parallel sessions of {} tokens, {} threads each; queue {})", served_.id,
-           opts_.host, opts_.port, opts_.parallel, served_.n_ctx, sessions_[0]->n_threads(), opts_.queue);
+  log_info("serving {} on http://{}:{} ({} sequences of {} tokens batched on {} threads, KV caches {:.0f} MiB; queue {})",
+           served_.id, opts_.host, opts_.port, opts_.parallel, served_.n_ctx, engine_->n_threads(),
+           static_cast<double>(engine_->kv_bytes()) / (1 << 20), opts_.queue);
   http_->listen_after_bind();
 }
 
@@ -144,6 +140,9 @@ void Server::install_routes() {
               {"completed", n_completed_.load()},
               {"cancelled", n_cancelled_.load()},
               {"rejected", q.rejected},
+              // Forward passes and the tokens they held: their ratio is the mean batch.
+              {"engine_steps", engine_->steps()},
+              {"engine_rows", engine_->step_rows()},
               // Bytes malloc has handed out and not got back (all arenas): a leak shows here
               // even when fragmentation hides it from the resident size.
               {"heap_in_use", mallinfo2().uordblks}};
@@ -174,7 +173,7 @@ void Server::install_routes() {
 
       // The prompt cache: the free session holding the longest prefix of this prompt serves it.
       std::unique_ptr<SlotQueue::Ticket> ticket = queue_.enqueue(
-          [this, prep](size_t slot) { return static_cast<size_t>(cached_prefix(*sessions_[slot], prep->prompt)); });
+          [this, prep](size_t slot) { return static_cast<size_t>(engine_->cached_prefix(static_cast<int>(slot), prep->prompt)); });
       if (!ticket) {
         SlotQueue::Stats q = queue_.stats();
         res.set_header("Retry-After", "1");
@@ -187,11 +186,27 @@ void Server::install_routes() {
       ResponseMeta meta{fmt::format("{}{:08x}{:08x}", chat ? "chatcmpl-" : "cmpl-", id_salt_ & 0xffffffff, next_id_++),
                         unix_now(), served_.id, chat};
 
-      // Runs the request on its session; `write` gets each piece and returns false to stop.
+      // Runs the request on its sequence in the batch; `write` gets each piece of text and
+      // returns false to stop, `logprobs` each sampled token's log-probabilities before the
+      // piece that holds its text.
       auto run = [this, prep](int slot, const PieceCallback& write, const LogprobCallback& logprobs) {
-        Session& session = *sessions_[slot];
         Timer t;
-        GenerateResult r = generate_cached(session, tok_, prep->prompt, prep->gen, write, logprobs);
+        std::shared_ptr<BatchEngine::Job> job = engine_->start(slot, prep->prompt, prep->gen);
+        std::vector<BatchEngine::Piece> pieces;
+        bool writing = true;
+        for (bool more = true; more;) {
+          more = job->wait(pieces, std::chrono::milliseconds(200));
+          for (BatchEngine::Piece& p : pieces) {
+            if (!writing) break;
+            for (const TokenLogprobs& lp : p.logprobs) logprobs(lp);
+            if (!p.text.empty() && (stopping_.load() || !write(p.text))) writing = false;
+          }
+          pieces.clear();
+          if ((!writing || stopping_.load()) && more) job->cancel();  // the engine ends it at its next step
+        }
+        EMBER_CHECK(job->error().empty(), "{}", job->error());
+        GenerateResult r = job->result();
+        if (!writing) r.finish = FinishReason::cancelled;
         log_info("slot {}: prompt {} tokens ({} cached), generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot,
                  r.n_prompt, r.n_cached, r.n_generated, finish_reason_name(r.finish), t.seconds() * 1e3,
                  r.gen_seconds > 0 ? r.n_generated / r.gen_seconds : 0.0);

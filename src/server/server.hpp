@@ -1,16 +1,17 @@
 // The HTTP server: OpenAI-compatible endpoints over cpp-httplib. One Model is shared by all
-// requests; each of `parallel` sessions owns its KV cache and its thread pool of
-// `session.n_threads` threads, so up to parallel * n_threads threads compute at once (on a
-// small machine pass -t so that this product does not exceed the cores). Requests wait for a
-// session in FIFO order (SlotQueue); past the queue they get 503. A request goes to the free
-// session whose cache holds the longest prefix of its prompt, and only the rest is evaluated
-// (the prompt cache: generate_cached).
+// requests, and one BatchEngine (engine/batch_engine.hpp) generates for up to `parallel` of
+// them at once: continuous batching, one forward pass per step over every running sequence
+// (each its own KV cache), on one pool of `session.n_threads` threads. Requests wait for a
+// sequence in FIFO order (SlotQueue); past the queue they get 503. A request goes to the free
+// sequence whose cache holds the longest prefix of its prompt, and only the rest is evaluated
+// (the prompt cache).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "engine/batch_engine.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "server/api.hpp"
@@ -26,11 +27,12 @@ namespace ember::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
-  size_t parallel = 2;              // sessions (KV caches) generating at once
+  size_t parallel = 2;              // sequences (KV caches) generating at once, batched
   size_t queue = 16;                // requests that may wait for a session
   size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   int read_timeout_s = 30;          // a client that sends nothing this long is dropped
-  SessionParams session;
+  SessionParams session;  // its n_seq is set to `parallel`
+  BatchEngineOptions batch;
   std::string model_id;  // the name clients use; default: the file name without .gguf
 };
 
@@ -61,7 +63,7 @@ class Server {
   ServerOptions opts_;
   ServedModel served_;
   Tokenizer tok_;
-  std::vector<std::unique_ptr<Session>> sessions_;
+  std::unique_ptr<BatchEngine> engine_;
   SlotQueue queue_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> stopping_{false};

@@ -1,8 +1,9 @@
-"""A bounded load test: several concurrent `openai` clients send a fixed number of requests (a mix
-of chat and completions, streaming and not, and cheap ones: bad input, /health, /v1/models);
-every response is checked, and the server's resident memory (VmRSS from /proc) is compared
-before and after. A warm-up first brings every session, worker thread and malloc arena to its
-steady size."""
+"""A bounded load test over the batching engine: several concurrent `openai` clients send a fixed
+number of requests (a mix of chat and completions, streaming and not, streams the client drops
+after the first chunk, and cheap ones: bad input, /health, /v1/models); every response is
+checked, greedy ones against the same request run alone (batching must not change them), and the
+server's resident memory (VmRSS from /proc) is compared before and after. A warm-up first brings
+every sequence, worker thread and malloc arena to its steady size."""
 import concurrent.futures
 import json
 import os
@@ -39,7 +40,7 @@ def one(srv, i):
     """Request number i; returns None when its response is right, else what was wrong. Three in
     ten generate (through the openai client), the rest are cheap (through urllib, which costs
     the test less CPU on a small machine), so that thousands of requests take about a minute."""
-    kind = i % 10
+    kind = i % 12
     chat_url, comp_url = srv.url + "/v1/chat/completions", srv.url + "/v1/completions"
     try:
         if kind == 0:
@@ -69,6 +70,20 @@ def one(srv, i):
         if kind == 7:
             with urllib.request.urlopen(srv.url + "/v1/models", timeout=30) as resp:
                 return None if json.loads(resp.read())["data"][0]["id"] == srv.model_id else "models"
+        if kind == 10:  # greedy: the text the same request gives alone
+            p = GREEDY[i % len(GREEDY)]
+            r = client(srv).chat.completions.create(model=srv.model_id, max_tokens=12, temperature=0,
+                                                    messages=[{"role": "user", "content": p}])
+            got = r.choices[0].message.content
+            return None if got == ALONE[p] else f"greedy {p!r}: {got!r} != alone {ALONE[p]!r}"
+        if kind == 11:  # the client goes away after the first chunk: the server cancels it
+            stream = client(srv).chat.completions.create(
+                model=srv.model_id, max_tokens=200, stream=True, seed=i,
+                messages=[{"role": "user", "content": f"Count to {i}."}])
+            for _ in stream:
+                break
+            stream.close()
+            return None
         if kind == 8:
             status, r = common.post(chat_url, {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
             return None if status == 404 and r["error"]["code"] == "model_not_found" else f"unknown model: {status} {r}"
@@ -76,6 +91,10 @@ def one(srv, i):
         return None if status == 400 and r["error"]["code"] == "context_length_exceeded" else f"long: {status} {r}"
     except Exception as e:  # noqa: BLE001 - every failure is reported, none ends the test
         return f"{type(e).__name__}: {e}"
+
+
+GREEDY = ["Name a color.", "What is 2 + 2?", "Say hello.", "Write one word about the sea."]
+ALONE = {}
 
 
 def run(srv, first, count):
@@ -87,9 +106,12 @@ def run(srv, first, count):
     return bad
 
 
-with common.Server(ember, model, parallel=2, queue=16) as srv:
+with common.Server(ember, model, parallel=4, queue=16) as srv:
     with urllib.request.urlopen(srv.url + "/v1/models") as resp:
         srv.model_id = json.loads(resp.read())["data"][0]["id"]
+    for p in GREEDY:  # alone: one request at a time
+        ALONE[p] = client(srv).chat.completions.create(model=srv.model_id, max_tokens=12, temperature=0,
+                                                       messages=[{"role": "user", "content": p}]).choices[0].message.content
     t0 = time.time()
     bad = run(srv, 0, 300)  # warm-up
     c.check(not bad, f"warm-up failures: {bad[:5]}")

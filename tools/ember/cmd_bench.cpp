@@ -24,6 +24,7 @@ struct BenchFlags {
   int n_gen = 128;
   int depth = 0;  // tokens already in the context when each test starts (llama-bench's -d)
   int reps = 5;
+  int seqs = 1;   // sequences generating together (continuous batching's step), as llama-batched-bench
   std::string json_path;
   bool bandwidth = false;
 };
@@ -50,6 +51,7 @@ void run_bench(const BenchFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
   model->file->prefetch();
   SessionParams sp = f.engine.session_params(*model);
+  sp.n_seq = f.seqs;
   sp.n_ctx = std::max<int64_t>(sp.n_ctx, int64_t{f.depth} + f.n_prompt + f.n_gen + 1);
   Session session(*model, sp);
   EMBER_CHECK(int64_t{f.depth} + f.n_prompt + f.n_gen < session.n_ctx(),
@@ -62,8 +64,15 @@ void run_bench(const BenchFlags& f) {
   for (auto& t : context) t = pick(rng);
   // Each test starts from `depth` tokens of context (evaluated untimed).
   auto start = [&] {
-    session.reset();
-    if (f.depth > 0) session.eval(context.data(), f.depth);
+    for (int s = 0; s < f.seqs; ++s) {
+      session.reset(s);
+      for (int64_t done = 0; done < f.depth;) {
+        const int64_t chunk = std::min<int64_t>(session.max_batch(), f.depth - done);
+        const Session::SeqEval item{s, context.data() + done, chunk};
+        session.eval_seqs({&item, 1});
+        done += chunk;
+      }
+    }
   };
 
   auto time_pp = [&] {
@@ -72,15 +81,20 @@ void run_bench(const BenchFlags& f) {
     session.eval(prompt.data(), f.n_prompt);
     return f.n_prompt / t.seconds();
   };
+  // Every sequence generates n_gen tokens, all of them in each step: tokens/s counts them all.
+  std::vector<int32_t> toks(static_cast<size_t>(f.seqs));
+  std::vector<Session::SeqEval> items(static_cast<size_t>(f.seqs));
   auto time_tg = [&] {
     start();
-    int32_t tok = prompt[0];
+    for (int s = 0; s < f.seqs; ++s) toks[static_cast<size_t>(s)] = prompt[static_cast<size_t>(s) % prompt.size()];
     Timer t;
     for (int i = 0; i < f.n_gen; ++i) {
-      session.eval(&tok, 1);
-      tok = static_cast<int32_t>(cpu::argmax_f32(session.logits(), model->hp.n_vocab));
+      for (int s = 0; s < f.seqs; ++s) items[static_cast<size_t>(s)] = {s, &toks[static_cast<size_t>(s)], 1};
+      session.eval_seqs(items);
+      for (int s = 0; s < f.seqs; ++s)
+        toks[static_cast<size_t>(s)] = static_cast<int32_t>(cpu::argmax_f32(session.logits(s), model->hp.n_vocab));
     }
-    return f.n_gen / t.seconds();
+    return static_cast<double>(f.n_gen) * f.seqs / t.seconds();
   };
 
   // One untimed warm-up of each (pages the weights in, settles the clocks).
@@ -104,12 +118,15 @@ void run_bench(const BenchFlags& f) {
   out["repetitions"] = f.reps;
   out["kv_type"] = f.engine.kv_type;
   out["depth"] = f.depth;
+  out["seqs"] = f.seqs;
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
   auto row = [&](const char* name, int n, const std::vector<double>& v) {
     if (v.empty()) return;
     Stats s = stats_of(v);
-    std::string test = f.depth > 0 ? fmt::format("{}{}@d{}", name, n, f.depth) : fmt::format("{}{}", name, n);
+    std::string test = fmt::format("{}{}", name, n);
+    if (name[0] == 't' && f.seqs > 1) test += fmt::format("x{}", f.seqs);
+    if (f.depth > 0) test += fmt::format("@d{}", f.depth);
     std::printf("| %s | %d | %s | %.2f | %.2f | %.2f | %.2f |\n", f.engine.model_path.c_str(), session.n_threads(),
                 test.c_str(), s.median, s.min, s.max, s.stddev);
     out[test] = {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"stddev", s.stddev}, {"samples", v}};
@@ -117,7 +134,7 @@ void run_bench(const BenchFlags& f) {
   row("pp", f.n_prompt, pp);
   row("tg", f.n_gen, tg);
   if (!tg.empty()) {
-    double achieved = stats_of(tg).median * bytes_per_token;
+    double achieved = stats_of(tg).median / f.seqs * bytes_per_token;  // one read of the weights per step
     out["tg_weight_bytes_per_s"] = achieved;
     std::printf("\ngeneration reads %.2f GB/s of weights", achieved / 1e9);
     if (bw > 0) {
@@ -175,6 +192,10 @@ void add_bench(CLI::App& app) {
   cmd->add_option("-n,--n-gen", f->n_gen, "generated tokens (0 = skip)")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-d,--depth", f->depth, "tokens already in the context when each test starts (as llama-bench -d)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--seqs", f->seqs,
+                  "sequences generating together: each step of the tg test is one forward pass over one token of "
+                  "each (the server's continuous batching); tokens/s counts all of them")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("-r,--repetitions", f->reps, "repetitions")->check(CLI::Range(1, 1000));
   cmd->add_option("--json", f->json_path, "also write the results as JSON to this file");
   cmd->add_flag("--bandwidth", f->bandwidth, "also measure the machine's memory read bandwidth");

@@ -32,15 +32,10 @@ void run_serve(ServeFlags& f) {
 
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params(*model);
-  if (f.server.session.hybrid_on() && f.server.parallel > 1) {
-    // Each session holds its own device share: split the budget so that all of them fit it.
-    EMBER_CHECK(f.server.session.hybrid.plan_path.empty(),
-                "--plan with --parallel {}: every session would hold the plan's GPU share; use --parallel 1 or "
-                "--vram-budget (split between the sessions)", f.server.parallel);
-    f.server.session.hybrid.vram_budget /= f.server.parallel;
-    log_info("hybrid: {} sessions, {:.1f} MiB of the GPU budget each", f.server.parallel,
-             f.server.session.hybrid.vram_budget / 1048576.0);
-  }
+  // The hybrid path holds one sequence's KV cache on its devices.
+  EMBER_CHECK(!f.server.session.hybrid_on() || f.server.parallel == 1,
+              "the hybrid executor (--vram-budget / --plan) serves one sequence at a time: use --parallel 1 "
+              "(continuous batching runs on the CPU engine)");
   f.server.max_body_bytes = f.max_body_kib * 1024;
   server::Server srv(*model, f.engine.model_path, f.server);
   srv.bind();
@@ -66,10 +61,15 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   cmd->add_option("--parallel", f->server.parallel,
-                  "sessions generating at once, each with its own KV cache and -t threads")
+                  "sequences generating at once (continuous batching: one forward pass for all of them, each with "
+                  "its own KV cache of -c tokens)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  cmd->add_option("--queue", f->server.queue, "requests that may wait for a session; more get 503")
+  cmd->add_option("--prompt-chunk", f->server.batch.prompt_chunk,
+                  "most prompt tokens a starting request evaluates per step while others generate (0: the batch size)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--queue", f->server.queue, "requests that may wait for a sequence; more get 503")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   cmd->add_option("--max-body", f->max_body_kib, "largest request body in KiB; larger ones get 413")

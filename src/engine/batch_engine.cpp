@@ -1,0 +1,207 @@
+#include "engine/batch_engine.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace ember {
+
+namespace {
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+bool BatchEngine::Job::wait(std::vector<Piece>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return !out_.empty() || ended_; });
+  for (Piece& p : out_) out.push_back(std::move(p));
+  out_.clear();
+  return !ended_;
+}
+
+void BatchEngine::Job::cancel() {
+  std::lock_guard lk(mu_);
+  cancel_ = true;
+}
+
+BatchEngine::BatchEngine(const Model& model, const Tokenizer& tok, const SessionParams& params,
+                         const BatchEngineOptions& options)
+    : model_(model), tok_(tok), opts_(options), session_(model, params) {
+  EMBER_CHECK(session_.max_batch() >= session_.n_seq(),
+              "a batch of {} tokens cannot hold one token of each of {} sequences: raise the batch size (-b) or "
+              "lower --parallel",
+              session_.max_batch(), session_.n_seq());
+  EMBER_CHECK(opts_.prompt_chunk >= 0, "the prompt chunk must not be negative, got {}", opts_.prompt_chunk);
+  if (opts_.prompt_chunk == 0) opts_.prompt_chunk = session_.max_batch();
+  thread_ = std::thread([this] { loop(); });
+}
+
+BatchEngine::~BatchEngine() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+int64_t BatchEngine::cached_prefix(int seq, const std::vector<int32_t>& prompt) const {
+  return ember::cached_prefix(session_.tokens(seq), prompt);
+}
+
+uint64_t BatchEngine::steps() const {
+  std::lock_guard lk(mu_);
+  return steps_;
+}
+
+uint64_t BatchEngine::step_rows() const {
+  std::lock_guard lk(mu_);
+  return step_rows_;
+}
+
+std::shared_ptr<BatchEngine::Job> BatchEngine::start(int seq, std::vector<int32_t> prompt,
+                                                     const GenerateParams& params) {
+  EMBER_CHECK(seq >= 0 && seq < session_.n_seq(), "sequence {} does not exist (the engine has {})", seq,
+              session_.n_seq());
+  EMBER_CHECK(!prompt.empty(), "the prompt is empty");
+  EMBER_CHECK(static_cast<int64_t>(prompt.size()) < session_.n_ctx(), "the prompt has {} tokens but the context holds {}",
+              prompt.size(), session_.n_ctx());
+  auto job = std::make_shared<Job>();
+  Job* j = job.get();  // the generation's callbacks run on the engine thread while the job lives
+  j->seq_ = seq;
+  j->gen_ = std::make_unique<Generation>(
+      tok_, model_.hp.n_vocab, prompt, params,
+      [j](std::string_view text) {
+        std::lock_guard lk(j->mu_);
+        j->out_.push_back({std::string(text), std::move(j->lp_pending_)});
+        j->lp_pending_.clear();
+        return !j->cancel_;
+      },
+      [j](const TokenLogprobs& t) { j->lp_pending_.push_back(t); });
+  j->prompt_ = std::move(prompt);
+  j->t_start_ = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lk(mu_);
+    EMBER_CHECK(!stopping_, "the engine is stopping");
+    incoming_.push_back(job);
+  }
+  cv_.notify_all();
+  return job;
+}
+
+void BatchEngine::end(Job& job, const std::string& error) {
+  const auto now = std::chrono::steady_clock::now();
+  GenerateResult r = job.gen_->result();
+  r.n_cached = job.result_.n_cached;
+  if (job.t_first_ == std::chrono::steady_clock::time_point{}) job.t_first_ = now;
+  r.prompt_seconds = seconds_between(job.t_start_, job.t_first_);
+  r.gen_seconds = seconds_between(job.t_first_, now);
+  {
+    std::lock_guard lk(job.mu_);
+    if (!job.lp_pending_.empty()) job.out_.push_back({std::string(), std::move(job.lp_pending_)});
+    job.result_ = r;
+    job.error_ = error;
+    job.ended_ = true;
+  }
+  job.cv_.notify_all();
+}
+
+void BatchEngine::loop() {
+  std::vector<std::shared_ptr<Job>> jobs;  // running, oldest first
+  for (;;) {
+    std::deque<std::shared_ptr<Job>> joining;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !incoming_.empty() || !jobs.empty(); });
+      if (stopping_) break;
+      joining.swap(incoming_);
+    }
+    for (auto& job : joining) {
+      // The prompt cache: keep what the sequence holds of this prompt, drop the rest.
+      job->n_done_ = ember::cached_prefix(session_.tokens(job->seq_), job->prompt_);
+      job->result_.n_cached = job->n_done_;
+      session_.truncate(job->n_done_, job->seq_);
+      jobs.push_back(std::move(job));
+    }
+    step(jobs);
+    std::erase_if(jobs, [](const std::shared_ptr<Job>& j) { return j->gen_->done(); });
+  }
+  std::lock_guard lk(mu_);
+  for (auto& job : incoming_) jobs.push_back(std::move(job));
+  for (auto& job : jobs) {
+    job->gen_->cancel();
+    end(*job, "the server is shutting down");
+  }
+}
+
+void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
+  for (auto& job : jobs) {
+    bool cancel;
+    {
+      std::lock_guard lk(job->mu_);
+      cancel = job->cancel_;
+    }
+    if (cancel) {
+      job->gen_->cancel();
+      end(*job);
+    }
+  }
+  std::erase_if(jobs, [](const std::shared_ptr<Job>& j) { return j->gen_->done(); });
+  if (jobs.empty()) return;
+
+  // The generating sequences' next tokens first, then prompt chunks, oldest job first.
+  std::vector<Session::SeqEval> items;
+  std::vector<Job*> owners;
+  int64_t budget = session_.max_batch();
+  bool generating = false;
+  for (auto& job : jobs) {
+    if (job->n_done_ < static_cast<int64_t>(job->prompt_.size())) continue;
+    items.push_back({job->seq_, &job->next_, 1});
+    owners.push_back(job.get());
+    --budget;
+    generating = true;
+  }
+  for (auto& job : jobs) {
+    const int64_t left = static_cast<int64_t>(job->prompt_.size()) - job->n_done_;
+    if (left <= 0 || budget <= 0) continue;
+    int64_t chunk = std::min(left, budget);
+    if (generating) chunk = std::min(chunk, opts_.prompt_chunk);
+    items.push_back({job->seq_, job->prompt_.data() + job->n_done_, chunk});
+    owners.push_back(job.get());
+    budget -= chunk;
+  }
+
+  try {
+    session_.eval_seqs(items);
+  } catch (const std::exception& e) {
+    log_warn("a batch of {} sequences failed: {}", items.size(), e.what());
+    for (Job* job : owners) {
+      job->gen_->cancel();
+      end(*job, e.what());
+    }
+    return;
+  }
+  {
+    std::lock_guard lk(mu_);
+    ++steps_;
+    step_rows_ += static_cast<uint64_t>(session_.max_batch() - budget);
+  }
+
+  for (size_t i = 0; i < items.size(); ++i) {
+    Job& job = *owners[i];
+    if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) {
+      job.n_done_ += items[i].n;
+      if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) continue;  // more of the prompt next step
+      job.t_first_ = std::chrono::steady_clock::now();
+    }
+    const int32_t t = job.gen_->next(session_.logits(job.seq_), session_.pos(job.seq_), session_.n_ctx());
+    job.cv_.notify_all();
+    if (t < 0) end(job);
+    else job.next_ = t;
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,123 @@
+// Continuous batching: one engine thread drives a Session of n sequences (each its own KV
+// cache) and runs, at every step, one forward pass over the next token of every sequence that
+// is generating plus a chunk of the prompt of any that is starting, so the weights are read
+// once per step for all of them. Requests join and leave between steps. Each generation keeps
+// its own sampler, stop strings and limits (Generation, engine/generator.hpp) and hands its text
+// to the request's thread through a Job, so a slow client never holds up the step.
+//
+// Prompt chunks: a step takes at most the session's batch size (n_batch) of tokens in all. The
+// generating sequences' tokens come first; starting prompts fill what is left, oldest request
+// first, at most `prompt_chunk` tokens each while others are generating (so one long prompt
+// delays the others' next token by one chunk's time, not by the whole prompt's).
+//
+// The prompt cache works per sequence: a job keeps the longest prefix of its prompt that its
+// sequence already holds (cached_prefix) and evaluates only the rest.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/generator.hpp"
+#include "engine/session.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace ember {
+
+struct BatchEngineOptions {
+  // Most prompt tokens one starting sequence evaluates in a step while others are generating
+  // (alone it takes the whole batch). 0: the session's batch size.
+  int64_t prompt_chunk = 128;
+};
+
+class BatchEngine {
+ public:
+  // Output of a job since the last wait: text (valid UTF-8, never the start of a stop string)
+  // and the log-probabilities of the tokens sampled since the previous piece (GenerateParams::
+  // n_logprobs). A piece with empty text carries the last tokens' log-probabilities only.
+  struct Piece {
+    std::string text;
+    std::vector<TokenLogprobs> logprobs;
+  };
+
+  // One generation in the batch. The engine thread produces; the request's thread waits.
+  class Job {
+   public:
+    // Waits up to `timeout` for output or the end; appends the pieces produced so far to `out`.
+    // Returns false once the job has ended and everything has been handed out.
+    bool wait(std::vector<Piece>& out, std::chrono::milliseconds timeout);
+    // Asks the engine to end the job at its next step (finish: cancelled). wait() still
+    // reports the end.
+    void cancel();
+    // After wait() returned false: the counts and why it ended; error() is nonempty when the
+    // engine failed to run the job (the message says why).
+    const GenerateResult& result() const { return result_; }
+    const std::string& error() const { return error_; }
+
+   private:
+    friend class BatchEngine;
+    // Engine side.
+    int seq_ = 0;
+    std::vector<int32_t> prompt_;
+    int64_t n_done_ = 0;  // prompt tokens in the cache (the cached prefix, then evaluated chunks)
+    int32_t next_ = -1;   // the sampled token the next step evaluates
+    std::unique_ptr<Generation> gen_;
+    std::vector<TokenLogprobs> lp_pending_;
+    std::chrono::steady_clock::time_point t_start_, t_first_;
+    // Shared with the request's thread.
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<Piece> out_;
+    bool cancel_ = false, ended_ = false;
+    GenerateResult result_;
+    std::string error_;
+  };
+
+  // params.n_seq sequences; each must not be the hybrid path's (Session refuses).
+  BatchEngine(const Model& model, const Tokenizer& tok, const SessionParams& params,
+              const BatchEngineOptions& options = {});
+  ~BatchEngine();  // cancels running jobs and stops the engine thread
+  BatchEngine(const BatchEngine&) = delete;
+  BatchEngine& operator=(const BatchEngine&) = delete;
+
+  // Starts generating on sequence `seq`, which the caller holds (no other job runs on it until
+  // this one has ended). Keeps the longest prefix of `prompt` the sequence holds and drops the
+  // rest of its cache. Throws ember::Error for an empty prompt or one that does not fit.
+  std::shared_ptr<Job> start(int seq, std::vector<int32_t> prompt, const GenerateParams& params);
+
+  // Prompt tokens sequence `seq` would take from its cache; only for a sequence without a job.
+  int64_t cached_prefix(int seq, const std::vector<int32_t>& prompt) const;
+
+  int n_seq() const { return session_.n_seq(); }
+  int64_t n_ctx() const { return session_.n_ctx(); }
+  int n_threads() const { return session_.n_threads(); }
+  size_t kv_bytes() const { return session_.kv_bytes(); }
+  // Forward passes run, and the tokens (rows) they held, since start: their ratio is the mean
+  // batch.
+  uint64_t steps() const;
+  uint64_t step_rows() const;
+
+ private:
+  void loop();
+  // One forward pass over the jobs' next tokens and prompt chunks; then samples.
+  void step(std::vector<std::shared_ptr<Job>>& jobs);
+  void end(Job& job, const std::string& error = {});
+
+  const Model& model_;
+  const Tokenizer& tok_;
+  BatchEngineOptions opts_;
+  Session session_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> incoming_;
+  bool stopping_ = false;
+  uint64_t steps_ = 0, step_rows_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ember

@@ -1,0 +1,44 @@
+// A synth model and its tokenizer, written and loaded once for a test suite (from its
+// SetUpTestSuite) and removed after it; and the greedy generation settings the suites share.
+#pragma once
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "engine/generator.hpp"
+#include "model/model.hpp"
+#include "model/synth.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace ember::test_support {
+
+struct SynthSuite {
+  std::string path;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tok;
+
+  void open(const SynthOptions& o, const std::string& name) {
+    path = ::testing::TempDir() + name + ".gguf";
+    synth_write(o, path);
+    model = load_model(path);
+    tok = std::make_unique<Tokenizer>(*model->file);
+  }
+  void close() {
+    tok.reset();
+    model.reset();
+    std::remove(path.c_str());
+  }
+};
+
+// Greedy, n tokens (end-of-generation tokens ignored).
+inline GenerateParams greedy(int64_t n) {
+  GenerateParams g;
+  g.sampling.temperature = 0;
+  g.max_tokens = n;
+  g.ignore_eos = true;
+  return g;
+}
+
+}  // namespace ember::test_support

@@ -1,0 +1,285 @@
+// Continuous batching: Session::eval_seqs (several sequences in one forward pass, each its own
+// KV cache) against each sequence run alone, and the BatchEngine (jobs joining and leaving
+// between steps, prompt chunks, the prompt cache per sequence, cancellation) against generate.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "engine/batch_engine.hpp"
+#include "engine/generator.hpp"
+#include "engine/session.hpp"
+#include "model/model.hpp"
+#include "model/synth.hpp"
+#include "support/session_params.hpp"
+#include "support/synth_suite.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+using namespace ember;
+using test_support::greedy;
+
+namespace {
+
+SynthOptions synth_options(const std::string& arch, DType type) {
+  SynthOptions o = synth_preset("tiny");
+  o.arch = arch;
+  o.act = synth_default_activation(arch);
+  o.type = type;
+  o.n_ctx = 128;
+  o.seed = 11;
+  if (arch == "opt") o.n_head_kv = o.n_head;
+  if (type == DType::Q4_K || type == DType::Q6_K) o.n_embd = 256, o.n_ff = 512;  // rows of whole 256-blocks
+  o.n_threads = 1;
+  return o;
+}
+
+std::string synth_file(const std::string& arch, DType type, const std::string& name) {
+  const std::string path = ::testing::TempDir() + "ember_batch_" + name + ".gguf";
+  synth_write(synth_options(arch, type), path);
+  return path;
+}
+
+// The largest |a - b| relative to the largest |b| of the row.
+double rel_diff(const float* a, const float* b, int64_t n) {
+  double d = 0, m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+    m = std::max(m, std::fabs(static_cast<double>(b[i])));
+  }
+  return d / std::max(m, 1e-30);
+}
+
+std::vector<int32_t> tokens_from(uint32_t seed, size_t n, int64_t n_vocab) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    t[i] = static_cast<int32_t>((seed >> 8) % static_cast<uint32_t>(n_vocab));
+  }
+  return t;
+}
+
+// Runs a job to its end; returns its text.
+std::string drain(BatchEngine::Job& job, std::vector<TokenLogprobs>* lps = nullptr) {
+  std::string text;
+  std::vector<BatchEngine::Piece> pieces;
+  for (bool more = true; more;) {
+    more = job.wait(pieces, std::chrono::milliseconds(200));
+    for (auto& p : pieces) {
+      text += p.text;
+      if (lps) lps->insert(lps->end(), p.logprobs.begin(), p.logprobs.end());
+    }
+    pieces.clear();
+  }
+  return text;
+}
+
+}  // namespace
+
+// Three sequences of different lengths in one pass, then decode steps of all three together, give
+// each the logits it gets alone, to the bit: every row of a product runs the same kernel over the
+// same quantized activations in the same order whatever the batch (decode alone splits rows over
+// threads, a batch splits row blocks: neither changes a row's sum), and each sequence attends
+// over its own cache exactly as alone.
+TEST(EvalSeqs, EachSequenceGetsItsLogitsAlone) {
+  for (DType type : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K}) {
+    for (const std::string arch : {"llama", "gemma3", "opt"}) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " " + arch);
+      const std::string path = synth_file(arch, type, arch + std::string(dtype_name(type)));
+      auto model = load_model(path);
+      const int64_t nv = model->hp.n_vocab;
+      const std::vector<std::vector<int32_t>> prompts = {tokens_from(1, 5, nv), tokens_from(2, 9, nv), tokens_from(3, 1, nv)};
+      const int n_steps = 6;
+      // Alone: each sequence's logits after its prompt and after each decode token.
+      std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+      std::vector<std::vector<int32_t>> follow(prompts.size());
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        Session one(*model, test_support::session_params(2, 64, 32));
+        one.eval(prompts[s]);
+        alone[s].emplace_back(one.logits(), one.logits() + nv);
+        follow[s] = tokens_from(static_cast<uint32_t>(10 + s), n_steps, nv);
+        for (int32_t t : follow[s]) {
+          one.eval(&t, 1);
+          alone[s].emplace_back(one.logits(), one.logits() + nv);
+        }
+      }
+      SessionParams p = test_support::session_params(2, 64, 32);
+      p.n_seq = 4;  // sequence 1 stays idle; the three run on 0, 2, 3
+      Session batch(*model, p);
+      const int ids[] = {0, 2, 3};
+      std::vector<Session::SeqEval> items;
+      for (size_t s = 0; s < prompts.size(); ++s)
+        items.push_back({ids[s], prompts[s].data(), static_cast<int64_t>(prompts[s].size())});
+      batch.eval_seqs(items);
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        EXPECT_EQ(rel_diff(batch.logits(ids[s]), alone[s][0].data(), nv), 0.0) << "prompt of sequence " << s;
+        EXPECT_EQ(batch.pos(ids[s]), static_cast<int64_t>(prompts[s].size()));
+      }
+      EXPECT_EQ(batch.pos(1), 0);
+      for (int k = 0; k < n_steps; ++k) {
+        items.clear();
+        for (size_t s = 0; s < prompts.size(); ++s) items.push_back({ids[s], &follow[s][static_cast<size_t>(k)], 1});
+        std::reverse(items.begin(), items.end());  // any order of sequences
+        batch.eval_seqs(items);
+        for (size_t s = 0; s < prompts.size(); ++s)
+          EXPECT_EQ(rel_diff(batch.logits(ids[s]), alone[s][static_cast<size_t>(k + 1)].data(), nv), 0.0)
+              << "step " << k << " of sequence " << s;
+      }
+      std::remove(path.c_str());
+    }
+  }
+}
+
+TEST(EvalSeqs, RefusesWhatItCannotRun) {
+  const std::string path = synth_file("llama", DType::F32, "refuse");
+  auto model = load_model(path);
+  SessionParams p = test_support::session_params(1, 16, 8);
+  p.n_seq = 2;
+  Session s(*model, p);
+  const std::vector<int32_t> t(9, 5);
+  const Session::SeqEval twice[] = {{0, t.data(), 1}, {0, t.data(), 1}};
+  EXPECT_THROW(s.eval_seqs(twice), Error);
+  const Session::SeqEval too_many[] = {{0, t.data(), 5}, {1, t.data(), 4}};
+  EXPECT_THROW(s.eval_seqs(too_many), Error);
+  const Session::SeqEval no_such[] = {{2, t.data(), 1}};
+  EXPECT_THROW(s.eval_seqs(no_such), Error);
+  const Session::SeqEval empty[] = {{1, t.data(), 0}};
+  EXPECT_THROW(s.eval_seqs(empty), Error);
+  // The hybrid executor holds one sequence's cache on its devices.
+  SessionParams h = p;
+  h.hybrid.vram_budget = 1 << 20;
+  EXPECT_THROW(Session(*model, h), Error);
+  std::remove(path.c_str());
+}
+
+class BatchEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { suite_.open(synth_options("llama", DType::Q8_0), "ember_batch_engine"); }
+  static void TearDownTestSuite() { suite_.close(); }
+  static std::string alone(const std::vector<int32_t>& prompt, const GenerateParams& g,
+                           std::vector<TokenLogprobs>* lps = nullptr) {
+    Session s(*suite_.model, test_support::session_params(2, 128, 32));
+    std::string out;
+    generate(
+        s, *suite_.tok, prompt, g,
+        [&](std::string_view p) {
+          out.append(p);
+          return true;
+        },
+        [&](const TokenLogprobs& t) {
+          if (lps) lps->push_back(t);
+        });
+    return out;
+  }
+  static SessionParams engine_params(int n_seq, int64_t n_batch = 32) {
+    SessionParams p = test_support::session_params(2, 128, n_batch);
+    p.n_seq = n_seq;
+    return p;
+  }
+  static inline test_support::SynthSuite suite_;
+};
+
+// Jobs of different prompt lengths and limits, started together and one after another, each
+// give the greedy text they give alone; prompts longer than the chunk join over several steps.
+TEST_F(BatchEngineTest, JobsTogetherGiveTheirTextsAlone) {
+  BatchEngineOptions o;
+  o.prompt_chunk = 4;  // the 40-token prompt joins in chunks while the others generate
+  BatchEngine engine(*suite_.model, *suite_.tok, engine_params(4), o);
+  const int64_t nv = suite_.model->hp.n_vocab;
+  const std::vector<std::vector<int32_t>> prompts = {tokens_from(5, 3, nv), tokens_from(6, 40, nv),
+                                                      tokens_from(7, 12, nv), tokens_from(8, 1, nv)};
+  const int64_t limits[] = {20, 9, 30, 5};
+  std::vector<std::shared_ptr<BatchEngine::Job>> jobs;
+  for (size_t i = 0; i < prompts.size(); ++i) jobs.push_back(engine.start(static_cast<int>(i), prompts[i], greedy(limits[i])));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(drain(*jobs[i]), alone(prompts[i], greedy(limits[i])));
+    EXPECT_TRUE(jobs[i]->error().empty()) << jobs[i]->error();
+    EXPECT_EQ(jobs[i]->result().n_generated, limits[i]);
+    EXPECT_EQ(jobs[i]->result().finish, FinishReason::length);
+    EXPECT_EQ(jobs[i]->result().n_prompt, static_cast<int64_t>(prompts[i].size()));
+  }
+  // Steps held several sequences: fewer steps than tokens evaluated.
+  EXPECT_LT(engine.steps(), engine.step_rows());
+  // A job joining while another runs.
+  auto a = engine.start(0, prompts[2], greedy(25));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto b = engine.start(1, prompts[0], greedy(25));
+  EXPECT_EQ(drain(*b), alone(prompts[0], greedy(25)));
+  EXPECT_EQ(drain(*a), alone(prompts[2], greedy(25)));
+}
+
+// Sampled generation with a seed and log-probabilities: the same as alone.
+TEST_F(BatchEngineTest, SamplingAndLogprobsAsAlone) {
+  BatchEngine engine(*suite_.model, *suite_.tok, engine_params(3));
+  GenerateParams g = greedy(15);
+  g.sampling.temperature = 0.8f;
+  g.sampling.seed = 42;
+  g.n_logprobs = 2;
+  const auto prompt = tokens_from(9, 6, suite_.model->hp.n_vocab);
+  auto other = engine.start(1, tokens_from(10, 8, suite_.model->hp.n_vocab), greedy(30));
+  auto job = engine.start(0, prompt, g);
+  std::vector<TokenLogprobs> got, want;
+  const std::string text = drain(*job, &got);
+  EXPECT_EQ(text, alone(prompt, g, &want));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].token, want[i].token);
+    EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-3);
+    ASSERT_EQ(got[i].top.size(), 2u);
+  }
+  drain(*other);
+}
+
+// The prompt cache per sequence: a second turn on the same sequence evaluates only what is new.
+TEST_F(BatchEngineTest, PromptCacheKeepsEachSequencesPrefix) {
+  BatchEngine engine(*suite_.model, *suite_.tok, engine_params(2));
+  const int64_t nv = suite_.model->hp.n_vocab;
+  const auto first = tokens_from(12, 10, nv);
+  auto j0 = engine.start(0, first, greedy(6));
+  auto j1 = engine.start(1, tokens_from(13, 7, nv), greedy(6));
+  drain(*j0);
+  drain(*j1);
+  EXPECT_EQ(engine.cached_prefix(0, first), 9);  // all but the last prompt token
+  EXPECT_EQ(engine.cached_prefix(1, first), 0);
+  std::vector<int32_t> second = first;
+  for (int32_t t : tokens_from(14, 5, nv)) second.push_back(t);
+  auto j2 = engine.start(0, second, greedy(8));
+  EXPECT_EQ(drain(*j2), alone(second, greedy(8)));
+  EXPECT_EQ(j2->result().n_cached, 10);
+}
+
+// A cancelled job ends at the next step; the others go on undisturbed.
+TEST_F(BatchEngineTest, CancelEndsOneJob) {
+  BatchEngine engine(*suite_.model, *suite_.tok, engine_params(2));
+  const int64_t nv = suite_.model->hp.n_vocab;
+  auto keep = engine.start(0, tokens_from(15, 4, nv), greedy(40));
+  // Cancelled at once: ~120 steps would be left until the context is full.
+  auto stop = engine.start(1, tokens_from(16, 4, nv), greedy(-1));
+  stop->cancel();
+  drain(*stop);
+  EXPECT_EQ(stop->result().finish, FinishReason::cancelled);
+  EXPECT_LT(stop->result().n_generated, 100);
+  EXPECT_TRUE(stop->error().empty());
+  EXPECT_EQ(drain(*keep), alone(tokens_from(15, 4, nv), greedy(40)));
+  // The engine ends what still runs when it is destroyed.
+  std::shared_ptr<BatchEngine::Job> left;
+  {
+    BatchEngine e2(*suite_.model, *suite_.tok, engine_params(1));
+    left = e2.start(0, tokens_from(17, 4, nv), greedy(-1));
+  }
+  drain(*left);
+  EXPECT_EQ(left->result().finish, FinishReason::cancelled);
+}
+
+TEST_F(BatchEngineTest, RefusesWhatItCannotRun) {
+  EXPECT_THROW(BatchEngine(*suite_.model, *suite_.tok, engine_params(4, 2)), Error);  // 4 sequences, batch of 2
+  BatchEngine engine(*suite_.model, *suite_.tok, engine_params(1));
+  EXPECT_THROW(engine.start(1, {1, 2}, greedy(2)), Error);
+  EXPECT_THROW(engine.start(0, {}, greedy(2)), Error);
+  EXPECT_THROW(engine.start(0, std::vector<int32_t>(128, 1), greedy(2)), Error);
+}

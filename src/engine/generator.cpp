@@ -75,6 +75,11 @@ Generation::Generation(const Tokenizer& tok, int64_t n_vocab, const std::vector<
   EMBER_CHECK(!prompt.empty(), "the prompt is empty");
   for (int32_t t : prompt) sampler_.accept(t);
   res_.n_prompt = static_cast<int64_t>(prompt.size());
+  if (params_.grammar) {
+    EMBER_CHECK(params_.grammar_vocab && params_.grammar_vocab->n_vocab() == n_vocab,
+                "a grammar needs the token bytes of the model's vocabulary");
+    matcher_.emplace(params_.grammar);
+  }
 }
 
 void Generation::emit(const std::string& text) {
@@ -101,13 +106,24 @@ int32_t Generation::next(const float* logits, int64_t pos, int64_t n_ctx) {
   if (done_) return -1;
   if (res_.n_generated >= limit_) return finish(FinishReason::length), -1;
   if (pos >= n_ctx) return finish(FinishReason::context), -1;
-  const int32_t t = sampler_.sample(logits);
+  int32_t t;
+  if (matcher_) {
+    const TokenGrammar& vocab = *params_.grammar_vocab;
+    t = sampler_.sample(logits, [&](int32_t v) { return vocab.allows(*matcher_, v); });
+    EMBER_CHECK(t >= 0, "the grammar allows no token of the vocabulary here");
+  } else {
+    t = sampler_.sample(logits);
+  }
   sampler_.accept(t);
   ++res_.n_generated;
-  if (tok_.is_eog(t) && !params_.ignore_eos) return finish(FinishReason::eog), -1;
+  if (tok_.is_eog(t) && (!params_.ignore_eos || matcher_)) return finish(FinishReason::eog), -1;
   if (params_.n_logprobs >= 0 && on_logprobs_) on_logprobs_(token_logprobs(logits, n_vocab_, t, params_.n_logprobs));
   emit(stops_.push(utf8_.push(tok_.token_to_piece(t))));
   if (stops_.stopped()) return finish(FinishReason::stop), -1;
+  if (matcher_) {
+    params_.grammar_vocab->accept(*matcher_, t);
+    if (!matcher_->can_continue()) return finish(FinishReason::eog), -1;  // complete, and nothing may follow
+  }
   if (cancelled_) return finish(FinishReason::cancelled), -1;
   if (res_.n_generated >= limit_) return finish(FinishReason::length), -1;
   if (pos >= n_ctx) return finish(FinishReason::context), -1;

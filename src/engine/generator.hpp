@@ -5,11 +5,14 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "engine/grammar.hpp"
 #include "engine/sampler.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -47,6 +50,12 @@ struct GenerateParams {
   // >= 0: report each sampled token's log-probability and this many most likely alternatives
   // (TokenLogprobs, through the LogprobCallback); < 0: none.
   int n_logprobs = -1;
+  // Constrained generation (engine/grammar.hpp; the server's structured output): only tokens
+  // whose text the grammar can still complete are sampled, end-of-generation only once the text
+  // is complete, and generation ends when nothing may follow. `grammar_vocab` holds the
+  // tokenizer's token bytes (one per tokenizer, shared).
+  std::shared_ptr<const Grammar> grammar;
+  std::shared_ptr<const TokenGrammar> grammar_vocab;
 };
 
 // A sampled token's log-probability under the model (log-softmax of the raw logits, before any
@@ -112,6 +121,7 @@ class Generation {
   Sampler sampler_;
   Utf8Streamer utf8_;
   StopMatcher stops_;
+  std::optional<GrammarMatcher> matcher_;
   GenerateResult res_;
   int64_t limit_;
   bool cancelled_ = false, done_ = false;

@@ -30,9 +30,11 @@ void Sampler::accept(int32_t token) {
   while (static_cast<int>(recent_.size()) > params_.repeat_last_n) recent_.pop_front();
 }
 
-int32_t Sampler::sample(const float* logits) {
-  if (params_.temperature <= 0 && params_.repeat_penalty == 1.0f)
-    return static_cast<int32_t>(cpu::argmax_f32(logits, n_vocab_));  // greedy: no candidate list
+int32_t Sampler::sample(const float* logits, const TokenFilter& allowed) {
+  if (params_.temperature <= 0 && params_.repeat_penalty == 1.0f) {
+    const auto best = static_cast<int32_t>(cpu::argmax_f32(logits, n_vocab_));  // greedy: no candidate list
+    if (!allowed || allowed(best)) return best;
+  }
   cand_.clear();
   for (int64_t i = 0; i < n_vocab_; ++i) cand_.push_back({static_cast<int32_t>(i), logits[i]});
 
@@ -48,17 +50,30 @@ int32_t Sampler::sample(const float* logits) {
     }
   }
 
-  if (params_.temperature <= 0) {
-    auto best = std::max_element(cand_.begin(), cand_.end(),
-                                 [](const Candidate& a, const Candidate& b) { return a.logit < b.logit; });
-    return best->id;
-  }
-
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
   size_t n = cand_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
+  if (allowed) {
+    // The chain below over the allowed tokens only: the best `want` of them, most likely first,
+    // found by sorting the candidates in growing runs and asking in that order.
+    const size_t want = params_.temperature <= 0 ? 1 : params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : n;
+    size_t kept = 0;
+    for (size_t done = 0; done < n && kept < want;) {
+      const size_t upto = std::min(n, std::max<size_t>(2 * done, done + 256));
+      std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(done), cand_.begin() + static_cast<std::ptrdiff_t>(upto),
+                        cand_.end(), by_logit);
+      for (; done < upto && kept < want; ++done)
+        if (allowed(cand_[done].id)) cand_[kept++] = cand_[done];
+    }
+    if (kept == 0) return -1;
+    n = kept;
+    if (params_.temperature <= 0) return cand_[0].id;
+  } else if (params_.temperature <= 0) {
+    auto best = std::max_element(cand_.begin(), cand_.end(),
+                                 [](const Candidate& a, const Candidate& b) { return a.logit < b.logit; });
+    return best->id;
+  } else if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     std::partial_sort(cand_.begin(), cand_.begin() + params_.top_k, cand_.end(), by_logit);
     n = params_.top_k;
   } else {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -22,8 +23,11 @@ struct SamplerParams {
 class Sampler {
  public:
   Sampler(const SamplerParams& params, int64_t n_vocab);
-  // Picks the next token from logits (n_vocab floats).
-  int32_t sample(const float* logits);
+  // Which tokens may be picked (constrained generation); empty: all.
+  using TokenFilter = std::function<bool(int32_t)>;
+  // Picks the next token from logits (n_vocab floats): the chain over the tokens `allowed`
+  // accepts (top-k: the k most likely allowed ones). Returns -1 when no token is allowed.
+  int32_t sample(const float* logits, const TokenFilter& allowed = {});
   // Records a token (prompt or generated) for the repetition penalty.
   void accept(int32_t token);
   void reset();

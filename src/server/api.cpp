@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "server/json_schema.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember::server {
@@ -235,6 +236,31 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     if (auto e = get_int(j, "logprobs", 0, kMaxCompletionsLogprobs, n_lp)) return *e;
     if (n_lp) r.logprobs = static_cast<int>(*n_lp);
   }
+  if (const json* rf = field(j, "response_format")) {
+    if (!rf->is_object()) return bad("response_format", fmt::format("'response_format' must be an object, got {}", type_name(*rf)));
+    const json* type = field(*rf, "type");
+    if (!type || !type->is_string())
+      return bad("response_format.type", "'response_format.type' must be one of 'text', 'json_object', 'json_schema'");
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      r.grammar = json_object_grammar();
+    } else if (t == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object() || !field(*js, "schema") || !field(*js, "schema")->is_object())
+        return bad("response_format.json_schema",
+                   "'response_format.json_schema' must be an object with a 'schema' object");
+      try {
+        // Again, keeping the order of the properties: the model writes them in the schema's order.
+        const auto ordered = nlohmann::ordered_json::parse(body);
+        r.grammar = json_schema_grammar(ordered.at("response_format").at("json_schema").at("schema"));
+      } catch (const SchemaError& e) {
+        return bad("response_format.json_schema.schema", fmt::format("unsupported JSON schema: {}", e.what()));
+      }
+    } else if (t != "text") {
+      return bad("response_format.type",
+                 fmt::format("'response_format.type' '{}' is not supported (text, json_object or json_schema)", t));
+    }
+  }
   if (const json* tools = field(j, "tools"); tools && !(tools->is_array() && tools->empty()))
     return bad("tools", "'tools' (function calling) is not supported");
   return r;
@@ -270,6 +296,11 @@ std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest&
   p.gen.sampling.seed = req.seed.value_or(random_seed);
   p.gen.stop = req.stop;
   p.gen.n_logprobs = req.logprobs;
+  if (req.grammar) {
+    p.gen.grammar = req.grammar;
+    p.gen.grammar_vocab = model.grammar_vocab;
+    if (!p.gen.grammar_vocab) return ApiError{500, "structured output is not set up on this server", "server_error", "", ""};
+  }
   return p;
 }
 

@@ -3,6 +3,7 @@
 // all of it is unit-tested directly.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -43,6 +44,8 @@ struct ServedModel {
   int64_t n_ctx = 0;        // context of each session, tokens
   std::string chat_template;  // model_chat_template(): the file's source or a style name ("" = ChatML)
   int64_t created = 0;      // unix time, for /v1/models
+  // The tokens' bytes, for structured output's grammars (one per served tokenizer).
+  std::shared_ptr<const TokenGrammar> grammar_vocab;
 };
 
 struct CompletionRequest {
@@ -58,6 +61,9 @@ struct CompletionRequest {
   // Log-probabilities: -1 none; else the sampled tokens' and this many alternatives each (chat:
   // "logprobs": true with "top_logprobs" 0-20; completions: "logprobs" 0-5).
   int logprobs = -1;
+  // Structured output (response_format json_object / json_schema): the grammar the text must
+  // follow (server/json_schema.hpp); null for plain text.
+  std::shared_ptr<const Grammar> grammar;
 };
 
 constexpr int kMaxTopLogprobs = 20;            // chat, as OpenAI

@@ -53,6 +53,7 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
   served_.n_ctx = engine_->n_ctx();
   served_.chat_template = model_chat_template(*model_.file);
   served_.created = unix_now();
+  served_.grammar_vocab = std::make_shared<TokenGrammar>(tok_);
   // Fail at start, not per request, when the chat template is unknown.
   parse_chat_template(served_.chat_template);
   id_salt_ = std::random_device{}();

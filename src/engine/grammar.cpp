@@ -67,6 +67,15 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g) : g_(std::move(
   }
   std::sort(stacks_.begin(), stacks_.end());
   stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
+  update_first();
+}
+
+void GrammarMatcher::update_first() {
+  second_known_ = ByteSet();
+  first_ = ByteSet();
+  for (const Stack& s : stacks_)
+    if (!s.empty())
+      for (size_t w = 0; w < first_.bits.size(); ++w) first_.bits[w] |= g_->elems_[static_cast<size_t>(s.back())].set.bits[w];
 }
 
 void GrammarMatcher::expand(Stack s, std::vector<Stack>& out, int depth) const {
@@ -107,8 +116,21 @@ bool GrammarMatcher::advance(const std::vector<Stack>& in, uint8_t byte, std::ve
 }
 
 bool GrammarMatcher::allows(std::string_view bytes) const {
-  if (bytes.empty()) return false;
-  std::vector<Stack> cur, next;
+  if (bytes.empty() || !first_.has(static_cast<uint8_t>(bytes[0]))) return false;
+  thread_local std::vector<Stack> cur, next;
+  if (bytes.size() >= 2) {
+    const auto b0 = static_cast<uint8_t>(bytes[0]);
+    if (!second_known_.has(b0)) {
+      ByteSet& s2 = second_[b0];
+      s2 = ByteSet();
+      advance(stacks_, b0, next);
+      for (const Stack& s : next)
+        if (!s.empty())
+          for (size_t w = 0; w < s2.bits.size(); ++w) s2.bits[w] |= g_->elems_[static_cast<size_t>(s.back())].set.bits[w];
+      second_known_.add(b0);
+    }
+    if (!second_[b0].has(static_cast<uint8_t>(bytes[1]))) return false;
+  }
   const std::vector<Stack>* from = &stacks_;
   for (char c : bytes) {
     if (!advance(*from, static_cast<uint8_t>(c), next)) return false;
@@ -125,6 +147,7 @@ void GrammarMatcher::accept(std::string_view bytes) {
                 static_cast<int>(static_cast<uint8_t>(c)));
     stacks_.swap(next);
   }
+  update_first();
 }
 
 bool GrammarMatcher::complete() const {

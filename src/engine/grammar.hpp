@@ -84,7 +84,8 @@ class Grammar {
   int root_ = -1;
 };
 
-// Where a generation stands in a grammar. Copyable (a sampler may try a token on a copy).
+// Where a generation stands in a grammar. Copyable; not safe to use from two threads at once
+// (allows() fills a cache).
 class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const Grammar> g);
@@ -103,8 +104,17 @@ class GrammarMatcher {
   void expand(Stack s, std::vector<Stack>& out, int depth) const;
   bool advance(const std::vector<Stack>& in, uint8_t byte, std::vector<Stack>& out) const;
 
+  // The bytes some reading can take next (the union of the stacks' tops): most tokens are
+  // refused on their first byte without touching the stacks.
+  void update_first();
+
   std::shared_ptr<const Grammar> g_;
   std::vector<Stack> stacks_;
+  ByteSet first_;
+  // For each first byte b (computed when a token starting with b is first asked about): the
+  // bytes that may follow it, so most of the rest are refused on their second byte.
+  mutable ByteSet second_known_;
+  mutable std::array<ByteSet, 256> second_;
 };
 
 // The token-level view a sampler needs: which tokens a matcher allows next, given each token's

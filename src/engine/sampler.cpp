@@ -55,16 +55,23 @@ int32_t Sampler::sample(const float* logits, const TokenFilter& allowed) {
   };
   size_t n = cand_.size();
   if (allowed) {
-    // The chain below over the allowed tokens only: the best `want` of them, most likely first,
-    // found by sorting the candidates in growing runs and asking in that order.
+    // The chain below over the allowed tokens only: the best `want` of them, most likely first.
+    // Usually they are among the most likely 256; when not (the grammar allows few tokens), the
+    // rest are filtered first and only the survivors sorted.
     const size_t want = params_.temperature <= 0 ? 1 : params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : n;
+    const size_t head = std::min<size_t>(n, 256);
+    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(head), cand_.end(), by_logit);
     size_t kept = 0;
-    for (size_t done = 0; done < n && kept < want;) {
-      const size_t upto = std::min(n, std::max<size_t>(2 * done, done + 256));
-      std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(done), cand_.begin() + static_cast<std::ptrdiff_t>(upto),
-                        cand_.end(), by_logit);
-      for (; done < upto && kept < want; ++done)
-        if (allowed(cand_[done].id)) cand_[kept++] = cand_[done];
+    for (size_t i = 0; i < head && kept < want; ++i)
+      if (allowed(cand_[i].id)) cand_[kept++] = cand_[i];
+    if (kept < want && head < n) {
+      size_t m = kept;
+      for (size_t i = head; i < n; ++i)
+        if (allowed(cand_[i].id)) cand_[m++] = cand_[i];
+      const size_t upto = std::min(m, want);
+      std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(kept), cand_.begin() + static_cast<std::ptrdiff_t>(upto),
+                        cand_.begin() + static_cast<std::ptrdiff_t>(m), by_logit);
+      kept = upto;
     }
     if (kept == 0) return -1;
     n = kept;

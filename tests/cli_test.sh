@@ -103,6 +103,11 @@ contains "sparsify summary" "$tmp/err" "40\.[0-9]% of the layers' weights skippe
 expect_ok "input mode from the file" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0 --sparse-mode input
 input_sparsity=$(num "$tmp/err" '.*input sparsity \(decode tokens\): ([0-9.]+)% .*')
 close "input mode sparsity near the target" "${input_sparsity:-nan}" 40 15
+expect_ok "a sparsified file runs sparse with no flag" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0
+contains "auto picks input mode" "$tmp/err" "running --sparse-mode input"
+contains "auto input mode skips" "$tmp/err" "input sparsity \(decode tokens\)"
+expect_ok "--sparse-mode dense overrides" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 4 --temp 0 --sparse-mode dense
+if grep -q "input sparsity" "$tmp/err"; then fail "dense override still ran input mode"; else pass; fi
 expect_error "input mode needs thresholds" "sparsify|sparse-profile" "$ember" generate -m "$tmp/tiny.gguf" -p hi --sparse-mode input
 expect_error "sparsify with an old profile" "input tables|profile" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/tiny.gguf" -o "$tmp/x.gguf"
 # Predictor training samples saved by the profiler, trained on, used.

@@ -144,12 +144,12 @@ void run_bench(const BenchFlags& f) {
     }
     std::printf("\n");
   }
-  out["sparse_mode"] = f.engine.sparse_mode;
+  out["sparse_mode"] = f.engine.resolved_sparse_mode(*model);
   if (SparseFfn* sp = session.sparse_ffn()) {
     out["ffn_sparsity"] = sp->stats().sparsity();
     out["sparse_extra_bytes"] = sp->bytes();
     std::printf("FFN sparsity (%s): %.1f%% of neurons inactive; neuron-major down copies %.1f MiB\n",
-                f.engine.sparse_mode.c_str(), 100.0 * sp->stats().sparsity(), sp->neuron_major_bytes() / 1048576.0);
+                f.engine.resolved_sparse_mode(*model).c_str(), 100.0 * sp->stats().sparsity(), sp->neuron_major_bytes() / 1048576.0);
     // Decode reads only the rows it computes: the bytes the sparse path really streams.
     const double sparse_bytes = sp->weight_bytes_per_token();
     if (!tg.empty() && sparse_bytes > 0) {

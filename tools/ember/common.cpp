@@ -26,12 +26,13 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->capture_default_str();
   app->add_flag("-v,--verbose", verbose, "more log output");
   app->add_option("--sparse-mode", sparse_mode,
-                  "FFN: dense, oracle (gate for all neurons, up and down only for the active ones), or "
+                  "auto (the default: input for a model made by `ember sparsify`, dense otherwise), "
+                  "dense, oracle (gate for all neurons, up and down only for the active ones), or "
                   "threshold (as oracle with calibrated per-layer thresholds: --sparse-profile, or the model's), or "
                   "predictor (gate, up and down only for the neurons the predictor names), or input (every matrix "
                   "skips the weights of its input's small entries, TEAL: --sparse-profile and --sparsity, or the "
                   "thresholds of a model from `ember sparsify`)")
-      ->check(CLI::IsMember({"dense", "oracle", "threshold", "predictor", "input"}))
+      ->check(CLI::IsMember({"auto", "dense", "oracle", "threshold", "predictor", "input"}))
       ->capture_default_str();
   app->add_option("--sparse-threshold", sparse_threshold, "oracle: a neuron is active when |act(gate)| > this")
       ->check(CLI::Range(0.0f, 1e30f));
@@ -70,13 +71,18 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
                 "saves that copy for a model that barely fits in memory)");
 }
 
+std::string EngineFlags::resolved_sparse_mode(const Model& model) const {
+  if (sparse_mode != "auto") return sparse_mode;
+  return model.input_thresholds.empty() ? "dense" : "input";
+}
+
 SessionParams EngineFlags::session_params(const Model& model) const {
   SessionParams p;
   p.n_threads = threads;
   p.n_ctx = ctx;
   p.n_batch = batch;
   p.kv_type = parse_kv_type(kv_type);
-  p.sparse.mode = parse_ffn_mode(sparse_mode);
+  p.sparse.mode = parse_ffn_mode(resolved_sparse_mode(model));
   p.sparse.threshold = sparse_threshold;
   if (!sparse_profile.empty() && p.sparse.mode == FfnMode::input) {
     const InputSparsityPlan plan =
@@ -107,7 +113,10 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   auto model = load_model(flags.model_path);
   if (!flags.predictor_path.empty()) attach_predictors(*model, flags.predictor_path);
   const bool hybrid = !flags.vram_budget.empty() || !flags.plan_path.empty();
-  const RepackScope ffn_scope = repack_scope_for(parse_ffn_mode(flags.sparse_mode), hybrid);
+  const RepackScope ffn_scope = repack_scope_for(parse_ffn_mode(flags.resolved_sparse_mode(*model)), hybrid);
+  if (flags.sparse_mode == "auto" && !model->input_thresholds.empty())
+    log_info("{} carries input-sparsity thresholds (`ember sparsify`): running --sparse-mode input (pass "
+             "--sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
   const RepackStats rp =
       repack_for_dense_kernels(*model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);

@@ -17,7 +17,7 @@ struct EngineFlags {
   int64_t batch = 512;
   std::string kv_type = "f16";  // KV cache values: f16 (llama.cpp's default) or f32
   bool verbose = false;
-  std::string sparse_mode = "dense";
+  std::string sparse_mode = "auto";  // auto: input for a model from `ember sparsify`, else dense
   float sparse_threshold = 0.0f;
   std::string sparse_profile;  // threshold mode: calibrate per-layer thresholds from this profile
   float sparsity = 0.5f;       // ... at this target sparsity
@@ -31,6 +31,8 @@ struct EngineFlags {
 
   void add_to(CLI::App* app, bool model_required = true);
   std::string input_allocation = "greedy";  // input mode: how --sparsity is spread (sparse/input_allocation.hpp)
+  // --sparse-mode with auto resolved for this model.
+  std::string resolved_sparse_mode(const Model& model) const;
   // The session's settings; the model is what input sparsity's thresholds are allocated over.
   SessionParams session_params(const Model& model) const;
 };

@@ -98,18 +98,25 @@ close "profile sparsity = oracle sparsity" "$relu_profile_sparsity" "$(python3 -
 # Input sparsity (TEAL) on a SiLU model: the profile's input tables, `sparsify`, and the result
 # run with --sparse-mode input reaching its target on decode tokens.
 expect_ok "profile silu" "$ember" profile -m "$tmp/tiny.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 512 -o "$tmp/silu-input.profile.gguf" -t 2
-expect_ok "sparsify" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/silu-input.profile.gguf" --sparsity 0.4 -o "$tmp/tiny.sparse.gguf"
+expect_ok "sparsify" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/silu-input.profile.gguf" --sparsity 0.4 -o "$tmp/tiny.sparse.gguf" --eval-chunks 0
 contains "sparsify summary" "$tmp/err" "40\.[0-9]% of the layers' weights skipped"
 expect_ok "input mode from the file" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0 --sparse-mode input
 input_sparsity=$(num "$tmp/err" '.*input sparsity \(decode tokens\): ([0-9.]+)% .*')
 close "input mode sparsity near the target" "${input_sparsity:-nan}" 40 15
+# One command: profile on the text, thresholds, the measurement against the dense model.
+expect_ok "sparsify in one command" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/tiny.sparse1.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --eval "$tmp/text.txt" --eval-chunks 1 --sparsity 0.3 -t 2
+contains "sparsify steps" "$tmp/err" "sparsify \[3/3\]"
+contains "sparsify perplexity" "$tmp/out" "perplexity +[0-9.]+ -> [0-9.]+"
+contains "sparsify KL divergence" "$tmp/out" "KL divergence +[0-9.]+"
+contains "sparsify bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"
+expect_error "sparsify without a corpus" "get_corpus" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/x.gguf" --corpus "$tmp/none.txt"
 expect_ok "a sparsified file runs sparse with no flag" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0
 contains "auto picks input mode" "$tmp/err" "running --sparse-mode input"
 contains "auto input mode skips" "$tmp/err" "input sparsity \(decode tokens\)"
 expect_ok "--sparse-mode dense overrides" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 4 --temp 0 --sparse-mode dense
 if grep -q "input sparsity" "$tmp/err"; then fail "dense override still ran input mode"; else pass; fi
 expect_error "input mode needs thresholds" "sparsify|sparse-profile" "$ember" generate -m "$tmp/tiny.gguf" -p hi --sparse-mode input
-expect_error "sparsify with an old profile" "input tables|profile" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/tiny.gguf" -o "$tmp/x.gguf"
+expect_error "sparsify with an old profile" "input tables|profile" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/tiny.gguf" -o "$tmp/x.gguf" --eval-chunks 0
 # Predictor training samples saved by the profiler, trained on, used.
 expect_ok "profile samples" "$ember" profile -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 512 --samples "$tmp/relu.samples.gguf" --samples-max 200 -o "$tmp/relu.profile2.gguf" -t 2
 contains "samples written" "$tmp/err" "samples: 200 tokens x [0-9]+ layers"
@@ -137,7 +144,7 @@ expect_error "kl-base not a log-prob file" "not an Ember log-prob file" "$ember"
 echo "hello world" >"$tmp/short.txt"
 expect_error "ppl text too short" "fewer than one chunk" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/short.txt" -c 64
 expect_error "ppl missing text" "cannot read the text" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/nope.txt"
-expect_error "profile missing corpus" "cannot read the corpus" "$ember" profile -m "$tmp/silu.gguf" -f "$tmp/nope.txt" -o "$tmp/x.gguf"
+expect_error "profile missing corpus" "cannot read the text" "$ember" profile -m "$tmp/silu.gguf" -f "$tmp/nope.txt" -o "$tmp/x.gguf"
 expect_error "threshold mode without thresholds" "needs per-layer thresholds" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold
 expect_error "sparse profile not a profile" "not a profile" "$ember" perplexity -m "$tmp/silu.gguf" -f "$tmp/text.txt" -c 64 --sparse-mode threshold --sparse-profile "$tmp/silu.gguf"
 expect_ok "synth one layer" "$ember" synth --preset tiny --n-layer 1 -o "$tmp/one.gguf"

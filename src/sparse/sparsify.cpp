@@ -8,11 +8,13 @@
 
 namespace ember {
 
-SparsifySummary sparsify_model(const SparsifyOptions& o) {
+SparsifySummary sparsify_model(const SparsifyOptions& o) { return sparsify_model(o, read_profile(o.profile)); }
+
+SparsifySummary sparsify_model(const SparsifyOptions& o, const Profile& profile) {
   EMBER_CHECK(o.output != o.model, "sparsify: the output must be another file than the model ('{}')", o.model);
   auto model = load_model(o.model);
   SparsifySummary sum;
-  sum.plan = allocate_input_sparsity(read_profile(o.profile), *model, o.sparsity, o.allocation);
+  sum.plan = allocate_input_sparsity(profile, *model, o.sparsity, o.allocation);
   const gguf::Reader& r = *model->file;
   gguf::Writer w(r.alignment());
   w.set_powerinfer_magic(r.is_powerinfer());

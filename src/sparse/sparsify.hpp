@@ -8,6 +8,7 @@
 #include <string>
 
 #include "sparse/input_allocation.hpp"
+#include "sparse/profile.hpp"
 
 namespace ember {
 
@@ -23,5 +24,7 @@ struct SparsifySummary {
 };
 
 SparsifySummary sparsify_model(const SparsifyOptions& o);
+// The same from a profile in memory (o.profile only names it in the file's metadata).
+SparsifySummary sparsify_model(const SparsifyOptions& o, const Profile& profile);
 
 }  // namespace ember

@@ -2,8 +2,6 @@
 // half of each scored), with --save-logits / --kl-base for KL divergence against a base run
 // (engine/perplexity.hpp). Works with every --sparse-mode.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -22,20 +20,11 @@ struct PerplexityFlags {
   PerplexityOptions opts;
 };
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EMBER_CHECK(in.good(), "cannot read the text file '{}' (for the corpus: scripts/get_corpus.sh)", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 void run_perplexity(PerplexityFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
-  const std::string text = read_text_file(f.text_file);
   Tokenizer tok(*model->file);
   const bool add_bos = tok.vocab().add_bos;
-  const std::vector<int32_t> tokens = tok.encode(text, add_bos);
+  const std::vector<int32_t> tokens = read_corpus_tokens(*model, f.text_file);
   SessionParams sp = f.engine.session_params(*model);
   sp.n_ctx = f.engine.ctx;
   Session session(*model, sp);

@@ -4,7 +4,6 @@
 // cumulative firing curves.
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -50,37 +49,16 @@ void save_samples(const ProfileFlags& f, const Model& model, Session& session, c
 
 void run_profile_cmd(ProfileFlags& f) {
   auto model = load_model_logged(f.engine, nullptr, RepackScope::attention_output);
-  std::ifstream in(f.corpus, std::ios::binary);
-  EMBER_CHECK(in.good(), "cannot read the corpus '{}' (install it with scripts/get_corpus.sh)", f.corpus);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  Tokenizer tok(*model->file);
-  const std::vector<int32_t> tokens = tok.encode(ss.str(), tok.vocab().add_bos);
+  const std::vector<int32_t> tokens = read_corpus_tokens(*model, f.corpus);
   f.opts.sparsity = f.engine.sparsity;  // --sparsity: the per-layer firing thresholds' sparsity
   if (!f.threshold_given) f.opts.threshold = model->hp.act == cpu::Activation::relu ? 0.0f : -1.0f;
   SessionParams sp = f.engine.session_params(*model);
   EMBER_CHECK(sp.sparse.mode == FfnMode::dense, "profile runs the dense FFN: drop --sparse-mode");
   sp.n_ctx = f.engine.ctx;
   Session session(*model, sp);
-  f.opts.n_ctx = std::min<int64_t>(f.engine.ctx, session.n_ctx());
-  const int64_t n_tok = f.opts.max_tokens > 0 ? std::min<int64_t>(f.opts.max_tokens, tokens.size()) : tokens.size();
-  const int passes = f.opts.threshold >= 0.0f ? 1 : 2;
-  log_info("profile: {} of {} corpus tokens in chunks of {}, {} threads; firing threshold {}", n_tok, tokens.size(),
-           f.opts.n_ctx, session.n_threads(),
-           f.opts.threshold >= 0.0f
-               ? fmt::format("{}", f.opts.threshold)
-               : fmt::format("per layer at sparsity {} (two passes: quantiles, then counts)", f.opts.sparsity));
   Timer timer;
-  int64_t next_report = 0;
-  Profile p = run_profile(session, tokens, f.opts, [&](int64_t done, int64_t total, int pass) {
-    const int64_t all = total * passes, now = (pass - 1) * total + done;
-    if (now >= next_report || now == all) {
-      const double secs = timer.seconds();
-      log_info("profile: pass {}/{}: {}/{} tokens, {:.0f} tokens/s, {:.0f} s left", pass, passes, done, total,
-               now / secs, secs / now * (all - now));
-      next_report = now + std::max<int64_t>(all / 10, 1);
-    }
-  });
+  Profile p = profile_corpus(session, tokens, f.opts);
+  const int64_t n_tok = f.opts.max_tokens > 0 ? std::min<int64_t>(f.opts.max_tokens, tokens.size()) : tokens.size();
   write_profile(p, f.out);
   if (!f.samples.empty()) save_samples(f, *model, session, p, tokens, n_tok);
 

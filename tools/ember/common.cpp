@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "core/huge_pages.hpp"
 #include "core/cpu_features.hpp"
@@ -12,6 +14,8 @@
 #include "sparse/input_allocation.hpp"
 #include "sparse/threshold.hpp"
 #include "sparse/predictor.hpp"
+#include "engine/profile_run.hpp"
+#include "tokenizer/tokenizer.hpp"
 
 namespace ember::cli {
 
@@ -180,6 +184,37 @@ size_t peak_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<size_t>(ru.ru_maxrss) * 1024;
+}
+
+std::vector<int32_t> read_corpus_tokens(const Model& model, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EMBER_CHECK(in.good(), "cannot read the text '{}' (the project's corpus: scripts/get_corpus.sh)", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Tokenizer tok(*model.file);
+  return tok.encode(ss.str(), tok.vocab().add_bos);
+}
+
+Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, ProfileOptions& opts) {
+  opts.n_ctx = std::min<int64_t>(opts.n_ctx, session.n_ctx());
+  const int64_t n_tok = opts.max_tokens > 0 ? std::min<int64_t>(opts.max_tokens, tokens.size()) : tokens.size();
+  const int passes = opts.threshold >= 0.0f ? 1 : 2;
+  log_info("profile: {} of {} corpus tokens in chunks of {}, {} threads; firing threshold {}", n_tok, tokens.size(),
+           opts.n_ctx, session.n_threads(),
+           opts.threshold >= 0.0f ? fmt::format("{}", opts.threshold)
+                                  : fmt::format("per layer at sparsity {} (two passes: quantiles, then counts)",
+                                                opts.sparsity));
+  Timer timer;
+  int64_t next_report = 0;
+  return run_profile(session, tokens, opts, [&](int64_t done, int64_t total, int pass) {
+    const int64_t all = total * passes, now = (pass - 1) * total + done;
+    if (now >= next_report || now == all) {
+      const double secs = timer.seconds();
+      log_info("profile: pass {}/{}: {}/{} tokens, {:.0f} tokens/s, {:.0f} s left", pass, passes, done, total,
+               now / secs, secs / now * (all - now));
+      next_report = now + std::max<int64_t>(all / 10, 1);
+    }
+  });
 }
 
 }  // namespace ember::cli

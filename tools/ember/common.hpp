@@ -3,10 +3,12 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/repack.hpp"
+#include "sparse/profile.hpp"
 
 namespace ember::cli {
 
@@ -47,6 +49,14 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
 // Logs the FFN sparsity the session measured (oracle mode; nothing in dense mode): the total
 // at info level, per layer at debug level (-v).
 void log_ffn_sparsity(Session& session);
+
+// The tokens of a text file (BOS first where the model adds one); the error names
+// scripts/get_corpus.sh for the project's corpus.
+std::vector<int32_t> read_corpus_tokens(const Model& model, const std::string& path);
+
+// Runs `ember profile`'s measurement over the tokens through the (dense) session, with progress
+// in the log; opts.n_ctx is capped at the session's context.
+Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, ProfileOptions& opts);
 
 // Peak resident memory of this process, in bytes.
 size_t peak_rss_bytes();

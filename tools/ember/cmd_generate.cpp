@@ -24,9 +24,8 @@ struct GenerateFlags {
   bool chat = false;
   bool ignore_eos = false;
   bool no_echo = false;
-  int64_t seed = -1;
   std::vector<std::string> stop;
-  SamplerParams sampling;
+  SamplingFlags sampling;
 };
 
 void run_generate(GenerateFlags& f) {
@@ -54,8 +53,7 @@ void run_generate(GenerateFlags& f) {
   Session session(*model, f.engine.session_params(*model));
   EMBER_CHECK(static_cast<int64_t>(prompt.size()) < session.n_ctx(),
               "the prompt has {} tokens but the context holds {}; use a larger -c", prompt.size(), session.n_ctx());
-  SamplerParams sp = f.sampling;
-  sp.seed = f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
+  const SamplerParams sp = f.sampling.resolve(*model);
   log_info("prompt: {} tokens; threads {}; context {}; seed {}", prompt.size(), session.n_threads(), session.n_ctx(),
            sp.seed);
 
@@ -101,19 +99,10 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(-1, 1 << 24));
   cmd->add_flag("--chat", f->chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--system", f->system, "system message (with --chat)");
-  cmd->add_option("--temp", f->sampling.temperature, "temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", f->sampling.top_k, "top-k (0 = off)")->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--top-p", f->sampling.top_p, "top-p (1 = off)")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--min-p", f->sampling.min_p, "min-p (0 = off)")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--repeat-penalty", f->sampling.repeat_penalty, "repetition penalty (1 = off)")
-      ->check(CLI::Range(0.01, 100.0));
-  cmd->add_option("--repeat-last-n", f->sampling.repeat_last_n, "tokens the penalty looks back over")
-      ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("-s,--seed", f->seed, "random seed (-1 = random)");
+  f->sampling.add_to(cmd);
   cmd->add_option("--stop", f->stop, "stop when the output contains this text (repeatable; the text is not printed)");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
   cmd->add_flag("--no-echo", f->no_echo, "do not print the prompt");
-  f->sampling.repeat_penalty = 1.0f;
   cmd->callback([f] {
     if (f->prompt.empty() && f->prompt_file.empty()) throw CLI::ValidationError("--prompt", "give a prompt with -p or -f");
     run_generate(*f);

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <fstream>
+#include <random>
 #include <sstream>
+
+#include <fmt/ranges.h>
 
 #include "core/huge_pages.hpp"
 #include "core/cpu_features.hpp"
@@ -215,6 +218,54 @@ Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, Pro
       next_report = now + std::max<int64_t>(all / 10, 1);
     }
   });
+}
+
+void SamplingFlags::add_to(CLI::App* app) {
+  temp_ = app->add_option("--temp", sampling.temperature, "temperature (0 = greedy; default: the model's recommended, else 0.8)")
+              ->check(CLI::Range(0.0, 100.0));
+  top_k_ = app->add_option("--top-k", sampling.top_k, "top-k (0 = off)")->check(CLI::Range(0, 1 << 24));
+  top_p_ = app->add_option("--top-p", sampling.top_p, "top-p (1 = off)")->check(CLI::Range(0.0, 1.0));
+  min_p_ = app->add_option("--min-p", sampling.min_p, "min-p (0 = off)")->check(CLI::Range(0.0, 1.0));
+  app->add_option("--repeat-penalty", sampling.repeat_penalty, "repetition penalty (1 = off)")
+      ->check(CLI::Range(0.01, 100.0));
+  app->add_option("--repeat-last-n", sampling.repeat_last_n, "tokens the penalty looks back over")
+      ->check(CLI::Range(0, 1 << 20));
+  app->add_option("-s,--seed", seed, "random seed (-1 = random)");
+  sampling.repeat_penalty = 1.0f;
+}
+
+SamplerParams SamplingFlags::resolve(const Model& model) const {
+  SamplerParams p = sampling;
+  if (auto rec = recommended_sampling(model)) {
+    std::vector<std::string> used;
+    auto take = [&](CLI::Option* opt, auto& field, auto value, const char* name) {
+      if (opt && opt->count() == 0 && field != value) {
+        field = value;
+        used.push_back(fmt::format("{} {}", name, value));
+      }
+    };
+    take(temp_, p.temperature, rec->temperature, "temperature");
+    take(top_k_, p.top_k, rec->top_k, "top-k");
+    take(top_p_, p.top_p, rec->top_p, "top-p");
+    take(min_p_, p.min_p, rec->min_p, "min-p");
+    if (!used.empty()) log_info("sampling: the model's recommended {} (override with the flags)", fmt::join(used, ", "));
+  }
+  p.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+  return p;
+}
+
+std::optional<SamplerParams> recommended_sampling(const Model& model) {
+  const std::string base = model.file->opt_string("general.basename").value_or("");
+  SamplerParams p;
+  if (base == "smollm2") {  // the SmolLM2 model cards
+    p.temperature = 0.2f, p.top_p = 0.9f;
+    return p;
+  }
+  if (base == "gemma-3") {  // Gemma 3's generation_config.json
+    p.temperature = 1.0f, p.top_k = 64, p.top_p = 0.95f, p.min_p = 0.0f;
+    return p;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ember::cli

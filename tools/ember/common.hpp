@@ -2,9 +2,11 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "engine/sampler.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/repack.hpp"
@@ -38,6 +40,23 @@ struct EngineFlags {
   // The session's settings; the model is what input sparsity's thresholds are allocated over.
   SessionParams session_params(const Model& model) const;
 };
+
+// The sampling flags of `generate` and `chat`. Those not given take the model's recommended
+// values where its family is known (recommended_sampling), else llama.cpp's defaults.
+struct SamplingFlags {
+  SamplerParams sampling;
+  int64_t seed = -1;  // -1: random
+  void add_to(CLI::App* app);
+  // The parameters for this model, the seed resolved; logs where recommended values were used.
+  SamplerParams resolve(const Model& model) const;
+
+ private:
+  CLI::Option *temp_ = nullptr, *top_k_ = nullptr, *top_p_ = nullptr, *min_p_ = nullptr;
+};
+
+// The sampling a model's authors recommend, by general.basename (SmolLM2: temperature 0.2,
+// top-p 0.9; Gemma 3: temperature 1.0, top-k 64, top-p 0.95, no min-p); nullopt when unknown.
+std::optional<SamplerParams> recommended_sampling(const Model& model);
 
 // Loads the model named by the flags, logging what it is and how long it took, and repacks its
 // matrices for the dense kernels: the FFN too when it runs dense (no sparse mode, no hybrid) and

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "ember 0.1.0");
   ember::cli::add_generate(app);
+  ember::cli::add_chat(app);
   ember::cli::add_inspect(app);
   ember::cli::add_synth(app);
   ember::cli::add_bench(app);

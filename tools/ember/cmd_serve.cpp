@@ -30,6 +30,13 @@ void run_serve(ServeFlags& f) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that goes away must not kill the server
 
+  // Without -t, one core is left to the HTTP threads and the clients (a chat page or tools on the
+  // same machine): on 2 cores with 4 local streaming clients that serves 1.3x the tokens of using
+  // both (docs/benchmarks.md).
+  if (f.engine.threads == 0 && default_thread_count() > 1) {
+    f.engine.threads = default_thread_count() - 1;
+    log_info("serve: {} compute threads, one core left for HTTP and clients (-t to choose)", f.engine.threads);
+  }
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params(*model);
   // The hybrid path holds one sequence's KV cache on its devices.

@@ -1,6 +1,8 @@
 // A synth model and its tokenizer, written and loaded once for a test suite (from its
 // SetUpTestSuite) and removed after it; and the greedy generation settings the suites share.
 #pragma once
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,7 +22,8 @@ struct SynthSuite {
   std::unique_ptr<Tokenizer> tok;
 
   void open(const SynthOptions& o, const std::string& name) {
-    path = ::testing::TempDir() + name + ".gguf";
+    // Per process: ctest runs each test of a suite in its own process, several at once.
+    path = ::testing::TempDir() + name + "-" + std::to_string(getpid()) + ".gguf";
     synth_write(o, path);
     model = load_model(path);
     tok = std::make_unique<Tokenizer>(*model->file);

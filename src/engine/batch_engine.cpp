@@ -153,8 +153,10 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
   if (jobs.empty()) return;
 
   // The generating sequences' next tokens first, then prompt chunks, oldest job first.
-  std::vector<Session::SeqEval> items;
-  std::vector<Job*> owners;
+  std::vector<Session::SeqEval>& items = items_;
+  std::vector<Job*>& owners = owners_;
+  items.clear();
+  owners.clear();
   int64_t budget = session_.max_batch();
   bool generating = false;
   for (auto& job : jobs) {

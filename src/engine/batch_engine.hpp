@@ -117,6 +117,9 @@ class BatchEngine {
   std::deque<std::shared_ptr<Job>> incoming_;
   bool stopping_ = false;
   uint64_t steps_ = 0, step_rows_ = 0;
+  // step()'s lists, kept between steps (the engine thread's only).
+  std::vector<Session::SeqEval> items_;
+  std::vector<Job*> owners_;
   std::thread thread_;
 };
 

@@ -9,6 +9,12 @@
 namespace ember {
 
 namespace {
+// Drops repeated readings (sorted, so equal stacks sit together).
+void dedup(std::vector<std::vector<int32_t>>& stacks) {
+  if (stacks.size() < 2) return;
+  std::sort(stacks.begin(), stacks.end());
+  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+}
 // Deepest chain of rule references expanded before a byte is matched: only a left-recursive
 // grammar (which finish() cannot always see) gets near it.
 constexpr int kMaxExpandDepth = 256;
@@ -65,17 +71,20 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g) : g_(std::move(
     if (!g_->elems_[static_cast<size_t>(start)].end) s.push_back(start);
     expand(std::move(s), stacks_, 0);
   }
-  std::sort(stacks_.begin(), stacks_.end());
-  stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
+  dedup(stacks_);
   update_first();
+}
+
+ByteSet GrammarMatcher::next_bytes(const std::vector<Stack>& stacks) const {
+  ByteSet b;
+  for (const Stack& s : stacks)
+    if (!s.empty()) b |= g_->elems_[static_cast<size_t>(s.back())].set;
+  return b;
 }
 
 void GrammarMatcher::update_first() {
   second_known_ = ByteSet();
-  first_ = ByteSet();
-  for (const Stack& s : stacks_)
-    if (!s.empty())
-      for (size_t w = 0; w < first_.bits.size(); ++w) first_.bits[w] |= g_->elems_[static_cast<size_t>(s.back())].set.bits[w];
+  first_ = next_bytes(stacks_);
 }
 
 void GrammarMatcher::expand(Stack s, std::vector<Stack>& out, int depth) const {
@@ -108,10 +117,7 @@ bool GrammarMatcher::advance(const std::vector<Stack>& in, uint8_t byte, std::ve
     if (!g_->elems_[static_cast<size_t>(at) + 1].end) t.push_back(at + 1);
     expand(std::move(t), out, 0);
   }
-  if (out.size() > 1) {
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-  }
+  dedup(out);
   return !out.empty();
 }
 
@@ -121,12 +127,8 @@ bool GrammarMatcher::allows(std::string_view bytes) const {
   if (bytes.size() >= 2) {
     const auto b0 = static_cast<uint8_t>(bytes[0]);
     if (!second_known_.has(b0)) {
-      ByteSet& s2 = second_[b0];
-      s2 = ByteSet();
       advance(stacks_, b0, next);
-      for (const Stack& s : next)
-        if (!s.empty())
-          for (size_t w = 0; w < s2.bits.size(); ++w) s2.bits[w] |= g_->elems_[static_cast<size_t>(s.back())].set.bits[w];
+      second_[b0] = next_bytes(next);
       second_known_.add(b0);
     }
     if (!second_[b0].has(static_cast<uint8_t>(bytes[1]))) return false;

@@ -32,6 +32,10 @@ struct ByteSet {
     for (int b = lo; b <= hi; ++b) add(static_cast<uint8_t>(b));
     return *this;
   }
+  ByteSet& operator|=(const ByteSet& o) {
+    for (size_t w = 0; w < bits.size(); ++w) bits[w] |= o.bits[w];
+    return *this;
+  }
   static ByteSet of(std::string_view bytes) {
     ByteSet s;
     for (char c : bytes) s.add(static_cast<uint8_t>(c));
@@ -104,8 +108,10 @@ class GrammarMatcher {
   void expand(Stack s, std::vector<Stack>& out, int depth) const;
   bool advance(const std::vector<Stack>& in, uint8_t byte, std::vector<Stack>& out) const;
 
-  // The bytes some reading can take next (the union of the stacks' tops): most tokens are
-  // refused on their first byte without touching the stacks.
+  // The bytes some reading of `stacks` can take next: the union of their tops.
+  ByteSet next_bytes(const std::vector<Stack>& stacks) const;
+  // Refreshes first_ (most tokens are refused on their first byte without touching the stacks)
+  // and forgets second_.
   void update_first();
 
   std::shared_ptr<const Grammar> g_;

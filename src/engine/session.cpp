@@ -99,11 +99,11 @@ const Session::Seq& Session::at(int seq) const { return const_cast<Session*>(thi
 
 void Session::eval(const std::vector<int32_t>& tokens) { eval(tokens.data(), static_cast<int64_t>(tokens.size())); }
 
-void Session::eval(const int32_t* tokens, int64_t n) {
-  Seq& sq = seqs_[0];
+void Session::eval(const int32_t* tokens, int64_t n, int seq) {
+  Seq& sq = at(seq);
   for (int64_t done = 0; done < n;) {
     int64_t chunk = std::min(ws_.max_batch, n - done);
-    forward(model_, pool_, sq.kv, ws_, tokens + done, chunk, pos(), sq.logits.data(), false);
+    forward(model_, pool_, sq.kv, ws_, tokens + done, chunk, pos(seq), sq.logits.data(), false);
     sq.tokens.insert(sq.tokens.end(), tokens + done, tokens + done + chunk);
     done += chunk;
   }
@@ -123,18 +123,18 @@ void Session::eval_all_logits(const int32_t* tokens, int64_t n, float* all_logit
 
 void Session::eval_seqs(std::span<const SeqEval> items) {
   EMBER_CHECK(!items.empty(), "eval_seqs: no sequence given");
-  if (items.size() == 1 && items[0].seq == 0) return eval(items[0].tokens, items[0].n);
+  for (const SeqEval& it : items) EMBER_CHECK(it.n >= 1, "eval_seqs: sequence {} is given {} tokens", it.seq, it.n);
+  if (items.size() == 1) return eval(items[0].tokens, items[0].n, items[0].seq);
   EMBER_CHECK(items.size() <= batch_spans_.capacity(), "eval_seqs: {} sequences in one step (at most {})", items.size(),
               batch_spans_.capacity());
   batch_tokens_.clear();
   batch_spans_.clear();
   batch_rows_.clear();
-  std::vector<bool> seen(seqs_.size(), false);
   for (const SeqEval& it : items) {
     Seq& sq = at(it.seq);
-    EMBER_CHECK(!seen[static_cast<size_t>(it.seq)], "eval_seqs: sequence {} is given twice", it.seq);
-    seen[static_cast<size_t>(it.seq)] = true;
-    EMBER_CHECK(it.n >= 1 && static_cast<int64_t>(batch_tokens_.size()) + it.n <= ws_.max_batch,
+    for (const SeqSpan& earlier : batch_spans_)
+      EMBER_CHECK(earlier.kv != &sq.kv, "eval_seqs: sequence {} is given twice", it.seq);
+    EMBER_CHECK(static_cast<int64_t>(batch_tokens_.size()) + it.n <= ws_.max_batch,
                 "eval_seqs: {} tokens in one step (1 to {} allowed)", static_cast<int64_t>(batch_tokens_.size()) + it.n,
                 ws_.max_batch);
     const int64_t first = static_cast<int64_t>(batch_tokens_.size());

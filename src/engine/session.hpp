@@ -37,9 +37,10 @@ class Session {
  public:
   Session(const Model& model, const SessionParams& params);
 
-  // Appends tokens to sequence 0; afterwards logits() holds the last token's logits.
+  // Appends tokens to a sequence (in batches of at most max_batch()); afterwards logits(seq)
+  // holds the last token's logits.
   void eval(const std::vector<int32_t>& tokens);
-  void eval(const int32_t* tokens, int64_t n);
+  void eval(const int32_t* tokens, int64_t n, int seq = 0);
   // As eval, but also writes every token's logits (n * n_vocab floats) to `all_logits`.
   void eval_all_logits(const int32_t* tokens, int64_t n, float* all_logits);
   const float* logits() const { return logits(0); }
@@ -51,8 +52,8 @@ class Session {
     int64_t n = 0;
   };
   // One forward pass over several sequences' new tokens (each sequence at most once, n >= 1,
-  // at most max_batch() tokens in all); afterwards logits(seq) holds each one's last token's
-  // logits.
+  // at most max_batch() tokens in all; one sequence alone is eval's); afterwards logits(seq)
+  // holds each one's last token's logits.
   void eval_seqs(std::span<const SeqEval> items);
 
   int n_seq() const { return static_cast<int>(seqs_.size()); }

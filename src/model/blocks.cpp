@@ -224,12 +224,8 @@ void head(const Model& m, ThreadPool& pool, Workspace& ws, const float* x, int64
 }
 }  // namespace
 
-void output_block(const Model& m, ThreadPool& pool, Workspace& ws, int64_t n, float* logits, bool logits_all) {
-  const int64_t first = logits_all ? 0 : n - 1;
-  head(m, pool, ws, ws.x.data() + first * m.hp.n_embd, n - first, logits);
-}
-
 void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows, float* logits) {
+  if (!rows) return head(m, pool, ws, ws.x.data(), n_rows, logits);
   const int64_t d = m.hp.n_embd;
   float* gathered = ws.o.data();  // free after the last layer
   for (int64_t i = 0; i < n_rows; ++i)

@@ -65,10 +65,8 @@ void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& po
 void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0);
 void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws, int64_t n);
 
-// logits = output(output_norm(x)) of the last token, or of all n (logits_all), soft-capped where
-// the model says so.
-void output_block(const Model& m, ThreadPool& pool, Workspace& ws, int64_t n, float* logits, bool logits_all);
-// logits (n_rows x n_vocab) = the output of the given rows of ws.x (uses ws.o as scratch).
+// logits (n_rows x n_vocab) = output(output_norm(x)) of the given rows of ws.x (uses ws.o as
+// scratch), or of its first n_rows rows when `rows` is null; soft-capped where the model says so.
 void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows, float* logits);
 
 }  // namespace ember

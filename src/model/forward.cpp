@@ -72,20 +72,11 @@ size_t Workspace::bytes() const {
 
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
              int64_t pos0, float* logits, bool logits_all) {
-  EMBER_CHECK(n >= 1 && n <= ws.max_batch, "forward: batch of {} tokens (1 to {} allowed)", n, ws.max_batch);
-  EMBER_CHECK(pos0 >= 0 && pos0 + n <= kv.n_ctx,
-              "context is full: {} tokens would exceed the context size of {}; use a larger -c", pos0 + n,
-              kv.n_ctx);
-  for (int64_t t = 0; t < n; ++t)
-    EMBER_CHECK(tokens[t] >= 0 && tokens[t] < model.hp.n_vocab, "token id {} is out of range (vocabulary has {})",
-                tokens[t], model.hp.n_vocab);
-  embed_block(model, tokens, n, pos0, ws.x.data(), ws.o.data());
-  if (ws.layers) {
-    ws.layers->run_layers(model, pool, kv, ws, n, pos0);
-  } else {
-    for (int64_t il = 0; il < model.hp.n_layer; ++il) cpu_layer(model, il, pool, kv, ws, n, pos0);
-  }
-  output_block(model, pool, ws, n, logits, logits_all);
+  EMBER_CHECK(n >= 1, "forward: batch of {} tokens (1 to {} allowed)", n, ws.max_batch);
+  const SeqSpan one{&kv, 0, n, pos0};
+  const int64_t last = n - 1;
+  forward_seqs(model, pool, ws, tokens, std::span<const SeqSpan>(&one, 1), logits_all ? nullptr : &last,
+               logits_all ? n : 1, logits);
 }
 
 void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int32_t* tokens,
@@ -106,7 +97,8 @@ void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int
   for (int64_t t = 0; t < n; ++t)
     EMBER_CHECK(tokens[t] >= 0 && tokens[t] < model.hp.n_vocab, "token id {} is out of range (vocabulary has {})",
                 tokens[t], model.hp.n_vocab);
-  for (int64_t i = 0; i < n_out; ++i)
+  EMBER_CHECK(out_rows || n_out == n, "forward: {} output rows of a batch of {} without their list", n_out, n);
+  for (int64_t i = 0; out_rows && i < n_out; ++i)
     EMBER_CHECK(out_rows[i] >= 0 && out_rows[i] < n, "forward: output row {} is not in the batch of {}", out_rows[i], n);
   if (seqs.size() == 1 && ws.layers) {
     embed_block(model, tokens, n, seqs[0].pos0, ws.x.data(), ws.o.data());

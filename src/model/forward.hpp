@@ -82,7 +82,8 @@ void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, c
 
 // A forward pass over several sequences at once: tokens[0..n) are the rows of all of them, and
 // seqs (in row order, contiguous, none empty) say whose they are; each appends to its own KV
-// cache. logits (n_out x n_vocab) = the logits of rows out_rows[0..n_out). Weights are read once
+// cache. logits (n_out x n_vocab) = the logits of rows out_rows[0..n_out) (null: of every row,
+// n_out = n). Weights are read once
 // for all rows; attention runs per sequence. Not on the hybrid path (ws.layers), which holds one
 // sequence's cache on its devices.
 void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int32_t* tokens,

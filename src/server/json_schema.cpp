@@ -396,9 +396,12 @@ std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::ordered_json&
 }
 
 std::shared_ptr<const Grammar> json_object_grammar() {
-  const nlohmann::ordered_json none;
-  Compiler c(none);
-  return c.finish(c.any_object());
+  static const std::shared_ptr<const Grammar> g = [] {  // the same for every request: built once
+    const nlohmann::ordered_json none;
+    Compiler c(none);
+    return c.finish(c.any_object());
+  }();
+  return g;
 }
 
 }  // namespace ember::server

@@ -66,12 +66,7 @@ void run_bench(const BenchFlags& f) {
   auto start = [&] {
     for (int s = 0; s < f.seqs; ++s) {
       session.reset(s);
-      for (int64_t done = 0; done < f.depth;) {
-        const int64_t chunk = std::min<int64_t>(session.max_batch(), f.depth - done);
-        const Session::SeqEval item{s, context.data() + done, chunk};
-        session.eval_seqs({&item, 1});
-        done += chunk;
-      }
+      if (f.depth > 0) session.eval(context.data(), f.depth, s);
     }
   };
 

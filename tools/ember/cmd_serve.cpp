@@ -7,7 +7,6 @@
 
 #include "commands.hpp"
 #include "common.hpp"
-#include "core/error.hpp"
 #include "core/log.hpp"
 #include "server/server.hpp"
 
@@ -39,10 +38,6 @@ void run_serve(ServeFlags& f) {
   }
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params(*model);
-  // The hybrid path holds one sequence's KV cache on its devices.
-  EMBER_CHECK(!f.server.session.hybrid_on() || f.server.parallel == 1,
-              "the hybrid executor (--vram-budget / --plan) serves one sequence at a time: use --parallel 1 "
-              "(continuous batching runs on the CPU engine)");
   f.server.max_body_bytes = f.max_body_kib * 1024;
   server::Server srv(*model, f.engine.model_path, f.server);
   srv.bind();

@@ -77,7 +77,7 @@ const struct {
     {"Q5_0", DType::Q5_0}, {"Q5_1", DType::Q5_1}, {"Q2_K", DType::Q2_K}, {"Q3_K", DType::Q3_K},
     {"Q4_K", DType::Q4_K}, {"Q5_K", DType::Q5_K}, {"Q6_K", DType::Q6_K}};
 
-const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}, {4096, 4096}};
+const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
 
 int register_all() {
   benchmark::RegisterBenchmark("ReadBandwidth/1GiB", BM_ReadBandwidth)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();

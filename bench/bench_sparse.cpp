@@ -79,28 +79,28 @@ void BM_Axpy(benchmark::State& state, DType t, int percent) {
 }
 
 // The same over an input-channel-major 4-bit copy (Q4_0_NM: the file's codes, scale tables per
-// 32 rows) at a 7B attention shape (4096 x 4096), as input sparsity reads q / k / v / o: the
-// kept rows in order. Bytes/s counts the rows and the tables of the blocks with a kept row;
+// 32 rows) at the 7B shapes input sparsity reads: 4096 outputs x 4096 inputs (q / o), 6144 x
+// 4096 (q, k, v side by side), 28672 x 4096 (gate and up side by side), 4096 x 14336 (down):
+// the kept rows in order. Bytes/s counts the rows and the tables of the blocks with a kept row;
 // compare with Matvec/Q4_0(_R16)/4096x4096 for the dense rate.
-void BM_AxpyNm4(benchmark::State& state, int percent) {
-  constexpr int64_t kN = 4096;
-  const bench::Weights file = bench::make_weights(DType::Q4_0, kN, kN);  // input-major, as in GGUF
+void BM_AxpyNm4(benchmark::State& state, int64_t kOut, int64_t kN, int percent) {
+  const bench::Weights file = bench::make_weights(DType::Q4_0, kOut, kN);  // input-major, as in GGUF
   const cpu::NeuronMajorMatrix nm = cpu::make_neuron_major(bench::pool(), file.view, DType::Q4_0_NM);
   bench::MemoryCopies copies(nm.view);
   const auto active = active_rows(kN, percent);
   const int64_t na = static_cast<int64_t>(active.size());
   const auto h = random_vector(na, 4);
-  std::vector<float> out(kN), scratch(cpu::sparse_axpy_scratch_floats(kN, 1, bench::pool().size(),
-                                                                      cpu::AxpySplit::columns));
+  std::vector<float> out(kOut), scratch(cpu::sparse_axpy_scratch_floats(kOut, 1, bench::pool().size(),
+                                                                        cpu::AxpySplit::columns));
   for (auto _ : state) {
-    cpu::sparse_axpy(bench::pool(), copies.advance(nm.view), active.data(), na, h.data(), 1, na, out.data(), kN,
+    cpu::sparse_axpy(bench::pool(), copies.advance(nm.view), active.data(), na, h.data(), 1, na, out.data(), kOut,
                      scratch.data());
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
   int64_t blocks = 0;
   for (int64_t i = 0; i < na; ++i) blocks += i == 0 || active[i] / 32 != active[i - 1] / 32 ? 1 : 0;
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * (na * kN / 2 + blocks * kN * 2));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * (na * kOut / 2 + blocks * kOut * 2));
   state.counters["threads"] = bench::pool().size();
 }
 
@@ -170,9 +170,11 @@ int register_all() {
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
   }
-  for (int percent : {10, 25, 50, 100})
-    benchmark::RegisterBenchmark(("SparseAxpy/Q4_0_NM/4096x4096/" + std::to_string(percent) + "%").c_str(), BM_AxpyNm4,
-                                 percent)->Unit(benchmark::kMicrosecond)->UseRealTime();
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {6144, 4096}, {4096, 14336}})
+    for (int percent : {10, 25, 50, 100})
+      benchmark::RegisterBenchmark(("SparseAxpy/Q4_0_NM/" + std::to_string(out) + "x" + std::to_string(in) + "/" +
+                                    std::to_string(percent) + "%").c_str(),
+                                   BM_AxpyNm4, out, in, percent)->Unit(benchmark::kMicrosecond)->UseRealTime();
   return 0;
 }
 const int registered = register_all();

@@ -1,7 +1,8 @@
 // Neuron-major 4-bit down projections with shared scales (ops/cpu/nm4.hpp): the copy holds the
 // file's values bit for bit; the axpy kernels of every SIMD level give the scalar kernel's bits
 // for any list (unsorted, long runs in one block, zero factors), any column slice and thread
-// split, and agree with a double-precision sum.
+// split; the scalar kernel equals a double-precision sum with the factors rounded as the header
+// says, and stays within the rounding's bound of the sum with unrounded factors.
 #include "ops/cpu/nm4.hpp"
 
 #include <gtest/gtest.h>
@@ -71,7 +72,8 @@ std::vector<float> factors(size_t n, uint32_t seed) {
   return h;
 }
 
-const int64_t kShapes[][2] = {{32, 32}, {96, 160}, {224, 96}, {2048, 64}};  // n_embd, n_ff
+// n_embd, n_ff: every chunk width (128, 64, 32) and row ends of each.
+const int64_t kShapes[][2] = {{32, 32}, {96, 160}, {224, 96}, {2048, 64}, {576, 64}};
 
 }  // namespace
 
@@ -115,27 +117,50 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
         const int64_t n = static_cast<int64_t>(list.size());
         // The scalar kernel over the whole width.
         std::vector<float> ref = out0;
-        cpu::detail::nm4_axpy_scalar(nm.view, list.data(), h.data(), n, 0, n_embd, ref.data());
-        // Against doubles.
-        double worst = 0, scale = 1e-30;
+        std::vector<cpu::detail::Nm4Seg> segs;
+        cpu::detail::nm4_prepare_segments(list.data(), h.data(), n, segs);
+        cpu::detail::nm4_axpy_scalar(nm.view, segs.data(), static_cast<int64_t>(segs.size()), 0, n_embd, ref.data());
+        // The factors as the kernels round them: int8 per segment of the list.
+        std::vector<double> hq(static_cast<size_t>(n), 0.0);
+        double hmax = 0;
+        for (float x : h) hmax = std::max(hmax, std::fabs(static_cast<double>(x)));
+        cpu::detail::nm4_segments(list.data(), h.data(), n, [&](const int32_t*, const float* hs, int c, int64_t, int64_t after) {
+          const auto q = cpu::detail::nm4_quantize_factors(hs, c);
+          // The segment's entries are the last c nonzero factors before `after`.
+          int r = c;
+          for (int64_t i = after - 1; r > 0; --i)
+            if (h[i] != 0.0f) hq[i] = static_cast<double>(q.q[--r]) * q.scale;
+        });
+        // Against doubles: with the rounded factors to float accuracy; with the unrounded ones
+        // within half a step of the largest factor (127 steps) times the sum of the rounded
+        // parts of the weights (d (q - 8), or d q for Q4_1).
+        double worst = 0, scale = 1e-30, worst_excess = 0;
         for (int64_t j = 0; j < n_embd; ++j) {
-          double e = out0[j], mag = std::fabs(out0[j]);
+          double e = out0[j], eq = out0[j], mag = std::fabs(out0[j]), wsum = 0;
           for (int64_t i = 0; i < n; ++i) {
-            e += static_cast<double>(h[i]) * dense[j * n_ff + list[i]];
-            mag += std::fabs(static_cast<double>(h[i]) * dense[j * n_ff + list[i]]);
+            const double w = dense[j * n_ff + list[i]];
+            // Q4_1's min term m takes the unrounded factor; only d q is rounded.
+            const double m = t == DType::Q4_1 ? cpu::nm4_table_value(nm.view, list[i], j, true) : 0.0;
+            e += static_cast<double>(h[i]) * w;
+            eq += hq[i] * (w - m) + static_cast<double>(h[i]) * m;
+            mag += std::fabs(hq[i] * (w - m)) + std::fabs(static_cast<double>(h[i]) * m);
+            wsum += std::fabs(w - m);
           }
-          worst = std::max(worst, std::fabs(ref[j] - e));
+          worst = std::max(worst, std::fabs(ref[j] - eq));
           scale = std::max(scale, mag);
+          const double bound = wsum * hmax / 254.0 * 1.0001 + 1e-6 * (mag + wsum * hmax);
+          worst_excess = std::max(worst_excess, std::fabs(ref[j] - e) - bound);
         }
         EXPECT_LT(worst / scale, 1e-6) << dtype_name(t) << " n_embd " << n_embd << " list " << n;
+        EXPECT_LE(worst_excess, 0.0) << dtype_name(t) << " n_embd " << n_embd << " list " << n;
         // Every SIMD level, whole width and a slice, gives the same bits.
         for (SimdLevel level : test_support::simd_levels()) {
           set_simd_level(level);
           std::vector<float> got = out0;
           cpu::nm4_axpy(nm.view, list.data(), h.data(), n, 0, n_embd, got.data());
           ASSERT_EQ(got, ref) << dtype_name(t) << " " << simd_level_name(level) << " n_embd " << n_embd << " list " << n;
-          if (n_embd >= 96) {
-            const int64_t c0 = 32, len = n_embd - 64;
+          if (n_embd > cpu::kNm4Chunk) {  // from the second chunk to the row's end
+            const int64_t c0 = cpu::kNm4Chunk, len = n_embd - c0;
             std::vector<float> part(out0.begin() + c0, out0.begin() + c0 + len);
             cpu::nm4_axpy(nm.view, list.data(), h.data(), n, c0, len, part.data());
             for (int64_t j = 0; j < len; ++j)
@@ -173,9 +198,23 @@ TEST(Nm4, SparseAxpyThreadsAndTokens) {
     EXPECT_EQ(a, per_token) << dtype_name(t);
     cpu::sparse_axpy(three, nm.view, list.data(), n, H.data(), n_tokens, n, c.data(), n_embd, s3.data(),
                      cpu::AxpySplit::neurons);
-    float worst = 0, mag = 0;
+    // The neurons split segments the list differently, so its factors round differently: each
+    // result is within half a step of the largest factor times the rounded parts' sum of the
+    // exact one.
+    float worst = 0, mag = 0, hmax = 0;
     for (size_t j = 0; j < a.size(); ++j) worst = std::max(worst, std::fabs(a[j] - c[j])), mag = std::max(mag, std::fabs(a[j]));
-    EXPECT_LT(worst, 1e-5f * mag) << dtype_name(t) << ": neurons split";
+    for (float x : H) hmax = std::max(hmax, std::fabs(x));
+    std::vector<float> w(static_cast<size_t>(n_embd));
+    double wsum_max = 0;
+    std::vector<double> wsum(static_cast<size_t>(n_embd), 0.0);
+    for (int32_t i : list) {
+      cpu::dequantize_neuron(nm.view, i, w.data());
+      for (int64_t j = 0; j < n_embd; ++j)
+        wsum[j] += std::fabs(w[j] - (t == DType::Q4_1 ? cpu::nm4_table_value(nm.view, i, j, true) : 0.f));
+    }
+    for (double x : wsum) wsum_max = std::max(wsum_max, x);
+    EXPECT_LT(worst, 2 * wsum_max * hmax / 254.0 + 1e-5f * mag) << dtype_name(t) << ": neurons split";
+    EXPECT_GT(worst, 0.0f) << "the splits' roundings differ (else the bound above tests nothing)";
   }
 }
 

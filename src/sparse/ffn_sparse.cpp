@@ -364,17 +364,17 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
       pool.barrier();
       share = own + n_ff;
       ns = 0;
-      int64_t pos = 0;
+      int64_t chunk = 0, in_chunk = 0, last_block = -1;
       for (int t = 0; t < nth; ++t) {
         const int32_t* list = list_of(t);
         const int64_t n = static_cast<int64_t>(thread_counts_[3 * t]);
-        for (int64_t i = 0; i < n;) {
-          const int64_t take = std::min(kDealChunk - pos % kDealChunk, n - i);
-          if ((pos / kDealChunk) % nth == ith) {
-            std::memcpy(share + ns, list + i, sizeof(int32_t) * static_cast<size_t>(take));
-            ns += take;
-          }
-          i += take, pos += take;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t block = list[i] / cpu::kNm4Block;
+          if (in_chunk >= kDealChunk && block != last_block) ++chunk, in_chunk = 0;
+          last_block = block;
+          ++in_chunk;
+          share[ns] = list[i];
+          ns += chunk % nth == ith ? 1 : 0;
         }
       }
     }

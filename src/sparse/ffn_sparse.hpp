@@ -128,7 +128,9 @@ class SparseFfn final : public FfnExecutor {
   //     barrier), each thread over a contiguous range of blocks of kNeuronBlock neurons; or
   //     act(gate) of every neuron and the firing ones, each thread over every nth block;
   //   step 2: predictor mode, after a barrier, the candidates of all threads dealt out round
-  //     robin in chunks of kDealChunk (balanced by count), their gate gathered and the firing
+  //     robin in chunks of at least kDealChunk that end where a block of cpu::kNm4Block neurons
+  //     does (balanced by count; a 4-bit neuron-major down rounds its factors per such block's
+  //     run of the list, so every thread count rounds alike), their gate gathered and the firing
   //     ones kept; otherwise the thread's own firing neurons. Then up and down for them in one
   //     pass (cpu::sparse_up_down_rows), thread 0 into out and thread i > 0 into
   //     fused_partials_ row i - 1 (the caller adds those in order).

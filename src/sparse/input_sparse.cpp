@@ -72,6 +72,38 @@ cpu::NeuronMajorMatrix channel_major_copy(ThreadPool& pool, const TensorView& W,
 
 }  // namespace
 
+std::vector<InputSparseExecutor::Stack> InputSparseExecutor::site_stacks(ThreadPool& pool,
+                                                                         const std::vector<const TensorView*>& mats,
+                                                                         cpu::NeuronMajorType choice, bool as_is) {
+  std::vector<Stack> stacks;
+  for (size_t i = 0; i < mats.size();) {
+    size_t j = i + 1;  // mats[i, j): one type, one input width
+    while (j < mats.size() && mats[j]->type == mats[i]->type && mats[j]->cols() == mats[i]->cols()) ++j;
+    Stack st;
+    for (size_t m = i; m < j; ++m) st.widths.push_back(mats[m]->rows());
+    if (as_is) {  // the file's own neuron-major down_t: read as it is
+      st.view = *mats[i];
+    } else if (j == i + 1) {
+      st.copy = channel_major_copy(pool, *mats[i], choice);
+    } else {  // the matrices' rows one after another (the file's layout of their concatenation)
+      const size_t rs = mats[i]->row_size();
+      int64_t rows = 0;
+      for (size_t m = i; m < j; ++m) rows += mats[m]->rows();
+      AlignedBuffer<uint8_t> joined(rs * static_cast<size_t>(rows));
+      uint8_t* p = joined.data();
+      for (size_t m = i; m < j; ++m)
+        for (int64_t r = 0; r < mats[m]->rows(); ++r, p += rs) std::memcpy(p, mats[m]->row(r), rs);
+      TensorView v = matrix_view(mats[i]->type, joined.data(), rows, mats[i]->cols());
+      v.name = mats[i]->name;
+      st.copy = channel_major_copy(pool, v, choice);
+    }
+    if (st.copy.view.valid()) st.view = st.copy.view;
+    stacks.push_back(std::move(st));
+    i = j;
+  }
+  return stacks;
+}
+
 InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
                                          cpu::NeuronMajorType copy_type, int64_t max_batch)
     : model_(model), thr_(std::move(thresholds)) {
@@ -84,29 +116,26 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   const std::string why = refusal(model);
   EMBER_CHECK(why.empty(), "{}", why);
   Timer timer;
-  int64_t widest_in = hp.n_embd, widest_out = hp.n_embd;
+  int64_t widest_in = hp.n_embd, widest_out = hp.n_embd, widest_stack = 0;
   copies_.reserve(model.layers.size());
   for (const LayerWeights& L : model.layers) {
+    const InputSiteMatrices m = input_site_matrices(L);
     LayerCopies c;
-    c.wq = channel_major_copy(pool, L.wq, copy_type);
-    c.wk = channel_major_copy(pool, L.wk, copy_type);
-    c.wv = channel_major_copy(pool, L.wv, copy_type);
-    c.wo = channel_major_copy(pool, L.wo, copy_type);
-    c.fire = channel_major_copy(pool, L.ffn.firing_matrix(), copy_type);
-    if (ffn_needs_up(L.ffn)) c.up = channel_major_copy(pool, L.ffn.up, copy_type);
-    if (L.ffn.down.valid()) {
-      c.down = channel_major_copy(pool, L.ffn.down, copy_type);
-      c.down_view = c.down.view;
-    } else {
-      c.down_view = L.ffn.down_t;  // the file's own neuron-major down: no copy
+    for (int s = 0; s < kInputSites; ++s) {
+      const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid();
+      c[s] = site_stacks(pool, m.site[s], copy_type, file_down_t);
+      for (const Stack& st : c[s]) {
+        widest_in = std::max(widest_in, st.view.rows());
+        widest_out = std::max(widest_out, st.view.cols());
+        if (st.widths.size() > 1) widest_stack = std::max(widest_stack, st.view.cols());
+      }
     }
-    widest_in = std::max({widest_in, L.wo.cols(), L.ffn.n_ff()});
-    widest_out = std::max({widest_out, L.wq.rows(), L.wk.rows(), L.ffn.n_ff()});
     copies_.push_back(std::move(c));
   }
   ids_.resize(static_cast<size_t>(widest_in));
   vals_.resize(static_cast<size_t>(widest_in));
   axpy_scratch_.resize(cpu::sparse_axpy_scratch_floats(widest_out, 1, pool.size(), cpu::AxpySplit::columns));
+  stack_out_.resize(static_cast<size_t>(widest_stack));
   xm_.resize(static_cast<size_t>(max_batch * hp.n_embd));
   stats_.seen.assign(model.layers.size(), {});
   stats_.kept.assign(model.layers.size(), {});
@@ -133,12 +162,26 @@ std::string InputSparseExecutor::refusal(const Model& model) const {
   return {};
 }
 
-void InputSparseExecutor::sparse_product(ThreadPool& pool, const TensorView& copy, int64_t n_kept, float* y) {
-  const int64_t cols = copy.cols();
-  std::memset(y, 0, sizeof(float) * static_cast<size_t>(cols));
-  if (n_kept > 0)
-    cpu::sparse_axpy(pool, copy, ids_.data(), n_kept, vals_.data(), 1, n_kept, y, cols, axpy_scratch_.data(),
-                     cpu::AxpySplit::columns);
+void InputSparseExecutor::site_product(ThreadPool& pool, const std::vector<Stack>& stacks, int64_t n_kept,
+                                       std::initializer_list<float*> dst) {
+  float* const* d = dst.begin();
+  for (const Stack& st : stacks) {
+    const int64_t cols = st.view.cols();
+    float* y = st.widths.size() == 1 ? *d : stack_out_.data();
+    std::memset(y, 0, sizeof(float) * static_cast<size_t>(cols));
+    if (n_kept > 0)
+      cpu::sparse_axpy(pool, st.view, ids_.data(), n_kept, vals_.data(), 1, n_kept, y, cols, axpy_scratch_.data(),
+                       cpu::AxpySplit::columns);
+    if (st.widths.size() == 1) {
+      ++d;
+      continue;
+    }
+    for (int64_t w : st.widths) {  // hand each matrix its outputs
+      std::memcpy(*d++, y, sizeof(float) * static_cast<size_t>(w));
+      y += w;
+    }
+  }
+  EMBER_CHECK(d == dst.end(), "input sparsity: {} outputs for {} matrices", static_cast<size_t>(d - dst.begin()), dst.size());
 }
 
 int64_t InputSparseExecutor::keep(int64_t layer, InputSite site, const float* x, int64_t n_in) {
@@ -162,11 +205,8 @@ void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeight
     stats_.batch_tokens += static_cast<uint64_t>(n);
     return dense_qkv(pool, L, xn, n, ws);
   }
-  const LayerCopies& c = copies_[l];
   const int64_t k = keep(layer, InputSite::attn_in, xn, L.wq.cols());
-  sparse_product(pool, c.wq.view, k, ws.q.data());
-  sparse_product(pool, c.wk.view, k, ws.k.data());
-  sparse_product(pool, c.wv.view, k, ws.v.data());
+  site_product(pool, copies_[l][0], k, {ws.q.data(), ws.k.data(), ws.v.data()});
 }
 
 void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n,
@@ -177,7 +217,7 @@ void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeight
     return dense_out(pool, L, attn, n, o, ws);
   }
   const int64_t k = keep(layer, InputSite::attn_out, attn, L.wo.cols());
-  sparse_product(pool, copies_[l].wo.view, k, o);
+  site_product(pool, copies_[l][1], k, {o});
 }
 
 void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
@@ -196,13 +236,13 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
   const LayerCopies& c = copies_[l];
   const int64_t k = keep(layer, InputSite::ffn_in, x, n_embd);
   float* a = ws.gate.data();
-  sparse_product(pool, c.fire.view, k, a);
-  ffn_firing_values(w, act, a, 1, n_ff, n_ff, nullptr);
   float* h = ws.up.data();
-  if (ffn_needs_up(w)) sparse_product(pool, c.up.view, k, h);
+  if (ffn_needs_up(w)) site_product(pool, c[2], k, {a, h});
+  else site_product(pool, c[2], k, {a});
+  ffn_firing_values(w, act, a, 1, n_ff, n_ff, nullptr);
   ffn_neuron_values(w, act, a, n_ff, h, n_ff, 1, n_ff, nullptr);
   const int64_t kh = keep(layer, InputSite::ffn_hidden, h, n_ff);
-  sparse_product(pool, c.down_view, kh, out);
+  site_product(pool, c[3], kh, {out});
   ffn_add_down_bias(w, out, 1);
 }
 
@@ -215,12 +255,14 @@ void InputSparseExecutor::reset_stats() {
 size_t InputSparseExecutor::copy_bytes() const {
   size_t b = 0;
   for (const LayerCopies& c : copies_)
-    for (const cpu::NeuronMajorMatrix* m : {&c.wq, &c.wk, &c.wv, &c.wo, &c.fire, &c.up, &c.down}) b += m->bytes.size();
+    for (const auto& site : c)
+      for (const Stack& st : site) b += st.copy.bytes.size();
   return b;
 }
 
 size_t InputSparseExecutor::bytes() const {
-  return copy_bytes() + (ids_.size() + vals_.size() + axpy_scratch_.size() + xm_.size()) * sizeof(float);
+  return copy_bytes() +
+         (ids_.size() + vals_.size() + axpy_scratch_.size() + stack_out_.size() + xm_.size()) * sizeof(float);
 }
 
 double InputSparseExecutor::weight_bytes_per_token() const {
@@ -232,18 +274,13 @@ double InputSparseExecutor::weight_bytes_per_token() const {
     if (t <= 0) continue;
     tokens = std::max(tokens, t);
     const InputSiteMatrices m = input_site_matrices(L);
-    const std::array<std::vector<const TensorView*>, kInputSites> read = {
-        std::vector<const TensorView*>{&c.wq.view, &c.wk.view, &c.wv.view},
-        {&c.wo.view},
-        c.up.view.valid() ? std::vector<const TensorView*>{&c.fire.view, &c.up.view}
-                          : std::vector<const TensorView*>{&c.fire.view},
-        {&c.down_view}};
     for (int s = 0; s < kInputSites; ++s) {
       for (const TensorView* f : m.site[s]) total -= static_cast<double>(f->nbytes);
       const double kept_rows = static_cast<double>(stats_.kept[l][s]) / t;  // per token
-      for (const TensorView* v : read[s]) {
-        total += kept_rows * static_cast<double>(v->row_size());
-        if (cpu::is_nm4(v->type)) total += static_cast<double>(cpu::nm4_table_bytes(v->type, v->rows(), v->cols()));
+      for (const Stack& st : c[s]) {
+        const TensorView& v = st.view;
+        total += kept_rows * static_cast<double>(v.row_size());
+        if (cpu::is_nm4(v.type)) total += static_cast<double>(cpu::nm4_table_bytes(v.type, v.rows(), v.cols()));
       }
     }
   }

@@ -9,8 +9,10 @@
 // of n_out values per input. The executor keeps such a copy of each matrix (built with the
 // neuron-major copies of ops/cpu/sparse.hpp: a Q4_0 / Q4_1 matrix keeps the file's codes and
 // scales bit for bit as Q4_0_NM / Q4_1_NM, F32 / F16 / BF16 are transposed exactly, other
-// quantized types become Q8_0), and one token (decode) runs cpu::sparse_axpy over the kept
-// inputs. Batches of several tokens (prompts, perplexity) run the dense kernels on the file's
+// quantized types become Q8_0; matrices that read one input, q / k / v and gate / up, share one
+// copy with their outputs side by side in each row), and one token (decode) runs
+// cpu::sparse_axpy over the kept inputs (a long row streams faster: bench_sparse's
+// SparseAxpy/Q4_0_NM, 28672 x 4096 against 4096 x 4096). Batches of several tokens (prompts, perplexity) run the dense kernels on the file's
 // row-major matrices with the same inputs zeroed: the same function, from the other layout. Both
 // layouts stay in memory: the copies add the size of the layers' weights (the file's layout is
 // read only by prompts).
@@ -19,6 +21,7 @@
 // them) and an allocation of a model-wide target sparsity (sparse/input_allocation.hpp).
 #pragma once
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -78,12 +81,21 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   double weight_bytes_per_token() const;
 
  private:
-  struct LayerCopies {
-    cpu::NeuronMajorMatrix wq, wk, wv, wo, fire, up, down;  // `down` empty when the file has down_t
-    TensorView down_view;                                   // the one the axpy reads
+  // The input-channel-major copy of a site's matrices that share one: consecutive ones of one
+  // type (q, k, v; gate, up) side by side in each row, so that a kept input is one long row.
+  struct Stack {
+    cpu::NeuronMajorMatrix copy;  // empty for the file's own neuron-major down_t
+    TensorView view;              // what the axpy reads
+    std::vector<int64_t> widths;  // the outputs of each matrix, in the site's order
   };
-  // x[0..n_in) restricted to its kept entries, times the copy, into y[0..cols) (overwritten).
-  void sparse_product(ThreadPool& pool, const TensorView& copy, int64_t n_kept, float* y);
+  using LayerCopies = std::array<std::vector<Stack>, kInputSites>;
+  // The stacks of a site's matrices (`as_is`: one matrix already channel-major, read uncopied).
+  static std::vector<Stack> site_stacks(ThreadPool& pool, const std::vector<const TensorView*>& mats,
+                                        cpu::NeuronMajorType choice, bool as_is);
+  // x[0..n_in) restricted to its kept entries (ids_, vals_) times each of a site's matrices,
+  // into dst[m][0..rows of matrix m) (overwritten).
+  void site_product(ThreadPool& pool, const std::vector<Stack>& stacks, int64_t n_kept,
+                    std::initializer_list<float*> dst);
   // Zeroes the entries at or below t in x (n rows of width w): the batch path's input.
   static void mask(float* x, int64_t n, int64_t w, float t);
   int64_t keep(int64_t layer, InputSite site, const float* x, int64_t n_in);
@@ -94,6 +106,7 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   std::vector<int32_t> ids_;
   std::vector<float> vals_;
   std::vector<float> axpy_scratch_;
+  std::vector<float> stack_out_;  // a stack's outputs before they are handed out
   AlignedBuffer<float> xm_;  // batches: the FFN's masked input
   InputSparsityStats stats_;
 };

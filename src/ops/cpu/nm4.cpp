@@ -11,10 +11,10 @@
 namespace ember::cpu {
 namespace {
 
-// Code of output j in a neuron row.
-inline int code_at(const uint8_t* row, int64_t j) {
-  const uint8_t b = row[(j / 32) * 16 + (j % 16)];
-  return (j % 32) < 16 ? (b & 0x0F) : (b >> 4);
+// Code of neuron i at output j.
+inline int code_at(const TensorView& D, int64_t i, int64_t j) {
+  const Nm4Position p = nm4_code_position(D.cols(), j);
+  return (nm4_row(D, i)[nm4_chunk_at(D.cols(), j).start / 2 + p.byte] >> p.shift) & 0x0F;
 }
 
 }  // namespace
@@ -26,39 +26,63 @@ DType nm4_type_of(DType down_type) {
 }
 
 size_t nm4_table_bytes(DType t, int64_t n_ff, int64_t n_embd) {
-  return static_cast<size_t>(n_ff / 32) * static_cast<size_t>(nm4_tables_per_block(t)) * static_cast<size_t>(n_embd) *
-         sizeof(uint16_t);
+  return static_cast<size_t>(n_ff / kNm4Block) * static_cast<size_t>(nm4_tables_per_block(t)) *
+         static_cast<size_t>(n_embd) * sizeof(uint16_t);
 }
 
 size_t nm4_bytes(DType t, int64_t n_ff, int64_t n_embd) {
   return static_cast<size_t>(n_ff) * static_cast<size_t>(n_embd / 2) + nm4_table_bytes(t, n_ff, n_embd);
 }
 
+Nm4Chunk nm4_chunk_at(int64_t n_embd, int64_t j) {
+  // 128 wide, or at a row's end 64 and then 32, or 32.
+  const int64_t start = j / kNm4Chunk * kNm4Chunk, rest = n_embd - start;
+  if (rest >= kNm4Chunk) return {start, kNm4Chunk};
+  if (rest >= 64) return j < start + 64 ? Nm4Chunk{start, 64} : Nm4Chunk{start + 64, 32};
+  return {start, 32};
+}
+
+Nm4Position nm4_code_position(int64_t n_embd, int64_t j) {
+  const Nm4Chunk c = nm4_chunk_at(n_embd, j);
+  const int64_t x = j - c.start, half = c.width / 2, quarter = c.width / 4;
+  const int shift = x < half ? 0 : 4;
+  const int64_t y = x < half ? x : x - half;  // position among the chunk's low (or high) nibbles
+  const int64_t lane = (y < quarter ? y : y - quarter) / 8, o = (y < quarter ? 0 : 8) + y % 8;
+  return {16 * lane + o, shift};
+}
+
+float nm4_table_value(const TensorView& D, int64_t i, int64_t j, bool min) {
+  return fp16_to_fp32(nm4_scales(D, i / kNm4Block)[(min ? D.cols() : 0) + j]);
+}
+
 void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst) {
   const DType t = nm4_type_of(down.type);
   const int64_t n_ff = down.cols(), n_embd = down.rows();
-  EMBER_CHECK(n_ff % 32 == 0 && n_embd % 32 == 0, "neuron-major copy of {}: n_ff {} and n_embd {} must be multiples "
-              "of 32", down.name, n_ff, n_embd);
-  const size_t row_len = static_cast<size_t>(n_embd / 2);
-  uint16_t* tables = reinterpret_cast<uint16_t*>(dst + static_cast<size_t>(n_ff) * row_len);
+  EMBER_CHECK(n_ff % kNm4Block == 0 && n_embd % 32 == 0, "neuron-major copy of {}: n_ff {} and n_embd {} must be "
+              "multiples of 32", down.name, n_ff, n_embd);
+  TensorView D;
+  D.type = t;
+  D.n_dims = 2;
+  D.ne[0] = n_embd;
+  D.ne[1] = n_ff;
+  D.data = dst;
   const bool q41 = t == DType::Q4_1_NM;
   const size_t in_block = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  pool.parallel_for(n_ff / 32, 1, [&](int64_t b0, int64_t b1, int) {
+  std::memset(dst, 0, static_cast<size_t>(n_ff) * static_cast<size_t>(n_embd / 2));
+  pool.parallel_for(n_ff / kNm4Block, 1, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
-      uint8_t* rows = dst + static_cast<size_t>(b * 32) * row_len;
-      std::memset(rows, 0, 32 * row_len);
-      uint16_t* d = tables + b * nm4_tables_per_block(t) * n_embd;
       for (int64_t r = 0; r < n_embd; ++r) {
         const uint8_t* blk = down.row(r) + static_cast<size_t>(b) * in_block;
         const uint8_t* qs = blk + (q41 ? 4 : 2);
-        std::memcpy(d + r, blk, sizeof(uint16_t));
-        if (q41) std::memcpy(d + n_embd + r, blk + 2, sizeof(uint16_t));
+        uint16_t* table = const_cast<uint16_t*>(nm4_scales(D, b)) + r;
+        std::memcpy(table, blk, sizeof(uint16_t));
+        if (q41) std::memcpy(table + n_embd, blk + 2, sizeof(uint16_t));
         // Neuron k of the block: low nibble of byte k (k < 16) or high nibble of byte k - 16.
-        const size_t at = static_cast<size_t>((r / 32) * 16 + (r % 16));
-        const int shift = (r % 32) < 16 ? 0 : 4;
+        const Nm4Position at = nm4_code_position(n_embd, r);
+        const int64_t byte = nm4_chunk_at(n_embd, r).start / 2 + at.byte;
         for (int k = 0; k < 32; ++k) {
           const int q = k < 16 ? (qs[k] & 0x0F) : (qs[k - 16] >> 4);
-          rows[static_cast<size_t>(k) * row_len + at] |= static_cast<uint8_t>(q << shift);
+          const_cast<uint8_t*>(nm4_row(D, b * kNm4Block + k))[byte] |= static_cast<uint8_t>(q << at.shift);
         }
       }
     }
@@ -66,50 +90,73 @@ void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst) {
 }
 
 void nm4_dequantize_neuron(const TensorView& D, int64_t i, float* dst) {
-  const uint8_t* row = D.row(i);
-  const uint16_t* d = nm4_scales(D, i / 32);
   const int64_t n = D.cols();
   for (int64_t j = 0; j < n; ++j) {
-    const int q = code_at(row, j);
-    dst[j] = D.type == DType::Q4_1_NM ? fp16_to_fp32(d[j]) * static_cast<float>(q) + fp16_to_fp32(d[n + j])
-                                      : fp16_to_fp32(d[j]) * static_cast<float>(q - 8);
+    const int q = code_at(D, i, j);
+    dst[j] = D.type == DType::Q4_1_NM ? nm4_table_value(D, i, j, false) * static_cast<float>(q) +
+                                            nm4_table_value(D, i, j, true)
+                                      : nm4_table_value(D, i, j, false) * static_cast<float>(q - 8);
   }
 }
 
 namespace detail {
 
-void nm4_axpy_scalar(const TensorView& D, const int32_t* rows, const float* h, int64_t n, int64_t col0, int64_t len,
+void nm4_prepare_segments(const int32_t* rows, const float* h, int64_t n, std::vector<Nm4Seg>& segs) {
+  segs.clear();
+  nm4_segments(rows, h, n, [&](const int32_t* ids, const float* hs, int c, int64_t block, int64_t) {
+    const Nm4Factors f = nm4_quantize_factors(hs, c);
+    Nm4Seg s{};
+    s.count = c;
+    s.pairs = (c + 1) / 2;
+    for (int r = 0; r < 2 * s.pairs; ++r) s.ids[r] = ids[r < c ? r : c - 1];
+    for (int p = 0; p < s.pairs; ++p)
+      s.pair_f[p] = static_cast<int16_t>((static_cast<uint16_t>(static_cast<uint8_t>(f.q[2 * p + 1])) << 8) |
+                                         static_cast<uint8_t>(f.q[2 * p]));
+    for (int r = 0; r < c; ++r) s.q[r] = f.q[r];
+    s.offset = 8 * f.q_sum;
+    s.scale = f.scale;
+    s.sum = f.sum;
+    s.block = block;
+    segs.push_back(s);
+  });
+}
+
+void nm4_axpy_scalar(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len,
                      float* out) {
   const bool q41 = D.type == DType::Q4_1_NM;
-  const int64_t n_embd = D.cols();
-  nm4_segments(rows, h, n, [&](const int32_t* ids, const float* hs, int c, int64_t block, int64_t) {
-    const uint16_t* d = nm4_scales(D, block) + col0;
-    const float s = nm4_factor_sum(hs, c);
-    for (int64_t j = 0; j < len; ++j) {
-      float acc = 0.0f;
-      for (int r = 0; r < c; ++r) {
-        const int q = code_at(D.row(ids[r]), col0 + j);
-        acc = std::fma(hs[r], static_cast<float>(q41 ? q : q - 8), acc);
+  for (int64_t j = 0; j < len; ++j) {
+    float o = out[j];
+    for (int64_t k = 0; k < n_segs; ++k) {
+      const Nm4Seg& s = segs[k];
+      int32_t acc = 0;
+      for (int r = 0; r < s.count; ++r) {
+        const int q = code_at(D, s.ids[r], col0 + j);
+        acc += s.q[r] * (q41 ? q : q - 8);
       }
-      float o = out[j];
-      if (q41) o = std::fma(fp16_to_fp32(d[n_embd + j]), s, o);
-      out[j] = std::fma(fp16_to_fp32(d[j]), acc, o);
+      const int64_t i = s.ids[0];
+      if (q41) o = std::fma(nm4_table_value(D, i, col0 + j, true), s.sum, o);
+      o = std::fma(nm4_table_value(D, i, col0 + j, false) * s.scale, static_cast<float>(acc), o);
     }
-  });
+    out[j] = o;
+  }
 }
 
 }  // namespace detail
 
 void nm4_axpy(const TensorView& D, const int32_t* rows, const float* h, int64_t n, int64_t col0, int64_t len,
               float* out) {
-  EMBER_CHECK(is_nm4(D.type) && col0 % 32 == 0 && len % 32 == 0 && col0 + len <= D.cols(),
+  EMBER_CHECK(is_nm4(D.type) && col0 % kNm4Chunk == 0 && len > 0 && col0 + len <= D.cols() &&
+                  ((col0 + len) % kNm4Chunk == 0 || col0 + len == D.cols()),
               "nm4_axpy: {} columns [{}, {}) of a {}-wide {} matrix", D.name, col0, col0 + len, D.cols(),
               dtype_name(D.type));
+  thread_local std::vector<detail::Nm4Seg> segs;
+  detail::nm4_prepare_segments(rows, h, n, segs);
+  if (segs.empty()) return;
   detail::Nm4AxpyFn fn = nullptr;
   if (simd_level() == SimdLevel::avx512) fn = detail::nm4_axpy_avx512(D.type);
   if (!fn && simd_level() >= SimdLevel::avx2) fn = detail::nm4_axpy_avx2(D.type);
   if (!fn) fn = &detail::nm4_axpy_scalar;
-  fn(D, rows, h, n, col0, len, out);
+  fn(D, segs.data(), static_cast<int64_t>(segs.size()), col0, len, out);
 }
 
 }  // namespace ember::cpu

@@ -8,32 +8,60 @@
 // block share the scale of each output row, so a neuron-major row needs only codes.
 //
 // Layout of an n_ff x n_embd matrix (n_ff and n_embd multiples of 32):
-//   rows:   neuron i at i * n_embd / 2; per 32 outputs 16 bytes, byte k holding output k in its
-//           low nibble and output k + 16 in its high nibble (a Q4_0 block's order);
+//   rows:   neuron i at i * n_embd / 2, in chunks of 128 outputs (a row's last chunks, where
+//           n_embd is not a multiple of 128, are 64 and / or 32 wide: nm4_chunk_at). A chunk of
+//           width W takes W / 2 bytes; in 16-byte lanes L, byte 16 L + o holds in its low nibble
+//           output 8 L + o (o < 8) or W / 4 + 8 L + (o - 8) (o >= 8) of the chunk, and in its
+//           high nibble that output plus W / 2 (nm4_code_position). The order is chosen so that
+//           interleaving the bytes of two rows lane by lane (vpunpck{l,h}bw) yields pairs of codes
+//           of one output, with the outputs in order in each 16-bit lane of the products. A
+//           32-wide chunk is a Q4_0 block's order.
 //   tables: after the rows, per neuron block b = i / 32: d[b][0 .. n_embd) as fp16, then for
 //           Q4_1 m[b][0 .. n_embd). Value of neuron i at output j: d (q - 8) for Q4_0,
 //           d q + m for Q4_1.
+// (A chunk-major layout, each chunk's rows in one region, read front to back, was measured and
+// dropped: about 1.05x faster with every row kept, about 2x slower with half of them kept at random, on
+// Zen 4: docs/benchmarks.md, fifteenth session.)
 //
 // The axpy out[j] += sum_i h_i w_ij runs over segments: consecutive list entries with a nonzero
 // h, of one neuron block, at most kNm4Segment long (a new segment starts when the block changes).
-// Per segment and output j:
-//   acc = 0; for each entry in order: acc = fma(h, q', acc)      (q' = q - 8, or q for Q4_1)
-//   Q4_1 first: out = fma(m, s, out), s = the entries' h summed in order from 0
-//   out = fma(d, acc, out)
-// The scalar, AVX2 and AVX-512 kernels all compute exactly this, so they agree bit for bit, and
-// a column slice gives the same bits as the whole row. One multiply by the scale per segment
-// instead of one per neuron: with several firing neurons in a block (moderate sparsity, hot
-// neurons first) that also saves arithmetic.
+// A segment's factors are rounded to int8 with one scale, hq = round(h / e), e = max |h| / 127
+// (nm4_quantize_factors: as the dense kernels round activations to Q8_0 blocks of 32, but over
+// at most 16 values, so no coarser). Per segment and output j:
+//   acc = sum over the entries of hq * q'        (exact, in integers; q' = q - 8, or q for Q4_1)
+//   Q4_1 first: out = fma(m, s, out), s = the entries' h (unrounded) summed in order from 0
+//   out = fma(d * e, float(acc), out)
+// The integer sums fit 16 bits (16 x 127 x 15 < 2^15), so SIMD kernels multiply pairs of rows'
+// codes by their factors with vpmaddubsw. The scalar, AVX2 and AVX-512 kernels all compute
+// exactly this, so they agree bit for bit, and a column slice (starting at a chunk) gives the
+// same bits as the whole row. One multiply by the scale per segment instead of one per neuron.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/thread_pool.hpp"
 #include "tensor/tensor_view.hpp"
 
 namespace ember::cpu {
 
-constexpr int kNm4Segment = 8;
+constexpr int64_t kNm4Block = 32;  // neurons sharing a scale table
+constexpr int kNm4Segment = 16;
+constexpr int64_t kNm4Chunk = 128;  // column slices of the axpy start at multiples of this
+
+// The chunk holding output j of an n_embd-wide matrix: its first output and width.
+struct Nm4Chunk {
+  int64_t start, width;
+};
+Nm4Chunk nm4_chunk_at(int64_t n_embd, int64_t j);
+// Where the code of output j lies in a row's bytes of its chunk: byte and nibble shift (0, 4).
+struct Nm4Position {
+  int64_t byte;
+  int shift;
+};
+Nm4Position nm4_code_position(int64_t n_embd, int64_t j);
 
 inline bool is_nm4(DType t) { return t == DType::Q4_0_NM || t == DType::Q4_1_NM; }
 // The neuron-major type of a Q4_0 / Q4_1 down matrix.
@@ -44,11 +72,15 @@ inline int nm4_tables_per_block(DType t) { return t == DType::Q4_1_NM ? 2 : 1; }
 // Bytes of the scale tables, and of the whole matrix (rows and tables).
 size_t nm4_table_bytes(DType t, int64_t n_ff, int64_t n_embd);
 size_t nm4_bytes(DType t, int64_t n_ff, int64_t n_embd);
-// The scale table of neuron block b (d; Q4_1: m follows n_embd values later).
-inline const uint16_t* nm4_scales(const TensorView& D, int64_t block) {
-  return reinterpret_cast<const uint16_t*>(D.data + static_cast<size_t>(D.rows()) * D.row_stride()) +
-         block * nm4_tables_per_block(D.type) * D.cols();
+// Row i's codes, and the scale table of neuron block b (d; Q4_1: m follows n_embd values later).
+inline const uint8_t* nm4_row(const TensorView& D, int64_t i) {
+  return D.data + static_cast<size_t>(i) * static_cast<size_t>(D.cols() / 2);
 }
+inline const uint16_t* nm4_scales(const TensorView& D, int64_t block) {
+  return reinterpret_cast<const uint16_t*>(nm4_row(D, D.rows())) + block * nm4_tables_per_block(D.type) * D.cols();
+}
+// The scale d (min m for `min`) of neuron i at output j, as a float.
+float nm4_table_value(const TensorView& D, int64_t i, int64_t j, bool min);
 
 // Writes the neuron-major copy of `down` (Q4_0 or Q4_1, ne[0] = n_ff, ne[1] = n_embd) into dst
 // (nm4_bytes of it). Threaded over neuron blocks.
@@ -57,23 +89,16 @@ void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst);
 // Row i of D as floats (n_embd values).
 void nm4_dequantize_neuron(const TensorView& D, int64_t i, float* dst);
 
-// out[0 .. len) += the segments' sums for outputs [col0, col0 + len) (col0, len multiples of 32),
-// one token: h[k] is the factor of neuron rows[k]. Dispatches to the best kernel for the SIMD
-// level.
+// out[0 .. len) += the segments' sums for outputs [col0, col0 + len) (col0 a multiple of
+// kNm4Chunk; col0 + len one too, or the row's end), one token: h[k] is the factor of neuron
+// rows[k]. Dispatches to the best kernel for the SIMD level.
 void nm4_axpy(const TensorView& D, const int32_t* rows, const float* h, int64_t n, int64_t col0, int64_t len,
               float* out);
 
 namespace detail {
 
-using Nm4AxpyFn = void (*)(const TensorView& D, const int32_t* rows, const float* h, int64_t n, int64_t col0,
-                           int64_t len, float* out);
-void nm4_axpy_scalar(const TensorView& D, const int32_t* rows, const float* h, int64_t n, int64_t col0, int64_t len,
-                     float* out);
-Nm4AxpyFn nm4_axpy_avx2(DType t);
-Nm4AxpyFn nm4_axpy_avx512(DType t);
-
 // Calls f(ids, hs, count, block, next) for every segment in list order; `next` is the list
-// position after the segment (for prefetching).
+// position after the segment.
 template <class F>
 inline void nm4_segments(const int32_t* rows, const float* h, int64_t n, F&& f) {
   int32_t ids[kNm4Segment];
@@ -82,7 +107,7 @@ inline void nm4_segments(const int32_t* rows, const float* h, int64_t n, F&& f) 
   int64_t block = -1;
   for (int64_t i = 0; i < n; ++i) {
     if (h[i] == 0.0f) continue;
-    const int64_t b = rows[i] / 32;
+    const int64_t b = rows[i] / kNm4Block;
     if (c == kNm4Segment || (c > 0 && b != block)) {
       f(ids, hs, c, block, i);
       c = 0;
@@ -95,12 +120,51 @@ inline void nm4_segments(const int32_t* rows, const float* h, int64_t n, F&& f) 
   if (c > 0) f(ids, hs, c, block, n);
 }
 
-// The sum of a segment's factors, in order from 0 (Q4_1's min term).
-inline float nm4_factor_sum(const float* hs, int c) {
-  float s = 0.0f;
-  for (int r = 0; r < c; ++r) s += hs[r];
-  return s;
+// A segment's factors rounded to int8 (see the top of the file), the sum of the rounded ones
+// (Q4_0's offset of 8 is taken off as 8 x that sum) and of the unrounded ones, in order from 0
+// (Q4_1's min term). q[c] .. q[kNm4Segment] are 0, so an odd count pairs its last row with 0.
+struct Nm4Factors {
+  int8_t q[kNm4Segment + 1];
+  float scale;
+  int32_t q_sum;
+  float sum;
+};
+inline Nm4Factors nm4_quantize_factors(const float* hs, int c) {
+  Nm4Factors f{};
+  float amax = 0.0f;
+  for (int r = 0; r < c; ++r) amax = std::max(amax, std::fabs(hs[r]));
+  f.scale = amax / 127.0f;
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int r = 0; r < c; ++r) {
+    const int v = static_cast<int>(std::nearbyint(hs[r] * inv));
+    f.q[r] = static_cast<int8_t>(std::clamp(v, -127, 127));
+    f.q_sum += f.q[r];
+    f.sum += hs[r];
+  }
+  return f;
 }
+
+// A segment as every kernel takes it, prepared once per call (the same for every chunk): its
+// neurons in pairs (an odd count pairs the last with itself and a factor of 0), each pair's
+// factors as a 16-bit lane (the first's in the low byte), and the per-output constants.
+struct Nm4Seg {
+  int32_t ids[kNm4Segment];
+  int16_t pair_f[kNm4Segment / 2];
+  int32_t pairs;
+  int32_t offset;  // Q4_0: 8 x the rounded factors' sum
+  float scale;     // the factors' scale e
+  float sum;       // Q4_1: the unrounded factors' sum
+  int64_t block;
+  int8_t q[kNm4Segment];  // the rounded factors (the scalar kernel's)
+  int32_t count;
+};
+void nm4_prepare_segments(const int32_t* rows, const float* h, int64_t n, std::vector<Nm4Seg>& segs);
+
+using Nm4AxpyFn = void (*)(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len,
+                           float* out);
+void nm4_axpy_scalar(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len, float* out);
+Nm4AxpyFn nm4_axpy_avx2(DType t);
+Nm4AxpyFn nm4_axpy_avx512(DType t);
 
 }  // namespace detail
 }  // namespace ember::cpu

@@ -33,7 +33,9 @@ detail::SparseKernels sparse_kernels(DType t) {
 
 // Column slices of the axpy are whole blocks and multiples of 64 floats, so a column's chain of
 // operations (vector body or scalar tail) does not depend on where a slice starts.
-int64_t slice_unit(DType t) { return std::max<int64_t>(64, info(t).block_size); }
+int64_t slice_unit(DType t) {
+  return is_nm4(t) ? kNm4Chunk : std::max<int64_t>(64, info(t).block_size);  // slices start at a chunk
+}
 
 // Active rows are scattered, so the hardware prefetchers cannot see the next one coming: ask
 // for it a couple of rows ahead (the cost of a row is one DRAM latency otherwise).

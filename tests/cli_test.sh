@@ -123,6 +123,17 @@ contains "samples written" "$tmp/err" "samples: 200 tokens x [0-9]+ layers"
 expect_ok "train from samples" "$ember" train-predictor -m "$tmp/relu.gguf" --from-samples "$tmp/relu.samples.gguf" --min-rank 8 --max-rank 8 --epochs 1 -o "$tmp/relu.pred.gguf" -t 2
 contains "predictor trained" "$tmp/out" "wrote .*relu\.pred\.gguf"
 expect_ok "predictor mode" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --sparse-mode predictor --predictor "$tmp/relu.pred.gguf"
+# ReLU models: sparsify's predictor path in one command (profile, predictors, PowerInfer's
+# layout, the measurement), and the result running predictor mode with no flag.
+expect_ok "sparsify relu" "$ember" sparsify -m "$tmp/relu.gguf" -o "$tmp/relu.sparse.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --samples 300 --eval "$tmp/text.txt" --eval-chunks 1 -t 2
+contains "sparsify relu steps" "$tmp/err" "sparsify \[4/4\]"
+contains "sparsify relu predictors" "$tmp/out" "^\| 0 \| [0-9]+ \| 0\.[0-9]+"
+contains "sparsify relu KL divergence" "$tmp/out" "KL divergence +[0-9.]+"
+contains "sparsify relu bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"
+expect_ok "a sparsified relu file runs sparse with no flag" "$ember" generate -m "$tmp/relu.sparse.gguf" -p "hello world" -n 8 --temp 0
+contains "auto picks predictor mode" "$tmp/err" "running --sparse-mode predictor"
+expect_ok "profile of a prepared file runs dense" "$ember" profile -m "$tmp/relu.sparse.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 128 -o "$tmp/relu.sparse.profile.gguf" -t 2
+expect_error "predictor method on a silu model" "not ReLU" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/x.gguf" --method predictor --corpus "$tmp/text.txt" --eval-chunks 0
 expect_error "samples and a corpus" "exactly one of" "$ember" train-predictor -m "$tmp/relu.gguf" --from-samples "$tmp/relu.samples.gguf" -f "$tmp/text.txt" -o "$tmp/x.pred.gguf"
 
 expect_ok "synth silu" "$ember" synth --preset tiny -o "$tmp/silu.gguf"
@@ -206,11 +217,11 @@ else
   echo "note: $smol not installed; skipping the real-model checks" >&2
 fi
 
-# ReLU architectures and PowerInfer's layout: synth -> generate (dense and oracle give the same
-# greedy text), prepare's errors.
+# ReLU architectures and PowerInfer's layout: synth -> generate (dense, asked for since auto runs
+# a file's predictors, and oracle give the same greedy text), prepare's errors.
 for arch in bamboo opt; do
   expect_ok "synth $arch pwri" "$ember" synth --arch $arch --powerinfer --type f16 --sparsity 0.8 -o "$tmp/$arch.pi.gguf"
-  "$ember" generate -m "$tmp/$arch.pi.gguf" -p "the cat" -n 10 --temp 0 >"$tmp/d" 2>/dev/null
+  "$ember" generate -m "$tmp/$arch.pi.gguf" -p "the cat" -n 10 --temp 0 --sparse-mode dense >"$tmp/d" 2>/dev/null
   "$ember" generate -m "$tmp/$arch.pi.gguf" -p "the cat" -n 10 --temp 0 --sparse-mode oracle >"$tmp/o" 2>/dev/null
   [ -s "$tmp/d" ] && cmp -s "$tmp/d" "$tmp/o" && pass || fail "$arch PWRI: dense and oracle greedy text differ"
 done

@@ -1,5 +1,7 @@
 #include "sparse/predictor_train.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -546,6 +548,30 @@ void write_predictor_file(const std::string& path, const std::string& model_name
   }
   w.set("ember.predictor.thresholds", Value::floats(thresholds));
   w.write(path);
+}
+
+DType auto_predictor_type(const Hparams& hp, int64_t max_rank) {
+  return hp.n_embd % 32 == 0 && std::min(max_rank, std::min(hp.n_embd, hp.n_ff)) >= 32 ? DType::Q8_0 : DType::F16;
+}
+
+std::vector<LayerPredictor> train_predictors(ThreadPool& pool, const Model& model, std::vector<LayerSamples>& samples,
+                                             PredictorTrainOptions o, bool from_gate,
+                                             const std::function<void(int64_t, const std::string&)>& progress) {
+  const int64_t n_layer = model.hp.n_layer;
+  EMBER_CHECK(static_cast<int64_t>(samples.size()) == n_layer, "train_predictors: samples of {} layers for {}",
+              samples.size(), n_layer);
+  std::vector<LayerPredictor> layers;
+  for (int64_t il = 0; il < n_layer; ++il) {
+    const FfnWeights& w = model.layers[static_cast<size_t>(il)].ffn;
+    o.ffn_bytes = static_cast<double>(w.gate.nbytes + w.up.nbytes + w.down.nbytes);
+    o.init_gate = from_gate ? w.gate : TensorView{};
+    layers.push_back(train_layer_predictor(pool, samples[static_cast<size_t>(il)], o, [&](const std::string& m) {
+      if (progress) progress(il, m);
+    }));
+    if (progress) progress(il, fmt::format("chose rank {}", layers.back().rank));
+    samples[static_cast<size_t>(il)] = LayerSamples{};
+  }
+  return layers;
 }
 
 }  // namespace ember

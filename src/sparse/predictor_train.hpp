@@ -112,6 +112,17 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
 LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, const PredictorTrainOptions& o,
                                      const TrainProgress& progress = {});
 
+// The predictor weight type for a model when none is asked for: Q8_0 (half the bytes of F16, and
+// the engine's fastest kernels) where n_embd and the ranks allow, else F16.
+DType auto_predictor_type(const Hparams& hp, int64_t max_rank);
+
+// Every layer's predictor, layer by layer: o (its rank search) with the layer's FFN bytes as the
+// rank's cost and, with `from_gate`, the layer's gate as the starting point (init_gate). Each
+// layer's samples are freed once trained. `progress` gets (layer, message) lines.
+std::vector<LayerPredictor> train_predictors(ThreadPool& pool, const Model& model, std::vector<LayerSamples>& samples,
+                                             PredictorTrainOptions o, bool from_gate,
+                                             const std::function<void(int64_t layer, const std::string&)>& progress);
+
 // Scores of a trained predictor for n tokens (double precision; for tests and evaluation).
 void predictor_scores_reference(const LayerPredictor& p, const float* x, int64_t n, double* scores);
 

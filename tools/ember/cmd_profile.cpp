@@ -52,6 +52,7 @@ void run_profile_cmd(ProfileFlags& f) {
   const std::vector<int32_t> tokens = read_corpus_tokens(*model, f.corpus);
   f.opts.sparsity = f.engine.sparsity;  // --sparsity: the per-layer firing thresholds' sparsity
   if (!f.threshold_given) f.opts.threshold = model->hp.act == cpu::Activation::relu ? 0.0f : -1.0f;
+  if (f.engine.sparse_mode == "auto") f.engine.sparse_mode = "dense";  // whatever sparsity the file carries
   SessionParams sp = f.engine.session_params(*model);
   EMBER_CHECK(sp.sparse.mode == FfnMode::dense, "profile runs the dense FFN: drop --sparse-mode");
   sp.n_ctx = f.engine.ctx;

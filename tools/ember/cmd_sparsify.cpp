@@ -1,8 +1,14 @@
-// `ember sparsify -m MODEL -o OUT.gguf [--sparsity S]`: one command that makes a model sparse.
-// [1/3] profiles it on a calibration text (or takes --profile), [2/3] writes the model with input
-// sparsity's thresholds embedded (src/sparse/sparsify.hpp; every command then runs it in input
-// mode with no flag), [3/3] measures the result against the dense model on held-out text:
-// perplexity, KL divergence, same top-1, and the weight bytes a decode token reads.
+// `ember sparsify -m MODEL -o OUT.gguf`: one command that makes a model sparse, by the path its
+// activation calls for (--method auto):
+//  - SiLU / GELU models (input sparsity, TEAL): [1/3] profile on a calibration text (or take
+//    --profile), [2/3] write the model with input sparsity's thresholds embedded for --sparsity
+//    (src/sparse/sparsify.hpp), [3/3] measure;
+//  - ReLU models (PowerInfer): [1/4] profile the neurons' firing, [2/4] train a predictor per
+//    layer on the same text (src/sparse/predictor_train.hpp), [3/4] write the model in
+//    PowerInfer's layout with the predictors embedded (src/sparse/prepare.hpp), [4/4] measure.
+// The measurement: perplexity, KL divergence and same top-1 against the dense model on held-out
+// text, and the weight bytes a decode token reads. Every command then runs the output sparse with
+// no flag (--sparse-mode auto).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -17,6 +23,8 @@
 #include "core/timer.hpp"
 #include "engine/perplexity.hpp"
 #include "engine/profile_run.hpp"
+#include "sparse/predictor_train.hpp"
+#include "sparse/prepare.hpp"
 #include "sparse/sparsify.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -25,7 +33,9 @@ namespace {
 
 struct SparsifyFlags {
   SparsifyOptions o;
-  std::string allocation = "greedy";
+  std::string method = "auto", allocation = "greedy";
+  int64_t samples = 4000;   // predictor path: training tokens per layer
+  double recall = 0.99;     // predictor path: target recall of activation mass
   std::string corpus = "data/corpus/calib.txt", eval = "data/corpus/eval.txt";
   int64_t profile_tokens = 16384, eval_chunks = 4;
   int threads = 0;
@@ -36,9 +46,10 @@ struct Quality {
   double dense_bytes = 0, sparse_bytes = 0;  // weight bytes per decode token
 };
 
-// Dense against sparse on held-out text (compute_perplexity with the dense run as KL base), then
-// a short greedy decode in input mode for the bytes a token reads.
-Quality evaluate(const SparsifyFlags& f, const Model& dense) {
+// Dense against sparse (in `mode`) on held-out text (compute_perplexity with the dense run as KL
+// base), then a short greedy decode for the bytes a token reads. Predictor mode runs one token
+// at a time: decode's own path (batches of 16 or more run its FFN dense).
+Quality evaluate(const SparsifyFlags& f, const Model& dense, FfnMode mode, const std::string& step) {
   Quality q;
   const std::vector<int32_t> tokens = read_corpus_tokens(dense, f.eval);
   Tokenizer tok(*dense.file);
@@ -54,30 +65,96 @@ Quality evaluate(const SparsifyFlags& f, const Model& dense) {
     Session s(dense, sp);
     Timer t;
     compute_perplexity(s, tokens, bos, po, [&](int64_t c, int64_t n, double) {
-      log_info("sparsify [3/3]: dense model, chunk {}/{} ({:.0f} s)", c + 1, n, t.seconds());
+      log_info("sparsify {}: dense model, chunk {}/{} ({:.0f} s)", step, c + 1, n, t.seconds());
     });
   }
   auto sparse = load_model(f.o.output);
-  repack_for_dense_kernels(*sparse, repack_scope_for(FfnMode::input, false), ResidentWeights::copy);
-  sp.sparse.mode = FfnMode::input;
+  repack_for_dense_kernels(*sparse, repack_scope_for(mode, false), ResidentWeights::copy);
+  sp.sparse.mode = mode;
+  if (mode == FfnMode::predictor) sp.n_batch = 1;
   Session s(*sparse, sp);
   po.kl_base = po.save_logits;
   po.save_logits.clear();
   Timer t;
   q.ppl = compute_perplexity(s, tokens, bos, po, [&](int64_t c, int64_t n, double) {
-    log_info("sparsify [3/3]: sparse model, chunk {}/{} ({:.0f} s)", c + 1, n, t.seconds());
+    log_info("sparsify {}: sparse model, chunk {}/{} ({:.0f} s)", step, c + 1, n, t.seconds());
   });
   std::filesystem::remove(po.kl_base);
   s.reset();
-  s.input_sparse()->reset_stats();
+  if (s.input_sparse()) s.input_sparse()->reset_stats();
+  if (s.sparse_ffn()) s.sparse_ffn()->reset_stats();
   s.eval(tokens.data(), std::min<int64_t>(64, static_cast<int64_t>(tokens.size())));
   for (int i = 0; i < 32 && s.pos() + 1 < s.n_ctx(); ++i) {
     const auto next = static_cast<int32_t>(std::max_element(s.logits(), s.logits() + sparse->hp.n_vocab) - s.logits());
     s.eval(&next, 1);
   }
   q.dense_bytes = static_cast<double>(dense.weight_bytes_per_token());
-  q.sparse_bytes = s.input_sparse()->weight_bytes_per_token();
+  q.sparse_bytes = s.input_sparse() ? s.input_sparse()->weight_bytes_per_token() : s.sparse_ffn()->weight_bytes_per_token();
   return q;
+}
+
+void print_quality(const SparsifyFlags& f, const Quality& q) {
+  const PerplexityReport& r = q.ppl;
+  std::printf("\non %lld held-out tokens of %s, sparse against dense:\n", static_cast<long long>(r.n_scored),
+              f.eval.c_str());
+  std::printf("  perplexity      %.3f -> %.3f (%+.1f%%)\n", r.base_ppl, r.ppl, 100.0 * (r.ppl / r.base_ppl - 1.0));
+  std::printf("  KL divergence   %.4f +/- %.4f (mean), %.4f (99th percentile)\n", r.kld_mean, r.kld_err, r.kld_p99);
+  std::printf("  same top token  %.1f%%\n", 100 * r.same_top1);
+  if (q.sparse_bytes > 0)
+    std::printf("  weights read per decode token  %.1f MB dense, %.1f MB sparse: up to %.2fx faster by bytes\n",
+                q.dense_bytes / 1e6, q.sparse_bytes / 1e6, q.dense_bytes / q.sparse_bytes);
+}
+
+// A temporary file of this process, removed when it goes out of scope.
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& what)
+      : path((std::filesystem::temp_directory_path() / fmt::format("ember-sparsify-{}-{}.gguf", getpid(), what))
+                 .string()) {}
+  ~TempFile() { std::filesystem::remove(path); }
+};
+
+// ReLU models: the profile's firing counts order the neurons, predictors trained on the same
+// text name the active ones, prepare writes both into PowerInfer's layout.
+void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, const std::vector<int32_t>& calib) {
+  const Hparams& hp = model.hp;
+  TempFile profile_file("profile"), predictor_file("predictor");
+  write_profile(profile, profile_file.path);
+  log_info("sparsify [2/4]: predictors: samples of {} of the {} calibration tokens", std::min<int64_t>(f.samples, calib.size()),
+           calib.size());
+  ThreadPool pool(f.threads > 0 ? f.threads : default_thread_count());
+  SampleOptions so;
+  so.max_tokens = f.samples;
+  so.threshold = 0.0f;
+  std::vector<LayerSamples> samples =
+      collect_ffn_samples(model, pool, calib, so, [](const std::string& m) { log_info("sparsify [2/4]: {}", m); });
+  PredictorTrainOptions to;
+  to.recall = f.recall;
+  to.max_rank = std::min<int64_t>(to.max_rank, std::min(hp.n_embd, hp.n_ff));
+  to.min_rank = std::min(to.min_rank, to.max_rank);
+  to.type = auto_predictor_type(hp, to.max_rank);
+  Timer t;
+  const std::vector<LayerPredictor> layers =
+      train_predictors(pool, model, samples, to, true, [&](int64_t il, const std::string& m) {
+        log_info("sparsify [2/4]: layer {}/{}: {} ({:.0f} s)", il + 1, hp.n_layer, m, t.seconds());
+      });
+  write_predictor_file(predictor_file.path, std::filesystem::path(f.o.model).filename().string(), layers, to.type);
+  log_info("sparsify [3/4]: writing {} in PowerInfer's layout (neurons hot first, neuron-major down, predictors)",
+           f.o.output);
+  PrepareOptions po;
+  po.model = f.o.model;
+  po.profile = profile_file.path;
+  po.predictor = predictor_file.path;
+  po.output = f.o.output;
+  po.n_threads = f.threads;
+  const PrepareSummary ps = prepare_sparse_model(po, [](int64_t done, int64_t total) {
+    log_info("sparsify [3/4]: layer {}/{}", done, total);
+  });
+  std::printf("predictors (held-out tokens of the calibration text; sparsity = neurons not computed):\n");
+  const size_t pred_bytes = print_predictor_table(layers);
+  fmt::print(stderr, "sparsify: wrote {} ({:.1f} MiB, predictors {:.1f} MiB)\n", f.o.output, ps.bytes / 1048576.0,
+             pred_bytes / 1048576.0);
+  if (f.eval_chunks > 0) print_quality(f, evaluate(f, model, FfnMode::predictor, "[4/4]"));
 }
 
 void run_sparsify(SparsifyFlags& f) {
@@ -90,45 +167,52 @@ void run_sparsify(SparsifyFlags& f) {
   EngineFlags ef;
   ef.model_path = f.o.model;
   ef.threads = f.threads;
+  ef.sparse_mode = "dense";
   auto model = load_model_logged(ef, nullptr, RepackScope::attention_output);
+  const bool relu = model->hp.act == cpu::Activation::relu;
+  const bool predictors = f.method == "predictor" || (f.method == "auto" && relu);
+  EMBER_CHECK(!predictors || relu,
+              "--method predictor: the model's FFN activation is not ReLU, so its neurons rarely are exactly silent "
+              "and a predictor has little to skip; use --method input (or auto)");
+  EMBER_CHECK(!predictors || f.o.profile.empty(),
+              "--profile: the predictor path trains on the calibration text itself (drop --profile, or give "
+              "--method input)");
+  log_info("sparsify: {} FFN: {}", relu ? "a ReLU" : "a non-ReLU",
+           predictors ? "activation predictors in PowerInfer's layout (4 steps)"
+                      : "input sparsity on every matrix (TEAL, 3 steps)");
+  const char* first = predictors ? "[1/4]" : "[1/3]";
   Profile profile;
+  std::vector<int32_t> calib;
   if (!f.o.profile.empty()) {
     profile = read_profile(f.o.profile);
-    log_info("sparsify [1/3]: the profile {}", f.o.profile);
+    log_info("sparsify {}: the profile {}", first, f.o.profile);
   } else {
-    log_info("sparsify [1/3]: profiling {} tokens of {}", f.profile_tokens, f.corpus);
-    const std::vector<int32_t> tokens = read_corpus_tokens(*model, f.corpus);
+    calib = read_corpus_tokens(*model, f.corpus);
+    if (f.profile_tokens > 0 && static_cast<int64_t>(calib.size()) > f.profile_tokens) calib.resize(f.profile_tokens);
+    log_info("sparsify {}: profiling {} tokens of {}", first, calib.size(), f.corpus);
     ProfileOptions po;
-    po.max_tokens = f.profile_tokens;
-    po.threshold = model->hp.act == cpu::Activation::relu ? 0.0f : -1.0f;
+    po.threshold = relu ? 0.0f : -1.0f;
     SessionParams sp;
     sp.n_threads = f.threads;
     sp.n_ctx = po.n_ctx;
     Session session(*model, sp);
-    profile = profile_corpus(session, tokens, po);
+    profile = profile_corpus(session, calib, po);
     f.o.profile = std::filesystem::path(f.corpus).filename().string() + " (profiled by sparsify)";
   }
-  log_info("sparsify [2/3]: thresholds for {:.0f}% of the layers' weights ({} allocation)", 100 * f.o.sparsity,
-           f.allocation);
-  const SparsifySummary s = sparsify_model(f.o, profile);
-  std::printf("layer  attn_in  attn_out  ffn_in  ffn_hidden   (share of each input dropped on the calibration text)\n");
-  for (size_t l = 0; l < s.plan.sparsity.size(); ++l) {
-    const auto& v = s.plan.sparsity[l];
-    std::printf("%5zu  %7.3f  %8.3f  %6.3f  %10.3f\n", l, v[0], v[1], v[2], v[3]);
-  }
-  fmt::print(stderr, "sparsify: wrote {} ({:.1f} MiB): {:.1f}% of the layers' weights skipped ({} allocation)\n",
-             f.o.output, s.bytes / 1048576.0, 100.0 * s.plan.weighted_sparsity, f.allocation);
-  if (f.eval_chunks > 0) {
-    const Quality q = evaluate(f, *model);
-    const PerplexityReport& r = q.ppl;
-    std::printf("\non %lld held-out tokens of %s, sparse against dense:\n", static_cast<long long>(r.n_scored),
-                f.eval.c_str());
-    std::printf("  perplexity      %.3f -> %.3f (%+.1f%%)\n", r.base_ppl, r.ppl, 100.0 * (r.ppl / r.base_ppl - 1.0));
-    std::printf("  KL divergence   %.4f +/- %.4f (mean), %.4f (99th percentile)\n", r.kld_mean, r.kld_err, r.kld_p99);
-    std::printf("  same top token  %.1f%%\n", 100 * r.same_top1);
-    if (q.sparse_bytes > 0)
-      std::printf("  weights read per decode token  %.1f MB dense, %.1f MB sparse: up to %.2fx faster by bytes\n",
-                  q.dense_bytes / 1e6, q.sparse_bytes / 1e6, q.dense_bytes / q.sparse_bytes);
+  if (predictors) {
+    predictor_path(f, *model, profile, calib);
+  } else {
+    log_info("sparsify [2/3]: thresholds for {:.0f}% of the layers' weights ({} allocation)", 100 * f.o.sparsity,
+             f.allocation);
+    const SparsifySummary s = sparsify_model(f.o, profile);
+    std::printf("layer  attn_in  attn_out  ffn_in  ffn_hidden   (share of each input dropped on the calibration text)\n");
+    for (size_t l = 0; l < s.plan.sparsity.size(); ++l) {
+      const auto& v = s.plan.sparsity[l];
+      std::printf("%5zu  %7.3f  %8.3f  %6.3f  %10.3f\n", l, v[0], v[1], v[2], v[3]);
+    }
+    fmt::print(stderr, "sparsify: wrote {} ({:.1f} MiB): {:.1f}% of the layers' weights skipped ({} allocation)\n",
+               f.o.output, s.bytes / 1048576.0, 100.0 * s.plan.weighted_sparsity, f.allocation);
+    if (f.eval_chunks > 0) print_quality(f, evaluate(f, *model, FfnMode::input, "[3/3]"));
   }
   fmt::print(stderr, "sparsify: done in {:.0f} s; `ember generate -m {}` runs it sparse\n", timer.seconds(), f.o.output);
 }
@@ -138,12 +222,17 @@ void run_sparsify(SparsifyFlags& f) {
 void add_sparsify(CLI::App& app) {
   auto f = std::make_shared<SparsifyFlags>();
   auto* cmd = app.add_subcommand(
-      "sparsify", "make a model sparse in one command: profile it, embed input-sparsity thresholds (every matrix "
-                  "skips its input's small entries, TEAL) for a target share of the layers' weights, and measure "
-                  "the result against the dense model; every command then runs the output sparse");
+      "sparsify", "make a model sparse in one command: profile it, then for a ReLU model train activation "
+                  "predictors and write it in PowerInfer's layout, otherwise embed input-sparsity thresholds (every "
+                  "matrix skips its input's small entries, TEAL) for a target share of the layers' weights; then "
+                  "measure the result against the dense model. Every command runs the output sparse");
   cmd->add_option("-m,--model", f->o.model, "GGUF model file")->required();
   cmd->add_option("-o,--output", f->o.output, "output GGUF file")->required();
-  cmd->add_option("--sparsity", f->o.sparsity, "share of the layers' weights whose inputs are skipped")
+  cmd->add_option("--method", f->method,
+                  "auto (predictor for ReLU models, input otherwise), input, or predictor")
+      ->check(CLI::IsMember({"auto", "input", "predictor"}))
+      ->capture_default_str();
+  cmd->add_option("--sparsity", f->o.sparsity, "input method: share of the layers' weights whose inputs are skipped")
       ->check(CLI::Range(0.0, 0.95))
       ->capture_default_str();
   cmd->add_option("--allocation", f->allocation,
@@ -156,6 +245,12 @@ void add_sparsify(CLI::App& app) {
   cmd->add_option("--corpus", f->corpus, "calibration text to profile on")->capture_default_str();
   cmd->add_option("--profile-tokens", f->profile_tokens, "calibration tokens to profile (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  cmd->add_option("--samples", f->samples, "predictor method: calibration tokens per layer to train on")
+      ->check(CLI::Range(int64_t{20}, int64_t{1} << 24))
+      ->capture_default_str();
+  cmd->add_option("--recall", f->recall, "predictor method: target recall of activation mass on held-out tokens")
+      ->check(CLI::Range(0.5, 1.0))
       ->capture_default_str();
   cmd->add_option("--eval", f->eval, "held-out text to measure the result on")->capture_default_str();
   cmd->add_option("--eval-chunks", f->eval_chunks, "512-token chunks of --eval to measure on (0: skip the measurement)")

@@ -68,13 +68,10 @@ void run_train(const TrainArgs& a) {
               dir.string());
   auto model = load_model_logged(a.engine, nullptr, RepackScope::attention_output);
   const Hparams& hp = model->hp;
-  // auto: Q8_0 (half the bytes of F16, and the engine's fastest kernels) where the shapes allow.
   const DType type = a.type == "f32"    ? DType::F32
                      : a.type == "f16"  ? DType::F16
                      : a.type == "q8_0" ? DType::Q8_0
-                     : hp.n_embd % 32 == 0 && std::min<int64_t>(a.max_rank, std::min(hp.n_embd, hp.n_ff)) >= 32
-                         ? DType::Q8_0
-                         : DType::F16;
+                                        : auto_predictor_type(hp, a.max_rank);
   EMBER_CHECK(type != DType::Q8_0 || hp.n_embd % 32 == 0,
               "--type q8_0 needs n_embd to be a multiple of 32 (this model's is {}); use f16", hp.n_embd);
   log_info("predictor weights: {}{}", dtype_name(type),
@@ -94,30 +91,14 @@ void run_train(const TrainArgs& a) {
   to.recall = a.recall, to.min_rank = a.min_rank, to.max_rank = std::min<int64_t>(a.max_rank, std::min(hp.n_embd, hp.n_ff));
   to.min_rank = std::min(to.min_rank, to.max_rank);
   to.epochs = a.epochs, to.patience = a.patience, to.batch = a.train_batch, to.lr = a.lr, to.pos_weight = a.pos_weight, to.type = type, to.seed = a.seed;
-  std::vector<LayerPredictor> layers;
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const FfnWeights& w = model->layers[il].ffn;
-    to.ffn_bytes = static_cast<double>(w.gate.nbytes + w.up.nbytes + w.down.nbytes);
-    if (!a.random_init) to.init_gate = w.gate;
-    Timer lt;
-    layers.push_back(train_layer_predictor(pool, samples[il], to, [il, &hp](const std::string& m) {
-      log_info("layer {}/{}: {}", il + 1, hp.n_layer, m);
-    }));
-    const LayerPredictor& p = layers.back();
-    log_info("layer {}/{}: chose rank {} ({:.1f} s)", il + 1, hp.n_layer, p.rank, lt.seconds());
-    samples[il] = LayerSamples{};  // free the layer's samples
-  }
+  Timer lt;
+  const std::vector<LayerPredictor> layers =
+      train_predictors(pool, *model, samples, to, !a.random_init, [&](int64_t il, const std::string& m) {
+        log_info("layer {}/{}: {} ({:.1f} s)", il + 1, hp.n_layer, m, lt.seconds());
+      });
   write_predictor_file(a.out, std::filesystem::path(a.engine.model_path).filename().string(), layers, type);
 
-  std::printf("| layer | rank | recall (mass) | recall (count) | precision | predicted sparsity | true sparsity | bytes |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  size_t total = 0;
-  for (size_t il = 0; il < layers.size(); ++il) {
-    const LayerPredictor& p = layers[il];
-    std::printf("| %zu | %lld | %.4f | %.4f | %.3f | %.3f | %.3f | %zu |\n", il, static_cast<long long>(p.rank),
-                p.recall_mass, p.recall_count, p.precision, p.predicted_sparsity, p.true_sparsity, p.bytes);
-    total += p.bytes;
-  }
+  const size_t total = print_predictor_table(layers);
   std::printf("wrote %s: %zu layers, %.2f MiB of predictors, in %.1f s\n", a.out.c_str(), layers.size(),
               total / 1048576.0, timer.seconds());
 }

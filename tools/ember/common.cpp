@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -33,7 +34,8 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->capture_default_str();
   app->add_flag("-v,--verbose", verbose, "more log output");
   app->add_option("--sparse-mode", sparse_mode,
-                  "auto (the default: input for a model made by `ember sparsify`, dense otherwise), "
+                  "auto (the default: input or predictor for a model made by `ember sparsify` or one given "
+                  "--predictor, dense otherwise), "
                   "dense, oracle (gate for all neurons, up and down only for the active ones), or "
                   "threshold (as oracle with calibrated per-layer thresholds: --sparse-profile, or the model's), or "
                   "predictor (gate, up and down only for the neurons the predictor names), or input (every matrix "
@@ -80,7 +82,9 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
 
 std::string EngineFlags::resolved_sparse_mode(const Model& model) const {
   if (sparse_mode != "auto") return sparse_mode;
-  return model.input_thresholds.empty() ? "dense" : "input";
+  if (!model.input_thresholds.empty()) return "input";
+  const bool hybrid = !vram_budget.empty() || !plan_path.empty();  // the hybrid runs its own rule
+  return !hybrid && has_predictors(model) ? "predictor" : "dense";
 }
 
 SessionParams EngineFlags::session_params(const Model& model) const {
@@ -124,6 +128,9 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   if (flags.sparse_mode == "auto" && !model->input_thresholds.empty())
     log_info("{} carries input-sparsity thresholds (`ember sparsify`): running --sparse-mode input (pass "
              "--sparse-mode dense for the dense model)", flags.model_path);
+  else if (flags.resolved_sparse_mode(*model) == "predictor" && flags.sparse_mode == "auto")
+    log_info("{} has activation predictors (`ember sparsify`, `ember prepare`, or --predictor): running "
+             "--sparse-mode predictor (pass --sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
   const RepackStats rp =
       repack_for_dense_kernels(*model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);
@@ -266,6 +273,19 @@ std::optional<SamplerParams> recommended_sampling(const Model& model) {
     return p;
   }
   return std::nullopt;
+}
+
+size_t print_predictor_table(const std::vector<LayerPredictor>& layers) {
+  std::printf("| layer | rank | recall (mass) | recall (count) | precision | predicted sparsity | true sparsity | bytes |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  size_t total = 0;
+  for (size_t il = 0; il < layers.size(); ++il) {
+    const LayerPredictor& p = layers[il];
+    std::printf("| %zu | %lld | %.4f | %.4f | %.3f | %.3f | %.3f | %zu |\n", il, static_cast<long long>(p.rank),
+                p.recall_mass, p.recall_count, p.precision, p.predicted_sparsity, p.true_sparsity, p.bytes);
+    total += p.bytes;
+  }
+  return total;
 }
 
 }  // namespace ember::cli

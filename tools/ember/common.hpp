@@ -10,6 +10,7 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/repack.hpp"
+#include "sparse/predictor_train.hpp"
 #include "sparse/profile.hpp"
 
 namespace ember::cli {
@@ -21,7 +22,9 @@ struct EngineFlags {
   int64_t batch = 512;
   std::string kv_type = "f16";  // KV cache values: f16 (llama.cpp's default) or f32
   bool verbose = false;
-  std::string sparse_mode = "auto";  // auto: input for a model from `ember sparsify`, else dense
+  // auto: input for a model with input thresholds (`ember sparsify`), predictor for one with
+  // activation predictors (a ReLU model through `ember sparsify`, or --predictor), else dense
+  std::string sparse_mode = "auto";
   float sparse_threshold = 0.0f;
   std::string sparse_profile;  // threshold mode: calibrate per-layer thresholds from this profile
   float sparsity = 0.5f;       // ... at this target sparsity
@@ -76,6 +79,10 @@ std::vector<int32_t> read_corpus_tokens(const Model& model, const std::string& p
 // Runs `ember profile`'s measurement over the tokens through the (dense) session, with progress
 // in the log; opts.n_ctx is capped at the session's context.
 Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, ProfileOptions& opts);
+
+// The table of trained predictors (rank, held-out recall and precision, sparsity, bytes) on
+// stdout; returns their bytes.
+size_t print_predictor_table(const std::vector<LayerPredictor>& layers);
 
 // Peak resident memory of this process, in bytes.
 size_t peak_rss_bytes();

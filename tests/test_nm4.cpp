@@ -15,6 +15,7 @@
 
 #include "ops/cpu/sparse.hpp"
 #include "support/simd_levels.hpp"
+#include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
 using namespace ember;
@@ -97,6 +98,36 @@ TEST(Nm4, CopyHoldsTheFilesValuesBitForBit) {
           ASSERT_EQ(row[r], dense[r * n_ff + i]) << dtype_name(t) << " neuron " << i << " output " << r;
       }
     }
+  }
+}
+
+// A Q4_K matrix becomes Q4_1_NM: the codes kept, each sub-block's d sc and -dmin m rounded to
+// fp16, so every value is within fp16's relative rounding (2^-11) of those two of the file's.
+TEST(Nm4, Q4KCopyKeepsTheCodesAndRoundsOnlyTheScales) {
+  ThreadPool pool(2);
+  for (const auto& s : {std::pair<int64_t, int64_t>{96, 256}, {224, 512}, {576, 256}}) {
+    const int64_t n_embd = s.first, n_ff = s.second;
+    Down down = random_down(DType::Q4_K, n_embd, n_ff, 19);
+    const DType nt = cpu::neuron_major_dtype(DType::Q4_K, cpu::NeuronMajorType::exact, n_embd, true);
+    ASSERT_EQ(nt, DType::Q4_1_NM);
+    auto nm = cpu::make_neuron_major(pool, down.view, nt);
+    EXPECT_LT(nm.view.nbytes, static_cast<size_t>(n_ff * n_embd) * 5 / 8 + 1) << "5 bits per value";
+    std::vector<float> dense(static_cast<size_t>(n_embd * n_ff)), row(static_cast<size_t>(n_embd));
+    for (int64_t r = 0; r < n_embd; ++r) dequantize_row(DType::Q4_K, down.view.row(r), dense.data() + r * n_ff, n_ff);
+    int64_t inexact = 0;
+    for (int64_t i = 0; i < n_ff; ++i) {
+      cpu::dequantize_neuron(nm.view, i, row.data());
+      for (int64_t r = 0; r < n_embd; ++r) {
+        const auto* blk = reinterpret_cast<const BlockQ4_K*>(down.view.row(r)) + i / 256;
+        uint8_t sc, mn;
+        kquant_scale_min(blk->scales, static_cast<int>(i % 256 / 32), sc, mn);
+        const double d1 = static_cast<double>(fp16_to_fp32(blk->d)) * sc, m1 = static_cast<double>(fp16_to_fp32(blk->dmin)) * mn;
+        const double bound = (15 * std::fabs(d1) + std::fabs(m1)) * std::ldexp(1.0, -11) + 1e-30;
+        ASSERT_LE(std::fabs(row[r] - dense[r * n_ff + i]), bound) << "neuron " << i << " output " << r;
+        inexact += row[r] != dense[r * n_ff + i];
+      }
+    }
+    EXPECT_GT(inexact, 0) << "fp16 rounding of the scales never showed: the bound tests nothing";
   }
 }
 

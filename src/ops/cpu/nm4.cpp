@@ -20,8 +20,8 @@ inline int code_at(const TensorView& D, int64_t i, int64_t j) {
 }  // namespace
 
 DType nm4_type_of(DType down_type) {
-  EMBER_CHECK(down_type == DType::Q4_0 || down_type == DType::Q4_1,
-              "neuron-major 4-bit copy: down must be Q4_0 or Q4_1, not {}", dtype_name(down_type));
+  EMBER_CHECK(down_type == DType::Q4_0 || down_type == DType::Q4_1 || down_type == DType::Q4_K,
+              "neuron-major 4-bit copy: down must be Q4_0, Q4_1 or Q4_K, not {}", dtype_name(down_type));
   return down_type == DType::Q4_0 ? DType::Q4_0_NM : DType::Q4_1_NM;
 }
 
@@ -66,24 +66,34 @@ void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst) {
   D.ne[0] = n_embd;
   D.ne[1] = n_ff;
   D.data = dst;
-  const bool q41 = t == DType::Q4_1_NM;
+  const bool q41 = t == DType::Q4_1_NM, q4k = down.type == DType::Q4_K;
   const size_t in_block = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
   std::memset(dst, 0, static_cast<size_t>(n_ff) * static_cast<size_t>(n_embd / 2));
   pool.parallel_for(n_ff / kNm4Block, 1, [&](int64_t b0, int64_t b1, int) {
+    uint8_t q[32];
     for (int64_t b = b0; b < b1; ++b) {
       for (int64_t r = 0; r < n_embd; ++r) {
-        const uint8_t* blk = down.row(r) + static_cast<size_t>(b) * in_block;
-        const uint8_t* qs = blk + (q41 ? 4 : 2);
         uint16_t* table = const_cast<uint16_t*>(nm4_scales(D, b)) + r;
-        std::memcpy(table, blk, sizeof(uint16_t));
-        if (q41) std::memcpy(table + n_embd, blk + 2, sizeof(uint16_t));
-        // Neuron k of the block: low nibble of byte k (k < 16) or high nibble of byte k - 16.
+        if (q4k) {  // sub-block b % 8 of super-block b / 8: x = d sc q - dmin m, as Q4_1 d' q + m'
+          const auto* blk = reinterpret_cast<const BlockQ4_K*>(down.row(r)) + b / 8;
+          const int sub = static_cast<int>(b % 8);
+          uint8_t sc, mn;
+          kquant_scale_min(blk->scales, sub, sc, mn);
+          table[0] = fp32_to_fp16(fp16_to_fp32(blk->d) * static_cast<float>(sc));
+          table[n_embd] = fp32_to_fp16(-(fp16_to_fp32(blk->dmin) * static_cast<float>(mn)));
+          const uint8_t* qs = blk->qs + 32 * (sub / 2);  // low nibbles: even sub-blocks, high: odd
+          for (int k = 0; k < 32; ++k) q[k] = sub % 2 == 0 ? (qs[k] & 0x0F) : (qs[k] >> 4);
+        } else {  // the block's own scale (and min); neuron k: low nibble of byte k (k < 16), else high of k - 16
+          const uint8_t* blk = down.row(r) + static_cast<size_t>(b) * in_block;
+          const uint8_t* qs = blk + (q41 ? 4 : 2);
+          std::memcpy(table, blk, sizeof(uint16_t));
+          if (q41) std::memcpy(table + n_embd, blk + 2, sizeof(uint16_t));
+          for (int k = 0; k < 32; ++k) q[k] = k < 16 ? (qs[k] & 0x0F) : (qs[k - 16] >> 4);
+        }
         const Nm4Position at = nm4_code_position(n_embd, r);
         const int64_t byte = nm4_chunk_at(n_embd, r).start / 2 + at.byte;
-        for (int k = 0; k < 32; ++k) {
-          const int q = k < 16 ? (qs[k] & 0x0F) : (qs[k - 16] >> 4);
-          const_cast<uint8_t*>(nm4_row(D, b * kNm4Block + k))[byte] |= static_cast<uint8_t>(q << at.shift);
-        }
+        for (int k = 0; k < 32; ++k)
+          const_cast<uint8_t*>(nm4_row(D, b * kNm4Block + k))[byte] |= static_cast<uint8_t>(q[k] << at.shift);
       }
     }
   });

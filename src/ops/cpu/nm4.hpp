@@ -6,6 +6,11 @@
 // the file's matrix bit for bit, in the same number of bytes. (The `exact` Q8_0 copy rounds every
 // value a second time and takes 34/18 the bytes.) What makes it possible: the 32 neurons of a
 // block share the scale of each output row, so a neuron-major row needs only codes.
+// A Q4_K matrix becomes Q4_1_NM the same way: each sub-block of 32 neurons has, per output row,
+// x = (d sc) q - (dmin m) with 6-bit sc and m, which is Q4_1's d' q + m' with d' = d sc and
+// m' = -dmin m; the codes are kept and d', m' are rounded to fp16 (relative error at most 2^-11,
+// against the code step's 1/15 of the range), in 5 bits per value against the file's 4.5 (Q8_0:
+// 8.5).
 //
 // Layout of an n_ff x n_embd matrix (n_ff and n_embd multiples of 32):
 //   rows:   neuron i at i * n_embd / 2, in chunks of 128 outputs (a row's last chunks, where
@@ -64,7 +69,7 @@ struct Nm4Position {
 Nm4Position nm4_code_position(int64_t n_embd, int64_t j);
 
 inline bool is_nm4(DType t) { return t == DType::Q4_0_NM || t == DType::Q4_1_NM; }
-// The neuron-major type of a Q4_0 / Q4_1 down matrix.
+// The neuron-major type of a Q4_0 / Q4_1 / Q4_K down matrix.
 DType nm4_type_of(DType down_type);
 
 // fp16 tables of n_embd values per block of 32 neurons: d, and for Q4_1 m.
@@ -82,7 +87,7 @@ inline const uint16_t* nm4_scales(const TensorView& D, int64_t block) {
 // The scale d (min m for `min`) of neuron i at output j, as a float.
 float nm4_table_value(const TensorView& D, int64_t i, int64_t j, bool min);
 
-// Writes the neuron-major copy of `down` (Q4_0 or Q4_1, ne[0] = n_ff, ne[1] = n_embd) into dst
+// Writes the neuron-major copy of `down` (Q4_0, Q4_1 or Q4_K, ne[0] = n_ff, ne[1] = n_embd) into dst
 // (nm4_bytes of it). Threaded over neuron blocks.
 void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst);
 

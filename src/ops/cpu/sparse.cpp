@@ -223,7 +223,8 @@ DType neuron_major_dtype(DType down_type, NeuronMajorType choice, int64_t n_embd
     case NeuronMajorType::same: break;
     case NeuronMajorType::q8_0: t = DType::Q8_0; break;
     case NeuronMajorType::exact:
-      if (shared_scales && (down_type == DType::Q4_0 || down_type == DType::Q4_1) && n_embd % 32 == 0)
+      if (shared_scales && (down_type == DType::Q4_0 || down_type == DType::Q4_1 || down_type == DType::Q4_K) &&
+          n_embd % 32 == 0)
         return nm4_type_of(down_type);
       if (down_type != DType::F32 && down_type != DType::F16 && down_type != DType::BF16) t = DType::Q8_0;
       break;

@@ -92,7 +92,8 @@ void sparse_up_down_rows(const TensorView& up, const void* x_quantized, const Te
 //           Q4_0 and Q4_1 become Q4_0_NM / Q4_1_NM (ops/cpu/nm4.hpp): the file's codes and
 //           scales, bit-exact, in the file's bytes, with the scales in a table shared by 32
 //           neurons (so rows alone cannot be copied elsewhere: the hybrid devices do not take
-//           it). Other quantized types (and Q4_0 / Q4_1 without `shared_scales`) become Q8_0:
+//           it); Q4_K becomes Q4_1_NM too, its codes kept and each sub-block's d sc and -dmin m
+//           rounded to fp16. Other quantized types (and these without `shared_scales`) become Q8_0:
 //           the transpose cannot keep their blocks (they run along the other axis), so each
 //           value is requantized, and Q8_0 keeps that second rounding at 8 bits (relative error
 //           ~0.4% of a block's largest value; the dense path rounds the activations to 8 bits

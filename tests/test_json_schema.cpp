@@ -83,12 +83,18 @@ void expect_person(const nlohmann::json& j) {
   ASSERT_TRUE(j.contains("name") && j["name"].is_string());
   EXPECT_LE(nlohmann::json(j["name"]).get<std::string>().size(), 12u * 4);
   ASSERT_TRUE(j.contains("age") && j["age"].is_number_integer());
-  if (j.contains("height")) EXPECT_TRUE(j["height"].is_number());
-  if (j.contains("member")) EXPECT_TRUE(j["member"].is_boolean());
+  if (j.contains("height")) {
+    EXPECT_TRUE(j["height"].is_number());
+  }
+  if (j.contains("member")) {
+    EXPECT_TRUE(j["member"].is_boolean());
+  }
   ASSERT_TRUE(j.contains("role"));
   const std::string role = j["role"].get<std::string>();
   EXPECT_TRUE(role == "admin" || role == "user" || role == "guest \"x\"") << role;
-  if (j.contains("nick")) EXPECT_TRUE(j["nick"].is_null() || j["nick"].is_string());
+  if (j.contains("nick")) {
+    EXPECT_TRUE(j["nick"].is_null() || j["nick"].is_string());
+  }
   ASSERT_TRUE(j.contains("tags") && j["tags"].is_array());
   EXPECT_GE(j["tags"].size(), 1u);
   EXPECT_LE(j["tags"].size(), 3u);

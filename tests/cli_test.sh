@@ -94,6 +94,8 @@ contains "profile quantiles" "$tmp/out" "blk\.0\.ffn_gate_quantiles"
 # counts): for ReLU the oracle is exact, so its measured sparsity is the profile's.
 expect_ok "oracle ppl relu" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -b 8 -t 2 --sparse-mode oracle
 oracle_sparsity=$(num "$tmp/err" '.*FFN sparsity \(oracle\): ([0-9.]+)% .*')
+expect_ok "oracle ppl big batches" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 2 -t 2 --sparse-mode oracle
+contains "big batches measure dense, said" "$tmp/err" "measure the dense FFN: pass -b 1"
 close "profile sparsity = oracle sparsity" "$relu_profile_sparsity" "$(python3 -c "print(${oracle_sparsity:-nan} / 100)")" 0.002
 # Input sparsity (TEAL) on a SiLU model: the profile's input tables, `sparsify`, and the result
 # run with --sparse-mode input reaching its target on decode tokens.

@@ -80,7 +80,7 @@ std::vector<InputSparseExecutor::Stack> InputSparseExecutor::site_stacks(ThreadP
     size_t j = i + 1;  // mats[i, j): one type, one input width
     while (j < mats.size() && mats[j]->type == mats[i]->type && mats[j]->cols() == mats[i]->cols()) ++j;
     Stack st;
-    for (size_t m = i; m < j; ++m) st.widths.push_back(mats[m]->rows());
+    for (size_t m = i; m < j; ++m) st.widths.push_back(as_is ? mats[m]->cols() : mats[m]->rows());  // outputs
     if (as_is) {  // the file's own neuron-major down_t: read as it is
       st.view = *mats[i];
     } else if (j == i + 1) {

@@ -560,6 +560,8 @@ std::vector<LayerPredictor> train_predictors(ThreadPool& pool, const Model& mode
   const int64_t n_layer = model.hp.n_layer;
   EMBER_CHECK(static_cast<int64_t>(samples.size()) == n_layer, "train_predictors: samples of {} layers for {}",
               samples.size(), n_layer);
+  o.max_rank = std::min(o.max_rank, std::min(model.hp.n_embd, model.hp.n_ff));  // a rank beyond both buys nothing
+  o.min_rank = std::min(o.min_rank, o.max_rank);
   std::vector<LayerPredictor> layers;
   for (int64_t il = 0; il < n_layer; ++il) {
     const FfnWeights& w = model.layers[static_cast<size_t>(il)].ffn;

@@ -116,7 +116,8 @@ LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, co
 // the engine's fastest kernels) where n_embd and the ranks allow, else F16.
 DType auto_predictor_type(const Hparams& hp, int64_t max_rank);
 
-// Every layer's predictor, layer by layer: o (its rank search) with the layer's FFN bytes as the
+// Every layer's predictor, layer by layer: o (its rank search, the ranks capped at min(n_embd,
+// n_ff)) with the layer's FFN bytes as the
 // rank's cost and, with `from_gate`, the layer's gate as the starting point (init_gate). Each
 // layer's samples are freed once trained. `progress` gets (layer, message) lines.
 std::vector<LayerPredictor> train_predictors(ThreadPool& pool, const Model& model, std::vector<LayerSamples>& samples,

@@ -130,8 +130,6 @@ void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, cons
       collect_ffn_samples(model, pool, calib, so, [](const std::string& m) { log_info("sparsify [2/4]: {}", m); });
   PredictorTrainOptions to;
   to.recall = f.recall;
-  to.max_rank = std::min<int64_t>(to.max_rank, std::min(hp.n_embd, hp.n_ff));
-  to.min_rank = std::min(to.min_rank, to.max_rank);
   to.type = auto_predictor_type(hp, to.max_rank);
   Timer t;
   const std::vector<LayerPredictor> layers =

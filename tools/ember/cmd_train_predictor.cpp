@@ -88,8 +88,7 @@ void run_train(const TrainArgs& a) {
   }
 
   PredictorTrainOptions to;
-  to.recall = a.recall, to.min_rank = a.min_rank, to.max_rank = std::min<int64_t>(a.max_rank, std::min(hp.n_embd, hp.n_ff));
-  to.min_rank = std::min(to.min_rank, to.max_rank);
+  to.recall = a.recall, to.min_rank = a.min_rank, to.max_rank = a.max_rank;
   to.epochs = a.epochs, to.patience = a.patience, to.batch = a.train_batch, to.lr = a.lr, to.pos_weight = a.pos_weight, to.type = type, to.seed = a.seed;
   Timer lt;
   const std::vector<LayerPredictor> layers =

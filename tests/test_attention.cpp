@@ -99,13 +99,16 @@ TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
     int64_t n_head, n_kv, n_ctx;
   };
   // 37 positions: grouped on one thread, one head at a time on three; 1500 (split into chunks):
-  // the chunks go to the threads, and the result must not depend on how.
+  // the chunks go to the threads, and the result must not depend on how. Head sizes: 72 (the
+  // query read from memory), 64 and 40 (held in registers, scores four or two positions at a
+  // time, 37 leaving a tail).
+  for (int64_t hd : {72, 64, 40})
   for (Case c : {Case{8, 2, 37}, Case{9, 3, 37}, Case{9, 3, 1500}, Case{8, 2, 1500}})
   for (bool f16 : {false, true}) {
-    cpu::AttentionShape s{c.n_head, c.n_kv, 72, 1.0f / std::sqrt(72.0f), 0, 0};
+    cpu::AttentionShape s{c.n_head, c.n_kv, hd, 1.0f / std::sqrt(float(hd)), 0, 0};
     s.kv_f16 = f16;
-    const int64_t n_ctx = c.n_ctx, stride = c.n_kv * 72;
-    auto q = random_vec(c.n_head * 72, 4);
+    const int64_t n_ctx = c.n_ctx, stride = c.n_kv * hd;
+    auto q = random_vec(c.n_head * hd, 4);
     auto k = random_vec(n_ctx * stride, 5), v = random_vec(n_ctx * stride, 6);
     std::vector<uint16_t> k16(k.size()), v16(v.size());
     quantize_row(DType::F16, k.data(), k16.data(), static_cast<int64_t>(k.size()));
@@ -115,10 +118,11 @@ TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
     std::vector<float> one(q.size()), three(q.size());
     for (int threads : {1, 3}) {
       ThreadPool pool(threads);
-      std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, c.n_head, 72, threads));
+      std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, c.n_head, hd, threads));
       cpu::attention(pool, s, q.data(), 1, n_ctx - 1, kp, vp, stride, threads == 1 ? one.data() : three.data(),
                      scratch.data());
     }
-    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(one[i], three[i]) << i << " f16 " << f16 << " ctx " << n_ctx;
+    for (size_t i = 0; i < q.size(); ++i)
+      ASSERT_EQ(one[i], three[i]) << i << " f16 " << f16 << " ctx " << n_ctx << " hd " << hd;
   }
 }

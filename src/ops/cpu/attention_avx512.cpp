@@ -179,34 +179,78 @@ inline __m128 hsum_g(const __m512 (&acc)[G]) {
   else return hsum4(acc[0], acc[1], acc[2], acc[3]);
 }
 
-// The scores of the G heads, the heads' R column chunks held in registers (R <= 4).
+// The scores of P positions (j ..) of G heads from their lane sums acc[i * G + g] (position
+// j + i, head g), through hsum4 four at a time, scaled; scores: the heads' rows of n apart.
+template <int G, int P>
+inline void store_scores(const __m512 (&acc)[G * P], __m128 vscale, float* scores, int64_t n, int64_t j) {
+  constexpr int S = G * P;
+  static_assert(S % 4 == 0);
+  alignas(16) float sc[S];
+#pragma GCC unroll 4
+  for (int f = 0; f < S; f += 4)
+    _mm_store_ps(sc + f, _mm_mul_ps(hsum4(acc[f], acc[f + 1], acc[f + 2], acc[f + 3]), vscale));
+#pragma GCC unroll 16
+  for (int f = 0; f < S; ++f) scores[f % G * n + j + f / G] = sc[f];
+}
+
+// The scores of the G heads, the heads' R column chunks held in registers (R <= 4). P positions
+// at a time (4 where the registers allow, else 2): their G x P sums go through hsum4 four at a
+// time, so one reduction tree serves four scores (a tree per position, padded with zeros, was
+// most of this kernel's time). Each sum's own tree is the same either way: the bits do not change.
 template <int G, int R, class E>
 void group_scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  constexpr int P = G * R + 4 * G + 1 <= 32 ? 4 : 2, S = G * P;
   __m512 qv[G][R];
   __mmask16 m[R];
+#pragma GCC unroll 4
   for (int c = 0; c < R; ++c) {
     m[c] = lane_mask(hd - 16 * c);
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) qv[g][c] = _mm512_maskz_loadu_ps(m[c], q + g * hd + 16 * c);
   }
-  for (int64_t j = 0; j < n; ++j) {
+  const __m128 vscale = _mm_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + P <= n; j += P) {
+    __m512 acc[S];  // acc[i * G + g]: position j + i, head g
+#pragma GCC unroll 4
+    for (int i = 0; i < P; ++i) {
+      const E* kj = k + (j + i) * stride;
+      const __m512 k0 = load(m[0], kj);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[i * G + g] = _mm512_mul_ps(qv[g][0], k0);
+#pragma GCC unroll 4
+      for (int c = 1; c < R; ++c) {
+        const __m512 kc = load(m[c], kj + 16 * c);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[i * G + g] = _mm512_fmadd_ps(qv[g][c], kc, acc[i * G + g]);
+      }
+    }
+    store_scores<G, P>(acc, vscale, scores, n, j);
+  }
+  for (; j < n; ++j) {
     const E* kj = k + j * stride;
     __m512 acc[G];
     const __m512 k0 = load(m[0], kj);
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) acc[g] = _mm512_mul_ps(qv[g][0], k0);
+#pragma GCC unroll 4
     for (int c = 1; c < R; ++c) {
       const __m512 kc = load(m[c], kj + 16 * c);
+#pragma GCC unroll 4
       for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][c], kc, acc[g]);
     }
     alignas(16) float sc[4];
-    _mm_store_ps(sc, _mm_mul_ps(hsum_g<G>(acc), _mm_set1_ps(scale)));
+    _mm_store_ps(sc, _mm_mul_ps(hsum_g<G>(acc), vscale));
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) scores[g * n + j] = sc[g];
   }
 }
 
-// The same for any head size, the query read from memory.
+// The same for any head size, the query read from memory, from position j0 on.
 template <int G, class E>
-void group_scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
-  for (int64_t j = 0; j < n; ++j) {
+void group_scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores,
+                      int64_t j0 = 0) {
+  for (int64_t j = j0; j < n; ++j) {
     const E* kj = k + j * stride;
     __m512 acc[G];
     const __m512 k0 = load(lane_mask(hd), kj);
@@ -222,26 +266,72 @@ void group_scores_any(const float* q, const E* k, int64_t stride, int64_t n, int
   }
 }
 
+// Head sizes 65 to 256 (too many column chunks to hold the G queries in registers): four
+// positions at a time with the column chunks in the outer loop, each query chunk read (from L1)
+// once for the four; the 4 G sums through hsum4 four at a time, as in group_scores_regs. The
+// positions after the last four go through group_scores_any.
+template <int G, class E>
+void group_scores_wide(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale,
+                       float* scores) {
+  constexpr int P = 4, S = G * P;
+  const __m128 vscale = _mm_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + P <= n; j += P) {
+    const E* kj = k + j * stride;
+    __m512 acc[S], kc[P];  // acc[i * G + g]: position j + i, head g
+#pragma GCC unroll 4
+    for (int i = 0; i < P; ++i) kc[i] = load(lane_mask(16), kj + i * stride);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m512 qg = _mm512_loadu_ps(q + g * hd);
+#pragma GCC unroll 4
+      for (int i = 0; i < P; ++i) acc[i * G + g] = _mm512_mul_ps(qg, kc[i]);
+    }
+    for (int64_t c = 16; c < hd; c += 16) {
+      const __mmask16 m = lane_mask(hd - c);
+#pragma GCC unroll 4
+      for (int i = 0; i < P; ++i) kc[i] = load(m, kj + i * stride + c);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m512 qg = _mm512_maskz_loadu_ps(m, q + g * hd + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < P; ++i) acc[i * G + g] = _mm512_fmadd_ps(qg, kc[i], acc[i * G + g]);
+      }
+    }
+    store_scores<G, P>(acc, vscale, scores, n, j);
+  }
+  group_scores_any<G>(q, k, stride, n, hd, scale, scores, j);
+}
+
 // Columns [0, 16 R) (R <= 4; hd_left of them valid) of the G heads' outputs: sum_j p_g[j] v_j,
 // 4 R accumulators, each value chunk loaded once per position.
 template <int G, int R, class E>
 void group_weighted_block(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd_left, int64_t hd,
                          float* out) {
+  // Every loop over g and c unrolled: an index GCC cannot resolve keeps acc in memory, stored back
+  // on every position (12 stores a position at G = 3, R = 4: half the kernel's time).
   __m512 acc[G][R];
   __mmask16 m[R];
+#pragma GCC unroll 4
   for (int c = 0; c < R; ++c) {
     m[c] = lane_mask(hd_left - 16 * c);
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) acc[g][c] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < n; ++j) {
     __m512 vc[R];
+#pragma GCC unroll 4
     for (int c = 0; c < R; ++c) vc[c] = load(m[c], v + j * stride + 16 * c);
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       const __m512 pg = _mm512_set1_ps(p[g * n + j]);
+#pragma GCC unroll 4
       for (int c = 0; c < R; ++c) acc[g][c] = _mm512_fmadd_ps(pg, vc[c], acc[g][c]);
     }
   }
+#pragma GCC unroll 4
   for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
     for (int c = 0; c < R; ++c) _mm512_mask_storeu_ps(out + g * hd + 16 * c, m[c], acc[g][c]);
 }
 
@@ -254,7 +344,9 @@ void attend_group(const AttentionShape& s, const float* q, const E* k, const E* 
     case 2: group_scores_regs<G, 2>(q, k, stride, n, hd, s.scale, scores); break;
     case 3: group_scores_regs<G, 3>(q, k, stride, n, hd, s.scale, scores); break;
     case 4: group_scores_regs<G, 4>(q, k, stride, n, hd, s.scale, scores); break;
-    default: group_scores_any<G>(q, k, stride, n, hd, s.scale, scores);
+    default:
+      if (hd <= 16 * kMaxRegs) group_scores_wide<G>(q, k, stride, n, hd, s.scale, scores);
+      else group_scores_any<G>(q, k, stride, n, hd, s.scale, scores);
   }
   for (int g = 0; g < G; ++g) softmax(s.softcap, n, scores + g * n, stat ? stat + 2 * g : nullptr);
   for (int64_t c0 = 0; c0 < hd; c0 += 64) {

@@ -60,7 +60,7 @@ int register_all() {
   for (const Layout& l : kLayouts)
     for (bool f16 : {false, true}) {
       const std::string cache = f16 ? "F16" : "F32";
-      for (int64_t depth : {512, 4096}) {
+      for (int64_t depth : {256, 512, 4096}) {
         const std::string name = std::string("AttentionDecode/") + l.name + "/" + cache + "/d" + std::to_string(depth);
         benchmark::RegisterBenchmark(name.c_str(), BM_Attention, l, f16, depth, 1)
             ->Unit(benchmark::kMicrosecond)

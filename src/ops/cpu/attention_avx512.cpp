@@ -56,21 +56,27 @@ inline float hsum1(__m512 a) {
 // independent multiply-add chains; one chain would wait on its own latency).
 template <int R, class E>
 void scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  // (Every loop over register arrays unrolled: see group_weighted_block.)
   __m512 qv[R];
   __mmask16 m[R];
+#pragma GCC unroll 16
   for (int c = 0; c < R; ++c) m[c] = lane_mask(hd - 16 * c), qv[c] = _mm512_maskz_loadu_ps(m[c], q + 16 * c);
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     const E* k0 = k + j * stride;
     __m512 acc[4];
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) acc[i] = _mm512_mul_ps(qv[0], load(m[0], k0 + i * stride));
+#pragma GCC unroll 16
     for (int c = 1; c < R; ++c)
+#pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(qv[c], load(m[c], k0 + i * stride + 16 * c), acc[i]);
     _mm_storeu_ps(scores + j, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
   }
   for (; j < n; ++j) {
     const E* kj = k + j * stride;
     __m512 acc = _mm512_mul_ps(qv[0], load(m[0], kj));
+#pragma GCC unroll 16
     for (int c = 1; c < R; ++c) acc = _mm512_fmadd_ps(qv[c], load(m[c], kj + 16 * c), acc);
     scores[j] = hsum1(acc) * scale;
   }
@@ -80,13 +86,17 @@ void scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t 
 template <int R, class E>
 void weighted_sum_regs(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
   __m512 acc[R];
-  for (int c = 0; c < R; ++c) acc[c] = _mm512_setzero_ps();
+  __mmask16 m[R];
+#pragma GCC unroll 16
+  for (int c = 0; c < R; ++c) acc[c] = _mm512_setzero_ps(), m[c] = lane_mask(hd - 16 * c);
   for (int64_t j = 0; j < n; ++j) {
     const __m512 pj = _mm512_set1_ps(p[j]);
     const E* vj = v + j * stride;
-    for (int c = 0; c < R; ++c) acc[c] = _mm512_fmadd_ps(pj, load(lane_mask(hd - 16 * c), vj + 16 * c), acc[c]);
+#pragma GCC unroll 16
+    for (int c = 0; c < R; ++c) acc[c] = _mm512_fmadd_ps(pj, load(m[c], vj + 16 * c), acc[c]);
   }
-  for (int c = 0; c < R; ++c) _mm512_mask_storeu_ps(out + 16 * c, lane_mask(hd - 16 * c), acc[c]);
+#pragma GCC unroll 16
+  for (int c = 0; c < R; ++c) _mm512_mask_storeu_ps(out + 16 * c, m[c], acc[c]);
 }
 
 template <int R, class E>

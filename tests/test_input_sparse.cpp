@@ -16,8 +16,10 @@
 #include "engine/session.hpp"
 #include "gguf/writer.hpp"
 #include "model/blocks.hpp"
+#include "model/repack.hpp"
 #include "model/synth.hpp"
 #include "ops/cpu/nm4.hpp"
+#include "ops/cpu/r16.hpp"
 #include "sparse/input_allocation.hpp"
 #include "sparse/input_sparse.hpp"
 #include "sparse/sparsify.hpp"
@@ -64,10 +66,18 @@ Profile profile_of(const Model& m) {
   return run_profile(s, random_tokens(128, m.hp.n_vocab, 7), o);
 }
 
-Logits run_input_mode(const Model& m, const InputThresholds& t, int threads, InputSparsityStats* stats = nullptr) {
+// The copies' rows of small(): q|k|v 256 outputs, o and down 128, gate|up 704; in F32 1 KiB,
+// 512 bytes and 2816 bytes. So by default (kInputMinRowBytes) an F32 layer decodes gate|up
+// through its copy and the other sites dense on masked inputs; min_row_bytes 0 makes every
+// site use a copy, kAllDense none.
+constexpr size_t kAllCopies = 0, kAllDense = SIZE_MAX;
+
+Logits run_input_mode(const Model& m, const InputThresholds& t, int threads, InputSparsityStats* stats = nullptr,
+                      size_t min_row_bytes = kInputMinRowBytes) {
   SessionParams p = test_support::session_params(threads, 64, 64);
   p.sparse.mode = FfnMode::input;
   p.sparse.input_thresholds = t;
+  p.sparse.input_min_row_bytes = min_row_bytes;
   Session s(m, p);
   Logits out = test_support::session_logits(s);
   if (stats) *stats = s.input_sparse()->stats();
@@ -201,8 +211,6 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   InputThresholds thr(3, {-1.0f, -1.0f, -1.0f, -1.0f});
   thr[1] = {0.6f, 0.7f, 0.5f, 0.02f};
   ThreadPool pool(2);
-  InputSparseExecutor ex(*m, pool, thr, cpu::NeuronMajorType::exact, 8);
-  std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const auto masked = [](std::vector<double> v, float t) {
     for (auto& e : v)
@@ -215,6 +223,12 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
       for (int64_t i = 0; i < cols; ++i) y[r] += W[r * cols + i] * x[i];
     return y;
   };
+  // Every site through its copy, the default (gate|up through its copy, the rest dense on masked
+  // inputs), every site dense.
+  std::mt19937 rng(5);
+  for (size_t min_row : {kAllCopies, kInputMinRowBytes, kAllDense}) {
+  rng.seed(5);  // the same inputs each time
+  InputSparseExecutor ex(*m, pool, thr, cpu::NeuronMajorType::exact, 8, min_row);
   for (int64_t n : {1, 5}) {
     Workspace ws;
     ws.init(*m, 8, 8, 2);
@@ -249,11 +263,26 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
     }
     EXPECT_GT(dropped_h, n * nff / 10) << "the down threshold drops too little to test anything";
   }
-  // One token went through the copies: the stats saw it, with about 38 % of x at |x| <= 0.5.
+  // One token went through the decode path: the stats saw it at every site, copy or not.
   const InputSparsityStats& st = ex.stats();
   EXPECT_EQ(st.seen[1][static_cast<int>(InputSite::ffn_in)], static_cast<uint64_t>(d));
+  EXPECT_EQ(st.seen[1][static_cast<int>(InputSite::ffn_hidden)], static_cast<uint64_t>(nff));
+  EXPECT_EQ(st.seen[1][static_cast<int>(InputSite::attn_in)], static_cast<uint64_t>(d));
   EXPECT_EQ(st.seen[0][0], 0u);
-  EXPECT_GT(ex.copy_bytes(), 0u);
+  // The copies made: all four sites', gate|up's alone (2816-byte rows), none.
+  for (int s = 0; s < kInputSites; ++s)
+    EXPECT_EQ(input_site_dense(L, s, cpu::NeuronMajorType::exact, min_row),
+              min_row == kAllDense || (min_row == kInputMinRowBytes && s != static_cast<int>(InputSite::ffn_in)))
+        << s << " " << min_row;
+  const size_t gate_up = 3 * row_bytes(DType::F32, 2 * nff) * static_cast<size_t>(d);  // three layers
+  if (min_row == kAllCopies) {
+    EXPECT_GT(ex.copy_bytes(), gate_up);
+  } else if (min_row == kInputMinRowBytes) {
+    EXPECT_EQ(ex.copy_bytes(), gate_up);
+  } else {
+    EXPECT_EQ(ex.copy_bytes(), 0u);
+  }
+  }
 
   // Q, K and V share one copy (their outputs side by side) only where they share a type, as in
   // files that keep V in more bits: with V in F16, Q and K share a copy and V has its own.
@@ -266,7 +295,7 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   wv16.name = L.wv.name;
   m->layers[1].wv = wv16;
   const auto V16 = test_support::dequant_matrix(wv16);
-  InputSparseExecutor mixed(*m, pool, thr, cpu::NeuronMajorType::exact, 8);
+  InputSparseExecutor mixed(*m, pool, thr, cpu::NeuronMajorType::exact, 8, kAllCopies);
   Workspace ws;
   ws.init(*m, 8, 8, 2);
   std::vector<float> x(static_cast<size_t>(d));
@@ -280,6 +309,31 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   for (int64_t i = 0; i < nkv; ++i) EXPECT_NEAR(ws.v[i], v[i], 1e-4 * (1 + std::fabs(v[i])));
 }
 
+// The loader repacks the matrices of the sites that decode dense (input_dense_site_groups) for
+// the dense kernels, and only those: with a Q4_0 file and a 300-byte minimum, q|k|v (144-byte
+// rows), o and down (72) are repacked, gate and up (396) keep the file's layout for their copy;
+// input mode then computes what it computes on the file's layout, to the kernels' rounding.
+TEST(InputSparse, DenseSitesAreRepackedAndComputeTheSame) {
+  if (!cpu::r16_fast()) GTEST_SKIP() << "no repacking kernels at this SIMD level";
+  auto plain = load_synth(small(DType::Q4_0, 14), "repack_plain.gguf");
+  auto packed = load_synth(small(DType::Q4_0, 14), "repack_packed.gguf");
+  const InputThresholds t = allocate_input_sparsity(profile_of(*plain), *plain, 0.4).thresholds;
+  constexpr size_t kMinRow = 300;
+  const auto groups = input_dense_site_groups(*packed, cpu::NeuronMajorType::exact, kMinRow);
+  EXPECT_EQ(groups.size(), 3u * 3u);  // three sites of three layers
+  repack_for_dense_kernels(*packed, RepackScope::output, ResidentWeights::in_file, 0, groups);
+  for (const LayerWeights& L : packed->layers) {
+    for (const TensorView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn.down})
+      EXPECT_EQ(w->type, DType::Q4_0_R16) << w->name;
+    EXPECT_EQ(L.ffn.gate.type, DType::Q4_0);
+    EXPECT_EQ(L.ffn.up.type, DType::Q4_0);
+    for (int s = 0; s < kInputSites; ++s)  // decided on the file's types: the same after repacking
+      EXPECT_EQ(input_site_dense(L, s, cpu::NeuronMajorType::exact, kMinRow), s != 2) << s;
+  }
+  const Logits a = run_input_mode(*plain, t, 2, nullptr, kMinRow), b = run_input_mode(*packed, t, 2, nullptr, kMinRow);
+  EXPECT_LT(test_support::max_rel_diff(a, b), 1e-3);
+}
+
 // Thresholds below every input keep everything: input mode is the dense model (float weights:
 // to rounding; Q4_0: both round the inputs to 8 bits, the copies' kernel per segment of up to 16
 // kept inputs, the dense kernels per block of 32: roundings of the same size that differ).
@@ -289,10 +343,12 @@ TEST(InputSparse, KeepingEveryInputIsTheDenseModel) {
     SessionParams p = test_support::session_params(2, 64, 64);
     Session dense(*m, p);
     const Logits want = test_support::session_logits(dense);
-    InputSparsityStats st;
-    const Logits got = run_input_mode(*m, InputThresholds(3, {-1.0f, -1.0f, -1.0f, -1.0f}), 2, &st);
-    EXPECT_LT(test_support::max_rel_diff(want, got), t == DType::F32 ? 1e-4 : 3e-2) << dtype_name(t);
-    EXPECT_EQ(st.sparsity(), 0.0);
+    for (size_t min_row : {kAllCopies, kInputMinRowBytes}) {
+      InputSparsityStats st;
+      const Logits got = run_input_mode(*m, InputThresholds(3, {-1.0f, -1.0f, -1.0f, -1.0f}), 2, &st, min_row);
+      EXPECT_LT(test_support::max_rel_diff(want, got), t == DType::F32 ? 1e-4 : 3e-2) << dtype_name(t);
+      EXPECT_EQ(st.sparsity(), 0.0);
+    }
   }
 }
 
@@ -305,9 +361,11 @@ TEST(InputSparse, DecodeAndPromptPathsAgreeAndThreadsChangeNothing) {
   const Profile prof = profile_of(*m);
   const InputSparsityPlan plan = allocate_input_sparsity(prof, *m, 0.5);
   const std::vector<int32_t> tokens = test_support::session_tokens(*m, 18);
+  for (size_t min_row : {kAllCopies, kInputMinRowBytes}) {
   SessionParams p = test_support::session_params(2, 64, 64);
   p.sparse.mode = FfnMode::input;
   p.sparse.input_thresholds = plan.thresholds;
+  p.sparse.input_min_row_bytes = min_row;
   Session batch(*m, p), single(*m, p);
   std::vector<float> all(tokens.size() * static_cast<size_t>(m->hp.n_vocab));
   batch.eval_all_logits(tokens.data(), static_cast<int64_t>(tokens.size()), all.data());
@@ -319,16 +377,22 @@ TEST(InputSparse, DecodeAndPromptPathsAgreeAndThreadsChangeNothing) {
       mag = std::max(mag, static_cast<double>(std::fabs(all[t * m->hp.n_vocab + i])));
     }
   }
-  EXPECT_LT(worst / mag, 1e-3);
+  EXPECT_LT(worst / mag, 1e-3) << min_row;
   // Random tokens of the profile's kind: the sparsity measured on decode is near the target.
-  EXPECT_NEAR(single.input_sparse()->stats().sparsity(), 0.5, 0.08);
+  EXPECT_NEAR(single.input_sparse()->stats().sparsity(), 0.5, 0.08) << min_row;
+  // Bytes per token: the kept rows of the copies, dense sites' matrices whole.
   EXPECT_GT(single.input_sparse()->weight_bytes_per_token(), 0.0);
+  EXPECT_LT(single.input_sparse()->weight_bytes_per_token(), static_cast<double>(m->weight_bytes_per_token()));
+  }
 
   auto q = load_synth(small(DType::Q4_0, 3), "paths_q4.gguf");
   const InputThresholds tq = allocate_input_sparsity(profile_of(*q), *q, 0.4).thresholds;
-  const Logits a = run_input_mode(*q, tq, 1), b = run_input_mode(*q, tq, 2), c = run_input_mode(*q, tq, 3);
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(a, c);
+  for (size_t min_row : {kAllCopies, kInputMinRowBytes}) {
+    const Logits a = run_input_mode(*q, tq, 1, nullptr, min_row), b = run_input_mode(*q, tq, 2, nullptr, min_row),
+                 c = run_input_mode(*q, tq, 3, nullptr, min_row);
+    EXPECT_EQ(a, b) << min_row;
+    EXPECT_EQ(a, c) << min_row;
+  }
 }
 
 // The allocation meets each layer's share, gives sites where sparsity costs little more of it,
@@ -467,9 +531,11 @@ TEST(InputSparse, EveryFamilyRunsOneFunctionOnBothPaths) {
     auto m = load_synth(o, std::string("family_") + arch + ".gguf");
     const InputThresholds t = allocate_input_sparsity(profile_of(*m), *m, 0.4).thresholds;
     const std::vector<int32_t> tokens = test_support::session_tokens(*m, 10);
+    for (size_t min_row : {kAllCopies, kInputMinRowBytes}) {
     SessionParams p = test_support::session_params(2, 64, 64);
     p.sparse.mode = FfnMode::input;
     p.sparse.input_thresholds = t;
+    p.sparse.input_min_row_bytes = min_row;
     Session batch(*m, p), single(*m, p);
     const int64_t nv = m->hp.n_vocab;
     std::vector<float> all(tokens.size() * static_cast<size_t>(nv));
@@ -482,7 +548,8 @@ TEST(InputSparse, EveryFamilyRunsOneFunctionOnBothPaths) {
         mag = std::max(mag, static_cast<double>(std::fabs(all[i * nv + v])));
       }
     }
-    EXPECT_LT(worst / mag, 1e-3) << arch;
+    EXPECT_LT(worst / mag, 1e-3) << arch << " " << min_row;
     EXPECT_GT(single.input_sparse()->stats().sparsity(), 0.2) << arch;
+    }
   }
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -105,7 +106,8 @@ void copy_bundle(const Bundle& b, uint8_t* dst) {
 
 }  // namespace
 
-RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident, size_t memory_budget) {
+RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident, size_t memory_budget,
+                                     const std::vector<std::vector<TensorView*>>& extra) {
   RepackStats st;
   const bool repacking = scope != RepackScope::none && cpu::r16_fast();
   if (!repacking && resident == ResidentWeights::in_file) return st;
@@ -118,31 +120,33 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
   };
   // Matrices multiplied together in one fused call when they share their type (Q, K, V; gate and
   // up) keep sharing it: they are repacked all or none. Of mixed types, each goes on its own.
-  const auto group = [&](std::initializer_list<TensorView*> ws) {
+  const auto group = [&](std::span<TensorView* const> ws) {
     if (!repacking) return;
     bool same = true, all = true;
-    for (TensorView* w : ws) same &= w->type == (*ws.begin())->type, all &= repackable(*w);
+    for (TensorView* w : ws) same &= w->type == ws.front()->type, all &= repackable(*w);
     for (TensorView* w : ws)
-      if ((!same || all) && repackable(*w)) plan.push_back({w, true});
+      if ((!same || all) && repackable(*w) && !planned(w)) plan.push_back({w, true});
   };
+  const auto group_of = [&](std::initializer_list<TensorView*> ws) { group(std::span(ws.begin(), ws.size())); };
   for (LayerWeights& l : model.layers) {
     if (scope == RepackScope::output) continue;
-    group({&l.wq, &l.wk, &l.wv});
-    group({&l.wo});
+    group_of({&l.wq, &l.wk, &l.wv});
+    group_of({&l.wo});
     if (scope == RepackScope::all) {
-      group({&l.ffn.gate, &l.ffn.up});
-      group({&l.ffn.down});
+      group_of({&l.ffn.gate, &l.ffn.up});
+      group_of({&l.ffn.down});
       for (FfnWeights& e : l.moe.experts) {  // each expert as a dense FFN of its own
-        group({&e.gate, &e.up});
-        group({&e.down});
+        group_of({&e.gate, &e.up});
+        group_of({&e.down});
       }
     } else if (scope == RepackScope::attention_output_gate) {
-      group({&l.ffn.gate});
+      group_of({&l.ffn.gate});
     }
   }
+  for (const std::vector<TensorView*>& g : extra) group(g);
   const bool tied = model.output.data == model.tok_embd.data;
   if (!tied) {
-    group({&model.output});
+    group_of({&model.output});
   } else if (repacking && repackable(model.output) && cpu::r16_unpackable(model.output.type)) {
     // A tied output matrix is also the token embedding: its rows are then looked up by
     // unpacking their group of 16 (get_rows), so it can be repacked where that is possible.

@@ -56,6 +56,7 @@ struct SparseFfnOptions {
   // input mode: per layer and input site (sparse/input_site.hpp), entries kept when |x| > t
   // (empty in SessionParams: the model file's Model::input_thresholds).
   InputThresholds input_thresholds;
+  size_t input_min_row_bytes = kInputMinRowBytes;  // shorter copy rows: the site decodes dense
   cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
   cpu::AxpySplit split = cpu::AxpySplit::columns;
   // predictor mode: run mirrored predictors at half rank (sparse/predictor.hpp; tests compare

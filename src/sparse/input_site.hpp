@@ -8,6 +8,7 @@
 //   ffn_hidden  h, the neurons' values     down
 #pragma once
 #include <array>
+#include <cstddef>
 #include <vector>
 
 namespace ember {
@@ -18,5 +19,13 @@ const char* input_site_name(int site);  // "attn_in", "attn_out", "ffn_in", "ffn
 
 // Per layer, per site: an input entry is kept when |x| > t (t < 0 keeps every entry).
 using InputThresholds = std::vector<std::array<float, kInputSites>>;
+
+// A site whose input-channel-major rows would be shorter than this decodes with the dense
+// kernels on its masked input instead of through a copy (sparse/input_sparse.hpp): a kept row is
+// one scattered read, and short ones stream far slower than the dense kernel reads. Measured on
+// Zen 4 (docs/benchmarks.md, eighteenth session): SmolLM2's 360-1920-byte rows made input mode
+// 0.72x dense at 50 %, dense sites 0.89x; the 7B shape's shortest rows (o, down: 2304 bytes)
+// are sparse in every measurement of its 1.16x / 1.32x at 40 / 50 %.
+constexpr size_t kInputMinRowBytes = 2048;
 
 }  // namespace ember

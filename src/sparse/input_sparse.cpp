@@ -10,6 +10,7 @@
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
 #include "ops/cpu/nm4.hpp"
+#include "ops/cpu/r16.hpp"
 
 namespace ember {
 
@@ -22,6 +23,19 @@ const char* input_site_name(int site) {
   return names[site];
 }
 
+namespace {
+
+// The bytes of one row of the copy site_stacks would make of mats (rows: n_out of each), from the
+// file's type of the first (a repacked matrix: its base type).
+size_t copy_row_bytes(const std::vector<const TensorView*>& mats, cpu::NeuronMajorType choice) {
+  int64_t n_out = 0;
+  for (const TensorView* t : mats) n_out += t->rows();
+  const DType file_type = cpu::r16_base(mats[0]->type);
+  return row_bytes(cpu::neuron_major_dtype(file_type, choice, n_out, /*shared_scales=*/true), n_out);
+}
+
+}  // namespace
+
 InputSiteMatrices input_site_matrices(const LayerWeights& L) {
   InputSiteMatrices m;
   m.site[0] = {&L.wq, &L.wk, &L.wv};
@@ -30,6 +44,26 @@ InputSiteMatrices input_site_matrices(const LayerWeights& L) {
   if (ffn_needs_up(L.ffn)) m.site[2].push_back(&L.ffn.up);
   m.site[3] = {L.ffn.down.valid() ? &L.ffn.down : &L.ffn.down_t};
   return m;
+}
+
+bool input_site_dense(const LayerWeights& L, int site, cpu::NeuronMajorType copy_type, size_t min_row_bytes) {
+  if (site == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid()) return false;  // the file's down_t
+  return copy_row_bytes(input_site_matrices(L).site[static_cast<size_t>(site)], copy_type) < min_row_bytes;
+}
+
+std::vector<std::vector<TensorView*>> input_dense_site_groups(Model& model, cpu::NeuronMajorType copy_type,
+                                                              size_t min_row_bytes) {
+  std::vector<std::vector<TensorView*>> groups;
+  for (LayerWeights& L : model.layers) {
+    const InputSiteMatrices m = input_site_matrices(L);
+    for (int s = 0; s < kInputSites; ++s) {
+      if (!input_site_dense(L, s, copy_type, min_row_bytes)) continue;
+      std::vector<TensorView*> g;
+      for (const TensorView* t : m.site[static_cast<size_t>(s)]) g.push_back(const_cast<TensorView*>(t));
+      groups.push_back(std::move(g));
+    }
+  }
+  return groups;
 }
 
 std::array<double, kInputSites> input_site_weights(const LayerWeights& L) {
@@ -105,7 +139,7 @@ std::vector<InputSparseExecutor::Stack> InputSparseExecutor::site_stacks(ThreadP
 }
 
 InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
-                                         cpu::NeuronMajorType copy_type, int64_t max_batch)
+                                         cpu::NeuronMajorType copy_type, int64_t max_batch, size_t min_row_bytes)
     : model_(model), thr_(std::move(thresholds)) {
   const Hparams& hp = model.hp;
   EMBER_CHECK(static_cast<int64_t>(thr_.size()) == hp.n_layer,
@@ -118,11 +152,18 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   Timer timer;
   int64_t widest_in = hp.n_embd, widest_out = hp.n_embd, widest_stack = 0;
   copies_.reserve(model.layers.size());
+  std::array<int64_t, kInputSites> dense_sites{};
   for (const LayerWeights& L : model.layers) {
     const InputSiteMatrices m = input_site_matrices(L);
     LayerCopies c;
     for (int s = 0; s < kInputSites; ++s) {
       const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid();
+      // keep() lists every site's kept inputs, with a copy or not
+      widest_in = std::max(widest_in, file_down_t ? m.site[s][0]->rows() : m.site[s][0]->cols());
+      if (input_site_dense(L, s, copy_type, min_row_bytes)) {
+        ++dense_sites[s];  // no copy: decode runs the dense kernels on the masked input
+        continue;
+      }
       c[s] = site_stacks(pool, m.site[s], copy_type, file_down_t);
       for (const Stack& st : c[s]) {
         widest_in = std::max(widest_in, st.view.rows());
@@ -146,6 +187,15 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   }
   log_info("input sparsity: input-channel-major copies of {} layers' matrices, {:.1f} MiB, in {:.1f} s",
            model.layers.size(), copy_bytes() / 1048576.0, timer.seconds());
+  std::string dense;
+  for (int s = 0; s < kInputSites; ++s)
+    if (dense_sites[s] > 0)
+      dense += fmt::format("{}{} ({} of {} layers)", dense.empty() ? "" : ", ", input_site_name(s), dense_sites[s],
+                           model.layers.size());
+  if (!dense.empty())
+    log_info("input sparsity: {} decode with the dense kernels on the masked inputs: their input-channel-major "
+             "rows would be under {} bytes, which read slower than dense",
+             dense, min_row_bytes);
 }
 
 std::string InputSparseExecutor::refusal(const Model& model) const {
@@ -197,6 +247,11 @@ void InputSparseExecutor::mask(float* x, int64_t n, int64_t w, float t) {
     if (std::fabs(x[i]) <= t) x[i] = 0.0f;
 }
 
+void InputSparseExecutor::keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in) {
+  keep(layer, site, x, n_in);
+  mask(x, 1, n_in, thr_[static_cast<size_t>(layer)][static_cast<int>(site)]);
+}
+
 void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n,
                               Workspace& ws) {
   const size_t l = static_cast<size_t>(layer);
@@ -204,6 +259,10 @@ void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeight
     mask(xn, n, L.wq.cols(), thr_[l][0]);
     stats_.batch_tokens += static_cast<uint64_t>(n);
     return dense_qkv(pool, L, xn, n, ws);
+  }
+  if (dense_site(l, 0)) {
+    keep_and_mask(layer, InputSite::attn_in, xn, L.wq.cols());
+    return dense_qkv(pool, L, xn, 1, ws);
   }
   const int64_t k = keep(layer, InputSite::attn_in, xn, L.wq.cols());
   site_product(pool, copies_[l][0], k, {ws.q.data(), ws.k.data(), ws.v.data()});
@@ -215,6 +274,10 @@ void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeight
   if (n > 1) {
     mask(attn, n, L.wo.cols(), thr_[l][1]);
     return dense_out(pool, L, attn, n, o, ws);
+  }
+  if (dense_site(l, 1)) {
+    keep_and_mask(layer, InputSite::attn_out, attn, L.wo.cols());
+    return dense_out(pool, L, attn, 1, o, ws);
   }
   const int64_t k = keep(layer, InputSite::attn_out, attn, L.wo.cols());
   site_product(pool, copies_[l][1], k, {o});
@@ -233,14 +296,27 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
     mask(h, n, n_ff, thr_[l][3]);
     return ffn_down_all(pool, w, h, n, out, ws);
   }
+  // Decode: each of the two sites through its copy, or dense on its masked input (dense_site).
   const LayerCopies& c = copies_[l];
-  const int64_t k = keep(layer, InputSite::ffn_in, x, n_embd);
-  float* a = ws.gate.data();
   float* h = ws.up.data();
-  if (ffn_needs_up(w)) site_product(pool, c[2], k, {a, h});
-  else site_product(pool, c[2], k, {a});
-  ffn_firing_values(w, act, a, 1, n_ff, n_ff, nullptr);
-  ffn_neuron_values(w, act, a, n_ff, h, n_ff, 1, n_ff, nullptr);
+  if (dense_site(l, 2)) {
+    float* xm = xm_.data();
+    std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n_embd));
+    keep_and_mask(layer, InputSite::ffn_in, xm, n_embd);
+    ffn_firing_all(pool, w, act, xm, 1, ws);
+    h = ffn_values_all(pool, w, act, xm, 1, ws);
+  } else {
+    const int64_t k = keep(layer, InputSite::ffn_in, x, n_embd);
+    float* a = ws.gate.data();
+    if (ffn_needs_up(w)) site_product(pool, c[2], k, {a, h});
+    else site_product(pool, c[2], k, {a});
+    ffn_firing_values(w, act, a, 1, n_ff, n_ff, nullptr);
+    ffn_neuron_values(w, act, a, n_ff, h, n_ff, 1, n_ff, nullptr);
+  }
+  if (dense_site(l, 3)) {
+    keep_and_mask(layer, InputSite::ffn_hidden, h, n_ff);
+    return ffn_down_all(pool, w, h, 1, out, ws);
+  }
   const int64_t kh = keep(layer, InputSite::ffn_hidden, h, n_ff);
   site_product(pool, c[3], kh, {out});
   ffn_add_down_bias(w, out, 1);
@@ -275,6 +351,7 @@ double InputSparseExecutor::weight_bytes_per_token() const {
     tokens = std::max(tokens, t);
     const InputSiteMatrices m = input_site_matrices(L);
     for (int s = 0; s < kInputSites; ++s) {
+      if (dense_site(l, s)) continue;  // the file's matrices, read whole
       for (const TensorView* f : m.site[s]) total -= static_cast<double>(f->nbytes);
       const double kept_rows = static_cast<double>(stats_.kept[l][s]) / t;  // per token
       for (const Stack& st : c[s]) {

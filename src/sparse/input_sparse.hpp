@@ -15,7 +15,9 @@
 // SparseAxpy/Q4_0_NM, 28672 x 4096 against 4096 x 4096). Batches of several tokens (prompts, perplexity) run the dense kernels on the file's
 // row-major matrices with the same inputs zeroed: the same function, from the other layout. Both
 // layouts stay in memory: the copies add the size of the layers' weights (the file's layout is
-// read only by prompts).
+// read only by prompts). A site whose copy would have short rows (input_site_dense: SmolLM2's,
+// under 2 KiB) gets no copy: it decodes with the dense kernels on its masked input, from its
+// matrices repacked for them at load (input_dense_site_groups), as its prompts do.
 //
 // Thresholds (per layer and site) come from a profile's input quantiles (`ember profile` records
 // them) and an allocation of a model-wide target sparsity (sparse/input_allocation.hpp).
@@ -44,6 +46,18 @@ InputSiteMatrices input_site_matrices(const LayerWeights& L);
 // The number of weights of each site's matrices (n_in x the sum of their n_out).
 std::array<double, kInputSites> input_site_weights(const LayerWeights& L);
 
+// Whether site s of layer L decodes with the dense kernels on its masked input rather than
+// through an input-channel-major copy: where the copy's rows would be shorter than min_row_bytes
+// (input_site.hpp's kInputMinRowBytes: SmolLM2's are). Decided on the file's types (a repacked
+// matrix counts as its base type), so that the loader, which repacks these sites' matrices for
+// the dense kernels, and the executor agree. The file's own neuron-major down_t is never dense.
+bool input_site_dense(const LayerWeights& L, int site, cpu::NeuronMajorType copy_type,
+                      size_t min_row_bytes = kInputMinRowBytes);
+// The matrices of every such site, grouped as they are multiplied (q, k, v; gate, up): what
+// repack_for_dense_kernels repacks in input mode besides the output matrix.
+std::vector<std::vector<TensorView*>> input_dense_site_groups(Model& model, cpu::NeuronMajorType copy_type,
+                                                              size_t min_row_bytes = kInputMinRowBytes);
+
 // The kept entries of x[0..n): their indices and values, in index order; returns their count.
 int64_t select_inputs(const float* x, int64_t n, float threshold, int32_t* ids, float* vals);
 
@@ -58,10 +72,13 @@ struct InputSparsityStats {
 
 class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor {
  public:
-  // Builds the input-channel-major copies of every layer's matrices (threaded on `pool`).
-  // `copy_type` as SparseFfnOptions::down_type (ops/cpu/sparse.hpp's NeuronMajorType).
+  // Builds the input-channel-major copies of every layer's matrices (threaded on `pool`), but
+  // for the sites input_site_dense names (no copy: they decode with the dense kernels on their
+  // masked inputs). `copy_type` as SparseFfnOptions::down_type (ops/cpu/sparse.hpp's
+  // NeuronMajorType).
   InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
-                      cpu::NeuronMajorType copy_type, int64_t max_batch);
+                      cpu::NeuronMajorType copy_type, int64_t max_batch,
+                      size_t min_row_bytes = kInputMinRowBytes);
 
   void qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) override;
   void out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
@@ -89,6 +106,9 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
     std::vector<int64_t> widths;  // the outputs of each matrix, in the site's order
   };
   using LayerCopies = std::array<std::vector<Stack>, kInputSites>;
+  // Whether a site's decode runs the dense kernels on its masked input (no copy kept): where the
+  // copy's rows would be shorter than the constructor's min_row_bytes (input_site_dense).
+  bool dense_site(size_t layer, int site) const { return copies_[layer][static_cast<size_t>(site)].empty(); }
   // The stacks of a site's matrices (`as_is`: one matrix already channel-major, read uncopied).
   static std::vector<Stack> site_stacks(ThreadPool& pool, const std::vector<const TensorView*>& mats,
                                         cpu::NeuronMajorType choice, bool as_is);
@@ -99,6 +119,8 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   // Zeroes the entries at or below t in x (n rows of width w): the batch path's input.
   static void mask(float* x, int64_t n, int64_t w, float t);
   int64_t keep(int64_t layer, InputSite site, const float* x, int64_t n_in);
+  // keep() for decode, then x masked in place: the input of a dense site.
+  void keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in);
 
   const Model& model_;
   InputThresholds thr_;

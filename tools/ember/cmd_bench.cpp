@@ -160,7 +160,7 @@ void run_bench(const BenchFlags& f) {
     out["sparse_extra_bytes"] = in->bytes();
     if (!tg.empty() && input_bytes > 0) {
       out["sparse_weight_bytes_per_token"] = input_bytes;
-      std::printf("input sparsity: %.1f%% of the layers' weights skipped; %.1f MB of weights per token (dense %.1f MB, "
+      std::printf("input sparsity: %.1f%% of the layers' weights meet zeroed inputs; %.1f MB of weights per token (dense %.1f MB, "
                   "ideal %.2fx): %.2f GB/s; input-channel-major copies %.1f MiB\n",
                   100.0 * in->stats().sparsity(), input_bytes / 1e6, bytes_per_token / 1e6, bytes_per_token / input_bytes,
                   stats_of(tg).median * input_bytes / 1e9, in->copy_bytes() / 1048576.0);

@@ -25,6 +25,7 @@
 #include "engine/profile_run.hpp"
 #include "sparse/predictor_train.hpp"
 #include "sparse/prepare.hpp"
+#include "sparse/input_sparse.hpp"
 #include "sparse/sparsify.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -210,6 +211,17 @@ void run_sparsify(SparsifyFlags& f) {
     }
     fmt::print(stderr, "sparsify: wrote {} ({:.1f} MiB): {:.1f}% of the layers' weights skipped ({} allocation)\n",
                f.o.output, s.bytes / 1048576.0, 100.0 * s.plan.weighted_sparsity, f.allocation);
+    int64_t sparse_sites = 0;
+    for (const LayerWeights& L : model->layers)
+      for (int site = 0; site < kInputSites; ++site)
+        sparse_sites += input_site_dense(L, site, cpu::NeuronMajorType::exact) ? 0 : 1;
+    if (sparse_sites == 0)
+      fmt::print(stderr,
+                 "sparsify: note: no matrix of this model has input rows of {} bytes or more, so every site decodes "
+                 "with the dense kernels on its zeroed inputs: the sparse file reads every weight and will not "
+                 "decode faster than the dense one (input sparsity pays on larger models: a 7B's rows are "
+                 "2.3-16 KiB)\n",
+                 kInputMinRowBytes);
     if (f.eval_chunks > 0) print_quality(f, evaluate(f, *model, FfnMode::input, "[3/3]"));
   }
   fmt::print(stderr, "sparsify: done in {:.0f} s; `ember generate -m {}` runs it sparse\n", timer.seconds(), f.o.output);

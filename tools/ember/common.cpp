@@ -110,12 +110,16 @@ SessionParams EngineFlags::session_params(const Model& model) const {
   EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_budget > 0, "--vram-budget must be more than 0 bytes");
   p.hybrid.plan_path = plan_path;
   p.hybrid.device_kind = hybrid_device;
-  p.sparse.down_type = sparse_down == "same"  ? cpu::NeuronMajorType::same
-                       : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
-                       : sparse_down == "f16" ? cpu::NeuronMajorType::f16
-                       : sparse_down == "f32" ? cpu::NeuronMajorType::f32
-                                              : cpu::NeuronMajorType::exact;
+  p.sparse.down_type = neuron_major_type();
   return p;
+}
+
+cpu::NeuronMajorType EngineFlags::neuron_major_type() const {
+  return sparse_down == "same"   ? cpu::NeuronMajorType::same
+         : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
+         : sparse_down == "f16"  ? cpu::NeuronMajorType::f16
+         : sparse_down == "f32"  ? cpu::NeuronMajorType::f32
+                                 : cpu::NeuronMajorType::exact;
 }
 
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds, RepackScope max_scope) {
@@ -124,7 +128,8 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
   auto model = load_model(flags.model_path);
   if (!flags.predictor_path.empty()) attach_predictors(*model, flags.predictor_path);
   const bool hybrid = !flags.vram_budget.empty() || !flags.plan_path.empty();
-  const RepackScope ffn_scope = repack_scope_for(parse_ffn_mode(flags.resolved_sparse_mode(*model)), hybrid);
+  const FfnMode mode = parse_ffn_mode(flags.resolved_sparse_mode(*model));
+  const RepackScope ffn_scope = repack_scope_for(mode, hybrid);
   if (flags.sparse_mode == "auto" && !model->input_thresholds.empty())
     log_info("{} carries input-sparsity thresholds (`ember sparsify`): running --sparse-mode input (pass "
              "--sparse-mode dense for the dense model)", flags.model_path);
@@ -132,8 +137,12 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     log_info("{} has activation predictors (`ember sparsify`, `ember prepare`, or --predictor): running "
              "--sparse-mode predictor (pass --sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
-  const RepackStats rp =
-      repack_for_dense_kernels(*model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);
+  // Input sparsity's sites with short rows decode with the dense kernels: their matrices repacked.
+  const std::vector<std::vector<TensorView*>> extra =
+      mode == FfnMode::input && scope != RepackScope::none ? input_dense_site_groups(*model, flags.neuron_major_type())
+                                                           : std::vector<std::vector<TensorView*>>{};
+  const RepackStats rp = repack_for_dense_kernels(
+      *model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy, 0, extra);
   if (rp.tensors > 0 || rp.copied_tensors > 0)
     log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels{} in {:.2f} s; {:.1f} MiB in "
              "huge pages",
@@ -169,7 +178,7 @@ void log_ffn_sparsity(Session& session) {
     const InputSparsityStats& st = in->stats();
     std::string sites;
     for (int s = 0; s < kInputSites; ++s) sites += fmt::format("{} {}: {:.1f}%", s ? "," : "", input_site_name(s), 100.0 * st.sparsity(s));
-    log_info("input sparsity (decode tokens): {:.1f}% of the layers' weights skipped;{}; {:.1f} MB of weights per "
+    log_info("input sparsity (decode tokens): {:.1f}% of the layers' weights meet zeroed inputs;{}; {:.1f} MB read per "
              "token", 100.0 * st.sparsity(), sites, in->weight_bytes_per_token() / 1e6);
   }
   const SparseFfn* sp = session.sparse_ffn();

@@ -179,10 +179,17 @@ void attention(ThreadPool& pool, const AttentionShape& s, const float* q, int64_
     });
     return;
   }
-  // Work items: (token, run of `heads` heads of one KV head); runs of grouped heads where the
-  // grouped kernel applies and leaves at least two items per thread.
-  const int g = simd_level() == SimdLevel::avx512 ? group_heads(group) : 1;
-  const int heads = g > 1 && n_tokens * s.n_head / g >= 2 * pool.size() ? g : 1;
+  // Work items: (token, run of `heads` heads of one KV head): the largest run the grouped kernel
+  // takes that still gives every thread an item (a run of G heads reads and converts each K and
+  // V row once for G; one head at a time, each head's item reads them again). The kernels give
+  // the same bits, so the choice changes only the time.
+  int heads = 1;
+  if (simd_level() == SimdLevel::avx512)
+    for (int g = detail::kGroupHeads; g > 1; --g)
+      if (group % g == 0 && n_tokens * s.n_head / g >= pool.size()) {
+        heads = g;
+        break;
+      }
   const int64_t runs = s.n_head / heads;
   pool.parallel_for(n_tokens * runs, 1, [&](int64_t begin, int64_t end, int ith) {
     float* scores = scratch + static_cast<size_t>(ith) * static_cast<size_t>(detail::kGroupHeads * n_ctx + hd);

@@ -309,29 +309,30 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   for (int64_t i = 0; i < nkv; ++i) EXPECT_NEAR(ws.v[i], v[i], 1e-4 * (1 + std::fabs(v[i])));
 }
 
-// The loader repacks the matrices of the sites that decode dense (input_dense_site_groups) for
-// the dense kernels, and only those: with a Q4_0 file and a 300-byte minimum, q|k|v (144-byte
-// rows), o and down (72) are repacked, gate and up (396) keep the file's layout for their copy;
-// input mode then computes what it computes on the file's layout, to the kernels' rounding.
-TEST(InputSparse, DenseSitesAreRepackedAndComputeTheSame) {
+// As the loader runs input mode: the file's layout kept (Model::file_layers), every layer matrix
+// repacked for the dense kernels (prompts and dense sites read those), the copies built from the
+// file's layout. It computes what the model without repacking computes, to the kernels' rounding,
+// with every site through a copy, with the default (all dense at this size: Q4_0 rows of 72-396
+// bytes) and with gate|up alone through its copy (a 300-byte minimum).
+TEST(InputSparse, CopiesFromTheFileLayoutBesideRepackedMatrices) {
   if (!cpu::r16_fast()) GTEST_SKIP() << "no repacking kernels at this SIMD level";
   auto plain = load_synth(small(DType::Q4_0, 14), "repack_plain.gguf");
   auto packed = load_synth(small(DType::Q4_0, 14), "repack_packed.gguf");
   const InputThresholds t = allocate_input_sparsity(profile_of(*plain), *plain, 0.4).thresholds;
-  constexpr size_t kMinRow = 300;
-  const auto groups = input_dense_site_groups(*packed, cpu::NeuronMajorType::exact, kMinRow);
-  EXPECT_EQ(groups.size(), 3u * 3u);  // three sites of three layers
-  repack_for_dense_kernels(*packed, RepackScope::output, ResidentWeights::in_file, 0, groups);
-  for (const LayerWeights& L : packed->layers) {
-    for (const TensorView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn.down})
+  packed->file_layers = packed->layers;
+  repack_for_dense_kernels(*packed, RepackScope::all, ResidentWeights::in_file);
+  for (size_t l = 0; l < packed->layers.size(); ++l) {
+    const LayerWeights& L = packed->layers[l];
+    for (const TensorView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn.gate, &L.ffn.up, &L.ffn.down})
       EXPECT_EQ(w->type, DType::Q4_0_R16) << w->name;
-    EXPECT_EQ(L.ffn.gate.type, DType::Q4_0);
-    EXPECT_EQ(L.ffn.up.type, DType::Q4_0);
-    for (int s = 0; s < kInputSites; ++s)  // decided on the file's types: the same after repacking
-      EXPECT_EQ(input_site_dense(L, s, cpu::NeuronMajorType::exact, kMinRow), s != 2) << s;
+    EXPECT_EQ(packed->file_layer(l).wq.type, DType::Q4_0);
+    for (int s = 0; s < kInputSites; ++s)  // decided on the file's types: the same either way
+      EXPECT_EQ(input_site_dense(L, s, cpu::NeuronMajorType::exact, 300), s != 2) << s;
   }
-  const Logits a = run_input_mode(*plain, t, 2, nullptr, kMinRow), b = run_input_mode(*packed, t, 2, nullptr, kMinRow);
-  EXPECT_LT(test_support::max_rel_diff(a, b), 1e-3);
+  for (size_t min_row : {kAllCopies, kInputMinRowBytes, size_t{300}}) {
+    const Logits a = run_input_mode(*plain, t, 2, nullptr, min_row), b = run_input_mode(*packed, t, 2, nullptr, min_row);
+    EXPECT_LT(test_support::max_rel_diff(a, b), 1e-3) << min_row;
+  }
 }
 
 // Thresholds below every input keep everything: input mode is the dense model (float weights:

@@ -25,4 +25,9 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// Gives the whole pages inside [p, p + n) of a file's map back to the kernel: the file stays
+// mapped, and a page is read again from the page cache if anything touches it later. Only for
+// file-backed memory (anonymous memory would read back as zeros).
+void release_mapped_pages(const void* p, size_t n);
+
 }  // namespace ember

@@ -13,9 +13,9 @@ int default_thread_count() {
 }
 
 RepackScope repack_scope_for(FfnMode mode, bool hybrid) {
-  // Input sparsity reads the file's row-major matrices for prompts (its decode reads its own
-  // copies), and builds those copies from them: every layer matrix stays as the file has it.
-  if (mode == FfnMode::input) return RepackScope::output;
+  // Input sparsity's prompts (and its dense sites' decode) run the dense kernels, so everything is
+  // repacked; its copies are built from the file's layout (Model::file_layers, kept by the loader).
+  if (mode == FfnMode::input) return RepackScope::all;
   if (hybrid || mode == FfnMode::predictor) return RepackScope::attention_output;
   return mode == FfnMode::dense ? RepackScope::all : RepackScope::attention_output_gate;
 }

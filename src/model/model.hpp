@@ -166,6 +166,12 @@ struct Model {
   // Weights held in memory rather than in the file: matrices repacked for the dense kernels
   // (model/repack.hpp); views point into them.
   std::vector<AlignedBuffer<uint8_t>> owned_weights;
+  // The layers' views as the file lays them out, kept before repacking where something needs
+  // that layout besides the repacked one (input sparsity builds its input-channel-major copies
+  // from it: sparse/input_sparse.hpp); empty otherwise (then `layers` is the file's layout). The
+  // views point into the file's map, which stays mapped.
+  std::vector<LayerWeights> file_layers;
+  const LayerWeights& file_layer(size_t l) const { return file_layers.empty() ? layers[l] : file_layers[l]; }
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;

@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#include <span>
 #include <thread>
 #include <vector>
 
 #include "core/huge_pages.hpp"
+#include "core/mmap_file.hpp"
 #include "core/timer.hpp"
 #include "ops/cpu/r16.hpp"
 
@@ -21,15 +21,6 @@ namespace {
 bool repackable(const TensorView& w) {
   return w.valid() && cpu::r16_type(w.type) != w.type && w.n_dims == 2 && w.rows() % cpu::kR16Rows == 0 &&
          w.cols() % info(w.type).block_size == 0;
-}
-
-// Gives the whole pages inside [p, p + n) back to the kernel: the file stays mapped, and a page
-// is read again from the page cache if anything touches it later.
-void release_pages(const uint8_t* p, size_t n) {
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 // part(0 .. nth - 1) on up to `units` / `per_thread` of the machine's cores (at least one): the
@@ -106,8 +97,7 @@ void copy_bundle(const Bundle& b, uint8_t* dst) {
 
 }  // namespace
 
-RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident, size_t memory_budget,
-                                     const std::vector<std::vector<TensorView*>>& extra) {
+RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident, size_t memory_budget) {
   RepackStats st;
   const bool repacking = scope != RepackScope::none && cpu::r16_fast();
   if (!repacking && resident == ResidentWeights::in_file) return st;
@@ -120,33 +110,31 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
   };
   // Matrices multiplied together in one fused call when they share their type (Q, K, V; gate and
   // up) keep sharing it: they are repacked all or none. Of mixed types, each goes on its own.
-  const auto group = [&](std::span<TensorView* const> ws) {
+  const auto group = [&](std::initializer_list<TensorView*> ws) {
     if (!repacking) return;
     bool same = true, all = true;
-    for (TensorView* w : ws) same &= w->type == ws.front()->type, all &= repackable(*w);
+    for (TensorView* w : ws) same &= w->type == (*ws.begin())->type, all &= repackable(*w);
     for (TensorView* w : ws)
-      if ((!same || all) && repackable(*w) && !planned(w)) plan.push_back({w, true});
+      if ((!same || all) && repackable(*w)) plan.push_back({w, true});
   };
-  const auto group_of = [&](std::initializer_list<TensorView*> ws) { group(std::span(ws.begin(), ws.size())); };
   for (LayerWeights& l : model.layers) {
     if (scope == RepackScope::output) continue;
-    group_of({&l.wq, &l.wk, &l.wv});
-    group_of({&l.wo});
+    group({&l.wq, &l.wk, &l.wv});
+    group({&l.wo});
     if (scope == RepackScope::all) {
-      group_of({&l.ffn.gate, &l.ffn.up});
-      group_of({&l.ffn.down});
+      group({&l.ffn.gate, &l.ffn.up});
+      group({&l.ffn.down});
       for (FfnWeights& e : l.moe.experts) {  // each expert as a dense FFN of its own
-        group_of({&e.gate, &e.up});
-        group_of({&e.down});
+        group({&e.gate, &e.up});
+        group({&e.down});
       }
     } else if (scope == RepackScope::attention_output_gate) {
-      group_of({&l.ffn.gate});
+      group({&l.ffn.gate});
     }
   }
-  for (const std::vector<TensorView*>& g : extra) group(g);
   const bool tied = model.output.data == model.tok_embd.data;
   if (!tied) {
-    group_of({&model.output});
+    group({&model.output});
   } else if (repacking && repackable(model.output) && cpu::r16_unpackable(model.output.type)) {
     // A tied output matrix is also the token embedding: its rows are then looked up by
     // unpacking their group of 16 (get_rows), so it can be repacked where that is possible.
@@ -215,7 +203,7 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
       ++st.copied_tensors;
       st.copied_bytes += w.nbytes;
     }
-    release_pages(w.data, w.nbytes);
+    release_mapped_pages(w.data, w.nbytes);
     w.data = dst;
   }
   for (const Bundle& b : bundles) {
@@ -226,7 +214,7 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
       const size_t row = w.row_size();
       ++st.copied_tensors;
       st.copied_bytes += w.nbytes;
-      release_pages(w.data, w.nbytes);
+      release_mapped_pages(w.data, w.nbytes);
       w.data = buf.data() + b.at + offset;
       w.stride = b.stride;
       offset += row;

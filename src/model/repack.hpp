@@ -7,7 +7,6 @@
 // unpacked a group at a time for the lookup (cpu::get_rows), and the FFN only when it runs dense
 // (the sparse paths gather single rows of up and down, and in predictor mode of the gate too).
 #pragma once
-#include <vector>
 #include <cstddef>
 
 #include "model/model.hpp"
@@ -52,10 +51,7 @@ struct RepackStats {
 // copies are made only if they fit, with the repacked matrices, in `memory_budget`
 // bytes (0: 90 % of the memory available now, core/huge_pages.hpp); otherwise they stay in the
 // file (copy_skipped_bytes), so a model larger than memory still runs from its map.
-// `extra`: groups of matrices repacked besides what `scope` names, each all or none as Q, K, V are
-// (input sparsity's sites that decode with the dense kernels, sparse/input_sparse.hpp).
 RepackStats repack_for_dense_kernels(Model& model, RepackScope scope,
-                                     ResidentWeights resident = ResidentWeights::in_file, size_t memory_budget = 0,
-                                     const std::vector<std::vector<TensorView*>>& extra = {});
+                                     ResidentWeights resident = ResidentWeights::in_file, size_t memory_budget = 0);
 
 }  // namespace ember

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/mmap_file.hpp"
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
 #include "ops/cpu/nm4.hpp"
@@ -49,21 +50,6 @@ InputSiteMatrices input_site_matrices(const LayerWeights& L) {
 bool input_site_dense(const LayerWeights& L, int site, cpu::NeuronMajorType copy_type, size_t min_row_bytes) {
   if (site == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid()) return false;  // the file's down_t
   return copy_row_bytes(input_site_matrices(L).site[static_cast<size_t>(site)], copy_type) < min_row_bytes;
-}
-
-std::vector<std::vector<TensorView*>> input_dense_site_groups(Model& model, cpu::NeuronMajorType copy_type,
-                                                              size_t min_row_bytes) {
-  std::vector<std::vector<TensorView*>> groups;
-  for (LayerWeights& L : model.layers) {
-    const InputSiteMatrices m = input_site_matrices(L);
-    for (int s = 0; s < kInputSites; ++s) {
-      if (!input_site_dense(L, s, copy_type, min_row_bytes)) continue;
-      std::vector<TensorView*> g;
-      for (const TensorView* t : m.site[static_cast<size_t>(s)]) g.push_back(const_cast<TensorView*>(t));
-      groups.push_back(std::move(g));
-    }
-  }
-  return groups;
 }
 
 std::array<double, kInputSites> input_site_weights(const LayerWeights& L) {
@@ -153,7 +139,8 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   int64_t widest_in = hp.n_embd, widest_out = hp.n_embd, widest_stack = 0;
   copies_.reserve(model.layers.size());
   std::array<int64_t, kInputSites> dense_sites{};
-  for (const LayerWeights& L : model.layers) {
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const LayerWeights& L = model.file_layer(l);  // the copies come from the file's layout
     const InputSiteMatrices m = input_site_matrices(L);
     LayerCopies c;
     for (int s = 0; s < kInputSites; ++s) {
@@ -172,6 +159,14 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
       }
     }
     copies_.push_back(std::move(c));
+    // The file's pages of matrices the model now holds repacked elsewhere were read only for the
+    // copies: give them back (the file stays mapped).
+    if (!model.file_layers.empty()) {
+      const InputSiteMatrices now = input_site_matrices(model.layers[l]);
+      for (int s = 0; s < kInputSites; ++s)
+        for (size_t i = 0; i < m.site[s].size(); ++i)
+          if (now.site[s][i]->data != m.site[s][i]->data) release_mapped_pages(m.site[s][i]->data, m.site[s][i]->nbytes);
+    }
   }
   ids_.resize(static_cast<size_t>(widest_in));
   vals_.resize(static_cast<size_t>(widest_in));

@@ -12,12 +12,13 @@
 // quantized types become Q8_0; matrices that read one input, q / k / v and gate / up, share one
 // copy with their outputs side by side in each row), and one token (decode) runs
 // cpu::sparse_axpy over the kept inputs (a long row streams faster: bench_sparse's
-// SparseAxpy/Q4_0_NM, 28672 x 4096 against 4096 x 4096). Batches of several tokens (prompts, perplexity) run the dense kernels on the file's
-// row-major matrices with the same inputs zeroed: the same function, from the other layout. Both
-// layouts stay in memory: the copies add the size of the layers' weights (the file's layout is
-// read only by prompts). A site whose copy would have short rows (input_site_dense: SmolLM2's,
-// under 2 KiB) gets no copy: it decodes with the dense kernels on its masked input, from its
-// matrices repacked for them at load (input_dense_site_groups), as its prompts do.
+// SparseAxpy/Q4_0_NM, 28672 x 4096 against 4096 x 4096). Batches of several tokens (prompts,
+// perplexity) run the dense kernels on the model's matrices (repacked for them at load, as in
+// dense mode) with the same inputs zeroed: the same
+// function, from the other layout. The copies are built from the file's layout
+// (Model::file_layer) and add the size of the layers' weights. A site whose copy would have short
+// rows (input_site_dense: SmolLM2's, under 2 KiB) gets no copy: it decodes with the dense kernels
+// on its masked input, as its prompts do.
 //
 // Thresholds (per layer and site) come from a profile's input quantiles (`ember profile` records
 // them) and an allocation of a model-wide target sparsity (sparse/input_allocation.hpp).
@@ -49,14 +50,9 @@ std::array<double, kInputSites> input_site_weights(const LayerWeights& L);
 // Whether site s of layer L decodes with the dense kernels on its masked input rather than
 // through an input-channel-major copy: where the copy's rows would be shorter than min_row_bytes
 // (input_site.hpp's kInputMinRowBytes: SmolLM2's are). Decided on the file's types (a repacked
-// matrix counts as its base type), so that the loader, which repacks these sites' matrices for
-// the dense kernels, and the executor agree. The file's own neuron-major down_t is never dense.
+// matrix counts as its base type). The file's own neuron-major down_t is never dense.
 bool input_site_dense(const LayerWeights& L, int site, cpu::NeuronMajorType copy_type,
                       size_t min_row_bytes = kInputMinRowBytes);
-// The matrices of every such site, grouped as they are multiplied (q, k, v; gate, up): what
-// repack_for_dense_kernels repacks in input mode besides the output matrix.
-std::vector<std::vector<TensorView*>> input_dense_site_groups(Model& model, cpu::NeuronMajorType copy_type,
-                                                              size_t min_row_bytes = kInputMinRowBytes);
 
 // The kept entries of x[0..n): their indices and values, in index order; returns their count.
 int64_t select_inputs(const float* x, int64_t n, float threshold, int32_t* ids, float* vals);

@@ -110,16 +110,12 @@ SessionParams EngineFlags::session_params(const Model& model) const {
   EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_budget > 0, "--vram-budget must be more than 0 bytes");
   p.hybrid.plan_path = plan_path;
   p.hybrid.device_kind = hybrid_device;
-  p.sparse.down_type = neuron_major_type();
+  p.sparse.down_type = sparse_down == "same"  ? cpu::NeuronMajorType::same
+                       : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
+                       : sparse_down == "f16" ? cpu::NeuronMajorType::f16
+                       : sparse_down == "f32" ? cpu::NeuronMajorType::f32
+                                              : cpu::NeuronMajorType::exact;
   return p;
-}
-
-cpu::NeuronMajorType EngineFlags::neuron_major_type() const {
-  return sparse_down == "same"   ? cpu::NeuronMajorType::same
-         : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
-         : sparse_down == "f16"  ? cpu::NeuronMajorType::f16
-         : sparse_down == "f32"  ? cpu::NeuronMajorType::f32
-                                 : cpu::NeuronMajorType::exact;
 }
 
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds, RepackScope max_scope) {
@@ -137,12 +133,10 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     log_info("{} has activation predictors (`ember sparsify`, `ember prepare`, or --predictor): running "
              "--sparse-mode predictor (pass --sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
-  // Input sparsity's sites with short rows decode with the dense kernels: their matrices repacked.
-  const std::vector<std::vector<TensorView*>> extra =
-      mode == FfnMode::input && scope != RepackScope::none ? input_dense_site_groups(*model, flags.neuron_major_type())
-                                                           : std::vector<std::vector<TensorView*>>{};
-  const RepackStats rp = repack_for_dense_kernels(
-      *model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy, 0, extra);
+  // Input sparsity builds its copies from the file's layout: keep its views before repacking.
+  if (mode == FfnMode::input && scope > RepackScope::output) model->file_layers = model->layers;
+  const RepackStats rp =
+      repack_for_dense_kernels(*model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);
   if (rp.tensors > 0 || rp.copied_tensors > 0)
     log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels{} in {:.2f} s; {:.1f} MiB in "
              "huge pages",

@@ -33,7 +33,6 @@ struct EngineFlags {
   std::string hybrid_device = "auto";
   std::string predictor_path;  // --predictor: attached to the model at load
   std::string sparse_down = "exact";  // type of the neuron-major down copy (cpu::NeuronMajorType)
-  cpu::NeuronMajorType neuron_major_type() const;  // sparse_down's
   bool no_repack = false;  // keep every matrix in the file's layout (model/repack.hpp)
   bool mmap = false;  // keep the matrices that are not repacked in the file's map (ResidentWeights::in_file)
 

@@ -112,6 +112,13 @@ expect_ok "sparsify in one command" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$t
 contains "sparsify steps" "$tmp/err" "sparsify \[3/3\]"
 contains "sparsify perplexity" "$tmp/out" "perplexity +[0-9.]+ -> [0-9.]+"
 contains "sparsify KL divergence" "$tmp/out" "KL divergence +[0-9.]+"
+# A wider FFN: gate|up's rows (2304 bytes) keep their input-channel-major copy, the other sites
+# decode dense; sparsify's measurement repacks the model as the loader does and builds the copy
+# from the file's layout (built from the repacked matrices it would be garbage: KL of several).
+expect_ok "synth wide ffn" "$ember" synth --preset tiny --n-ff 2048 --type q4_0 -o "$tmp/wide.gguf"
+expect_ok "sparsify wide ffn" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/wide.sparse.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --eval "$tmp/text.txt" --eval-chunks 1 --sparsity 0.4 -t 2
+contains "wide ffn: gate|up keeps its copy" "$tmp/err" "attn_in \(2 of 2 layers\), attn_out \(2 of 2 layers\), ffn_hidden \(2 of 2 layers\) decode with the dense kernels"
+close "wide ffn: KL divergence small" "$(num "$tmp/out" '.*KL divergence +([0-9.]+) .*')" 0.1 0.1
 contains "sparsify bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"
 expect_error "sparsify without a corpus" "get_corpus" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/x.gguf" --corpus "$tmp/none.txt"
 expect_ok "a sparsified file runs sparse with no flag" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0

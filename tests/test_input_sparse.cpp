@@ -309,9 +309,9 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   for (int64_t i = 0; i < nkv; ++i) EXPECT_NEAR(ws.v[i], v[i], 1e-4 * (1 + std::fabs(v[i])));
 }
 
-// As the loader runs input mode: the file's layout kept (Model::file_layers), every layer matrix
-// repacked for the dense kernels (prompts and dense sites read those), the copies built from the
-// file's layout. It computes what the model without repacking computes, to the kernels' rounding,
+// As the loader and sparsify run input mode (repack_for_session): the file's layout kept
+// (Model::file_layers), every layer matrix repacked for the dense kernels (prompts and dense
+// sites read those), the copies built from the file's layout. It computes what the model without repacking computes, to the kernels' rounding,
 // with every site through a copy, with the default (all dense at this size: Q4_0 rows of 72-396
 // bytes) and with gate|up alone through its copy (a 300-byte minimum).
 TEST(InputSparse, CopiesFromTheFileLayoutBesideRepackedMatrices) {
@@ -319,8 +319,7 @@ TEST(InputSparse, CopiesFromTheFileLayoutBesideRepackedMatrices) {
   auto plain = load_synth(small(DType::Q4_0, 14), "repack_plain.gguf");
   auto packed = load_synth(small(DType::Q4_0, 14), "repack_packed.gguf");
   const InputThresholds t = allocate_input_sparsity(profile_of(*plain), *plain, 0.4).thresholds;
-  packed->file_layers = packed->layers;
-  repack_for_dense_kernels(*packed, RepackScope::all, ResidentWeights::in_file);
+  repack_for_session(*packed, FfnMode::input, repack_scope_for(FfnMode::input, false), ResidentWeights::in_file);
   for (size_t l = 0; l < packed->layers.size(); ++l) {
     const LayerWeights& L = packed->layers[l];
     for (const TensorView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn.gate, &L.ffn.up, &L.ffn.down})

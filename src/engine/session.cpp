@@ -20,6 +20,11 @@ RepackScope repack_scope_for(FfnMode mode, bool hybrid) {
   return mode == FfnMode::dense ? RepackScope::all : RepackScope::attention_output_gate;
 }
 
+RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident) {
+  if (mode == FfnMode::input && scope > RepackScope::output) model.file_layers = model.layers;
+  return repack_for_dense_kernels(model, scope, resident);
+}
+
 namespace {
 int resolve_threads(int n) {
   EMBER_CHECK(n >= 0 && n <= 1024, "thread count must be between 1 and 1024, got {}", n);

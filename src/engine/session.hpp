@@ -122,4 +122,9 @@ int default_thread_count();
 // and on the hybrid path, which compute it for some neurons only).
 RepackScope repack_scope_for(FfnMode mode, bool hybrid);
 
+// Repacks the model for a session in `mode` within `scope` (repack_for_dense_kernels): in input
+// mode it first keeps the file's layout (Model::file_layers), from which input sparsity builds its
+// copies. Whatever repacks a model for a session goes through here.
+RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident);
+
 }  // namespace ember

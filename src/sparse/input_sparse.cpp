@@ -346,7 +346,7 @@ double InputSparseExecutor::weight_bytes_per_token() const {
     tokens = std::max(tokens, t);
     const InputSiteMatrices m = input_site_matrices(L);
     for (int s = 0; s < kInputSites; ++s) {
-      if (dense_site(l, s)) continue;  // the file's matrices, read whole
+      if (dense_site(l, s)) continue;  // a dense site reads its matrices whole
       for (const TensorView* f : m.site[s]) total -= static_cast<double>(f->nbytes);
       const double kept_rows = static_cast<double>(stats_.kept[l][s]) / t;  // per token
       for (const Stack& st : c[s]) {

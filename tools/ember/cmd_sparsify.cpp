@@ -70,7 +70,7 @@ Quality evaluate(const SparsifyFlags& f, const Model& dense, FfnMode mode, const
     });
   }
   auto sparse = load_model(f.o.output);
-  repack_for_dense_kernels(*sparse, repack_scope_for(mode, false), ResidentWeights::copy);
+  repack_for_session(*sparse, mode, repack_scope_for(mode, false), ResidentWeights::copy);
   sp.sparse.mode = mode;
   if (mode == FfnMode::predictor) sp.n_batch = 1;
   Session s(*sparse, sp);

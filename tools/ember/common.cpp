@@ -133,10 +133,8 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     log_info("{} has activation predictors (`ember sparsify`, `ember prepare`, or --predictor): running "
              "--sparse-mode predictor (pass --sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
-  // Input sparsity builds its copies from the file's layout: keep its views before repacking.
-  if (mode == FfnMode::input && scope > RepackScope::output) model->file_layers = model->layers;
   const RepackStats rp =
-      repack_for_dense_kernels(*model, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);
+      repack_for_session(*model, mode, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);
   if (rp.tensors > 0 || rp.copied_tensors > 0)
     log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels{} in {:.2f} s; {:.1f} MiB in "
              "huge pages",

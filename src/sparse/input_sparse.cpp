@@ -145,8 +145,6 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
     LayerCopies c;
     for (int s = 0; s < kInputSites; ++s) {
       const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid();
-      // keep() lists every site's kept inputs, with a copy or not
-      widest_in = std::max(widest_in, file_down_t ? m.site[s][0]->rows() : m.site[s][0]->cols());
       if (input_site_dense(L, s, copy_type, min_row_bytes)) {
         ++dense_sites[s];  // no copy: decode runs the dense kernels on the masked input
         continue;
@@ -243,8 +241,16 @@ void InputSparseExecutor::mask(float* x, int64_t n, int64_t w, float t) {
 }
 
 void InputSparseExecutor::keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in) {
-  keep(layer, site, x, n_in);
-  mask(x, 1, n_in, thr_[static_cast<size_t>(layer)][static_cast<int>(site)]);
+  const int s = static_cast<int>(site);
+  const float t = thr_[static_cast<size_t>(layer)][s];
+  int64_t k = 0;
+  for (int64_t i = 0; i < n_in; ++i) {  // one pass: count what is kept, zero the rest
+    const bool kept = std::fabs(x[i]) > t;
+    k += kept ? 1 : 0;
+    if (!kept) x[i] = 0.0f;
+  }
+  stats_.seen[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(n_in);
+  stats_.kept[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(k);
 }
 
 void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n,

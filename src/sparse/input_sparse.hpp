@@ -14,11 +14,10 @@
 // cpu::sparse_axpy over the kept inputs (a long row streams faster: bench_sparse's
 // SparseAxpy/Q4_0_NM, 28672 x 4096 against 4096 x 4096). Batches of several tokens (prompts,
 // perplexity) run the dense kernels on the model's matrices (repacked for them at load, as in
-// dense mode) with the same inputs zeroed: the same
-// function, from the other layout. The copies are built from the file's layout
-// (Model::file_layer) and add the size of the layers' weights. A site whose copy would have short
-// rows (input_site_dense: SmolLM2's, under 2 KiB) gets no copy: it decodes with the dense kernels
-// on its masked input, as its prompts do.
+// dense mode) with the same inputs zeroed: the same function, from the other layout. The copies
+// are built from the file's layout (Model::file_layer) and add the size of the layers' weights.
+// A site whose copy would have short rows (input_site_dense: SmolLM2's, under 2 KiB) gets no
+// copy: it decodes with the dense kernels on its masked input, as its prompts do.
 //
 // Thresholds (per layer and site) come from a profile's input quantiles (`ember profile` records
 // them) and an allocation of a model-wide target sparsity (sparse/input_allocation.hpp).
@@ -115,7 +114,7 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   // Zeroes the entries at or below t in x (n rows of width w): the batch path's input.
   static void mask(float* x, int64_t n, int64_t w, float t);
   int64_t keep(int64_t layer, InputSite site, const float* x, int64_t n_in);
-  // keep() for decode, then x masked in place: the input of a dense site.
+  // A dense site's decode input: x masked in place, the kept entries counted as keep() counts them.
   void keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in);
 
   const Model& model_;

@@ -70,6 +70,15 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["threads"] = pool().size();
 }
 
+// The sparse axpy's access pattern without its arithmetic (ops/cpu/bandwidth.hpp): what
+// SparseAxpy/Q4_0_NM/OUTxIN/P% (bench_sparse.cpp) could read at most, rows of OUT / 2 bytes.
+void BM_ScatteredRead(benchmark::State& state, size_t row_bytes, int percent) {
+  double bw = 0;
+  for (auto _ : state) bw = cpu::measure_scattered_read_bandwidth(pool(), size_t{1} << 30, row_bytes, percent / 100.0);
+  state.counters["GB/s"] = bw * 1e-9;
+  state.counters["threads"] = pool().size();
+}
+
 const struct {
   const char* name;
   DType type;
@@ -81,6 +90,13 @@ const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}, {4096, 4096}, {28672, 
 
 int register_all() {
   benchmark::RegisterBenchmark("ReadBandwidth/1GiB", BM_ReadBandwidth)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (size_t row : {2048, 3072, 14336})
+    for (int percent : {50, 100})
+      benchmark::RegisterBenchmark(("ScatteredRead/1GiB/" + std::to_string(row) + "B/" + std::to_string(percent) + "%").c_str(),
+                                   BM_ScatteredRead, row, percent)
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   for (const auto& t : kTypes)
     for (const auto& s : kShapes)
       for (bool repacked : {false, true}) {

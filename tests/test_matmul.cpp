@@ -303,6 +303,17 @@ TEST(Bandwidth, ProbeReturnsPositiveFinite) {
   EXPECT_GT(bw, 1e8);  // any machine reads faster than 100 MB/s
 }
 
+TEST(Bandwidth, ScatteredProbeReturnsPositiveFiniteAndRefusesBadRows) {
+  ThreadPool pool(2);
+  for (double keep : {0.5, 1.0}) {
+    const double bw = cpu::measure_scattered_read_bandwidth(pool, size_t{16} << 20, 2048, keep);
+    EXPECT_TRUE(std::isfinite(bw));
+    EXPECT_GT(bw, 1e8);
+  }
+  EXPECT_THROW(cpu::measure_scattered_read_bandwidth(pool, size_t{1} << 20, 100, 0.5), std::exception);
+  EXPECT_THROW(cpu::measure_scattered_read_bandwidth(pool, size_t{1} << 20, 2048, 0.0), std::exception);
+}
+
 // quantize_activations may use SIMD; it must give the bytes quantize_row gives.
 TEST(Matmul, QuantizeActivationsMatchesQuantizeRow) {
   SimdGuard guard;

@@ -197,6 +197,13 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
             for (int64_t j = 0; j < len; ++j)
               ASSERT_EQ(part[j], ref[c0 + j]) << simd_level_name(level) << " slice output " << c0 + j;
           }
+          if (n_embd >= 4 * cpu::kNm4Chunk) {  // a middle slice, as a thread of the column split takes
+            const int64_t c0 = cpu::kNm4Chunk, len = 2 * cpu::kNm4Chunk;
+            std::vector<float> part(out0.begin() + c0, out0.begin() + c0 + len);
+            cpu::nm4_axpy(nm.view, list.data(), h.data(), n, c0, len, part.data());
+            for (int64_t j = 0; j < len; ++j)
+              ASSERT_EQ(part[j], ref[c0 + j]) << simd_level_name(level) << " middle slice output " << c0 + j;
+          }
         }
       }
     }

@@ -2,13 +2,19 @@
 // input sparsity lose when input channels are kept or dropped in contiguous groups of G (one
 // stream of weights per group, as a grouped kernel would read them) instead of one by one (TEAL)?
 //
-//   ember-input-groups MODEL TEXT SPARSITY[,SPARSITY...] G[,G...] [CHUNKS]
+//   ember-input-groups MODEL TEXT SPARSITY[,SPARSITY...] G[,G...] [CHUNKS]      (G: a number, or cats)
 //
 // At every input of every layer (attention in, attention out, FFN in, FFN hidden) each token keeps
 // the (1 - sparsity) share of its groups of largest L2 norm (G = 1: of its channels by |x|) and
 // zeroes the rest: a per-token top-k, so every variant skips exactly the same share of weights
 // and only the choice differs. Reports perplexity and the KL divergence to the dense model on
 // CHUNKS chunks of 512 tokens of TEXT (llama.cpp's perplexity protocol, engine/perplexity.hpp).
+//
+// G = "cats" asks the other question, whether the down input is better chosen by the
+// threshold rule (CATS): the FFN's neurons are kept by |act(gate)| of the masked input (the same
+// share), and up is then read only for those, over the whole input. At equal shares both variants
+// skip the same bytes (gate + attention at the share, up + down at the share), so again only the
+// choice differs: TEAL's |act(gate) up| against CATS's |act(gate)|.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -32,8 +38,8 @@ namespace {
 
 class GroupTopK : public ProjectionExecutor, public FfnExecutor {
  public:
-  GroupTopK(double sparsity, int group, int64_t max_width, int64_t max_batch)
-      : sparsity_(sparsity), group_(group), buf_(static_cast<size_t>(max_width * max_batch)) {}
+  GroupTopK(double sparsity, int group, int64_t max_width, int64_t max_batch, bool cats = false)
+      : sparsity_(sparsity), group_(group), cats_(cats), buf_(static_cast<size_t>(max_width * max_batch)) {}
 
   void qkv(ThreadPool& pool, int64_t, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) override {
     mask(xn, n, L.wq.cols());
@@ -47,6 +53,14 @@ class GroupTopK : public ProjectionExecutor, public FfnExecutor {
            Workspace& ws) override {
     std::copy(x, x + n * w.n_embd(), buf_.begin());
     mask(buf_.data(), n, w.n_embd());
+    if (cats_) {  // neurons chosen by |act(gate)| of the masked input; up over the whole input
+      EMBER_CHECK(w.gated(), "the cats variant needs a gated FFN (a gate to choose the neurons by)");
+      float* a = ffn_firing_all(pool, w, act, buf_.data(), n, ws);
+      mask(a, n, w.n_ff());
+      float* h = ffn_values_all(pool, w, act, x, n, ws);
+      ffn_down_all(pool, w, h, n, out, ws);
+      return;
+    }
     ffn_firing_all(pool, w, act, buf_.data(), n, ws);
     float* h = ffn_values_all(pool, w, act, buf_.data(), n, ws);
     mask(h, n, w.n_ff());
@@ -83,6 +97,7 @@ class GroupTopK : public ProjectionExecutor, public FfnExecutor {
 
   double sparsity_;
   int group_;
+  bool cats_;
   std::vector<float> buf_;
   std::vector<double> score_;
 };
@@ -124,7 +139,8 @@ int main(int argc, char** argv) {
     std::printf("| sparsity | group | PPL | ln(PPL/PPL dense) | mean KLD | same top-1 |\n|---:|---:|---:|---:|---:|---:|\n");
     for (const std::string& s : split(argv[3])) {
       for (const std::string& g : split(argv[4])) {
-        GroupTopK exec(std::stod(s), std::stoi(g), wide, session.max_batch());
+        const bool cats = g == "cats";
+        GroupTopK exec(std::stod(s), cats ? 1 : std::stoi(g), wide, session.max_batch(), cats);
         session.set_projection_executor(&exec);
         session.set_ffn_executor(&exec);
         const PerplexityReport r = compute_perplexity(session, tokens, add_bos ? tok.bos() : -1, po);

@@ -2,13 +2,14 @@
 // and the AVX-512 kernel's chunks narrower than 128 outputs. Include only inside an anonymous
 // namespace of nm4_avx2.cpp / nm4_avx512.cpp: each ISA compiles its own copy.
 //
-// Per segment and 32-byte piece of a chunk: for each pair of the segment's rows, each row's low
-// and high nibbles are masked out, the two rows' bytes interleaved (vpunpck{l,h}bw: a code of
-// each, for one output), and vpmaddubsw multiplies them by the pair's int8 factors and adds the
-// two products into one 16-bit lane per output. The lanes come out in output order by the copy's
-// layout; a segment's sums (at most 16 x 127 x 15) stay in 16 bits. Then per output: Q4_0 takes
-// off 8 x the factors' sum, the sum is widened to 32 bits and a float, and scaled into the
-// output as the scalar kernel does.
+// Per segment and 32-byte piece of a chunk: for each pair of the segment's rows, the two rows'
+// bytes are interleaved (vpunpck{l,h}bw), then the low and high nibbles masked out (a code of each
+// row for one output: the masks and the 16-bit shift act within each byte, so this is the same as
+// masking each row first, in two instructions fewer), and vpmaddubsw multiplies them by the
+// pair's int8 factors and adds the two products into one 16-bit lane per output. The lanes come
+// out in output order by the copy's layout; a segment's sums (at most 16 x 127 x 15) stay in 16
+// bits. Then per output: Q4_0 takes off 8 x the factors' sum, the sum is widened to 32 bits and a
+// float, and scaled into the output as the scalar kernel does.
 
 // The segment's rows (each pair's two, an odd count's last twice).
 struct Nm4Rows {
@@ -41,12 +42,11 @@ inline void nm4_piece32(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int64_t
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.p[2 * p] + at));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.p[2 * p + 1] + at));
     const __m256i f = _mm256_set1_epi16(s.pair_f[p]);
-    const __m256i alo = _mm256_and_si256(a, mask), ahi = _mm256_and_si256(_mm256_srli_epi16(a, 4), mask);
-    const __m256i blo = _mm256_and_si256(b, mask), bhi = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-    acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(_mm256_unpacklo_epi8(alo, blo), f));
-    acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(_mm256_unpackhi_epi8(alo, blo), f));
-    acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(_mm256_unpacklo_epi8(ahi, bhi), f));
-    acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(_mm256_unpackhi_epi8(ahi, bhi), f));
+    const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+    acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(_mm256_and_si256(lo, mask), f));
+    acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(_mm256_and_si256(hi, mask), f));
+    acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(lo, 4), mask), f));
+    acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 4), mask), f));
   }
   const __m256 e = _mm256_set1_ps(s.scale), sum = _mm256_set1_ps(s.sum);
   const __m256i off = _mm256_set1_epi16(static_cast<int16_t>(s.offset));
@@ -69,12 +69,11 @@ inline void nm4_piece16(const Nm4Seg& s, const Nm4Rows& rows, size_t at, float* 
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.p[2 * p] + at));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.p[2 * p + 1] + at));
     const __m128i f = _mm_set1_epi16(s.pair_f[p]);
-    const __m128i alo = _mm_and_si128(a, mask), ahi = _mm_and_si128(_mm_srli_epi16(a, 4), mask);
-    const __m128i blo = _mm_and_si128(b, mask), bhi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    acc[0] = _mm_add_epi16(acc[0], _mm_maddubs_epi16(_mm_unpacklo_epi8(alo, blo), f));
-    acc[1] = _mm_add_epi16(acc[1], _mm_maddubs_epi16(_mm_unpackhi_epi8(alo, blo), f));
-    acc[2] = _mm_add_epi16(acc[2], _mm_maddubs_epi16(_mm_unpacklo_epi8(ahi, bhi), f));
-    acc[3] = _mm_add_epi16(acc[3], _mm_maddubs_epi16(_mm_unpackhi_epi8(ahi, bhi), f));
+    const __m128i lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b);
+    acc[0] = _mm_add_epi16(acc[0], _mm_maddubs_epi16(_mm_and_si128(lo, mask), f));
+    acc[1] = _mm_add_epi16(acc[1], _mm_maddubs_epi16(_mm_and_si128(hi, mask), f));
+    acc[2] = _mm_add_epi16(acc[2], _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(lo, 4), mask), f));
+    acc[3] = _mm_add_epi16(acc[3], _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(hi, 4), mask), f));
   }
   const __m256 e = _mm256_set1_ps(s.scale), sum = _mm256_set1_ps(s.sum);
   const __m128i off = _mm_set1_epi16(static_cast<int16_t>(s.offset));

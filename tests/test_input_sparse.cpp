@@ -69,7 +69,8 @@ Profile profile_of(const Model& m) {
 // The copies' rows of small(): q|k|v 256 outputs, o and down 128, gate|up 704; in F32 1 KiB,
 // 512 bytes and 2816 bytes. So by default (kInputMinRowBytes) an F32 layer decodes gate|up
 // through its copy and the other sites dense on masked inputs; min_row_bytes 0 makes every
-// site use a copy, kAllDense none.
+// site use a copy, kAllDense none. With kAllCopies the tests also turn off the per-token choice
+// (SparseFfnOptions::input_copy_by_cost), so that every decode token reads every copy.
 constexpr size_t kAllCopies = 0, kAllDense = SIZE_MAX;
 
 Logits run_input_mode(const Model& m, const InputThresholds& t, int threads, InputSparsityStats* stats = nullptr,
@@ -78,6 +79,7 @@ Logits run_input_mode(const Model& m, const InputThresholds& t, int threads, Inp
   p.sparse.mode = FfnMode::input;
   p.sparse.input_thresholds = t;
   p.sparse.input_min_row_bytes = min_row_bytes;
+  p.sparse.input_copy_by_cost = min_row_bytes != kAllCopies;
   Session s(m, p);
   Logits out = test_support::session_logits(s);
   if (stats) *stats = s.input_sparse()->stats();
@@ -228,7 +230,7 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   std::mt19937 rng(5);
   for (size_t min_row : {kAllCopies, kInputMinRowBytes, kAllDense}) {
   rng.seed(5);  // the same inputs each time
-  InputSparseExecutor ex(*m, pool, thr, cpu::NeuronMajorType::exact, 8, min_row);
+  InputSparseExecutor ex(*m, pool, thr, cpu::NeuronMajorType::exact, 8, min_row, min_row != kAllCopies);
   for (int64_t n : {1, 5}) {
     Workspace ws;
     ws.init(*m, 8, 8, 2);
@@ -295,7 +297,7 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   wv16.name = L.wv.name;
   m->layers[1].wv = wv16;
   const auto V16 = test_support::dequant_matrix(wv16);
-  InputSparseExecutor mixed(*m, pool, thr, cpu::NeuronMajorType::exact, 8, kAllCopies);
+  InputSparseExecutor mixed(*m, pool, thr, cpu::NeuronMajorType::exact, 8, kAllCopies, false);
   Workspace ws;
   ws.init(*m, 8, 8, 2);
   std::vector<float> x(static_cast<size_t>(d));
@@ -308,6 +310,72 @@ TEST(InputSparse, LayerMatchesMaskedDoubleReference) {
   for (int64_t i = 0; i < nkv; ++i) EXPECT_NEAR(ws.k[i], k[i], 1e-4 * (1 + std::fabs(k[i])));
   for (int64_t i = 0; i < nkv; ++i) EXPECT_NEAR(ws.v[i], v[i], 1e-4 * (1 + std::fabs(v[i])));
 }
+
+// The copy-or-dense choice of a decode token (input_copy_rate, input_copy_max_kept): the rate
+// model at its measured points and between them, the break-even count where the copy's time meets
+// the dense time, and the executor taking the dense kernels where a token keeps more inputs than
+// pays (the bits of a copyless executor) and the copy where it keeps few (the bits of an executor
+// that always reads its copies).
+TEST(InputSparse, ACopyIsReadOnlyWhereItReadsFaster) {
+  EXPECT_DOUBLE_EQ(input_copy_rate(512), 0.63);
+  EXPECT_DOUBLE_EQ(input_copy_rate(2048), 0.63);
+  EXPECT_NEAR(input_copy_rate(3072), 0.72, 1e-12);
+  EXPECT_NEAR(input_copy_rate(14336), 0.88, 1e-12);
+  EXPECT_DOUBLE_EQ(input_copy_rate(1 << 20), 0.88);
+  for (size_t b = 2048; b < 14336; b += 512) EXPECT_LT(input_copy_rate(b), input_copy_rate(b + 512)) << b;
+  // The 7B shape's down as Q4_0_NM: 14336 rows of 2048 bytes, 448 blocks' tables of 8 KiB; dense
+  // 4096 rows of 14336 Q4_0 values.
+  const size_t row = 2048, tables = 448 * 8192, dense = 4096 * (14336 / 32) * 18;
+  const int64_t k = input_copy_max_kept({row}, {tables}, dense);
+  const auto copy_time = [&](int64_t kept) {
+    return (static_cast<double>(kept) * static_cast<double>(row) + static_cast<double>(tables)) / input_copy_rate(row);
+  };
+  EXPECT_LE(copy_time(k), static_cast<double>(dense));
+  EXPECT_GT(copy_time(k + 1), static_cast<double>(dense));
+  EXPECT_GT(k, 14336 / 2) << "at 2 KiB rows the copy pays from about 42 % sparsity";
+  EXPECT_LT(k, 14336 * 6 / 10);
+  EXPECT_GT(input_copy_max_kept({14336}, {4096 / 32 * 28672 * 2}, 28672 * (4096 / 32) * 18), 4096 * 3 / 4)
+      << "long rows pay from lower sparsity";
+  EXPECT_EQ(input_copy_max_kept({row}, {dense}, dense), -1) << "tables alone read longer than dense";
+  EXPECT_THROW(input_copy_max_kept({row}, {}, dense), std::exception);
+
+  // Q4_0 layers with 512-wide FFNs, copies of every site (kAllCopies), one token.
+  SynthOptions o = small(DType::Q4_0, 8);
+  o.n_ff = 512;
+  auto m = load_synth(o, "choice.gguf");
+  ThreadPool pool(2);
+  const int64_t d = m->hp.n_embd;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(d));
+  for (auto& v : x) v = nd(rng);
+  // Keeping every input (t < 0): the dense kernels at every site; keeping a few (|x| > 2, about
+  // 5 %; |h| > 0.05 on the FFN's values): every copy.
+  for (float t : {-1.0f, 2.0f}) {
+    const InputThresholds thr(3, {t, t, t, t > 0 ? 0.05f : t});
+    InputSparseExecutor chooser(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true),
+        copies(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, false),
+        dense(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllDense);
+    const auto layer = [&](InputSparseExecutor& ex) {  // the FFN's output, then q
+      Workspace ws;
+      ws.init(*m, 4, 4, 2);
+      std::vector<float> out(static_cast<size_t>(d)), xn = x;
+      ex.run(pool, 1, m->layers[1].ffn, m->hp.act, x.data(), 1, out.data(), ws);
+      ex.qkv(pool, 1, m->layers[1], xn.data(), 1, ws);
+      out.insert(out.end(), ws.q.data(), ws.q.data() + m->hp.n_head * m->hp.head_dim);
+      return out;
+    };
+    const std::vector<float> got = layer(chooser);
+    const InputSparsityStats& st = chooser.stats();
+    for (int s : {0, 2, 3}) {
+      EXPECT_EQ(st.tokens[1][s], 1u) << s;
+      EXPECT_EQ(st.copy_tokens[1][s], t < 0 ? 0u : 1u) << "site " << s << " threshold " << t;
+      EXPECT_DOUBLE_EQ(st.copy_share(s), t < 0 ? 0.0 : 1.0) << s;
+    }
+    EXPECT_EQ(got, layer(t < 0 ? dense : copies)) << "threshold " << t;
+  }
+}
+
 
 // As the loader and sparsify run input mode (repack_for_session): the file's layout kept
 // (Model::file_layers), every layer matrix repacked for the dense kernels (prompts and dense
@@ -366,6 +434,7 @@ TEST(InputSparse, DecodeAndPromptPathsAgreeAndThreadsChangeNothing) {
   p.sparse.mode = FfnMode::input;
   p.sparse.input_thresholds = plan.thresholds;
   p.sparse.input_min_row_bytes = min_row;
+  p.sparse.input_copy_by_cost = min_row != kAllCopies;
   Session batch(*m, p), single(*m, p);
   std::vector<float> all(tokens.size() * static_cast<size_t>(m->hp.n_vocab));
   batch.eval_all_logits(tokens.data(), static_cast<int64_t>(tokens.size()), all.data());
@@ -536,6 +605,7 @@ TEST(InputSparse, EveryFamilyRunsOneFunctionOnBothPaths) {
     p.sparse.mode = FfnMode::input;
     p.sparse.input_thresholds = t;
     p.sparse.input_min_row_bytes = min_row;
+    p.sparse.input_copy_by_cost = min_row != kAllCopies;
     Session batch(*m, p), single(*m, p);
     const int64_t nv = m->hp.n_vocab;
     std::vector<float> all(tokens.size() * static_cast<size_t>(nv));

@@ -74,7 +74,7 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     EMBER_CHECK(!t.empty(), "--sparse-mode input needs thresholds: give --sparse-profile FILE --sparsity S (a profile "
                 "from `ember profile`) or a model made with `ember sparsify`");
     input_ = std::make_unique<InputSparseExecutor>(model, pool_, std::move(t), p.sparse.down_type, ws_.max_batch,
-                                                   p.sparse.input_min_row_bytes);
+                                                   p.sparse.input_min_row_bytes, p.sparse.input_copy_by_cost);
     ws_.proj = input_.get();
   } else if (p.sparse.mode != FfnMode::dense) {
     SparseFfnOptions so = p.sparse;

@@ -57,6 +57,10 @@ struct SparseFfnOptions {
   // (empty in SessionParams: the model file's Model::input_thresholds).
   InputThresholds input_thresholds;
   size_t input_min_row_bytes = kInputMinRowBytes;  // shorter copy rows: the site decodes dense
+  // Per decode token, a site with a copy reads it only where that is cheaper than the dense
+  // kernels on its masked input for the inputs this token keeps (InputSparseExecutor); false:
+  // always the copy.
+  bool input_copy_by_cost = true;
   cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
   cpu::AxpySplit split = cpu::AxpySplit::columns;
   // predictor mode: run mirrored predictors at half rank (sparse/predictor.hpp; tests compare

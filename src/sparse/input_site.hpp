@@ -28,4 +28,11 @@ using InputThresholds = std::vector<std::array<float, kInputSites>>;
 // are sparse in every measurement of its 1.16x / 1.32x at 40 / 50 %.
 constexpr size_t kInputMinRowBytes = 2048;
 
+// The rate at which the input-channel-major axpy reads a copy's kept rows, as a share of the
+// rate of the dense kernels, by the copy's row length: a kept row is a new scattered stream, and
+// short ones stream slower. Measured on Zen 4 (docs/benchmarks.md, nineteenth session:
+// SparseAxpy/Q4_0_NM at 50 % against Matvec/Q4_0_R16, side by side): 0.63 at rows of 2 KiB,
+// 0.72 at 3 KiB, 0.88 at 14 KiB; linear in log(row bytes) between them, the nearest outside.
+double input_copy_rate(size_t row_bytes);
+
 }  // namespace ember

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 
 #include "core/error.hpp"
@@ -22,6 +24,36 @@ const char* input_site_name(int site) {
   static const char* names[kInputSites] = {"attn_in", "attn_out", "ffn_in", "ffn_hidden"};
   EMBER_CHECK(site >= 0 && site < kInputSites, "no input site {}", site);
   return names[site];
+}
+
+double input_copy_rate(size_t row_bytes) {
+  struct Point {
+    double bytes, rate;
+  };
+  static constexpr Point kMeasured[] = {{2048, 0.63}, {3072, 0.72}, {14336, 0.88}};
+  const double b = static_cast<double>(row_bytes);
+  if (b <= kMeasured[0].bytes) return kMeasured[0].rate;
+  for (size_t i = 1; i < std::size(kMeasured); ++i)
+    if (b <= kMeasured[i].bytes) {
+      const Point& a = kMeasured[i - 1];
+      const Point& c = kMeasured[i];
+      return a.rate + (c.rate - a.rate) * std::log(b / a.bytes) / std::log(c.bytes / a.bytes);
+    }
+  return kMeasured[std::size(kMeasured) - 1].rate;
+}
+
+int64_t input_copy_max_kept(const std::vector<size_t>& row_bytes, const std::vector<size_t>& table_bytes,
+                            size_t dense_bytes) {
+  EMBER_CHECK(row_bytes.size() == table_bytes.size() && !row_bytes.empty(),
+              "input_copy_max_kept: {} row sizes, {} table sizes", row_bytes.size(), table_bytes.size());
+  double per_row = 0, fixed = 0;  // time of the copy path in dense bytes: per kept row, and whatever k
+  for (size_t i = 0; i < row_bytes.size(); ++i) {
+    const double r = input_copy_rate(row_bytes[i]);
+    per_row += static_cast<double>(row_bytes[i]) / r;
+    fixed += static_cast<double>(table_bytes[i]) / r;
+  }
+  const double k = (static_cast<double>(dense_bytes) - fixed) / per_row;
+  return k < 0 ? -1 : static_cast<int64_t>(k);
 }
 
 namespace {
@@ -76,6 +108,12 @@ double InputSparsityStats::sparsity(int site) const {
   return s == 0 ? 0.0 : 1.0 - static_cast<double>(k) / static_cast<double>(s);
 }
 
+double InputSparsityStats::copy_share(int site) const {
+  uint64_t t = 0, c = 0;
+  for (size_t l = 0; l < tokens.size(); ++l) t += tokens[l][site], c += copy_tokens[l][site];
+  return t == 0 ? 0.0 : static_cast<double>(c) / static_cast<double>(t);
+}
+
 double InputSparsityStats::sparsity() const {
   double w = 0, d = 0;
   for (int s = 0; s < kInputSites; ++s) w += site_weights[s], d += site_weights[s] * sparsity(s);
@@ -125,7 +163,8 @@ std::vector<InputSparseExecutor::Stack> InputSparseExecutor::site_stacks(ThreadP
 }
 
 InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
-                                         cpu::NeuronMajorType copy_type, int64_t max_batch, size_t min_row_bytes)
+                                         cpu::NeuronMajorType copy_type, int64_t max_batch, size_t min_row_bytes,
+                                         bool by_cost)
     : model_(model), thr_(std::move(thresholds)) {
   const Hparams& hp = model.hp;
   EMBER_CHECK(static_cast<int64_t>(thr_.size()) == hp.n_layer,
@@ -156,6 +195,26 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
         if (st.widths.size() > 1) widest_stack = std::max(widest_stack, st.view.cols());
       }
     }
+    // Per site with a copy, the most kept inputs for which a decode token reads it: the copy's
+    // rows and tables against the model's own matrices (repacked or not: the same bytes). The
+    // file's own down_t has no dense layout beside it.
+    std::array<int64_t, kInputSites> max_kept;
+    max_kept.fill(INT64_MAX);
+    const InputSiteMatrices own = input_site_matrices(model.layers[l]);
+    for (int s = 0; s < kInputSites; ++s) {
+      const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid();
+      if (!by_cost || c[s].empty() || file_down_t) continue;
+      std::vector<size_t> rows, tables;
+      for (const Stack& st : c[s]) {
+        rows.push_back(st.view.row_size());
+        tables.push_back(cpu::is_nm4(st.view.type) ? cpu::nm4_table_bytes(st.view.type, st.view.rows(), st.view.cols())
+                                                   : 0);
+      }
+      size_t dense = 0;
+      for (const TensorView* t : own.site[s]) dense += t->nbytes;
+      max_kept[s] = input_copy_max_kept(rows, tables, dense);
+    }
+    max_kept_.push_back(max_kept);
     copies_.push_back(std::move(c));
     // The file's pages of matrices the model now holds repacked elsewhere were read only for the
     // copies: give them back (the file stays mapped).
@@ -173,6 +232,9 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   xm_.resize(static_cast<size_t>(max_batch * hp.n_embd));
   stats_.seen.assign(model.layers.size(), {});
   stats_.kept.assign(model.layers.size(), {});
+  stats_.tokens.assign(model.layers.size(), {});
+  stats_.copy_tokens.assign(model.layers.size(), {});
+  stats_.copy_kept.assign(model.layers.size(), {});
   stats_.site_weights.assign(kInputSites, 0.0);
   for (const LayerWeights& L : model.layers) {
     const auto w = input_site_weights(L);
@@ -232,7 +294,16 @@ int64_t InputSparseExecutor::keep(int64_t layer, InputSite site, const float* x,
   const int64_t k = select_inputs(x, n_in, thr_[static_cast<size_t>(layer)][s], ids_.data(), vals_.data());
   stats_.seen[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(n_in);
   stats_.kept[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(k);
+  ++stats_.tokens[static_cast<size_t>(layer)][s];
   return k;
+}
+
+bool InputSparseExecutor::via_copy(int64_t layer, InputSite site, int64_t k) {
+  const size_t l = static_cast<size_t>(layer), s = static_cast<size_t>(site);
+  if (k > max_kept_[l][s]) return false;
+  ++stats_.copy_tokens[l][s];
+  stats_.copy_kept[l][s] += static_cast<uint64_t>(k);
+  return true;
 }
 
 void InputSparseExecutor::mask(float* x, int64_t n, int64_t w, float t) {
@@ -251,6 +322,7 @@ void InputSparseExecutor::keep_and_mask(int64_t layer, InputSite site, float* x,
   }
   stats_.seen[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(n_in);
   stats_.kept[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(k);
+  ++stats_.tokens[static_cast<size_t>(layer)][s];
 }
 
 void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n,
@@ -266,7 +338,10 @@ void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeight
     return dense_qkv(pool, L, xn, 1, ws);
   }
   const int64_t k = keep(layer, InputSite::attn_in, xn, L.wq.cols());
-  site_product(pool, copies_[l][0], k, {ws.q.data(), ws.k.data(), ws.v.data()});
+  if (via_copy(layer, InputSite::attn_in, k))
+    return site_product(pool, copies_[l][0], k, {ws.q.data(), ws.k.data(), ws.v.data()});
+  mask(xn, 1, L.wq.cols(), thr_[l][0]);
+  dense_qkv(pool, L, xn, 1, ws);
 }
 
 void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n,
@@ -281,7 +356,9 @@ void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeight
     return dense_out(pool, L, attn, 1, o, ws);
   }
   const int64_t k = keep(layer, InputSite::attn_out, attn, L.wo.cols());
-  site_product(pool, copies_[l][1], k, {o});
+  if (via_copy(layer, InputSite::attn_out, k)) return site_product(pool, copies_[l][1], k, {o});
+  mask(attn, 1, L.wo.cols(), thr_[l][1]);
+  dense_out(pool, L, attn, 1, o, ws);
 }
 
 void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
@@ -297,35 +374,46 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
     mask(h, n, n_ff, thr_[l][3]);
     return ffn_down_all(pool, w, h, n, out, ws);
   }
-  // Decode: each of the two sites through its copy, or dense on its masked input (dense_site).
+  // Decode: each of the two sites through its copy, or dense on its masked input (dense_site,
+  // or where this token keeps too many inputs for the copy to pay: via_copy).
   const LayerCopies& c = copies_[l];
   float* h = ws.up.data();
-  if (dense_site(l, 2)) {
-    float* xm = xm_.data();
-    std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n_embd));
-    keep_and_mask(layer, InputSite::ffn_in, xm, n_embd);
-    ffn_firing_all(pool, w, act, xm, 1, ws);
-    h = ffn_values_all(pool, w, act, xm, 1, ws);
-  } else {
-    const int64_t k = keep(layer, InputSite::ffn_in, x, n_embd);
+  int64_t k = 0;
+  bool in_copy = false;
+  if (!dense_site(l, 2)) {
+    k = keep(layer, InputSite::ffn_in, x, n_embd);
+    in_copy = via_copy(layer, InputSite::ffn_in, k);
+  }
+  if (in_copy) {
     float* a = ws.gate.data();
     if (ffn_needs_up(w)) site_product(pool, c[2], k, {a, h});
     else site_product(pool, c[2], k, {a});
     ffn_firing_values(w, act, a, 1, n_ff, n_ff, nullptr);
     ffn_neuron_values(w, act, a, n_ff, h, n_ff, 1, n_ff, nullptr);
+  } else {
+    float* xm = xm_.data();
+    std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n_embd));
+    if (dense_site(l, 2)) keep_and_mask(layer, InputSite::ffn_in, xm, n_embd);
+    else mask(xm, 1, n_embd, thr_[l][2]);
+    ffn_firing_all(pool, w, act, xm, 1, ws);
+    h = ffn_values_all(pool, w, act, xm, 1, ws);
   }
   if (dense_site(l, 3)) {
     keep_and_mask(layer, InputSite::ffn_hidden, h, n_ff);
     return ffn_down_all(pool, w, h, 1, out, ws);
   }
   const int64_t kh = keep(layer, InputSite::ffn_hidden, h, n_ff);
+  if (!via_copy(layer, InputSite::ffn_hidden, kh)) {
+    mask(h, 1, n_ff, thr_[l][3]);
+    return ffn_down_all(pool, w, h, 1, out, ws);
+  }
   site_product(pool, c[3], kh, {out});
   ffn_add_down_bias(w, out, 1);
 }
 
 void InputSparseExecutor::reset_stats() {
-  for (auto& a : stats_.seen) a.fill(0);
-  for (auto& a : stats_.kept) a.fill(0);
+  for (auto* v : {&stats_.seen, &stats_.kept, &stats_.tokens, &stats_.copy_tokens, &stats_.copy_kept})
+    for (auto& a : *v) a.fill(0);
   stats_.batch_tokens = 0;
 }
 
@@ -352,13 +440,17 @@ double InputSparseExecutor::weight_bytes_per_token() const {
     tokens = std::max(tokens, t);
     const InputSiteMatrices m = input_site_matrices(L);
     for (int s = 0; s < kInputSites; ++s) {
-      if (dense_site(l, s)) continue;  // a dense site reads its matrices whole
-      for (const TensorView* f : m.site[s]) total -= static_cast<double>(f->nbytes);
-      const double kept_rows = static_cast<double>(stats_.kept[l][s]) / t;  // per token
+      // The tokens that read the site's copy read its kept rows and its tables instead of its
+      // matrices; the others (all of a dense site's) read the matrices whole.
+      const double share = static_cast<double>(stats_.copy_tokens[l][s]) / t;
+      if (share <= 0) continue;
+      for (const TensorView* f : m.site[s]) total -= share * static_cast<double>(f->nbytes);
+      const double kept_rows = static_cast<double>(stats_.copy_kept[l][s]) / t;  // per token
       for (const Stack& st : c[s]) {
         const TensorView& v = st.view;
         total += kept_rows * static_cast<double>(v.row_size());
-        if (cpu::is_nm4(v.type)) total += static_cast<double>(cpu::nm4_table_bytes(v.type, v.rows(), v.cols()));
+        if (cpu::is_nm4(v.type))
+          total += share * static_cast<double>(cpu::nm4_table_bytes(v.type, v.rows(), v.cols()));
       }
     }
   }

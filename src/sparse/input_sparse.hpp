@@ -17,7 +17,11 @@
 // dense mode) with the same inputs zeroed: the same function, from the other layout. The copies
 // are built from the file's layout (Model::file_layer) and add the size of the layers' weights.
 // A site whose copy would have short rows (input_site_dense: SmolLM2's, under 2 KiB) gets no
-// copy: it decodes with the dense kernels on its masked input, as its prompts do.
+// copy: it decodes with the dense kernels on its masked input, as its prompts do. A site with a
+// copy takes it for a decode token only where that reads faster (input_copy_max_kept): the kept
+// rows and the scale tables at the copy's rate (input_copy_rate) against the matrices' bytes at
+// the dense rate; at low sparsity (the 7B shape's attention inputs at a 50 % target keep 75-83 %
+// of their entries) the dense kernels on the masked input are the faster way to the same function.
 //
 // Thresholds (per layer and site) come from a profile's input quantiles (`ember profile` records
 // them) and an allocation of a model-wide target sparsity (sparse/input_allocation.hpp).
@@ -53,15 +57,26 @@ std::array<double, kInputSites> input_site_weights(const LayerWeights& L);
 bool input_site_dense(const LayerWeights& L, int site, cpu::NeuronMajorType copy_type,
                       size_t min_row_bytes = kInputMinRowBytes);
 
+// The most kept inputs for which a decode token reads a site faster through its copy than with
+// the dense kernels: k rows of each stack (row_bytes[i] each, plus table_bytes[i] of shared
+// scales, read whole) at input_copy_rate of the row length, against dense_bytes at the dense
+// rate. -1 where the copy never pays.
+int64_t input_copy_max_kept(const std::vector<size_t>& row_bytes, const std::vector<size_t>& table_bytes,
+                            size_t dense_bytes);
+
 // The kept entries of x[0..n): their indices and values, in index order; returns their count.
 int64_t select_inputs(const float* x, int64_t n, float threshold, int32_t* ids, float* vals);
 
 // Counts over the one-token (decode) path, per layer and site: input entries seen, kept.
 struct InputSparsityStats {
   std::vector<std::array<uint64_t, kInputSites>> seen, kept;
+  // The decode tokens that met each site, those of them that read the site's copy (the others
+  // ran the dense kernels on their masked inputs), and the inputs these kept.
+  std::vector<std::array<uint64_t, kInputSites>> tokens, copy_tokens, copy_kept;
   uint64_t batch_tokens = 0;  // token-layers that took the dense path (batches of several tokens)
   double sparsity(int site) const;  // over all layers; 0 when none seen
   double sparsity() const;          // weighted by the weights each site's inputs multiply
+  double copy_share(int site) const;  // of a site's decode tokens over all layers, those through copies
   std::vector<double> site_weights;  // per site, the model's total (for sparsity())
 };
 
@@ -70,10 +85,11 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   // Builds the input-channel-major copies of every layer's matrices (threaded on `pool`), but
   // for the sites input_site_dense names (no copy: they decode with the dense kernels on their
   // masked inputs). `copy_type` as SparseFfnOptions::down_type (ops/cpu/sparse.hpp's
-  // NeuronMajorType).
+  // NeuronMajorType). `by_cost`: a decode token reads a copy only where input_copy_max_kept
+  // says it is faster, else always.
   InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
                       cpu::NeuronMajorType copy_type, int64_t max_batch,
-                      size_t min_row_bytes = kInputMinRowBytes);
+                      size_t min_row_bytes = kInputMinRowBytes, bool by_cost = true);
 
   void qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) override;
   void out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
@@ -104,6 +120,9 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   // Whether a site's decode runs the dense kernels on its masked input (no copy kept): where the
   // copy's rows would be shorter than the constructor's min_row_bytes (input_site_dense).
   bool dense_site(size_t layer, int site) const { return copies_[layer][static_cast<size_t>(site)].empty(); }
+  // Whether a decode token keeping k inputs of a site with a copy reads the copy (counted in the
+  // stats), or else the dense kernels on its masked input.
+  bool via_copy(int64_t layer, InputSite site, int64_t k);
   // The stacks of a site's matrices (`as_is`: one matrix already channel-major, read uncopied).
   static std::vector<Stack> site_stacks(ThreadPool& pool, const std::vector<const TensorView*>& mats,
                                         cpu::NeuronMajorType choice, bool as_is);
@@ -120,6 +139,7 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   const Model& model_;
   InputThresholds thr_;
   std::vector<LayerCopies> copies_;
+  std::vector<std::array<int64_t, kInputSites>> max_kept_;  // per site with a copy: input_copy_max_kept
   std::vector<int32_t> ids_;
   std::vector<float> vals_;
   std::vector<float> axpy_scratch_;

@@ -169,7 +169,9 @@ void log_ffn_sparsity(Session& session) {
   if (const InputSparseExecutor* in = session.input_sparse()) {
     const InputSparsityStats& st = in->stats();
     std::string sites;
-    for (int s = 0; s < kInputSites; ++s) sites += fmt::format("{} {}: {:.1f}%", s ? "," : "", input_site_name(s), 100.0 * st.sparsity(s));
+    for (int s = 0; s < kInputSites; ++s)
+      sites += fmt::format("{} {}: {:.1f}% (copy {:.0f}% of tokens)", s ? "," : "", input_site_name(s),
+                           100.0 * st.sparsity(s), 100.0 * st.copy_share(s));
     log_info("input sparsity (decode tokens): {:.1f}% of the layers' weights meet zeroed inputs;{}; {:.1f} MB read per "
              "token", 100.0 * st.sparsity(), sites, in->weight_bytes_per_token() / 1e6);
   }

@@ -180,8 +180,10 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   std::array<int64_t, kInputSites> dense_sites{};
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& L = model.file_layer(l);  // the copies come from the file's layout
-    const InputSiteMatrices m = input_site_matrices(L);
+    const InputSiteMatrices m = input_site_matrices(L), own = input_site_matrices(model.layers[l]);
     LayerCopies c;
+    std::array<int64_t, kInputSites> max_kept;  // per site: input_copy_max_kept, or every count
+    max_kept.fill(INT64_MAX);
     for (int s = 0; s < kInputSites; ++s) {
       const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid();
       if (input_site_dense(L, s, copy_type, min_row_bytes)) {
@@ -189,27 +191,18 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
         continue;
       }
       c[s] = site_stacks(pool, m.site[s], copy_type, file_down_t);
+      std::vector<size_t> rows, tables;
       for (const Stack& st : c[s]) {
         widest_in = std::max(widest_in, st.view.rows());
         widest_out = std::max(widest_out, st.view.cols());
         if (st.widths.size() > 1) widest_stack = std::max(widest_stack, st.view.cols());
-      }
-    }
-    // Per site with a copy, the most kept inputs for which a decode token reads it: the copy's
-    // rows and tables against the model's own matrices (repacked or not: the same bytes). The
-    // file's own down_t has no dense layout beside it.
-    std::array<int64_t, kInputSites> max_kept;
-    max_kept.fill(INT64_MAX);
-    const InputSiteMatrices own = input_site_matrices(model.layers[l]);
-    for (int s = 0; s < kInputSites; ++s) {
-      const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid();
-      if (!by_cost || c[s].empty() || file_down_t) continue;
-      std::vector<size_t> rows, tables;
-      for (const Stack& st : c[s]) {
         rows.push_back(st.view.row_size());
         tables.push_back(cpu::is_nm4(st.view.type) ? cpu::nm4_table_bytes(st.view.type, st.view.rows(), st.view.cols())
                                                    : 0);
       }
+      // The copy's rows and tables against the model's own matrices (repacked or not: the same
+      // bytes). The file's own down_t has no dense layout beside it.
+      if (!by_cost || file_down_t) continue;
       size_t dense = 0;
       for (const TensorView* t : own.site[s]) dense += t->nbytes;
       max_kept[s] = input_copy_max_kept(rows, tables, dense);
@@ -218,12 +211,10 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
     copies_.push_back(std::move(c));
     // The file's pages of matrices the model now holds repacked elsewhere were read only for the
     // copies: give them back (the file stays mapped).
-    if (!model.file_layers.empty()) {
-      const InputSiteMatrices now = input_site_matrices(model.layers[l]);
+    if (!model.file_layers.empty())
       for (int s = 0; s < kInputSites; ++s)
         for (size_t i = 0; i < m.site[s].size(); ++i)
-          if (now.site[s][i]->data != m.site[s][i]->data) release_mapped_pages(m.site[s][i]->data, m.site[s][i]->nbytes);
-    }
+          if (own.site[s][i]->data != m.site[s][i]->data) release_mapped_pages(m.site[s][i]->data, m.site[s][i]->nbytes);
   }
   ids_.resize(static_cast<size_t>(widest_in));
   vals_.resize(static_cast<size_t>(widest_in));
@@ -298,12 +289,21 @@ int64_t InputSparseExecutor::keep(int64_t layer, InputSite site, const float* x,
   return k;
 }
 
-bool InputSparseExecutor::via_copy(int64_t layer, InputSite site, int64_t k) {
+bool InputSparseExecutor::decode_via_copy(int64_t layer, InputSite site, const float* x, float* dense_in, int64_t n_in,
+                                          int64_t& k) {
   const size_t l = static_cast<size_t>(layer), s = static_cast<size_t>(site);
-  if (k > max_kept_[l][s]) return false;
-  ++stats_.copy_tokens[l][s];
-  stats_.copy_kept[l][s] += static_cast<uint64_t>(k);
-  return true;
+  if (!dense_site(l, static_cast<int>(s))) {
+    k = keep(layer, site, x, n_in);
+    if (k <= max_kept_[l][s]) {
+      ++stats_.copy_tokens[l][s];
+      stats_.copy_kept[l][s] += static_cast<uint64_t>(k);
+      return true;
+    }
+  }
+  if (dense_in != x) std::memcpy(dense_in, x, sizeof(float) * static_cast<size_t>(n_in));
+  if (dense_site(l, static_cast<int>(s))) keep_and_mask(layer, site, dense_in, n_in);
+  else mask(dense_in, 1, n_in, thr_[l][s]);  // counted by keep() above
+  return false;
 }
 
 void InputSparseExecutor::mask(float* x, int64_t n, int64_t w, float t) {
@@ -333,14 +333,9 @@ void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeight
     stats_.batch_tokens += static_cast<uint64_t>(n);
     return dense_qkv(pool, L, xn, n, ws);
   }
-  if (dense_site(l, 0)) {
-    keep_and_mask(layer, InputSite::attn_in, xn, L.wq.cols());
-    return dense_qkv(pool, L, xn, 1, ws);
-  }
-  const int64_t k = keep(layer, InputSite::attn_in, xn, L.wq.cols());
-  if (via_copy(layer, InputSite::attn_in, k))
+  int64_t k = 0;
+  if (decode_via_copy(layer, InputSite::attn_in, xn, xn, L.wq.cols(), k))
     return site_product(pool, copies_[l][0], k, {ws.q.data(), ws.k.data(), ws.v.data()});
-  mask(xn, 1, L.wq.cols(), thr_[l][0]);
   dense_qkv(pool, L, xn, 1, ws);
 }
 
@@ -351,13 +346,9 @@ void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeight
     mask(attn, n, L.wo.cols(), thr_[l][1]);
     return dense_out(pool, L, attn, n, o, ws);
   }
-  if (dense_site(l, 1)) {
-    keep_and_mask(layer, InputSite::attn_out, attn, L.wo.cols());
-    return dense_out(pool, L, attn, 1, o, ws);
-  }
-  const int64_t k = keep(layer, InputSite::attn_out, attn, L.wo.cols());
-  if (via_copy(layer, InputSite::attn_out, k)) return site_product(pool, copies_[l][1], k, {o});
-  mask(attn, 1, L.wo.cols(), thr_[l][1]);
+  int64_t k = 0;
+  if (decode_via_copy(layer, InputSite::attn_out, attn, attn, L.wo.cols(), k))
+    return site_product(pool, copies_[l][1], k, {o});
   dense_out(pool, L, attn, 1, o, ws);
 }
 
@@ -374,40 +365,22 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
     mask(h, n, n_ff, thr_[l][3]);
     return ffn_down_all(pool, w, h, n, out, ws);
   }
-  // Decode: each of the two sites through its copy, or dense on its masked input (dense_site,
-  // or where this token keeps too many inputs for the copy to pay: via_copy).
+  // Decode: each of the two sites through its copy, or dense on its masked input (decode_via_copy).
   const LayerCopies& c = copies_[l];
   float* h = ws.up.data();
   int64_t k = 0;
-  bool in_copy = false;
-  if (!dense_site(l, 2)) {
-    k = keep(layer, InputSite::ffn_in, x, n_embd);
-    in_copy = via_copy(layer, InputSite::ffn_in, k);
-  }
-  if (in_copy) {
+  if (decode_via_copy(layer, InputSite::ffn_in, x, xm_.data(), n_embd, k)) {
     float* a = ws.gate.data();
     if (ffn_needs_up(w)) site_product(pool, c[2], k, {a, h});
     else site_product(pool, c[2], k, {a});
     ffn_firing_values(w, act, a, 1, n_ff, n_ff, nullptr);
     ffn_neuron_values(w, act, a, n_ff, h, n_ff, 1, n_ff, nullptr);
   } else {
-    float* xm = xm_.data();
-    std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n_embd));
-    if (dense_site(l, 2)) keep_and_mask(layer, InputSite::ffn_in, xm, n_embd);
-    else mask(xm, 1, n_embd, thr_[l][2]);
-    ffn_firing_all(pool, w, act, xm, 1, ws);
-    h = ffn_values_all(pool, w, act, xm, 1, ws);
+    ffn_firing_all(pool, w, act, xm_.data(), 1, ws);
+    h = ffn_values_all(pool, w, act, xm_.data(), 1, ws);
   }
-  if (dense_site(l, 3)) {
-    keep_and_mask(layer, InputSite::ffn_hidden, h, n_ff);
-    return ffn_down_all(pool, w, h, 1, out, ws);
-  }
-  const int64_t kh = keep(layer, InputSite::ffn_hidden, h, n_ff);
-  if (!via_copy(layer, InputSite::ffn_hidden, kh)) {
-    mask(h, 1, n_ff, thr_[l][3]);
-    return ffn_down_all(pool, w, h, 1, out, ws);
-  }
-  site_product(pool, c[3], kh, {out});
+  if (!decode_via_copy(layer, InputSite::ffn_hidden, h, h, n_ff, k)) return ffn_down_all(pool, w, h, 1, out, ws);
+  site_product(pool, c[3], k, {out});
   ffn_add_down_bias(w, out, 1);
 }
 

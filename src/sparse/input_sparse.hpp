@@ -120,9 +120,11 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   // Whether a site's decode runs the dense kernels on its masked input (no copy kept): where the
   // copy's rows would be shorter than the constructor's min_row_bytes (input_site_dense).
   bool dense_site(size_t layer, int site) const { return copies_[layer][static_cast<size_t>(site)].empty(); }
-  // Whether a decode token keeping k inputs of a site with a copy reads the copy (counted in the
-  // stats), or else the dense kernels on its masked input.
-  bool via_copy(int64_t layer, InputSite site, int64_t k);
+  // Decode, one token's input x[0..n_in) at a site: true where the product reads the site's copy
+  // (it has one, and the token keeps at most input_copy_max_kept inputs: ids_ / vals_ hold them,
+  // k their count); else dense_in (x itself, or a buffer it is copied to) holds x with the dropped
+  // entries zeroed, for the dense kernels. Counts the token in the stats either way.
+  bool decode_via_copy(int64_t layer, InputSite site, const float* x, float* dense_in, int64_t n_in, int64_t& k);
   // The stacks of a site's matrices (`as_is`: one matrix already channel-major, read uncopied).
   static std::vector<Stack> site_stacks(ThreadPool& pool, const std::vector<const TensorView*>& mats,
                                         cpu::NeuronMajorType choice, bool as_is);

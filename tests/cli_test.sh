@@ -212,7 +212,13 @@ expect_error "sparse mode on experts" "mixtures of experts" "$ember" generate -m
 expect_ok "synth relu falcon powerinfer" "$ember" synth --preset tiny --arch falcon --act relu --powerinfer -o "$tmp/falcon.pi.gguf"
 expect_ok "generate relu falcon predictor" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode predictor
 expect_ok "generate relu falcon oracle" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode oracle
-expect_error "hybrid with predictor mode" "does not combine" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 64K --sparse-mode predictor
+expect_error "hybrid with threshold mode" "does not combine" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 64K --sparse-mode threshold
+expect_error "hybrid predictors the model lacks" "needs a predictor" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 64K --sparse-mode predictor
+expect_ok "synth relu powerinfer" "$ember" synth --preset tiny --act relu --sparsity 0.6 --powerinfer -o "$tmp/relu.pi.gguf"
+expect_ok "generate hybrid with predictors" "$ember" generate -m "$tmp/relu.pi.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K --hybrid-device cpu
+expect_ok "plan with predictors" "$ember" plan -m "$tmp/relu.pi.gguf" --vram-budget 1M --min-neurons 16 --sync-us 0 -o "$tmp/relu.pi.plan.gguf"
+expect_ok "generate hybrid plan with predictors" "$ember" generate -m "$tmp/relu.pi.gguf" -p "hello" -n 4 --temp 0 --plan "$tmp/relu.pi.plan.gguf" --hybrid-device cpu
+expect_error "predictor plan, oracle session" "made for an executor with predictors" "$ember" generate -m "$tmp/relu.pi.gguf" -p "hello" -n 4 --temp 0 --plan "$tmp/relu.pi.plan.gguf" --hybrid-device cpu --sparse-mode oracle
 expect_error "plan bad budget" "size" "$ember" plan --synth-preset 7b --vram-budget 4XB
 expect_error "plan without profile" "profile" "$ember" plan -m "$tmp/tiny.gguf" --vram-budget 1M
 

@@ -175,8 +175,9 @@ TEST(CudaOps, FireGateMulAxpyAndAddMatchReference) {
         cuda::gate_mul(dh.p, dy.p, n, dpos.p, dcount.p, n, nt, stream);
         const Weights d = random_weights(type, n, cols, rng);
         DeviceVec<uint8_t> dd(d.bytes);
-        DeviceVec<float> dout(static_cast<size_t>(nt * cols));
-        cuda::sparse_axpy(type, dd.p, cols, dactive.p, dcount.p, dh.p, n, nt, dout.p, stream);
+        DeviceVec<float> dout(std::vector<float>(static_cast<size_t>(nt * cols), std::nanf("")));  // poisoned
+        DeviceVec<float> dpartial(std::vector<float>(static_cast<size_t>(cuda::kAxpyChunks * cols), std::nanf("")));
+        cuda::sparse_axpy(type, dd.p, cols, dactive.p, dcount.p, dh.p, n, nt, dout.p, dpartial.p, stream);
         cuda::stream_sync(stream);
         const auto hm = dh.get(), out = dout.get();
         for (int64_t t = 0; t < nt; ++t)
@@ -206,49 +207,129 @@ TEST(CudaOps, FireGateMulAxpyAndAddMatchReference) {
 #endif
 }
 
-// The hybrid engine with the CUDA device against the CPU stand-in and dense, on a synth model.
+// The predictor's steps: relu, predict_select (the share's positions compacted, the CPU's
+// masked), and ffn_fire over a device-counted prefix of candidate rows, against the CPU.
+TEST(CudaOps, PredictorSelectionAndCountedFireMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  std::mt19937 rng(11);
+  void* stream = cuda::stream_create();
+  for (int64_t n_ff : {1, 33, 1000, 2049}) {
+    for (int64_t nt : {1, 3}) {
+      for (int64_t k : {int64_t{0}, n_ff / 3, n_ff}) {
+        const float thr = 0.3f;
+        std::vector<float> scores = random_floats(static_cast<size_t>(nt * n_ff), rng);
+        DeviceVec<float> ds(scores);
+        cuda::relu(ds.p, nt * n_ff, stream);
+        DeviceVec<uint8_t> dmask(std::vector<uint8_t>(static_cast<size_t>(n_ff), 7));
+        DeviceVec<int32_t> dcand(std::vector<int32_t>(static_cast<size_t>(n_ff + 1), -1));
+        cuda::predict_select(ds.p, n_ff, nt, thr, k, dmask.p, dcand.p, dcand.p + n_ff, stream);
+        cuda::stream_sync(stream);
+        const auto relu = ds.get();
+        for (size_t i = 0; i < scores.size(); ++i) ASSERT_EQ(relu[i], std::max(scores[i], 0.0f));
+        const auto mask = dmask.get();
+        const auto cand = dcand.get();
+        std::vector<int32_t> want;
+        for (int64_t i = 0; i < n_ff; ++i) {
+          bool any = false;
+          for (int64_t t = 0; t < nt; ++t) any |= relu[t * n_ff + i] >= thr;
+          if (i < k && any) want.push_back(static_cast<int32_t>(i));
+          if (i >= k) {
+            ASSERT_EQ(mask[i - k], any ? 1 : 0) << "position " << i;
+          }
+        }
+        ASSERT_EQ(cand[n_ff], static_cast<int32_t>(want.size()));
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(cand[i], want[i]);
+        if (k == 0) continue;
+        // ffn_fire over the candidates' prefix of rows of length k (stride k), counted on the device.
+        std::vector<float> y = random_floats(static_cast<size_t>(nt * k), rng);
+        DeviceVec<float> dy(y);
+        DeviceVec<int32_t> dactive(static_cast<size_t>(k)), dpos(static_cast<size_t>(k)), dcount(2);
+        cuda::ffn_fire(cpu::Activation::relu, 0.0f, dy.p, k, nt, dcand.p, dactive.p, dpos.p, dcount.p, stream,
+                       dcand.p + n_ff);
+        cuda::stream_sync(stream);
+        const auto active = dactive.get(), pos = dpos.get(), count = dcount.get();
+        std::vector<int32_t> want_pos;
+        for (size_t i = 0; i < want.size(); ++i) {
+          bool any = false;
+          for (int64_t t = 0; t < nt; ++t) any |= y[t * k + static_cast<int64_t>(i)] > 0.0f;
+          if (any) want_pos.push_back(static_cast<int32_t>(i));
+        }
+        ASSERT_EQ(count[0], static_cast<int32_t>(want_pos.size()));
+        for (size_t i = 0; i < want_pos.size(); ++i) {
+          ASSERT_EQ(pos[i], want_pos[i]);
+          ASSERT_EQ(active[i], want[static_cast<size_t>(want_pos[i])]);
+        }
+      }
+    }
+  }
+  cuda::stream_destroy(stream);
+#endif
+}
+
+#ifdef EMBER_HAS_CUDA
+// The hybrid engine with the CUDA device against the CPU stand-in and the all-CPU session, on a
+// ReLU synth model of `type`: the oracle rule, or (powerinfer) the model's predictors.
+static void expect_cuda_hybrid_equals_standin(DType type, bool predictors) {
+  SCOPED_TRACE(std::string(dtype_name(type)) + (predictors ? " with predictors" : " oracle"));
+  SynthOptions o;
+  o.type = type;
+  o.act = FfnActivation::relu;
+  o.sparsity = 0.8f;
+  o.powerinfer = predictors;  // predictors: F16 in an F32 file, Q4_0 in a Q4_0 file
+  o.n_embd = 256, o.n_ff = 704, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 6, o.n_threads = 2;
+  const auto dir = std::filesystem::temp_directory_path() / "ember-test-cuda";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / ((predictors ? "pred-" : "relu-") + std::string(dtype_name(type)) + ".gguf")).string();
+  synth_write(o, path);
+  auto model = load_model(path);
+  SessionParams p;
+  p.n_threads = 2;
+  p.n_ctx = 64;
+  if (predictors) p.sparse.mode = FfnMode::predictor, p.sparse.mirrored_predictors = false;
+  const auto all_cpu = [&] {
+    Session s(*model, p);
+    return test_support::session_logits(s);
+  }();
+  p.hybrid.vram_budget = 3 << 20;
+  p.hybrid.cache = false;
+  p.hybrid.method = PlanMethod::greedy;
+  p.hybrid.device.sync_seconds = 0;
+  p.hybrid.plan.min_gpu_neurons = 32;
+  p.hybrid.plan.max_batch = 64;  // no chunks: predictions are the union over a batch, as all-CPU takes it
+  p.hybrid.plan.attention = false;  // the CUDA device runs FFN shares only: the same plan on both
+  p.hybrid.device_kind = "cpu";
+  Session s_cpu(*model, p);
+  const auto cpu = test_support::session_logits(s_cpu);
+  p.hybrid.device_kind = "cuda";
+  Session s_gpu(*model, p);
+  const auto gpu = test_support::session_logits(s_gpu);
+  const HybridStats st = s_gpu.hybrid_ffn()->stats();
+  EXPECT_GT(st.device_fired, 0u);
+  if (predictors) {
+    EXPECT_GT(st.cpu_predicted, 0u);
+  }
+  EXPECT_EQ(s_gpu.hybrid_ffn()->device().bytes(), s_cpu.hybrid_ffn()->device().bytes());
+  // The CPU rounds activations to 8 bits for quantized weights, the GPU does not.
+  const double tol = type == DType::Q4_0 ? 3e-2 : 1e-4;
+  EXPECT_LT(test_support::max_rel_diff(cpu, gpu), tol);
+  EXPECT_LT(test_support::max_rel_diff(all_cpu, gpu), tol);
+  std::filesystem::remove(path);
+}
+#endif
+
 TEST(CudaOps, HybridCudaEqualsCpuStandIn) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
-  for (DType type : {DType::F32, DType::Q4_0}) {
-    SynthOptions o;
-    o.type = type;
-    o.act = FfnActivation::relu;
-    o.sparsity = 0.8f;
-    o.n_embd = 256, o.n_ff = 704, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 6, o.n_threads = 2;
-    const auto dir = std::filesystem::temp_directory_path() / "ember-test-cuda";
-    std::filesystem::create_directories(dir);
-    const std::string path = (dir / ("relu-" + std::string(dtype_name(type)) + ".gguf")).string();
-    synth_write(o, path);
-    auto model = load_model(path);
-    SessionParams p;
-    p.n_threads = 2;
-    p.n_ctx = 64;
-    const auto dense = [&] {
-      Session s(*model, p);
-      return test_support::session_logits(s);
-    }();
-    p.hybrid.vram_budget = 3 << 20;
-    p.hybrid.cache = false;
-    p.hybrid.method = PlanMethod::greedy;
-    p.hybrid.device.sync_seconds = 0;
-    p.hybrid.plan.min_gpu_neurons = 32;
-    p.hybrid.plan.max_batch = 5;
-    p.hybrid.plan.attention = false;  // the CUDA device runs FFN shares only: the same plan on both
-    p.hybrid.device_kind = "cpu";
-    Session s_cpu(*model, p);
-    const auto cpu = test_support::session_logits(s_cpu);
-    p.hybrid.device_kind = "cuda";
-    Session s_gpu(*model, p);
-    const auto gpu = test_support::session_logits(s_gpu);
-    const HybridStats st = s_gpu.hybrid_ffn()->stats();
-    EXPECT_GT(st.device_fired, 0u);
-    EXPECT_EQ(s_gpu.hybrid_ffn()->device().bytes(), s_cpu.hybrid_ffn()->device().bytes());
-    // The CPU rounds activations to 8 bits for quantized weights, the GPU does not.
-    const double tol = type == DType::Q4_0 ? 3e-2 : 1e-4;
-    EXPECT_LT(test_support::max_rel_diff(cpu, gpu), tol) << dtype_name(type);
-    EXPECT_LT(test_support::max_rel_diff(dense, gpu), tol) << dtype_name(type);
-    std::filesystem::remove(path);
-  }
+  for (DType type : {DType::F32, DType::Q4_0}) expect_cuda_hybrid_equals_standin(type, false);
+#endif
+}
+
+// With predictors: CUDA runs the predictors of its layers and hands the CPU its part of the
+// prediction.
+TEST(CudaOps, HybridCudaWithPredictorsEqualsCpuStandIn) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  for (DType type : {DType::F32, DType::Q4_0}) expect_cuda_hybrid_equals_standin(type, true);
 #endif
 }

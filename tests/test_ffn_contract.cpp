@@ -239,15 +239,18 @@ TEST(FfnContract, RefusedPairsSayWhy) {
       EXPECT_NE(device_refusal(cuda_caps(), *m, p, down_nm).find("Q4_1"), std::string::npos);
     }
   }
-  // The hybrid executor runs the oracle rule: a predictor mode is refused when the session is built.
+  // The hybrid executor runs the oracle rule or the model's predictors: the threshold mode is
+  // refused when the session is built, and so are predictors a model does not have.
   auto m = load_case({"llama", FfnActivation::relu});
   const Plan plan = half_plan(*m);
   SessionParams p = params();
   p.hybrid.given = &plan;
   p.hybrid.device_kind = "cpu";
   p.hybrid.plan.min_gpu_neurons = 1;
+  p.sparse.mode = FfnMode::threshold;
+  EXPECT_NE(error_of([&] { Session s(*m, p); }).find("--sparse-mode threshold does not combine"), std::string::npos);
   p.sparse.mode = FfnMode::predictor;
-  EXPECT_NE(error_of([&] { Session s(*m, p); }).find("--sparse-mode predictor does not combine"), std::string::npos);
+  EXPECT_NE(error_of([&] { Session s(*m, p); }).find("needs a predictor for every layer"), std::string::npos);
   // An executor that refuses the model: the session says so and keeps its own.
   struct Refusing final : FfnExecutor {
     void run(ThreadPool&, int64_t, const FfnWeights&, cpu::Activation, const float*, int64_t, float*,

@@ -279,7 +279,7 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
       if (ids.empty()) continue;
       std::vector<float> x(static_cast<size_t>(o.max_batch * 128));
       for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-      dev.ffn_begin(static_cast<int64_t>(l), x.data(), o.max_batch, cpu::Activation::relu, 0.0f);
+      dev.ffn_begin(static_cast<int64_t>(l), x.data(), o.max_batch, ShareRule{});
       const float* got = dev.ffn_end();
       std::vector<float> act(static_cast<size_t>(o.max_batch * 352)), h(act.size()), out(x.size()),
           axpy(cpu::sparse_axpy_scratch_floats(128, o.max_batch, 1, cpu::AxpySplit::columns));
@@ -385,5 +385,67 @@ TEST(HybridFfn, PowerInferFileEqualsOracle) {
   h.hybrid.given = &hand;
   h.hybrid.plan.min_gpu_neurons = 1;
   EXPECT_LT(rel_diff(run(*model, oracle), run(*model, h)), 1e-5);
+  std::filesystem::remove(path);
+}
+
+// With predictors: the device runs the predictor of every layer that uses it (its rows and the
+// CPU's prediction), the CPU those of the other layers; the logits equal the all-CPU predictor
+// mode's to rounding, for predictors reading the residual (on the host, and the device's own
+// hidden state where it holds attention) and the FFN input; the device holds exactly the plan's
+// bytes, predictors and their scratch included.
+TEST(HybridFfn, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
+  SynthOptions o;
+  o.type = DType::F32;
+  o.act = FfnActivation::relu;
+  o.sparsity = 0.8f;
+  o.powerinfer = true;  // a predictor per layer (F16), PowerInfer's layout
+  o.n_embd = 128, o.n_ff = 352, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 9, o.n_threads = 1;
+  const std::string path = (test_dir() / "pwri-pred.gguf").string();
+  synth_write(o, path);
+  for (bool residual : {true, false}) {
+    SCOPED_TRACE(residual ? "predictor reads the residual" : "predictor reads the FFN input");
+    auto model = load_model(path);
+    ASSERT_TRUE(model->predictor_on_residual);  // PowerInfer's files
+    model->predictor_on_residual = residual;
+    SessionParams cpu = base_params();
+    cpu.sparse.mode = FfnMode::predictor;
+    cpu.sparse.mirrored_predictors = false;
+    FfnSparsityStats ss;
+    const Logits ref = run(*model, cpu, nullptr, &ss);
+    uint64_t predicted = 0;
+    for (uint64_t v : ss.predicted) predicted += v;
+    ASSERT_GT(predicted, 0u);
+
+    for (bool attn : {false, true}) {
+      SCOPED_TRACE(attn ? "attention of layers 0 and 2 on the device" : "FFN shares only");
+      Plan plan = hand_plan(*model);  // layer 0: a third, layer 1: none (its predictor on the CPU), layer 2: all
+      plan.layers[0].attn_gpu = plan.layers[2].attn_gpu = attn;
+      SessionParams p = base_params();
+      p.sparse.mode = FfnMode::predictor;
+      p.hybrid.given = &plan;
+      p.hybrid.plan.min_gpu_neurons = 1;
+      // A batch takes the union of its tokens' predictions: no chunks, so that both sides see the
+      // all-CPU mode's batches.
+      p.hybrid.plan.max_batch = 64;
+      Session s(*model, p);
+      const Logits got = test_support::session_logits(s);
+      EXPECT_LT(rel_diff(ref, got), 2e-5);
+      const HybridStats st = s.hybrid_ffn()->stats();
+      EXPECT_GT(st.device_fired, 0u);
+      EXPECT_GT(st.cpu_fired, 0u);
+      EXPECT_GT(st.cpu_predicted, 0u);
+      // Layer 2's neurons are all on the device: the CPU computes fewer gates than the all-CPU mode.
+      EXPECT_LT(st.cpu_predicted, predicted);
+      // The device's bytes are the plan's: the predictors of layers 0 and 2 and their scratch in.
+      PlanModel pm = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, true);
+      // (The stand-in's attention blocks work in its host workspace, not in the attention scratch.)
+      EXPECT_EQ(s.hybrid_ffn()->device().bytes(),
+                gpu_bytes(pm, p.hybrid.plan, plan) - (attn ? gpu_attn_scratch_bytes(pm, p.hybrid.plan) : 0));
+      PlanModel without = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, false);
+      EXPECT_EQ(gpu_bytes(pm, p.hybrid.plan, plan) - gpu_bytes(without, p.hybrid.plan, plan),
+                pm.layers[0].predictor_bytes + pm.layers[2].predictor_bytes +
+                    gpu_ffn_scratch_bytes(pm, p.hybrid.plan) - gpu_ffn_scratch_bytes(without, p.hybrid.plan));
+    }
+  }
   std::filesystem::remove(path);
 }

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "gguf/writer.hpp"
 #include "model/synth.hpp"
+#include "support/errors.hpp"
 
 using namespace ember;
 
@@ -243,14 +244,15 @@ TEST(Plan, LayerSplitHandComputed) {
   // FFN share: 3 x pad(4 * 256) + pad(4 * 4) = 3072 + 256; layer = 1024 + 512 + 3328 = 4864.
   EXPECT_EQ(gpu_ffn_share_bytes(m.layers[0], 4), 3328u);
   EXPECT_EQ(gpu_layer_bytes(m.layers[0], true, 4), 4864u);
-  // FFN scratch: 2 pad(64 * 4) + 2 pad(4 * 4) + pad(4 * 4) + pad(6 * 4) = 512 + 512 + 512.
-  EXPECT_EQ(gpu_ffn_scratch_bytes(m, o), 1536u);
+  // FFN scratch: 2 pad(64 * 4) + 2 pad(4 * 4) + pad(4 * 4) + pad(6 * 4) = 512 + 512 + 512, and
+  // the down axpy's partial sums, kAxpyChunks (32) x 64 x 4 = 8192.
+  EXPECT_EQ(gpu_ffn_scratch_bytes(m, o), 9728u);
   // Attention scratch: q 256, k and v 128 -> 256 each, output 256, scores 2 * 8 * 4 -> 256.
   EXPECT_EQ(gpu_attn_scratch_bytes(m, o), 1280u);
   DeviceDesc dev;
-  // Scratch 1536 + 1280 = 2816 once, then 4864 per layer.
-  const std::pair<uint64_t, int> cases[] = {{0, 0},     {7679, 0},  {7680, 1},  {12543, 1},
-                                            {12544, 2}, {17407, 2}, {17408, 3}, {1 << 20, 3}};
+  // Scratch 9728 + 1280 = 11008 once, then 4864 per layer.
+  const std::pair<uint64_t, int> cases[] = {{0, 0},      {15871, 0}, {15872, 1}, {20735, 1},
+                                            {20736, 2}, {25599, 2}, {25600, 3}, {1 << 20, 3}};
   for (auto [budget, layers] : cases) {
     dev.vram_budget = budget;
     const Plan p = plan_layer_split(m, dev, o);
@@ -263,17 +265,30 @@ TEST(Plan, LayerSplitHandComputed) {
       }
     }
     EXPECT_EQ(on, layers) << "budget " << budget;
-    EXPECT_EQ(p.gpu_bytes, layers == 0 ? 0u : 2816u + 4864u * layers);
+    EXPECT_EQ(p.gpu_bytes, layers == 0 ? 0u : 11008u + 4864u * layers);
     for (int l = 0; l < layers; ++l) EXPECT_TRUE(p.layer_uses_gpu(static_cast<size_t>(l)));  // the first layers
   }
   // Cost model by hand for all three layers on the GPU: per layer attention 1024 + 256 (half
-  // the KV) bytes and 0.875 * 768 neuron bytes at GPU speed, plus the synchronization.
+  // the KV) bytes, and the FFN rows the executor reads, at GPU speed, plus the synchronization.
+  // Without predictors the gate decides: all 4 gate rows (1024 bytes) and 0.875 * 512 of up and
+  // down; with them (and no predictor bytes here) 0.875 * 768.
   dev.vram_budget = 1 << 20;
   dev.cpu_bandwidth = 1e9, dev.gpu_bandwidth = 1e10, dev.pcie_bandwidth = 1e9, dev.sync_seconds = 1e-6;
-  const Plan p = plan_layer_split(m, dev, o);
-  const double layer = (1280.0 + 0.875 * 768) / 1e10 + 1e-6 + 2 * 64 * 4 / 1e9;
-  EXPECT_NEAR(p.seconds_per_token, 3 * layer, 1e-15);
-  EXPECT_NEAR(predict_cpu_seconds_per_token(m, dev), 3 * (1280.0 + 0.875 * 768) / 1e9, 1e-15);
+  for (bool predicted : {false, true}) {
+    m.predicted = predicted;
+    const Plan p = plan_layer_split(m, dev, o);
+    const double ffn = predicted ? 0.875 * 768 : 1024 + 0.875 * 512;
+    const double layer = (1280.0 + ffn) / 1e10 + 1e-6 + 2 * 64 * 4 / 1e9;
+    EXPECT_NEAR(p.seconds_per_token, 3 * layer, 1e-15);
+    EXPECT_NEAR(predict_cpu_seconds_per_token(m, dev), 3 * (1280.0 + ffn) / 1e9, 1e-15);
+    // Half the neurons on the GPU: the neurons' gate rows are read where they are.
+    Plan half = p;
+    for (auto& L : half.layers) L.attn_gpu = false, L.gpu_neurons = {0, 3};
+    const double moved = predicted ? 0.5 * 768 : 2 * 256 + 0.5 * 512;
+    EXPECT_NEAR(predict_seconds_per_token(m, dev, half),
+                3 * ((1280.0 + ffn - moved) / 1e9 + moved / 1e10 + 1e-6 + 2 * 64 * 4 / 1e9), 1e-15);
+    EXPECT_NEAR(neuron_seconds_saved(m, dev, m.layers[0], 0.5, 2), moved * (1 / 1e9 - 1 / 1e10), 1e-18);
+  }
 }
 
 TEST(Plan, MinimumNeuronsAndSyncCost) {
@@ -353,6 +368,12 @@ TEST(Plan, FileRoundTripAndValidation) {
     EXPECT_EQ(q.layers[l].attn_gpu, p.layers[l].attn_gpu);
     EXPECT_EQ(q.layers[l].gpu_neurons, p.layers[l].gpu_neurons);
   }
+  // A plan made for an executor without predictors does not load into one with them (their
+  // memory and costs differ), and the other way round.
+  PlanModel with = m;
+  with.predicted = true;
+  EXPECT_NE(test_support::error_of([&] { read_plan(path, with); }).find("made for an executor without predictors"),
+            std::string::npos);
   // Another model's shape, or other weights (bytes differ): clear errors.
   PlanModel other = m;
   other.layers.push_back(m.layers[0]);

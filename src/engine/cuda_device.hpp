@@ -2,9 +2,13 @@
 // cudaMalloc'd arena laid out by device_arena_layout (exactly the plan's byte count), the layer
 // input and the partial output through pinned host buffers with asynchronous copies on a stream
 // of its own, the kernels of ops/cuda/cuda_ops.hpp in between. ffn_begin returns once the work
-// is queued, so the CPU computes its neurons meanwhile. What it runs is cuda_caps()
-// (engine/device.hpp): gated FFN shares (act(gate) * up) of F32, F16, Q8_0 and Q4_0 rows, no
-// attention blocks yet (the GPU issue); anything else is refused before a byte is copied.
+// is queued, so the CPU computes its neurons meanwhile. With predictors it runs each layer's
+// predictor first (fc1, ReLU, fc2 in predictor_row_order), computes its predicted rows only, and
+// copies the CPU's prediction back behind an event the CPU waits on (ffn_predicted) while the
+// share goes on. What it runs is cuda_caps() (engine/device.hpp): gated FFN shares (act(gate) *
+// up) and predictors of F32, F16, Q8_0 and Q4_0 rows, the predictors reading the FFN input or a host
+// residual, no attention blocks yet (the GPU issue); anything else is refused before a byte is
+// copied.
 #pragma once
 #include "engine/device.hpp"
 
@@ -20,8 +24,9 @@ class CudaDevice final : public Device {
   const char* name() const override { return "cuda"; }
   DeviceCaps caps() const override { return cuda_caps(); }
   void load(const Model& model, const DeviceLoad& what) override;
-  void ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) override;
+  void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
+  const uint8_t* ffn_predicted() override;
   // No attention blocks on CUDA yet: caps() says so and load() refuses such a plan.
   void put_hidden(const float*, int64_t) override { no_attention(); }
   void get_hidden(float*, int64_t) override { no_attention(); }
@@ -36,6 +41,8 @@ class CudaDevice final : public Device {
  private:
   struct Share {
     DType gate = DType::F32, up = DType::F32, down = DType::F32;
+    DType fc1 = DType::F32, fc2 = DType::F32;
+    int64_t rank = 0;
   };
   [[noreturn]] static void no_attention();
   DeviceArenaLayout layout_;
@@ -44,9 +51,11 @@ class CudaDevice final : public Device {
   float* x_host_ = nullptr;         // pinned
   float* out_host_ = nullptr;       // pinned
   int32_t* counters_host_ = nullptr;  // pinned: active, fired
+  uint8_t* mask_host_ = nullptr;      // pinned: the CPU's predicted neurons
   void* stream_ = nullptr;
+  void* predicted_event_ = nullptr;   // recorded after the mask's copy
   int64_t n_embd_ = 0, n_ff_ = 0, max_batch_ = 0, pending_n_ = 0;
-  bool pending_ = false;
+  bool pending_ = false, pending_predict_ = false, pending_share_ = false;
   uint64_t fired_ = 0;
 };
 

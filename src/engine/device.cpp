@@ -9,6 +9,8 @@
 #include "model/ffn.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+#include "sparse/predictor.hpp"
 
 namespace ember {
 
@@ -88,7 +90,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     if (L.bias_row) s.up_b = take(k * L.bias_row);
     s.rows = take(k * sizeof(int32_t));
   }
-  if (off > 0) {  // the scratch, when any layer has a share (gpu_ffn_scratch_bytes)
+  if (gpu_needs_ffn_scratch(m, plan)) {  // gpu_ffn_scratch_bytes, in its order
     const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
     a.x = take(b * m.n_embd * f);
     a.out = take(b * m.n_embd * f);
@@ -96,6 +98,13 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     a.h = take(b * m.n_ff * f);
     a.active = take(m.n_ff * sizeof(int32_t));
     a.pos = take((m.n_ff + 2) * sizeof(int32_t));  // positions, then the counters (CUDA)
+    a.partial = take(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
+    if (m.predicted) {
+      a.px = take(b * m.n_embd * f);
+      a.hid = take(b * static_cast<uint64_t>(m.predictor_rank) * f);
+      a.mask = take(static_cast<uint64_t>(m.n_ff));
+      a.cand = take((m.n_ff + 1) * sizeof(int32_t));
+    }
   }
   a.ffn_total = off;
   // The layout and the solvers' accounting are two spellings of one sum: they must agree.
@@ -118,6 +127,19 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
   }
   EMBER_CHECK(a.attn_weights == planned, "device: attention arena layout ({} bytes) disagrees with the plan's "
               "accounting ({} bytes)", a.attn_weights, planned);
+  a.pred.resize(m.layers.size());
+  uint64_t planned_pred = 0;
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    if (!m.predicted || !plan.layer_uses_gpu(l)) continue;
+    const FfnWeights& w = model.layers[l].ffn;
+    EMBER_CHECK(w.fc1.valid() && w.fc2.valid(), "device: layer {} has no predictor, the plan runs one", l);
+    const uint64_t start = off;
+    a.pred[l] = {true, take(w.fc1.nbytes), take(w.fc2.nbytes)};
+    a.predictors += off - start;
+    planned_pred += m.layers[l].predictor_bytes;
+  }
+  EMBER_CHECK(a.predictors == planned_pred, "device: predictor arena layout ({} bytes) disagrees with the plan's "
+              "accounting ({} bytes)", a.predictors, planned_pred);
   a.arena = off;
   a.kv = KvCache::bytes_for(n_attn, m.n_ctx, m.kv_dim, kv_type);
   uint64_t planned_kv = 0;
@@ -127,6 +149,16 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
               "(was the plan made for another KV type or context?)", a.kv, dtype_name(kv_type), n_attn, planned_kv);
   a.total = a.arena + a.kv;
   return a;
+}
+
+std::vector<int32_t> predictor_row_order(const Plan& plan, size_t l, int64_t n_ff) {
+  const auto& ids = plan.layers[l].gpu_neurons;
+  std::vector<int32_t> order(ids.begin(), ids.end());
+  std::vector<char> on(static_cast<size_t>(n_ff), 0);
+  for (int32_t j : ids) on[static_cast<size_t>(j)] = 1;
+  for (int32_t j = 0; j < n_ff; ++j)
+    if (!on[static_cast<size_t>(j)]) order.push_back(j);
+  return order;
 }
 
 FfnWeights share_weights(const FfnWeights& w, const TensorView& down_nm, const uint8_t* base,
@@ -216,6 +248,30 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
         reinterpret_cast<float*>(base + s.up_b)[i] = reinterpret_cast<const float*>(w.up_b.data)[j];
       rows[i] = static_cast<int32_t>(i);
     }
+  }
+  // Predictors: fc1 as it is, fc2's rows in predictor_row_order.
+  fc1_.assign(model.layers.size(), {});
+  fc2_.assign(model.layers.size(), {});
+  int64_t max_rank = 0;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& P = layout_.pred[l];
+    if (!P.on) continue;
+    const FfnWeights& w = model.layers[l].ffn;
+    const std::vector<int32_t> order = predictor_row_order(plan, l, pm.n_ff);
+    fc1_[l] = matrix_view(w.fc1.type, base + P.fc1, w.fc1.rows(), w.fc1.cols());
+    fc2_[l] = matrix_view(w.fc2.type, base + P.fc2, w.fc2.rows(), w.fc2.cols());
+    for (int64_t r = 0; r < w.fc1.rows(); ++r)
+      std::memcpy(const_cast<uint8_t*>(fc1_[l].row(r)), w.fc1.row(r), w.fc1.row_size());
+    for (int64_t r = 0; r < w.fc2.rows(); ++r)
+      std::memcpy(const_cast<uint8_t*>(fc2_[l].row(r)), w.fc2.row(order[static_cast<size_t>(r)]), w.fc2.row_size());
+    max_rank = std::max(max_rank, w.fc1.rows());
+    pred_mm_bytes_ = std::max(pred_mm_bytes_, predictor_mm_scratch_bytes(w.fc1, w.fc2, max_batch_));
+  }
+  if (max_rank > 0) {
+    pred_scratch_.resize(predictor_scratch_floats(max_rank, pm.n_ff, max_batch_));
+    pred_mm_ = AlignedBuffer<uint8_t>(std::max<size_t>(pred_mm_bytes_, 64));
+    pred_list_.resize(static_cast<size_t>(pm.n_ff));
+    mask_ = AlignedBuffer<uint8_t>(static_cast<size_t>(pm.n_ff));
   }
   // Attention layers: their tensors copied into the arena, a KV cache for them.
   attn_.assign(model.layers.size(), {});
@@ -310,17 +366,30 @@ void CpuDevice::ffn_finish(int64_t layer, const float* out, int64_t n) {
   ffn_block_output(*model_, L, ws_.o.data(), ws_.x.data(), n);
 }
 
-void CpuDevice::ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) {
-  EMBER_CHECK(layer >= 0 && static_cast<size_t>(layer) < shares_.size() && layout_.layers[layer].n > 0,
+void CpuDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) {
+  const size_t l = static_cast<size_t>(layer);
+  EMBER_CHECK(layer >= 0 && l < shares_.size() && (layout_.layers[l].n > 0 || (rule.predict && layout_.pred[l].on)),
               "device: layer {} has no share on {}", layer, name());
+  EMBER_CHECK(!rule.predict || layout_.pred[l].on, "device {}: layer {}'s predictor is not here", name(), layer);
   EMBER_CHECK(n >= 1 && n <= max_batch_, "device: batch of {} tokens (1 to {})", n, max_batch_);
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_; });
-  // The "upload": the layer input into the device's own buffer.
-  std::memcpy(arena_.data() + layout_.x, x, sizeof(float) * static_cast<size_t>(n * n_embd_));
-  job_layer_ = layer, job_n_ = n, job_act_ = act, job_threshold_ = threshold;
+  // The "upload": the layer input (and the predictor's, where it differs) into the device's buffers.
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n * n_embd_);
+  std::memcpy(arena_.data() + layout_.x, x, bytes);
+  job_px_ = reinterpret_cast<const float*>(arena_.data() + layout_.x);
+  if (rule.predict && rule.predictor_input == ShareRule::Input::host) {
+    std::memcpy(arena_.data() + layout_.px, rule.predictor_x, bytes);
+    job_px_ = reinterpret_cast<const float*>(arena_.data() + layout_.px);
+  } else if (rule.predict && rule.predictor_input == ShareRule::Input::hidden) {
+    EMBER_CHECK(kv_slot_[l] >= 0 && rule.hidden_row0 >= 0 && rule.hidden_row0 + n <= n_batch_,
+                "device {}: the predictor of layer {} reads a hidden state this device does not hold", name(), layer);
+    job_px_ = ws_.x.data() + rule.hidden_row0 * n_embd_;
+  }
+  job_layer_ = layer, job_n_ = n, job_ = rule;
   pending_ = true;
   done_ = false;
+  predicted_ = !rule.predict;
   lock.unlock();
   cv_.notify_all();
 }
@@ -329,6 +398,13 @@ const float* CpuDevice::ffn_end() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_; });
   return reinterpret_cast<const float*>(arena_.data() + layout_.out);
+}
+
+const uint8_t* CpuDevice::ffn_predicted() {
+  std::unique_lock<std::mutex> lock(mu_);
+  EMBER_CHECK(job_.predict, "device {}: ffn_predicted without a predicted ffn_begin", name());
+  cv_.wait(lock, [&] { return predicted_; });
+  return mask_.data();
 }
 
 void CpuDevice::driver() {
@@ -342,25 +418,51 @@ void CpuDevice::driver() {
     compute();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
+      done_ = predicted_ = true;
     }
     cv_.notify_all();
   }
 }
 
 void CpuDevice::compute() {
-  const auto& s = layout_.layers[static_cast<size_t>(job_layer_)];
+  const size_t l = static_cast<size_t>(job_layer_);
+  const auto& s = layout_.layers[l];
   uint8_t* base = arena_.data();
+  const int32_t* rows = reinterpret_cast<const int32_t*>(base + s.rows);
+  int64_t n_rows = s.n;
+  if (job_.predict) {
+    // The whole layer's prediction over fc2 in predictor_row_order: positions below s.n are the
+    // share's rows (ascending, as ffn_share_partial wants them), the rest the CPU's neurons.
+    const int64_t np = predict_active(*pool_, fc1_[l], fc2_[l], job_.predictor_threshold, job_px_, job_n_,
+                                      pred_scratch_.data(), pred_mm_.data(), pred_list_.data());
+    const int64_t n_ff = fc2_[l].rows();
+    std::memset(mask_.data(), 0, static_cast<size_t>(n_ff - s.n));
+    n_rows = 0;
+    for (int64_t i = 0; i < np; ++i) {
+      const int32_t p = pred_list_[static_cast<size_t>(i)];
+      if (p < s.n) ++n_rows;
+      else mask_[static_cast<size_t>(p - s.n)] = 1;
+    }
+    rows = pred_list_.data();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      predicted_ = true;
+    }
+    cv_.notify_all();
+  }
+  auto* out = reinterpret_cast<float*>(base + layout_.out);
+  if (s.n == 0) {
+    std::memset(out, 0, sizeof(float) * static_cast<size_t>(job_n_ * n_embd_));
+    return;
+  }
   FfnShareScratch sc;
   sc.act = reinterpret_cast<float*>(base + layout_.act);
   sc.h = reinterpret_cast<float*>(base + layout_.h);
   sc.active = reinterpret_cast<int32_t*>(base + layout_.active);
   sc.mm = kernel_scratch_.data();
   sc.axpy = reinterpret_cast<float*>(kernel_scratch_.data() + mm_bytes_);
-  fired_ += ffn_share_partial(*pool_, shares_[static_cast<size_t>(job_layer_)],
-                              reinterpret_cast<const int32_t*>(base + s.rows), s.n, job_act_, job_threshold_,
-                              reinterpret_cast<const float*>(base + layout_.x), job_n_,
-                              reinterpret_cast<float*>(base + layout_.out), sc);
+  fired_ += ffn_share_partial(*pool_, shares_[l], rows, n_rows, job_.act, job_.threshold,
+                              reinterpret_cast<const float*>(base + layout_.x), job_n_, out, sc);
 }
 
 }  // namespace ember

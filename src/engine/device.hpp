@@ -4,6 +4,9 @@
 //     neurons the plan gives it, as an FFN of their own (FfnWeights, row i = the share's neuron
 //     i), of which it computes, for a batch of tokens, the partial output over the neurons that
 //     fire, while the CPU computes the rest (ffn_begin / ffn_end);
+//   - with predictors (PlanModel::predicted), for every layer that uses it: the layer's predictor
+//     (fc1, and fc2 with the share's neurons first), which picks the share's rows and tells the
+//     CPU which of its own neurons to compute (ffn_predicted);
 //   - for the layers whose attention the plan places there (LayerPlacement::attn_gpu): the
 //     attention block's tensors and the FFN block's norms, and a KV cache of its own for them;
 //     then the device holds the hidden state: it runs the attention block on it, hands out the
@@ -54,8 +57,10 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
 
 // Where everything lives in a device's arena: per layer the FFN share's gate, up, down and up
 // bias rows and its row list (0..k-1), then the FFN scratch, then per attention layer its
-// tensors (LayerWeights::attention_tensors and ffn_block_tensors, in that order). Each buffer
-// is padded to kGpuAlign. The KV cache of the attention layers comes on top (`kv`).
+// tensors (LayerWeights::attention_tensors and ffn_block_tensors, in that order), then with
+// predictors the fc1 and fc2 of every layer that uses the device (fc2's rows in the order of
+// predictor_row_order). Each buffer is padded to kGpuAlign. The KV cache of the attention layers
+// comes on top (`kv`).
 struct DeviceArenaLayout {
   struct Share {
     int64_t n = 0;  // neurons
@@ -65,17 +70,44 @@ struct DeviceArenaLayout {
     bool on = false;
     std::vector<uint64_t> tensors;  // offsets, in the order of the two lists (0 for empty views)
   };
+  struct Predictor {
+    bool on = false;
+    uint64_t fc1 = 0, fc2 = 0;
+  };
   std::vector<Share> layers;
   std::vector<Attention> attn;
-  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0;  // FFN scratch offsets
+  std::vector<Predictor> pred;
+  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0;  // FFN scratch offsets
+  uint64_t px = 0, hid = 0, mask = 0, cand = 0;  // predictor scratch: input, hidden, mask, rows (+ count)
   uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
-  uint64_t arena = 0;         // ffn_total + attn_weights: the arena's size
+  uint64_t predictors = 0;    // = sum of PlanLayer::predictor_bytes of the layers that use the device
+  uint64_t arena = 0;         // ffn_total + attn_weights + predictors: the arena's size
   uint64_t kv = 0;            // K and V of the attention layers, in the cache's type (KvCache::bytes_for)
   uint64_t total = 0;         // arena + kv
 };
 DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, const PlanOptions& opts,
                                       const Plan& plan, DType kv_type);
+
+// The order of fc2's rows in a device's predictor of layer l: the share's neurons (the plan's
+// gpu_neurons, ascending), then the CPU's (the rest, ascending). Score i < k is then share row i
+// and score k + c the CPU's c-th neuron.
+std::vector<int32_t> predictor_row_order(const Plan& plan, size_t l, int64_t n_ff);
+
+// How a share picks the neurons it computes (Device::ffn_begin).
+struct ShareRule {
+  cpu::Activation act = cpu::Activation::relu;
+  float threshold = 0.0f;  // a neuron fires when |firing value| > threshold (model/ffn.hpp)
+  // With the layer's predictor on the device: it first runs the predictor, computes the firing
+  // values of its predicted rows only, and publishes which CPU neurons are predicted
+  // (ffn_predicted). A neuron is predicted when its score >= predictor_threshold for some token.
+  bool predict = false;
+  float predictor_threshold = 0.0f;
+  enum class Input { ffn_input, host, hidden };
+  Input predictor_input = Input::ffn_input;  // what the predictor reads: the FFN's input x, host
+  const float* predictor_x = nullptr;        // floats at predictor_x (n * n_embd), or the device's
+  int64_t hidden_row0 = 0;                   // hidden state from token hidden_row0 on (the residual)
+};
 
 // What a device is given to load.
 struct DeviceLoad {
@@ -125,11 +157,16 @@ class Device {
   // tensors. Refuses (throws naming why) what caps() does not cover.
   virtual void load(const Model& model, const DeviceLoad& what) = 0;
 
-  // FFN share of a layer that has one: starts the partial FFN on n <= max_batch tokens (x:
-  // n * n_embd floats, read before ffn_begin returns); ffn_end waits for the partial output
-  // (n * n_embd floats, valid until the next ffn_begin).
-  virtual void ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) = 0;
+  // FFN share of a layer that has one (or its predictor, with rule.predict): starts the partial
+  // FFN on n <= max_batch tokens (x: n * n_embd floats, read before ffn_begin returns); ffn_end
+  // waits for the partial output (n * n_embd floats, valid until the next ffn_begin; zeros for a
+  // layer with no share).
+  virtual void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) = 0;
   virtual const float* ffn_end() = 0;
+  // After ffn_begin with rule.predict: waits for the prediction (not for the share) and returns
+  // one byte per CPU neuron of the layer (the neurons not in its share, ascending), 1 where the
+  // predictor names it for some token of the batch. Valid until the next ffn_begin.
+  virtual const uint8_t* ffn_predicted() = 0;
 
   // Layers whose attention is here. The hidden state (n * n_embd floats) in and out:
   virtual void put_hidden(const float* x, int64_t n) = 0;
@@ -159,8 +196,9 @@ class CpuDevice final : public Device {
   const char* name() const override { return "cpu-standin"; }
   DeviceCaps caps() const override { return cpu_standin_caps(); }
   void load(const Model& model, const DeviceLoad& what) override;
-  void ffn_begin(int64_t layer, const float* x, int64_t n, cpu::Activation act, float threshold) override;
+  void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
+  const uint8_t* ffn_predicted() override;
   void put_hidden(const float* x, int64_t n) override;
   void get_hidden(float* x, int64_t n) override;
   void attention(int64_t layer, int64_t n, int64_t pos0) override;
@@ -184,23 +222,27 @@ class CpuDevice final : public Device {
   const Model* model_ = nullptr;
   DeviceArenaLayout layout_;
   AlignedBuffer<uint8_t> arena_, kernel_scratch_;
+  AlignedBuffer<float> pred_scratch_;   // predict_active's scores and hidden rows (host: CPU kernels)
+  AlignedBuffer<uint8_t> pred_mm_, mask_;
+  AlignedBuffer<int32_t> pred_list_;
   std::vector<FfnWeights> shares_;
+  std::vector<TensorView> fc1_, fc2_;  // per layer: its predictor in the arena (fc2 in predictor_row_order)
   std::vector<LayerWeights> attn_;    // per layer: views into the arena (attention layers only)
   std::vector<int64_t> kv_slot_;      // per layer: its layer in kv_ (-1: none)
   KvCache kv_;                        // of the attention layers (layout_.kv bytes)
   Workspace ws_;                      // the hidden state (ws_.x) and the blocks' buffers
   AlignedBuffer<float> io_;           // the FFN input handed out (host side)
   int64_t n_embd_ = 0, max_batch_ = 0, n_batch_ = 0;
-  size_t mm_bytes_ = 0;
+  size_t mm_bytes_ = 0, pred_floats_ = 0, pred_mm_bytes_ = 0;
   uint64_t fired_ = 0;
   CrossingStats crossings_;
   // The job (written by the caller before `pending_` is set, read by the driver).
   int64_t job_layer_ = 0, job_n_ = 0;
-  cpu::Activation job_act_ = cpu::Activation::relu;
-  float job_threshold_ = 0.0f;
+  ShareRule job_;
+  const float* job_px_ = nullptr;  // the predictor's input (in the arena or the hidden state)
   std::mutex mu_;
   std::condition_variable cv_;
-  bool pending_ = false, done_ = true, stop_ = false;
+  bool pending_ = false, done_ = true, predicted_ = true, stop_ = false;
   std::thread thread_;
 };
 

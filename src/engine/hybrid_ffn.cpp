@@ -9,6 +9,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
+#include "sparse/predictor.hpp"
 #ifdef EMBER_HAS_CUDA
 #include "engine/cuda_device.hpp"
 #include "ops/cuda/cuda_ops.hpp"
@@ -39,10 +40,10 @@ std::string plan_cache_key(const Model& model, const std::string& profile_source
   const DeviceDesc& d = o.device;
   const PlanOptions& p = o.plan;
   const std::string all =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
                   file_stamp(profile_source), o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth,
                   d.sync_seconds, p.group_size, p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance,
-                  plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type));
+                  plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type), o.predictor);
   return fmt::format("{:016x}", fnv1a64(all));
 }
 
@@ -54,7 +55,7 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
       model,
       given ? std::vector<std::vector<float>>(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f))
             : plan_probabilities(model, o.profile_path, &source),
-      n_ctx, o.kv_type);
+      n_ctx, o.kv_type, o.predictor);
   const PlanModel& pm = *pm_out;
   *popts = o.plan;
   if (o.given) {
@@ -163,17 +164,9 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
   what.down_nm = down_views_;
   what.kv_type = opts.kv_type;
   what.n_batch = n_batch;
-  try {
-    device_->load(model, what);
-  } catch (const Error& e) {
-    // "auto" takes the stand-in where the GPU cannot hold this model (a weight type its
-    // kernels do not read, too little memory); an explicit choice fails with the reason.
-    if (given_device || opts.device_kind != "auto" || std::string(device_->name()) == "cpu-standin") throw;
-    log_warn("hybrid: the {} device cannot take this model ({}); a second CPU device stands in for it; this run "
-             "measures no GPU", device_->name(), e.what());
-    device_ = std::make_unique<CpuDevice>(opts.device_threads);
-    device_->load(model, what);
-  }
+  // A GPU that cannot take this model (a weight type its kernels do not read, too little
+  // memory) is an error, with the reason; `auto` takes the stand-in only where no GPU exists.
+  device_->load(model, what);
   cpu_rows_.resize(model.layers.size());
   for (size_t l = 0; l < model.layers.size(); ++l) {
     std::vector<char> on(static_cast<size_t>(hp.n_ff), 0);
@@ -187,6 +180,22 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
   partial_.resize(b * static_cast<size_t>(hp.n_embd));
   active_.resize(nf);
   axpy_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, popts_.max_batch, pool.size(), cpu::AxpySplit::columns));
+  predict_ = opts.predictor;
+  if (predict_) {
+    int64_t rank = 0;
+    size_t mm = 64;
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      if (plan_.layer_uses_gpu(l)) continue;  // its predictor runs on the device
+      const FfnWeights& w = model.layers[l].ffn;
+      rank = std::max(rank, w.fc1.rows());
+      mm = std::max(mm, predictor_mm_scratch_bytes(w.fc1, w.fc2, popts_.max_batch));
+    }
+    predicted_.resize(nf);
+    if (rank > 0) {
+      pred_scratch_.resize(predictor_scratch_floats(rank, hp.n_ff, popts_.max_batch));
+      pred_mm_ = AlignedBuffer<uint8_t>(mm);
+    }
+  }
   int used = 0, attn = 0;
   for (size_t l = 0; l < plan_.layers.size(); ++l) {
     used += !plan_.layers[l].gpu_neurons.empty();
@@ -202,46 +211,96 @@ std::string HybridFfn::refusal(const Model& model) const {
   return device_refusal(device_->caps(), model, plan_, down_views_);
 }
 
-HybridStats HybridFfn::stats() const { return {device_->fired(), cpu_fired_, device_calls_}; }
+HybridStats HybridFfn::stats() const { return {device_->fired(), cpu_fired_, device_calls_, cpu_predicted_}; }
 
 void HybridFfn::reset_stats() {
   device_->reset_stats();
   cpu_fired_ = 0;
   device_calls_ = 0;
+  cpu_predicted_ = 0;
 }
 
 size_t HybridFfn::cpu_bytes() const {
   size_t b = 0;
   for (const auto& m : down_nm_) b += m.view.nbytes;
   for (const auto& r : cpu_rows_) b += r.size() * sizeof(int32_t);
-  return b + (act_.size() + h_.size() + partial_.size() + axpy_.size()) * sizeof(float) +
-         active_.size() * sizeof(int32_t);
+  return b + (act_.size() + h_.size() + partial_.size() + axpy_.size() + pred_scratch_.size()) * sizeof(float) +
+         (active_.size() + predicted_.size()) * sizeof(int32_t) + pred_mm_.size();
+}
+
+ShareRule HybridFfn::share_rule(size_t l, cpu::Activation act, int64_t t0, const Workspace& ws) const {
+  ShareRule r;
+  r.act = act;
+  r.threshold = threshold_;
+  if (!predict_) return r;
+  r.predict = true;
+  r.predictor_threshold = model_.predictor_thresholds.empty() ? model_.predictor_threshold
+                                                              : model_.predictor_thresholds[l];
+  if (!model_.predictor_on_residual) {
+    r.predictor_input = ShareRule::Input::ffn_input;
+  } else if (plan_.layers[l].attn_gpu) {  // the residual is the device's hidden state
+    r.predictor_input = ShareRule::Input::hidden;
+    r.hidden_row0 = t0;
+  } else {
+    EMBER_CHECK(ws.ffn_residual, "hybrid: this model's predictor reads the residual stream, which the forward pass did "
+                "not provide");
+    r.predictor_input = ShareRule::Input::host;
+    r.predictor_x = ws.ffn_residual + t0 * model_.hp.n_embd;
+  }
+  return r;
+}
+
+int64_t HybridFfn::cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0,
+                                const Workspace& ws, bool device_predicts, const int32_t** rows) {
+  const auto& all = cpu_rows_[l];
+  if (!predict_) {
+    *rows = all.data();
+    return static_cast<int64_t>(all.size());
+  }
+  int64_t k = 0;
+  if (device_predicts) {
+    const uint8_t* mask = device_->ffn_predicted();
+    for (size_t c = 0; c < all.size(); ++c)
+      if (mask[c]) predicted_[static_cast<size_t>(k++)] = all[c];
+  } else {  // the layer's predictor on the CPU; every neuron is the CPU's
+    const FfnWeights& w = model_.layers[l].ffn;
+    const ShareRule r = share_rule(l, cpu::Activation::relu, t0, ws);
+    const float* px = r.predictor_input == ShareRule::Input::host ? r.predictor_x : x;
+    k = predict_active(pool, w.fc1, w.fc2, r.predictor_threshold, px, n, pred_scratch_.data(), pred_mm_.data(),
+                       predicted_.data());
+  }
+  cpu_predicted_ += static_cast<uint64_t>(k * n);
+  *rows = predicted_.data();
+  return k;
 }
 
 void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                     int64_t n, float* out, Workspace& ws) {
   const int64_t n_embd = w.n_embd();
   const size_t l = static_cast<size_t>(layer);
-  const bool on_device = !plan_.layers[l].gpu_neurons.empty();
+  const bool share = !plan_.layers[l].gpu_neurons.empty();
+  const bool device_predicts = predict_ && plan_.layer_uses_gpu(l);  // its predictor is on the device
   const FfnWeights& cpu_w = cpu_share_[l];
   const FfnShareScratch sc{act_.data(), h_.data(), active_.data(), ws.mm_scratch.data(), axpy_.data()};
-  const auto& rows = cpu_rows_[l];
   for (int64_t t0 = 0; t0 < n; t0 += popts_.max_batch) {
     const int64_t nc = std::min(popts_.max_batch, n - t0);
     const float* xc = x + t0 * n_embd;
     float* oc = out + t0 * n_embd;
-    if (on_device) {
-      device_->ffn_begin(layer, xc, nc, act, threshold_);
+    if (share || device_predicts) {
+      device_->ffn_begin(layer, xc, nc, share_rule(l, act, t0, ws));
       ++device_calls_;
     }
-    // The CPU's neurons meanwhile, into `out` directly when the device has nothing here.
-    float* cpu_out = on_device ? partial_.data() : oc;
-    cpu_fired_ += ffn_share_partial(pool, cpu_w, rows.data(), static_cast<int64_t>(rows.size()), act, threshold_, xc,
-                                    nc, cpu_out, sc);
-    if (on_device) {
+    // The CPU's neurons meanwhile (those predicted, with predictors), into `out` directly when
+    // the device has nothing here.
+    const int32_t* rows = nullptr;
+    const int64_t n_rows = cpu_rows_for(pool, l, xc, nc, t0, ws, device_predicts, &rows);
+    float* cpu_out = share ? partial_.data() : oc;
+    cpu_fired_ += ffn_share_partial(pool, cpu_w, rows, n_rows, act, threshold_, xc, nc, cpu_out, sc);
+    if (share || device_predicts) {
       const float* dev = device_->ffn_end();
       // Fixed order: CPU partial, then the device's.
-      for (int64_t i = 0; i < nc * n_embd; ++i) oc[i] = partial_[static_cast<size_t>(i)] + dev[i];
+      if (share)
+        for (int64_t i = 0; i < nc * n_embd; ++i) oc[i] = partial_[static_cast<size_t>(i)] + dev[i];
     }
     ffn_add_down_bias(w, oc, nc);
   }

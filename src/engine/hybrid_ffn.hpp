@@ -6,6 +6,10 @@
 //     Both sides use the oracle rule (model/ffn.hpp): a neuron fires for a token when its
 //     |firing value| > threshold (exact for ReLU models at threshold 0), and a batch takes the
 //     union of its tokens' firing neurons. Batches longer than the plan's max_batch go in chunks.
+//   - with predictors (HybridOptions::predictor, the model's fc1/fc2): the firing values are
+//     computed for the predicted neurons only, as --sparse-mode predictor does. A layer that uses
+//     the device runs its predictor there, which picks the device's rows and hands the CPU the
+//     prediction of its own neurons; the other layers run theirs on the CPU.
 //   - the attention block, where the plan puts it on the device (LayerPlacement::attn_gpu): the
 //     device holds the hidden state from the first such layer on, runs the attention block and
 //     the FFN block's norms there, and hands out only the FFN's input (for the CPU's neurons) and
@@ -14,8 +18,8 @@
 // With the CPU stand-in device every block runs the CPU's own functions, so placing attention
 // on the device changes no bit of the output.
 //
-// Not yet (the GPU issue): a predictor (the gate decides on both sides), the output head on
-// the device, and the host KV cache of device layers is still allocated.
+// Not yet (the GPU issue): the output head on the device, and the host KV cache of device layers
+// is still allocated.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -39,6 +43,7 @@ struct HybridOptions {
   DeviceDesc device;          // throughputs of the cost model (vram_budget is taken from above)
   PlanOptions plan;
   float threshold = 0.0f;     // firing threshold on |act(gate)|
+  bool predictor = false;     // run the model's predictors (the plan counts and charges them)
   std::string device_kind = "auto";  // "auto" (CUDA when built and a GPU is present, else the
                                      // CPU stand-in), "cuda" or "cpu"
   int device_threads = 1;     // threads of the CPU stand-in device
@@ -59,6 +64,7 @@ std::unique_ptr<Device> make_device(const HybridOptions& opts);
 struct HybridStats {
   uint64_t device_fired = 0, cpu_fired = 0;  // (token, neuron) pairs that fired on each side
   uint64_t device_layer_calls = 0;           // layer-chunks the device took part in
+  uint64_t cpu_predicted = 0;                // (token-chunk, neuron) pairs the CPU computed the gate of, with predictors
 };
 
 class HybridFfn final : public FfnExecutor, public LayerExecutor {
@@ -92,7 +98,17 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   std::vector<std::vector<int32_t>> cpu_rows_;    // per layer: the CPU's neurons
   AlignedBuffer<float> act_, h_, partial_, axpy_;
   AlignedBuffer<int32_t> active_;
-  uint64_t cpu_fired_ = 0, device_calls_ = 0;
+  // Predictors: the CPU's predicted rows, and predict_active's scratch for the layers whose
+  // predictor runs on the CPU.
+  bool predict_ = false;
+  AlignedBuffer<int32_t> predicted_;
+  AlignedBuffer<float> pred_scratch_;
+  AlignedBuffer<uint8_t> pred_mm_;
+  uint64_t cpu_fired_ = 0, device_calls_ = 0, cpu_predicted_ = 0;
+  // The rows the CPU computes for layer l's chunk of n tokens at x (token t0 of the pass).
+  int64_t cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0, const Workspace& ws,
+                       bool device_predicts, const int32_t** rows);
+  ShareRule share_rule(size_t l, cpu::Activation act, int64_t t0, const Workspace& ws) const;
 };
 
 }  // namespace ember

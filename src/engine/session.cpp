@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "sparse/predictor.hpp"
 
 namespace ember {
 
@@ -61,10 +62,15 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     EMBER_CHECK(why.empty(), "{}: {}", model.file->path(), why);
   }
   if (p.hybrid_on()) {
-    EMBER_CHECK(p.sparse.mode == FfnMode::dense || p.sparse.mode == FfnMode::oracle,
+    EMBER_CHECK(p.sparse.mode == FfnMode::dense || p.sparse.mode == FfnMode::oracle ||
+                    p.sparse.mode == FfnMode::predictor,
                 "the hybrid executor (--vram-budget / --plan) runs the oracle rule (the gate decides on both sides, "
-                "--sparse-threshold); --sparse-mode {} does not combine with it yet", ffn_mode_name(p.sparse.mode));
+                "--sparse-threshold) or the model's predictors (--sparse-mode predictor); --sparse-mode {} does not "
+                "combine with it yet", ffn_mode_name(p.sparse.mode));
     HybridOptions h = p.hybrid;
+    h.predictor = p.sparse.mode == FfnMode::predictor;
+    EMBER_CHECK(!h.predictor || has_predictors(model), "--sparse-mode predictor needs a predictor for every layer: pass "
+                "--predictor FILE (made by `ember train-predictor`) or a sparse-ready model with fc1/fc2 tensors");
     h.threshold = p.sparse.threshold;
     h.kv_type = p.kv_type;
     hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch);

@@ -12,6 +12,8 @@
 #include "core/error.hpp"
 #include "gguf/writer.hpp"
 #include "model/kv_cache.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+#include "sparse/predictor.hpp"
 #include "model/synth.hpp"
 #include "ops/cpu/sparse.hpp"
 
@@ -50,10 +52,26 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
 
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-  // x in, partial out (n_embd each), gate and up activations (n_ff each), the active neurons'
-  // rows (n_ff) and their positions in the share (n_ff, then two counters: active, fired).
-  return 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + gpu_pad(m.n_ff * sizeof(int32_t)) +
-         gpu_pad((m.n_ff + 2) * sizeof(int32_t));
+  // x in, partial out (n_embd each), gate and up activations (n_ff each; the up buffer holds
+  // the predictor's scores first), the active neurons' rows (n_ff) and their positions in the
+  // share (n_ff, then two counters: active, fired).
+  // Then the down axpy's partial sums (cuda::sparse_axpy: kAxpyChunks rows of n_embd).
+  uint64_t t = 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + gpu_pad(m.n_ff * sizeof(int32_t)) +
+               gpu_pad((m.n_ff + 2) * sizeof(int32_t)) +
+               gpu_pad(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
+  // With predictors: their input (n_embd: the residual, where it is not the FFN input), hidden
+  // layer (rank), the predicted mask of the layer's neurons (n_ff bytes) and the predicted share
+  // rows (n_ff, then their count).
+  if (m.predicted)
+    t += gpu_pad(b * m.n_embd * f) + gpu_pad(b * static_cast<uint64_t>(m.predictor_rank) * f) + gpu_pad(m.n_ff) +
+         gpu_pad((m.n_ff + 1) * sizeof(int32_t));
+  return t;
+}
+
+bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
+  for (const auto& P : plan.layers)
+    if (!P.gpu_neurons.empty() || (m.predicted && P.attn_gpu)) return true;
+  return false;
 }
 
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
@@ -76,21 +94,20 @@ uint64_t gpu_ffn_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& 
   uint64_t total = 0;
   for (size_t l = 0; l < m.layers.size(); ++l)
     total += gpu_ffn_share_bytes(m.layers[l], static_cast<int64_t>(plan.layers[l].gpu_neurons.size()));
-  return total > 0 ? total + gpu_ffn_scratch_bytes(m, opts) : 0;
+  return gpu_needs_ffn_scratch(m, plan) ? total + gpu_ffn_scratch_bytes(m, opts) : 0;
 }
 
 uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan) {
   EMBER_CHECK(plan.layers.size() == m.layers.size(), "plan has {} layers, the model {}", plan.layers.size(),
               m.layers.size());
   uint64_t total = 0;
-  bool any_ffn = false, any_attn = false;
+  bool any_attn = false;
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const auto& P = plan.layers[l];
     total += gpu_layer_bytes(m.layers[l], P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()));
-    any_ffn |= !P.gpu_neurons.empty();
     any_attn |= P.attn_gpu;
   }
-  if (any_ffn) total += gpu_ffn_scratch_bytes(m, opts);
+  if (gpu_needs_ffn_scratch(m, plan)) total += gpu_ffn_scratch_bytes(m, opts);
   if (any_attn) total += gpu_attn_scratch_bytes(m, opts);
   return total;
 }
@@ -100,7 +117,13 @@ uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan
 namespace {
 
 double attn_read_bytes(const PlanLayer& L) { return static_cast<double>(L.attn_bytes) + 0.5 * L.kv_bytes; }
-double neuron_bytes(const PlanLayer& L) { return static_cast<double>(L.gate_row + L.up_row + L.down_row); }
+// Bytes read per firing neuron, and per neuron whether it fires or not (the gate, where it decides).
+double neuron_bytes(const PlanModel& m, const PlanLayer& L) {
+  return static_cast<double>((m.predicted ? L.gate_row : 0) + L.up_row + L.down_row);
+}
+double neuron_fixed_bytes(const PlanModel& m, const PlanLayer& L) {
+  return m.predicted ? 0.0 : static_cast<double>(L.gate_row);
+}
 double sync_seconds(const PlanModel& m, const DeviceDesc& dev) {
   return dev.sync_seconds + 2.0 * m.n_embd * sizeof(float) / dev.pcie_bandwidth;
 }
@@ -121,7 +144,8 @@ double predict_seconds_per_token(const PlanModel& m, const DeviceDesc& dev, cons
     for (int32_t j : P.gpu_neurons) on_gpu[static_cast<size_t>(j)] = 1;
     double mass_cpu = 0, mass_gpu = 0;
     for (size_t j = 0; j < L.p.size(); ++j) (on_gpu[j] ? mass_gpu : mass_cpu) += L.p[j];
-    t += neuron_bytes(L) * (mass_cpu * c + mass_gpu * g);
+    const double n_gpu = static_cast<double>(P.gpu_neurons.size()), n_cpu = static_cast<double>(L.p.size()) - n_gpu;
+    t += neuron_bytes(m, L) * (mass_cpu * c + mass_gpu * g) + neuron_fixed_bytes(m, L) * (n_cpu * c + n_gpu * g);
     if (uses) t += sync_seconds(m, dev);
   }
   return t;
@@ -175,8 +199,9 @@ std::vector<int32_t> neurons_of_groups(const NeuronGroups& groups, const std::ve
   return ids;
 }
 
-double neuron_seconds_saved(const DeviceDesc& dev, const PlanLayer& L, double mass) {
-  return mass * neuron_bytes(L) * (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth);
+double neuron_seconds_saved(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L, double mass, int64_t count) {
+  return (mass * neuron_bytes(m, L) + static_cast<double>(count) * neuron_fixed_bytes(m, L)) *
+         (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth);
 }
 
 double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L) {
@@ -338,7 +363,8 @@ PlanModel base_shape(const std::string& name, int64_t n_embd, int64_t n_ff, int6
 
 }  // namespace
 
-PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type) {
+PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type,
+                          bool predictors) {
   const std::string moe = model_moe_refusal(model, "the placement planner");
   EMBER_CHECK(moe.empty(), "{}", moe);
   const Hparams& hp = model.hp;
@@ -347,6 +373,9 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
   PlanModel m = base_shape(std::filesystem::path(model.file->path()).filename().string(), hp.n_embd, hp.n_ff, hp.n_head,
                            hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_ctx, p, model.layers.size(), kv_type);
   m.output_bytes = model.output.nbytes;
+  EMBER_CHECK(!predictors || has_predictors(model), "plan: placement with predictors, but {} has none for some layer",
+              model.file->path());
+  m.predicted = predictors;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& W = model.layers[l];
     PlanLayer& L = m.layers[l];
@@ -354,7 +383,10 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
     L.attn_bytes = 0;
     for (const TensorView* t : W.attention_tensors()) L.attn_bytes += padded(*t);
     for (const TensorView* t : W.ffn_block_tensors()) L.attn_bytes += padded(*t);
-    L.predictor_bytes = padded(W.ffn.fc1) + padded(W.ffn.fc2);
+    if (predictors) {
+      L.predictor_bytes = padded(W.ffn.fc1) + padded(W.ffn.fc2);
+      m.predictor_rank = std::max(m.predictor_rank, W.ffn.fc1.rows());
+    }
     L.gate_row = W.ffn.gated() ? row_bytes(W.ffn.gate.type, hp.n_embd) : 0;  // OPT has no gate
     L.up_row = row_bytes(W.ffn.up.type, hp.n_embd);
     L.bias_row = W.ffn.up_b.valid() ? sizeof(float) : 0;
@@ -433,6 +465,7 @@ void write_plan(const Plan& plan, const PlanModel& m, const PlanOptions& opts, c
   w.set("ember.plan.group_size", Value::u64(static_cast<uint64_t>(opts.group_size)));
   w.set("ember.plan.min_gpu_neurons", Value::u64(static_cast<uint64_t>(opts.min_gpu_neurons)));
   w.set("ember.plan.max_batch", Value::u64(static_cast<uint64_t>(opts.max_batch)));
+  w.set("ember.plan.predicted", Value::u64(m.predicted ? 1 : 0));
   std::vector<int32_t> attn, counts;
   std::vector<Value> layer_bytes;
   for (size_t l = 0; l < plan.layers.size(); ++l) {
@@ -471,6 +504,10 @@ Plan read_plan(const std::string& path, const PlanModel& m, PlanOptions* opts_ou
   const int64_t n_ctx = r.get_int("ember.plan.n_ctx");
   EMBER_CHECK(n_ctx == m.n_ctx, "plan {} was made for a context of {} tokens, the session uses {}; make a plan with -c {}",
               path, n_ctx, m.n_ctx, m.n_ctx);
+  const bool predicted = r.opt_int("ember.plan.predicted").value_or(0) != 0;
+  EMBER_CHECK(predicted == m.predicted, "plan {} was made for an executor {} predictors, this session runs {} them; make "
+              "a plan for this session (its memory and costs differ)", path, predicted ? "with" : "without",
+              m.predicted ? "with" : "without");
   PlanOptions opts;
   opts.group_size = r.get_int("ember.plan.group_size");
   opts.min_gpu_neurons = r.get_int("ember.plan.min_gpu_neurons");

@@ -15,8 +15,10 @@
 //
 // Cost model (seconds per generated token, one token at a time): every byte a layer reads is
 // read at its device's bandwidth: attention weights plus half the KV cache (the mean position
-// over a full context), the predictor, and p_j * neuron bytes for each FFN neuron j (firing
-// probability p_j from the activation profile). A layer that uses the GPU pays a fixed
+// over a full context), and the FFN rows the executor reads. With predictors (PlanModel::
+// predicted) that is the predictor and p_j * (gate + up + down) bytes for each neuron j (firing
+// probability p_j from the activation profile, standing for the predicted rows); without, the
+// gate decides, so every gate row is read on its side, and p_j * (up + down). A layer that uses the GPU pays a fixed
 // synchronization plus two n_embd float transfers over PCIe. The output matrix stays on the
 // CPU. The model adds the CPU and GPU parts of a layer (no overlap): conservative, and linear,
 // so the ILP's objective and the reported speed are one and the same function.
@@ -55,6 +57,11 @@ struct PlanModel {
   std::string name;
   int64_t n_embd = 0, n_ff = 0, n_head = 0, q_dim = 0, kv_dim = 0, n_ctx = 0;
   uint64_t output_bytes = 0;  // read per token on the CPU
+  // Whether the executor runs the layers' predictors (fc1/fc2, sparse/predictor.hpp) and reads
+  // the predicted neurons' rows only; else every gate row is read (the oracle rule). With them a
+  // layer that uses the GPU holds its predictor there (PlanLayer::predictor_bytes, 0 without).
+  bool predicted = false;
+  int64_t predictor_rank = 0;  // the largest fc1 rank (sizes the device's predictor scratch); 0 without
   std::vector<PlanLayer> layers;
 };
 
@@ -100,15 +107,17 @@ struct Plan {
 // Bytes of one layer's FFN share on the GPU: n neurons' gate, up and down rows, their up bias
 // where the FFN has one, and their index list, each buffer padded; 0 when n == 0.
 uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
-// Scratch of the FFN side (any layer with GPU neurons) and of the attention side (any layer
-// with attention on the GPU), for opts.max_batch tokens.
+// Scratch of the FFN side (any layer with GPU neurons, or with its predictor there) and of the
+// attention side (any layer with attention on the GPU), for opts.max_batch tokens.
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
+// Whether a plan needs the FFN scratch: some layer has GPU neurons or runs its predictor there.
+bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan);
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Everything layer l puts on the GPU (attention + KV when attn, predictor when it uses the GPU,
 // the FFN share).
 uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons);
-// The FFN part alone: every layer's FFN share plus the FFN scratch when any layer has one (what
-// a device running only the FFN allocates, engine/device.hpp).
+// The FFN part alone: every layer's FFN share plus the FFN scratch when the plan needs it (what
+// a device running only the FFN allocates, engine/device.hpp; the predictors are not in it).
 uint64_t gpu_ffn_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
 // Everything the plan puts on the GPU: the layers plus the scratch in use.
 uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
@@ -155,7 +164,9 @@ NeuronGroups neuron_groups(const PlanLayer& L, int64_t group_size);
 std::vector<int32_t> neurons_of_groups(const NeuronGroups& groups, const std::vector<char>& chosen);
 
 // Cost-model helpers the solvers share (seconds per token).
-double neuron_seconds_saved(const DeviceDesc& dev, const PlanLayer& L, double mass);  // FFN mass moved to the GPU
+// FFN neurons moved to the GPU: `count` neurons of firing mass `mass` (their gate rows whole
+// without predictors, m.predicted).
+double neuron_seconds_saved(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L, double mass, int64_t count);
 double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L);                 // attention + KV moved
 double layer_fixed_seconds(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L);  // sync - predictor saving
 
@@ -172,8 +183,10 @@ std::vector<std::vector<float>> plan_probabilities(const Model& model, const std
                                                    std::string* source = nullptr);
 // The solver's view of a loaded model with probabilities p[layer][neuron], for a context of n_ctx
 // with a KV cache of kv_type (F16 as the engine's default; KvCache::bytes_for counts it).
+// `predictors`: the executor runs the model's predictors (it must have them): counted on the
+// GPU of the layers that use it, and the cost model charges predicted rows only.
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx,
-                          DType kv_type = DType::F16);
+                          DType kv_type = DType::F16, bool predictors = false);
 // The same from shapes alone (a model too large to write, e.g. 7B): weights of `type`, llama
 // layout, no predictor, probabilities p.
 PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_layer,

@@ -42,7 +42,8 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
       const PlanLayer& L = m.layers[l];
       const uint64_t t = layers_total - gpu_layer_bytes(L, attn[l], count[l]) + gpu_layer_bytes(L, a, k);
       const int64_t nf = n_ffn_layers - (count[l] > 0) + (k > 0), na = n_attn_layers - attn[l] + a;
-      return t + (nf > 0 ? ffn_scratch : 0) + (na > 0 ? attn_scratch : 0);
+      // The FFN scratch also serves a predictor on the device (gpu_needs_ffn_scratch).
+      return t + (nf > 0 || (m.predicted && na > 0) ? ffn_scratch : 0) + (na > 0 ? attn_scratch : 0);
     };
     auto apply = [&](size_t l, bool a, int64_t k) {
       const PlanLayer& L = m.layers[l];
@@ -59,7 +60,7 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
       const PlanLayer& L = m.layers[l];
       const double nb = static_cast<double>(L.gate_row + L.up_row + L.down_row + L.bias_row + sizeof(int32_t));
       for (size_t g = 0; g < groups[l].size(); ++g)
-        items.push_back({neuron_seconds_saved(dev, L, groups[l].mass[g]) / (nb * groups[l].count(g)),
+        items.push_back({neuron_seconds_saved(m, dev, L, groups[l].mass[g], groups[l].count(g)) / (nb * groups[l].count(g)),
                          static_cast<int32_t>(l), static_cast<int32_t>(g)});
       if (opts.attention)
         items.push_back({attn_seconds_saved(dev, L) / static_cast<double>(L.attn_bytes + L.kv_bytes + 1),
@@ -92,7 +93,7 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
       }
       double saved = attn[l] ? attn_seconds_saved(dev, m.layers[l]) : 0.0;
       for (size_t g = 0; g < groups[l].size(); ++g)
-        if (chosen[l][g]) saved += neuron_seconds_saved(dev, m.layers[l], groups[l].mass[g]);
+        if (chosen[l][g]) saved += neuron_seconds_saved(m, dev, m.layers[l], groups[l].mass[g], groups[l].count(g));
       if (count[l] < min_n || saved <= layer_fixed_seconds(m, dev, m.layers[l])) banned[l] = 1, restart = true;
     }
     if (!restart) break;

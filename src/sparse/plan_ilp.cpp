@@ -79,7 +79,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     for (size_t g = 0; g < groups[l].size(); ++g) {
       const int c = x0[l] + static_cast<int>(g);
       const double cnt = static_cast<double>(groups[l].count(g));
-      obj[c] = -kScale * neuron_seconds_saved(dev, L, groups[l].mass[g]);
+      obj[c] = -kScale * neuron_seconds_saved(m, dev, L, groups[l].mass[g], groups[l].count(g));
       memory.insert(c, cnt * nb);
       CoinPackedVector x_le_u;
       x_le_u.insert(c, 1.0);

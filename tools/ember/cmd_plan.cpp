@@ -13,6 +13,7 @@
 #include "model/synth.hpp"
 #include "model/kv_cache.hpp"
 #include "sparse/plan.hpp"
+#include "sparse/predictor.hpp"
 
 namespace ember::cli {
 namespace {
@@ -77,7 +78,10 @@ void run_plan(const PlanFlags& f) {
     source = fmt::format("synth profile (sparsity {}, zipf {})", f.synth_sparsity, f.synth_zipf);
   } else {
     model = load_model(f.model_path);
-    m = plan_model_from(*model, plan_probabilities(*model, f.profile_path, &source), f.ctx, parse_kv_type(f.kv_type));
+    // As the hybrid runs it: with the model's predictors where it has them.
+    m = plan_model_from(*model, plan_probabilities(*model, f.profile_path, &source), f.ctx, parse_kv_type(f.kv_type),
+                        has_predictors(*model));
+    if (m.predicted) source += "; with the model's predictors";
   }
   const PlanMethod chosen = parse_plan_method(f.method);
   Plan all;

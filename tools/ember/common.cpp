@@ -83,8 +83,7 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
 std::string EngineFlags::resolved_sparse_mode(const Model& model) const {
   if (sparse_mode != "auto") return sparse_mode;
   if (!model.input_thresholds.empty()) return "input";
-  const bool hybrid = !vram_budget.empty() || !plan_path.empty();  // the hybrid runs its own rule
-  return !hybrid && has_predictors(model) ? "predictor" : "dense";
+  return has_predictors(model) ? "predictor" : "dense";  // the hybrid too runs a model's predictors
 }
 
 SessionParams EngineFlags::session_params(const Model& model) const {

@@ -1,5 +1,7 @@
 // CUDA kernels of the hybrid engine; see cuda_ops.hpp. Written for clarity and a fixed
 // summation order first (one warp per output row, lanes over blocks, a fixed shuffle tree).
+#include <algorithm>
+
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -99,19 +101,81 @@ __global__ void matvec_kernel(const uint8_t* W, size_t row_stride, int64_t cols,
   if (lane == 0) y[t * y_stride + i] = s;
 }
 
+// Block-wide compaction step, in thread order: every thread of the block calls it with its
+// flag; a flagged thread gets its slot among this chunk's flagged threads in *slot. Returns the
+// chunk's count (the same in every thread).
+__device__ int block_compact(int flag, int* slot) {
+  __shared__ int warp_base[32];
+  __shared__ int chunk_total;
+  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
+  const unsigned m = __ballot_sync(0xffffffffu, flag);
+  if (lane == 0) warp_base[w] = __popc(m);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int s = 0;
+    for (int q = 0; q < n_warps; ++q) {
+      const int c = warp_base[q];
+      warp_base[q] = s;
+      s += c;
+    }
+    chunk_total = s;
+  }
+  __syncthreads();
+  *slot = warp_base[w] + __popc(m & ((1u << lane) - 1u));
+  const int total = chunk_total;
+  __syncthreads();  // before the next chunk overwrites the shared counts
+  return total;
+}
+
+// Block (column tile, chunk, token): the partial sum over chunk c's share of the active rows
+// (rows c, c + kAxpyChunks, ... : interleaved, so that chunks stay even however many fire).
 template <int T>
 __global__ void axpy_kernel(const uint8_t* D, size_t row_stride, int64_t cols, const int32_t* active,
-                            const int32_t* n_active, const float* h, int64_t h_stride, float* out) {
+                            const int32_t* n_active, const float* h, int64_t h_stride, float* partial) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t t = blockIdx.y;
+  const int64_t c = blockIdx.y, n_chunks = gridDim.y, t = blockIdx.z, n_tokens = gridDim.z;
   if (j >= cols) return;
   const int32_t na = *n_active;
   float s = 0.0f;
-  for (int32_t k = 0; k < na; ++k) {
+  for (int64_t k = c; k < na; k += n_chunks) {
     const float hv = h[t * h_stride + k];
     if (hv != 0.0f) s += hv * element<T>(D + static_cast<int64_t>(active[k]) * row_stride, j);
   }
-  out[t * cols + j] = s;
+  partial[(c * n_tokens + t) * cols + j] = s;
+}
+
+// out[t][j] = the chunks' partial sums added in chunk order.
+__global__ void axpy_reduce_kernel(const float* partial, int64_t n_chunks, int64_t cols, int64_t n_tokens, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= cols * n_tokens) return;
+  float s = 0.0f;
+  for (int64_t c = 0; c < n_chunks; ++c) s += partial[c * n_tokens * cols + i];
+  out[i] = s;
+}
+
+__global__ void relu_kernel(float* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = fmaxf(y[i], 0.0f);
+}
+
+// One block: the share's predicted positions compacted in order (as fire_kernel), the CPU's
+// positions into the mask.
+__global__ void predict_select_kernel(const float* scores, int64_t n_ff, int64_t n_tokens, float threshold, int64_t k,
+                                      uint8_t* mask, int32_t* cand, int32_t* n_cand) {
+  int base = 0;  // the same in every thread
+  for (int64_t start = 0; start < n_ff; start += blockDim.x) {
+    const int64_t i = start + threadIdx.x;
+    int flag = 0;
+    if (i < n_ff)
+      for (int64_t t = 0; t < n_tokens && !flag; ++t) flag = scores[t * n_ff + i] >= threshold;
+    if (i >= k && i < n_ff) mask[i - k] = static_cast<uint8_t>(flag);
+    const int share_flag = flag && i < k;
+    int slot = 0;
+    const int total = block_compact(share_flag, &slot);
+    if (share_flag) cand[base + slot] = static_cast<int32_t>(i);
+    base += total;
+  }
+  if (threadIdx.x == 0) *n_cand = base;
 }
 
 __device__ __forceinline__ float activate(int act, float x) {
@@ -128,19 +192,17 @@ __device__ __forceinline__ float activate(int act, float x) {
 // One block: activation and threshold for every (token, position), then the firing positions
 // compacted in order (a block-wide scan per chunk of blockDim positions).
 __global__ void fire_kernel(int act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
-                            int32_t* active, int32_t* pos, int32_t* n_active) {
-  __shared__ int warp_base[32];
-  __shared__ int chunk_total;
+                            int32_t* active, int32_t* pos, int32_t* n_active, const int32_t* n_valid) {
   __shared__ unsigned long long fired_pairs;
   if (threadIdx.x == 0) fired_pairs = 0;
   __syncthreads();
   int base = 0;  // the same in every thread
   int my_fired = 0;
-  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
-  for (int64_t start = 0; start < n; start += blockDim.x) {
+  const int64_t count = n_valid ? *n_valid : n;  // positions to test; n stays the row stride
+  for (int64_t start = 0; start < count; start += blockDim.x) {
     const int64_t i = start + threadIdx.x;
     int flag = 0;
-    if (i < n) {
+    if (i < count) {
       for (int64_t t = 0; t < n_tokens; ++t) {
         float v = activate(act, y[t * n + i]);
         if (fabsf(v) > threshold) flag = 1, ++my_fired;
@@ -148,26 +210,13 @@ __global__ void fire_kernel(int act, float threshold, float* y, int64_t n, int64
         y[t * n + i] = v;
       }
     }
-    const unsigned m = __ballot_sync(0xffffffffu, flag);
-    if (lane == 0) warp_base[w] = __popc(m);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int s = 0;
-      for (int k = 0; k < n_warps; ++k) {
-        const int c = warp_base[k];
-        warp_base[k] = s;
-        s += c;
-      }
-      chunk_total = s;
-    }
-    __syncthreads();
+    int slot = 0;
+    const int total = block_compact(flag, &slot);
     if (flag) {
-      const int k = base + warp_base[w] + __popc(m & ((1u << lane) - 1u));
-      active[k] = rows[i];
-      pos[k] = static_cast<int32_t>(i);
+      active[base + slot] = rows[i];
+      pos[base + slot] = static_cast<int32_t>(i);
     }
-    base += chunk_total;
-    __syncthreads();
+    base += total;
   }
   atomicAdd(&fired_pairs, static_cast<unsigned long long>(my_fired));  // integers: order-free
   __syncthreads();
@@ -282,11 +331,32 @@ void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows,
 }
 
 void ffn_fire(cpu::Activation act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
-              int32_t* active, int32_t* pos, int32_t* n_active, void* stream) {
+              int32_t* active, int32_t* pos, int32_t* n_active, void* stream, const int32_t* n_valid) {
   const int a = act == cpu::Activation::silu ? 0 : act == cpu::Activation::relu ? 1 : 2;
-  fire_kernel<<<1, 1024, 0, as_stream(stream)>>>(a, threshold, y, n, n_tokens, rows, active, pos, n_active);
+  fire_kernel<<<1, 1024, 0, as_stream(stream)>>>(a, threshold, y, n, n_tokens, rows, active, pos, n_active, n_valid);
   check_launch("fire kernel");
 }
+
+void relu(float* y, int64_t n, void* stream) {
+  if (n == 0) return;
+  relu_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(y, n);
+  check_launch("relu kernel");
+}
+
+void predict_select(const float* scores, int64_t n_ff, int64_t n_tokens, float threshold, int64_t k, uint8_t* mask,
+                    int32_t* cand, int32_t* n_cand, void* stream) {
+  predict_select_kernel<<<1, 1024, 0, as_stream(stream)>>>(scores, n_ff, n_tokens, threshold, k, mask, cand, n_cand);
+  check_launch("predict_select kernel");
+}
+
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  return e;
+}
+void event_destroy(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+void event_record(void* e, void* s) { check(cudaEventRecord(static_cast<cudaEvent_t>(e), as_stream(s)), "cudaEventRecord"); }
+void event_sync(void* e) { check(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize"); }
 
 void gate_mul(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active, int64_t max_rows,
               int64_t n_tokens, void* stream) {
@@ -297,20 +367,25 @@ void gate_mul(float* h, const float* act, int64_t n, const int32_t* pos, const i
 }
 
 void sparse_axpy(DType type, const void* D, int64_t cols, const int32_t* active, const int32_t* n_active,
-                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, void* stream) {
+                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, float* partial, void* stream) {
   check_type(type, cols);
   if (cols == 0 || n_tokens == 0) return;
-  const dim3 grid(grid_of(cols, 256), static_cast<unsigned>(n_tokens));
+  // The partial sums take at most kAxpyChunks * cols floats: fewer chunks for more tokens (the
+  // tokens are parallel work of their own).
+  const int64_t n_chunks = std::max<int64_t>(1, kAxpyChunks / n_tokens);
+  const dim3 grid(grid_of(cols, 256), static_cast<unsigned>(n_chunks), static_cast<unsigned>(n_tokens));
   const auto* d = static_cast<const uint8_t*>(D);
   const size_t rs = row_size(type, cols);
   cudaStream_t s = as_stream(stream);
   switch (type) {
-    case DType::F32: axpy_kernel<0><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
-    case DType::F16: axpy_kernel<1><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
-    case DType::Q8_0: axpy_kernel<8><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
-    default: axpy_kernel<2><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, out); break;
+    case DType::F32: axpy_kernel<0><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
+    case DType::F16: axpy_kernel<1><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
+    case DType::Q8_0: axpy_kernel<8><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
+    default: axpy_kernel<2><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
   }
   check_launch("sparse_axpy kernel");
+  axpy_reduce_kernel<<<grid_of(cols * n_tokens, 256), 256, 0, s>>>(partial, n_chunks, cols, n_tokens, out);
+  check_launch("sparse_axpy reduce kernel");
 }
 
 void add(const float* a, const float* b, float* out, int64_t n, void* stream) {

@@ -11,8 +11,15 @@
 //   ffn_fire:       act(y) in place; zero where |.| <= threshold; the firing positions
 //                   (any token) compacted, in order, into active (rows[i]) and pos (i), their
 //                   count into n_active[0], the fired (token, position) pairs into n_active[1]
+//   relu:           y[i] = max(y[i], 0)                                   (the predictor's hidden layer)
+//   predict_select: scores [t][n_ff] in predictor_row_order (engine/device.hpp): the share's
+//                   positions i < k with score >= threshold for some token compacted, in order,
+//                   into cand (their count into *n_cand); mask[c] = the same test for position k + c
 //   gate_mul:       h[t][k] *= act[t][pos[k]]                           k < *n_active
-//   sparse_axpy:    out[t][j] = sum_k h[t][k] * D row active[k] [j]     (overwrites out)
+//   sparse_axpy:    out[t][j] = sum_k h[t][k] * D row active[k] [j]     (overwrites out): the
+//                   active rows in max(1, kAxpyChunks / n_tokens) interleaved chunks, each block
+//                   one chunk's partial sums of a column tile into `partial`, then the chunks
+//                   added in order (no atomics)
 //   add:            out[i] = a[i] + b[i]                                (the partial-sum merge)
 #pragma once
 #include <cstddef>
@@ -53,14 +60,25 @@ void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows,
                    int64_t max_rows, const float* x, int64_t n_tokens, float* y, int64_t y_stride, void* stream);
 // act: [n_tokens][n] in place; active/pos: n ints each; n_active: two ints, the firing
 // positions and the fired (token, position) pairs.
+// n_valid (a device int, or null): only the first *n_valid positions of each token's row of n.
 void ffn_fire(cpu::Activation act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
-              int32_t* active, int32_t* pos, int32_t* n_active, void* stream);
+              int32_t* active, int32_t* pos, int32_t* n_active, void* stream, const int32_t* n_valid = nullptr);
+void relu(float* y, int64_t n, void* stream);
+void predict_select(const float* scores, int64_t n_ff, int64_t n_tokens, float threshold, int64_t k, uint8_t* mask,
+                    int32_t* cand, int32_t* n_cand, void* stream);
+// Events: record one on a stream, wait for it on the host.
+void* event_create();
+void event_destroy(void* event);
+void event_record(void* event, void* stream);
+void event_sync(void* event);
 // h: [n_tokens][max_rows] with stride max_rows; act: [n_tokens][n] stride n.
 void gate_mul(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active, int64_t max_rows,
               int64_t n_tokens, void* stream);
-// D: one row of `cols` per neuron; h stride h_stride; out: [n_tokens][cols], overwritten.
+// D: one row of `cols` per neuron; h stride h_stride; out: [n_tokens][cols], overwritten;
+// partial: kAxpyChunks * cols floats of scratch.
+constexpr int64_t kAxpyChunks = 32;
 void sparse_axpy(DType type, const void* D, int64_t cols, const int32_t* active, const int32_t* n_active,
-                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, void* stream);
+                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, float* partial, void* stream);
 void add(const float* a, const float* b, float* out, int64_t n, void* stream);
 
 }  // namespace ember::cuda

@@ -76,7 +76,7 @@ else
 fi
 
 # ---- 3. compute-sanitizer on the CUDA op tests -----------------------------------------------
-ops='CudaOps.MatvecAndGatherMatchReference:CudaOps.FireGateMulAxpyAndAddMatchReference'
+ops='CudaOps.MatvecAndGatherMatchReference:CudaOps.FireGateMulAxpyAndAddMatchReference:CudaOps.PredictorSelectionAndCountedFireMatchTheCpu'
 if ((dry)); then
   echo "dry run: compute-sanitizer needs a GPU" >"$out/sanitizer.txt"
   row "sanitizer" skip "dry run"

@@ -92,13 +92,10 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const auto& s = layout_.layers[l];
     if (s.n == 0) continue;
-    const auto& ids = plan.layers[l].gpu_neurons;
-    auto upload = [&](const TensorView& src, uint64_t offset) {
-      upload_rows(src, ids.data(), s.n, offset);
-    };
-    upload(model.layers[l].ffn.gate, s.gate);
-    upload(model.layers[l].ffn.up, s.up);
-    upload(down_nm[l], s.down);
+    const int32_t* ids = plan.layers[l].gpu_neurons.data();
+    upload_rows(model.layers[l].ffn.gate, ids, s.n, s.gate);
+    upload_rows(model.layers[l].ffn.up, ids, s.n, s.up);
+    upload_rows(down_nm[l], ids, s.n, s.down);
     std::vector<int32_t> rows(static_cast<size_t>(s.n));
     for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);

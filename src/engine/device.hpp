@@ -233,7 +233,7 @@ class CpuDevice final : public Device {
   Workspace ws_;                      // the hidden state (ws_.x) and the blocks' buffers
   AlignedBuffer<float> io_;           // the FFN input handed out (host side)
   int64_t n_embd_ = 0, max_batch_ = 0, n_batch_ = 0;
-  size_t mm_bytes_ = 0, pred_floats_ = 0, pred_mm_bytes_ = 0;
+  size_t mm_bytes_ = 0, pred_mm_bytes_ = 0;
   uint64_t fired_ = 0;
   CrossingStats crossings_;
   // The job (written by the caller before `pending_` is set, read by the driver).

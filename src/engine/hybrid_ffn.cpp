@@ -234,8 +234,7 @@ ShareRule HybridFfn::share_rule(size_t l, cpu::Activation act, int64_t t0, const
   r.threshold = threshold_;
   if (!predict_) return r;
   r.predict = true;
-  r.predictor_threshold = model_.predictor_thresholds.empty() ? model_.predictor_threshold
-                                                              : model_.predictor_thresholds[l];
+  r.predictor_threshold = predictor_threshold(model_, static_cast<int64_t>(l));
   if (!model_.predictor_on_residual) {
     r.predictor_input = ShareRule::Input::ffn_input;
   } else if (plan_.layers[l].attn_gpu) {  // the residual is the device's hidden state

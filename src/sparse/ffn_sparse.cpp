@@ -254,8 +254,7 @@ const float* SparseFfn::predictor_input(const float* x, const Workspace& ws) con
 
 void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
                               const float* x, int64_t n, float* out, Workspace& ws) {
-  const float pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
-                                                         : model_.predictor_thresholds[static_cast<size_t>(layer)];
+  const float pthr = predictor_threshold(model_, layer);
   const LayerPredictorRun& P = pred_[static_cast<size_t>(layer)];
   const int64_t np = predict_active(pool, P.fc1, P.fc2, pthr, predictor_input(x, ws), n, pred_scratch_.data(),
                                     pred_mm_scratch_.data(), predicted_.data(), P.linear);
@@ -299,8 +298,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   float pthr = 0.0f;
   int64_t rank = 0;
   if (predicted) {
-    pthr = model_.predictor_thresholds.empty() ? model_.predictor_threshold
-                                               : model_.predictor_thresholds[static_cast<size_t>(layer)];
+    pthr = predictor_threshold(model_, layer);
     rank = P->fc1.rows();
     cpu::quantize_activations(P->fc1.type, predictor_input(x, ws), 1, P->fc1.cols(), pred_mm_scratch_.data());
   }

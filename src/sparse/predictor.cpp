@@ -131,6 +131,11 @@ void attach_predictors(Model& model, const std::string& path) {
   log_info("predictors: {} ({} layers, {:.1f} MiB)", path, hp.n_layer, predictor_bytes(model) / 1048576.0);
 }
 
+float predictor_threshold(const Model& model, int64_t layer) {
+  return model.predictor_thresholds.empty() ? model.predictor_threshold
+                                            : model.predictor_thresholds[static_cast<size_t>(layer)];
+}
+
 bool has_predictors(const Model& model) {
   if (model.layers.empty()) return false;
   for (const auto& L : model.layers)

@@ -47,6 +47,10 @@ int64_t predict_active(ThreadPool& pool, const TensorView& fc1, const TensorView
 // from `powerinfer.sparse_threshold` (0 when absent). Errors name the file and what is wrong.
 void attach_predictors(Model& model, const std::string& path);
 
+// Layer l's predictor score threshold: Model::predictor_thresholds[l] where the file has them,
+// else Model::predictor_threshold.
+float predictor_threshold(const Model& model, int64_t layer);
+
 // True when every layer has a predictor (attached, or bound from a sparse-ready file).
 bool has_predictors(const Model& model);
 // Bytes of all layers' predictor weights.

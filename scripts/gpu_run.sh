@@ -4,10 +4,15 @@
 #   env.txt        nvidia-smi, and whether every library of the two programs resolves
 #   tests.xml/.log the CUDA and hybrid tests (JUnit); a skipped CUDA test fails the step here
 #   sanitizer.txt  compute-sanitizer memcheck and racecheck on the CUDA op tests
-#   e2e.txt        a synth ReLU model made here: KL divergence and top-1 agreement of the hybrid
-#                  (--hybrid-device cuda) against all-CPU over a few hundred positions, and two
-#                  hybrid runs bit-identical
-#   bench.txt      ember bench, all-CPU against the hybrid at two budgets
+#   e2e.txt        a 1.1B-shape synth ReLU model made here: KL divergence and top-1 agreement of the
+#                  hybrid (--hybrid-device cuda, attention and hot neurons on the GPU) against
+#                  all-CPU over a few hundred positions, two hybrid runs bit-identical, and the
+#                  process's GPU memory (nvidia-smi) against its budget: CUDA's context measured
+#   bench.txt      ember bench on a 7B-shape synth ReLU model (90 % sparse, Q4_0): all-CPU, the
+#                  hybrid at 25 / 50 / 75 % of the model's bytes (plus CUDA's context: the budgets
+#                  are of the process), the layer split at 50 % (whole
+#                  layers, as llama.cpp's -ngl) and all-GPU (--vram-budget auto), with the
+#                  hybrid's time breakdown
 #   memory.csv     nvidia-smi's memory.used sampled during the benchmarks
 #   summary.txt    one row per step, printed last
 #   scripts/gpu_run.sh OUTDIR            on the GPU machine (the pack in gpu-pack/ or $EMBER_PACK)
@@ -39,6 +44,8 @@ row() {  # step status detail
   [ "$2" = "FAIL" ] && failed=1
   return 0
 }
+deadline=${EMBER_GPU_DEADLINE:-500}  # seconds: a step that would start later is skipped (9 minutes in all)
+late() { [ $(($(date +%s) - start)) -gt "$deadline" ]; }
 
 # ---- 1. the machine and the libraries --------------------------------------------------------
 {
@@ -76,7 +83,7 @@ else
 fi
 
 # ---- 3. compute-sanitizer on the CUDA op tests -----------------------------------------------
-ops='CudaOps.MatvecAndGatherMatchReference:CudaOps.FireGateMulAxpyAndAddMatchReference:CudaOps.PredictorSelectionAndCountedFireMatchTheCpu'
+ops='CudaOps.MatvecAndGatherMatchReference:CudaOps.FireGateMulAxpyAndAddMatchReference:CudaOps.PredictorSelectionAndCountedFireMatchTheCpu:CudaOps.AttentionBlockKernelsMatchTheCpu'
 if ((dry)); then
   echo "dry run: compute-sanitizer needs a GPU" >"$out/sanitizer.txt"
   row "sanitizer" skip "dry run"
@@ -85,7 +92,7 @@ else
   : >"$out/sanitizer.txt"
   for tool in memcheck racecheck; do
     echo "== $tool" >>"$out/sanitizer.txt"
-    timeout 150 "$san" --tool "$tool" --error-exitcode 1 "$tests" --gtest_filter="$ops" >>"$out/sanitizer.txt" 2>&1
+    timeout 100 "$san" --tool "$tool" --error-exitcode 1 "$tests" --gtest_filter="$ops" >>"$out/sanitizer.txt" 2>&1
     r=$?
     if [ "$r" -eq 0 ]; then row "sanitizer $tool" ok "$(grep -m1 "ERROR SUMMARY" "$out/sanitizer.txt" | tail -1)"
     else row "sanitizer $tool" FAIL "exit $r, see sanitizer.txt"; fi
@@ -94,65 +101,116 @@ fi
 
 # ---- 4. end to end: a synth ReLU model made here ---------------------------------------------
 if ((dry)); then preset=tiny; chunks=4; ctx=64; else preset=1.1b; chunks=6; ctx=128; fi
+# Budgets are of the process: a share of the model's bytes for the plan, plus what CUDA's context
+# takes by itself (kCudaContextReserve, engine/device.hpp; the CPU stand-in has none).
+reserve=$((512 * 1048576))
+((dry)) && reserve=0
 model=$work/relu.gguf
 cat README.md docs/*.md >"$work/text.txt"
+# The process's GPU memory as nvidia-smi sees it, sampled while a command runs: the peak in MiB.
+peak_process_mib() {  # out-file command...
+  local f=$1 pid sampler
+  shift
+  "$@" &
+  pid=$!
+  if ((dry)); then wait "$pid"; echo 0 >"$f"; return; fi
+  (while kill -0 "$pid" 2>/dev/null; do
+     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
+       awk -F', ' -v p="$pid" '$1 == p {print $2}'
+     sleep 0.2
+   done) >"$f.samples" &
+  sampler=$!
+  wait "$pid"
+  wait "$sampler" 2>/dev/null
+  sort -n "$f.samples" | tail -1 >"$f"
+}
 {
   echo "== model: ember synth --preset $preset --act relu --sparsity 0.9 --type q4_0"
   timeout 120 "$ember" synth --preset "$preset" --act relu --sparsity 0.9 --gate-rank 32 --type q4_0 -o "$model" 2>&1 | tail -2
   bytes=$(stat -c %s "$model" 2>/dev/null || echo 0)
-  half=$((bytes / 2))
+  half=$((bytes / 2 + reserve))  # the process's budget: half the model's bytes for the plan, CUDA's context on top
   echo "== all-CPU (oracle), $chunks chunks of $ctx"
   timeout 120 "$ember" perplexity -m "$model" -f "$work/text.txt" -c "$ctx" --chunks "$chunks" --sparse-mode oracle \
     --save-logits "$work/cpu.lp" 2>&1 | tail -3
   for run in 1 2; do
-    echo "== hybrid run $run: --vram-budget $half --hybrid-device $device"
-    timeout 120 "$ember" perplexity -m "$model" -f "$work/text.txt" -c "$ctx" --chunks "$chunks" --vram-budget "$half" \
-      --hybrid-device "$device" --kl-base "$work/cpu.lp" --save-logits "$work/hybrid$run.lp" 2>&1 |
-      grep -E "hybrid|CUDA|KLD|top|error|PPL" | tail -14
+    echo "== hybrid run $run: --vram-budget $half --hybrid-device $device (the process, CUDA's context included)"
+    peak_process_mib "$work/peak$run" timeout 120 "$ember" perplexity -m "$model" -f "$work/text.txt" -c "$ctx" \
+      --chunks "$chunks" --vram-budget "$half" --hybrid-device "$device" --kl-base "$work/cpu.lp" \
+      --save-logits "$work/hybrid$run.lp" >"$work/hybrid$run.log" 2>&1
+    grep -E "hybrid|CUDA|KLD|top|error|PPL" "$work/hybrid$run.log" | tail -16
+    echo "process GPU memory (nvidia-smi, peak): $(cat "$work/peak$run") MiB of a budget of $((half / 1048576)) MiB"
   done
 } >"$out/e2e.txt" 2>&1
 kl=$(grep -m1 "Median  KLD" "$out/e2e.txt" | awk '{print $NF}')
 top=$(grep -m1 "Same top p" "$out/e2e.txt" | awk '{print $5}')
+peak=$(cat "$work/peak1" 2>/dev/null || echo 0)
+arena=$(grep -m1 -o "the plan's arena [0-9.]* MiB" "$work/hybrid1.log" 2>/dev/null | awk '{print $4}')
+half_mib=$((($(stat -c %s "$model" 2>/dev/null || echo 0) / 2 + reserve) / 1048576))
+context=""
+[ -n "$arena" ] && ((!dry)) && context="; CUDA's context and modules: $(awk -v p="$peak" -v a="$arena" 'BEGIN {printf "%.0f", p - a}') MiB (process $peak MiB - arena $arena MiB)"
 if [ -z "$kl" ] || [ -z "$top" ]; then
   row "end to end" FAIL "no KL / top-1 (see e2e.txt)"
 elif ! cmp -s "$work/hybrid1.lp" "$work/hybrid2.lp"; then
   row "end to end" FAIL "median KL $kl, same top-1 $top %, but two hybrid runs differ"
-elif awk -v k="$kl" 'BEGIN { exit !(k < 1e-3) }'; then
-  row "end to end" ok "median KL $kl, same top-1 $top %, two hybrid runs bit-identical"
-else
+elif ! awk -v k="$kl" 'BEGIN { exit !(k < 1e-3) }'; then
   row "end to end" FAIL "median KL $kl (>= 1e-3), same top-1 $top %"
+elif ((!dry)) && [ "${peak:-0}" -gt "$half_mib" ]; then
+  row "end to end" FAIL "median KL $kl, same top-1 $top %, but the process took $peak MiB of a $half_mib MiB budget$context"
+else
+  row "end to end" ok "median KL $kl, same top-1 $top %, two hybrid runs bit-identical, process GPU memory ${peak} MiB <= budget $half_mib MiB$context"
 fi
 
-# ---- 5. speed: all-CPU against the hybrid at two budgets -------------------------------------
+# ---- 5. speed on a 7B shape: all-CPU, the hybrid at three budgets, the layer split, all-GPU ------
+if ((dry)); then preset7=tiny; else preset7=7b; fi
+model7=$work/relu7b.gguf
 sampler=""
-if ((!dry)); then
-  nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv -lms 250 >"$out/memory.csv" 2>&1 &
-  sampler=$!
+if late; then
+  row "bench" skip "out of time ($(($(date +%s) - start)) s)"
 else
-  echo "dry run: no GPU memory to sample" >"$out/memory.csv"
-fi
-: >"$out/bench.txt"
-bench() {  # name flags...
-  local name=$1
-  shift
-  timeout 90 "$ember" bench -m "$model" -p 64 -n 32 -r 3 --json "$work/$name.json" "$@" >>"$out/bench.txt" 2>&1
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.1f %.1f' % (d['pp64']['median'], d['tg32']['median']))" \
-    "$work/$name.json" 2>/dev/null || echo "- -"
-}
-read -r cpu_pp cpu_tg < <(bench cpu --sparse-mode oracle)
-speeds="all-CPU pp $cpu_pp tg $cpu_tg"
-for frac in 25 50; do
-  budget=$(($(stat -c %s "$model" 2>/dev/null || echo 0) * frac / 100))
-  read -r pp tg < <(bench "h$frac" --vram-budget "$budget" --hybrid-device "$device")
-  speeds="$speeds; hybrid $frac% pp $pp tg $tg"
-done
-[ -n "$sampler" ] && kill "$sampler" 2>/dev/null
-if grep -q "^- -" <<<"$(echo "$cpu_pp $cpu_tg")" || [[ "$speeds" == *" - "* ]]; then
-  row "bench" FAIL "$speeds (see bench.txt)"
-else
-  peak=""
-  ((dry)) || peak=$(awk -F', ' 'NR > 1 && $2 ~ /MiB/ {v = $2 + 0; if (v > m) m = v} END {print m + 0}' "$out/memory.csv")
-  row "bench" ok "$speeds (tok/s)${peak:+; peak memory.used $peak MiB}"
+  timeout 150 "$ember" synth --preset "$preset7" --act relu --sparsity 0.9 --gate-rank 32 --type q4_0 -o "$model7" \
+    >"$out/bench.txt" 2>&1
+  if ((!dry)); then
+    nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv -lms 250 >"$out/memory.csv" 2>&1 &
+    sampler=$!
+  else
+    echo "dry run: no GPU memory to sample" >"$out/memory.csv"
+  fi
+  bench() {  # name flags...
+    local name=$1
+    shift
+    if late; then echo "- -"; return; fi
+    echo "== $name: $*" >>"$out/bench.txt"
+    timeout 60 "$ember" bench -m "$model7" -p 32 -n 16 -r 3 --json "$work/$name.json" "$@" \
+      >>"$out/bench.txt" 2>&1
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f %.2f' % (d['pp32']['median'], d['tg16']['median']))" \
+      "$work/$name.json" 2>/dev/null || echo "- -"
+  }
+  bytes7=$(stat -c %s "$model7" 2>/dev/null || echo 0)
+  read -r cpu_pp cpu_tg < <(bench cpu --sparse-mode oracle)
+  speeds="all-CPU tg $cpu_tg"
+  declare -A tg
+  for frac in 25 50 75; do
+    read -r pp t < <(bench "h$frac" --vram-budget $((bytes7 * frac / 100 + reserve)) --plan-method greedy \
+      --hybrid-device "$device")
+    tg[$frac]=$t
+    speeds="$speeds; hybrid $frac% tg $t"
+  done
+  read -r pp split_tg < <(bench split50 --vram-budget $((bytes7 / 2 + reserve)) --plan-method layer-split \
+    --hybrid-device "$device")
+  speeds="$speeds; layer-split 50% tg $split_tg"
+  if ((dry)); then gpu_tg="-"; else
+    read -r pp gpu_tg < <(bench gpu --vram-budget auto --plan-method greedy --hybrid-device "$device")
+  fi
+  speeds="$speeds; all-GPU tg $gpu_tg (tok/s)"
+  [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
+  ratio=$(awk -v h="${tg[50]}" -v s="$split_tg" 'BEGIN { if (h + 0 > 0 && s + 0 > 0) printf "%.2f", h / s; else print "-" }')
+  if [ "$cpu_tg" = "-" ] || [ "${tg[50]}" = "-" ] || [ "$split_tg" = "-" ]; then
+    row "bench" FAIL "$speeds (see bench.txt)"
+  else
+    peak=""
+    ((dry)) || peak=$(awk -F', ' 'NR > 1 && $2 ~ /MiB/ {v = $2 + 0; if (v > m) m = v} END {print m + 0}' "$out/memory.csv")
+    row "bench" ok "$speeds; hybrid / layer split at 50 %: ${ratio}x${peak:+; peak memory.used $peak MiB}"
+  fi
 fi
 
 # ---- 6. the summary --------------------------------------------------------------------------

@@ -185,6 +185,14 @@ contains "hybrid log" "$tmp/err" "hybrid FFN"
 expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
 expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
 expect_error "serve hybrid parallel" "parallel 1" "$ember" serve -m "$tmp/relu.gguf" --vram-budget 64K --parallel 2 --port 0
+# Budgets of the real process: auto (the device's free memory less a margin), a budget larger
+# than the device has free, the runtime's reserve taken out of it, the layer split as baseline.
+expect_ok "generate hybrid auto budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget auto --hybrid-device cpu
+contains "auto budget logged" "$tmp/err" "budget auto leaves the plan"
+expect_error "hybrid budget over free memory" "MiB free" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 1000T --hybrid-device cpu
+expect_error "hybrid budget under the reserve" "takes about" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --vram-budget 64K --vram-reserve 1M --hybrid-device cpu
+expect_ok "generate hybrid layer split" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 128K --plan-method layer-split --hybrid-device cpu
+contains "layer split planned" "$tmp/err" "planning layer-split"
 # Every gating through the hybrid (the CPU stand-in runs them all): OPT in PowerInfer's layout
 # (no gate, biases, only ffn_down_t) and Bamboo; a sparse mode it does not run is refused.
 expect_ok "synth opt powerinfer" "$ember" synth --preset tiny --arch opt --act relu --sparsity 0.8 --powerinfer -o "$tmp/opt.pi.gguf"

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -15,8 +16,14 @@
 #include "support/session_logits.hpp"
 #include "tensor/quant.hpp"
 
+#include "ops/cpu/attention.hpp"
+#include "ops/cpu/norm.hpp"
+#include "ops/cpu/rope.hpp"
+#include "ops/cpu/vec.hpp"
+
 #ifdef EMBER_HAS_CUDA
 #include "engine/cuda_device.hpp"
+#include "ops/cuda/cuda_blocks.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 #endif
 
@@ -80,7 +87,7 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   return v;
 }
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0};
+const DType kTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1};
 #endif
 
 }  // namespace
@@ -267,7 +274,172 @@ TEST(CudaOps, PredictorSelectionAndCountedFireMatchTheCpu) {
 #endif
 }
 
+// The attention block's kernels against the CPU's functions: norms (RMS and Layer, with and
+// without weight and bias, in place), biases, the residual add, RoPE (both layouts, partial
+// rotation, frequency factors and an attention factor), the KV store (F16 rounding as the CPU's),
+// and attention (grouped heads, sliding windows, several tokens at pos0 > 0, F16 and F32 caches,
+// head sizes 40 to 256) against the double-precision reference. Outputs are poisoned first.
+TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
+  std::mt19937 rng(21);
+  void* stream = cuda::stream_create();
+  const float nan = std::nanf("");
+  // Norms over rows of awkward widths.
+  for (int64_t width : {1, 40, 257, 4096}) {
+    for (bool layer : {false, true}) {
+      SCOPED_TRACE(std::string(layer ? "layer" : "rms") + " norm, width " + std::to_string(width));
+      const int64_t rows = 3;
+      std::vector<float> x = random_floats(static_cast<size_t>(rows * width), rng);
+      for (auto& v : x) v = v * 3 + 0.5f;  // a mean away from 0
+      const std::vector<float> w = random_floats(static_cast<size_t>(width), rng);
+      const std::vector<float> b = random_floats(static_cast<size_t>(width), rng);
+      for (int with = 0; with < 3; ++with) {  // weight and bias, weight only, neither
+        const float* hw = with < 2 ? w.data() : nullptr;
+        const float* hb = with == 0 && layer ? b.data() : nullptr;
+        std::vector<float> ref(x.size());
+        if (layer) cpu::layer_norm(x.data(), hw, hb, ref.data(), rows, width, 1e-5f);
+        else cpu::rms_norm(x.data(), hw, ref.data(), rows, width, 1e-5f);
+        DeviceVec<float> dx(x), dw(w), db(b), dout(std::vector<float>(x.size(), nan));
+        cuda::norm_rows(dx.p, hw ? dw.p : nullptr, hb ? db.p : nullptr, dout.p, rows, width, 1e-5f, layer, stream);
+        cuda::norm_rows(dx.p, hw ? dw.p : nullptr, hb ? db.p : nullptr, dx.p, rows, width, 1e-5f, layer, stream);
+        cuda::stream_sync(stream);
+        const auto got = dout.get(), in_place = dx.get();
+        for (size_t i = 0; i < ref.size(); ++i) {
+          // Float sums of up to 4096 squares in another order: relative 1e-5 of the row's scale.
+          ASSERT_NEAR(got[i], ref[i], 2e-5f * (1 + std::fabs(ref[i]))) << i;
+          ASSERT_EQ(in_place[i], got[i]) << i;
+        }
+      }
+    }
+  }
+  // Biases and the residual add.
+  {
+    const std::vector<float> y = random_floats(3 * 70, rng), b = random_floats(70, rng);
+    DeviceVec<float> dy(y), db(b), dz(y);
+    cuda::add_bias(dy.p, db.p, 3, 70, stream);
+    cuda::add_inplace(dz.p, dy.p, 3 * 70, stream);
+    cuda::stream_sync(stream);
+    const auto got = dy.get(), sum = dz.get();
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(got[i], y[i] + b[i % 70]);
+      ASSERT_EQ(sum[i], y[i] + got[i]);
+    }
+  }
+  // RoPE.
+  for (auto layout : {cpu::RopeLayout::normal, cpu::RopeLayout::neox}) {
+    for (auto [head_dim, n_rot] : {std::pair<int64_t, int>{64, 64}, {80, 32}, {128, 128}, {256, 256}}) {
+      SCOPED_TRACE("rope head " + std::to_string(head_dim) + " rotating " + std::to_string(n_rot));
+      cpu::RopeConfig rc;
+      rc.n_rot = n_rot;
+      rc.base = 10000.0;
+      rc.layout = layout;
+      if (head_dim == 80) {
+        rc.linear_scale = 2.0;
+        rc.attn_factor = 1.19;
+        for (int i = 0; i < n_rot / 2; ++i) rc.freq_factors.push_back(1.0f + 0.1f * static_cast<float>(i));
+      }
+      const cpu::RopeTable table(rc);
+      const int64_t n_tokens = 3, n_heads = 5, pos0 = 1000;
+      std::vector<float> x = random_floats(static_cast<size_t>(n_tokens * n_heads * head_dim), rng);
+      std::vector<float> ref = x;
+      std::vector<float> cs(static_cast<size_t>(n_rot));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        table.angles(pos0 + t, cs.data());
+        table.apply(ref.data() + t * n_heads * head_dim, n_heads, head_dim, cs.data());
+      }
+      DeviceVec<float> dx(x);
+      DeviceVec<double> dinv(table.inv_freq());
+      cuda::rope(dx.p, n_tokens, n_heads, head_dim, pos0, dinv.p, n_rot, rc.attn_factor,
+                 layout == cpu::RopeLayout::neox, stream);
+      cuda::stream_sync(stream);
+      const auto got = dx.get();
+      // The same angles in double; cos and sin may differ by an ulp from the host's libm.
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 1e-6f * (1 + std::fabs(ref[i]))) << i;
+    }
+  }
+  // The KV store and attention.
+  for (bool f16 : {true, false}) {
+    for (auto [n_head, n_head_kv, head_dim] :
+         {std::tuple<int64_t, int64_t, int64_t>{4, 2, 40}, {8, 8, 64}, {6, 2, 128}, {2, 1, 256}}) {
+      for (int64_t window : {int64_t{0}, int64_t{5}}) {
+        SCOPED_TRACE(fmt::format("{} cache, {}/{} heads of {}, window {}", f16 ? "F16" : "F32", n_head, n_head_kv,
+                                 head_dim, window));
+        const int64_t n_ctx = 40, pos0 = 17, n_tokens = 4, kvd = n_head_kv * head_dim, qd = n_head * head_dim;
+        // The cache's earlier positions, then the new tokens' rows stored by kv_store.
+        std::vector<float> k = random_floats(static_cast<size_t>(n_ctx * kvd), rng);
+        std::vector<float> v = random_floats(static_cast<size_t>(n_ctx * kvd), rng);
+        const std::vector<float> q = random_floats(static_cast<size_t>(n_tokens * qd), rng);
+        const size_t vb = f16 ? 2 : 4;
+        std::vector<uint8_t> kc(static_cast<size_t>(n_ctx * kvd) * vb), vc(kc.size());
+        std::vector<float> kr = k, vr = v;  // the values the cache holds, as floats
+        if (f16) {
+          cpu::to_f16(k.data(), reinterpret_cast<uint16_t*>(kc.data()), n_ctx * kvd);
+          cpu::to_f16(v.data(), reinterpret_cast<uint16_t*>(vc.data()), n_ctx * kvd);
+          cpu::from_f16(reinterpret_cast<const uint16_t*>(kc.data()), kr.data(), n_ctx * kvd);
+          cpu::from_f16(reinterpret_cast<const uint16_t*>(vc.data()), vr.data(), n_ctx * kvd);
+        } else {
+          std::memcpy(kc.data(), k.data(), kc.size());
+          std::memcpy(vc.data(), v.data(), vc.size());
+        }
+        // Poison the new tokens' positions in the device's cache: kv_store must write them.
+        std::vector<uint8_t> kc_dev = kc, vc_dev = vc;
+        std::memset(kc_dev.data() + pos0 * kvd * vb, 0xff, static_cast<size_t>(n_tokens * kvd) * vb);
+        std::memset(vc_dev.data() + pos0 * kvd * vb, 0xff, static_cast<size_t>(n_tokens * kvd) * vb);
+        DeviceVec<uint8_t> dk(kc_dev), dv(vc_dev);
+        const std::vector<float> k_new(k.begin() + pos0 * kvd, k.begin() + (pos0 + n_tokens) * kvd);
+        const std::vector<float> v_new(v.begin() + pos0 * kvd, v.begin() + (pos0 + n_tokens) * kvd);
+        DeviceVec<float> dkn(k_new), dvn(v_new), dq(q);
+        cuda::kv_store(dkn.p, n_tokens, kvd, dk.p, pos0, f16, stream);
+        cuda::kv_store(dvn.p, n_tokens, kvd, dv.p, pos0, f16, stream);
+        cuda::AttentionArgs a;
+        a.n_head = n_head, a.n_head_kv = n_head_kv, a.head_dim = head_dim, a.n_ctx = n_ctx;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        a.window = window;
+        a.f16 = f16;
+        DeviceVec<float> dout(std::vector<float>(q.size(), nan));
+        DeviceVec<float> dscores(std::vector<float>(static_cast<size_t>(n_tokens * n_head * n_ctx), nan));
+        cuda::attention(a, dq.p, n_tokens, pos0, dk.p, dv.p, dout.p, dscores.p, stream);
+        cuda::stream_sync(stream);
+        ASSERT_EQ(dk.get(), kc);  // the stored rows are the CPU's (F16: rounded as cpu::to_f16)
+        ASSERT_EQ(dv.get(), vc);
+        cpu::AttentionShape sh;
+        sh.n_head = n_head, sh.n_head_kv = n_head_kv, sh.head_dim = head_dim, sh.scale = a.scale, sh.window = window;
+        std::vector<float> ref(q.size());
+        cpu::attention_reference(sh, q.data(), n_tokens, pos0, kr.data(), vr.data(), kvd, ref.data());
+        const auto got = dout.get();
+        for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f * (1 + std::fabs(ref[i]))) << i;
+      }
+    }
+  }
+  cuda::stream_destroy(stream);
+#endif
+}
+
+#ifdef EMBER_HAS_CUDA
+// The same session on the CPU stand-in and on CUDA: logits and what each device counted.
+struct OnBothDevices {
+  test_support::Logits cpu, gpu;
+  HybridStats gpu_stats;
+  CrossingStats cpu_crossings, gpu_crossings;
+  uint64_t cpu_bytes = 0, gpu_bytes = 0;
+};
+static OnBothDevices on_both_devices(const Model& model, SessionParams p) {
+  OnBothDevices r;
+  p.hybrid.device_kind = "cpu";
+  Session s_cpu(model, p);
+  r.cpu = test_support::session_logits(s_cpu);
+  r.cpu_crossings = s_cpu.hybrid_ffn()->device().crossings();
+  r.cpu_bytes = s_cpu.hybrid_ffn()->device().bytes();
+  p.hybrid.device_kind = "cuda";
+  Session s_gpu(model, p);
+  r.gpu = test_support::session_logits(s_gpu);
+  r.gpu_stats = s_gpu.hybrid_ffn()->stats();
+  r.gpu_crossings = s_gpu.hybrid_ffn()->device().crossings();
+  r.gpu_bytes = s_gpu.hybrid_ffn()->device().bytes();
+  return r;
+}
+
 // The hybrid engine with the CUDA device against the CPU stand-in and the all-CPU session, on a
 // ReLU synth model of `type`: the oracle rule, or (powerinfer) the model's predictors.
 static void expect_cuda_hybrid_equals_standin(DType type, bool predictors) {
@@ -291,29 +463,27 @@ static void expect_cuda_hybrid_equals_standin(DType type, bool predictors) {
     Session s(*model, p);
     return test_support::session_logits(s);
   }();
-  p.hybrid.vram_budget = 3 << 20;
+  // About half the FFN on the device (a Q4_0 model is 7 times smaller than an F32 one).
+  p.hybrid.vram_budget = type == DType::Q4_0 ? 3 << 18 : 3 << 20;
+  p.hybrid.vram_reserve = 0;  // the same plan on both devices: no context taken out of the budget
   p.hybrid.cache = false;
   p.hybrid.method = PlanMethod::greedy;
   p.hybrid.device.sync_seconds = 0;
   p.hybrid.plan.min_gpu_neurons = 32;
   p.hybrid.plan.max_batch = 64;  // no chunks: predictions are the union over a batch, as all-CPU takes it
-  p.hybrid.plan.attention = false;  // the CUDA device runs FFN shares only: the same plan on both
-  p.hybrid.device_kind = "cpu";
-  Session s_cpu(*model, p);
-  const auto cpu = test_support::session_logits(s_cpu);
-  p.hybrid.device_kind = "cuda";
-  Session s_gpu(*model, p);
-  const auto gpu = test_support::session_logits(s_gpu);
-  const HybridStats st = s_gpu.hybrid_ffn()->stats();
+  p.hybrid.plan.attention = false;  // FFN shares only here (AttentionOnCudaEqualsTheStandIn: attention)
+  const OnBothDevices r = on_both_devices(*model, p);
+  const HybridStats& st = r.gpu_stats;
   EXPECT_GT(st.device_fired, 0u);
+  EXPECT_GT(st.cpu_fired, 0u);
   if (predictors) {
     EXPECT_GT(st.cpu_predicted, 0u);
   }
-  EXPECT_EQ(s_gpu.hybrid_ffn()->device().bytes(), s_cpu.hybrid_ffn()->device().bytes());
+  EXPECT_EQ(r.gpu_bytes, r.cpu_bytes);
   // The CPU rounds activations to 8 bits for quantized weights, the GPU does not.
   const double tol = type == DType::Q4_0 ? 3e-2 : 1e-4;
-  EXPECT_LT(test_support::max_rel_diff(cpu, gpu), tol);
-  EXPECT_LT(test_support::max_rel_diff(all_cpu, gpu), tol);
+  EXPECT_LT(test_support::max_rel_diff(r.cpu, r.gpu), tol);
+  EXPECT_LT(test_support::max_rel_diff(all_cpu, r.gpu), tol);
   std::filesystem::remove(path);
 }
 #endif
@@ -331,5 +501,65 @@ TEST(CudaOps, HybridCudaWithPredictorsEqualsCpuStandIn) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
   for (DType type : {DType::F32, DType::Q4_0}) expect_cuda_hybrid_equals_standin(type, true);
+#endif
+}
+
+// Attention blocks on CUDA (the hidden state held there across consecutive layers, the FFN's
+// input handed out once, the merged output taken back) against the CPU stand-in running the
+// CPU's own blocks, over the families whose blocks differ: llama (F32 and Q4_0), qwen2 (biases),
+// qwen3 (q/k norms), gemma3 (sliding windows, the local RoPE table, post-norms), phi3 (fused QKV,
+// neox RoPE) and opt (LayerNorm, biases, no RoPE; its ungated FFN stays on the CPU); prompts in
+// one device batch and in chunks. Two CUDA runs are bit-identical.
+TEST(CudaOps, AttentionOnCudaEqualsTheStandIn) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  for (const std::string variant : {"llama", "llama-q4_0", "qwen2", "qwen3", "gemma3", "phi3", "opt"}) {
+    SCOPED_TRACE(variant);
+    const std::string arch = variant == "llama-q4_0" ? "llama" : variant;
+    SynthOptions o;
+    o.arch = arch;
+    o.act = arch == "llama" || arch == "opt" ? FfnActivation::relu : FfnActivation::silu;
+    if (o.act == FfnActivation::relu) o.sparsity = 0.7f;
+    o.type = variant == "llama-q4_0" ? DType::Q4_0 : DType::F32;
+    o.n_embd = 128, o.n_ff = 288, o.n_layer = 3, o.n_head = 4, o.n_head_kv = arch == "opt" ? 4 : 2;
+    o.tied = arch == "opt";
+    o.seed = 8, o.n_threads = 2;
+    const auto dir = std::filesystem::temp_directory_path() / "ember-test-cuda";
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / ("attn-" + variant + ".gguf")).string();
+    synth_write(o, path);
+    auto model = load_model(path);
+    for (int64_t max_batch : {16, 5}) {
+      for (int placement = 1; placement < 3; ++placement) {  // attention on layers 0 and 2, on all
+        SCOPED_TRACE(fmt::format("batches of {}, placement {}", max_batch, placement));
+        Plan plan;
+        plan.method = PlanMethod::greedy;
+        plan.vram_budget = uint64_t{1} << 40;
+        plan.layers.resize(3);
+        for (size_t l = 0; l < 3; ++l) {
+          if (arch != "opt")
+            for (int32_t j = 1; j < model->hp.n_ff; j += 2) plan.layers[l].gpu_neurons.push_back(j);
+          plan.layers[l].attn_gpu = placement == 2 || l != 1;
+        }
+        SessionParams p;
+        p.n_threads = 2;
+        p.n_ctx = 64;
+        p.kv_type = DType::F16;
+        p.hybrid.given = &plan;
+        p.hybrid.plan.min_gpu_neurons = 0;
+        p.hybrid.plan.max_batch = max_batch;
+        const OnBothDevices r = on_both_devices(*model, p);
+        const OnBothDevices again = on_both_devices(*model, p);
+        EXPECT_EQ(again.gpu, r.gpu) << "two CUDA runs differ";
+        EXPECT_EQ(r.cpu_crossings.hidden_in, r.gpu_crossings.hidden_in);
+        EXPECT_EQ(r.cpu_crossings.hidden_out, r.gpu_crossings.hidden_out);
+        EXPECT_EQ(r.gpu_bytes, r.cpu_bytes);
+        // The CPU rounds activations to 8 bits for quantized weights, the GPU does not.
+        const double tol = o.type == DType::Q4_0 ? 3e-2 : 1e-4;
+        EXPECT_LT(test_support::max_rel_diff(r.cpu, r.gpu), tol);
+      }
+    }
+    std::filesystem::remove(path);
+  }
 #endif
 }

@@ -208,11 +208,11 @@ TEST(FfnRule, FiringAndNeuronValuesForEveryGating) {
 }
 
 TEST(FfnContract, RefusedPairsSayWhy) {
-  // The CUDA device's capabilities (checked without a GPU): gated FFNs of four weight types, no
-  // attention.
+  // The CUDA device's capabilities (checked without a GPU): gated FFNs and attention blocks of
+  // five weight types, no parallel residual.
   ThreadPool pool(1);
   for (const ModelCase& c : {ModelCase{"bamboo", FfnActivation::relu}, ModelCase{"opt", FfnActivation::relu},
-                             ModelCase{"llama", FfnActivation::relu}}) {
+                             ModelCase{"llama", FfnActivation::relu}, ModelCase{"falcon", FfnActivation::relu}}) {
     auto m = load_case(c);
     std::vector<TensorView> down_nm;
     std::vector<cpu::NeuronMajorMatrix> keep;
@@ -231,12 +231,26 @@ TEST(FfnContract, RefusedPairsSayWhy) {
     if (c.arch == "llama") {
       EXPECT_EQ(why, "");  // F32, gated: the CUDA kernels run it
       p.layers[2].attn_gpu = true;
-      EXPECT_NE(device_refusal(cuda_caps(), *m, p, down_nm).find("layer 2's attention"), std::string::npos);
+      EXPECT_EQ(device_refusal(cuda_caps(), *m, p, down_nm), "");  // and its attention blocks
+      // An attention matrix the CUDA kernels do not read (in the file's layout: what CUDA copies).
+      m->layers[2].wk.type = DType::Q4_K;
+      const std::string attn_why = device_refusal(cuda_caps(), *m, p, down_nm);
+      EXPECT_NE(attn_why.find("layer 2's attention matrix"), std::string::npos) << attn_why;
+      EXPECT_NE(attn_why.find("Q4_K"), std::string::npos) << attn_why;
       EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, p, down_nm), "");
-      // A weight type the CUDA kernels do not read.
-      down_nm[0].type = DType::Q4_1;
       p.layers[2].attn_gpu = false;
-      EXPECT_NE(device_refusal(cuda_caps(), *m, p, down_nm).find("Q4_1"), std::string::npos);
+      EXPECT_EQ(device_refusal(cuda_caps(), *m, p, down_nm), "");  // that layer's attention stays on the CPU
+      // An FFN row type the CUDA kernels do not read.
+      down_nm[0].type = DType::Q5_0;
+      EXPECT_NE(device_refusal(cuda_caps(), *m, p, down_nm).find("Q5_0"), std::string::npos);
+    }
+    if (c.arch == "falcon") {  // the parallel residual: not in CUDA's attention blocks
+      Plan a = p;
+      for (auto& L : a.layers) L.gpu_neurons.clear();
+      a.layers[0].attn_gpu = true;
+      const std::string falcon_why = device_refusal(cuda_caps(), *m, a, down_nm);
+      EXPECT_NE(falcon_why.find("parallel residual"), std::string::npos) << falcon_why;
+      EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, a, down_nm), "");
     }
   }
   // The hybrid executor runs the oracle rule or the model's predictors: the threshold mode is

@@ -136,7 +136,7 @@ TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
     const std::string split_path = (test_dir() / "split.plan.gguf").string();
     {
       DeviceDesc dev;
-      dev.vram_budget = full / 2;
+      dev.vram_budget = full * 2 / 3;  // the scratch of a tiny model weighs as much as a layer
       const Plan split = plan_layer_split(pm, dev, PlanOptions{});
       ASSERT_GT(split.n_gpu_neurons(), 0);
       write_plan(split, pm, PlanOptions{}, split_path);
@@ -271,8 +271,18 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
     dev.load(*model, what);
     EXPECT_EQ(dev.layout().ffn_total, gpu_ffn_bytes(pm, o, p));
     EXPECT_EQ(dev.layout().attn_weights, attn_bytes);
-    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p) + attn_bytes +
+    // The attention scratch by hand: hidden state, norm output, block output (n_embd each), q, k, v,
+    // attention output, scores over the context, two RoPE tables of head_dim / 2 doubles.
+    const uint64_t b = static_cast<uint64_t>(o.max_batch), hd = static_cast<uint64_t>(model->hp.head_dim);
+    const uint64_t q = static_cast<uint64_t>(model->hp.n_head) * hd, kv = static_cast<uint64_t>(model->hp.n_head_kv) * hd;
+    const uint64_t attn_scratch =
+        attn_layers == 0 ? 0
+                         : 3 * gpu_pad(b * 128 * 4) + 2 * gpu_pad(b * q * 4) + 2 * gpu_pad(b * kv * 4) +
+                               gpu_pad(b * static_cast<uint64_t>(model->hp.n_head) * 64 * 4) + 2 * gpu_pad(hd / 2 * 8);
+    EXPECT_EQ(dev.layout().attn_scratch, attn_scratch);
+    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p) + attn_bytes + attn_scratch +
                                2 * static_cast<uint64_t>(attn_layers * 64 * model->hp.n_head_kv * model->hp.head_dim) * 2);
+    EXPECT_EQ(dev.bytes(), gpu_bytes(pm, o, p));
     // And its share computes what the CPU computes over the same neurons.
     for (size_t l = 0; l < 3; ++l) {
       const auto& ids = p.layers[l].gpu_neurons;
@@ -327,8 +337,10 @@ TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
     synth_write(o, path);
     auto model = load_model(path);
     model->hp.parallel_residual = variant == "llama-parallel";
+    for (int64_t max_batch : {16, 5})
     for (bool split : {false, true}) {
       SCOPED_TRACE(split ? "half the neurons on the device" : "no neurons on the device");
+      SCOPED_TRACE("device batches of " + std::to_string(max_batch) + " tokens");
       Logits first;
       for (int placement = 0; placement < 3; ++placement) {  // attention on no, layers 0 and 2, all layers
         Plan plan;
@@ -344,12 +356,18 @@ TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
         p.kv_type = DType::F16;
         p.hybrid.given = &plan;
         p.hybrid.plan.min_gpu_neurons = 0;  // attention without neurons
+        p.hybrid.plan.max_batch = max_batch;  // the device takes the 12-token prompt in chunks of this many
         Session s(*model, p);
         const Logits got = test_support::session_logits(s);  // 1 prompt pass + 6 decode passes
         const CrossingStats c = s.hybrid_ffn()->device().crossings();
-        const uint64_t passes = 7, per_pass = placement == 0 ? 0 : placement == 1 ? 2 : 1;
-        EXPECT_EQ(c.hidden_in, passes * per_pass) << "placement " << placement;
-        EXPECT_EQ(c.hidden_out, passes * per_pass) << "placement " << placement;
+        const uint64_t chunks = (12 + static_cast<uint64_t>(max_batch) - 1) / static_cast<uint64_t>(max_batch) + 6;
+        const uint64_t runs = placement == 0 ? 0 : placement == 1 ? 2 : 1;  // runs of device layers per pass
+        EXPECT_EQ(c.hidden_in, chunks * runs) << "placement " << placement;
+        EXPECT_EQ(c.hidden_out, chunks * runs) << "placement " << placement;
+        // The host keeps no KV cache for the layers whose attention is on the device.
+        const int64_t attn_layers = placement == 0 ? 0 : placement == 1 ? 2 : 3;
+        EXPECT_EQ(s.kv_bytes(), KvCache::bytes_for(3 - attn_layers, s.n_ctx(),
+                                                   model->hp.n_head_kv * model->hp.head_dim, DType::F16));
         if (placement == 0) {
           first = got;
           continue;
@@ -438,14 +456,93 @@ TEST(HybridFfn, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
       EXPECT_LT(st.cpu_predicted, predicted);
       // The device's bytes are the plan's: the predictors of layers 0 and 2 and their scratch in.
       PlanModel pm = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, true);
-      // (The stand-in's attention blocks work in its host workspace, not in the attention scratch.)
-      EXPECT_EQ(s.hybrid_ffn()->device().bytes(),
-                gpu_bytes(pm, p.hybrid.plan, plan) - (attn ? gpu_attn_scratch_bytes(pm, p.hybrid.plan) : 0));
+      EXPECT_EQ(s.hybrid_ffn()->device().bytes(), gpu_bytes(pm, p.hybrid.plan, plan));
       PlanModel without = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, false);
       EXPECT_EQ(gpu_bytes(pm, p.hybrid.plan, plan) - gpu_bytes(without, p.hybrid.plan, plan),
                 pm.layers[0].predictor_bytes + pm.layers[2].predictor_bytes +
                     gpu_ffn_scratch_bytes(pm, p.hybrid.plan) - gpu_ffn_scratch_bytes(without, p.hybrid.plan));
     }
+  }
+  std::filesystem::remove(path);
+}
+
+// Budgets of the real process: the runtime's reserve comes out of a given budget, which must fit
+// the device's free memory; auto takes the free memory less a margin.
+TEST(HybridFfn, BudgetsOfTheRealProcess) {
+  const uint64_t MiB = uint64_t{1} << 20;
+  const DeviceMemory gpu{4096 * MiB, 8192 * MiB, 512 * MiB};
+  EXPECT_EQ(device_free_margin(gpu), 256 * MiB);
+  EXPECT_EQ(device_plan_budget(gpu, 0, "cuda"), 3840 * MiB);             // free less the margin
+  EXPECT_EQ(device_plan_budget(gpu, 2048 * MiB, "cuda"), 1536 * MiB);    // less the context
+  EXPECT_EQ(device_plan_budget(gpu, 4352 * MiB, "cuda"), 3840 * MiB);    // the most that fits
+  const DeviceMemory odd{4096 * MiB + 12345, 8192 * MiB, 0};
+  EXPECT_EQ(device_plan_budget(odd, 0, "cuda") % (16 * MiB), 0u);        // auto: a stable key
+  for (uint64_t bad : {uint64_t{512} * MiB, uint64_t{100} * MiB, uint64_t{4353} * MiB}) {
+    try {
+      device_plan_budget(gpu, bad, "cuda");
+      ADD_FAILURE() << bad << " bytes accepted";
+    } catch (const Error& e) {
+      const std::string why = e.what();
+      EXPECT_TRUE(why.find("context") != std::string::npos) << why;
+      if (bad > gpu.free) {
+        EXPECT_NE(why.find("4096.0 MiB free"), std::string::npos) << why;
+      }
+    }
+  }
+  // A small stand-in: the margin is a sixteenth of its free memory.
+  const DeviceMemory small{16 * MiB, 16 * MiB, 0};
+  EXPECT_EQ(device_free_margin(small), MiB);
+  EXPECT_EQ(device_plan_budget(small, 0, "cpu-standin"), 15 * MiB);
+
+  // Through a session: a stand-in reporting 1 MiB, the plan made for what auto leaves.
+  const std::string path = write_model(DType::F32, FfnActivation::relu, "budget");
+  auto model = load_model(path);
+  SessionParams p = base_params();
+  p.hybrid.cache = false;
+  p.hybrid.method = PlanMethod::greedy;
+  p.hybrid.plan.min_gpu_neurons = 8;
+  p.hybrid.standin_vram = MiB;
+  p.hybrid.vram_auto = true;
+  {
+    Session s(*model, p);
+    const Plan& plan = s.hybrid_ffn()->plan();
+    EXPECT_EQ(plan.vram_budget, device_plan_budget({MiB, MiB, 0}, 0, "cpu-standin"));
+    EXPECT_LE(plan.gpu_bytes, plan.vram_budget);
+    EXPECT_GT(plan.n_gpu_neurons(), 0);
+    EXPECT_EQ(s.hybrid_ffn()->device().bytes(), plan.gpu_bytes);
+  }
+  // A budget larger than the device has free is refused, naming the free memory.
+  p.hybrid.vram_auto = false;
+  p.hybrid.vram_budget = 2 * MiB;
+  try {
+    Session s(*model, p);
+    ADD_FAILURE() << "a 2 MiB budget on a 1 MiB device was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1.0 MiB free"), std::string::npos) << e.what();
+  }
+  // The runtime's reserve comes out of the budget: 2 MiB less a 1.5 MiB reserve plans 0.5 MiB.
+  p.hybrid.vram_reserve = static_cast<int64_t>(3 * MiB / 2);
+  {
+    Session s(*model, p);
+    EXPECT_EQ(s.hybrid_ffn()->plan().vram_budget, MiB / 2);
+  }
+  // A plan file larger than the free memory is refused too.
+  Plan big;
+  big.method = PlanMethod::greedy;
+  big.vram_budget = uint64_t{1} << 40;
+  big.layers.resize(3);
+  for (auto& L : big.layers) {
+    L.attn_gpu = true;
+    for (int32_t j = 0; j < model->hp.n_ff; ++j) L.gpu_neurons.push_back(j);
+  }
+  SessionParams g = base_params();
+  g.hybrid.given = &big;
+  g.hybrid.standin_vram = MiB;
+  try {
+    Session s(*model, g);
+    ADD_FAILURE() << "a plan larger than the device was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MiB free"), std::string::npos) << e.what();
   }
   std::filesystem::remove(path);
 }

@@ -1,10 +1,12 @@
 #include "engine/cuda_device.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "ops/cuda/cuda_blocks.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
 namespace ember {
@@ -26,15 +28,18 @@ CudaDevice::~CudaDevice() {
   }
   if (arena_) cuda::free_device(arena_);
   if (x_host_) cuda::free_host_pinned(x_host_);
-  if (out_host_) cuda::free_host_pinned(out_host_);
+  for (float* p : {out_host_, hidden_host_, ffn_in_host_, ffn_out_host_})
+    if (p) cuda::free_host_pinned(p);
   if (counters_host_) cuda::free_host_pinned(counters_host_);
   if (mask_host_) cuda::free_host_pinned(mask_host_);
   if (predicted_event_) cuda::event_destroy(predicted_event_);
   if (stream_) cuda::stream_destroy(stream_);
 }
 
-void CudaDevice::no_attention() {
-  fail("CUDA device: attention blocks do not run on CUDA yet; plan without attention on the GPU");
+DeviceMemory CudaDevice::memory() const {
+  size_t free = 0, total = 0;
+  cuda::mem_info(&free, &total);
+  return {free, total, kCudaContextReserve};
 }
 
 void CudaDevice::load(const Model& model, const DeviceLoad& d) {
@@ -47,6 +52,7 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
   const std::vector<TensorView>& down_nm = d.down_nm;
+  model_ = &model;
   layout_ = device_arena_layout(model, pm, *d.opts, plan, d.kv_type);
   n_embd_ = pm.n_embd, n_ff_ = pm.n_ff, max_batch_ = d.opts->max_batch;
   types_.assign(model.layers.size(), {});
@@ -69,6 +75,9 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   const size_t io = static_cast<size_t>(max_batch_ * n_embd_) * sizeof(float);
   x_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
   out_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
+  hidden_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
+  ffn_in_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
+  ffn_out_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
   counters_host_ = static_cast<int32_t*>(cuda::malloc_host_pinned(2 * sizeof(int32_t)));
   mask_host_ = static_cast<uint8_t*>(cuda::malloc_host_pinned(static_cast<size_t>(n_ff_)));
   // Upload each share: its rows gathered on the host, one copy per buffer, on the device's own
@@ -101,6 +110,56 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);
     cuda::stream_sync(stream_);
   }
+  // Attention layers: the file's layout of their tensors (the CPU's may be repacked for its own
+  // kernels), a slot in the KV cache after the arena, the RoPE tables.
+  const Hparams& hp = model.hp;
+  attn_.assign(model.layers.size(), {});
+  int64_t n_attn = 0;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& at = layout_.attn[l];
+    if (!at.on) continue;
+    const LayerWeights& F = model.file_layer(l);
+    Attn& A = attn_[l];
+    A.slot = n_attn++;
+    A.local = !hp.swa_layers.empty() && hp.swa_layers[l];
+    // A copy of the layer's views pointing into the arena, in the layout's order (as CpuDevice).
+    auto src = F.attention_tensors();
+    auto dst = A.w.attention_tensors();
+    auto fsrc = F.ffn_block_tensors();
+    auto fdst = A.w.ffn_block_tensors();
+    size_t k = 0;
+    auto put = [&](const TensorView* from, TensorView* to) {
+      const uint64_t off = at.tensors[k++];
+      if (!from->valid()) return;
+      EMBER_CHECK(from->contiguous(), "CUDA device: layer {}'s {} is not contiguous", l, from->name);
+      const bool matrix = from == &F.wq || from == &F.wk || from == &F.wv || from == &F.wo;
+      EMBER_CHECK(matrix || from->type == DType::F32, "CUDA device: layer {}'s {} is {}, F32 expected", l, from->name,
+                  dtype_name(from->type));
+      cuda::copy_to_device(arena_ + off, from->data, from->nbytes, stream_);
+      cuda::stream_sync(stream_);  // the source is the file's map: no pinned staging to keep
+      *to = *from;
+      to->stride = 0;
+      to->data = arena_ + off;
+    };
+    for (size_t i = 0; i < src.size(); ++i) put(src[i], dst[i]);
+    for (size_t i = 0; i < fsrc.size(); ++i) put(fsrc[i], fdst[i]);
+  }
+  n_ctx_ = pm.n_ctx, kv_layers_ = n_attn, kv_type_ = d.kv_type;
+  kv_layer_bytes_ = KvCache::bytes_for(1, pm.n_ctx, pm.kv_dim, d.kv_type) / 2;
+  EMBER_CHECK(2 * kv_layer_bytes_ * static_cast<uint64_t>(n_attn) == layout_.kv, "CUDA device: a KV cache of {} "
+              "bytes, the layout counts {}", 2 * kv_layer_bytes_ * static_cast<uint64_t>(n_attn), layout_.kv);
+  if (n_attn > 0) {
+    auto table = [&](const cpu::RopeTable* t, uint64_t off) {
+      if (!t) return;
+      const auto& f = t->inv_freq();
+      EMBER_CHECK(static_cast<int64_t>(f.size()) <= hp.head_dim / 2, "CUDA device: a RoPE table of {} frequencies "
+                  "for heads of {}", f.size(), hp.head_dim);
+      cuda::copy_to_device(arena_ + off, f.data(), f.size() * sizeof(double), stream_);
+      cuda::stream_sync(stream_);
+    };
+    table(model.rope ? &model.rope_for_context(pm.n_ctx) : nullptr, layout_.rope);
+    table(model.rope_local.get(), layout_.rope_local);
+  }
   size_t free1 = 0;
   cuda::mem_info(&free1, &total);
   log_info("CUDA device: {:.1f} MiB free after load: {:.1f} MiB taken (arena {:.1f} MiB, pinned buffers, the rest "
@@ -113,14 +172,11 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
   EMBER_CHECK(layer >= 0 && l < layout_.layers.size() && (layout_.layers[l].n > 0 || (rule.predict && layout_.pred[l].on)),
               "CUDA device: layer {} has no share", layer);
   EMBER_CHECK(!rule.predict || layout_.pred[l].on, "CUDA device: layer {}'s predictor is not here", layer);
-  EMBER_CHECK(!rule.predict || rule.predictor_input != ShareRule::Input::hidden,
-              "CUDA device: the predictor of layer {} reads the hidden state, which CUDA does not hold (no attention "
-              "blocks on CUDA yet)", layer);
   EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: batch of {} tokens (1 to {})", n, max_batch_);
   EMBER_CHECK(!pending_, "CUDA device: ffn_begin before the previous ffn_end");
   const auto& s = layout_.layers[l];
   const Share& t = types_[l];
-  auto* xd = reinterpret_cast<float*>(arena_ + layout_.x);
+  float* xd = at(layout_.x);
   auto* out = reinterpret_cast<float*>(arena_ + layout_.out);
   auto* a = reinterpret_cast<float*>(arena_ + layout_.act);
   auto* h = reinterpret_cast<float*>(arena_ + layout_.h);
@@ -129,15 +185,23 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
   auto* partial = reinterpret_cast<float*>(arena_ + layout_.partial);
   int32_t* counters = pos + n_ff_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  std::memcpy(x_host_, x, bytes);
-  cuda::copy_to_device(xd, x_host_, bytes, stream_);
+  if (x == ffn_in_host_ && layer == ffn_in_layer_ && n == ffn_in_n_) {
+    xd = at(layout_.xn);  // the FFN input ffn_input made here: no copy back
+  } else {
+    std::memcpy(x_host_, x, bytes);
+    cuda::copy_to_device(xd, x_host_, bytes, stream_);
+  }
   const int32_t* rows = reinterpret_cast<const int32_t*>(arena_ + s.rows);  // 0..k-1
   const int32_t* n_rows = nullptr;                                           // all k of them
   if (rule.predict) {
     // The predictor over all the layer's neurons (scores into h, fc2 in predictor_row_order),
     // the CPU's part of the prediction copied back behind an event, the share's part as rows.
     const float* px = xd;
-    if (rule.predictor_input == ShareRule::Input::host) {
+    if (rule.predictor_input == ShareRule::Input::hidden) {
+      EMBER_CHECK(attn_[l].slot >= 0 && rule.hidden_row0 >= 0 && rule.hidden_row0 + n <= max_batch_,
+                  "CUDA device: the predictor of layer {} reads a hidden state this device does not hold", layer);
+      px = at(layout_.x_hidden) + rule.hidden_row0 * n_embd_;
+    } else if (rule.predictor_input == ShareRule::Input::host) {
       EMBER_CHECK(layout_.px != 0, "CUDA device: no predictor input buffer in the arena");
       // The pinned output buffer is free until this layer's partial comes back: stage the input there.
       std::memcpy(out_host_, rule.predictor_x, bytes);
@@ -190,6 +254,121 @@ const float* CudaDevice::ffn_end() {
   }
   fired_ += static_cast<uint64_t>(counters_host_[1]);
   return out_host_;
+}
+
+// ---- attention layers ------------------------------------------------------------------------
+
+const CudaDevice::Attn& CudaDevice::attn_layer(int64_t layer) const {
+  EMBER_CHECK(layer >= 0 && static_cast<size_t>(layer) < attn_.size() && attn_[static_cast<size_t>(layer)].slot >= 0,
+              "CUDA device: layer {}'s attention is not here", layer);
+  EMBER_CHECK(!pending_, "CUDA device: an attention step of layer {} while an FFN share is pending", layer);
+  return attn_[static_cast<size_t>(layer)];
+}
+
+void CudaDevice::put_hidden(const float* x, int64_t n) {
+  EMBER_CHECK(n >= 1 && n <= max_batch_ && layout_.attn_scratch > 0, "CUDA device: a hidden state of {} tokens (1 to "
+              "{}, with attention layers here)", n, max_batch_);
+  const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
+  // The pinned buffer is reused only after a synchronizing call (ffn_input or get_hidden).
+  std::memcpy(hidden_host_, x, bytes);
+  cuda::copy_to_device(at(layout_.x_hidden), hidden_host_, bytes, stream_);
+  ++crossings_.hidden_in;
+  crossings_.bytes += bytes;
+}
+
+void CudaDevice::get_hidden(float* x, int64_t n) {
+  EMBER_CHECK(n >= 1 && n <= max_batch_ && layout_.attn_scratch > 0, "CUDA device: a hidden state of {} tokens", n);
+  const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
+  cuda::copy_to_host(hidden_host_, at(layout_.x_hidden), bytes, stream_);
+  cuda::stream_sync(stream_);
+  std::memcpy(x, hidden_host_, bytes);
+  ++crossings_.hidden_out;
+  crossings_.bytes += bytes;
+}
+
+namespace {
+// A norm's or bias's floats in the arena; null for a tensor the layer does not have.
+const float* dev_floats(const TensorView& t) { return t.valid() ? reinterpret_cast<const float*>(t.data) : nullptr; }
+}  // namespace
+
+void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
+  const Attn& A = attn_layer(layer);
+  const LayerWeights& W = A.w;
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: attention over {} tokens (1 to {})", n, max_batch_);
+  const Hparams& hp = model_->hp;
+  const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
+  const bool ln = hp.norm == NormKind::layer;
+  void* s = stream_;
+  float *x = at(layout_.x_hidden), *xn = at(layout_.xn), *q = at(layout_.q), *k = at(layout_.k), *v = at(layout_.v),
+        *att = at(layout_.att), *o = at(layout_.o);
+  // As model/blocks.cpp's attention_block, step by step.
+  cuda::norm_rows(x, dev_floats(W.attn_norm), dev_floats(W.attn_norm_b), xn, n, d, hp.norm_eps, ln, s);
+  cuda::matvec(W.wq.type, W.wq.data, d, nq, xn, n, q, s);
+  cuda::matvec(W.wk.type, W.wk.data, d, nkv, xn, n, k, s);
+  cuda::matvec(W.wv.type, W.wv.data, d, nkv, xn, n, v, s);
+  if (W.bq.valid()) cuda::add_bias(q, dev_floats(W.bq), n, nq, s);
+  if (W.bk.valid()) cuda::add_bias(k, dev_floats(W.bk), n, nkv, s);
+  if (W.bv.valid()) cuda::add_bias(v, dev_floats(W.bv), n, nkv, s);
+  if (W.q_norm.valid()) cuda::norm_rows(q, dev_floats(W.q_norm), nullptr, q, n * hp.n_head, hd, hp.norm_eps, false, s);
+  if (W.k_norm.valid())
+    cuda::norm_rows(k, dev_floats(W.k_norm), nullptr, k, n * hp.n_head_kv, hd, hp.norm_eps, false, s);
+  // Sliding-window layers take the local table where the model has one.
+  const bool local_rope = A.local && model_->rope_local;
+  const cpu::RopeTable* rope =
+      local_rope ? model_->rope_local.get() : model_->rope ? &model_->rope_for_context(n_ctx_) : nullptr;
+  if (rope) {  // none: learned positions (OPT)
+    const auto* inv = reinterpret_cast<const double*>(arena_ + (local_rope ? layout_.rope_local : layout_.rope));
+    const cpu::RopeConfig& rc = rope->config();
+    const bool neox = rc.layout == cpu::RopeLayout::neox;
+    cuda::rope(q, n, hp.n_head, hd, pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
+    cuda::rope(k, n, hp.n_head_kv, hd, pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
+  }
+  uint8_t* kc = arena_ + layout_.arena + static_cast<uint64_t>(A.slot) * kv_layer_bytes_;
+  uint8_t* vc = kc + static_cast<uint64_t>(kv_layers_) * kv_layer_bytes_;
+  const bool f16 = kv_type_ == DType::F16;
+  cuda::kv_store(k, n, nkv, kc, pos0, f16, s);
+  cuda::kv_store(v, n, nkv, vc, pos0, f16, s);
+  cuda::AttentionArgs args;
+  args.n_head = hp.n_head, args.n_head_kv = hp.n_head_kv, args.head_dim = hd, args.n_ctx = n_ctx_;
+  args.scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  args.window = A.local ? hp.sliding_window : 0;
+  args.f16 = f16;
+  cuda::attention(args, q, n, pos0, kc, vc, att, at(layout_.scores), s);
+  cuda::matvec(W.wo.type, W.wo.data, nq, d, att, n, o, s);
+  if (W.bo.valid()) cuda::add_bias(o, dev_floats(W.bo), n, d, s);
+  if (W.attn_post_norm.valid())
+    cuda::norm_rows(o, dev_floats(W.attn_post_norm), nullptr, o, n, d, hp.norm_eps, false, s);
+  cuda::add_inplace(x, o, n * d, s);
+  ffn_in_layer_ = -1;
+}
+
+const float* CudaDevice::ffn_input(int64_t layer, int64_t n) {
+  const Attn& A = attn_layer(layer);
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: an FFN input of {} tokens (1 to {})", n, max_batch_);
+  const Hparams& hp = model_->hp;
+  const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
+  cuda::norm_rows(at(layout_.x_hidden), dev_floats(A.w.ffn.norm), dev_floats(A.w.ffn.norm_b), at(layout_.xn), n,
+                  n_embd_, hp.norm_eps, hp.norm == NormKind::layer, stream_);
+  cuda::copy_to_host(ffn_in_host_, at(layout_.xn), bytes, stream_);
+  cuda::stream_sync(stream_);
+  ffn_in_layer_ = layer, ffn_in_n_ = n;  // ffn_begin takes it from layout_.xn
+  crossings_.bytes += bytes;
+  return ffn_in_host_;
+}
+
+void CudaDevice::ffn_finish(int64_t layer, const float* out, int64_t n) {
+  const Attn& A = attn_layer(layer);
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: an FFN output of {} tokens (1 to {})", n, max_batch_);
+  const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
+  // The pinned buffer is reused only after the next ffn_input's synchronization.
+  std::memcpy(ffn_out_host_, out, bytes);
+  float* o = at(layout_.o);
+  cuda::copy_to_device(o, ffn_out_host_, bytes, stream_);
+  if (A.w.ffn_post_norm.valid())
+    cuda::norm_rows(o, dev_floats(A.w.ffn_post_norm), nullptr, o, n, n_embd_, model_->hp.norm_eps, false, stream_);
+  cuda::add_inplace(at(layout_.x_hidden), o, n * n_embd_, stream_);
+  ffn_in_layer_ = -1;
+  crossings_.bytes += bytes;
 }
 
 }  // namespace ember

@@ -1,13 +1,16 @@
-// The CUDA device of the hybrid engine (built with EMBER_HAS_CUDA): the plan's FFN shares in one
-// cudaMalloc'd arena laid out by device_arena_layout (exactly the plan's byte count), the layer
-// input and the partial output through pinned host buffers with asynchronous copies on a stream
-// of its own, the kernels of ops/cuda/cuda_ops.hpp in between. ffn_begin returns once the work
-// is queued, so the CPU computes its neurons meanwhile. With predictors it runs each layer's
-// predictor first (fc1, ReLU, fc2 in predictor_row_order), computes its predicted rows only, and
-// copies the CPU's prediction back behind an event the CPU waits on (ffn_predicted) while the
-// share goes on. What it runs is cuda_caps() (engine/device.hpp): gated FFN shares (act(gate) *
-// up) and predictors of F32, F16, Q8_0 and Q4_0 rows, the predictors reading the FFN input or a host
-// residual, no attention blocks yet (the GPU issue); anything else is refused before a byte is
+// The CUDA device of the hybrid engine (built with EMBER_HAS_CUDA): everything the plan puts on it
+// in one cudaMalloc'd arena laid out by device_arena_layout (exactly the plan's byte count), the
+// KV cache of its attention layers after it; transfers through pinned host buffers with
+// asynchronous copies on a stream of its own, the kernels of ops/cuda/ in between.
+//   - FFN shares: ffn_begin returns once the work is queued, so the CPU computes its neurons
+//     meanwhile. With predictors it runs each layer's predictor first (fc1, ReLU, fc2 in
+//     predictor_row_order), computes its predicted rows only, and copies the CPU's prediction
+//     back behind an event the CPU waits on (ffn_predicted) while the share goes on.
+//   - Attention layers: the attention block (ops/cuda/cuda_blocks.hpp) on the hidden state it
+//     holds, with its own KV cache, from the file's layout of the matrices (Model::file_layer);
+//     ffn_input copies the FFN's input to the host once (the CPU's neurons need it) and keeps it
+//     on the device for the share; ffn_finish takes the merged output back.
+// What it runs is cuda_caps() (engine/device.hpp); anything else is refused before a byte is
 // copied.
 #pragma once
 #include "engine/device.hpp"
@@ -23,20 +26,20 @@ class CudaDevice final : public Device {
 
   const char* name() const override { return "cuda"; }
   DeviceCaps caps() const override { return cuda_caps(); }
+  DeviceMemory memory() const override;
   void load(const Model& model, const DeviceLoad& what) override;
   void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
   const uint8_t* ffn_predicted() override;
-  // No attention blocks on CUDA yet: caps() says so and load() refuses such a plan.
-  void put_hidden(const float*, int64_t) override { no_attention(); }
-  void get_hidden(float*, int64_t) override { no_attention(); }
-  void attention(int64_t, int64_t, int64_t) override { no_attention(); }
-  const float* ffn_input(int64_t, int64_t) override { no_attention(); }
-  void ffn_finish(int64_t, const float*, int64_t) override { no_attention(); }
+  void put_hidden(const float* x, int64_t n) override;
+  void get_hidden(float* x, int64_t n) override;
+  void attention(int64_t layer, int64_t n, int64_t pos0) override;
+  const float* ffn_input(int64_t layer, int64_t n) override;
+  void ffn_finish(int64_t layer, const float* out, int64_t n) override;
   uint64_t bytes() const override { return layout_.total; }
   uint64_t fired() const override { return fired_; }
-  CrossingStats crossings() const override { return {}; }
-  void reset_stats() override { fired_ = 0; }
+  CrossingStats crossings() const override { return crossings_; }
+  void reset_stats() override { fired_ = 0, crossings_ = {}; }
 
  private:
   struct Share {
@@ -44,19 +47,37 @@ class CudaDevice final : public Device {
     DType fc1 = DType::F32, fc2 = DType::F32;
     int64_t rank = 0;
   };
-  [[noreturn]] static void no_attention();
+  // An attention layer here: its tensors as views into the arena (the file's layout), its place
+  // in the KV cache.
+  struct Attn {
+    int64_t slot = -1;  // -1: not here
+    LayerWeights w;
+    bool local = false;  // sliding window (and the local RoPE table where the model has one)
+  };
+  const Attn& attn_layer(int64_t layer) const;
+  float* at(uint64_t offset) const { return reinterpret_cast<float*>(arena_ + offset); }
+  const Model* model_ = nullptr;
   DeviceArenaLayout layout_;
   std::vector<Share> types_;
-  uint8_t* arena_ = nullptr;        // device
-  float* x_host_ = nullptr;         // pinned
-  float* out_host_ = nullptr;       // pinned
+  std::vector<Attn> attn_;
+  uint8_t* arena_ = nullptr;        // device: layout_.arena bytes, then the KV cache (layout_.kv)
+  float* x_host_ = nullptr;         // pinned: the FFN input (max_batch x n_embd)
+  float* out_host_ = nullptr;       // pinned: the partial output (and a host predictor input)
+  float* hidden_host_ = nullptr;    // pinned: the hidden state in and out
+  float* ffn_in_host_ = nullptr;    // pinned: the FFN input handed out by ffn_input
+  float* ffn_out_host_ = nullptr;   // pinned: the merged FFN output taken by ffn_finish
   int32_t* counters_host_ = nullptr;  // pinned: active, fired
   uint8_t* mask_host_ = nullptr;      // pinned: the CPU's predicted neurons
   void* stream_ = nullptr;
   void* predicted_event_ = nullptr;   // recorded after the mask's copy
   int64_t n_embd_ = 0, n_ff_ = 0, max_batch_ = 0, pending_n_ = 0;
+  int64_t n_ctx_ = 0, kv_layers_ = 0;  // the KV cache: K of every attention layer, then V
+  uint64_t kv_layer_bytes_ = 0;         // K (or V) of one layer
+  DType kv_type_ = DType::F16;
+  int64_t ffn_in_layer_ = -1, ffn_in_n_ = 0;  // what ffn_input last handed out (still in layout_.xn)
   bool pending_ = false, pending_predict_ = false, pending_share_ = false;
   uint64_t fired_ = 0;
+  CrossingStats crossings_;
 };
 
 }  // namespace ember

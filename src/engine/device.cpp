@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/huge_pages.hpp"
 #include "model/blocks.hpp"
 #include "model/ffn.hpp"
 #include "ops/cpu/activation.hpp"
@@ -19,28 +20,55 @@ namespace ember {
 DeviceCaps cpu_standin_caps() {
   return {.name = "cpu-standin",
           .attention = true,
+          .parallel_residual = true,
           .gatings = {FfnGating::par, FfnGating::sym, FfnGating::none},
           .up_bias = true,
           .weight_types = {}};
 }
 
 DeviceCaps cuda_caps() {
-  // ops/cuda/cuda_ops.cu: act(gate) * up over F32, F16, Q8_0 and Q4_0 rows; no attention yet.
+  // ops/cuda/cuda_ops.cu: act(gate) * up over F32, F16, Q8_0, Q4_0 and Q4_1 rows;
+  // ops/cuda/cuda_blocks.cu: the attention block (RMSNorm or LayerNorm, biases, q/k norms, RoPE,
+  // sliding windows, post-norms, an F16 or F32 cache) with heads of up to 256 values.
   return {.name = "cuda",
-          .attention = false,
+          .attention = true,
+          .parallel_residual = false,
+          .max_head_dim = 256,
           .gatings = {FfnGating::par},
           .up_bias = false,
-          .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}};
+          .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1}};
 }
 
 std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan,
                            const std::vector<TensorView>& down_nm) {
   if (plan.layers.size() != model.layers.size())
     return fmt::format("the plan has {} layers, the model {}", plan.layers.size(), model.layers.size());
+  auto known_types = [&] {
+    std::string known;
+    for (DType k : caps.weight_types) known += (known.empty() ? "" : ", ") + std::string(dtype_name(k));
+    return known;
+  };
+  auto reads = [&](DType t) {
+    return caps.weight_types.empty() ||
+           std::find(caps.weight_types.begin(), caps.weight_types.end(), t) != caps.weight_types.end();
+  };
   for (size_t l = 0; l < model.layers.size(); ++l) {
-    if (plan.layers[l].attn_gpu && !caps.attention)
-      return fmt::format("the plan puts layer {}'s attention on the {} device, which runs FFN shares only; plan "
-                         "without attention on the GPU", l, caps.name);
+    if (plan.layers[l].attn_gpu) {
+      if (!caps.attention)
+        return fmt::format("the plan puts layer {}'s attention on the {} device, which runs FFN shares only; plan "
+                           "without attention on the GPU", l, caps.name);
+      if (model.hp.parallel_residual && !caps.parallel_residual)
+        return fmt::format("layer {}'s attention feeds a parallel residual ({}), which the {} device's attention "
+                           "blocks do not run; plan without attention on the GPU", l, model.hp.arch, caps.name);
+      if (caps.max_head_dim > 0 && model.hp.head_dim > caps.max_head_dim)
+        return fmt::format("layer {}'s attention heads have {} values; the {} device's hold at most {}", l,
+                           model.hp.head_dim, caps.name, caps.max_head_dim);
+      const LayerWeights& F = model.file_layer(l);
+      for (const TensorView* t : {&F.wq, &F.wk, &F.wv, &F.wo})
+        if (!reads(t->type))
+          return fmt::format("layer {}'s attention matrix {} is {}; the {} device reads {}", l, t->name,
+                             dtype_name(t->type), caps.name, known_types());
+    }
     if (plan.layers[l].gpu_neurons.empty()) continue;
     const FfnWeights& w = model.layers[l].ffn;
     if (std::find(caps.gatings.begin(), caps.gatings.end(), w.gating) == caps.gatings.end())
@@ -48,20 +76,37 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
                          caps.name);
     if (w.up_b.valid() && !caps.up_bias)
       return fmt::format("layer {}'s FFN has an up bias, which the {} device does not run", l, caps.name);
-    if (!caps.weight_types.empty()) {
-      const TensorView* parts[] = {&w.gate, &w.up, &down_nm[l]};
-      for (const TensorView* t : parts) {
-        if (!t->valid()) continue;
-        if (std::find(caps.weight_types.begin(), caps.weight_types.end(), t->type) == caps.weight_types.end()) {
-          std::string known;
-          for (DType k : caps.weight_types) known += (known.empty() ? "" : ", ") + std::string(dtype_name(k));
-          return fmt::format("layer {} has {} FFN rows; the {} device reads {}", l, dtype_name(t->type), caps.name,
-                             known);
-        }
-      }
-    }
+    for (const TensorView* t : {&w.gate, &w.up, &down_nm[l]})
+      if (t->valid() && !reads(t->type))
+        return fmt::format("layer {} has {} FFN rows; the {} device reads {}", l, dtype_name(t->type), caps.name,
+                           known_types());
   }
   return {};
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+uint64_t device_free_margin(const DeviceMemory& mem) { return std::min<uint64_t>(uint64_t{256} << 20, mem.free / 16); }
+
+uint64_t device_plan_budget(const DeviceMemory& mem, uint64_t requested, const std::string& device) {
+  const uint64_t margin = device_free_margin(mem);
+  const uint64_t usable = mem.free > margin ? mem.free - margin : 0;
+  auto mib = [](uint64_t b) { return static_cast<double>(b) / 1048576.0; };
+  if (requested == 0) {
+    const uint64_t step = uint64_t{16} << 20;
+    const uint64_t b = usable >= step ? usable / step * step : usable;
+    EMBER_CHECK(b > 0, "--vram-budget auto: the {} device has {:.1f} MiB free of {:.1f} MiB, nothing to plan with",
+                device, mib(mem.free), mib(mem.total));
+    return b;
+  }
+  EMBER_CHECK(requested > mem.reserve, "--vram-budget {:.1f} MiB: the {} device's runtime takes about {:.0f} MiB of it "
+              "by itself (its context); give more, or auto", mib(requested), device, mib(mem.reserve));
+  const uint64_t b = requested - mem.reserve;
+  EMBER_CHECK(b <= usable, "--vram-budget {:.1f} MiB: the {} device has {:.1f} MiB free of {:.1f} MiB (its context "
+              "already counted), so at most {:.1f} MiB fits with {:.0f} MiB to spare; give at most that plus the "
+              "context's {:.0f} MiB, or --vram-budget auto", mib(requested), device, mib(mem.free), mib(mem.total),
+              mib(usable), mib(margin), mib(mem.reserve));
+  return b;
 }
 
 // ---- the arena ----------------------------------------------------------------------------------
@@ -121,12 +166,35 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     planned += m.layers[l].attn_bytes;
     const uint64_t start = off;
     const LayerWeights& W = model.layers[l];
+    // The file's layout and a repacked one take the same bytes (repacking reorders rows in groups).
+    const LayerWeights& F = model.file_layer(l);
+    const auto wl = W.attention_tensors(), fl = F.attention_tensors();
+    for (size_t i = 0; i < wl.size(); ++i)
+      EMBER_CHECK(wl[i]->nbytes == fl[i]->nbytes, "device: layer {}'s attention tensor {} takes {} bytes repacked, {} "
+                  "in the file's layout", l, wl[i]->name, wl[i]->nbytes, fl[i]->nbytes);
     for (const TensorView* t : W.attention_tensors()) at.tensors.push_back(t->valid() ? take(t->nbytes) : 0);
     for (const TensorView* t : W.ffn_block_tensors()) at.tensors.push_back(t->valid() ? take(t->nbytes) : 0);
     a.attn_weights += off - start;
   }
   EMBER_CHECK(a.attn_weights == planned, "device: attention arena layout ({} bytes) disagrees with the plan's "
               "accounting ({} bytes)", a.attn_weights, planned);
+  if (n_attn > 0) {  // gpu_attn_scratch_bytes, in its order
+    const uint64_t start = off, b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
+    a.x_hidden = take(b * m.n_embd * f);
+    a.xn = take(b * m.n_embd * f);
+    a.o = take(b * m.n_embd * f);
+    a.q = take(b * m.q_dim * f);
+    a.k = take(b * m.kv_dim * f);
+    a.v = take(b * m.kv_dim * f);
+    a.att = take(b * m.q_dim * f);
+    a.scores = take(b * m.n_head * m.n_ctx * f);
+    const uint64_t rope = static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double);
+    a.rope = take(rope);
+    a.rope_local = take(rope);
+    a.attn_scratch = off - start;
+    EMBER_CHECK(a.attn_scratch == gpu_attn_scratch_bytes(m, opts), "device: attention scratch layout ({} bytes) "
+                "disagrees with the plan's accounting ({} bytes)", a.attn_scratch, gpu_attn_scratch_bytes(m, opts));
+  }
   a.pred.resize(m.layers.size());
   uint64_t planned_pred = 0;
   for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -198,7 +266,7 @@ uint64_t ffn_share_partial(ThreadPool& pool, const FfnWeights& w, const int32_t*
 
 // ---- CpuDevice ----------------------------------------------------------------------------------
 
-CpuDevice::CpuDevice(int n_threads) : n_threads_(n_threads) {
+CpuDevice::CpuDevice(int n_threads, uint64_t vram) : n_threads_(n_threads), vram_(vram) {
   EMBER_CHECK(n_threads >= 1 && n_threads <= 1024, "device threads must be in [1, 1024], got {}", n_threads);
   pool_ = std::make_unique<ThreadPool>(n_threads);
   thread_ = std::thread([this] { driver(); });
@@ -319,6 +387,14 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
   mm_bytes_ = (mm_bytes_ + 63) / 64 * 64;
   kernel_scratch_ = AlignedBuffer<uint8_t>(
       mm_bytes_ + cpu::sparse_axpy_scratch_floats(n_embd_, max_batch_, n_threads_, cpu::AxpySplit::columns) * sizeof(float));
+}
+
+DeviceMemory CpuDevice::memory() const {
+  const uint64_t size = vram_ ? vram_ : available_memory_bytes();
+  DeviceMemory m;
+  m.total = size;
+  m.free = size > layout_.total ? size - layout_.total : 0;  // what it holds is taken
+  return m;
 }
 
 const LayerWeights& CpuDevice::attn_layer(int64_t layer) const {

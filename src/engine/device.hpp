@@ -16,7 +16,7 @@
 // Two implementations: CpuDevice (a second CPU device on threads of its own, standing in for a GPU
 // where there is none, running the CPU's own block functions, so that the split, the ordering
 // and the merge are tested everywhere, bit for bit against the CPU) and CudaDevice (ops/cuda/,
-// when built; FFN shares only so far).
+// when built).
 //
 // Memory is accounted: a device allocates one arena laid out by device_arena_layout, whose FFN
 // part equals gpu_ffn_bytes(plan) and whose attention part equals the plan's attn_bytes of
@@ -44,23 +44,30 @@ namespace ember {
 struct DeviceCaps {
   std::string name;
   bool attention = false;                // holds attention blocks (LayerPlacement::attn_gpu)
+  bool parallel_residual = false;        // attention blocks of parallel-residual models (Falcon, Phi-2)
+  int64_t max_head_dim = 0;              // of its attention blocks; 0: any
   std::vector<FfnGating> gatings;        // of its FFN shares
   bool up_bias = false;                  // FFN shares with an up bias (OPT)
-  std::vector<DType> weight_types;       // of its FFN share rows; empty: every type
+  // Of its FFN share rows and attention matrices (as the file stores them: Model::file_layer);
+  // empty: every type.
+  std::vector<DType> weight_types;
 };
 DeviceCaps cpu_standin_caps();
 DeviceCaps cuda_caps();  // what CudaDevice runs (defined without CUDA too, so it can be checked anywhere)
 // Why a device of `caps` cannot run `plan` on `model` with these neuron-major down matrices
-// (naming the first layer and part it cannot hold), or empty when it can.
+// (naming the first layer and part it cannot hold), or empty when it can. A device that holds
+// attention blocks holds the file's layout of their matrices (Model::file_layer), so that is
+// what is checked.
 std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan,
                            const std::vector<TensorView>& down_nm);
 
 // Where everything lives in a device's arena: per layer the FFN share's gate, up, down and up
 // bias rows and its row list (0..k-1), then the FFN scratch, then per attention layer its
-// tensors (LayerWeights::attention_tensors and ffn_block_tensors, in that order), then with
-// predictors the fc1 and fc2 of every layer that uses the device (fc2's rows in the order of
-// predictor_row_order). Each buffer is padded to kGpuAlign. The KV cache of the attention layers
-// comes on top (`kv`).
+// tensors (LayerWeights::attention_tensors and ffn_block_tensors, in that order), then the
+// attention scratch (gpu_attn_scratch_bytes: the hidden state and the block's buffers for
+// max_batch tokens, the RoPE tables), then with predictors the fc1 and fc2 of every layer that
+// uses the device (fc2's rows in the order of predictor_row_order). Each buffer is padded to
+// kGpuAlign. The KV cache of the attention layers comes on top (`kv`).
 struct DeviceArenaLayout {
   struct Share {
     int64_t n = 0;  // neurons
@@ -79,10 +86,16 @@ struct DeviceArenaLayout {
   std::vector<Predictor> pred;
   uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0;  // FFN scratch offsets
   uint64_t px = 0, hid = 0, mask = 0, cand = 0;  // predictor scratch: input, hidden, mask, rows (+ count)
+  // Attention scratch (when some layer's attention is here): the hidden state, the norm's
+  // output, the block's output (n_embd each), q, k, v, the attention's output, the scores
+  // ([max_batch][n_head][n_ctx]) and the RoPE tables' inverse frequencies (doubles, global then
+  // local).
+  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0;
   uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
+  uint64_t attn_scratch = 0;  // = gpu_attn_scratch_bytes when some layer's attention is here
   uint64_t predictors = 0;    // = sum of PlanLayer::predictor_bytes of the layers that use the device
-  uint64_t arena = 0;         // ffn_total + attn_weights + predictors: the arena's size
+  uint64_t arena = 0;         // ffn_total + attn_weights + attn_scratch + predictors: the arena's size
   uint64_t kv = 0;            // K and V of the attention layers, in the cache's type (KvCache::bytes_for)
   uint64_t total = 0;         // arena + kv
 };
@@ -108,6 +121,26 @@ struct ShareRule {
   const float* predictor_x = nullptr;        // floats at predictor_x (n * n_embd), or the device's
   int64_t hidden_row0 = 0;                   // hidden state from token hidden_row0 on (the residual)
 };
+
+// A device's memory, as its driver reports it now, and what its runtime takes besides Ember's
+// own allocations (a CUDA context with its modules, which nvidia-smi counts to the process).
+struct DeviceMemory {
+  uint64_t free = 0, total = 0;
+  uint64_t reserve = 0;
+};
+// What CUDA's context takes on the device (nvidia-smi's process memory less Ember's arena);
+// scripts/gpu_run.sh measures it on a GPU (docs/hybrid.md). A budget given for the process is
+// this much more than the plan's arena.
+constexpr uint64_t kCudaContextReserve = uint64_t{512} << 20;
+// Left free on the device by --vram-budget auto and by the check of a given budget or plan
+// (modules loaded lazily at a kernel's first launch, the allocator's granularity): 256 MiB, or
+// a sixteenth of the free memory where that is less (a small stand-in device).
+uint64_t device_free_margin(const DeviceMemory& mem);
+// The plan's budget (its arena and KV cache, sparse/plan.hpp) for a process that may take
+// `requested` bytes of the device (0: auto, the free memory less the margin, rounded down to
+// 16 MiB so that a cached plan is found again): requested less the runtime's reserve. Throws
+// naming the free memory when that does not fit.
+uint64_t device_plan_budget(const DeviceMemory& mem, uint64_t requested, const std::string& device);
 
 // What a device is given to load.
 struct DeviceLoad {
@@ -179,6 +212,7 @@ class Device {
   virtual const float* ffn_input(int64_t layer, int64_t n) = 0;
   virtual void ffn_finish(int64_t layer, const float* out, int64_t n) = 0;
 
+  virtual DeviceMemory memory() const = 0;        // free and total now, the runtime's reserve
   virtual uint64_t bytes() const = 0;             // device memory held (the arena)
   virtual uint64_t fired() const = 0;             // (token, neuron) pairs that fired here so far
   virtual CrossingStats crossings() const = 0;
@@ -190,11 +224,13 @@ class Device {
 // concurrently with the caller's pool. Its blocks are the CPU's (model/blocks.hpp).
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(int n_threads);
+  // vram: the memory it reports as a GPU's (free and total; 0: the host's available memory).
+  explicit CpuDevice(int n_threads, uint64_t vram = 0);
   ~CpuDevice() override;
 
   const char* name() const override { return "cpu-standin"; }
   DeviceCaps caps() const override { return cpu_standin_caps(); }
+  DeviceMemory memory() const override;
   void load(const Model& model, const DeviceLoad& what) override;
   void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
@@ -217,6 +253,7 @@ class CpuDevice final : public Device {
   const LayerWeights& attn_layer(int64_t layer) const;
 
   int n_threads_;
+  uint64_t vram_ = 0;
   std::unique_ptr<ThreadPool> pool_;  // used by the driver thread, and by the caller's thread
                                       // for attention blocks while no FFN share is pending
   const Model* model_ = nullptr;

@@ -70,7 +70,7 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
              p.gpu_bytes / 1048576.0);
     return p;
   }
-  EMBER_CHECK(o.vram_budget > 0, "hybrid: give --vram-budget or --plan");
+  EMBER_CHECK(o.vram_budget > 0, "hybrid: give --vram-budget (bytes or auto) or --plan");
   DeviceDesc dev = o.device;
   dev.vram_budget = o.vram_budget;
   const std::string key = plan_cache_key(model, source, o, pm.n_ctx);
@@ -123,7 +123,7 @@ std::unique_ptr<Device> make_device(const HybridOptions& o) {
   if (o.device_kind == "auto")
     log_warn("hybrid: built without CUDA: a second CPU device stands in for the GPU; this run measures no GPU");
 #endif
-  return std::make_unique<CpuDevice>(o.device_threads);
+  return std::make_unique<CpuDevice>(o.device_threads, o.standin_vram);
 }
 
 HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
@@ -137,7 +137,22 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
   device_ = given_device ? std::move(device) : make_device(opts);
   HybridOptions o = opts;
   o.plan.attention = opts.plan.attention && device_->caps().attention;
+  // Budgets of the real process: what the device has free now, less its runtime's own share.
+  DeviceMemory mem = device_->memory();
+  if (opts.vram_reserve >= 0) mem.reserve = static_cast<uint64_t>(opts.vram_reserve);
+  const auto mib = [](uint64_t b) { return static_cast<double>(b) / 1048576.0; };
+  if (!opts.given && opts.plan_path.empty()) {
+    o.vram_budget = device_plan_budget(mem, opts.vram_auto ? 0 : opts.vram_budget, device_->name());
+    log_info("hybrid: device {} has {:.1f} MiB free of {:.1f} MiB; {} leaves the plan {:.1f} MiB{}", device_->name(),
+             mib(mem.free), mib(mem.total),
+             opts.vram_auto ? std::string("--vram-budget auto") : fmt::format("--vram-budget {:.1f} MiB", mib(opts.vram_budget)),
+             mib(o.vram_budget), mem.reserve ? fmt::format(" (its runtime takes about {:.0f} MiB)", mib(mem.reserve)) : "");
+  }
   plan_ = hybrid_plan(model, o, n_ctx, &pm_, &popts_);
+  const uint64_t margin = device_free_margin(mem);
+  EMBER_CHECK(plan_.gpu_bytes + margin <= mem.free, "hybrid: the plan puts {:.1f} MiB on the {} device, which has {:.1f} "
+              "MiB free ({:.0f} MiB kept spare); plan for a smaller budget or use --vram-budget auto",
+              mib(plan_.gpu_bytes), device_->name(), mib(mem.free), mib(margin));
   const Hparams& hp = model.hp;
   // The neuron-major down: the file's down_t where it has one, else a copy (as SparseFfn).
   down_nm_.resize(model.layers.size());
@@ -211,13 +226,17 @@ std::string HybridFfn::refusal(const Model& model) const {
   return device_refusal(device_->caps(), model, plan_, down_views_);
 }
 
-HybridStats HybridFfn::stats() const { return {device_->fired(), cpu_fired_, device_calls_, cpu_predicted_}; }
+HybridStats HybridFfn::stats() const {
+  return {device_->fired(), cpu_fired_, device_calls_, cpu_predicted_, cpu_ffn_s_, wait_s_, device_block_s_,
+          cpu_layer_s_};
+}
 
 void HybridFfn::reset_stats() {
   device_->reset_stats();
   cpu_fired_ = 0;
   device_calls_ = 0;
   cpu_predicted_ = 0;
+  cpu_ffn_s_ = wait_s_ = device_block_s_ = cpu_layer_s_ = 0;
 }
 
 size_t HybridFfn::cpu_bytes() const {
@@ -291,12 +310,16 @@ void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
     }
     // The CPU's neurons meanwhile (those predicted, with predictors), into `out` directly when
     // the device has nothing here.
+    const double t_cpu = now_seconds();
     const int32_t* rows = nullptr;
     const int64_t n_rows = cpu_rows_for(pool, l, xc, nc, t0, ws, device_predicts, &rows);
     float* cpu_out = share ? partial_.data() : oc;
     cpu_fired_ += ffn_share_partial(pool, cpu_w, rows, n_rows, act, threshold_, xc, nc, cpu_out, sc);
+    const double t_wait = now_seconds();
+    cpu_ffn_s_ += t_wait - t_cpu;  // (the wait for a device prediction is in it)
     if (share || device_predicts) {
       const float* dev = device_->ffn_end();
+      wait_s_ += now_seconds() - t_wait;
       // Fixed order: CPU partial, then the device's.
       if (share)
         for (int64_t i = 0; i < nc * n_embd; ++i) oc[i] = partial_[static_cast<size_t>(i)] + dev[i];
@@ -306,21 +329,38 @@ void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
 }
 
 void HybridFfn::run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) {
-  bool on_device = false;  // where the hidden state is
-  for (int64_t il = 0; il < model.hp.n_layer; ++il) {
-    const LayerWeights& L = model.layers[static_cast<size_t>(il)];
+  const int64_t d = model.hp.n_embd;
+  for (int64_t il = 0; il < model.hp.n_layer;) {
     if (!plan_.layers[static_cast<size_t>(il)].attn_gpu) {
-      if (on_device) device_->get_hidden(ws.x.data(), n), on_device = false;
+      const double t = now_seconds();
       cpu_layer(model, il, pool, kv, ws, n, pos0);  // its FFN through run() (ws.ffn)
+      cpu_layer_s_ += now_seconds() - t;
+      ++il;
       continue;
     }
-    if (!on_device) device_->put_hidden(ws.x.data(), n), on_device = true;
-    device_->attention(il, n, pos0);
-    const float* xn = device_->ffn_input(il, n);
-    run(pool, il, L.ffn, model.hp.act, xn, n, ws.o.data(), ws);
-    device_->ffn_finish(il, ws.o.data(), n);
+    // A run of layers whose attention is on the device: the hidden state goes there once and
+    // comes back once, in chunks of at most max_batch tokens (what the device's buffers hold;
+    // a chunk passes every layer of the run before the next starts, which attends over the
+    // earlier chunk's keys and values).
+    int64_t end = il;
+    while (end < model.hp.n_layer && plan_.layers[static_cast<size_t>(end)].attn_gpu) ++end;
+    for (int64_t t0 = 0; t0 < n; t0 += popts_.max_batch) {
+      const int64_t nc = std::min(popts_.max_batch, n - t0);
+      double t = now_seconds();
+      device_->put_hidden(ws.x.data() + t0 * d, nc);
+      for (int64_t l = il; l < end; ++l) {
+        device_->attention(l, nc, pos0 + t0);
+        const float* xn = device_->ffn_input(l, nc);
+        device_block_s_ += now_seconds() - t;
+        run(pool, l, model.layers[static_cast<size_t>(l)].ffn, model.hp.act, xn, nc, ws.o.data(), ws);
+        t = now_seconds();
+        device_->ffn_finish(l, ws.o.data(), nc);
+      }
+      device_->get_hidden(ws.x.data() + t0 * d, nc);
+      device_block_s_ += now_seconds() - t;
+    }
+    il = end;
   }
-  if (on_device) device_->get_hidden(ws.x.data(), n);
 }
 
 }  // namespace ember

@@ -18,8 +18,8 @@
 // With the CPU stand-in device every block runs the CPU's own functions, so placing attention
 // on the device changes no bit of the output.
 //
-// Not yet (the GPU issue): the output head on the device, and the host KV cache of device layers
-// is still allocated.
+// The layers whose attention is on the device keep their KV cache there only (Session allocates
+// none for them on the host). Not yet (the GPU issue): the output head on the device.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -35,7 +35,12 @@
 namespace ember {
 
 struct HybridOptions {
-  uint64_t vram_budget = 0;   // > 0 (or plan_path set): run hybrid
+  // Device memory the process may take (its runtime's context included, DeviceMemory::reserve);
+  // the plan gets that less the reserve, checked against the free memory (device_plan_budget).
+  uint64_t vram_budget = 0;   // > 0 (or vram_auto, or plan_path set): run hybrid
+  bool vram_auto = false;     // the budget is the device's free memory less a margin
+  int64_t vram_reserve = -1;  // the runtime's reserve in bytes; -1: the device's own figure
+  uint64_t standin_vram = 0;  // the memory the CPU stand-in reports (0: the host's available memory)
   std::string plan_path;      // a precomputed plan (`ember plan -o`); empty: computed at load
   std::string profile_path;   // profile to plan with (empty: plan_probabilities' defaults)
   bool cache = true;          // cache a computed plan beside the model (and reuse a cached one)
@@ -65,6 +70,12 @@ struct HybridStats {
   uint64_t device_fired = 0, cpu_fired = 0;  // (token, neuron) pairs that fired on each side
   uint64_t device_layer_calls = 0;           // layer-chunks the device took part in
   uint64_t cpu_predicted = 0;                // (token-chunk, neuron) pairs the CPU computed the gate of, with predictors
+  // Where the time went (seconds, wall clock of the calling thread): the CPU's FFN shares (its
+  // predictor included), waiting for the device's share or prediction, the device's blocks and
+  // boundaries (attention queued, the FFN input fetched, the output and the hidden state moved:
+  // each fetch waits for the device), and whole layers on the CPU (their FFN time is also in the
+  // first two).
+  double cpu_ffn_seconds = 0, wait_seconds = 0, device_block_seconds = 0, cpu_layer_seconds = 0;
 };
 
 class HybridFfn final : public FfnExecutor, public LayerExecutor {
@@ -105,6 +116,7 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   AlignedBuffer<float> pred_scratch_;
   AlignedBuffer<uint8_t> pred_mm_;
   uint64_t cpu_fired_ = 0, device_calls_ = 0, cpu_predicted_ = 0;
+  double cpu_ffn_s_ = 0, wait_s_ = 0, device_block_s_ = 0, cpu_layer_s_ = 0;
   // The rows the CPU computes for layer l's chunk of n tokens at x (token t0 of the pass).
   int64_t cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0, const Workspace& ws,
                        bool device_predicts, const int32_t** rows);

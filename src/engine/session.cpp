@@ -21,8 +21,8 @@ RepackScope repack_scope_for(FfnMode mode, bool hybrid) {
   return mode == FfnMode::dense ? RepackScope::all : RepackScope::attention_output_gate;
 }
 
-RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident) {
-  if (mode == FfnMode::input && scope > RepackScope::output) model.file_layers = model.layers;
+RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident, bool hybrid) {
+  if ((mode == FfnMode::input || hybrid) && scope > RepackScope::output) model.file_layers = model.layers;
   return repack_for_dense_kernels(model, scope, resident);
 }
 
@@ -44,7 +44,6 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   const Hparams& hp = model.hp;
   seqs_.resize(static_cast<size_t>(p.n_seq));
   for (Seq& sq : seqs_) {
-    sq.kv.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim, p.kv_type);
     sq.logits.resize(static_cast<size_t>(hp.n_vocab));
     sq.tokens.reserve(static_cast<size_t>(n_ctx));  // no reallocation on the decode path
   }
@@ -88,6 +87,13 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     if (so.mode == FfnMode::threshold && so.layer_thresholds.empty()) so.layer_thresholds = model.gate_thresholds;
     sparse_ = std::make_unique<SparseFfn>(model, pool_, so, ws_.max_batch);
   }
+  // The KV caches: the layers whose attention a device holds keep theirs there.
+  std::vector<char> held;
+  if (hybrid_) {
+    held.assign(static_cast<size_t>(hp.n_layer), 1);
+    for (size_t l = 0; l < held.size(); ++l) held[l] = !hybrid_->plan().layers[l].attn_gpu;
+  }
+  for (Seq& sq : seqs_) sq.kv.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim, p.kv_type, held);
   set_ffn_executor(nullptr);
 }
 

@@ -30,7 +30,9 @@ struct SessionParams {
   // Hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp) when a budget or a plan is given; its firing
   // threshold is sparse.threshold.
   HybridOptions hybrid;
-  bool hybrid_on() const { return hybrid.vram_budget > 0 || !hybrid.plan_path.empty() || hybrid.given; }
+  bool hybrid_on() const {
+    return hybrid.vram_budget > 0 || hybrid.vram_auto || !hybrid.plan_path.empty() || hybrid.given;
+  }
 };
 
 class Session {
@@ -123,8 +125,10 @@ int default_thread_count();
 RepackScope repack_scope_for(FfnMode mode, bool hybrid);
 
 // Repacks the model for a session in `mode` within `scope` (repack_for_dense_kernels): in input
-// mode it first keeps the file's layout (Model::file_layers), from which input sparsity builds its
-// copies. Whatever repacks a model for a session goes through here.
-RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident);
+// mode, and on the hybrid path, it first keeps the file's layout (Model::file_layers), from which
+// input sparsity builds its copies and a GPU copies the attention blocks it holds. Whatever
+// repacks a model for a session goes through here.
+RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident,
+                               bool hybrid = false);
 
 }  // namespace ember

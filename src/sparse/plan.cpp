@@ -76,9 +76,12 @@ bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
 
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-  // q, k, v, attention output, and the scores of every head over the context.
-  return gpu_pad(b * m.q_dim * f) + 2 * gpu_pad(b * m.kv_dim * f) + gpu_pad(b * m.q_dim * f) +
-         gpu_pad(b * m.n_head * m.n_ctx * f);
+  // The hidden state, the norm's output and the block's output; q, k, v, the attention's
+  // output, the scores of every head over the context; the RoPE tables (global, local) of
+  // head_dim / 2 inverse frequencies (doubles) each. device_arena_layout lays them out in this order.
+  const uint64_t rope = gpu_pad(static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double));
+  return 3 * gpu_pad(b * m.n_embd * f) + gpu_pad(b * m.q_dim * f) + 2 * gpu_pad(b * m.kv_dim * f) +
+         gpu_pad(b * m.q_dim * f) + gpu_pad(b * m.n_head * m.n_ctx * f) + 2 * rope;
 }
 
 uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons) {

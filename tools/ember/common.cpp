@@ -57,9 +57,19 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
       ->check(CLI::IsMember({"greedy", "uniform"}))
       ->capture_default_str();
   app->add_option("--vram-budget", vram_budget,
-                  "hybrid: GPU memory for the plan (FFN neurons, and attention blocks with their KV cache), e.g. 4GiB; "
-                  "a plan is computed at load (needs a profile) and cached beside the model");
+                  "hybrid: GPU memory the process may take, e.g. 4GiB, or auto (the GPU's free memory less a margin); "
+                  "the plan (FFN neurons, predictors, attention blocks with their KV cache) gets it less CUDA's own "
+                  "context (--vram-reserve) and must fit the free memory; computed at load (needs a profile) and "
+                  "cached beside the model");
+  app->add_option("--vram-reserve", vram_reserve,
+                  "hybrid: what the GPU runtime takes of --vram-budget by itself (CUDA's context), e.g. 600MiB "
+                  "(default: 512MiB on CUDA, 0 on the CPU stand-in)");
   app->add_option("--plan", plan_path, "hybrid: a plan file from `ember plan` (instead of --vram-budget)");
+  app->add_option("--plan-method", plan_method,
+                  "hybrid: how --vram-budget is planned: ilp (optimal within a time limit), greedy, or layer-split "
+                  "(whole layers from the first, as llama.cpp's -ngl: the baseline)")
+      ->check(CLI::IsMember({"ilp", "greedy", "layer-split"}))
+      ->capture_default_str();
   app->add_option("--hybrid-device", hybrid_device, "hybrid: auto (CUDA if built and present), cuda, or cpu (stand-in)")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
@@ -105,9 +115,13 @@ SessionParams EngineFlags::session_params(const Model& model) const {
     p.sparse.layer_thresholds = calibrate_thresholds(sparse_profile, sparsity);
     log_info("threshold mode: per-layer thresholds for sparsity {:.2f} from {}", sparsity, sparse_profile);
   }
-  if (!vram_budget.empty()) p.hybrid.vram_budget = parse_byte_size(vram_budget);
-  EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_budget > 0, "--vram-budget must be more than 0 bytes");
+  if (vram_budget == "auto") p.hybrid.vram_auto = true;
+  else if (!vram_budget.empty()) p.hybrid.vram_budget = parse_byte_size(vram_budget);
+  EMBER_CHECK(vram_budget.empty() || p.hybrid.vram_auto || p.hybrid.vram_budget > 0,
+              "--vram-budget must be more than 0 bytes (or auto)");
+  if (!vram_reserve.empty()) p.hybrid.vram_reserve = static_cast<int64_t>(parse_byte_size(vram_reserve));
   p.hybrid.plan_path = plan_path;
+  p.hybrid.method = parse_plan_method(plan_method);
   p.hybrid.device_kind = hybrid_device;
   p.sparse.down_type = sparse_down == "same"  ? cpu::NeuronMajorType::same
                        : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
@@ -133,7 +147,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
              "--sparse-mode predictor (pass --sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
   const RepackStats rp =
-      repack_for_session(*model, mode, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy);
+      repack_for_session(*model, mode, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy, hybrid);
   if (rp.tensors > 0 || rp.copied_tensors > 0)
     log_info("repacked {} matrices ({:.1f} MiB) 16 rows at a time for the dense kernels{} in {:.2f} s; {:.1f} MiB in "
              "huge pages",
@@ -164,6 +178,11 @@ void log_ffn_sparsity(Session& session) {
     const uint64_t all = st.device_fired + st.cpu_fired;
     log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,
              all ? 100.0 * st.device_fired / all : 0.0, hy->device().name(), all ? 100.0 * st.cpu_fired / all : 0.0);
+    const CrossingStats c = hy->device().crossings();
+    log_info("hybrid time: CPU FFN shares {:.3f} s, waiting for the device's shares {:.3f} s, device blocks and "
+             "boundaries {:.3f} s, CPU layers {:.3f} s; {} hidden-state crossings, {:.1f} MiB moved",
+             st.cpu_ffn_seconds, st.wait_seconds, st.device_block_seconds, st.cpu_layer_seconds,
+             c.hidden_in + c.hidden_out, c.bytes / 1048576.0);
   }
   if (const InputSparseExecutor* in = session.input_sparse()) {
     const InputSparsityStats& st = in->stats();

@@ -30,6 +30,8 @@ class RopeTable {
   void angles(int64_t pos, float* cos_sin) const;
   // Rotates n_heads heads (each head_dim long, contiguous) of one token in place.
   void apply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_sin) const;
+  // n_rot / 2 inverse frequencies (scaling and factors applied): angle i = pos * inv_freq()[i].
+  const std::vector<double>& inv_freq() const { return inv_freq_; }
 
  private:
   RopeConfig config_;

@@ -2,55 +2,14 @@
 // summation order first (one warp per output row, lanes over blocks, a fixed shuffle tree).
 #include <algorithm>
 
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include "core/error.hpp"
+#include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.hpp"
 
 namespace ember::cuda {
 
+using namespace detail;
+
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA {} failed: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));
-}
-void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-
-constexpr int kWarp = 32;
-constexpr int kQK = 32;        // elements per Q8_0 / Q4_0 block
-constexpr int kQ8Bytes = 34;   // half d + 32 int8
-constexpr int kQ4Bytes = 18;   // half d + 16 bytes of nibbles
-
-__device__ __forceinline__ float half_at(const uint8_t* p) {
-  const unsigned short bits = static_cast<unsigned short>(p[0] | (p[1] << 8));
-  return __half2float(__ushort_as_half(bits));
-}
-
-// Element j of a row of the given type.
-template <int T>
-__device__ __forceinline__ float element(const uint8_t* row, int64_t j);
-template <>
-__device__ __forceinline__ float element<0>(const uint8_t* row, int64_t j) {  // F32
-  return reinterpret_cast<const float*>(row)[j];
-}
-template <>
-__device__ __forceinline__ float element<1>(const uint8_t* row, int64_t j) {  // F16
-  return __half2float(reinterpret_cast<const __half*>(row)[j]);
-}
-template <>
-__device__ __forceinline__ float element<8>(const uint8_t* row, int64_t j) {  // Q8_0
-  const uint8_t* b = row + (j / kQK) * kQ8Bytes;
-  return half_at(b) * static_cast<float>(static_cast<int8_t>(b[2 + j % kQK]));
-}
-template <>
-__device__ __forceinline__ float element<2>(const uint8_t* row, int64_t j) {  // Q4_0
-  const uint8_t* b = row + (j / kQK) * kQ4Bytes;
-  const int jj = static_cast<int>(j % kQK);
-  const int q = jj < 16 ? (b[2 + jj] & 0x0F) : (b[2 + jj - 16] >> 4);
-  return half_at(b) * static_cast<float>(q - 8);
-}
 
 // One lane's share of dot(row, x): lanes take blocks of 32 elements round robin.
 template <int T>
@@ -61,26 +20,30 @@ __device__ float lane_dot(const uint8_t* row, const float* x, int64_t cols, int 
   } else {
     const int64_t nb = cols / kQK;
     for (int64_t b = lane; b < nb; b += kWarp) {
-      const uint8_t* blk = row + b * (T == 8 ? kQ8Bytes : kQ4Bytes);
+      const uint8_t* blk = row + b * BlockBytes<T>::value;
       const float d = half_at(blk);
       const float* xb = x + b * kQK;
       float acc = 0.0f;
       if (T == 8) {
         for (int k = 0; k < kQK; ++k) acc += static_cast<float>(static_cast<int8_t>(blk[2 + k])) * xb[k];
-      } else {
+        s += d * acc;
+      } else if (T == 2) {
         for (int k = 0; k < 16; ++k) {
           acc += static_cast<float>((blk[2 + k] & 0x0F) - 8) * xb[k];
           acc += static_cast<float>((blk[2 + k] >> 4) - 8) * xb[k + 16];
         }
+        s += d * acc;
+      } else {  // Q4_1: d q + m
+        float sx = 0.0f;
+        for (int k = 0; k < 16; ++k) {
+          acc += static_cast<float>(blk[4 + k] & 0x0F) * xb[k];
+          acc += static_cast<float>(blk[4 + k] >> 4) * xb[k + 16];
+          sx += xb[k] + xb[k + 16];
+        }
+        s += d * acc + half_at(blk + 2) * sx;
       }
-      s += d * acc;
     }
   }
-  return s;
-}
-
-__device__ __forceinline__ float warp_sum(float s) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
   return s;
 }
 
@@ -95,10 +58,9 @@ __global__ void matvec_kernel(const uint8_t* W, size_t row_stride, int64_t cols,
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int64_t t = blockIdx.y;
   const int64_t n = n_ids ? *n_ids : rows;
-  if (i >= n) return;
-  const int64_t r = ids ? ids[i] : i;
-  const float s = warp_sum(lane_dot<T>(W + r * row_stride, x + t * cols, cols, lane));
-  if (lane == 0) y[t * y_stride + i] = s;
+  const bool valid = i < n;  // a warp past the end still takes part in the (uniform) shuffles
+  const float s = warp_sum(valid ? lane_dot<T>(W + (ids ? ids[i] : i) * row_stride, x + t * cols, cols, lane) : 0.0f);
+  if (valid && lane == 0) y[t * y_stride + i] = s;
 }
 
 // Block-wide compaction step, in thread order: every thread of the block calls it with its
@@ -239,10 +201,8 @@ __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n
   if (i < n) out[i] = a[i] + b[i];
 }
 
-unsigned grid_of(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
-
 void check_type(DType type, int64_t cols) {
-  EMBER_CHECK(supports(type), "CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0)", dtype_name(type));
+  EMBER_CHECK(supports(type), "CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1)", dtype_name(type));
   EMBER_CHECK(cols % info(type).block_size == 0, "CUDA: row length {} is not a multiple of {}'s block size", cols,
               dtype_name(type));
 }
@@ -260,6 +220,7 @@ void launch_matvec(DType type, const void* W, int64_t cols, int64_t rows, const 
     case DType::F32: matvec_kernel<0><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
     case DType::F16: matvec_kernel<1><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
     case DType::Q8_0: matvec_kernel<8><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
+    case DType::Q4_1: matvec_kernel<3><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
     default: matvec_kernel<2><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
   }
   check_launch("matvec kernel");
@@ -318,7 +279,9 @@ void copy_to_host_sync(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to host)");
 }
 
-bool supports(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0; }
+bool supports(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1;
+}
 
 void matvec(DType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
             void* stream) {
@@ -381,6 +344,7 @@ void sparse_axpy(DType type, const void* D, int64_t cols, const int32_t* active,
     case DType::F32: axpy_kernel<0><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
     case DType::F16: axpy_kernel<1><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
     case DType::Q8_0: axpy_kernel<8><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
+    case DType::Q4_1: axpy_kernel<3><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
     default: axpy_kernel<2><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
   }
   check_launch("sparse_axpy kernel");

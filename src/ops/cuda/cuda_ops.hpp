@@ -2,7 +2,7 @@
 // This header has no CUDA includes, so plain C++ files can call it: pointers are device
 // pointers unless named host_*, `stream` is a cudaStream_t passed as void*.
 //
-// Weight rows are in GGUF block layouts (F32, F16, Q8_0, Q4_0), read as they are stored; the
+// Weight rows are in GGUF block layouts (F32, F16, Q8_0, Q4_0, Q4_1), read as they are stored; the
 // activations stay float (the CPU kernels round them to 8 bits first for quantized weights, so
 // the two agree to that rounding). Every kernel sums in a fixed order: results are deterministic.
 //

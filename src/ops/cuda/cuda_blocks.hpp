@@ -1,0 +1,39 @@
+// CUDA kernels of the attention block and the FFN block's norms (a layer whose attention the
+// plan puts on the GPU, engine/cuda_device.cpp), the counterparts of model/blocks.cpp's steps.
+// Like cuda_ops.hpp: no CUDA includes, device pointers unless named host_*, `stream` a
+// cudaStream_t as void*; every reduction in a fixed order, so results are deterministic.
+//
+//   norm_rows:    out[r] = norm(x[r]) * w (+ b) over rows of `width`: RMSNorm, or LayerNorm with
+//                 an optional bias (cpu::rms_norm / cpu::layer_norm); w may be null (no weight)
+//   add_bias:     y[r][i] += b[i]                                       r < rows
+//   add_inplace:  y[i] += x[i]                                          (the residual)
+//   rope:         rotates the first n_rot dimensions of each head of each token (cpu::RopeTable:
+//                 theta = (pos0 + t) * inv_freq[i] in double, cos and sin times attn_factor, pairs
+//                 (2i, 2i+1) or (i, i + n_rot/2) for neox)
+//   kv_store:     rows [n][row] of float into a cache of F16 or F32 values at positions pos0..
+//   attention:    causal attention of q [n][n_head * head_dim] (token t at pos0 + t) over the
+//                 cache positions 0 .. pos0 + t (from pos0 + t - window + 1 with a sliding window),
+//                 grouped-query heads, scaled scores, softmax; one block per (head, token); the
+//                 scores go through `scores` ([n][n_head][n_ctx] floats)
+#pragma once
+#include <cstdint>
+
+namespace ember::cuda {
+
+void norm_rows(const float* x, const float* w, const float* b, float* out, int64_t rows, int64_t width, float eps,
+               bool layer_norm, void* stream);
+void add_bias(float* y, const float* b, int64_t rows, int64_t width, void* stream);
+void add_inplace(float* y, const float* x, int64_t n, void* stream);
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
+          int64_t n_rot, double attn_factor, bool neox, void* stream);
+void kv_store(const float* rows, int64_t n, int64_t row, void* cache, int64_t pos0, bool f16, void* stream);
+struct AttentionArgs {
+  int64_t n_head = 0, n_head_kv = 0, head_dim = 0, n_ctx = 0;
+  float scale = 1.0f;
+  int64_t window = 0;  // 0: none
+  bool f16 = true;     // the cache's values
+};
+void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, int64_t pos0, const void* k_cache,
+               const void* v_cache, float* out, float* scores, void* stream);
+
+}  // namespace ember::cuda

@@ -1,0 +1,37 @@
+// The CUDA runtime names ops/cuda/ uses, on the HIP CPU runtime (tools/cuda_on_cpu/README.md):
+// included instead of <cuda_fp16.h> / <cuda_runtime.h> by translate.py's output. A development
+// check that runs the CUDA tests on a CPU, not part of any build of Ember.
+#pragma once
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetLastError hipGetLastError
+#define cudaStream_t hipStream_t
+#define cudaEvent_t hipEvent_t
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMallocHost(p, n) hipHostMalloc(p, n)
+#define cudaFreeHost hipHostFree
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemcpy hipMemcpy
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemGetInfo hipMemGetInfo
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaEventCreateWithFlags hipEventCreateWithFlags
+#define cudaEventDisableTiming hipEventDisableTiming
+#define cudaEventDestroy hipEventDestroy
+#define cudaEventRecord hipEventRecord
+#define cudaEventSynchronize hipEventSynchronize
+// 32-lane warps (the runtime's warpSize is set to 32 by run.sh); full masks only.
+#define __shfl_down_sync(mask, v, o) __shfl_down(v, o, 32)
+#define __ballot_sync(mask, p) static_cast<unsigned>(__ballot(p))

@@ -313,17 +313,19 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
       }
     }
   }
-  // Biases and the residual add.
+  // Biases, the residual add and the output head's soft-cap.
   {
     const std::vector<float> y = random_floats(3 * 70, rng), b = random_floats(70, rng);
-    DeviceVec<float> dy(y), db(b), dz(y);
+    DeviceVec<float> dy(y), db(b), dz(y), dc(y);
     cuda::add_bias(dy.p, db.p, 3, 70, stream);
     cuda::add_inplace(dz.p, dy.p, 3 * 70, stream);
+    cuda::softcap(dc.p, 3 * 70, 0.3f, stream);
     cuda::stream_sync(stream);
-    const auto got = dy.get(), sum = dz.get();
+    const auto got = dy.get(), sum = dz.get(), capped = dc.get();
     for (size_t i = 0; i < y.size(); ++i) {
       ASSERT_EQ(got[i], y[i] + b[i % 70]);
       ASSERT_EQ(sum[i], y[i] + got[i]);
+      ASSERT_NEAR(capped[i], 0.3f * std::tanh(y[i] / 0.3f), 1e-6f);
     }
   }
   // RoPE.
@@ -509,7 +511,8 @@ TEST(CudaOps, HybridCudaWithPredictorsEqualsCpuStandIn) {
 // CPU's own blocks, over the families whose blocks differ: llama (F32 and Q4_0), qwen2 (biases),
 // qwen3 (q/k norms), gemma3 (sliding windows, the local RoPE table, post-norms), phi3 (fused QKV,
 // neox RoPE) and opt (LayerNorm, biases, no RoPE; its ungated FFN stays on the CPU); prompts in
-// one device batch and in chunks. Two CUDA runs are bit-identical.
+// one device batch and in chunks; with every layer there, the output head too. Two CUDA runs are
+// bit-identical.
 TEST(CudaOps, AttentionOnCudaEqualsTheStandIn) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
@@ -541,6 +544,7 @@ TEST(CudaOps, AttentionOnCudaEqualsTheStandIn) {
             for (int32_t j = 1; j < model->hp.n_ff; j += 2) plan.layers[l].gpu_neurons.push_back(j);
           plan.layers[l].attn_gpu = placement == 2 || l != 1;
         }
+        plan.output_gpu = placement == 2;  // and the output head
         SessionParams p;
         p.n_threads = 2;
         p.n_ctx = 64;

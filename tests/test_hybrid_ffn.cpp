@@ -260,6 +260,7 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
       L.attn_gpu = rng() % 2 == 0;
       if (L.attn_gpu) attn_bytes += pm.layers[l].attn_bytes, ++attn_layers;
     }
+    p.output_gpu = rng() % 2 == 0;
     CpuDevice dev(1);
     DeviceLoad what;
     what.pm = &pm;
@@ -276,11 +277,16 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
     const uint64_t b = static_cast<uint64_t>(o.max_batch), hd = static_cast<uint64_t>(model->hp.head_dim);
     const uint64_t q = static_cast<uint64_t>(model->hp.n_head) * hd, kv = static_cast<uint64_t>(model->hp.n_head_kv) * hd;
     const uint64_t attn_scratch =
-        attn_layers == 0 ? 0
+        attn_layers == 0 && !p.output_gpu ? 0
                          : 3 * gpu_pad(b * 128 * 4) + 2 * gpu_pad(b * q * 4) + 2 * gpu_pad(b * kv * 4) +
                                gpu_pad(b * static_cast<uint64_t>(model->hp.n_head) * 64 * 4) + 2 * gpu_pad(hd / 2 * 8);
     EXPECT_EQ(dev.layout().attn_scratch, attn_scratch);
-    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p) + attn_bytes + attn_scratch +
+    // The head: the norm (128 floats), the matrix, the logits of max_batch rows.
+    const uint64_t head = !p.output_gpu ? 0
+                                        : gpu_pad(128 * 4) + gpu_pad(model->output.nbytes) +
+                                              gpu_pad(b * static_cast<uint64_t>(model->hp.n_vocab) * 4);
+    EXPECT_EQ(dev.layout().output, head);
+    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p) + attn_bytes + attn_scratch + head +
                                2 * static_cast<uint64_t>(attn_layers * 64 * model->hp.n_head_kv * model->hp.head_dim) * 2);
     EXPECT_EQ(dev.bytes(), gpu_bytes(pm, o, p));
     // And its share computes what the CPU computes over the same neurons.
@@ -342,7 +348,8 @@ TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
       SCOPED_TRACE(split ? "half the neurons on the device" : "no neurons on the device");
       SCOPED_TRACE("device batches of " + std::to_string(max_batch) + " tokens");
       Logits first;
-      for (int placement = 0; placement < 3; ++placement) {  // attention on no, layers 0 and 2, all layers
+      // Attention on no layer, on layers 0 and 2, on all; on all with the output head; the head alone.
+      for (int placement = 0; placement < 5; ++placement) {
         Plan plan;
         plan.method = PlanMethod::greedy;
         plan.vram_budget = uint64_t{1} << 40;
@@ -350,8 +357,9 @@ TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
         for (size_t l = 0; l < 3; ++l) {
           if (split)
             for (int32_t j = 1; j < model->hp.n_ff; j += 2) plan.layers[l].gpu_neurons.push_back(j);
-          plan.layers[l].attn_gpu = placement == 2 || (placement == 1 && l != 1);
+          plan.layers[l].attn_gpu = placement == 2 || placement == 3 || (placement == 1 && l != 1);
         }
+        plan.output_gpu = placement >= 3;
         SessionParams p = base_params();
         p.kv_type = DType::F16;
         p.hybrid.given = &plan;
@@ -360,12 +368,14 @@ TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
         Session s(*model, p);
         const Logits got = test_support::session_logits(s);  // 1 prompt pass + 6 decode passes
         const CrossingStats c = s.hybrid_ffn()->device().crossings();
+        // Chunks of a pass (the prompt's, then one per decode token), each run of device layers
+        // taking the hidden state in and out once a chunk, the head taking its rows in once.
         const uint64_t chunks = (12 + static_cast<uint64_t>(max_batch) - 1) / static_cast<uint64_t>(max_batch) + 6;
-        const uint64_t runs = placement == 0 ? 0 : placement == 1 ? 2 : 1;  // runs of device layers per pass
-        EXPECT_EQ(c.hidden_in, chunks * runs) << "placement " << placement;
+        const uint64_t runs = placement == 0 || placement == 4 ? 0 : placement == 1 ? 2 : 1;
+        EXPECT_EQ(c.hidden_in, chunks * (runs + plan.output_gpu)) << "placement " << placement;
         EXPECT_EQ(c.hidden_out, chunks * runs) << "placement " << placement;
         // The host keeps no KV cache for the layers whose attention is on the device.
-        const int64_t attn_layers = placement == 0 ? 0 : placement == 1 ? 2 : 3;
+        const int64_t attn_layers = placement == 0 || placement == 4 ? 0 : placement == 1 ? 2 : 3;
         EXPECT_EQ(s.kv_bytes(), KvCache::bytes_for(3 - attn_layers, s.n_ctx(),
                                                    model->hp.n_head_kv * model->hp.head_dim, DType::F16));
         if (placement == 0) {

@@ -40,6 +40,10 @@ PlanModel random_model(std::mt19937& rng, bool predictor) {
   m.kv_dim = m.n_embd / pick(1, 2);
   m.n_ctx = pick(1, 512);
   m.output_bytes = static_cast<uint64_t>(pick(1000, 100000));
+  if (pick(0, 1)) {  // an output head that may go on the device
+    m.n_vocab = pick(10, 5000);
+    m.output_weights_bytes = gpu_pad(m.output_bytes) + gpu_pad(static_cast<uint64_t>(m.n_embd) * 4);
+  }
   const DType types[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1};
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   for (int l = 0; l < n_layer; ++l) {
@@ -80,6 +84,23 @@ DeviceDesc random_device(std::mt19937& rng, uint64_t budget) {
   d.pcie_bandwidth = 8e9 + 50e9 * u(rng);
   d.sync_seconds = 1e-7 * u(rng);
   return d;
+}
+
+// Three layers of 4 neurons, every row 256 bytes, attention 1024 and KV 512 bytes: sizes the
+// tests below work out by hand.
+PlanModel hand_model() {
+  PlanModel m;
+  m.name = "hand";
+  m.n_embd = 64, m.n_ff = 4, m.n_head = 2, m.q_dim = 64, m.kv_dim = 32, m.n_ctx = 8;
+  for (int l = 0; l < 3; ++l) {
+    PlanLayer L;
+    L.attn_bytes = 1024;
+    L.kv_bytes = 512;
+    L.gate_row = L.up_row = L.down_row = 256;
+    L.p = {0.5f, 0.25f, 0.125f, 0.0f};
+    m.layers.push_back(L);
+  }
+  return m;
 }
 
 void expect_min_neurons(const PlanModel& m, const PlanOptions& o, const Plan& p) {
@@ -195,6 +216,8 @@ TEST(Plan, IlpReachesBruteForceOptimum) {
     std::vector<NeuronGroups> groups;
     int n_bits = 0;
     for (const auto& L : m.layers) groups.push_back(neuron_groups(L, o.group_size)), n_bits += 1 + groups.back().size();
+    const bool head_can_go = m.output_weights_bytes > 0;
+    n_bits += head_can_go;  // the last bit: the output head
     double best = 0;  // nothing on the GPU saves 0
     for (uint32_t mask = 0; mask < (1u << n_bits); ++mask) {
       Plan p;
@@ -216,7 +239,9 @@ TEST(Plan, IlpReachesBruteForceOptimum) {
         linear += (p.layers[l].attn_gpu ? L.attn_bytes + L.kv_bytes : 0) + L.predictor_bytes + 4.0 * (kGpuAlign - 1) +
                   k * (L.gate_row + L.up_row + L.down_row + 4);
       }
-      linear += (any ? gpu_ffn_scratch_bytes(m, o) : 0) + (any_attn ? gpu_attn_scratch_bytes(m, o) : 0);
+      p.output_gpu = head_can_go && ((mask >> bit) & 1);
+      linear += (any ? gpu_ffn_scratch_bytes(m, o) : 0) + (any_attn || p.output_gpu ? gpu_attn_scratch_bytes(m, o) : 0) +
+                (p.output_gpu ? gpu_output_bytes(m, o) : 0);
       if (!ok || linear > static_cast<double>(dev.vram_budget)) continue;
       finish_plan(m, dev, o, p);
       best = std::max(best, p.objective);
@@ -227,17 +252,7 @@ TEST(Plan, IlpReachesBruteForceOptimum) {
 
 // Three layers of 4 neurons, every row 256 bytes, sizes worked out by hand.
 TEST(Plan, LayerSplitHandComputed) {
-  PlanModel m;
-  m.name = "hand";
-  m.n_embd = 64, m.n_ff = 4, m.n_head = 2, m.q_dim = 64, m.kv_dim = 32, m.n_ctx = 8;
-  for (int l = 0; l < 3; ++l) {
-    PlanLayer L;
-    L.attn_bytes = 1024;
-    L.kv_bytes = 512;
-    L.gate_row = L.up_row = L.down_row = 256;
-    L.p = {0.5f, 0.25f, 0.125f, 0.0f};
-    m.layers.push_back(L);
-  }
+  PlanModel m = hand_model();
   PlanOptions o;
   o.max_batch = 1;
   o.min_gpu_neurons = 1;
@@ -291,6 +306,67 @@ TEST(Plan, LayerSplitHandComputed) {
                 3 * ((1280.0 + ffn - moved) / 1e9 + moved / 1e10 + 1e-6 + 2 * 64 * 4 / 1e9), 1e-15);
     EXPECT_NEAR(neuron_seconds_saved(m, dev, m.layers[0], 0.5, 2), moved * (1 / 1e9 - 1 / 1e10), 1e-18);
   }
+}
+
+// The output head on the device, by hand: three layers as above, a vocabulary of 100 rows of 64
+// bytes.
+TEST(Plan, OutputHeadHandComputed) {
+  PlanModel m = hand_model();
+  m.n_vocab = 100;
+  m.output_bytes = 6400;
+  m.output_weights_bytes = gpu_pad(64 * 4) + gpu_pad(6400);  // norm 256 + matrix 6400
+  PlanOptions o;
+  o.max_batch = 1;
+  o.min_gpu_neurons = 1;
+  // Weights 6656 and the logits of one row, 100 floats -> 512.
+  EXPECT_EQ(gpu_output_bytes(m, o), 7168u);
+  // The layer split takes the head once every layer is there: scratch 12288 + 3 x 4864 + 7168.
+  DeviceDesc dev;
+  for (auto [budget, head] : {std::pair<uint64_t, bool>{34047, false}, {34048, true}}) {
+    dev.vram_budget = budget;
+    const Plan p = plan_layer_split(m, dev, o);
+    EXPECT_EQ(p.output_gpu, head) << budget;
+    EXPECT_EQ(p.gpu_bytes, head ? 34048u : 26880u);
+  }
+  // Alone, it still needs the hidden state's buffers: the attention scratch (2560) with it.
+  Plan head_only;
+  head_only.layers.resize(3);
+  head_only.output_gpu = true;
+  EXPECT_EQ(gpu_bytes(m, o, head_only), 2560u + 7168u);
+  // The cost model: the matrix read at the GPU's bandwidth, one synchronization, the hidden state
+  // up and the logits down.
+  dev.vram_budget = 1 << 20;
+  dev.cpu_bandwidth = 1e9, dev.gpu_bandwidth = 1e10, dev.pcie_bandwidth = 1e9, dev.sync_seconds = 1e-6;
+  const double saved = 6400 * (1 / 1e9 - 1 / 1e10) - 1e-6 - (64 + 100) * 4 / 1e9;
+  EXPECT_NEAR(output_seconds_saved(m, dev), saved, 1e-15);
+  Plan none;
+  none.layers.resize(3);
+  EXPECT_NEAR(predict_seconds_per_token(m, dev, none) - predict_seconds_per_token(m, dev, head_only), saved, 1e-15);
+  // Greedy and the ILP take it when it pays, and not when a synchronization costs more.
+  for (PlanMethod method : {PlanMethod::ilp, PlanMethod::greedy}) {
+    EXPECT_TRUE(make_plan(method, m, dev, o).output_gpu) << plan_method_name(method);
+    DeviceDesc slow = dev;
+    slow.sync_seconds = 1e-3;
+    EXPECT_FALSE(make_plan(method, m, slow, o).output_gpu) << plan_method_name(method);
+    // A device without attention blocks holds no hidden state: no head either.
+    PlanOptions no_attn = o;
+    no_attn.attention = false;
+    EXPECT_FALSE(make_plan(method, m, dev, no_attn).output_gpu) << plan_method_name(method);
+  }
+  PlanOptions no_attn = o;
+  no_attn.attention = false;
+  EXPECT_NE(test_support::error_of([&] { validate_plan(m, no_attn, head_only, 1 << 20); }).find("output head"),
+            std::string::npos);
+  PlanModel headless = m;
+  headless.output_weights_bytes = 0;
+  EXPECT_NE(test_support::error_of([&] { validate_plan(headless, o, head_only, 1 << 20); }).find("output head"),
+            std::string::npos);
+  // A plan file keeps it.
+  Plan p = plan_greedy(m, dev, o);
+  ASSERT_TRUE(p.output_gpu);
+  const std::string path = tmp_path("head.plan.gguf");
+  write_plan(p, m, o, path);
+  EXPECT_TRUE(read_plan(path, m).output_gpu);
 }
 
 TEST(Plan, MinimumNeuronsAndSyncCost) {

@@ -28,7 +28,7 @@ CudaDevice::~CudaDevice() {
   }
   if (arena_) cuda::free_device(arena_);
   if (x_host_) cuda::free_host_pinned(x_host_);
-  for (float* p : {out_host_, hidden_host_, ffn_in_host_, ffn_out_host_})
+  for (float* p : {out_host_, hidden_host_, ffn_in_host_, ffn_out_host_, logits_host_})
     if (p) cuda::free_host_pinned(p);
   if (counters_host_) cuda::free_host_pinned(counters_host_);
   if (mask_host_) cuda::free_host_pinned(mask_host_);
@@ -143,6 +143,27 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     };
     for (size_t i = 0; i < src.size(); ++i) put(src[i], dst[i]);
     for (size_t i = 0; i < fsrc.size(); ++i) put(fsrc[i], fdst[i]);
+  }
+  // The output head: its norm (F32) and the file's layout of its matrix.
+  out_ = {};
+  if (plan.output_gpu) {
+    auto put = [&](const TensorView& from, uint64_t off) {
+      TensorView v = from;
+      if (!from.valid()) return v;
+      EMBER_CHECK(from.contiguous(), "CUDA device: {} is not contiguous", from.name);
+      cuda::copy_to_device(arena_ + off, from.data, from.nbytes, stream_);
+      cuda::stream_sync(stream_);
+      v.stride = 0;
+      v.data = arena_ + off;
+      return v;
+    };
+    EMBER_CHECK(model.output_norm.type == DType::F32 && (!model.output_norm_b.valid() || model.output_norm_b.type == DType::F32),
+                "CUDA device: the output norm is {}, F32 expected", dtype_name(model.output_norm.type));
+    out_.norm = put(model.output_norm, layout_.out_norm);
+    out_.norm_b = put(model.output_norm_b, layout_.out_norm_b);
+    out_.output = put(model.output_in_file(), layout_.out_w);
+    logits_host_ = static_cast<float*>(
+        cuda::malloc_host_pinned(static_cast<size_t>(max_batch_ * model.hp.n_vocab) * sizeof(float)));
   }
   n_ctx_ = pm.n_ctx, kv_layers_ = n_attn, kv_type_ = d.kv_type;
   kv_layer_bytes_ = KvCache::bytes_for(1, pm.n_ctx, pm.kv_dim, d.kv_type) / 2;
@@ -368,6 +389,24 @@ void CudaDevice::ffn_finish(int64_t layer, const float* out, int64_t n) {
     cuda::norm_rows(o, dev_floats(A.w.ffn_post_norm), nullptr, o, n, n_embd_, model_->hp.norm_eps, false, stream_);
   cuda::add_inplace(at(layout_.x_hidden), o, n * n_embd_, stream_);
   ffn_in_layer_ = -1;
+  crossings_.bytes += bytes;
+}
+
+void CudaDevice::output(int64_t n, float* logits) {
+  EMBER_CHECK(out_.output.valid(), "CUDA device: the output head is not here");
+  EMBER_CHECK(!pending_, "CUDA device: the output head while an FFN share is pending");
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: the output head on {} rows (1 to {})", n, max_batch_);
+  const Hparams& hp = model_->hp;
+  float* xn = at(layout_.xn);
+  float* dev_logits = at(layout_.logits);
+  cuda::norm_rows(at(layout_.x_hidden), dev_floats(out_.norm), dev_floats(out_.norm_b), xn, n, n_embd_, hp.norm_eps,
+                  hp.norm == NormKind::layer, stream_);
+  cuda::matvec(out_.output.type, out_.output.data, n_embd_, hp.n_vocab, xn, n, dev_logits, stream_);
+  if (hp.final_softcap > 0) cuda::softcap(dev_logits, n * hp.n_vocab, hp.final_softcap, stream_);
+  const size_t bytes = static_cast<size_t>(n * hp.n_vocab) * sizeof(float);
+  cuda::copy_to_host(logits_host_, dev_logits, bytes, stream_);
+  cuda::stream_sync(stream_);
+  std::memcpy(logits, logits_host_, bytes);
   crossings_.bytes += bytes;
 }
 

@@ -10,6 +10,8 @@
 //     holds, with its own KV cache, from the file's layout of the matrices (Model::file_layer);
 //     ffn_input copies the FFN's input to the host once (the CPU's neurons need it) and keeps it
 //     on the device for the share; ffn_finish takes the merged output back.
+//   - The output head, where the plan puts it there: norm, output matrix (the file's layout),
+//     soft-cap, the logits copied back.
 // What it runs is cuda_caps() (engine/device.hpp); anything else is refused before a byte is
 // copied.
 #pragma once
@@ -36,6 +38,7 @@ class CudaDevice final : public Device {
   void attention(int64_t layer, int64_t n, int64_t pos0) override;
   const float* ffn_input(int64_t layer, int64_t n) override;
   void ffn_finish(int64_t layer, const float* out, int64_t n) override;
+  void output(int64_t n, float* logits) override;
   uint64_t bytes() const override { return layout_.total; }
   uint64_t fired() const override { return fired_; }
   CrossingStats crossings() const override { return crossings_; }
@@ -66,6 +69,8 @@ class CudaDevice final : public Device {
   float* hidden_host_ = nullptr;    // pinned: the hidden state in and out
   float* ffn_in_host_ = nullptr;    // pinned: the FFN input handed out by ffn_input
   float* ffn_out_host_ = nullptr;   // pinned: the merged FFN output taken by ffn_finish
+  float* logits_host_ = nullptr;    // pinned: the output head's logits (max_batch x n_vocab)
+  OutputWeights out_;               // the output head's tensors in the arena (the file's layout)
   int32_t* counters_host_ = nullptr;  // pinned: active, fired
   uint8_t* mask_host_ = nullptr;      // pinned: the CPU's predicted neurons
   void* stream_ = nullptr;

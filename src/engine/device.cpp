@@ -52,6 +52,15 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
     return caps.weight_types.empty() ||
            std::find(caps.weight_types.begin(), caps.weight_types.end(), t) != caps.weight_types.end();
   };
+  if (plan.output_gpu) {
+    if (!caps.attention)
+      return fmt::format("the plan puts the output head on the {} device, which holds no hidden state; plan without "
+                         "it", caps.name);
+    const TensorView& w = model.output_in_file();
+    if (!reads(w.type))
+      return fmt::format("the output matrix {} is {}; the {} device reads {}", w.name, dtype_name(w.type), caps.name,
+                         known_types());
+  }
   for (size_t l = 0; l < model.layers.size(); ++l) {
     if (plan.layers[l].attn_gpu) {
       if (!caps.attention)
@@ -178,7 +187,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
   }
   EMBER_CHECK(a.attn_weights == planned, "device: attention arena layout ({} bytes) disagrees with the plan's "
               "accounting ({} bytes)", a.attn_weights, planned);
-  if (n_attn > 0) {  // gpu_attn_scratch_bytes, in its order
+  if (gpu_needs_attn_scratch(plan)) {  // gpu_attn_scratch_bytes, in its order
     const uint64_t start = off, b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
     a.x_hidden = take(b * m.n_embd * f);
     a.xn = take(b * m.n_embd * f);
@@ -208,6 +217,19 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
   }
   EMBER_CHECK(a.predictors == planned_pred, "device: predictor arena layout ({} bytes) disagrees with the plan's "
               "accounting ({} bytes)", a.predictors, planned_pred);
+  if (plan.output_gpu) {
+    const uint64_t start = off;
+    const TensorView& w = model.output_in_file();
+    EMBER_CHECK(w.nbytes == model.output.nbytes, "device: the output matrix takes {} bytes in the file's layout, {} "
+                "repacked", w.nbytes, model.output.nbytes);
+    a.out_norm = model.output_norm.valid() ? take(model.output_norm.nbytes) : 0;
+    a.out_norm_b = model.output_norm_b.valid() ? take(model.output_norm_b.nbytes) : 0;
+    a.out_w = take(w.nbytes);
+    a.logits = take(static_cast<uint64_t>(opts.max_batch) * static_cast<uint64_t>(m.n_vocab) * sizeof(float));
+    a.output = off - start;
+    EMBER_CHECK(a.output == gpu_output_bytes(m, opts), "device: output head layout ({} bytes) disagrees with the "
+                "plan's accounting ({} bytes)", a.output, gpu_output_bytes(m, opts));
+  }
   a.arena = off;
   a.kv = KvCache::bytes_for(n_attn, m.n_ctx, m.kv_dim, kv_type);
   uint64_t planned_kv = 0;
@@ -368,11 +390,28 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     for (size_t i = 0; i < src.size(); ++i) copy(src[i], dst[i]);
     for (size_t i = 0; i < fsrc.size(); ++i) copy(fsrc[i], fdst[i]);
   }
+  // The output head: its tensors copied into the arena (the CPU's layout: the same kernels).
+  out_ = {};
+  if (plan.output_gpu) {
+    auto copy_to = [&](const TensorView& from, uint64_t off) {
+      TensorView v = from;
+      if (!from.valid()) return v;
+      v.stride = 0;
+      std::memcpy(base + off, from.data, from.nbytes);
+      v.data = base + off;
+      return v;
+    };
+    out_.norm = copy_to(model.output_norm, layout_.out_norm);
+    out_.norm_b = copy_to(model.output_norm_b, layout_.out_norm_b);
+    out_.output = copy_to(model.output, layout_.out_w);
+  }
   n_batch_ = std::max<int64_t>(1, d.n_batch);
   if (n_attn > 0) {
     kv_.init(n_attn, pm.n_ctx, pm.kv_dim, d.kv_type);
     EMBER_CHECK(kv_.bytes() == layout_.kv, "device: KV cache of {} bytes, the layout counts {}", kv_.bytes(),
                 layout_.kv);
+  }
+  if (gpu_needs_attn_scratch(plan)) {  // a hidden state here
     ws_.init(model, n_batch_, pm.n_ctx, n_threads_);
     io_.resize(static_cast<size_t>(n_batch_ * n_embd_));
   }
@@ -440,6 +479,17 @@ void CpuDevice::ffn_finish(int64_t layer, const float* out, int64_t n) {
   std::memcpy(ws_.o.data(), out, sizeof(float) * static_cast<size_t>(n * n_embd_));
   crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
   ffn_block_output(*model_, L, ws_.o.data(), ws_.x.data(), n);
+}
+
+void CpuDevice::output(int64_t n, float* logits) {
+  EMBER_CHECK(out_.output.valid(), "device {}: the output head is not here", name());
+  EMBER_CHECK(n >= 1 && n <= n_batch_, "device {}: the output head on {} rows (1 to {})", name(), n, n_batch_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    EMBER_CHECK(done_, "device {}: the output head while an FFN share is running", name());
+  }
+  output_block(*model_, out_, *pool_, ws_, ws_.x.data(), n, logits);
+  crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * model_->hp.n_vocab);
 }
 
 void CpuDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) {

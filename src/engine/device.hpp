@@ -32,6 +32,7 @@
 
 #include "core/aligned_buffer.hpp"
 #include "core/thread_pool.hpp"
+#include "model/blocks.hpp"
 #include "model/forward.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model.hpp"
@@ -66,8 +67,9 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
 // tensors (LayerWeights::attention_tensors and ffn_block_tensors, in that order), then the
 // attention scratch (gpu_attn_scratch_bytes: the hidden state and the block's buffers for
 // max_batch tokens, the RoPE tables), then with predictors the fc1 and fc2 of every layer that
-// uses the device (fc2's rows in the order of predictor_row_order). Each buffer is padded to
-// kGpuAlign. The KV cache of the attention layers comes on top (`kv`).
+// uses the device (fc2's rows in the order of predictor_row_order), then the output head where
+// the plan puts it there. Each buffer is padded to kGpuAlign. The KV cache of the attention
+// layers comes on top (`kv`).
 struct DeviceArenaLayout {
   struct Share {
     int64_t n = 0;  // neurons
@@ -95,7 +97,11 @@ struct DeviceArenaLayout {
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
   uint64_t attn_scratch = 0;  // = gpu_attn_scratch_bytes when some layer's attention is here
   uint64_t predictors = 0;    // = sum of PlanLayer::predictor_bytes of the layers that use the device
-  uint64_t arena = 0;         // ffn_total + attn_weights + attn_scratch + predictors: the arena's size
+  // The output head (Plan::output_gpu): its norm, norm bias and matrix, then the logits of
+  // max_batch rows.
+  uint64_t out_norm = 0, out_norm_b = 0, out_w = 0, logits = 0;
+  uint64_t output = 0;        // = gpu_output_bytes when the head is here
+  uint64_t arena = 0;         // ffn_total + attn_weights + attn_scratch + predictors + output: the arena's size
   uint64_t kv = 0;            // K and V of the attention layers, in the cache's type (KvCache::bytes_for)
   uint64_t total = 0;         // arena + kv
 };
@@ -211,6 +217,9 @@ class Device {
   // back: post-norm and residual onto the hidden state.
   virtual const float* ffn_input(int64_t layer, int64_t n) = 0;
   virtual void ffn_finish(int64_t layer, const float* out, int64_t n) = 0;
+  // The output head (Plan::output_gpu) on the hidden state's first n rows: logits (n x n_vocab
+  // floats) to the host.
+  virtual void output(int64_t n, float* logits) = 0;
 
   virtual DeviceMemory memory() const = 0;        // free and total now, the runtime's reserve
   virtual uint64_t bytes() const = 0;             // device memory held (the arena)
@@ -240,6 +249,7 @@ class CpuDevice final : public Device {
   void attention(int64_t layer, int64_t n, int64_t pos0) override;
   const float* ffn_input(int64_t layer, int64_t n) override;
   void ffn_finish(int64_t layer, const float* out, int64_t n) override;
+  void output(int64_t n, float* logits) override;
   uint64_t bytes() const override { return layout_.total; }
   uint64_t fired() const override { return fired_; }
   CrossingStats crossings() const override { return crossings_; }
@@ -265,6 +275,7 @@ class CpuDevice final : public Device {
   std::vector<FfnWeights> shares_;
   std::vector<TensorView> fc1_, fc2_;  // per layer: its predictor in the arena (fc2 in predictor_row_order)
   std::vector<LayerWeights> attn_;    // per layer: views into the arena (attention layers only)
+  OutputWeights out_;                 // the output head's copies (Plan::output_gpu), views into the arena
   std::vector<int64_t> kv_slot_;      // per layer: its layer in kv_ (-1: none)
   KvCache kv_;                        // of the attention layers (layout_.kv bytes)
   Workspace ws_;                      // the hidden state (ws_.x) and the blocks' buffers

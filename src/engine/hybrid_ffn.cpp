@@ -216,10 +216,10 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
     used += !plan_.layers[l].gpu_neurons.empty();
     attn += plan_.layers[l].attn_gpu;
   }
-  log_info("hybrid: device {} holds {} neurons in {} of {} layers and the attention of {} layers ({:.1f} MiB), CPU the "
+  log_info("hybrid: device {} holds {} neurons in {} of {} layers, the attention of {} layers{} ({:.1f} MiB), CPU the "
            "rest; ready in {:.2f} s",
-           device_->name(), plan_.n_gpu_neurons(), used, plan_.layers.size(), attn, device_->bytes() / 1048576.0,
-           timer.seconds());
+           device_->name(), plan_.n_gpu_neurons(), used, plan_.layers.size(), attn,
+           plan_.output_gpu ? " and the output head" : "", device_->bytes() / 1048576.0, timer.seconds());
 }
 
 std::string HybridFfn::refusal(const Model& model) const {
@@ -361,6 +361,25 @@ void HybridFfn::run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Wo
     }
     il = end;
   }
+}
+
+bool HybridFfn::output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
+                       float* logits) {
+  if (!plan_.output_gpu) return false;
+  const int64_t d = model.hp.n_embd, nv = model.hp.n_vocab;
+  const double t = now_seconds();
+  for (int64_t i0 = 0; i0 < n_rows; i0 += popts_.max_batch) {
+    const int64_t nc = std::min(popts_.max_batch, n_rows - i0);
+    float* staged = ws.o.data();  // free after the last layer (as output_rows uses it)
+    for (int64_t i = 0; i < nc; ++i) {
+      const int64_t r = rows ? rows[i0 + i] : i0 + i;
+      std::memcpy(staged + i * d, ws.x.data() + r * d, sizeof(float) * static_cast<size_t>(d));
+    }
+    device_->put_hidden(staged, nc);
+    device_->output(nc, logits + i0 * nv);
+  }
+  device_block_s_ += now_seconds() - t;
+  return true;
 }
 
 }  // namespace ember

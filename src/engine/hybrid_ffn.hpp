@@ -18,8 +18,10 @@
 // With the CPU stand-in device every block runs the CPU's own functions, so placing attention
 // on the device changes no bit of the output.
 //
+//   - the output head, where the plan puts it on the device (Plan::output_gpu): the rows whose
+//     logits are wanted go up in chunks of max_batch, the logits come back.
 // The layers whose attention is on the device keep their KV cache there only (Session allocates
-// none for them on the host). Not yet (the GPU issue): the output head on the device.
+// none for them on the host).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -89,6 +91,8 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
            float* out, Workspace& ws) override;
   std::string refusal(const Model& model) const override;
   void run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) override;
+  bool output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
+              float* logits) override;
 
   const Plan& plan() const { return plan_; }
   const Device& device() const { return *device_; }

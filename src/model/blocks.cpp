@@ -211,26 +211,26 @@ void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const Seq
   ffn_block(m, L, il, pool, ws, n);
 }
 
-namespace {
-// logits = output(output_norm(x)) of n_out contiguous rows, soft-capped where the model says so.
-void head(const Model& m, ThreadPool& pool, Workspace& ws, const float* x, int64_t n_out, float* logits) {
+OutputWeights output_weights(const Model& m) { return {m.output_norm, m.output_norm_b, m.output}; }
+
+void output_block(const Model& m, const OutputWeights& w, ThreadPool& pool, Workspace& ws, const float* x, int64_t n,
+                  float* logits) {
   const Hparams& hp = m.hp;
-  norm(m, m.output_norm, m.output_norm_b, x, ws.xn.data(), n_out);
-  cpu::matmul(pool, m.output, ws.xn.data(), n_out, logits, ws.mm_scratch.data());
+  norm(m, w.norm, w.norm_b, x, ws.xn.data(), n);
+  cpu::matmul(pool, w.output, ws.xn.data(), n, logits, ws.mm_scratch.data());
   if (hp.final_softcap > 0) {
     const float c = hp.final_softcap;
-    for (int64_t i = 0; i < n_out * hp.n_vocab; ++i) logits[i] = c * std::tanh(logits[i] / c);
+    for (int64_t i = 0; i < n * hp.n_vocab; ++i) logits[i] = c * std::tanh(logits[i] / c);
   }
 }
-}  // namespace
 
 void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows, float* logits) {
-  if (!rows) return head(m, pool, ws, ws.x.data(), n_rows, logits);
+  if (!rows) return output_block(m, output_weights(m), pool, ws, ws.x.data(), n_rows, logits);
   const int64_t d = m.hp.n_embd;
   float* gathered = ws.o.data();  // free after the last layer
   for (int64_t i = 0; i < n_rows; ++i)
     std::memcpy(gathered + i * d, ws.x.data() + rows[i] * d, sizeof(float) * static_cast<size_t>(d));
-  head(m, pool, ws, gathered, n_rows, logits);
+  output_block(m, output_weights(m), pool, ws, gathered, n_rows, logits);
 }
 
 void embed_seqs(const Model& m, const int32_t* tokens, std::span<const SeqSpan> seqs, float* x, float* scratch) {

@@ -69,4 +69,14 @@ void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const Seq
 // scratch), or of its first n_rows rows when `rows` is null; soft-capped where the model says so.
 void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows, float* logits);
 
+// The output head's tensors: the model's, or a device's copies of them.
+struct OutputWeights {
+  TensorView norm, norm_b, output;
+};
+OutputWeights output_weights(const Model& m);
+// logits (n x n_vocab) = the head on n contiguous rows x (norm into ws.xn, the output matrix,
+// the soft-cap): what output_rows runs, on the given tensors.
+void output_block(const Model& m, const OutputWeights& w, ThreadPool& pool, Workspace& ws, const float* x, int64_t n,
+                  float* logits);
+
 }  // namespace ember

@@ -103,6 +103,7 @@ void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int
   if (seqs.size() == 1 && ws.layers) {
     embed_block(model, tokens, n, seqs[0].pos0, ws.x.data(), ws.o.data());
     ws.layers->run_layers(model, pool, *seqs[0].kv, ws, n, seqs[0].pos0);
+    if (ws.layers->output(model, pool, ws, out_rows, n_out, logits)) return;
   } else {
     embed_seqs(model, tokens, seqs, ws.x.data(), ws.o.data());
     for (int64_t il = 0; il < model.hp.n_layer; ++il) cpu_layer(model, il, pool, seqs, ws, n);

@@ -35,6 +35,12 @@ class LayerExecutor {
   virtual ~LayerExecutor() = default;
   virtual void run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n,
                           int64_t pos0) = 0;
+  // The output head after run_layers, as output_rows (model/blocks.hpp) takes it; false where
+  // the head runs on the CPU, which the caller then runs.
+  virtual bool output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
+                      float* logits) {
+    return false;
+  }
 };
 
 // One sequence's rows in a forward pass over several sequences (continuous batching): rows

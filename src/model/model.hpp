@@ -172,6 +172,10 @@ struct Model {
   // views point into the file's map, which stays mapped.
   std::vector<LayerWeights> file_layers;
   const LayerWeights& file_layer(size_t l) const { return file_layers.empty() ? layers[l] : file_layers[l]; }
+  // The output matrix as the file lays it out, kept with file_layers (a GPU holding the output
+  // head copies it); empty otherwise (then `output` is the file's layout).
+  TensorView file_output;
+  const TensorView& output_in_file() const { return file_output.valid() ? file_output : output; }
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;

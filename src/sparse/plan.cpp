@@ -84,6 +84,18 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
          gpu_pad(b * m.q_dim * f) + gpu_pad(b * m.n_head * m.n_ctx * f) + 2 * rope;
 }
 
+bool gpu_needs_attn_scratch(const Plan& plan) {
+  if (plan.output_gpu) return true;
+  for (const auto& P : plan.layers)
+    if (P.attn_gpu) return true;
+  return false;
+}
+
+uint64_t gpu_output_bytes(const PlanModel& m, const PlanOptions& opts) {
+  return m.output_weights_bytes +
+         gpu_pad(static_cast<uint64_t>(opts.max_batch) * static_cast<uint64_t>(m.n_vocab) * sizeof(float));
+}
+
 uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons) {
   uint64_t b = gpu_ffn_share_bytes(L, n_neurons);
   if (attn) b += L.attn_bytes + L.kv_bytes;
@@ -104,14 +116,13 @@ uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan
   EMBER_CHECK(plan.layers.size() == m.layers.size(), "plan has {} layers, the model {}", plan.layers.size(),
               m.layers.size());
   uint64_t total = 0;
-  bool any_attn = false;
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const auto& P = plan.layers[l];
     total += gpu_layer_bytes(m.layers[l], P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()));
-    any_attn |= P.attn_gpu;
   }
+  if (plan.output_gpu) total += gpu_output_bytes(m, opts);
   if (gpu_needs_ffn_scratch(m, plan)) total += gpu_ffn_scratch_bytes(m, opts);
-  if (any_attn) total += gpu_attn_scratch_bytes(m, opts);
+  if (gpu_needs_attn_scratch(plan)) total += gpu_attn_scratch_bytes(m, opts);
   return total;
 }
 
@@ -134,8 +145,10 @@ double sync_seconds(const PlanModel& m, const DeviceDesc& dev) {
 }  // namespace
 
 double predict_seconds_per_token(const PlanModel& m, const DeviceDesc& dev, const Plan& plan) {
-  const double c = 1.0 / dev.cpu_bandwidth, g = 1.0 / dev.gpu_bandwidth;
+  const double c = 1.0 / dev.cpu_bandwidth;
   double t = static_cast<double>(m.output_bytes) * c;
+  if (plan.output_gpu) t -= output_seconds_saved(m, dev);
+  const double g = 1.0 / dev.gpu_bandwidth;
   std::vector<char> on_gpu;
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const PlanLayer& L = m.layers[l];
@@ -211,6 +224,11 @@ double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L) {
   return attn_read_bytes(L) * (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth);
 }
 
+double output_seconds_saved(const PlanModel& m, const DeviceDesc& dev) {
+  return static_cast<double>(m.output_bytes) * (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth) - dev.sync_seconds -
+         static_cast<double>(m.n_embd + m.n_vocab) * sizeof(float) / dev.pcie_bandwidth;
+}
+
 double layer_fixed_seconds(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L) {
   return sync_seconds(m, dev) - static_cast<double>(L.predictor_bytes) * (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth);
 }
@@ -263,6 +281,10 @@ void validate_plan(const PlanModel& m, const PlanOptions& opts, const Plan& plan
       EMBER_CHECK(static_cast<int64_t>(ids.size()) >= min_n,
                   "plan: layer {} uses the GPU with {} neurons, fewer than the minimum {}", l, ids.size(), min_n);
   }
+  EMBER_CHECK(!plan.output_gpu || opts.attention, "plan: the output head on a device that holds no hidden state "
+              "(no attention blocks)");
+  EMBER_CHECK(!plan.output_gpu || m.output_weights_bytes > 0, "plan: the output head on the device, but this model's "
+              "head cannot go there");
   const uint64_t b = gpu_bytes(m, opts, plan);
   EMBER_CHECK(b <= budget, "plan needs {} bytes of GPU memory, more than the budget of {} bytes", b, budget);
 }
@@ -376,6 +398,8 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
   PlanModel m = base_shape(std::filesystem::path(model.file->path()).filename().string(), hp.n_embd, hp.n_ff, hp.n_head,
                            hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_ctx, p, model.layers.size(), kv_type);
   m.output_bytes = model.output.nbytes;
+  m.n_vocab = hp.n_vocab;
+  m.output_weights_bytes = padded(model.output_norm) + padded(model.output_norm_b) + padded(model.output);
   EMBER_CHECK(!predictors || has_predictors(model), "plan: placement with predictors, but {} has none for some layer",
               model.file->path());
   m.predicted = predictors;
@@ -412,6 +436,8 @@ PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_
   auto mat = [&](int64_t cols, int64_t rows) { return gpu_pad(row_bytes(type, cols) * static_cast<uint64_t>(rows)); };
   const uint64_t norm = gpu_pad(static_cast<uint64_t>(n_embd) * sizeof(float));  // attention's and the FFN's
   m.output_bytes = row_bytes(type, n_embd) * static_cast<uint64_t>(n_vocab);
+  m.n_vocab = n_vocab;
+  m.output_weights_bytes = norm + gpu_pad(m.output_bytes);
   for (auto& L : m.layers) {
     L.attn_bytes = 2 * norm + mat(n_embd, n_embd) + 2 * mat(n_embd, n_head_kv * head_dim) + mat(n_embd, n_embd);
     L.gate_row = L.up_row = row_bytes(type, n_embd);
@@ -469,6 +495,7 @@ void write_plan(const Plan& plan, const PlanModel& m, const PlanOptions& opts, c
   w.set("ember.plan.min_gpu_neurons", Value::u64(static_cast<uint64_t>(opts.min_gpu_neurons)));
   w.set("ember.plan.max_batch", Value::u64(static_cast<uint64_t>(opts.max_batch)));
   w.set("ember.plan.predicted", Value::u64(m.predicted ? 1 : 0));
+  w.set("ember.plan.output_gpu", Value::u64(plan.output_gpu ? 1 : 0));
   std::vector<int32_t> attn, counts;
   std::vector<Value> layer_bytes;
   for (size_t l = 0; l < plan.layers.size(); ++l) {
@@ -524,6 +551,7 @@ Plan read_plan(const std::string& path, const PlanModel& m, PlanOptions* opts_ou
               "plan {}: ember.plan.attn_gpu / gpu_neuron_counts have {} / {} entries, expected {}", path, attn.size(),
               counts.size(), nl);
   plan.layers.resize(static_cast<size_t>(nl));
+  plan.output_gpu = r.opt_int("ember.plan.output_gpu").value_or(0) != 0;
   for (int64_t l = 0; l < nl; ++l) {
     const std::string name = fmt::format("blk.{}.gpu_neurons", l);
     const gguf::TensorInfo* t = r.find_tensor(name);

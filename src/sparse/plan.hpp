@@ -19,8 +19,9 @@
 // predicted) that is the predictor and p_j * (gate + up + down) bytes for each neuron j (firing
 // probability p_j from the activation profile, standing for the predicted rows); without, the
 // gate decides, so every gate row is read on its side, and p_j * (up + down). A layer that uses the GPU pays a fixed
-// synchronization plus two n_embd float transfers over PCIe. The output matrix stays on the
-// CPU. The model adds the CPU and GPU parts of a layer (no overlap): conservative, and linear,
+// synchronization plus two n_embd float transfers over PCIe. The output matrix is read where
+// the head runs (Plan::output_gpu), which then pays one synchronization and the hidden state up
+// and the logits down. The model adds the CPU and GPU parts of a layer (no overlap): conservative, and linear,
 // so the ILP's objective and the reported speed are one and the same function.
 #pragma once
 #include <cstdint>
@@ -55,8 +56,11 @@ struct PlanLayer {
 
 struct PlanModel {
   std::string name;
-  int64_t n_embd = 0, n_ff = 0, n_head = 0, q_dim = 0, kv_dim = 0, n_ctx = 0;
-  uint64_t output_bytes = 0;  // read per token on the CPU
+  int64_t n_embd = 0, n_ff = 0, n_head = 0, q_dim = 0, kv_dim = 0, n_ctx = 0, n_vocab = 0;
+  uint64_t output_bytes = 0;  // the output matrix, read per token where the head runs
+  // The output head on the device (Plan::output_gpu): its norm, norm bias and matrix, each padded;
+  // 0 where the head cannot go there.
+  uint64_t output_weights_bytes = 0;
   // Whether the executor runs the layers' predictors (fc1/fc2, sparse/predictor.hpp) and reads
   // the predicted neurons' rows only; else every gate row is read (the oracle rule). With them a
   // layer that uses the GPU holds its predictor there (PlanLayer::predictor_bytes, 0 without).
@@ -88,6 +92,9 @@ struct LayerPlacement {
 struct Plan {
   PlanMethod method = PlanMethod::greedy;
   std::vector<LayerPlacement> layers;
+  // The output head (final norm, output matrix, soft-cap) on the device: it needs the hidden
+  // state's buffers there (the attention scratch) and a device that holds hidden states.
+  bool output_gpu = false;
   // Filled by the solvers (and read back from plan files):
   uint64_t vram_budget = 0;
   uint64_t gpu_bytes = 0;            // = gpu_bytes(model, opts, *this)
@@ -113,13 +120,18 @@ uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the FFN scratch: some layer has GPU neurons or runs its predictor there.
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan);
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
+// Whether a plan needs the attention scratch (the device holds hidden states): some layer's
+// attention is there, or the output head.
+bool gpu_needs_attn_scratch(const Plan& plan);
+// The output head on the device: its weights and the logits of max_batch rows.
+uint64_t gpu_output_bytes(const PlanModel& m, const PlanOptions& opts);
 // Everything layer l puts on the GPU (attention + KV when attn, predictor when it uses the GPU,
 // the FFN share).
 uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons);
 // The FFN part alone: every layer's FFN share plus the FFN scratch when the plan needs it (what
 // a device running only the FFN allocates, engine/device.hpp; the predictors are not in it).
 uint64_t gpu_ffn_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
-// Everything the plan puts on the GPU: the layers plus the scratch in use.
+// Everything the plan puts on the GPU: the layers, the output head, plus the scratch in use.
 uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
 
 // ---- cost model ---------------------------------------------------------------------------
@@ -168,6 +180,9 @@ std::vector<int32_t> neurons_of_groups(const NeuronGroups& groups, const std::ve
 // without predictors, m.predicted).
 double neuron_seconds_saved(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L, double mass, int64_t count);
 double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L);                 // attention + KV moved
+// The output head moved: its matrix at the GPU's bandwidth, less a synchronization and the
+// transfers (the hidden state up, the logits down).
+double output_seconds_saved(const PlanModel& m, const DeviceDesc& dev);
 double layer_fixed_seconds(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L);  // sync - predictor saving
 
 // ---- inputs -------------------------------------------------------------------------------

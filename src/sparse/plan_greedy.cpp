@@ -1,4 +1,5 @@
-// Greedy placement: neuron groups and attention blocks by time saved per GPU byte, each taken
+// Greedy placement: neuron groups, attention blocks and the output head by time saved per GPU
+// byte, each taken
 // when it still fits the budget (counted exactly); layers that end below the minimum neuron
 // count are topped up when that fits, else left out and the pass repeated without them, as are
 // layers whose saving does not pay for their synchronization.
@@ -14,7 +15,7 @@ namespace {
 
 struct Item {
   double density;  // seconds saved per byte
-  int32_t layer;
+  int32_t layer;   // -1: the output head
   int32_t group;   // -1: the layer's attention and KV cache
 };
 
@@ -26,6 +27,8 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
   const size_t nl = m.layers.size();
   const int64_t min_n = std::min(opts.min_gpu_neurons, m.n_ff);
   const uint64_t ffn_scratch = gpu_ffn_scratch_bytes(m, opts), attn_scratch = gpu_attn_scratch_bytes(m, opts);
+  const uint64_t out_bytes = gpu_output_bytes(m, opts);
+  const bool head_can_go = opts.attention && m.output_weights_bytes > 0 && output_seconds_saved(m, dev) > 0;
   std::vector<NeuronGroups> groups(nl);
   for (size_t l = 0; l < nl; ++l) groups[l] = neuron_groups(m.layers[l], opts.group_size);
 
@@ -33,17 +36,25 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
   std::vector<std::vector<char>> chosen(nl);
   std::vector<int64_t> count(nl);
   std::vector<char> attn(nl);
+  bool out = false;
   for (;;) {
     uint64_t layers_total = 0;
     int64_t n_ffn_layers = 0, n_attn_layers = 0;
     for (size_t l = 0; l < nl; ++l) chosen[l].assign(groups[l].size(), 0), count[l] = 0, attn[l] = 0;
+    out = false;
+    // The scratch and the head with nf FFN layers, na attention layers and the head or not.
+    auto rest = [&](int64_t nf, int64_t na, bool o) {
+      // The FFN scratch also serves a predictor on the device (gpu_needs_ffn_scratch); the
+      // attention scratch holds the hidden state for the head too (gpu_needs_attn_scratch).
+      return (nf > 0 || (m.predicted && na > 0) ? ffn_scratch : 0) + (na > 0 || o ? attn_scratch : 0) +
+             (o ? out_bytes : 0);
+    };
     // Bytes of everything if layer l became (a, k): the exact accounting, incrementally.
     auto total_if = [&](size_t l, bool a, int64_t k) {
       const PlanLayer& L = m.layers[l];
       const uint64_t t = layers_total - gpu_layer_bytes(L, attn[l], count[l]) + gpu_layer_bytes(L, a, k);
       const int64_t nf = n_ffn_layers - (count[l] > 0) + (k > 0), na = n_attn_layers - attn[l] + a;
-      // The FFN scratch also serves a predictor on the device (gpu_needs_ffn_scratch).
-      return t + (nf > 0 || (m.predicted && na > 0) ? ffn_scratch : 0) + (na > 0 ? attn_scratch : 0);
+      return t + rest(nf, na, out);
     };
     auto apply = [&](size_t l, bool a, int64_t k) {
       const PlanLayer& L = m.layers[l];
@@ -55,6 +66,7 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
     };
 
     std::vector<Item> items;
+    if (head_can_go) items.push_back({output_seconds_saved(m, dev) / static_cast<double>(out_bytes), -1, 0});
     for (size_t l = 0; l < nl; ++l) {
       if (banned[l]) continue;
       const PlanLayer& L = m.layers[l];
@@ -68,6 +80,10 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
     }
     std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.density > b.density; });
     for (const Item& it : items) {
+      if (it.layer < 0) {
+        if (layers_total + rest(n_ffn_layers, n_attn_layers, true) <= dev.vram_budget) out = true;
+        continue;
+      }
       const size_t l = static_cast<size_t>(it.layer);
       if (it.group < 0) {
         if (total_if(l, true, count[l]) <= dev.vram_budget) apply(l, true, count[l]);
@@ -101,6 +117,7 @@ Plan plan_greedy(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& o
 
   Plan plan;
   plan.method = PlanMethod::greedy;
+  plan.output_gpu = out;
   plan.layers.resize(nl);
   for (size_t l = 0; l < nl; ++l) {
     plan.layers[l].attn_gpu = attn[l];

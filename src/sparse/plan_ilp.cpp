@@ -2,15 +2,16 @@
 //
 // Variables (binary), per layer l: x[l][g] for each neuron group g (hot first), a[l] (attention
 // and KV cache on the GPU), u[l] (the layer uses the GPU); z_f / z_a: some layer has GPU neurons /
-// GPU attention (their scratch is allocated once).
+// GPU attention (their scratch is allocated once); o: the output head on the GPU.
 //
-//   maximize  sum x[l][g] * saved(group) + a[l] * saved(attention) - u[l] * fixed(l)
+//   maximize  sum x[l][g] * saved(group) + a[l] * saved(attention) - u[l] * fixed(l) + o * saved(head)
 //   subject to
 //     x[l][g] <= u[l],  a[l] <= u[l],  u[l] <= a[l] + sum_g x[l][g],  x[l][g] <= x[l][g-1]
 //     sum_g |g| x[l][g] >= min(min_gpu_neurons, n_ff) * u[l]
-//     u[l] <= z_f,  a[l] <= z_a
+//     u[l] <= z_f,  a[l] <= z_a,  o <= z_a
 //     memory: sum a[l] (attn + kv) + u[l] (predictor + 4 * (kGpuAlign - 1))
-//             + sum_g |g| (gate + up + down + 4) x[l][g] + z_f ffn_scratch + z_a attn_scratch <= budget
+//             + sum_g |g| (gate + up + down + 4) x[l][g] + z_f ffn_scratch + z_a attn_scratch
+//             + o (head + logits) <= budget
 //
 // The memory row over-counts the exact accounting (each of a layer's four FFN buffers pads by
 // less than kGpuAlign), so every feasible point fits the budget exactly. The greedy plan is
@@ -48,12 +49,13 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     a_col[l] = n_cols++;
     u_col[l] = n_cols++;
   }
-  const int zf = n_cols++, za = n_cols++;
+  const int zf = n_cols++, za = n_cols++, out = n_cols++;
 
   std::vector<double> obj(static_cast<size_t>(n_cols), 0.0), lo(static_cast<size_t>(n_cols), 0.0),
       hi(static_cast<size_t>(n_cols), 1.0);
   if (!opts.attention)  // a device without attention blocks: a[l] = 0
     for (size_t l = 0; l < nl; ++l) hi[static_cast<size_t>(a_col[l])] = 0.0;
+  if (!opts.attention || m.output_weights_bytes == 0) hi[static_cast<size_t>(out)] = 0.0;  // the head stays
   CoinPackedMatrix rows(false, 0, 0);
   rows.setDimensions(0, n_cols);
   std::vector<double> row_lo, row_hi;
@@ -106,6 +108,12 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     add_row(u_le_zf, -inf, 0.0);
     add_row(a_le_za, -inf, 0.0);
   }
+  // The output head: its weights and logits, and the hidden state's buffers (the attention scratch).
+  obj[out] = -kScale * output_seconds_saved(m, dev);
+  memory.insert(out, static_cast<double>(gpu_output_bytes(m, opts)));
+  CoinPackedVector out_le_za;
+  out_le_za.insert(out, 1.0), out_le_za.insert(za, -1.0);
+  add_row(out_le_za, -inf, 0.0);
   memory.insert(zf, static_cast<double>(gpu_ffn_scratch_bytes(m, opts)));
   memory.insert(za, static_cast<double>(gpu_attn_scratch_bytes(m, opts)));
   add_row(memory, -inf, static_cast<double>(dev.vram_budget));
@@ -131,6 +139,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     if (!P.gpu_neurons.empty()) start[zf] = 1.0;
     if (P.attn_gpu) start[za] = 1.0;
   }
+  if (greedy.output_gpu) start[out] = start[za] = 1.0;
   for (int c = 0; c < n_cols; ++c) start_obj += start[c] * obj[c];
 
   CbcModel model(solver);
@@ -158,6 +167,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
       // where the layer has its neurons (a rounding artefact otherwise).
       if (plan.layers[l].gpu_neurons.size() < static_cast<size_t>(min_n)) plan.layers[l] = LayerPlacement{};
     }
+    plan.output_gpu = sol[out] > 0.5;
     finish_plan(m, dev, opts, plan);
     usable = plan.gpu_bytes <= dev.vram_budget;  // by construction; checked, never assumed
   }
@@ -167,6 +177,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     // CBC found nothing better than the greedy start (or nothing at all): return greedy's
     // placement under the ILP's name, with the gap CBC proved against it.
     plan.layers = greedy.layers;
+    plan.output_gpu = greedy.output_gpu;
     finish_plan(m, dev, opts, plan);
   }
   // "optimal": proven within opts.gap_tolerance; the gap says how close.

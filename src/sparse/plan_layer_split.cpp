@@ -1,6 +1,6 @@
 // Layer-split placement, the baseline llama.cpp's -ngl gives: the first k layers entirely on
 // the GPU (attention, KV cache, every neuron, the predictor), the rest on the CPU, k as large as
-// the budget allows. For a device without attention blocks (PlanOptions::attention false) the
+// the budget allows, and the output head too once every layer is there. For a device without attention blocks (PlanOptions::attention false) the
 // layers' FFNs alone.
 #include "core/timer.hpp"
 #include "sparse/plan.hpp"
@@ -15,13 +15,20 @@ Plan plan_layer_split(const PlanModel& m, const DeviceDesc& dev, const PlanOptio
   plan.layers.resize(m.layers.size());
   std::vector<int32_t> all(static_cast<size_t>(m.n_ff));
   for (int32_t j = 0; j < static_cast<int32_t>(m.n_ff); ++j) all[static_cast<size_t>(j)] = j;
+  bool every_layer = true;
   for (size_t l = 0; l < m.layers.size(); ++l) {
     plan.layers[l].attn_gpu = opts.attention;  // a device without attention blocks: the FFN alone
     plan.layers[l].gpu_neurons = all;
     if (gpu_bytes(m, opts, plan) > dev.vram_budget) {
       plan.layers[l] = LayerPlacement{};
+      every_layer = false;
       break;
     }
+  }
+  // The output head last, as llama.cpp's -ngl counts it (n_layer + 1), where it fits.
+  if (every_layer && opts.attention && m.output_weights_bytes > 0) {
+    plan.output_gpu = true;
+    if (gpu_bytes(m, opts, plan) > dev.vram_budget) plan.output_gpu = false;
   }
   return finish_heuristic(m, dev, opts, std::move(plan), "exact", timer.seconds());
 }

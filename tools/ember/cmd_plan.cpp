@@ -104,14 +104,14 @@ void run_plan(const PlanFlags& f) {
   print_layers(m, best);
   const double cpu_s = predict_cpu_seconds_per_token(m, dev);
   fmt::print("\nall on the CPU: {:.2f} tok/s predicted\n", 1.0 / cpu_s);
-  fmt::print("{:<12} {:<11} {:>9} {:>8} {:>10} {:>9} {:>6} {:>10} {:>8}\n", "method", "status", "gap", "solve s",
-             "GPU MiB", "neurons", "attn", "tok/s", "vs CPU");
+  fmt::print("{:<12} {:<11} {:>9} {:>8} {:>10} {:>9} {:>6} {:>5} {:>10} {:>8}\n", "method", "status", "gap", "solve s",
+             "GPU MiB", "neurons", "attn", "head", "tok/s", "vs CPU");
   for (const Plan& p : plans) {
     int attn = 0;
     for (const auto& L : p.layers) attn += L.attn_gpu;
-    fmt::print("{:<12} {:<11} {:>9} {:>8.3f} {:>10} {:>9} {:>6} {:>10.2f} {:>7.2f}x\n", plan_method_name(p.method),
+    fmt::print("{:<12} {:<11} {:>9} {:>8.3f} {:>10} {:>9} {:>6} {:>5} {:>10.2f} {:>7.2f}x\n", plan_method_name(p.method),
                p.status, gap_text(p), p.solve_seconds, mib(p.gpu_bytes), p.n_gpu_neurons(), attn,
-               1.0 / p.seconds_per_token, cpu_s / p.seconds_per_token);
+               p.output_gpu ? "GPU" : "CPU", 1.0 / p.seconds_per_token, cpu_s / p.seconds_per_token);
   }
   fmt::print("(speeds are the cost model's predictions, not measurements)\n");
   if (!f.out_path.empty()) {

@@ -54,6 +54,11 @@ __global__ void add_inplace_kernel(float* y, const float* x, int64_t n) {
   if (i < n) y[i] += x[i];
 }
 
+__global__ void softcap_kernel(float* y, int64_t n, float cap) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = cap * tanhf(y[i] / cap);
+}
+
 // Block (head, token), threads over the pairs.
 __global__ void rope_kernel(float* x, int64_t n_heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
                             int64_t n_rot, double attn_factor, bool neox) {
@@ -166,6 +171,12 @@ void add_inplace(float* y, const float* x, int64_t n, void* stream) {
   if (n == 0) return;
   add_inplace_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(y, x, n);
   check_launch("add_inplace kernel");
+}
+
+void softcap(float* y, int64_t n, float cap, void* stream) {
+  if (n == 0) return;
+  softcap_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(y, n, cap);
+  check_launch("softcap kernel");
 }
 
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const double* inv_freq,

@@ -7,6 +7,7 @@
 //                 an optional bias (cpu::rms_norm / cpu::layer_norm); w may be null (no weight)
 //   add_bias:     y[r][i] += b[i]                                       r < rows
 //   add_inplace:  y[i] += x[i]                                          (the residual)
+//   softcap:      y[i] = cap * tanh(y[i] / cap)                         (the output head)
 //   rope:         rotates the first n_rot dimensions of each head of each token (cpu::RopeTable:
 //                 theta = (pos0 + t) * inv_freq[i] in double, cos and sin times attn_factor, pairs
 //                 (2i, 2i+1) or (i, i + n_rot/2) for neox)
@@ -24,6 +25,8 @@ void norm_rows(const float* x, const float* w, const float* b, float* out, int64
                bool layer_norm, void* stream);
 void add_bias(float* y, const float* b, int64_t rows, int64_t width, void* stream);
 void add_inplace(float* y, const float* x, int64_t n, void* stream);
+// y[i] = cap * tanh(y[i] / cap): the output head's soft-cap (Gemma 2)
+void softcap(float* y, int64_t n, float cap, void* stream);
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
           int64_t n_rot, double attn_factor, bool neox, void* stream);
 void kv_store(const float* rows, int64_t n, int64_t row, void* cache, int64_t pos0, bool f16, void* stream);

@@ -36,6 +36,18 @@ CudaDevice::~CudaDevice() {
   if (stream_) cuda::stream_destroy(stream_);
 }
 
+cuda::Activations CudaDevice::activations(const float* x, int64_t n, int64_t cols, uint64_t xq,
+                                         std::initializer_list<DType> types) {
+  cuda::Activations a{x, nullptr};
+  for (DType t : types)
+    if (cuda::takes_q8(t)) {
+      cuda::quantize_q8(x, n, cols, arena_ + xq, stream_);
+      a.q8 = arena_ + xq;
+      break;
+    }
+  return a;
+}
+
 DeviceMemory CudaDevice::memory() const {
   size_t free = 0, total = 0;
   cuda::mem_info(&free, &total);
@@ -234,9 +246,11 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
     auto* mask = arena_ + layout_.mask;
     auto* cand = reinterpret_cast<int32_t*>(arena_ + layout_.cand);
     const auto& P = layout_.pred[l];
-    cuda::matvec(t.fc1, arena_ + P.fc1, n_embd_, t.rank, px, n, hid, stream_);
+    cuda::matvec(t.fc1, arena_ + P.fc1, n_embd_, t.rank, activations(px, n, n_embd_, layout_.pxq, {t.fc1}), n, hid,
+                 stream_);
     cuda::relu(hid, n * t.rank, stream_);
-    cuda::matvec(t.fc2, arena_ + P.fc2, t.rank, n_ff_, hid, n, h, stream_);
+    cuda::matvec(t.fc2, arena_ + P.fc2, t.rank, n_ff_, activations(hid, n, t.rank, layout_.hidq, {t.fc2}), n, h,
+                 stream_);
     cuda::predict_select(h, n_ff_, n, rule.predictor_threshold, s.n, mask, cand, cand + n_ff_, stream_);
     cuda::copy_to_host(mask_host_, mask, static_cast<size_t>(n_ff_ - s.n), stream_);
     cuda::event_record(predicted_event_, stream_);
@@ -245,9 +259,10 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
   }
   if (s.n > 0) {
     // Firing values of the share's rows (all, or the predicted ones), then the firing test.
-    cuda::gather_matvec(t.gate, arena_ + s.gate, n_embd_, rows, n_rows, s.n, xd, n, a, s.n, stream_);
+    const cuda::Activations xa = activations(xd, n, n_embd_, layout_.xq, {t.gate, t.up});
+    cuda::gather_matvec(t.gate, arena_ + s.gate, n_embd_, rows, n_rows, s.n, xa, n, a, s.n, stream_);
     cuda::ffn_fire(rule.act, rule.threshold, a, s.n, n, rows, active, pos, counters, stream_, n_rows);
-    cuda::gather_matvec(t.up, arena_ + s.up, n_embd_, active, counters, s.n, xd, n, h, s.n, stream_);
+    cuda::gather_matvec(t.up, arena_ + s.up, n_embd_, active, counters, s.n, xa, n, h, s.n, stream_);
     cuda::gate_mul(h, a, s.n, pos, counters, s.n, n, stream_);
     cuda::sparse_axpy(t.down, arena_ + s.down, n_embd_, active, counters, h, s.n, n, out, partial, stream_);
     cuda::copy_to_host(out_host_, out, bytes, stream_);
@@ -324,9 +339,10 @@ void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
         *att = at(layout_.att), *o = at(layout_.o);
   // As model/blocks.cpp's attention_block, step by step.
   cuda::norm_rows(x, dev_floats(W.attn_norm), dev_floats(W.attn_norm_b), xn, n, d, hp.norm_eps, ln, s);
-  cuda::matvec(W.wq.type, W.wq.data, d, nq, xn, n, q, s);
-  cuda::matvec(W.wk.type, W.wk.data, d, nkv, xn, n, k, s);
-  cuda::matvec(W.wv.type, W.wv.data, d, nkv, xn, n, v, s);
+  const cuda::Activations xa = activations(xn, n, d, layout_.aq, {W.wq.type, W.wk.type, W.wv.type});
+  cuda::matvec(W.wq.type, W.wq.data, d, nq, xa, n, q, s);
+  cuda::matvec(W.wk.type, W.wk.data, d, nkv, xa, n, k, s);
+  cuda::matvec(W.wv.type, W.wv.data, d, nkv, xa, n, v, s);
   if (W.bq.valid()) cuda::add_bias(q, dev_floats(W.bq), n, nq, s);
   if (W.bk.valid()) cuda::add_bias(k, dev_floats(W.bk), n, nkv, s);
   if (W.bv.valid()) cuda::add_bias(v, dev_floats(W.bv), n, nkv, s);
@@ -355,7 +371,7 @@ void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
   args.window = A.local ? hp.sliding_window : 0;
   args.f16 = f16;
   cuda::attention(args, q, n, pos0, kc, vc, att, at(layout_.scores), s);
-  cuda::matvec(W.wo.type, W.wo.data, nq, d, att, n, o, s);
+  cuda::matvec(W.wo.type, W.wo.data, nq, d, activations(att, n, nq, layout_.aq, {W.wo.type}), n, o, s);
   if (W.bo.valid()) cuda::add_bias(o, dev_floats(W.bo), n, d, s);
   if (W.attn_post_norm.valid())
     cuda::norm_rows(o, dev_floats(W.attn_post_norm), nullptr, o, n, d, hp.norm_eps, false, s);
@@ -401,7 +417,8 @@ void CudaDevice::output(int64_t n, float* logits) {
   float* dev_logits = at(layout_.logits);
   cuda::norm_rows(at(layout_.x_hidden), dev_floats(out_.norm), dev_floats(out_.norm_b), xn, n, n_embd_, hp.norm_eps,
                   hp.norm == NormKind::layer, stream_);
-  cuda::matvec(out_.output.type, out_.output.data, n_embd_, hp.n_vocab, xn, n, dev_logits, stream_);
+  cuda::matvec(out_.output.type, out_.output.data, n_embd_, hp.n_vocab,
+               activations(xn, n, n_embd_, layout_.aq, {out_.output.type}), n, dev_logits, stream_);
   if (hp.final_softcap > 0) cuda::softcap(dev_logits, n * hp.n_vocab, hp.final_softcap, stream_);
   const size_t bytes = static_cast<size_t>(n * hp.n_vocab) * sizeof(float);
   cuda::copy_to_host(logits_host_, dev_logits, bytes, stream_);

@@ -15,7 +15,10 @@
 // What it runs is cuda_caps() (engine/device.hpp); anything else is refused before a byte is
 // copied.
 #pragma once
+#include <initializer_list>
+
 #include "engine/device.hpp"
+#include "ops/cuda/cuda_ops.hpp"
 
 namespace ember {
 
@@ -58,6 +61,9 @@ class CudaDevice final : public Device {
     bool local = false;  // sliding window (and the local RoPE table where the model has one)
   };
   const Attn& attn_layer(int64_t layer) const;
+  // What a matvec of these weight types reads from x (n rows of cols): x, and rounded to 8 bits
+  // into the arena at xq first where one of them takes that (cuda::takes_q8).
+  cuda::Activations activations(const float* x, int64_t n, int64_t cols, uint64_t xq, std::initializer_list<DType> types);
   float* at(uint64_t offset) const { return reinterpret_cast<float*>(arena_ + offset); }
   const Model* model_ = nullptr;
   DeviceArenaLayout layout_;

@@ -153,11 +153,14 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     a.active = take(m.n_ff * sizeof(int32_t));
     a.pos = take((m.n_ff + 2) * sizeof(int32_t));  // positions, then the counters (CUDA)
     a.partial = take(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
+    a.xq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
     if (m.predicted) {
       a.px = take(b * m.n_embd * f);
       a.hid = take(b * static_cast<uint64_t>(m.predictor_rank) * f);
       a.mask = take(static_cast<uint64_t>(m.n_ff));
       a.cand = take((m.n_ff + 1) * sizeof(int32_t));
+      a.pxq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
+      a.hidq = take(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
     }
   }
   a.ffn_total = off;
@@ -200,6 +203,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     const uint64_t rope = static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double);
     a.rope = take(rope);
     a.rope_local = take(rope);
+    a.aq = take(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch));
     a.attn_scratch = off - start;
     EMBER_CHECK(a.attn_scratch == gpu_attn_scratch_bytes(m, opts), "device: attention scratch layout ({} bytes) "
                 "disagrees with the plan's accounting ({} bytes)", a.attn_scratch, gpu_attn_scratch_bytes(m, opts));

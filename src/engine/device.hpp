@@ -86,13 +86,14 @@ struct DeviceArenaLayout {
   std::vector<Share> layers;
   std::vector<Attention> attn;
   std::vector<Predictor> pred;
-  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0;  // FFN scratch offsets
-  uint64_t px = 0, hid = 0, mask = 0, cand = 0;  // predictor scratch: input, hidden, mask, rows (+ count)
+  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0, xq = 0;  // FFN scratch offsets
+  // Predictor scratch: input, hidden, mask, rows (+ count), input and hidden rounded to 8 bits.
+  uint64_t px = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
   // Attention scratch (when some layer's attention is here): the hidden state, the norm's
   // output, the block's output (n_embd each), q, k, v, the attention's output, the scores
-  // ([max_batch][n_head][n_ctx]) and the RoPE tables' inverse frequencies (doubles, global then
-  // local).
-  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0;
+  // ([max_batch][n_head][n_ctx]), the RoPE tables' inverse frequencies (doubles, global then
+  // local) and the block's inputs rounded to 8 bits (aq).
+  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0;
   uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
   uint64_t attn_scratch = 0;  // = gpu_attn_scratch_bytes when some layer's attention is here

@@ -56,15 +56,19 @@ uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   // the predictor's scores first), the active neurons' rows (n_ff) and their positions in the
   // share (n_ff, then two counters: active, fired).
   // Then the down axpy's partial sums (cuda::sparse_axpy: kAxpyChunks rows of n_embd).
+  // Then the down axpy's partial sums (cuda::sparse_axpy: kAxpyChunks rows of n_embd), and x
+  // rounded to 8 bits for the quantized gate and up rows (gpu_q8_bytes).
   uint64_t t = 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + gpu_pad(m.n_ff * sizeof(int32_t)) +
                gpu_pad((m.n_ff + 2) * sizeof(int32_t)) +
-               gpu_pad(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
+               gpu_pad(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f) +
+               gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch));
   // With predictors: their input (n_embd: the residual, where it is not the FFN input), hidden
   // layer (rank), the predicted mask of the layer's neurons (n_ff bytes) and the predicted share
-  // rows (n_ff, then their count).
+  // rows (n_ff, then their count), then the input and the hidden layer rounded to 8 bits.
   if (m.predicted)
     t += gpu_pad(b * m.n_embd * f) + gpu_pad(b * static_cast<uint64_t>(m.predictor_rank) * f) + gpu_pad(m.n_ff) +
-         gpu_pad((m.n_ff + 1) * sizeof(int32_t));
+         gpu_pad((m.n_ff + 1) * sizeof(int32_t)) + gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) +
+         gpu_pad(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
   return t;
 }
 
@@ -79,9 +83,11 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   // The hidden state, the norm's output and the block's output; q, k, v, the attention's
   // output, the scores of every head over the context; the RoPE tables (global, local) of
   // head_dim / 2 inverse frequencies (doubles) each. device_arena_layout lays them out in this order.
+  // Then the block's inputs rounded to 8 bits for quantized matrices (n_embd or q_dim values).
   const uint64_t rope = gpu_pad(static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double));
   return 3 * gpu_pad(b * m.n_embd * f) + gpu_pad(b * m.q_dim * f) + 2 * gpu_pad(b * m.kv_dim * f) +
-         gpu_pad(b * m.q_dim * f) + gpu_pad(b * m.n_head * m.n_ctx * f) + 2 * rope;
+         gpu_pad(b * m.q_dim * f) + gpu_pad(b * m.n_head * m.n_ctx * f) + 2 * rope +
+         gpu_pad(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch));
 }
 
 bool gpu_needs_attn_scratch(const Plan& plan) {

@@ -34,6 +34,11 @@ namespace ember {
 
 constexpr uint64_t kGpuAlign = 256;
 inline uint64_t gpu_pad(uint64_t n) { return (n + kGpuAlign - 1) / kGpuAlign * kGpuAlign; }
+// n_tokens rows of `cols` activations rounded to 8 bits in Q8_1 blocks of 32 (36 bytes each, the
+// last block of a row padded): what a GPU's quantized matvecs read (cuda::quantize_q8).
+inline uint64_t gpu_q8_bytes(int64_t cols, int64_t n_tokens) {
+  return static_cast<uint64_t>((cols + 31) / 32) * 36 * static_cast<uint64_t>(n_tokens);
+}
 
 // The machine: the GPU memory budget and the throughputs of the cost model.
 struct DeviceDesc {

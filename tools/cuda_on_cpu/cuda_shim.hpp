@@ -34,4 +34,13 @@
 #define cudaEventSynchronize hipEventSynchronize
 // 32-lane warps (the runtime's warpSize is set to 32 by run.sh); full masks only.
 #define __shfl_down_sync(mask, v, o) __shfl_down(v, o, 32)
+#define __shfl_sync(mask, v, lane) __shfl(v, lane, 32)
 #define __ballot_sync(mask, p) static_cast<unsigned>(__ballot(p))
+#include <cmath>
+inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }  // nearest, ties even
+// The four signed byte products of a and b, summed, plus c (CUDA's __dp4a on int operands).
+inline int __dp4a(int a, int b, int c) {
+  for (int i = 0; i < 4; ++i)
+    c += static_cast<int>(static_cast<signed char>(a >> (8 * i))) * static_cast<int>(static_cast<signed char>(b >> (8 * i)));
+  return c;
+}

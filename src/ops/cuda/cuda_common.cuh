@@ -78,16 +78,28 @@ __device__ __forceinline__ float element<3>(const uint8_t* row, int64_t j) {  //
   return half_at(b) * static_cast<float>(q) + half_at(b + 2);
 }
 
+constexpr int kQ8_1Bytes = 36;  // BlockQ8_1 (tensor/quant.hpp): half d, half s, 32 int8
+
+// Four bytes as an int from a 2-byte aligned address (Q4_0 and Q8_0 blocks are 18 and 34
+// bytes): the i-th int after p.
+__device__ __forceinline__ int load_int_b2(const uint8_t* p, int i) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return static_cast<int>(static_cast<uint32_t>(h[2 * i]) | (static_cast<uint32_t>(h[2 * i + 1]) << 16));
+}
+// The same from a 4-byte aligned address (Q4_1 and Q8_1 blocks' codes).
+__device__ __forceinline__ int load_int_b4(const uint8_t* p, int i) { return reinterpret_cast<const int*>(p)[i]; }
+
 struct SumOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
 // A warp's values combined in a fixed shuffle tree (lane 0 holds the result).
-template <class Op>
-__device__ __forceinline__ float warp_reduce(float s, Op op) {
+template <class T, class Op>
+__device__ __forceinline__ T warp_reduce(T s, Op op) {
   for (int o = kWarp / 2; o > 0; o >>= 1) s = op(s, __shfl_down_sync(0xffffffffu, s, o));
   return s;
 }

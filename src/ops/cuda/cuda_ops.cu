@@ -11,37 +11,46 @@ using namespace detail;
 
 namespace {
 
-// One lane's share of dot(row, x): lanes take blocks of 32 elements round robin.
+// One lane's share of dot(row, x): float rows (F32, F16) times float x, lanes over elements.
 template <int T>
-__device__ float lane_dot(const uint8_t* row, const float* x, int64_t cols, int lane) {
+__device__ float lane_dot_float(const uint8_t* row, const float* x, int64_t cols, int lane) {
   float s = 0.0f;
-  if (T == 0 || T == 1) {
-    for (int64_t j = lane; j < cols; j += kWarp) s += element<T>(row, j) * x[j];
-  } else {
-    const int64_t nb = cols / kQK;
-    for (int64_t b = lane; b < nb; b += kWarp) {
-      const uint8_t* blk = row + b * BlockBytes<T>::value;
-      const float d = half_at(blk);
-      const float* xb = x + b * kQK;
-      float acc = 0.0f;
-      if (T == 8) {
-        for (int k = 0; k < kQK; ++k) acc += static_cast<float>(static_cast<int8_t>(blk[2 + k])) * xb[k];
-        s += d * acc;
-      } else if (T == 2) {
-        for (int k = 0; k < 16; ++k) {
-          acc += static_cast<float>((blk[2 + k] & 0x0F) - 8) * xb[k];
-          acc += static_cast<float>((blk[2 + k] >> 4) - 8) * xb[k + 16];
-        }
-        s += d * acc;
-      } else {  // Q4_1: d q + m
-        float sx = 0.0f;
-        for (int k = 0; k < 16; ++k) {
-          acc += static_cast<float>(blk[4 + k] & 0x0F) * xb[k];
-          acc += static_cast<float>(blk[4 + k] >> 4) * xb[k + 16];
-          sx += xb[k] + xb[k + 16];
-        }
-        s += d * acc + half_at(blk + 2) * sx;
+  for (int64_t j = lane; j < cols; j += kWarp) s += element<T>(row, j) * x[j];
+  return s;
+}
+
+// One lane's share of dot(row, x) for a quantized row (Q4_0, Q4_1, Q8_0) and x in Q8_1 blocks:
+// lanes take blocks of 32 round robin; a block's codes are multiplied in integers (dp4a), then
+// scaled once: d_w d_x sum(q_w q_x) (Q4_0: q_w - 8, taken off as 8 sum(q_x); Q4_1: plus m_w s_x).
+template <int T>
+__device__ float lane_dot_q8(const uint8_t* row, const uint8_t* xq, int64_t cols, int lane) {
+  float s = 0.0f;
+  const int64_t nb = cols / kQK;
+  for (int64_t b = lane; b < nb; b += kWarp) {
+    const uint8_t* wb = row + b * BlockBytes<T>::value;
+    const uint8_t* xb = xq + b * kQ8_1Bytes;
+    const uint8_t* xqs = xb + 4;
+    const float dd = half_at(wb) * half_at(xb);
+    int isum = 0;
+    if (T == 8) {
+      for (int i = 0; i < 8; ++i) isum = __dp4a(load_int_b2(wb + 2, i), load_int_b4(xqs, i), isum);
+      s += dd * static_cast<float>(isum);
+    } else if (T == 2) {
+      int xsum = 0;
+      for (int i = 0; i < 4; ++i) {
+        const int v = load_int_b2(wb + 2, i), u0 = load_int_b4(xqs, i), u1 = load_int_b4(xqs, i + 4);
+        isum = __dp4a(v & 0x0F0F0F0F, u0, isum);           // codes of elements 4i .. 4i + 3
+        isum = __dp4a((v >> 4) & 0x0F0F0F0F, u1, isum);    // and of 16 + 4i ..
+        xsum = __dp4a(0x01010101, u0, __dp4a(0x01010101, u1, xsum));
       }
+      s += dd * static_cast<float>(isum - 8 * xsum);
+    } else {  // Q4_1
+      for (int i = 0; i < 4; ++i) {
+        const int v = load_int_b4(wb + 4, i);
+        isum = __dp4a(v & 0x0F0F0F0F, load_int_b4(xqs, i), isum);
+        isum = __dp4a((v >> 4) & 0x0F0F0F0F, load_int_b4(xqs, i + 4), isum);
+      }
+      s += dd * static_cast<float>(isum) + half_at(wb + 2) * half_at(xb + 2);
     }
   }
   return s;
@@ -51,16 +60,47 @@ size_t row_size(DType type, int64_t cols) { return row_bytes(type, cols); }
 
 constexpr int kRowsPerBlock = 4;  // warps per block, one row each
 
+// x: floats (F32, F16 rows) or Q8_1 blocks (quantized rows), token t's at t * cols values.
 template <int T>
 __global__ void matvec_kernel(const uint8_t* W, size_t row_stride, int64_t cols, int64_t rows, const int32_t* ids,
-                              const int32_t* n_ids, const float* x, float* y, int64_t y_stride) {
+                              const int32_t* n_ids, const void* x, float* y, int64_t y_stride) {
   const int lane = threadIdx.x % kWarp;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int64_t t = blockIdx.y;
   const int64_t n = n_ids ? *n_ids : rows;
   const bool valid = i < n;  // a warp past the end still takes part in the (uniform) shuffles
-  const float s = warp_sum(valid ? lane_dot<T>(W + (ids ? ids[i] : i) * row_stride, x + t * cols, cols, lane) : 0.0f);
+  float d = 0.0f;
+  if (valid) {
+    const uint8_t* row = W + (ids ? ids[i] : i) * row_stride;
+    if constexpr (T == 0 || T == 1)
+      d = lane_dot_float<T>(row, static_cast<const float*>(x) + t * cols, cols, lane);
+    else
+      d = lane_dot_q8<T>(row, static_cast<const uint8_t*>(x) + t * (cols / kQK) * kQ8_1Bytes, cols, lane);
+  }
+  const float s = warp_sum(d);
   if (valid && lane == 0) y[t * y_stride + i] = s;
+}
+
+// A warp per block of 32 values (of n_blocks over all tokens): max |x|, the codes, their sum.
+__global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, uint8_t* xq) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t blk = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const bool valid = blk < n_blocks;
+  const float v = valid ? x[blk * kQK + lane] : 0.0f;
+  const float amax = __shfl_sync(0xffffffffu, warp_reduce(fabsf(v), MaxOp{}), 0);
+  // As tensor/quant.cpp's quant_sym8: d = amax / 127, the codes from id = 127 / amax.
+  const float d = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const int r = __float2int_rn(v * id);  // nearest, ties even (the CPU's lrintf)
+  const int q = r < -127 ? -127 : r > 127 ? 127 : r;
+  const int sum = __shfl_sync(0xffffffffu, warp_reduce(q, SumOp{}), 0);
+  if (!valid) return;
+  uint8_t* b = xq + blk * kQ8_1Bytes;
+  b[4 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  if (lane == 0) {
+    reinterpret_cast<__half*>(b)[0] = __float2half_rn(d);
+    reinterpret_cast<__half*>(b)[1] = __float2half_rn(d * static_cast<float>(sum));
+  }
 }
 
 // Block-wide compaction step, in thread order: every thread of the block calls it with its
@@ -208,9 +248,11 @@ void check_type(DType type, int64_t cols) {
 }
 
 void launch_matvec(DType type, const void* W, int64_t cols, int64_t rows, const int32_t* ids, const int32_t* n_ids,
-                   const float* x, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
+                   Activations a, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
   check_type(type, cols);
   if (rows == 0 || n_tokens == 0) return;
+  const void* x = takes_q8(type) ? a.q8 : static_cast<const void*>(a.f);
+  EMBER_CHECK(x, "CUDA matvec: {} rows need {} activations", dtype_name(type), takes_q8(type) ? "Q8_1" : "float");
   const dim3 grid(grid_of(rows, kRowsPerBlock), static_cast<unsigned>(n_tokens));
   const dim3 block(kRowsPerBlock * kWarp);
   const auto* w = static_cast<const uint8_t*>(W);
@@ -279,17 +321,29 @@ void copy_to_host_sync(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to host)");
 }
 
+bool takes_q8(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+
+void quantize_q8(const float* x, int64_t n_tokens, int64_t cols, void* xq, void* stream) {
+  EMBER_CHECK(cols % kQK == 0, "CUDA quantize_q8: rows of {} values (a multiple of 32)", cols);
+  const int64_t n_blocks = n_tokens * cols / kQK;
+  if (n_blocks == 0) return;
+  constexpr int kWarpsPerBlock = 8;
+  quantize_q8_kernel<<<grid_of(n_blocks, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, as_stream(stream)>>>(
+      x, n_blocks, static_cast<uint8_t*>(xq));
+  check_launch("quantize_q8 kernel");
+}
+
 bool supports(DType t) {
   return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1;
 }
 
-void matvec(DType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
+void matvec(DType type, const void* W, int64_t cols, int64_t rows, Activations x, int64_t n_tokens, float* y,
             void* stream) {
   launch_matvec(type, W, cols, rows, nullptr, nullptr, x, n_tokens, y, rows, stream);
 }
 
 void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows, const int32_t* n_rows,
-                   int64_t max_rows, const float* x, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
+                   int64_t max_rows, Activations x, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
   launch_matvec(type, W, cols, max_rows, rows, n_rows, x, n_tokens, y, y_stride, stream);
 }
 

@@ -3,9 +3,11 @@
 // pointers unless named host_*, `stream` is a cudaStream_t passed as void*.
 //
 // Weight rows are in GGUF block layouts (F32, F16, Q8_0, Q4_0, Q4_1), read as they are stored; the
-// activations stay float (the CPU kernels round them to 8 bits first for quantized weights, so
-// the two agree to that rounding). Every kernel sums in a fixed order: results are deterministic.
+// activations of quantized rows are rounded to 8 bits first (Q8_1 blocks, quantize_q8), as the
+// CPU's kernels round them, and multiplied in integers (dp4a); F32 and F16 rows take float
+// activations. Every kernel sums in a fixed order: results are deterministic.
 //
+//   quantize_q8:    x rows -> Q8_1 blocks (as the CPU's quantize_row)
 //   matvec:         y[t][r]  = dot(W row r, x[t])                       r < rows
 //   gather_matvec:  y[t][i]  = dot(W row rows[i], x[t])                 i < *n_rows (device count)
 //   ffn_fire:       act(y) in place; zero where |.| <= threshold; the firing positions
@@ -53,11 +55,25 @@ void copy_to_host_sync(void* host_dst, const void* src, size_t bytes);
 // True for the weight types the kernels read.
 bool supports(DType t);
 
-void matvec(DType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
+// What a matvec reads: the activations' float rows, and for weights that take them rounded to 8
+// bits (takes_q8) their Q8_1 blocks from quantize_q8, as the CPU's kernels round activations for
+// quantized weights (so the two agree to the order of float sums).
+struct Activations {
+  const float* f = nullptr;
+  const void* q8 = nullptr;
+};
+bool takes_q8(DType t);  // Q4_0, Q4_1, Q8_0: integer dot products (dp4a) with Q8_1 activations
+// xq = the n_tokens rows of `cols` values at x (a multiple of 32) in Q8_1 blocks, exactly as the
+// CPU's quantize_row(Q8_1) rounds them (tensor/quant.cpp): q = x * (127 / max|x|) rounded to
+// nearest even, d = max|x| / 127 and s = d * sum(q) in fp16 (the CPU's Q8_0 blocks are the same
+// d and q). Token t's blocks start at t * cols / 32 blocks.
+void quantize_q8(const float* x, int64_t n_tokens, int64_t cols, void* xq, void* stream);
+
+void matvec(DType type, const void* W, int64_t cols, int64_t rows, Activations x, int64_t n_tokens, float* y,
             void* stream);
 // y has stride y_stride per token; n_rows points to a device int32 (<= max_rows).
 void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows, const int32_t* n_rows,
-                   int64_t max_rows, const float* x, int64_t n_tokens, float* y, int64_t y_stride, void* stream);
+                   int64_t max_rows, Activations x, int64_t n_tokens, float* y, int64_t y_stride, void* stream);
 // act: [n_tokens][n] in place; active/pos: n ints each; n_active: two ints, the firing
 // positions and the fired (token, position) pairs.
 // n_valid (a device int, or null): only the first *n_valid positions of each token's row of n.

@@ -415,14 +415,17 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
       for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 1e-6f * (1 + std::fabs(ref[i]))) << i;
     }
   }
-  // The KV store and attention.
+  // The KV store and attention: one chunk of positions, and several (kAttnChunk = 256) merged,
+  // with sliding windows that leave early chunks empty.
   for (bool f16 : {true, false}) {
     for (auto [n_head, n_head_kv, head_dim] :
          {std::tuple<int64_t, int64_t, int64_t>{4, 2, 40}, {8, 8, 64}, {6, 2, 128}, {2, 1, 256}}) {
-      for (int64_t window : {int64_t{0}, int64_t{5}}) {
-        SCOPED_TRACE(fmt::format("{} cache, {}/{} heads of {}, window {}", f16 ? "F16" : "F32", n_head, n_head_kv,
-                                 head_dim, window));
-        const int64_t n_ctx = 40, pos0 = 17, n_tokens = 4, kvd = n_head_kv * head_dim, qd = n_head * head_dim;
+      for (auto [n_ctx, pos0, n_tokens, window] :
+           {std::tuple<int64_t, int64_t, int64_t, int64_t>{40, 17, 4, 0}, {40, 17, 4, 5}, {700, 500, 3, 0},
+            {700, 500, 3, 300}, {1100, 1024, 2, 5}}) {
+        SCOPED_TRACE(fmt::format("{} cache, {}/{} heads of {}, tokens {}..{}, window {}", f16 ? "F16" : "F32", n_head,
+                                 n_head_kv, head_dim, pos0, pos0 + n_tokens - 1, window));
+        const int64_t kvd = n_head_kv * head_dim, qd = n_head * head_dim;
         // The cache's earlier positions, then the new tokens' rows stored by kv_store.
         std::vector<float> k = random_floats(static_cast<size_t>(n_ctx * kvd), rng);
         std::vector<float> v = random_floats(static_cast<size_t>(n_ctx * kvd), rng);
@@ -456,7 +459,9 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
         a.f16 = f16;
         DeviceVec<float> dout(std::vector<float>(q.size(), nan));
         DeviceVec<float> dscores(std::vector<float>(static_cast<size_t>(n_tokens * n_head * n_ctx), nan));
-        cuda::attention(a, dq.p, n_tokens, pos0, dk.p, dv.p, dout.p, dscores.p, stream);
+        DeviceVec<float> dpartial(std::vector<float>(
+            static_cast<size_t>(cuda::attention_partial_floats(n_tokens, n_head, head_dim, n_ctx)), nan));
+        cuda::attention(a, dq.p, n_tokens, pos0, dk.p, dv.p, dout.p, dscores.p, dpartial.p, stream);
         cuda::stream_sync(stream);
         ASSERT_EQ(dk.get(), kc);  // the stored rows are the CPU's (F16: rounded as cpu::to_f16)
         ASSERT_EQ(dv.get(), vc);

@@ -274,14 +274,15 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
     EXPECT_EQ(dev.layout().attn_weights, attn_bytes);
     // The attention scratch by hand: hidden state, norm output, block output (n_embd each), q, k, v,
     // attention output, scores over the context, two RoPE tables of head_dim / 2 doubles, the
-    // block's inputs rounded to 8 bits (4 Q8_1 blocks of 36 bytes per row of 128).
+    // block's inputs rounded to 8 bits (4 Q8_1 blocks of 36 bytes per row of 128), the attention's
+    // partial results (one chunk of the 64 positions per token and head: max, sum, 32 values).
     const uint64_t b = static_cast<uint64_t>(o.max_batch), hd = static_cast<uint64_t>(model->hp.head_dim);
     const uint64_t q = static_cast<uint64_t>(model->hp.n_head) * hd, kv = static_cast<uint64_t>(model->hp.n_head_kv) * hd;
     const uint64_t attn_scratch =
         attn_layers == 0 && !p.output_gpu ? 0
                          : 3 * gpu_pad(b * 128 * 4) + 2 * gpu_pad(b * q * 4) + 2 * gpu_pad(b * kv * 4) +
                                gpu_pad(b * static_cast<uint64_t>(model->hp.n_head) * 64 * 4) + 2 * gpu_pad(hd / 2 * 8) +
-                               gpu_pad(b * 4 * 36);
+                               gpu_pad(b * 4 * 36) + gpu_pad(b * static_cast<uint64_t>(model->hp.n_head) * (hd + 2) * 4);
     EXPECT_EQ(dev.layout().attn_scratch, attn_scratch);
     // The head: the norm (128 floats), the matrix, the logits of max_batch rows.
     const uint64_t head = !p.output_gpu ? 0

@@ -370,7 +370,7 @@ void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
   args.scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   args.window = A.local ? hp.sliding_window : 0;
   args.f16 = f16;
-  cuda::attention(args, q, n, pos0, kc, vc, att, at(layout_.scores), s);
+  cuda::attention(args, q, n, pos0, kc, vc, att, at(layout_.scores), at(layout_.attn_partial), s);
   cuda::matvec(W.wo.type, W.wo.data, nq, d, activations(att, n, nq, layout_.aq, {W.wo.type}), n, o, s);
   if (W.bo.valid()) cuda::add_bias(o, dev_floats(W.bo), n, d, s);
   if (W.attn_post_norm.valid())

@@ -10,6 +10,7 @@
 #include "model/ffn.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cuda/cuda_blocks.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 #include "sparse/predictor.hpp"
 
@@ -204,6 +205,9 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     a.rope = take(rope);
     a.rope_local = take(rope);
     a.aq = take(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch));
+    a.attn_partial =
+        take(static_cast<uint64_t>(cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head,
+                                                                  m.n_ctx)) * f);
     a.attn_scratch = off - start;
     EMBER_CHECK(a.attn_scratch == gpu_attn_scratch_bytes(m, opts), "device: attention scratch layout ({} bytes) "
                 "disagrees with the plan's accounting ({} bytes)", a.attn_scratch, gpu_attn_scratch_bytes(m, opts));

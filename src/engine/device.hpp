@@ -92,8 +92,9 @@ struct DeviceArenaLayout {
   // Attention scratch (when some layer's attention is here): the hidden state, the norm's
   // output, the block's output (n_embd each), q, k, v, the attention's output, the scores
   // ([max_batch][n_head][n_ctx]), the RoPE tables' inverse frequencies (doubles, global then
-  // local) and the block's inputs rounded to 8 bits (aq).
-  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0;
+  // local), the block's inputs rounded to 8 bits (aq) and the attention's partial results over
+  // chunks of the context.
+  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0, attn_partial = 0;
   uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
   uint64_t attn_scratch = 0;  // = gpu_attn_scratch_bytes when some layer's attention is here

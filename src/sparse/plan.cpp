@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "gguf/writer.hpp"
 #include "model/kv_cache.hpp"
+#include "ops/cuda/cuda_blocks.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 #include "sparse/predictor.hpp"
 #include "model/synth.hpp"
@@ -83,11 +84,14 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   // The hidden state, the norm's output and the block's output; q, k, v, the attention's
   // output, the scores of every head over the context; the RoPE tables (global, local) of
   // head_dim / 2 inverse frequencies (doubles) each. device_arena_layout lays them out in this order.
-  // Then the block's inputs rounded to 8 bits for quantized matrices (n_embd or q_dim values).
+  // Then the block's inputs rounded to 8 bits for quantized matrices (n_embd or q_dim values),
+  // and the attention's partial results over chunks of the context (cuda_blocks.hpp).
   const uint64_t rope = gpu_pad(static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double));
+  const uint64_t partial = static_cast<uint64_t>(
+      cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head, m.n_ctx));
   return 3 * gpu_pad(b * m.n_embd * f) + gpu_pad(b * m.q_dim * f) + 2 * gpu_pad(b * m.kv_dim * f) +
          gpu_pad(b * m.q_dim * f) + gpu_pad(b * m.n_head * m.n_ctx * f) + 2 * rope +
-         gpu_pad(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch));
+         gpu_pad(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch)) + gpu_pad(partial * f);
 }
 
 bool gpu_needs_attn_scratch(const Plan& plan) {

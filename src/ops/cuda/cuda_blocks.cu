@@ -92,30 +92,36 @@ __device__ __forceinline__ float cache_at(const void* c, int64_t i) {
 
 constexpr int kMaxHeadDim = 256;
 
-// Block (head, token) of kAttnThreads(head_dim) threads. Scores: a warp per position (lanes over
-// the head's dimensions, a fixed shuffle tree); softmax with block-wide max and sum in a fixed
-// order; the output: groups of head_dim threads over interleaved positions, added in group order.
+// Block (head, token, chunk) of attn_threads(head_dim) threads, over the token's visible
+// positions in chunk c ([c kAttnChunk, (c + 1) kAttnChunk)). Scores: a warp per position (lanes
+// over the head's dimensions, a fixed shuffle tree), into the token's scores at their positions;
+// the chunk's max m, the sum l of exp(score - m), and out = sum exp(score - m) v by groups of
+// head_dim threads over interleaved positions, added in group order. One chunk: out / l is the
+// output; more: (m, l, out) go to `partial` for attention_merge_kernel. An empty chunk (outside
+// a sliding window, or after the token) gives m = -inf, l = 0, out = 0.
 template <bool F16>
 __global__ void attention_kernel(AttentionArgs a, const float* q, int64_t pos0, const void* k, const void* v,
-                                 float* out, float* scores) {
+                                 float* out, float* scores, float* partial) {
   __shared__ float qs[kMaxHeadDim];
   __shared__ float red[33];
   __shared__ float part[kMaxHeadDim * 2];
-  const int64_t h = blockIdx.x, t = blockIdx.y, hd = a.head_dim;
+  const int64_t h = blockIdx.x, t = blockIdx.y, c = blockIdx.z, n_chunks = gridDim.z, hd = a.head_dim;
   const int64_t kvh = h / (a.n_head / a.n_head_kv), stride = a.n_head_kv * hd;
   const int64_t pos = pos0 + t;
   const int64_t first = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-  const int64_t n_pos = pos - first + 1;
+  const int64_t lo = first > c * kAttnChunk ? first : c * kAttnChunk;
+  const int64_t hi = pos + 1 < (c + 1) * kAttnChunk ? pos + 1 : (c + 1) * kAttnChunk;
+  const int64_t n_pos = hi > lo ? hi - lo : 0;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(t * a.n_head + h) * hd + i];
   __syncthreads();
-  float* sc = scores + (t * a.n_head + h) * a.n_ctx;
+  float* sc = scores + (t * a.n_head + h) * a.n_ctx + lo;
   float mx = -INFINITY;
   for (int64_t base = 0; base < n_pos; base += n_warps) {  // rounds: every warp shuffles alike
     const int64_t p = base + warp;
     float d = 0.0f;
     if (p < n_pos) {
-      const int64_t row = (first + p) * stride + kvh * hd;
+      const int64_t row = (lo + p) * stride + kvh * hd;
       for (int64_t i = lane; i < hd; i += kWarp) d += qs[i] * cache_at<F16>(k, row + i);
     }
     d = warp_sum(d) * a.scale;
@@ -130,18 +136,45 @@ __global__ void attention_kernel(AttentionArgs a, const float* q, int64_t pos0, 
     sum += e;
   }
   sum = block_sum(sum, red);  // its barriers make the exponentials visible to the whole block
-  const int64_t groups = blockDim.x / hd;  // >= 1: kAttnThreads(hd) >= hd
+  const int64_t groups = blockDim.x / hd;  // >= 1: attn_threads(hd) >= hd
   const int64_t g = threadIdx.x / hd, i = threadIdx.x % hd;
   if (g < groups) {
     float acc = 0.0f;
-    for (int64_t p = g; p < n_pos; p += groups) acc += sc[p] * cache_at<F16>(v, (first + p) * stride + kvh * hd + i);
+    for (int64_t p = g; p < n_pos; p += groups) acc += sc[p] * cache_at<F16>(v, (lo + p) * stride + kvh * hd + i);
     part[g * hd + i] = acc;
   }
   __syncthreads();
   if (threadIdx.x < hd) {
     float o = 0.0f;
     for (int64_t gg = 0; gg < groups; ++gg) o += part[gg * hd + threadIdx.x];
-    out[(t * a.n_head + h) * hd + threadIdx.x] = o / sum;
+    if (n_chunks == 1) {
+      out[(t * a.n_head + h) * hd + threadIdx.x] = o / sum;
+    } else {
+      float* pc = partial + ((t * a.n_head + h) * n_chunks + c) * (hd + 2);
+      pc[2 + threadIdx.x] = o;
+      if (threadIdx.x == 0) pc[0] = mx, pc[1] = sum;
+    }
+  }
+}
+
+// Block (head, token), threads over the head's values: the chunks' partial softmaxes merged in
+// chunk order, out = sum_c exp(m_c - M) out_c / sum_c exp(m_c - M) l_c with M = max_c m_c.
+__global__ void attention_merge_kernel(int64_t n_head, int64_t head_dim, int64_t n_chunks, const float* partial,
+                                       float* out) {
+  const int64_t h = blockIdx.x, t = blockIdx.y;
+  const float* pt = partial + (t * n_head + h) * n_chunks * (head_dim + 2);
+  float m = -INFINITY;
+  for (int64_t c = 0; c < n_chunks; ++c) m = fmaxf(m, pt[c * (head_dim + 2)]);
+  for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    float l = 0.0f, o = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const float* pc = pt + c * (head_dim + 2);
+      if (pc[1] == 0.0f) continue;  // an empty chunk
+      const float w = expf(pc[0] - m);
+      l += w * pc[1];
+      o += w * pc[2 + i];
+    }
+    out[(t * n_head + h) * head_dim + i] = o / l;
   }
 }
 
@@ -196,7 +229,7 @@ void kv_store(const float* rows, int64_t n, int64_t row, void* cache, int64_t po
 }
 
 void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, int64_t pos0, const void* k_cache,
-               const void* v_cache, float* out, float* scores, void* stream) {
+               const void* v_cache, float* out, float* scores, float* partial, void* stream) {
   EMBER_CHECK(a.head_dim >= 1 && a.head_dim <= kMaxHeadDim, "CUDA attention: head size {} (1 to {})", a.head_dim,
               kMaxHeadDim);
   EMBER_CHECK(a.n_head_kv >= 1 && a.n_head % a.n_head_kv == 0, "CUDA attention: {} heads over {} KV heads", a.n_head,
@@ -204,14 +237,22 @@ void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, int64_t
   EMBER_CHECK(pos0 >= 0 && pos0 + n_tokens <= a.n_ctx, "CUDA attention: positions {}..{} beyond the cache's {}", pos0,
               pos0 + n_tokens - 1, a.n_ctx);
   if (n_tokens == 0) return;
-  const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens));
+  // Chunks of kAttnChunk positions up to the last token's: they depend on the positions only, so
+  // the result does not depend on anything else (deterministic).
+  const int64_t n_chunks = attention_chunks(pos0 + n_tokens);
+  const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_chunks));
   const int threads = attn_threads(a.head_dim);
   cudaStream_t s = as_stream(stream);
   if (a.f16)
-    attention_kernel<true><<<grid, threads, 0, s>>>(a, q, pos0, k_cache, v_cache, out, scores);
+    attention_kernel<true><<<grid, threads, 0, s>>>(a, q, pos0, k_cache, v_cache, out, scores, partial);
   else
-    attention_kernel<false><<<grid, threads, 0, s>>>(a, q, pos0, k_cache, v_cache, out, scores);
+    attention_kernel<false><<<grid, threads, 0, s>>>(a, q, pos0, k_cache, v_cache, out, scores, partial);
   check_launch("attention kernel");
+  if (n_chunks > 1) {
+    attention_merge_kernel<<<dim3(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens)), 128, 0, s>>>(
+        a.n_head, a.head_dim, n_chunks, partial, out);
+    check_launch("attention merge kernel");
+  }
 }
 
 }  // namespace ember::cuda

@@ -14,8 +14,10 @@
 //   kv_store:     rows [n][row] of float into a cache of F16 or F32 values at positions pos0..
 //   attention:    causal attention of q [n][n_head * head_dim] (token t at pos0 + t) over the
 //                 cache positions 0 .. pos0 + t (from pos0 + t - window + 1 with a sliding window),
-//                 grouped-query heads, scaled scores, softmax; one block per (head, token); the
-//                 scores go through `scores` ([n][n_head][n_ctx] floats)
+//                 grouped-query heads, scaled scores, softmax; one block per (head, token, chunk
+//                 of kAttnChunk positions), the chunks' partial softmaxes merged in order when
+//                 there are several; the scores go through `scores` ([n][n_head][n_ctx] floats),
+//                 the chunks' results through `partial` (attention_partial_floats)
 #pragma once
 #include <cstdint>
 
@@ -30,6 +32,15 @@ void softcap(float* y, int64_t n, float cap, void* stream);
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
           int64_t n_rot, double attn_factor, bool neox, void* stream);
 void kv_store(const float* rows, int64_t n, int64_t row, void* cache, int64_t pos0, bool f16, void* stream);
+// Positions per chunk of the attention (flash decoding: a long context is split into chunks that
+// run in parallel, their partial softmaxes merged after), and the chunks for `positions` cached
+// positions.
+constexpr int64_t kAttnChunk = 256;
+inline int64_t attention_chunks(int64_t positions) { return (positions + kAttnChunk - 1) / kAttnChunk; }
+// Floats of the partial results: per token and head, per chunk, (max, sum, head_dim values).
+inline int64_t attention_partial_floats(int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_ctx) {
+  return n_tokens * n_head * attention_chunks(n_ctx) * (head_dim + 2);
+}
 struct AttentionArgs {
   int64_t n_head = 0, n_head_kv = 0, head_dim = 0, n_ctx = 0;
   float scale = 1.0f;
@@ -37,6 +48,6 @@ struct AttentionArgs {
   bool f16 = true;     // the cache's values
 };
 void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, int64_t pos0, const void* k_cache,
-               const void* v_cache, float* out, float* scores, void* stream);
+               const void* v_cache, float* out, float* scores, float* partial, void* stream);
 
 }  // namespace ember::cuda

@@ -8,11 +8,12 @@
 #                  hybrid (--hybrid-device cuda, attention and hot neurons on the GPU) against
 #                  all-CPU over a few hundred positions, two hybrid runs bit-identical, and the
 #                  process's GPU memory (nvidia-smi) against its budget: CUDA's context measured
-#   bench.txt      ember bench on a 7B-shape synth ReLU model (90 % sparse, Q4_0): all-CPU, the
+#   bench.txt      ember bench on a 7B-shape synth ReLU model (90 % sparse, Q4_0, or F16 with
+#                  --bench-type f16; PowerInfer's layout, the oracle rule): all-CPU, the
 #                  hybrid at 25 / 50 / 75 % of the model's bytes (plus CUDA's context: the budgets
 #                  are of the process), the layer split at 50 % (whole
-#                  layers, as llama.cpp's -ngl) and all-GPU (--vram-budget auto), with the
-#                  hybrid's time breakdown
+#                  layers, as llama.cpp's -ngl), the hybrid at 50 % with the model's predictors
+#                  and all-GPU (--vram-budget auto), with the hybrid's time breakdown
 #   memory.csv     nvidia-smi's memory.used sampled during the benchmarks
 #   summary.txt    one row per step, printed last
 #   scripts/gpu_run.sh OUTDIR            on the GPU machine (the pack in gpu-pack/ or $EMBER_PACK)
@@ -21,8 +22,16 @@
 #                                        known to work before a GPU is there
 set -uo pipefail
 dry=0
-if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
-[ $# -eq 1 ] || { echo "usage: scripts/gpu_run.sh [--dry-run] OUTDIR" >&2; exit 2; }
+bench_type=q4_0
+while [ $# -gt 1 ]; do
+  case "$1" in
+    --dry-run) dry=1; shift ;;
+    --bench-type) bench_type=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+[ $# -eq 1 ] || { echo "usage: scripts/gpu_run.sh [--dry-run] [--bench-type q4_0|f16] OUTDIR" >&2; exit 2; }
+[[ "$bench_type" =~ ^(q4_0|f16)$ ]] || { echo "gpu_run: --bench-type is q4_0 or f16" >&2; exit 2; }
 out=$1
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
@@ -161,14 +170,16 @@ else
 fi
 
 # ---- 5. speed on a 7B shape: all-CPU, the hybrid at three budgets, the layer split, all-GPU ------
+# PowerInfer's layout (neuron-major ffn_down_t in the file's type, predictors): the oracle rule
+# everywhere (the gate decides, on each side), and the model's predictors once at 50 %.
 if ((dry)); then preset7=tiny; else preset7=7b; fi
 model7=$work/relu7b.gguf
 sampler=""
 if late; then
   row "bench" skip "out of time ($(($(date +%s) - start)) s)"
 else
-  timeout 150 "$ember" synth --preset "$preset7" --act relu --sparsity 0.9 --gate-rank 32 --type q4_0 -o "$model7" \
-    >"$out/bench.txt" 2>&1
+  timeout 150 "$ember" synth --preset "$preset7" --act relu --sparsity 0.9 --gate-rank 32 --type "$bench_type" \
+    --powerinfer -o "$model7" >"$out/bench.txt" 2>&1
   if ((!dry)); then
     nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv -lms 250 >"$out/memory.csv" 2>&1 &
     sampler=$!
@@ -187,19 +198,22 @@ else
   }
   bytes7=$(stat -c %s "$model7" 2>/dev/null || echo 0)
   read -r cpu_pp cpu_tg < <(bench cpu --sparse-mode oracle)
-  speeds="all-CPU tg $cpu_tg"
+  speeds="$bench_type: all-CPU tg $cpu_tg"
   declare -A tg
   for frac in 25 50 75; do
-    read -r pp t < <(bench "h$frac" --vram-budget $((bytes7 * frac / 100 + reserve)) --plan-method greedy \
-      --hybrid-device "$device")
+    read -r pp t < <(bench "h$frac" --sparse-mode oracle --vram-budget $((bytes7 * frac / 100 + reserve)) \
+      --plan-method greedy --hybrid-device "$device")
     tg[$frac]=$t
     speeds="$speeds; hybrid $frac% tg $t"
   done
-  read -r pp split_tg < <(bench split50 --vram-budget $((bytes7 / 2 + reserve)) --plan-method layer-split \
-    --hybrid-device "$device")
+  read -r pp split_tg < <(bench split50 --sparse-mode oracle --vram-budget $((bytes7 / 2 + reserve)) \
+    --plan-method layer-split --hybrid-device "$device")
   speeds="$speeds; layer-split 50% tg $split_tg"
+  read -r pp pred_tg < <(bench h50p --sparse-mode predictor --vram-budget $((bytes7 / 2 + reserve)) \
+    --plan-method greedy --hybrid-device "$device")
+  speeds="$speeds; hybrid 50% with predictors tg $pred_tg"
   if ((dry)); then gpu_tg="-"; else
-    read -r pp gpu_tg < <(bench gpu --vram-budget auto --plan-method greedy --hybrid-device "$device")
+    read -r pp gpu_tg < <(bench gpu --sparse-mode oracle --vram-budget auto --plan-method greedy --hybrid-device "$device")
   fi
   speeds="$speeds; all-GPU tg $gpu_tg (tok/s)"
   [ -n "$sampler" ] && kill "$sampler" 2>/dev/null

@@ -16,7 +16,9 @@
 #                  and all-GPU (--vram-budget auto), with the hybrid's time breakdown
 #   memory.csv     nvidia-smi's memory.used sampled during the benchmarks
 #   summary.txt    one row per step, printed last
-#   scripts/gpu_run.sh OUTDIR            on the GPU machine (the pack in gpu-pack/ or $EMBER_PACK)
+#   scripts/gpu_run.sh OUTDIR            on the GPU machine (the pack in gpu-pack/ or $EMBER_PACK;
+#                                        EMBER_GPU_E2E_PRESET / EMBER_GPU_BENCH_PRESET: the synth
+#                                        presets of steps 4 and 5, 1.1b and 7b by default)
 #   scripts/gpu_run.sh --dry-run OUTDIR  the same steps on the CPU stand-in device with a tiny model
 #                                        and build/'s programs: what CI runs, so that the script is
 #                                        known to work before a GPU is there
@@ -109,7 +111,7 @@ else
 fi
 
 # ---- 4. end to end: a synth ReLU model made here ---------------------------------------------
-if ((dry)); then preset=tiny; chunks=4; ctx=64; else preset=1.1b; chunks=6; ctx=128; fi
+if ((dry)); then preset=tiny; chunks=4; ctx=64; else preset=${EMBER_GPU_E2E_PRESET:-1.1b}; chunks=6; ctx=128; fi
 # Budgets are of the process: a share of the model's bytes for the plan, plus what CUDA's context
 # takes by itself (kCudaContextReserve, engine/device.hpp; the CPU stand-in has none).
 reserve=$((512 * 1048576))
@@ -172,7 +174,7 @@ fi
 # ---- 5. speed on a 7B shape: all-CPU, the hybrid at three budgets, the layer split, all-GPU ------
 # PowerInfer's layout (neuron-major ffn_down_t in the file's type, predictors): the oracle rule
 # everywhere (the gate decides, on each side), and the model's predictors once at 50 %.
-if ((dry)); then preset7=tiny; else preset7=7b; fi
+if ((dry)); then preset7=tiny; else preset7=${EMBER_GPU_BENCH_PRESET:-7b}; fi
 model7=$work/relu7b.gguf
 sampler=""
 if late; then

@@ -9,11 +9,12 @@
 #                  all-CPU over a few hundred positions, two hybrid runs bit-identical, and the
 #                  process's GPU memory (nvidia-smi) against its budget: CUDA's context measured
 #   bench.txt      ember bench on a 7B-shape synth ReLU model (90 % sparse, Q4_0, or F16 with
-#                  --bench-type f16; PowerInfer's layout, the oracle rule): all-CPU, the
-#                  hybrid at 25 / 50 / 75 % of the model's bytes (plus CUDA's context: the budgets
-#                  are of the process), the layer split at 50 % (whole
-#                  layers, as llama.cpp's -ngl), the hybrid at 50 % with the model's predictors
-#                  and all-GPU (--vram-budget auto), with the hybrid's time breakdown
+#                  --bench-type f16; PowerInfer's layout, context 256), with the model's
+#                  predictors: all-CPU, the hybrid at 25 / 50 / 75 % of the model's bytes (plus
+#                  CUDA's context: the budgets are of the process), the layer split at 50 %
+#                  (whole layers, as llama.cpp's -ngl), all-GPU (--vram-budget auto); with the
+#                  oracle rule: all-CPU, hybrid and layer split at 50 %; each hybrid run's time
+#                  breakdown
 #   memory.csv     nvidia-smi's memory.used sampled during the benchmarks
 #   summary.txt    one row per step, printed last
 #   scripts/gpu_run.sh OUTDIR            on the GPU machine (the pack in gpu-pack/ or $EMBER_PACK;
@@ -172,8 +173,9 @@ else
 fi
 
 # ---- 5. speed on a 7B shape: all-CPU, the hybrid at three budgets, the layer split, all-GPU ------
-# PowerInfer's layout (neuron-major ffn_down_t in the file's type, predictors): the oracle rule
-# everywhere (the gate decides, on each side), and the model's predictors once at 50 %.
+# PowerInfer's layout (neuron-major ffn_down_t in the file's type, predictors), a context of 256:
+# the model's predictors everywhere (PowerInfer's way), and the oracle rule (the gate decides, on
+# each side) for all-CPU, the hybrid and the layer split at 50 %.
 if ((dry)); then preset7=tiny; else preset7=${EMBER_GPU_BENCH_PRESET:-7b}; fi
 model7=$work/relu7b.gguf
 sampler=""
@@ -188,44 +190,47 @@ else
   else
     echo "dry run: no GPU memory to sample" >"$out/memory.csv"
   fi
-  bench() {  # name flags...
+  bench() {  # name flags...: the median generation tok/s, or -
     local name=$1
     shift
-    if late; then echo "- -"; return; fi
+    if late; then echo "-"; return; fi
     echo "== $name: $*" >>"$out/bench.txt"
-    timeout 60 "$ember" bench -m "$model7" -p 32 -n 16 -r 3 --json "$work/$name.json" "$@" \
+    timeout 60 "$ember" bench -m "$model7" -c 256 -p 32 -n 16 -r 3 --json "$work/$name.json" "$@" \
       >>"$out/bench.txt" 2>&1
-    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f %.2f' % (d['pp32']['median'], d['tg16']['median']))" \
-      "$work/$name.json" 2>/dev/null || echo "- -"
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f' % d['tg16']['median'])" \
+      "$work/$name.json" 2>/dev/null || echo "-"
   }
   bytes7=$(stat -c %s "$model7" 2>/dev/null || echo 0)
-  read -r cpu_pp cpu_tg < <(bench cpu --sparse-mode oracle)
-  speeds="$bench_type: all-CPU tg $cpu_tg"
-  declare -A tg
-  for frac in 25 50 75; do
-    read -r pp t < <(bench "h$frac" --sparse-mode oracle --vram-budget $((bytes7 * frac / 100 + reserve)) \
-      --plan-method greedy --hybrid-device "$device")
-    tg[$frac]=$t
-    speeds="$speeds; hybrid $frac% tg $t"
+  budget() { echo $((bytes7 * $1 / 100 + reserve)); }
+  speeds="$bench_type"
+  for mode in predictor oracle; do
+    cpu_tg=$(bench "cpu-$mode" --sparse-mode "$mode")
+    speeds="$speeds; $mode: all-CPU $cpu_tg"
+    fracs="25 50 75"
+    [ "$mode" = oracle ] && fracs=50
+    for frac in $fracs; do
+      t=$(bench "h$frac-$mode" --sparse-mode "$mode" --vram-budget "$(budget "$frac")" --plan-method greedy \
+        --hybrid-device "$device")
+      speeds="$speeds, hybrid $frac% $t"
+      [ "$frac" = 50 ] && h50=$t
+    done
+    split_tg=$(bench "split50-$mode" --sparse-mode "$mode" --vram-budget "$(budget 50)" --plan-method layer-split \
+      --hybrid-device "$device")
+    ratio=$(awk -v h="$h50" -v s="$split_tg" 'BEGIN { if (h + 0 > 0 && s + 0 > 0) printf "%.2f", h / s; else print "-" }')
+    speeds="$speeds, layer split 50% $split_tg (hybrid / layer split ${ratio}x)"
+    [ "$mode" = predictor ] && pred_ratio=$ratio && pred_h50=$h50 && pred_split=$split_tg && pred_cpu=$cpu_tg
   done
-  read -r pp split_tg < <(bench split50 --sparse-mode oracle --vram-budget $((bytes7 / 2 + reserve)) \
-    --plan-method layer-split --hybrid-device "$device")
-  speeds="$speeds; layer-split 50% tg $split_tg"
-  read -r pp pred_tg < <(bench h50p --sparse-mode predictor --vram-budget $((bytes7 / 2 + reserve)) \
-    --plan-method greedy --hybrid-device "$device")
-  speeds="$speeds; hybrid 50% with predictors tg $pred_tg"
   if ((dry)); then gpu_tg="-"; else
-    read -r pp gpu_tg < <(bench gpu --sparse-mode oracle --vram-budget auto --plan-method greedy --hybrid-device "$device")
+    gpu_tg=$(bench gpu --sparse-mode predictor --vram-budget auto --plan-method greedy --hybrid-device "$device")
   fi
-  speeds="$speeds; all-GPU tg $gpu_tg (tok/s)"
+  speeds="$speeds; all-GPU $gpu_tg (generation tok/s, medians of 3)"
   [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
-  ratio=$(awk -v h="${tg[50]}" -v s="$split_tg" 'BEGIN { if (h + 0 > 0 && s + 0 > 0) printf "%.2f", h / s; else print "-" }')
-  if [ "$cpu_tg" = "-" ] || [ "${tg[50]}" = "-" ] || [ "$split_tg" = "-" ]; then
+  if [ "$pred_cpu" = "-" ] || [ "$pred_h50" = "-" ] || [ "$pred_split" = "-" ]; then
     row "bench" FAIL "$speeds (see bench.txt)"
   else
     peak=""
     ((dry)) || peak=$(awk -F', ' 'NR > 1 && $2 ~ /MiB/ {v = $2 + 0; if (v > m) m = v} END {print m + 0}' "$out/memory.csv")
-    row "bench" ok "$speeds; hybrid / layer split at 50 %: ${ratio}x${peak:+; peak memory.used $peak MiB}"
+    row "bench" ok "$speeds; target: hybrid / layer split at 50 % >= 3x with predictors: ${pred_ratio}x${peak:+; peak memory.used $peak MiB}"
   fi
 fi
 

@@ -133,7 +133,6 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     const LayerWeights& F = model.file_layer(l);
     Attn& A = attn_[l];
     A.slot = n_attn++;
-    A.local = !hp.swa_layers.empty() && hp.swa_layers[l];
     // A copy of the layer's views pointing into the arena, in the layout's order (as CpuDevice).
     auto src = F.attention_tensors();
     auto dst = A.w.attention_tensors();
@@ -349,13 +348,10 @@ void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
   if (W.q_norm.valid()) cuda::norm_rows(q, dev_floats(W.q_norm), nullptr, q, n * hp.n_head, hd, hp.norm_eps, false, s);
   if (W.k_norm.valid())
     cuda::norm_rows(k, dev_floats(W.k_norm), nullptr, k, n * hp.n_head_kv, hd, hp.norm_eps, false, s);
-  // Sliding-window layers take the local table where the model has one.
-  const bool local_rope = A.local && model_->rope_local;
-  const cpu::RopeTable* rope =
-      local_rope ? model_->rope_local.get() : model_->rope ? &model_->rope_for_context(n_ctx_) : nullptr;
-  if (rope) {  // none: learned positions (OPT)
-    const auto* inv = reinterpret_cast<const double*>(arena_ + (local_rope ? layout_.rope_local : layout_.rope));
-    const cpu::RopeConfig& rc = rope->config();
+  const AttentionRules rules = attention_rules(*model_, layer, n_ctx_);
+  if (rules.rope) {  // none: learned positions (OPT)
+    const auto* inv = reinterpret_cast<const double*>(arena_ + (rules.local_rope ? layout_.rope_local : layout_.rope));
+    const cpu::RopeConfig& rc = rules.rope->config();
     const bool neox = rc.layout == cpu::RopeLayout::neox;
     cuda::rope(q, n, hp.n_head, hd, pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
     cuda::rope(k, n, hp.n_head_kv, hd, pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
@@ -367,8 +363,8 @@ void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
   cuda::kv_store(v, n, nkv, vc, pos0, f16, s);
   cuda::AttentionArgs args;
   args.n_head = hp.n_head, args.n_head_kv = hp.n_head_kv, args.head_dim = hd, args.n_ctx = n_ctx_;
-  args.scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
-  args.window = A.local ? hp.sliding_window : 0;
+  args.scale = rules.scale;
+  args.window = rules.window;
   args.f16 = f16;
   cuda::attention(args, q, n, pos0, kc, vc, att, at(layout_.scores), at(layout_.attn_partial), s);
   cuda::matvec(W.wo.type, W.wo.data, nq, d, activations(att, n, nq, layout_.aq, {W.wo.type}), n, o, s);

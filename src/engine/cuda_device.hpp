@@ -58,7 +58,6 @@ class CudaDevice final : public Device {
   struct Attn {
     int64_t slot = -1;  // -1: not here
     LayerWeights w;
-    bool local = false;  // sliding window (and the local RoPE table where the model has one)
   };
   const Attn& attn_layer(int64_t layer) const;
   // What a matvec of these weight types reads from x (n rows of cols): x, and rounded to 8 bits

@@ -85,6 +85,18 @@ const float* rope_angles(const Model& m, Workspace& ws, bool local, std::span<co
 
 }  // namespace
 
+AttentionRules attention_rules(const Model& m, int64_t il, int64_t n_ctx) {
+  const Hparams& hp = m.hp;
+  AttentionRules r;
+  const bool local = !hp.swa_layers.empty() && hp.swa_layers[static_cast<size_t>(il)];
+  // Sliding-window layers take the local RoPE table where the model has one (gemma3).
+  r.local_rope = local && m.rope_local;
+  r.rope = r.local_rope ? m.rope_local.get() : m.rope ? &m.rope_for_context(n_ctx) : nullptr;
+  r.window = local ? hp.sliding_window : 0;
+  r.scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  return r;
+}
+
 void dense_qkv(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws) {
   void* mm = ws.mm_scratch.data();
   if (L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
@@ -146,24 +158,21 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   if (L.q_norm.valid()) cpu::rms_norm(ws.q.data(), as_floats(L.q_norm), ws.q.data(), n * hp.n_head, hd, hp.norm_eps);
   if (L.k_norm.valid())
     cpu::rms_norm(ws.k.data(), as_floats(L.k_norm), ws.k.data(), n * hp.n_head_kv, hd, hp.norm_eps);
-  const bool local = !hp.swa_layers.empty() && hp.swa_layers[static_cast<size_t>(il)];
-  // Sliding-window layers take the local RoPE table where the model has one (gemma3).
-  const bool local_rope = local && m.rope_local;
-  const cpu::RopeTable* rope = local_rope ? m.rope_local.get() : m.rope ? &m.rope_for_context(ws.n_ctx) : nullptr;
-  if (rope) {  // none: OPT's positions are learned
-    const float* cs = rope_angles(m, ws, local_rope, seqs, n);
-    const int64_t n_rot = rope->config().n_rot;
+  const AttentionRules rules = attention_rules(m, il, ws.n_ctx);
+  if (rules.rope) {  // none: OPT's positions are learned
+    const float* cs = rope_angles(m, ws, rules.local_rope, seqs, n);
+    const int64_t n_rot = rules.rope->config().n_rot;
     for (int64_t t = 0; t < n; ++t) {
-      rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
-      rope->apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
+      rules.rope->apply(ws.q.data() + t * nq, hp.n_head, hd, cs + t * n_rot);
+      rules.rope->apply(ws.k.data() + t * nkv, hp.n_head_kv, hd, cs + t * n_rot);
     }
   }
   cpu::AttentionShape shape;
   shape.n_head = hp.n_head;
   shape.n_head_kv = hp.n_head_kv;
   shape.head_dim = hd;
-  shape.scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
-  shape.window = local ? hp.sliding_window : 0;
+  shape.scale = rules.scale;
+  shape.window = rules.window;
   cache_and_attend(pool, shape, seqs, kv_layer, ws);
   float* o = ws.o.data();
   if (ws.proj)

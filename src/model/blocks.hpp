@@ -33,6 +33,17 @@ void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0,
 // The same for a batch of several sequences (SeqSpan: each its rows, positions and KV cache).
 void embed_seqs(const Model& m, const int32_t* tokens, std::span<const SeqSpan> seqs, float* x, float* scratch);
 
+// The attention rules of layer il, which every device follows (attention_block here, the CUDA
+// device's kernels): its RoPE table (null: learned positions, OPT; the local table on a
+// sliding-window layer of a model that has one), the sliding window (0: none) and the score scale.
+struct AttentionRules {
+  const cpu::RopeTable* rope = nullptr;
+  bool local_rope = false;  // rope is Model::rope_local
+  int64_t window = 0;
+  float scale = 1.0f;
+};
+AttentionRules attention_rules(const Model& m, int64_t il, int64_t n_ctx);
+
 // ws.q, ws.k, ws.v = the layer's dense Q, K, V projections of xn (n tokens): one fused matmul
 // when the three matrices share a type (cpu::matmul_multi), else one matmul each.
 void dense_qkv(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t n, Workspace& ws);

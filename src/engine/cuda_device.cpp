@@ -122,6 +122,17 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);
     cuda::stream_sync(stream_);
   }
+  // A tensor uploaded into the arena at `off` and its view there (an empty view stays empty).
+  auto placed = [&](const TensorView& from, uint64_t off) {
+    TensorView v = from;
+    if (!from.valid()) return v;
+    EMBER_CHECK(from.contiguous(), "CUDA device: {} is not contiguous", from.name);
+    cuda::copy_to_device(arena_ + off, from.data, from.nbytes, stream_);
+    cuda::stream_sync(stream_);  // the source is the file's map: no pinned staging to keep
+    v.stride = 0;
+    v.data = arena_ + off;
+    return v;
+  };
   // Attention layers: the file's layout of their tensors (the CPU's may be repacked for its own
   // kernels), a slot in the KV cache after the arena, the RoPE tables.
   const Hparams& hp = model.hp;
@@ -139,40 +150,27 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     auto fsrc = F.ffn_block_tensors();
     auto fdst = A.w.ffn_block_tensors();
     size_t k = 0;
-    auto put = [&](const TensorView* from, TensorView* to) {
-      const uint64_t off = at.tensors[k++];
-      if (!from->valid()) return;
-      EMBER_CHECK(from->contiguous(), "CUDA device: layer {}'s {} is not contiguous", l, from->name);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const TensorView* from = src[i];
       const bool matrix = from == &F.wq || from == &F.wk || from == &F.wv || from == &F.wo;
-      EMBER_CHECK(matrix || from->type == DType::F32, "CUDA device: layer {}'s {} is {}, F32 expected", l, from->name,
-                  dtype_name(from->type));
-      cuda::copy_to_device(arena_ + off, from->data, from->nbytes, stream_);
-      cuda::stream_sync(stream_);  // the source is the file's map: no pinned staging to keep
-      *to = *from;
-      to->stride = 0;
-      to->data = arena_ + off;
-    };
-    for (size_t i = 0; i < src.size(); ++i) put(src[i], dst[i]);
-    for (size_t i = 0; i < fsrc.size(); ++i) put(fsrc[i], fdst[i]);
+      EMBER_CHECK(!from->valid() || matrix || from->type == DType::F32, "CUDA device: layer {}'s {} is {}, F32 "
+                  "expected", l, from->name, dtype_name(from->type));
+      *dst[i] = placed(*from, at.tensors[k++]);
+    }
+    for (size_t i = 0; i < fsrc.size(); ++i) {
+      EMBER_CHECK(!fsrc[i]->valid() || fsrc[i]->type == DType::F32, "CUDA device: layer {}'s {} is {}, F32 expected",
+                  l, fsrc[i]->name, dtype_name(fsrc[i]->type));
+      *fdst[i] = placed(*fsrc[i], at.tensors[k++]);
+    }
   }
   // The output head: its norm (F32) and the file's layout of its matrix.
   out_ = {};
   if (plan.output_gpu) {
-    auto put = [&](const TensorView& from, uint64_t off) {
-      TensorView v = from;
-      if (!from.valid()) return v;
-      EMBER_CHECK(from.contiguous(), "CUDA device: {} is not contiguous", from.name);
-      cuda::copy_to_device(arena_ + off, from.data, from.nbytes, stream_);
-      cuda::stream_sync(stream_);
-      v.stride = 0;
-      v.data = arena_ + off;
-      return v;
-    };
     EMBER_CHECK(model.output_norm.type == DType::F32 && (!model.output_norm_b.valid() || model.output_norm_b.type == DType::F32),
                 "CUDA device: the output norm is {}, F32 expected", dtype_name(model.output_norm.type));
-    out_.norm = put(model.output_norm, layout_.out_norm);
-    out_.norm_b = put(model.output_norm_b, layout_.out_norm_b);
-    out_.output = put(model.output_in_file(), layout_.out_w);
+    out_.norm = placed(model.output_norm, layout_.out_norm);
+    out_.norm_b = placed(model.output_norm_b, layout_.out_norm_b);
+    out_.output = placed(model.output_in_file(), layout_.out_w);
     logits_host_ = static_cast<float*>(
         cuda::malloc_host_pinned(static_cast<size_t>(max_batch_ * model.hp.n_vocab) * sizeof(float)));
   }

@@ -371,6 +371,16 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     pred_list_.resize(static_cast<size_t>(pm.n_ff));
     mask_ = AlignedBuffer<uint8_t>(static_cast<size_t>(pm.n_ff));
   }
+  // A tensor copied into the arena at `off` and its view there (an empty view stays empty);
+  // contiguous: attention matrices and the output head are never bundled.
+  auto placed = [&](const TensorView& from, uint64_t off) {
+    TensorView v = from;
+    if (!from.valid()) return v;
+    std::memcpy(base + off, from.data, from.nbytes);
+    v.stride = 0;
+    v.data = base + off;
+    return v;
+  };
   // Attention layers: their tensors copied into the arena, a KV cache for them.
   attn_.assign(model.layers.size(), {});
   kv_slot_.assign(model.layers.size(), -1);
@@ -386,32 +396,15 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     auto fsrc = W.ffn_block_tensors();
     auto fdst = C.ffn_block_tensors();
     size_t k = 0;
-    auto copy = [&](const TensorView* from, TensorView* to) {
-      TensorView& v = *to;
-      const uint64_t at_off = at.tensors[k++];
-      if (!from->valid()) return;
-      v = *from;
-      v.stride = 0;
-      std::memcpy(base + at_off, from->data, from->nbytes);  // contiguous: attention matrices are never bundled
-      v.data = base + at_off;
-    };
-    for (size_t i = 0; i < src.size(); ++i) copy(src[i], dst[i]);
-    for (size_t i = 0; i < fsrc.size(); ++i) copy(fsrc[i], fdst[i]);
+    for (size_t i = 0; i < src.size(); ++i) *dst[i] = placed(*src[i], at.tensors[k++]);
+    for (size_t i = 0; i < fsrc.size(); ++i) *fdst[i] = placed(*fsrc[i], at.tensors[k++]);
   }
   // The output head: its tensors copied into the arena (the CPU's layout: the same kernels).
   out_ = {};
   if (plan.output_gpu) {
-    auto copy_to = [&](const TensorView& from, uint64_t off) {
-      TensorView v = from;
-      if (!from.valid()) return v;
-      v.stride = 0;
-      std::memcpy(base + off, from.data, from.nbytes);
-      v.data = base + off;
-      return v;
-    };
-    out_.norm = copy_to(model.output_norm, layout_.out_norm);
-    out_.norm_b = copy_to(model.output_norm_b, layout_.out_norm_b);
-    out_.output = copy_to(model.output, layout_.out_w);
+    out_.norm = placed(model.output_norm, layout_.out_norm);
+    out_.norm_b = placed(model.output_norm_b, layout_.out_norm_b);
+    out_.output = placed(model.output, layout_.out_w);
   }
   n_batch_ = std::max<int64_t>(1, d.n_batch);
   if (n_attn > 0) {

@@ -185,6 +185,12 @@ contains "hybrid log" "$tmp/err" "hybrid FFN"
 expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
 expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
 expect_error "serve hybrid parallel" "parallel 1" "$ember" serve -m "$tmp/relu.gguf" --vram-budget 64K --parallel 2 --port 0
+# Without --parallel the hybrid serves one request at a time (the session is made, then binding fails).
+expect_error "serve hybrid default parallel" "cannot listen" "$ember" serve -m "$tmp/relu.gguf" --vram-budget 64K --hybrid-device cpu --host 203.0.113.7 --port 1
+contains "serve hybrid takes parallel 1" "$tmp/err" "one request at a time"
+expect_ok "bench hybrid" "$ember" bench -m "$tmp/relu.gguf" -p 0 -n 4 -r 1 --vram-budget 64K --hybrid-device cpu
+contains "bench hybrid breakdown" "$tmp/out" "hybrid decode per token \(last run, device cpu-standin\): CPU FFN shares [0-9.]+ ms"
+contains "bench hybrid json" "$tmp/out" '"cpu_ffn_ms_per_token"'
 # Budgets of the real process: auto (the device's free memory less a margin), a budget larger
 # than the device has free, the runtime's reserve taken out of it, the layer split as baseline.
 expect_ok "generate hybrid auto budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget auto --hybrid-device cpu

@@ -82,6 +82,7 @@ void run_bench(const BenchFlags& f) {
   auto time_tg = [&] {
     start();
     for (int s = 0; s < f.seqs; ++s) toks[static_cast<size_t>(s)] = prompt[static_cast<size_t>(s) % prompt.size()];
+    if (HybridFfn* hy = session.hybrid_ffn()) hy->reset_stats();  // its breakdown: of the last decode run
     Timer t;
     for (int i = 0; i < f.n_gen; ++i) {
       for (int s = 0; s < f.seqs; ++s) items[static_cast<size_t>(s)] = {s, &toks[static_cast<size_t>(s)], 1};
@@ -166,6 +167,22 @@ void run_bench(const BenchFlags& f) {
                   stats_of(tg).median * input_bytes / 1e9, in->copy_bytes() / 1048576.0);
     }
     log_ffn_sparsity(session);
+  }
+  if (HybridFfn* hy = session.hybrid_ffn(); hy && !tg.empty()) {
+    // Where a decode token's time went, over the last decode run (HybridStats).
+    const HybridStats st = hy->stats();
+    const double n = static_cast<double>(f.n_gen) * f.seqs, ms = 1e3 / n;
+    const uint64_t fired = st.device_fired + st.cpu_fired;
+    out["hybrid"] = {{"device", hy->device().name()},
+                     {"device_fired_share", fired ? static_cast<double>(st.device_fired) / fired : 0.0},
+                     {"cpu_ffn_ms_per_token", st.cpu_ffn_seconds * ms},
+                     {"wait_ms_per_token", st.wait_seconds * ms},
+                     {"device_block_ms_per_token", st.device_block_seconds * ms},
+                     {"cpu_layer_ms_per_token", st.cpu_layer_seconds * ms}};
+    std::printf("hybrid decode per token (last run, device %s): CPU FFN shares %.3f ms, waiting for the device %.3f ms, "
+                "device blocks and boundaries %.3f ms, CPU layers %.3f ms; %.1f%% of the firing neurons on the device\n",
+                hy->device().name(), st.cpu_ffn_seconds * ms, st.wait_seconds * ms, st.device_block_seconds * ms,
+                st.cpu_layer_seconds * ms, fired ? 100.0 * st.device_fired / fired : 0.0);
   }
   out["peak_rss_bytes"] = peak_rss_bytes();
   std::printf("peak RSS: %.1f MiB\n", peak_rss_bytes() / 1048576.0);

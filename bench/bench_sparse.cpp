@@ -170,7 +170,7 @@ int register_all() {
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
   }
-  for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {6144, 4096}, {4096, 14336}})
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {6144, 4096}, {4096, 14336}, {2048, 5632}})
     for (int percent : {10, 25, 50, 100})
       benchmark::RegisterBenchmark(("SparseAxpy/Q4_0_NM/" + std::to_string(out) + "x" + std::to_string(in) + "/" +
                                     std::to_string(percent) + "%").c_str(),

@@ -210,19 +210,12 @@ TEST(FfnRule, FiringAndNeuronValuesForEveryGating) {
 TEST(FfnContract, RefusedPairsSayWhy) {
   // The CUDA device's capabilities (checked without a GPU): gated FFNs and attention blocks of
   // five weight types, no parallel residual.
-  ThreadPool pool(1);
   for (const ModelCase& c : {ModelCase{"bamboo", FfnActivation::relu}, ModelCase{"opt", FfnActivation::relu},
                              ModelCase{"llama", FfnActivation::relu}, ModelCase{"falcon", FfnActivation::relu}}) {
     auto m = load_case(c);
-    std::vector<TensorView> down_nm;
-    std::vector<cpu::NeuronMajorMatrix> keep;
-    for (const auto& L : m->layers) {
-      keep.push_back(cpu::make_neuron_major(pool, L.ffn.down, DType::F32));
-      down_nm.push_back(keep.back().view);
-    }
     Plan p = half_plan(*m);
     p.layers[1].attn_gpu = false;
-    const std::string why = device_refusal(cuda_caps(), *m, p, down_nm);
+    const std::string why = device_refusal(cuda_caps(), *m, p);
     if (c.arch == "bamboo") {
       EXPECT_NE(why.find("symmetric"), std::string::npos) << why;
     } else if (c.arch == "opt") {
@@ -231,26 +224,35 @@ TEST(FfnContract, RefusedPairsSayWhy) {
     if (c.arch == "llama") {
       EXPECT_EQ(why, "");  // F32, gated: the CUDA kernels run it
       p.layers[2].attn_gpu = true;
-      EXPECT_EQ(device_refusal(cuda_caps(), *m, p, down_nm), "");  // and its attention blocks
+      EXPECT_EQ(device_refusal(cuda_caps(), *m, p), "");  // and its attention blocks
       // An attention matrix the CUDA kernels do not read (in the file's layout: what CUDA copies).
       m->layers[2].wk.type = DType::Q4_K;
-      const std::string attn_why = device_refusal(cuda_caps(), *m, p, down_nm);
+      const std::string attn_why = device_refusal(cuda_caps(), *m, p);
       EXPECT_NE(attn_why.find("layer 2's attention matrix"), std::string::npos) << attn_why;
       EXPECT_NE(attn_why.find("Q4_K"), std::string::npos) << attn_why;
-      EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, p, down_nm), "");
+      EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, p), "");
       p.layers[2].attn_gpu = false;
-      EXPECT_EQ(device_refusal(cuda_caps(), *m, p, down_nm), "");  // that layer's attention stays on the CPU
-      // An FFN row type the CUDA kernels do not read.
-      down_nm[0].type = DType::Q5_0;
-      EXPECT_NE(device_refusal(cuda_caps(), *m, p, down_nm).find("Q5_0"), std::string::npos);
+      EXPECT_EQ(device_refusal(cuda_caps(), *m, p), "");  // that layer's attention stays on the CPU
+      // An FFN row type the CUDA kernels do not read: a down_t (the device's down rows are the
+      // file's) or an up of Q5_0.
+      const FfnWeights keep = m->layers[0].ffn;
+      m->layers[0].ffn.down_t = m->layers[0].ffn.down;
+      m->layers[0].ffn.down_t.type = DType::Q5_0;
+      const std::string down_why = device_refusal(cuda_caps(), *m, p);
+      EXPECT_NE(down_why.find("layer 0's neuron-major down rows are Q5_0"), std::string::npos) << down_why;
+      m->layers[0].ffn = keep;
+      m->layers[0].ffn.up.type = DType::Q5_0;
+      EXPECT_NE(device_refusal(cuda_caps(), *m, p).find("layer 0 has Q5_0 FFN rows"), std::string::npos);
+      EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, p), "");
+      m->layers[0].ffn = keep;
     }
     if (c.arch == "falcon") {  // the parallel residual: not in CUDA's attention blocks
       Plan a = p;
       for (auto& L : a.layers) L.gpu_neurons.clear();
       a.layers[0].attn_gpu = true;
-      const std::string falcon_why = device_refusal(cuda_caps(), *m, a, down_nm);
+      const std::string falcon_why = device_refusal(cuda_caps(), *m, a);
       EXPECT_NE(falcon_why.find("parallel residual"), std::string::npos) << falcon_why;
-      EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, a, down_nm), "");
+      EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, a), "");
     }
   }
   // The hybrid executor runs the oracle rule or the model's predictors: the threshold mode is

@@ -15,6 +15,7 @@
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
 #include "model/synth.hpp"
+#include "support/errors.hpp"
 #include "support/session_logits.hpp"
 
 using namespace ember;
@@ -95,9 +96,11 @@ TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
     SessionParams dense = base_params(), sparse = base_params();
     sparse.sparse.mode = FfnMode::oracle;
     FfnSparsityStats ss;
-    // The hybrid devices hold row-wise Q8_0 copies of a quantized down (their shards are rows);
-    // the all-CPU reference uses the same, not its default shared-scale copy.
-    if (type != DType::F32) sparse.sparse.down_type = cpu::NeuronMajorType::q8_0;
+    // The hybrid devices hold row-wise Q8_0 copies of a quantized down (their shares are rows);
+    // the all-CPU reference and the hybrid's CPU side use the same here, not their default
+    // shared-scale copy (the last case below).
+    const auto down = type != DType::F32 ? cpu::NeuronMajorType::q8_0 : cpu::NeuronMajorType::exact;
+    sparse.sparse.down_type = down;
     const Logits ref_dense = run(*model, dense), ref_sparse = run(*model, sparse, nullptr, &ss);
     uint64_t sparse_fired = 0;
     for (uint64_t a : ss.active) sparse_fired += a;
@@ -152,6 +155,7 @@ TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
       p.hybrid.plan.min_gpu_neurons = 16;
       cases.push_back({"greedy 60%, batch 5", p});
     }
+    for (auto& c : cases) c.p.sparse.down_type = down;
     for (const auto& c : cases) {
       SCOPED_TRACE(std::string(dtype_name(type)) + " " + c.name);
       HybridStats hs;
@@ -171,6 +175,30 @@ TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
       EXPECT_NEAR(fired, static_cast<double>(sparse_fired), 1e-3 * sparse_fired);
       // Bit-identical when run again.
       EXPECT_EQ(run(*model, c.p), h);
+    }
+    if (type == DType::Q4_0) {
+      // The default: the CPU reads the file's 4-bit codes and scales (Q4_0_NM, as the all-CPU
+      // sparse executor does), the device its rows in Q8_0. Against the all-CPU executor with
+      // that same copy: the device's neurons differ by Q8_0's second rounding and the CPU's by
+      // nothing but the order of the sums.
+      SessionParams p = cases[0].p;
+      p.sparse.down_type = cpu::NeuronMajorType::exact;
+      SessionParams nm4 = base_params();
+      nm4.sparse.mode = FfnMode::oracle;
+      HybridStats hs;
+      const Logits h = run(*model, p, &hs), ref_nm4 = run(*model, nm4);
+      const double vs_nm4 = rel_diff(ref_nm4, h), vs_q8 = rel_diff(ref_sparse, h), vs_dense = rel_diff(ref_dense, h);
+      std::printf("Q4_0 hand, shared-scale CPU copy: |hybrid - sparse nm4| %.2e, |hybrid - sparse q8_0| %.2e, "
+                  "|hybrid - dense| %.2e (|sparse nm4 - dense| %.2e)\n", vs_nm4, vs_q8, vs_dense,
+                  rel_diff(ref_nm4, ref_dense));
+      EXPECT_GT(vs_q8, 0.0);  // the CPU's copy did change
+      // 8-bit roundings in other places (the factors per segment on the CPU, the values on the
+      // device): as far from either all-CPU result as those are from dense.
+      EXPECT_LT(vs_nm4, 2e-2);
+      EXPECT_LT(vs_dense, 2e-2);
+      EXPECT_GT(hs.device_fired, 0u);
+      EXPECT_GT(hs.cpu_fired, 0u);
+      EXPECT_EQ(run(*model, p), h);
     }
     // The ILP and greedy plans were cached beside the model, keyed, and fit their budgets.
     int cached = 0;
@@ -266,9 +294,25 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
     what.pm = &pm;
     what.opts = &o;
     what.plan = &p;
-    what.down_nm = views;
+    std::vector<cpu::NeuronMajorMatrix> rows;  // the device's neurons' rows, in the plan's order
+    for (size_t l = 0; l < 3; ++l) {
+      const auto& ids = p.layers[l].gpu_neurons;
+      rows.push_back(cpu::neuron_major_rows(pool, views[l], ids.data(), static_cast<int64_t>(ids.size()), DType::Q8_0));
+      what.down_rows.push_back(ids.empty() ? TensorView{} : rows.back().view);
+    }
     what.kv_type = DType::F16;
     what.n_batch = 8;
+    if (trial == 1) {  // rows that are not the plan's share are refused, naming the layer
+      for (size_t l = 0; l < 3; ++l)
+        if (!p.layers[l].gpu_neurons.empty()) {
+          DeviceLoad bad = what;
+          bad.down_rows[l] = views[l];  // every neuron's row
+          CpuDevice other(1);
+          const std::string e = test_support::error_of([&] { other.load(*model, bad); });
+          EXPECT_NE(e.find(fmt::format("layer {}'s down rows are 352 x 128 Q8_0", l)), std::string::npos) << e;
+          break;
+        }
+    }
     dev.load(*model, what);
     EXPECT_EQ(dev.layout().ffn_total, gpu_ffn_bytes(pm, o, p));
     EXPECT_EQ(dev.layout().attn_weights, attn_bytes);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -254,6 +255,41 @@ TEST(Nm4, SparseAxpyThreadsAndTokens) {
     EXPECT_LT(worst, 2 * wsum_max * hmax / 254.0 + 1e-5f * mag) << dtype_name(t) << ": neurons split";
     EXPECT_GT(worst, 0.0f) << "the splits' roundings differ (else the bound above tests nothing)";
   }
+}
+
+// What a hybrid device holds of a layer's down (cpu::neuron_major_rows): some neurons' rows, in a
+// list's order, in Q8_0: from the shared-scale copy the same bytes as from a whole Q8_0 copy
+// (the file's values, rounded once), and from that copy its rows as they are. The bytes per
+// neuron the planner charges the CPU are the copy's, tables included.
+TEST(Nm4, DeviceRowsFromTheCopyEqualTheRowWiseCopy) {
+  ThreadPool pool(2);
+  for (DType t : {DType::Q4_0, DType::Q4_1}) {
+    for (const auto& s : kShapes) {
+      const int64_t n_embd = s[0], n_ff = s[1];
+      Down down = random_down(t, n_embd, n_ff, 23);
+      auto nm = cpu::make_neuron_major(pool, down.view, cpu::nm4_type_of(t));
+      auto q8 = cpu::make_neuron_major(pool, down.view, DType::Q8_0);
+      EXPECT_EQ(cpu::neuron_major_row_bytes(nm.view.type, n_embd) * static_cast<uint64_t>(n_ff), nm.view.nbytes);
+      EXPECT_EQ(cpu::neuron_major_row_bytes(DType::Q8_0, n_embd), q8.view.row_size());
+      for (const auto& ids : lists(n_ff, 29)) {
+        const int64_t n = static_cast<int64_t>(ids.size());
+        auto from_nm = cpu::neuron_major_rows(pool, nm.view, ids.data(), n, DType::Q8_0);
+        auto from_q8 = cpu::neuron_major_rows(pool, q8.view, ids.data(), n, DType::Q8_0);
+        ASSERT_EQ(from_nm.view.rows(), n);
+        ASSERT_EQ(from_nm.view.nbytes, static_cast<size_t>(n) * q8.view.row_size());
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(std::memcmp(from_nm.view.row(i), q8.view.row(ids[i]), q8.view.row_size()), 0)
+              << dtype_name(t) << " " << n_embd << "x" << n_ff << " row " << i << " (neuron " << ids[i] << ")";
+          ASSERT_EQ(std::memcmp(from_q8.view.row(i), q8.view.row(ids[i]), q8.view.row_size()), 0);
+        }
+      }
+    }
+  }
+  Down d = random_down(DType::Q4_0, 64, 64, 1);
+  auto nm = cpu::make_neuron_major(pool, d.view, DType::Q4_0_NM);
+  const int32_t ids[] = {3, 64};
+  EXPECT_THROW(cpu::neuron_major_rows(pool, nm.view, ids, 1, DType::Q4_0_NM), std::exception);  // no shared tables
+  EXPECT_THROW(cpu::neuron_major_rows(pool, nm.view, ids, 2, DType::Q8_0), std::exception);     // neuron 64 of 64
 }
 
 TEST(Nm4, RejectsWhatItCannotHold) {

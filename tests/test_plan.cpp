@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "core/error.hpp"
@@ -51,6 +52,7 @@ PlanModel random_model(std::mt19937& rng, bool predictor) {
     const DType t = types[pick(0, 4)];
     L.gate_row = L.up_row = row_bytes(t, m.n_embd);
     L.down_row = row_bytes(t == DType::F32 || t == DType::F16 ? t : DType::Q8_0, m.n_embd);
+    L.cpu_down_row = t == DType::Q4_0 || t == DType::Q4_1 ? row_bytes(t, m.n_embd) : L.down_row;  // the 4-bit copy
     L.attn_bytes = gpu_pad(4 * row_bytes(t, m.n_embd) * static_cast<uint64_t>(m.n_embd));
     L.kv_bytes = 2 * gpu_pad(static_cast<uint64_t>(m.n_ctx * m.kv_dim) * 4);
     L.predictor_bytes = predictor ? gpu_pad(static_cast<uint64_t>(pick(1, 100000))) : 0;
@@ -86,8 +88,9 @@ DeviceDesc random_device(std::mt19937& rng, uint64_t budget) {
   return d;
 }
 
-// Three layers of 4 neurons, every row 256 bytes, attention 1024 and KV 512 bytes: sizes the
-// tests below work out by hand.
+// Three layers of 4 neurons, every row 256 bytes on the GPU (the CPU's copy of down 128, as a
+// 4-bit copy against the device's 8-bit rows), attention 1024 and KV 512 bytes: sizes the tests
+// below work out by hand.
 PlanModel hand_model() {
   PlanModel m;
   m.name = "hand";
@@ -97,6 +100,7 @@ PlanModel hand_model() {
     L.attn_bytes = 1024;
     L.kv_bytes = 512;
     L.gate_row = L.up_row = L.down_row = 256;
+    L.cpu_down_row = 128;
     L.p = {0.5f, 0.25f, 0.125f, 0.0f};
     m.layers.push_back(L);
   }
@@ -288,24 +292,26 @@ TEST(Plan, LayerSplitHandComputed) {
   }
   // Cost model by hand for all three layers on the GPU: per layer attention 1024 + 256 (half
   // the KV) bytes, and the FFN rows the executor reads, at GPU speed, plus the synchronization.
-  // Without predictors the gate decides: all 4 gate rows (1024 bytes) and 0.875 * 512 of up and
-  // down; with them (and no predictor bytes here) 0.875 * 768.
+  // Without predictors the gate decides: all 4 gate rows (1024 bytes) and 0.875 of each firing
+  // neuron's up and down (GPU 512 bytes, CPU 384: its copy of down is smaller); with them (and
+  // no predictor bytes here) 0.875 of gate, up and down (GPU 768, CPU 640).
   dev.vram_budget = 1 << 20;
   dev.cpu_bandwidth = 1e9, dev.gpu_bandwidth = 1e10, dev.pcie_bandwidth = 1e9, dev.sync_seconds = 1e-6;
   for (bool predicted : {false, true}) {
     m.predicted = predicted;
     const Plan p = plan_layer_split(m, dev, o);
-    const double ffn = predicted ? 0.875 * 768 : 1024 + 0.875 * 512;
-    const double layer = (1280.0 + ffn) / 1e10 + 1e-6 + 2 * 64 * 4 / 1e9;
-    EXPECT_NEAR(p.seconds_per_token, 3 * layer, 1e-15);
-    EXPECT_NEAR(predict_cpu_seconds_per_token(m, dev), 3 * (1280.0 + ffn) / 1e9, 1e-15);
-    // Half the neurons on the GPU: the neurons' gate rows are read where they are.
+    const double fixed = predicted ? 0 : 1024, gpu_row = predicted ? 768 : 512, cpu_row = predicted ? 640 : 384;
+    const double sync = 1e-6 + 2 * 64 * 4 / 1e9;
+    EXPECT_NEAR(p.seconds_per_token, 3 * ((1280.0 + fixed + 0.875 * gpu_row) / 1e10 + sync), 1e-15);
+    EXPECT_NEAR(predict_cpu_seconds_per_token(m, dev), 3 * (1280.0 + fixed + 0.875 * cpu_row) / 1e9, 1e-15);
+    // Half the neurons on the GPU (0 and 3: firing mass 0.5 there, 0.375 on the CPU): each
+    // neuron's rows are read where they are, in that side's bytes.
     Plan half = p;
     for (auto& L : half.layers) L.attn_gpu = false, L.gpu_neurons = {0, 3};
-    const double moved = predicted ? 0.5 * 768 : 2 * 256 + 0.5 * 512;
     EXPECT_NEAR(predict_seconds_per_token(m, dev, half),
-                3 * ((1280.0 + ffn - moved) / 1e9 + moved / 1e10 + 1e-6 + 2 * 64 * 4 / 1e9), 1e-15);
-    EXPECT_NEAR(neuron_seconds_saved(m, dev, m.layers[0], 0.5, 2), moved * (1 / 1e9 - 1 / 1e10), 1e-18);
+                3 * ((1280.0 + fixed / 2 + 0.375 * cpu_row) / 1e9 + (fixed / 2 + 0.5 * gpu_row) / 1e10 + sync), 1e-15);
+    EXPECT_NEAR(neuron_seconds_saved(m, dev, m.layers[0], 0.5, 2),
+                0.5 * (cpu_row / 1e9 - gpu_row / 1e10) + fixed / 2 * (1 / 1e9 - 1 / 1e10), 1e-18);
   }
 }
 
@@ -394,6 +400,42 @@ TEST(Plan, MinimumNeuronsAndSyncCost) {
     EXPECT_EQ(p.gpu_bytes, 0u) << plan_method_name(method);
     EXPECT_EQ(p.objective, 0.0);
   }
+}
+
+// The CPU's copy of a 4-bit down: the shared-scale layout where enough neurons of a block fire
+// to pay for its scale table, Q8_0 rows where they are too few. By hand for 64 neurons of 2048
+// outputs: a firing neuron's codes 1024 bytes (Q8_0: 2176), a block's table 4096.
+TEST(Plan, CpuDownCopyByExpectedBytes) {
+  const int64_t n_embd = 2048;
+  FfnWeights w;
+  w.down.type = DType::Q4_0;
+  std::vector<int32_t> all(64), first(32);
+  std::iota(all.begin(), all.end(), 0);
+  std::iota(first.begin(), first.end(), 0);
+  for (float q : {0.02f, 0.05f, 0.2f, 0.5f}) {
+    const std::vector<float> p(64, q);
+    const double mass = 64.0 * q, blocks = 2 * (1 - std::pow(1.0 - q, 32));
+    EXPECT_NEAR(neuron_major_expected_bytes(DType::Q4_0_NM, n_embd, p, all), mass * 1024 + blocks * 4096, 1e-6);
+    EXPECT_NEAR(neuron_major_expected_bytes(DType::Q8_0, n_embd, p, all), mass * 2176, 1e-6);
+    EXPECT_NEAR(neuron_major_expected_bytes(DType::Q4_0_NM, n_embd, p, first), mass / 2 * 1024 + blocks / 2 * 4096,
+                1e-6);
+    // Break-even, the shared-scale kernel reading at kNm4AxpyRate of the other's rate: about 5
+    // firing neurons a block.
+    EXPECT_EQ(hybrid_cpu_down_type(w, n_embd, cpu::NeuronMajorType::exact, p, all),
+              (32 * q * 1024 + 4096 * (1 - std::pow(1.0 - q, 32))) / kNm4AxpyRate < 32 * q * 2176 ? DType::Q4_0_NM
+                                                                                                 : DType::Q8_0)
+        << q;
+  }
+  const std::vector<float> cold(64, 0.02f), warm(64, 0.5f);
+  EXPECT_EQ(hybrid_cpu_down_type(w, n_embd, cpu::NeuronMajorType::exact, cold, all), DType::Q8_0);
+  EXPECT_EQ(hybrid_cpu_down_type(w, n_embd, cpu::NeuronMajorType::exact, warm, all), DType::Q4_0_NM);
+  EXPECT_EQ(hybrid_cpu_down_type(w, n_embd, cpu::NeuronMajorType::q8_0, warm, all), DType::Q8_0);
+  EXPECT_EQ(hybrid_device_down_type(w, n_embd), DType::Q8_0);
+  // A file's own neuron-major down_t is what both sides read.
+  w.down_t = w.down;
+  w.down_t.data = reinterpret_cast<const uint8_t*>(&w);
+  EXPECT_EQ(hybrid_cpu_down_type(w, n_embd, cpu::NeuronMajorType::exact, cold, all), DType::Q4_0);
+  EXPECT_EQ(hybrid_device_down_type(w, n_embd), DType::Q4_0);
 }
 
 TEST(Plan, IlpTimeLimitGivesValidPlanAndGap) {
@@ -546,7 +588,23 @@ TEST(Plan, ModelFromSynthFileAndProfile) {
   const PlanModel m = plan_model_from(*model, p, 100);
   EXPECT_EQ(m.n_ctx, 100);
   EXPECT_EQ(m.layers[0].gate_row, 2u * 18u);  // 64 values = 2 Q4_0 blocks of 18 bytes
-  EXPECT_EQ(m.layers[0].down_row, 2u * 34u);  // neuron-major down in Q8_0
+  EXPECT_EQ(m.layers[0].down_row, 2u * 34u);  // the device's neuron-major down rows in Q8_0
+  // The CPU's, for the whole layer there: at this profile's density (a fifth of the neurons fire)
+  // the file's codes (32 bytes) and, per firing neuron, its share of the scale tables (128 bytes
+  // for each of the 3 blocks of 32 neurons that has a firing one).
+  {
+    const auto& pl = p[0];
+    double mass = 0, tables = 0;
+    for (int b = 0; b < 3; ++b) {
+      double silent = 1;
+      for (int j = 32 * b; j < 32 * b + 32; ++j) mass += pl[j], silent *= 1 - pl[j];
+      tables += (1 - silent) * 128;
+    }
+    EXPECT_EQ(m.layers[0].cpu_down_row, static_cast<uint64_t>(std::llround((32 * mass + tables) / kNm4AxpyRate / mass)));
+    EXPECT_LT(m.layers[0].cpu_down_row, 2u * 34u);
+  }
+  EXPECT_EQ(plan_model_from(*model, p, 100, DType::F16, false, cpu::NeuronMajorType::q8_0).layers[0].cpu_down_row,
+            2u * 34u);
   EXPECT_EQ(m.layers[0].kv_bytes, 2u * 100 * 32 * 2);  // n_head_kv 2 x head_dim 16, F16 (the engine's default)
   EXPECT_EQ(plan_model_from(*model, p, 100, DType::F32).layers[0].kv_bytes, 2u * 100 * 32 * 4);
   EXPECT_GT(m.layers[0].attn_bytes, 0u);

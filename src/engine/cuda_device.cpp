@@ -57,20 +57,19 @@ DeviceMemory CudaDevice::memory() const {
 void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   EMBER_CHECK(!arena_, "CUDA device: load called twice");
   EMBER_CHECK(d.pm && d.opts && d.plan, "CUDA device: load needs the plan, its model and options");
-  EMBER_CHECK(d.down_nm.size() == model.layers.size(), "CUDA device: {} neuron-major down matrices for {} layers",
-              d.down_nm.size(), model.layers.size());
-  const std::string why = device_refusal(caps(), model, *d.plan, d.down_nm);
+  const std::string why = device_refusal(caps(), model, *d.plan);
   EMBER_CHECK(why.empty(), "CUDA device: {}", why);
+  check_down_rows(model, d);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
-  const std::vector<TensorView>& down_nm = d.down_nm;
+  const std::vector<TensorView>& down_rows = d.down_rows;
   model_ = &model;
   layout_ = device_arena_layout(model, pm, *d.opts, plan, d.kv_type);
   n_embd_ = pm.n_embd, n_ff_ = pm.n_ff, max_batch_ = d.opts->max_batch;
   types_.assign(model.layers.size(), {});
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const FfnWeights& w = model.layers[l].ffn;
-    if (layout_.layers[l].n > 0) types_[l].gate = w.gate.type, types_[l].up = w.up.type, types_[l].down = down_nm[l].type;
+    if (layout_.layers[l].n > 0) types_[l].gate = w.gate.type, types_[l].up = w.up.type, types_[l].down = down_rows[l].type;
     if (layout_.pred[l].on) {
       EMBER_CHECK(cuda::supports(w.fc1.type) && cuda::supports(w.fc2.type) &&
                       w.fc2.cols() % info(w.fc2.type).block_size == 0,
@@ -116,7 +115,7 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     const int32_t* ids = plan.layers[l].gpu_neurons.data();
     upload_rows(model.layers[l].ffn.gate, ids, s.n, s.gate);
     upload_rows(model.layers[l].ffn.up, ids, s.n, s.up);
-    upload_rows(down_nm[l], ids, s.n, s.down);
+    upload_rows(down_rows[l], nullptr, s.n, s.down);  // already in the share's order
     std::vector<int32_t> rows(static_cast<size_t>(s.n));
     for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);

@@ -40,8 +40,7 @@ DeviceCaps cuda_caps() {
           .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1}};
 }
 
-std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan,
-                           const std::vector<TensorView>& down_nm) {
+std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan) {
   if (plan.layers.size() != model.layers.size())
     return fmt::format("the plan has {} layers, the model {}", plan.layers.size(), model.layers.size());
   auto known_types = [&] {
@@ -86,10 +85,14 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
                          caps.name);
     if (w.up_b.valid() && !caps.up_bias)
       return fmt::format("layer {}'s FFN has an up bias, which the {} device does not run", l, caps.name);
-    for (const TensorView* t : {&w.gate, &w.up, &down_nm[l]})
+    for (const TensorView* t : {&w.gate, &w.up})
       if (t->valid() && !reads(t->type))
         return fmt::format("layer {} has {} FFN rows; the {} device reads {}", l, dtype_name(t->type), caps.name,
                            known_types());
+    const DType down = hybrid_device_down_type(w, model.hp.n_embd);
+    if (!reads(down))
+      return fmt::format("layer {}'s neuron-major down rows are {}; the {} device reads {}", l, dtype_name(down),
+                         caps.name, known_types());
   }
   return {};
 }
@@ -259,7 +262,21 @@ std::vector<int32_t> predictor_row_order(const Plan& plan, size_t l, int64_t n_f
   return order;
 }
 
-FfnWeights share_weights(const FfnWeights& w, const TensorView& down_nm, const uint8_t* base,
+void check_down_rows(const Model& model, const DeviceLoad& d) {
+  EMBER_CHECK(d.plan && d.down_rows.size() == model.layers.size() && d.plan->layers.size() == model.layers.size(),
+              "device: {} layers of down rows for a model of {} layers", d.down_rows.size(), model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto n = static_cast<int64_t>(d.plan->layers[l].gpu_neurons.size());
+    if (n == 0) continue;
+    const TensorView& r = d.down_rows[l];
+    const DType want = hybrid_device_down_type(model.layers[l].ffn, model.hp.n_embd);
+    EMBER_CHECK(r.valid() && r.rows() == n && r.cols() == model.hp.n_embd && r.type == want,
+                "device: layer {}'s down rows are {} x {} {}, the plan's share needs {} x {} {}", l, r.rows(), r.cols(),
+                dtype_name(r.type), n, model.hp.n_embd, dtype_name(want));
+  }
+}
+
+FfnWeights share_weights(const FfnWeights& w, const TensorView& down_rows, const uint8_t* base,
                          const DeviceArenaLayout::Share& s) {
   auto rows = [&](const TensorView& like, uint64_t offset) {
     return like.valid() ? matrix_view(like.type, base + offset, s.n, like.cols()) : TensorView{};
@@ -268,7 +285,7 @@ FfnWeights share_weights(const FfnWeights& w, const TensorView& down_nm, const u
   f.gating = w.gating;
   f.gate = rows(w.gate, s.gate);
   f.up = rows(w.up, s.up);
-  f.down_t = rows(down_nm, s.down);
+  f.down_t = rows(down_rows, s.down);
   if (w.up_b.valid()) f.up_b = matrix_view(DType::F32, base + s.up_b, 1, s.n);
   return f;
 }
@@ -313,10 +330,9 @@ CpuDevice::~CpuDevice() {
 
 void CpuDevice::load(const Model& model, const DeviceLoad& d) {
   EMBER_CHECK(d.pm && d.opts && d.plan, "device: load needs the plan, its model and options");
-  EMBER_CHECK(d.down_nm.size() == model.layers.size(), "device: {} neuron-major down matrices for {} layers",
-              d.down_nm.size(), model.layers.size());
-  const std::string why = device_refusal(caps(), model, *d.plan, d.down_nm);
+  const std::string why = device_refusal(caps(), model, *d.plan);
   EMBER_CHECK(why.empty(), "device {}: {}", name(), why);
+  check_down_rows(model, d);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
   model_ = &model;
@@ -332,7 +348,7 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     const FfnWeights& w = model.layers[l].ffn;
     const auto& ids = plan.layers[l].gpu_neurons;
     FfnWeights& sh = shares_[l];
-    sh = share_weights(w, d.down_nm[l], base, s);
+    sh = share_weights(w, d.down_rows[l], base, s);
     EMBER_CHECK((!sh.gate.valid() || sh.gate.row_size() == pm.layers[l].gate_row) &&
                     sh.up.row_size() == pm.layers[l].up_row && sh.down_t.row_size() == pm.layers[l].down_row,
                 "device: layer {} row sizes differ from the plan's model (was the plan made for other weights?)", l);
@@ -341,7 +357,7 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
       const int64_t j = ids[static_cast<size_t>(i)];
       if (sh.gate.valid()) std::memcpy(base + s.gate + i * sh.gate.row_size(), w.gate.row(j), sh.gate.row_size());
       std::memcpy(base + s.up + i * sh.up.row_size(), w.up.row(j), sh.up.row_size());
-      std::memcpy(base + s.down + i * sh.down_t.row_size(), d.down_nm[l].row(j), sh.down_t.row_size());
+      std::memcpy(base + s.down + i * sh.down_t.row_size(), d.down_rows[l].row(i), sh.down_t.row_size());
       if (w.up_b.valid())
         reinterpret_cast<float*>(base + s.up_b)[i] = reinterpret_cast<const float*>(w.up_b.data)[j];
       rows[i] = static_cast<int32_t>(i);

@@ -55,12 +55,11 @@ struct DeviceCaps {
 };
 DeviceCaps cpu_standin_caps();
 DeviceCaps cuda_caps();  // what CudaDevice runs (defined without CUDA too, so it can be checked anywhere)
-// Why a device of `caps` cannot run `plan` on `model` with these neuron-major down matrices
-// (naming the first layer and part it cannot hold), or empty when it can. A device that holds
-// attention blocks holds the file's layout of their matrices (Model::file_layer), so that is
-// what is checked.
-std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan,
-                           const std::vector<TensorView>& down_nm);
+// Why a device of `caps` cannot run `plan` on `model` (naming the first layer and part it cannot
+// hold), or empty when it can. A device that holds attention blocks holds the file's layout of
+// their matrices (Model::file_layer), and its FFN shares' down rows are in
+// hybrid_device_down_type (sparse/plan.hpp), so that is what is checked.
+std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan);
 
 // Where everything lives in a device's arena: per layer the FFN share's gate, up, down and up
 // bias rows and its row list (0..k-1), then the FFN scratch, then per attention layer its
@@ -155,16 +154,21 @@ struct DeviceLoad {
   const PlanModel* pm = nullptr;
   const PlanOptions* opts = nullptr;
   const Plan* plan = nullptr;
-  std::vector<TensorView> down_nm;  // per layer, the neuron-major down (row j = neuron j)
+  // Per layer, the down rows of the device's neurons: row i is neuron plan->layers[l].gpu_neurons[i]
+  // in hybrid_device_down_type (cpu::neuron_major_rows makes them); empty for a layer without any.
+  std::vector<TensorView> down_rows;
   DType kv_type = DType::F16;       // of the KV cache of its attention layers
   int64_t n_batch = 1;              // the most tokens an attention block takes at once
 };
 
 // An FFN share of neurons `ids` of w: their rows as an FFN of their own, over the rows at
-// `base` (gate, up, down_nm, up_b at the layout's offsets); down and down_b are left empty
+// `base` (gate, up, down_rows, up_b at the layout's offsets); down and down_b are left empty
 // (the merge adds down_b once).
-FfnWeights share_weights(const FfnWeights& w, const TensorView& down_nm, const uint8_t* base,
+FfnWeights share_weights(const FfnWeights& w, const TensorView& down_rows, const uint8_t* base,
                          const DeviceArenaLayout::Share& s);
+// Checks DeviceLoad::down_rows against the plan: one per layer, as many rows as the layer's
+// device neurons, of hybrid_device_down_type. Throws naming the layer.
+void check_down_rows(const Model& model, const DeviceLoad& what);
 
 // Per-call scratch of ffn_share_partial, for up to max_batch tokens and n rows.
 struct FfnShareScratch {

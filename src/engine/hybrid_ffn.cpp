@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -40,10 +41,11 @@ std::string plan_cache_key(const Model& model, const std::string& profile_source
   const DeviceDesc& d = o.device;
   const PlanOptions& p = o.plan;
   const std::string all =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
                   file_stamp(profile_source), o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth,
                   d.sync_seconds, p.group_size, p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance,
-                  plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type), o.predictor);
+                  plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type), o.predictor,
+                  static_cast<int>(o.down_type));
   return fmt::format("{:016x}", fnv1a64(all));
 }
 
@@ -55,7 +57,7 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
       model,
       given ? std::vector<std::vector<float>>(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f))
             : plan_probabilities(model, o.profile_path, &source),
-      n_ctx, o.kv_type, o.predictor);
+      n_ctx, o.kv_type, o.predictor, o.down_type);
   const PlanModel& pm = *pm_out;
   *popts = o.plan;
   if (o.given) {
@@ -154,16 +156,26 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
               "MiB free ({:.0f} MiB kept spare); plan for a smaller budget or use --vram-budget auto",
               mib(plan_.gpu_bytes), device_->name(), mib(mem.free), mib(margin));
   const Hparams& hp = model.hp;
-  // The neuron-major down: the file's down_t where it has one, else a copy (as SparseFfn).
+  cpu_rows_.resize(model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    std::vector<char> on(static_cast<size_t>(hp.n_ff), 0);
+    for (int32_t j : plan_.layers[l].gpu_neurons) on[static_cast<size_t>(j)] = 1;
+    for (int32_t j = 0; j < hp.n_ff; ++j)
+      if (!on[static_cast<size_t>(j)]) cpu_rows_[l].push_back(j);
+  }
+  // The CPU's neuron-major down: the file's down_t where it has one, else a copy of the type
+  // that reads the fewest bytes for the neurons the plan leaves it (hybrid_cpu_down_type).
   down_nm_.resize(model.layers.size());
+  std::map<std::string, int> copies;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const FfnWeights& w = model.layers[l].ffn;
     if (w.down_t.data) {
       down_views_.push_back(w.down_t);
     } else {
-      down_nm_[l] = cpu::make_neuron_major(
-          pool, w.down, cpu::neuron_major_dtype(w.down.type, cpu::NeuronMajorType::exact, hp.n_embd));
+      const DType t = hybrid_cpu_down_type(w, hp.n_embd, opts.down_type, pm_.layers[l].p, cpu_rows_[l]);
+      down_nm_[l] = cpu::make_neuron_major(pool, w.down, t);
       down_views_.push_back(down_nm_[l].view);
+      ++copies[std::string(dtype_name(t))];
     }
     // The CPU's share reads the layer's own rows; the merge adds down_b once.
     FfnWeights c = w;
@@ -172,22 +184,33 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
     c.down_t = down_views_.back();
     cpu_share_.push_back(c);
   }
-  DeviceLoad what;
-  what.pm = &pm_;
-  what.opts = &popts_;
-  what.plan = &plan_;
-  what.down_nm = down_views_;
-  what.kv_type = opts.kv_type;
-  what.n_batch = n_batch;
-  // A GPU that cannot take this model (a weight type its kernels do not read, too little
-  // memory) is an error, with the reason; `auto` takes the stand-in only where no GPU exists.
-  device_->load(model, what);
-  cpu_rows_.resize(model.layers.size());
-  for (size_t l = 0; l < model.layers.size(); ++l) {
-    std::vector<char> on(static_cast<size_t>(hp.n_ff), 0);
-    for (int32_t j : plan_.layers[l].gpu_neurons) on[static_cast<size_t>(j)] = 1;
-    for (int32_t j = 0; j < hp.n_ff; ++j)
-      if (!on[static_cast<size_t>(j)]) cpu_rows_[l].push_back(j);
+  {
+    // The device's down: its neurons' rows only, in the share's order and in rows of their own
+    // (hybrid_device_down_type), made for the load and dropped after it.
+    std::vector<cpu::NeuronMajorMatrix> rows(model.layers.size());
+    DeviceLoad what;
+    what.pm = &pm_;
+    what.opts = &popts_;
+    what.plan = &plan_;
+    what.kv_type = opts.kv_type;
+    what.n_batch = n_batch;
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      const auto& ids = plan_.layers[l].gpu_neurons;
+      if (!ids.empty())
+        rows[l] = cpu::neuron_major_rows(pool, down_views_[l], ids.data(), static_cast<int64_t>(ids.size()),
+                                         hybrid_device_down_type(model.layers[l].ffn, hp.n_embd));
+      what.down_rows.push_back(rows[l].view);
+    }
+    // A GPU that cannot take this model (a weight type its kernels do not read, too little
+    // memory) is an error, with the reason; `auto` takes the stand-in only where no GPU exists.
+    device_->load(model, what);
+  }
+  if (!copies.empty()) {
+    std::string kinds;
+    for (const auto& [t, n] : copies) kinds += fmt::format("{}{} layers {}", kinds.empty() ? "" : ", ", n, t);
+    size_t b = 0;
+    for (const auto& m : down_nm_) b += m.view.nbytes;
+    log_info("hybrid: the CPU's neuron-major down copies: {} ({:.1f} MiB)", kinds, b / 1048576.0);
   }
   const size_t b = static_cast<size_t>(popts_.max_batch), nf = static_cast<size_t>(hp.n_ff);
   act_.resize(b * nf);
@@ -223,7 +246,7 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
 }
 
 std::string HybridFfn::refusal(const Model& model) const {
-  return device_refusal(device_->caps(), model, plan_, down_views_);
+  return device_refusal(device_->caps(), model, plan_);
 }
 
 HybridStats HybridFfn::stats() const {

@@ -55,6 +55,8 @@ struct HybridOptions {
                                      // CPU stand-in), "cuda" or "cpu"
   int device_threads = 1;     // threads of the CPU stand-in device
   DType kv_type = DType::F16; // the session's KV cache values: the device's cache holds the same, the plan counts them
+  // The CPU's copy of a down without down_t (hybrid_cpu_down_type; the session's --sparse-down).
+  cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
   const Plan* given = nullptr;  // tests: use this plan as is (validated)
 };
 
@@ -107,8 +109,8 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   PlanOptions popts_;
   float threshold_;
   std::unique_ptr<Device> device_;
-  std::vector<cpu::NeuronMajorMatrix> down_nm_;  // per layer, when the file has no down_t
-  std::vector<TensorView> down_views_;
+  std::vector<cpu::NeuronMajorMatrix> down_nm_;  // per layer, the CPU's copy when the file has no down_t
+  std::vector<TensorView> down_views_;            // per layer, the CPU's neuron-major down
   std::vector<FfnWeights> cpu_share_;             // per layer: the FFN with down_t = down_views_ (no down_b)
   std::vector<std::vector<int32_t>> cpu_rows_;    // per layer: the CPU's neurons
   AlignedBuffer<float> act_, h_, partial_, axpy_;

@@ -73,6 +73,7 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
                 "--predictor FILE (made by `ember train-predictor`) or a sparse-ready model with fc1/fc2 tensors");
     h.threshold = p.sparse.threshold;
     h.kv_type = p.kv_type;
+    h.down_type = p.sparse.down_type;
     hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch);
     ws_.layers = hybrid_.get();
   } else if (p.sparse.mode == FfnMode::input) {

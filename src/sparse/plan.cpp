@@ -16,6 +16,7 @@
 #include "ops/cuda/cuda_ops.hpp"
 #include "sparse/predictor.hpp"
 #include "model/synth.hpp"
+#include "ops/cpu/nm4.hpp"
 #include "ops/cpu/sparse.hpp"
 
 namespace ember {
@@ -142,8 +143,8 @@ namespace {
 
 double attn_read_bytes(const PlanLayer& L) { return static_cast<double>(L.attn_bytes) + 0.5 * L.kv_bytes; }
 // Bytes read per firing neuron, and per neuron whether it fires or not (the gate, where it decides).
-double neuron_bytes(const PlanModel& m, const PlanLayer& L) {
-  return static_cast<double>((m.predicted ? L.gate_row : 0) + L.up_row + L.down_row);
+double neuron_bytes(const PlanModel& m, const PlanLayer& L, bool cpu) {
+  return static_cast<double>((m.predicted ? L.gate_row : 0) + L.up_row + (cpu ? L.cpu_down_row : L.down_row));
 }
 double neuron_fixed_bytes(const PlanModel& m, const PlanLayer& L) {
   return m.predicted ? 0.0 : static_cast<double>(L.gate_row);
@@ -171,7 +172,8 @@ double predict_seconds_per_token(const PlanModel& m, const DeviceDesc& dev, cons
     double mass_cpu = 0, mass_gpu = 0;
     for (size_t j = 0; j < L.p.size(); ++j) (on_gpu[j] ? mass_gpu : mass_cpu) += L.p[j];
     const double n_gpu = static_cast<double>(P.gpu_neurons.size()), n_cpu = static_cast<double>(L.p.size()) - n_gpu;
-    t += neuron_bytes(m, L) * (mass_cpu * c + mass_gpu * g) + neuron_fixed_bytes(m, L) * (n_cpu * c + n_gpu * g);
+    t += mass_cpu * neuron_bytes(m, L, true) * c + mass_gpu * neuron_bytes(m, L, false) * g +
+         neuron_fixed_bytes(m, L) * (n_cpu * c + n_gpu * g);
     if (uses) t += sync_seconds(m, dev);
   }
   return t;
@@ -226,8 +228,8 @@ std::vector<int32_t> neurons_of_groups(const NeuronGroups& groups, const std::ve
 }
 
 double neuron_seconds_saved(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L, double mass, int64_t count) {
-  return (mass * neuron_bytes(m, L) + static_cast<double>(count) * neuron_fixed_bytes(m, L)) *
-         (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth);
+  return mass * (neuron_bytes(m, L, true) / dev.cpu_bandwidth - neuron_bytes(m, L, false) / dev.gpu_bandwidth) +
+         static_cast<double>(count) * neuron_fixed_bytes(m, L) * (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth);
 }
 
 double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L) {
@@ -254,7 +256,8 @@ void validate(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     const PlanLayer& L = m.layers[l];
     EMBER_CHECK(static_cast<int64_t>(L.p.size()) == m.n_ff, "plan: layer {} has {} firing probabilities, expected n_ff = {}",
                 l, L.p.size(), m.n_ff);
-    EMBER_CHECK(L.up_row > 0 && L.down_row > 0, "plan: layer {} has a zero neuron row size", l);  // gate: 0 without one
+    EMBER_CHECK(L.up_row > 0 && L.down_row > 0 && L.cpu_down_row > 0, "plan: layer {} has a zero neuron row size",
+                l);  // gate: 0 without one
     for (size_t j = 0; j < L.p.size(); ++j)
       EMBER_CHECK(std::isfinite(L.p[j]) && L.p[j] >= 0.0f && L.p[j] <= 1.0f,
                   "plan: layer {} neuron {} has firing probability {} (must be in [0, 1]); is the profile corrupt?", l,
@@ -380,6 +383,17 @@ namespace {
 
 uint64_t padded(const TensorView& v) { return v.data ? gpu_pad(v.nbytes) : 0; }
 
+// PlanLayer::cpu_down_row: the CPU's down bytes per firing neuron with the whole layer there (in
+// bytes of the row-wise kernels' time: the cost model reads them at the CPU's bandwidth).
+uint64_t cpu_down_row_bytes(const FfnWeights& w, int64_t n_embd, cpu::NeuronMajorType choice, const std::vector<float>& p) {
+  std::vector<int32_t> all(p.size());
+  std::iota(all.begin(), all.end(), 0);
+  const DType t = hybrid_cpu_down_type(w, n_embd, choice, p, all);
+  const double mass = std::accumulate(p.begin(), p.end(), 0.0);
+  if (!cpu::is_nm4(t) || mass <= 0) return cpu::neuron_major_row_bytes(t, n_embd);
+  return static_cast<uint64_t>(std::llround(neuron_major_expected_cost(t, n_embd, p, all) / mass));
+}
+
 PlanModel base_shape(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_head, int64_t q_dim,
                      int64_t kv_dim, int64_t n_ctx, const std::vector<std::vector<float>>& p, size_t n_layer,
                      DType kv_type) {
@@ -398,8 +412,45 @@ PlanModel base_shape(const std::string& name, int64_t n_embd, int64_t n_ff, int6
 
 }  // namespace
 
+double neuron_major_expected_bytes(DType t, int64_t n_embd, const std::vector<float>& p,
+                                   const std::vector<int32_t>& ids) {
+  const bool nm4 = cpu::is_nm4(t);
+  const double row = nm4 ? static_cast<double>(n_embd) / 2 : static_cast<double>(row_bytes(t, n_embd));
+  const double table = nm4 ? static_cast<double>(cpu::nm4_table_bytes(t, cpu::kNm4Block, n_embd)) : 0.0;
+  double bytes = 0, silent = 1;  // silent: the chance that no neuron of the current block fires
+  int64_t block = -1;
+  for (int32_t j : ids) {  // ascending
+    const double pj = p[static_cast<size_t>(j)];
+    bytes += pj * row;
+    if (j / cpu::kNm4Block != block) bytes += (1 - silent) * table, silent = 1, block = j / cpu::kNm4Block;
+    silent *= 1 - pj;
+  }
+  return bytes + (1 - silent) * table;
+}
+
+double neuron_major_expected_cost(DType t, int64_t n_embd, const std::vector<float>& p,
+                                  const std::vector<int32_t>& ids) {
+  return neuron_major_expected_bytes(t, n_embd, p, ids) / (cpu::is_nm4(t) ? kNm4AxpyRate : 1.0);
+}
+
+DType hybrid_cpu_down_type(const FfnWeights& w, int64_t n_embd, cpu::NeuronMajorType choice,
+                           const std::vector<float>& p, const std::vector<int32_t>& ids) {
+  if (w.down_t.data) return w.down_t.type;
+  const DType shared = cpu::neuron_major_dtype(w.down.type, choice, n_embd, /*shared_scales=*/true);
+  const DType rows = cpu::neuron_major_dtype(w.down.type, choice, n_embd);
+  if (shared == rows) return rows;
+  return neuron_major_expected_cost(shared, n_embd, p, ids) <= neuron_major_expected_cost(rows, n_embd, p, ids)
+             ? shared
+             : rows;
+}
+
+DType hybrid_device_down_type(const FfnWeights& w, int64_t n_embd) {
+  if (w.down_t.data) return w.down_t.type;
+  return cpu::neuron_major_dtype(w.down.type, cpu::NeuronMajorType::exact, n_embd);
+}
+
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type,
-                          bool predictors) {
+                          bool predictors, cpu::NeuronMajorType cpu_down) {
   const std::string moe = model_moe_refusal(model, "the placement planner");
   EMBER_CHECK(moe.empty(), "{}", moe);
   const Hparams& hp = model.hp;
@@ -427,9 +478,8 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
     L.gate_row = W.ffn.gated() ? row_bytes(W.ffn.gate.type, hp.n_embd) : 0;  // OPT has no gate
     L.up_row = row_bytes(W.ffn.up.type, hp.n_embd);
     L.bias_row = W.ffn.up_b.valid() ? sizeof(float) : 0;
-    const DType down_t = W.ffn.down_t.data ? W.ffn.down_t.type
-                                           : cpu::neuron_major_dtype(W.ffn.down.type, cpu::NeuronMajorType::exact, hp.n_embd);
-    L.down_row = row_bytes(down_t, hp.n_embd);
+    L.down_row = row_bytes(hybrid_device_down_type(W.ffn, hp.n_embd), hp.n_embd);
+    L.cpu_down_row = cpu_down_row_bytes(W.ffn, hp.n_embd, cpu_down, L.p);
   }
   return m;
 }
@@ -451,7 +501,10 @@ PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_
   for (auto& L : m.layers) {
     L.attn_bytes = 2 * norm + mat(n_embd, n_embd) + 2 * mat(n_embd, n_head_kv * head_dim) + mat(n_embd, n_embd);
     L.gate_row = L.up_row = row_bytes(type, n_embd);
-    L.down_row = row_bytes(cpu::neuron_major_dtype(type, cpu::NeuronMajorType::exact, n_embd), n_embd);
+    FfnWeights w;  // what a file of these shapes holds: down input-major, no down_t
+    w.down.type = type;
+    L.down_row = row_bytes(hybrid_device_down_type(w, n_embd), n_embd);
+    L.cpu_down_row = cpu_down_row_bytes(w, n_embd, cpu::NeuronMajorType::exact, L.p);
   }
   return m;
 }

@@ -18,7 +18,8 @@
 // over a full context), and the FFN rows the executor reads. With predictors (PlanModel::
 // predicted) that is the predictor and p_j * (gate + up + down) bytes for each neuron j (firing
 // probability p_j from the activation profile, standing for the predicted rows); without, the
-// gate decides, so every gate row is read on its side, and p_j * (up + down). A layer that uses the GPU pays a fixed
+// gate decides, so every gate row is read on its side, and p_j * (up + down). Down is counted in
+// the bytes of the side's own copy (PlanLayer::down_row, cpu_down_row). A layer that uses the GPU pays a fixed
 // synchronization plus two n_embd float transfers over PCIe. The output matrix is read where
 // the head runs (Plan::output_gpu), which then pays one synchronization and the hidden state up
 // and the logits down. The model adds the CPU and GPU parts of a layer (no overlap): conservative, and linear,
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "model/model.hpp"
+#include "ops/cpu/sparse.hpp"
 
 namespace ember {
 
@@ -54,7 +56,11 @@ struct PlanLayer {
   uint64_t attn_bytes = 0;       // attention weights and norms, each tensor padded
   uint64_t kv_bytes = 0;         // K and V for the context in the cache's type (KvCache::bytes_for)
   uint64_t predictor_bytes = 0;  // fc1 + fc2, each padded (0 when the model has no predictor)
-  uint64_t gate_row = 0, up_row = 0, down_row = 0;  // bytes of one neuron in each (down: neuron-major)
+  uint64_t gate_row = 0, up_row = 0, down_row = 0;  // bytes of one neuron in each on the GPU (down: neuron-major)
+  // Bytes of one firing neuron's down the CPU reads: of hybrid_cpu_down_type for the whole layer
+  // on the CPU, its scale tables spread over the firing neurons (the executor decides again for
+  // the neurons the plan leaves it, which are colder).
+  uint64_t cpu_down_row = 0;
   uint64_t bias_row = 0;         // bytes of one neuron's up bias (OPT: 4), 0 without one
   std::vector<float> p;          // firing probability of each neuron, in [0, 1]
 };
@@ -201,12 +207,44 @@ std::vector<std::vector<float>> synth_profile_probabilities(const Model& model);
 // provide one. `source` (optional) receives what was used, for messages and cache keys.
 std::vector<std::vector<float>> plan_probabilities(const Model& model, const std::string& profile_path,
                                                    std::string* source = nullptr);
+// Expected bytes per token of reading the down rows of neurons ids[] (neuron j fires with
+// probability p[j], independently) in a neuron-major matrix of type t: the firing neurons' rows,
+// and for Q4_0_NM / Q4_1_NM the scale tables of every block of 32 neurons with one firing.
+double neuron_major_expected_bytes(DType t, int64_t n_embd, const std::vector<float>& p,
+                                   const std::vector<int32_t>& ids);
+// The shared-scale axpy (ops/cpu/nm4.hpp) reads its bytes at about this share of the rate of the
+// row-wise axpy over Q8_0 rows: measured one thread, cold, Zen 4 (docs/benchmarks.md, twenty-second
+// session: SparseAxpy/Q4_0_NM/2048x5632 against SparseAxpy/Q8_0/5632x2048): 0.80-1.01 at 10 % of
+// the rows, 0.75-0.81 at 25 and 50 %.
+constexpr double kNm4AxpyRate = 0.8;
+// neuron_major_expected_bytes in bytes of the row-wise kernels' time: the shared-scale layout's
+// divided by kNm4AxpyRate.
+double neuron_major_expected_cost(DType t, int64_t n_embd, const std::vector<float>& p,
+                                  const std::vector<int32_t>& ids);
+
+// The neuron-major down of an FFN on each side of the hybrid (the planner's row sizes and the
+// executor's copies agree through these two): the file's down_t where it has one (PowerInfer's
+// layout); else
+//  - the CPU reads a copy of its own: for Q4_0 / Q4_1 / Q4_K either the file's codes and scales
+//    (Q4_0_NM / Q4_1_NM, 16/32 bytes a value, but each block of 32 neurons with one firing reads
+//    its scale table, 2 bytes an output) or Q8_0 rows (34/32 bytes a value): whichever takes less
+//    time per token for the CPU's neurons `ids` firing with p (neuron_major_expected_cost; the
+//    tables and the slower kernel pay from about 5 firing neurons a block, 17 %: threshold-mode
+//    densities, not a ReLU model's cold neurons); other types neuron_major_dtype(down, choice);
+//  - a device holds its neurons' rows in the `exact` row type (F32 / F16 / BF16 as they are, else
+//    Q8_0): a device's share is a list of rows, which the shared scale tables are not.
+DType hybrid_cpu_down_type(const FfnWeights& w, int64_t n_embd, cpu::NeuronMajorType choice,
+                           const std::vector<float>& p, const std::vector<int32_t>& ids);
+DType hybrid_device_down_type(const FfnWeights& w, int64_t n_embd);
+
 // The solver's view of a loaded model with probabilities p[layer][neuron], for a context of n_ctx
 // with a KV cache of kv_type (F16 as the engine's default; KvCache::bytes_for counts it).
 // `predictors`: the executor runs the model's predictors (it must have them): counted on the
-// GPU of the layers that use it, and the cost model charges predicted rows only.
+// GPU of the layers that use it, and the cost model charges predicted rows only. `cpu_down`: the
+// CPU's copy of down (hybrid_cpu_down_type), whose bytes the cost model charges the CPU.
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx,
-                          DType kv_type = DType::F16, bool predictors = false);
+                          DType kv_type = DType::F16, bool predictors = false,
+                          cpu::NeuronMajorType cpu_down = cpu::NeuronMajorType::exact);
 // The same from shapes alone (a model too large to write, e.g. 7B): weights of `type`, llama
 // layout, no predictor, probabilities p.
 PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_layer,

@@ -285,4 +285,36 @@ void dequantize_neuron(const TensorView& D, int64_t i, float* dst) {
   else dequantize_row(D.type, D.row(i), dst, D.cols());
 }
 
+uint64_t neuron_major_row_bytes(DType t, int64_t n_embd) {
+  if (!is_nm4(t)) return row_bytes(t, n_embd);
+  return nm4_bytes(t, kNm4Block, n_embd) / kNm4Block;  // (n_embd is a multiple of 32: exact)
+}
+
+NeuronMajorMatrix neuron_major_rows(ThreadPool& pool, const TensorView& D, const int32_t* ids, int64_t n,
+                                    DType type) {
+  const int64_t n_embd = D.cols();
+  EMBER_CHECK(!is_nm4(type) && n_embd % info(type).block_size == 0, "neuron-major rows of {}: {} rows of {} values "
+              "cannot be stored on their own", D.name, dtype_name(type), n_embd);
+  check_active("neuron_major_rows", D, ids, n);
+  NeuronMajorMatrix m;
+  const size_t stride = row_bytes(type, n_embd);
+  m.bytes.resize(std::max<size_t>(stride * static_cast<size_t>(n), 1));
+  m.view = matrix_view(type, m.bytes.data(), n, n_embd);
+  m.view.name = D.name + ".rows";
+  const bool same = type == D.type;
+  pool.parallel_for(n, 64, [&](int64_t i0, int64_t i1, int) {
+    std::vector<float> row(same ? 0 : static_cast<size_t>(n_embd));
+    for (int64_t i = i0; i < i1; ++i) {
+      uint8_t* dst = m.bytes.data() + static_cast<size_t>(i) * stride;
+      if (same) {
+        std::memcpy(dst, D.row(ids[i]), stride);
+        continue;
+      }
+      dequantize_neuron(D, ids[i], row.data());
+      quantize_row(type, row.data(), dst, n_embd);
+    }
+  });
+  return m;
+}
+
 }  // namespace ember::cpu

@@ -119,4 +119,15 @@ NeuronMajorMatrix make_neuron_major(ThreadPool& pool, const TensorView& down, DT
 // Row i of a neuron-major matrix as floats (cols() values), for every type above.
 void dequantize_neuron(const TensorView& D_nm, int64_t i, float* dst);
 
+// Bytes one neuron of a neuron-major matrix of type t takes: its row, and for Q4_0_NM / Q4_1_NM
+// its share of the scale tables (one 32nd of a block's).
+uint64_t neuron_major_row_bytes(DType t, int64_t n_embd);
+
+// Rows ids[0..n) of the neuron-major matrix D_nm, in that order, as a matrix of their own in
+// `type` (a row-wise type: not Q4_0_NM / Q4_1_NM): copied as they are where the type is D_nm's,
+// else dequantized (dequantize_neuron) and quantized to `type`. What a hybrid device holds of a
+// layer's down (engine/device.hpp). Threaded over rows.
+NeuronMajorMatrix neuron_major_rows(ThreadPool& pool, const TensorView& D_nm, const int32_t* ids, int64_t n,
+                                    DType type);
+
 }  // namespace ember::cpu

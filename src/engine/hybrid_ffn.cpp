@@ -51,13 +51,20 @@ std::string plan_cache_key(const Model& model, const std::string& profile_source
 
 Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, PlanModel* pm_out, PlanOptions* popts) {
   std::string source;
-  // A given plan needs the model's sizes to be checked, not its profile.
-  const bool given = o.given || !o.plan_path.empty();
-  *pm_out = plan_model_from(
-      model,
-      given ? std::vector<std::vector<float>>(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f))
-            : plan_probabilities(model, o.profile_path, &source),
-      n_ctx, o.kv_type, o.predictor, o.down_type);
+  // A given plan needs the model's sizes to be checked, not its profile; a plan file's session
+  // still takes the profile where there is one (the CPU's down copy is chosen by it,
+  // hybrid_cpu_down_type), and without one counts every neuron as firing.
+  std::vector<std::vector<float>> prob;
+  if (!o.given) {
+    try {
+      prob = plan_probabilities(model, o.profile_path, &source);
+    } catch (const Error& e) {
+      if (o.plan_path.empty()) throw;
+      log_info("hybrid: no activation profile ({}); the plan file's session counts every neuron as firing", e.what());
+    }
+  }
+  if (prob.empty()) prob.assign(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f));
+  *pm_out = plan_model_from(model, prob, n_ctx, o.kv_type, o.predictor, o.down_type);
   const PlanModel& pm = *pm_out;
   *popts = o.plan;
   if (o.given) {
@@ -164,7 +171,7 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
       if (!on[static_cast<size_t>(j)]) cpu_rows_[l].push_back(j);
   }
   // The CPU's neuron-major down: the file's down_t where it has one, else a copy of the type
-  // that reads the fewest bytes for the neurons the plan leaves it (hybrid_cpu_down_type).
+  // that takes the least time per token for the neurons the plan leaves it (hybrid_cpu_down_type).
   down_nm_.resize(model.layers.size());
   std::map<std::string, int> copies;
   for (size_t l = 0; l < model.layers.size(); ++l) {

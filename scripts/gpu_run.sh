@@ -200,6 +200,10 @@ else
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f' % d['tg16']['median'])" \
       "$work/$name.json" 2>/dev/null || echo "-"
   }
+  breakdown() {  # name: the hybrid run's decode time per token (ember bench's "hybrid" record), or -
+    python3 -c "import json,sys; h=json.load(open(sys.argv[1]))['hybrid']; print('CPU FFN %.2f ms, wait %.2f, device %.2f, CPU layers %.2f, %.0f%% fired on the device' % (h['cpu_ffn_ms_per_token'], h['wait_ms_per_token'], h['device_block_ms_per_token'], h['cpu_layer_ms_per_token'], 100 * h['device_fired_share']))" \
+      "$work/$1.json" 2>/dev/null || echo "-"
+  }
   bytes7=$(stat -c %s "$model7" 2>/dev/null || echo 0)
   budget() { echo $((bytes7 * $1 / 100 + reserve)); }
   speeds="$bench_type"
@@ -219,6 +223,7 @@ else
     ratio=$(awk -v h="$h50" -v s="$split_tg" 'BEGIN { if (h + 0 > 0 && s + 0 > 0) printf "%.2f", h / s; else print "-" }')
     speeds="$speeds, layer split 50% $split_tg (hybrid / layer split ${ratio}x)"
     [ "$mode" = predictor ] && pred_ratio=$ratio && pred_h50=$h50 && pred_split=$split_tg && pred_cpu=$cpu_tg
+    speeds="$speeds; per decode token at 50 %: hybrid $(breakdown "h50-$mode"), layer split $(breakdown "split50-$mode")"
   done
   if ((dry)); then gpu_tg="-"; else
     gpu_tg=$(bench gpu --sparse-mode predictor --vram-budget auto --plan-method greedy --hybrid-device "$device")

@@ -23,6 +23,7 @@
 #include "sparse/input_allocation.hpp"
 #include "sparse/input_sparse.hpp"
 #include "sparse/sparsify.hpp"
+#include "support/errors.hpp"
 #include "support/reference_llama.hpp"
 #include "support/session_logits.hpp"
 #include "support/session_params.hpp"
@@ -376,6 +377,52 @@ TEST(InputSparse, ACopyIsReadOnlyWhereItReadsFaster) {
   }
 }
 
+// A copy no decode token would read is not kept: where the inputs keep on average (the
+// allocation's dropped shares on the profile's corpus) more than kInputCopySlack times the copy's
+// break-even count. Keeping everything (t < 0, nothing dropped): no copy at all, and the bits of
+// an executor that has them and never reads them; keeping about 5 % (95 % dropped): every copy
+// that pays, the same as without the shares. Shares for other layers are refused.
+TEST(InputSparse, NoCopyWhereNoTokenWouldReadIt) {
+  SynthOptions o = small(DType::Q4_0, 8);
+  o.n_ff = 512;
+  auto m = load_synth(o, "unpaid.gguf");
+  ThreadPool pool(2);
+  const int64_t d = m->hp.n_embd;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(d));
+  for (auto& v : x) v = nd(rng);
+  const auto layer = [&](InputSparseExecutor& ex) {  // the FFN's output, then q and o
+    Workspace ws;
+    ws.init(*m, 4, 4, 2);
+    std::vector<float> out(static_cast<size_t>(d)), xn = x, attn = x, o_out(static_cast<size_t>(d));
+    ex.run(pool, 1, m->layers[1].ffn, m->hp.act, x.data(), 1, out.data(), ws);
+    ex.qkv(pool, 1, m->layers[1], xn.data(), 1, ws);
+    ex.out(pool, 1, m->layers[1], attn.data(), 1, o_out.data(), ws);
+    out.insert(out.end(), ws.q.data(), ws.q.data() + m->hp.n_head * m->hp.head_dim);
+    out.insert(out.end(), o_out.begin(), o_out.end());
+    return out;
+  };
+  for (float t : {-1.0f, 2.0f}) {
+    const InputThresholds thr(3, {t, t, t, t > 0 ? 0.05f : t});
+    const float share = t < 0 ? 0.0f : 0.95f;
+    const std::vector<std::array<float, kInputSites>> dropped(3, {share, share, share, share});
+    InputSparseExecutor every(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true),
+        lean(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true, dropped);
+    EXPECT_GT(every.copy_bytes(), 0u);
+    if (t < 0) {
+      EXPECT_EQ(lean.copy_bytes(), 0u);
+    } else {
+      EXPECT_EQ(lean.copy_bytes(), every.copy_bytes());
+    }
+    EXPECT_EQ(layer(every), layer(lean)) << "threshold " << t;
+    for (int s = 0; s < kInputSites; ++s) EXPECT_EQ(every.stats().copy_tokens[1][s], lean.stats().copy_tokens[1][s]);
+  }
+  const InputThresholds thr(3, {1.0f, 1.0f, 1.0f, 0.05f});
+  EXPECT_THROW(InputSparseExecutor(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true,
+                                   std::vector<std::array<float, kInputSites>>(2)),
+               Error);
+}
 
 // As the loader and sparsify run input mode (repack_for_session): the file's layout kept
 // (Model::file_layers), every layer matrix repacked for the dense kernels (prompts and dense
@@ -541,6 +588,22 @@ TEST(InputSparse, ThresholdsFromTheModelFileAndRefusals) {
   EXPECT_EQ(st.kept[2][static_cast<int>(InputSite::ffn_hidden)], 0u);  // layer 2 drops every h
   EXPECT_GT(st.kept[1][static_cast<int>(InputSite::ffn_hidden)], 0u);
 
+  EXPECT_TRUE(m->input_sparsity.empty());  // a file without the shares (before they were written)
+  // The dropped shares beside the thresholds: 4 per layer, each in [0, 1].
+  std::vector<float> shares(12, 0.5f);
+  w.set("ember.input_sparsity.sparsity", gguf::Value::floats(shares));
+  w.write(path);
+  EXPECT_FLOAT_EQ(load_model(path)->input_sparsity[2][3], 0.5f);
+  shares[5] = 1.5f;
+  w.set("ember.input_sparsity.sparsity", gguf::Value::floats(shares));
+  w.write(path);
+  EXPECT_NE(test_support::error_of([&] { load_model(path); }).find("must be in [0, 1]"), std::string::npos);
+  shares.pop_back();
+  w.set("ember.input_sparsity.sparsity", gguf::Value::floats(shares));
+  w.write(path);
+  EXPECT_NE(test_support::error_of([&] { load_model(path); }).find("4 per layer"), std::string::npos);
+  shares.assign(12, 0.5f);
+  w.set("ember.input_sparsity.sparsity", gguf::Value::floats(shares));
   flat.pop_back();
   w.set("ember.input_sparsity.thresholds", gguf::Value::floats(flat));
   w.write(path);
@@ -569,6 +632,7 @@ TEST(Sparsify, EmbedsThePlansThresholdsAndChangesNothingElse) {
   EXPECT_NEAR(s.plan.weighted_sparsity, 0.4, 0.006);
   auto out = load_model(o.output);
   EXPECT_EQ(out->input_thresholds, s.plan.thresholds);
+  EXPECT_EQ(out->input_sparsity, s.plan.sparsity);  // what a session decides its copies by
   const gguf::Reader &a = *m->file, &b = *out->file;
   ASSERT_EQ(a.tensors().size(), b.tensors().size());
   for (const gguf::TensorInfo& t : a.tensors()) {

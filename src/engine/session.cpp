@@ -78,10 +78,12 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     ws_.layers = hybrid_.get();
   } else if (p.sparse.mode == FfnMode::input) {
     InputThresholds t = p.sparse.input_thresholds.empty() ? model.input_thresholds : p.sparse.input_thresholds;
+    auto dropped = p.sparse.input_thresholds.empty() ? model.input_sparsity : p.sparse.input_sparsity;
     EMBER_CHECK(!t.empty(), "--sparse-mode input needs thresholds: give --sparse-profile FILE --sparsity S (a profile "
                 "from `ember profile`) or a model made with `ember sparsify`");
     input_ = std::make_unique<InputSparseExecutor>(model, pool_, std::move(t), p.sparse.down_type, ws_.max_batch,
-                                                   p.sparse.input_min_row_bytes, p.sparse.input_copy_by_cost);
+                                                   p.sparse.input_min_row_bytes, p.sparse.input_copy_by_cost,
+                                                   std::move(dropped));
     ws_.proj = input_.get();
   } else if (p.sparse.mode != FfnMode::dense) {
     SparseFfnOptions so = p.sparse;

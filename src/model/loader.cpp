@@ -227,6 +227,18 @@ void read_sparse_metadata(Model& m) {
       m.input_thresholds.push_back({t[i], t[i + 1], t[i + 2], t[i + 3]});
     }
   }
+  if (r.has("ember.input_sparsity.sparsity")) {
+    const std::vector<float> s = r.get_float_array("ember.input_sparsity.sparsity");
+    EMBER_CHECK(static_cast<int64_t>(s.size()) == 4 * m.hp.n_layer && m.input_thresholds.size() * 4 == s.size(),
+                "{}: ember.input_sparsity.sparsity has {} values, the model's {} layers need {} (4 per layer, beside "
+                "ember.input_sparsity.thresholds)", r.path(), s.size(), m.hp.n_layer, 4 * m.hp.n_layer);
+    for (size_t i = 0; i < s.size(); i += 4) {
+      for (size_t k = 0; k < 4; ++k)
+        EMBER_CHECK(s[i + k] >= 0.0f && s[i + k] <= 1.0f, "{}: ember.input_sparsity.sparsity holds {} (must be in "
+                    "[0, 1])", r.path(), s[i + k]);
+      m.input_sparsity.push_back({s[i], s[i + 1], s[i + 2], s[i + 3]});
+    }
+  }
 }
 
 void build_rope(Model& m) {

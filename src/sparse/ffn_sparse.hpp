@@ -56,6 +56,10 @@ struct SparseFfnOptions {
   // input mode: per layer and input site (sparse/input_site.hpp), entries kept when |x| > t
   // (empty in SessionParams: the model file's Model::input_thresholds).
   InputThresholds input_thresholds;
+  // Beside them, the share of each site's inputs they drop on the profile's corpus (the
+  // allocation's; empty in SessionParams: the model file's Model::input_sparsity, which may be
+  // empty too): a site whose copy would not pay at that share gets none (InputSparseExecutor).
+  std::vector<std::array<float, kInputSites>> input_sparsity;
   size_t input_min_row_bytes = kInputMinRowBytes;  // shorter copy rows: the site decodes dense
   // Per decode token, a site with a copy reads it only where that is cheaper than the dense
   // kernels on its masked input for the inputs this token keeps (InputSparseExecutor); false:

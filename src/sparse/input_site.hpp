@@ -35,4 +35,11 @@ constexpr size_t kInputMinRowBytes = 2048;
 // 0.72 at 3 KiB, 0.88 at 14 KiB; linear in log(row bytes) between them, the nearest outside.
 double input_copy_rate(size_t row_bytes);
 
+// A site whose inputs keep on average more than this many times its copy's break-even count
+// (input_copy_max_kept) keeps no copy: the tokens that keep fewer than the break-even are the
+// few far below the mean, and near the break-even the copy saves nearly nothing (its time there
+// is the dense kernels' by definition). Measured (docs/benchmarks.md, twenty-second session):
+// the 7B shape's q|k|v and o inputs at a 50 % target never took their copies.
+constexpr double kInputCopySlack = 1.0;
+
 }  // namespace ember

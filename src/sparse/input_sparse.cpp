@@ -164,7 +164,7 @@ std::vector<InputSparseExecutor::Stack> InputSparseExecutor::site_stacks(ThreadP
 
 InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
                                          cpu::NeuronMajorType copy_type, int64_t max_batch, size_t min_row_bytes,
-                                         bool by_cost)
+                                         bool by_cost, std::vector<std::array<float, kInputSites>> dropped)
     : model_(model), thr_(std::move(thresholds)) {
   const Hparams& hp = model.hp;
   EMBER_CHECK(static_cast<int64_t>(thr_.size()) == hp.n_layer,
@@ -172,12 +172,15 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
               hp.n_layer);
   for (const auto& t : thr_)
     for (float v : t) EMBER_CHECK(std::isfinite(v), "input sparsity: threshold {} is not finite", v);
+  EMBER_CHECK(dropped.empty() || dropped.size() == thr_.size(), "input sparsity: dropped shares for {} layers, "
+              "thresholds for {}", dropped.size(), thr_.size());
   const std::string why = refusal(model);
   EMBER_CHECK(why.empty(), "{}", why);
   Timer timer;
   int64_t widest_in = hp.n_embd, widest_out = hp.n_embd, widest_stack = 0;
   copies_.reserve(model.layers.size());
-  std::array<int64_t, kInputSites> dense_sites{};
+  std::array<int64_t, kInputSites> dense_sites{}, unpaid_sites{};
+  size_t unpaid_bytes = 0;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& L = model.file_layer(l);  // the copies come from the file's layout
     const InputSiteMatrices m = input_site_matrices(L), own = input_site_matrices(model.layers[l]);
@@ -206,6 +209,15 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
       size_t dense = 0;
       for (const TensorView* t : own.site[s]) dense += t->nbytes;
       max_kept[s] = input_copy_max_kept(rows, tables, dense);
+      // A copy no token would read (it never pays, or the inputs keep too many on average):
+      // none, the dense kernels on the masked input.
+      const double kept = dropped.empty() ? 0.0
+                                          : (1.0 - dropped[l][static_cast<size_t>(s)]) * static_cast<double>(c[s][0].view.rows());
+      if (max_kept[s] < 0 || kept > kInputCopySlack * static_cast<double>(max_kept[s])) {
+        for (const Stack& st : c[s]) unpaid_bytes += st.copy.bytes.size();
+        c[s].clear();
+        ++unpaid_sites[s];
+      }
     }
     max_kept_.push_back(max_kept);
     copies_.push_back(std::move(c));
@@ -242,6 +254,14 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
     log_info("input sparsity: {} decode with the dense kernels on the masked inputs: their input-channel-major "
              "rows would be under {} bytes, which read slower than dense",
              dense, min_row_bytes);
+  std::string unpaid;
+  for (int s = 0; s < kInputSites; ++s)
+    if (unpaid_sites[s] > 0)
+      unpaid += fmt::format("{}{} ({} of {} layers)", unpaid.empty() ? "" : ", ", input_site_name(s), unpaid_sites[s],
+                            model.layers.size());
+  if (!unpaid.empty())
+    log_info("input sparsity: {} keep too many inputs for a copy to pay (the profile's shares): no copy, the dense "
+             "kernels on the masked inputs ({:.1f} MiB not kept)", unpaid, unpaid_bytes / 1048576.0);
 }
 
 std::string InputSparseExecutor::refusal(const Model& model) const {

@@ -86,10 +86,14 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   // for the sites input_site_dense names (no copy: they decode with the dense kernels on their
   // masked inputs). `copy_type` as SparseFfnOptions::down_type (ops/cpu/sparse.hpp's
   // NeuronMajorType). `by_cost`: a decode token reads a copy only where input_copy_max_kept
-  // says it is faster, else always.
+  // says it is faster, else always. `dropped` (per layer and site, the share of inputs the
+  // thresholds drop on the profile's corpus; may be empty): with by_cost, a site that keeps on
+  // average more than kInputCopySlack times its break-even count keeps no copy either (its
+  // tokens would take the dense kernels anyway; at a 50 % target the 7B shape's attention inputs).
   InputSparseExecutor(const Model& model, ThreadPool& pool, InputThresholds thresholds,
                       cpu::NeuronMajorType copy_type, int64_t max_batch,
-                      size_t min_row_bytes = kInputMinRowBytes, bool by_cost = true);
+                      size_t min_row_bytes = kInputMinRowBytes, bool by_cost = true,
+                      std::vector<std::array<float, kInputSites>> dropped = {});
 
   void qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) override;
   void out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,

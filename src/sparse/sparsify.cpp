@@ -23,6 +23,9 @@ SparsifySummary sparsify_model(const SparsifyOptions& o, const Profile& profile)
   std::vector<float> flat;
   for (const auto& t : sum.plan.thresholds) flat.insert(flat.end(), t.begin(), t.end());
   w.set("ember.input_sparsity.thresholds", gguf::Value::floats(flat));
+  std::vector<float> dropped;
+  for (const auto& s : sum.plan.sparsity) dropped.insert(dropped.end(), s.begin(), s.end());
+  w.set("ember.input_sparsity.sparsity", gguf::Value::floats(dropped));
   w.set("ember.input_sparsity.target", gguf::Value::f32(static_cast<float>(o.sparsity)));
   w.set("ember.input_sparsity.allocation",
         gguf::Value::str(o.allocation == InputAllocation::greedy ? "greedy" : "uniform"));

@@ -108,6 +108,7 @@ SessionParams EngineFlags::session_params(const Model& model) const {
     const InputSparsityPlan plan =
         allocate_input_sparsity(read_profile(sparse_profile), model, sparsity, parse_input_allocation(input_allocation));
     p.sparse.input_thresholds = plan.thresholds;
+    p.sparse.input_sparsity = plan.sparsity;
     log_info("input mode: thresholds for {:.0f}% of the layers' weights ({} allocation) from {}",
              100.0 * plan.weighted_sparsity, input_allocation, sparse_profile);
   } else if (!sparse_profile.empty()) {

@@ -184,10 +184,14 @@ expect_ok "generate hybrid with plan" "$ember" generate -m "$tmp/relu.gguf" -p "
 contains "hybrid log" "$tmp/err" "hybrid FFN"
 expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
 expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
-expect_error "serve hybrid parallel" "parallel 1" "$ember" serve -m "$tmp/relu.gguf" --vram-budget 64K --parallel 2 --port 0
-# Without --parallel the hybrid serves one request at a time (the session is made, then binding fails).
-expect_error "serve hybrid default parallel" "cannot listen" "$ember" serve -m "$tmp/relu.gguf" --vram-budget 64K --hybrid-device cpu --host 203.0.113.7 --port 1
-contains "serve hybrid takes parallel 1" "$tmp/err" "one request at a time"
+# The hybrid serves several requests at once (a KV cache per sequence on the device): the session
+# is made, then binding the unreachable address fails.
+expect_error "serve hybrid parallel" "cannot listen" "$ember" serve -m "$tmp/relu.gguf" --vram-budget 64K --hybrid-device cpu --parallel 3 --host 203.0.113.7 --port 1
+contains "serve hybrid planned for 3 sequences" "$tmp/err" "hybrid: device cpu-standin holds"
+expect_ok "plan for 3 sequences" "$ember" plan -m "$tmp/relu.gguf" --vram-budget 64K --min-neurons 16 --parallel 3 -o "$tmp/relu3.plan.gguf"
+contains "plan names its sequences" "$tmp/err" "x 3 sequences"
+expect_error "plan of 3 sequences for one" "made for 3 sequence" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --plan "$tmp/relu3.plan.gguf"
+expect_error "serve with a plan of 3 sequences" "cannot listen" "$ember" serve -m "$tmp/relu.gguf" --plan "$tmp/relu3.plan.gguf" --hybrid-device cpu --parallel 3 --host 203.0.113.7 --port 1
 expect_ok "bench hybrid" "$ember" bench -m "$tmp/relu.gguf" -p 0 -n 4 -r 1 --vram-budget 64K --hybrid-device cpu
 contains "bench hybrid breakdown" "$tmp/out" "hybrid decode per token \(last run, device cpu-standin\): CPU FFN shares [0-9.]+ ms"
 contains "bench hybrid json" "$tmp/out" '"cpu_ffn_ms_per_token"'

@@ -17,6 +17,7 @@
 #include "model/synth.hpp"
 #include "support/errors.hpp"
 #include "support/session_logits.hpp"
+#include "support/synth_files.hpp"
 
 using namespace ember;
 
@@ -433,6 +434,56 @@ TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
       }
     }
     std::filesystem::remove(path);
+  }
+}
+
+// Several sequences at once (`ember serve --parallel`): the device holds a KV cache per sequence
+// for each of its attention layers; prompts of different lengths one sequence at a time, then
+// steps of all of them together (one token each, then 3 + 1 + 2 tokens, whose device chunks of 5
+// rows cut through the sequences) give every sequence's logits bit for bit as with attention on
+// the CPU; the device holds the plan's bytes, three caches per attention layer, and the host none.
+TEST(HybridFfn, SeveralSequencesKeepTheirCachesOnTheDevice) {
+  for (const std::string arch : {"llama", "gemma3"}) {
+    SCOPED_TRACE(arch);
+    auto model = test_support::load_synth_in(test_dir(), test_support::small_attention_synth(arch, 9, 1),
+                                             "seqs-" + arch + ".gguf");
+    for (int64_t max_batch : {16, 5}) {
+      SCOPED_TRACE("device batches of " + std::to_string(max_batch));
+      Logits first;
+      for (int placement = 0; placement < 3; ++placement) {  // attention on no layer, layers 0 and 2, all
+        Plan plan;
+        plan.method = PlanMethod::greedy;
+        plan.vram_budget = uint64_t{1} << 40;
+        plan.layers.resize(3);
+        for (size_t l = 0; l < 3; ++l) {
+          for (int32_t j = 1; j < model->hp.n_ff; j += 2) plan.layers[l].gpu_neurons.push_back(j);
+          plan.layers[l].attn_gpu = placement == 2 || (placement == 1 && l != 1);
+        }
+        SessionParams p = base_params();
+        p.n_seq = 3;
+        p.n_batch = 16;
+        p.hybrid.given = &plan;
+        p.hybrid.plan.min_gpu_neurons = 0;
+        p.hybrid.plan.max_batch = max_batch;
+        Session s(*model, p);
+        const Logits got = test_support::session_logits_seqs(s);
+        const int64_t attn_layers = placement == 0 ? 0 : placement == 1 ? 2 : 3;
+        const int64_t kv_dim = model->hp.n_head_kv * model->hp.head_dim;
+        EXPECT_EQ(s.kv_bytes(), 3 * KvCache::bytes_for(3 - attn_layers, s.n_ctx(), kv_dim, DType::F16));
+        const PlanModel pm = plan_model_from(*model, std::vector<std::vector<float>>(3, std::vector<float>(288, 1.0f)),
+                                             s.n_ctx(), DType::F16, false, cpu::NeuronMajorType::exact, 3);
+        PlanOptions po = p.hybrid.plan;
+        EXPECT_EQ(s.hybrid_ffn()->device().bytes(), gpu_bytes(pm, po, plan));
+        if (placement == 0) {
+          first = got;
+          continue;
+        }
+        EXPECT_EQ(got, first) << "placement " << placement << ": a sequence's attention on the device changed its logits";
+        if (placement == 2)  // and each sequence as in a session of its own (the kernels' batch sizes apart)
+          EXPECT_LT(test_support::max_rel_diff(test_support::session_logits_seqs_alone(*model, p), got), 1e-4);
+      }
+    }
+    std::filesystem::remove(model->file->path());
   }
 }
 

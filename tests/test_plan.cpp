@@ -607,6 +607,20 @@ TEST(Plan, ModelFromSynthFileAndProfile) {
             2u * 34u);
   EXPECT_EQ(m.layers[0].kv_bytes, 2u * 100 * 32 * 2);  // n_head_kv 2 x head_dim 16, F16 (the engine's default)
   EXPECT_EQ(plan_model_from(*model, p, 100, DType::F32).layers[0].kv_bytes, 2u * 100 * 32 * 4);
+  // Three sequences at once: three caches a layer; a plan file keeps the count and a session of
+  // another refuses it.
+  const PlanModel m3 = plan_model_from(*model, p, 100, DType::F16, false, cpu::NeuronMajorType::exact, 3);
+  EXPECT_EQ(m3.n_seq, 3);
+  EXPECT_EQ(m3.layers[0].kv_bytes, 3 * m.layers[0].kv_bytes);
+  {
+    DeviceDesc dev;
+    dev.vram_budget = 1 << 20;
+    const std::string seqs_path = tmp_path("seqs.plan.gguf");
+    write_plan(plan_greedy(m3, dev, PlanOptions{}), m3, PlanOptions{}, seqs_path);
+    EXPECT_EQ(read_plan(seqs_path, m3).layers.size(), 3u);
+    const std::string e = test_support::error_of([&] { read_plan(seqs_path, m); });
+    EXPECT_NE(e.find("made for 3 sequence(s) at once, the session runs 1"), std::string::npos) << e;
+  }
   EXPECT_GT(m.layers[0].attn_bytes, 0u);
 
   // A profile file in the agreed format gives counts / n_tokens.

@@ -173,10 +173,10 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     logits_host_ = static_cast<float*>(
         cuda::malloc_host_pinned(static_cast<size_t>(max_batch_ * model.hp.n_vocab) * sizeof(float)));
   }
-  n_ctx_ = pm.n_ctx, kv_layers_ = n_attn, kv_type_ = d.kv_type;
+  n_ctx_ = pm.n_ctx, n_attn_ = n_attn, n_seq_ = pm.n_seq, kv_layers_ = n_attn * pm.n_seq, kv_type_ = d.kv_type;
   kv_layer_bytes_ = KvCache::bytes_for(1, pm.n_ctx, pm.kv_dim, d.kv_type) / 2;
-  EMBER_CHECK(2 * kv_layer_bytes_ * static_cast<uint64_t>(n_attn) == layout_.kv, "CUDA device: a KV cache of {} "
-              "bytes, the layout counts {}", 2 * kv_layer_bytes_ * static_cast<uint64_t>(n_attn), layout_.kv);
+  EMBER_CHECK(2 * kv_layer_bytes_ * static_cast<uint64_t>(kv_layers_) == layout_.kv, "CUDA device: a KV cache of {} "
+              "bytes, the layout counts {}", 2 * kv_layer_bytes_ * static_cast<uint64_t>(kv_layers_), layout_.kv);
   if (n_attn > 0) {
     auto table = [&](const cpu::RopeTable* t, uint64_t off) {
       if (!t) return;
@@ -323,10 +323,10 @@ namespace {
 const float* dev_floats(const TensorView& t) { return t.valid() ? reinterpret_cast<const float*>(t.data) : nullptr; }
 }  // namespace
 
-void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
+void CudaDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) {
   const Attn& A = attn_layer(layer);
   const LayerWeights& W = A.w;
-  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: attention over {} tokens (1 to {})", n, max_batch_);
+  check_attn_spans(spans, n, max_batch_, n_seq_, "cuda");
   const Hparams& hp = model_->hp;
   const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
   const bool ln = hp.norm == NormKind::layer;
@@ -345,25 +345,32 @@ void CudaDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
   if (W.q_norm.valid()) cuda::norm_rows(q, dev_floats(W.q_norm), nullptr, q, n * hp.n_head, hd, hp.norm_eps, false, s);
   if (W.k_norm.valid())
     cuda::norm_rows(k, dev_floats(W.k_norm), nullptr, k, n * hp.n_head_kv, hd, hp.norm_eps, false, s);
+  // Positions, the cache and attention per sequence; the projections above and below on all rows.
   const AttentionRules rules = attention_rules(*model_, layer, n_ctx_);
-  if (rules.rope) {  // none: learned positions (OPT)
-    const auto* inv = reinterpret_cast<const double*>(arena_ + (rules.local_rope ? layout_.rope_local : layout_.rope));
-    const cpu::RopeConfig& rc = rules.rope->config();
-    const bool neox = rc.layout == cpu::RopeLayout::neox;
-    cuda::rope(q, n, hp.n_head, hd, pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
-    cuda::rope(k, n, hp.n_head_kv, hd, pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
-  }
-  uint8_t* kc = arena_ + layout_.arena + static_cast<uint64_t>(A.slot) * kv_layer_bytes_;
-  uint8_t* vc = kc + static_cast<uint64_t>(kv_layers_) * kv_layer_bytes_;
   const bool f16 = kv_type_ == DType::F16;
-  cuda::kv_store(k, n, nkv, kc, pos0, f16, s);
-  cuda::kv_store(v, n, nkv, vc, pos0, f16, s);
   cuda::AttentionArgs args;
   args.n_head = hp.n_head, args.n_head_kv = hp.n_head_kv, args.head_dim = hd, args.n_ctx = n_ctx_;
   args.scale = rules.scale;
   args.window = rules.window;
   args.f16 = f16;
-  cuda::attention(args, q, n, pos0, kc, vc, att, at(layout_.scores), at(layout_.attn_partial), s);
+  for (const AttnSpan& sp : spans) {
+    float *qs = q + sp.first * nq, *ks = k + sp.first * nkv, *vs = v + sp.first * nkv;
+    if (rules.rope) {  // none: learned positions (OPT)
+      const auto* inv = reinterpret_cast<const double*>(arena_ + (rules.local_rope ? layout_.rope_local : layout_.rope));
+      const cpu::RopeConfig& rc = rules.rope->config();
+      const bool neox = rc.layout == cpu::RopeLayout::neox;
+      cuda::rope(qs, sp.n, hp.n_head, hd, sp.pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
+      cuda::rope(ks, sp.n, hp.n_head_kv, hd, sp.pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
+    }
+    uint8_t* kc = arena_ + layout_.arena + static_cast<uint64_t>(sp.seq * n_attn_ + A.slot) * kv_layer_bytes_;
+    uint8_t* vc = kc + static_cast<uint64_t>(kv_layers_) * kv_layer_bytes_;
+    EMBER_CHECK(sp.pos0 + sp.n <= n_ctx_, "CUDA device: positions {}..{} of a context of {}", sp.pos0,
+                sp.pos0 + sp.n - 1, n_ctx_);
+    cuda::kv_store(ks, sp.n, nkv, kc, sp.pos0, f16, s);
+    cuda::kv_store(vs, sp.n, nkv, vc, sp.pos0, f16, s);
+    cuda::attention(args, qs, sp.n, sp.pos0, kc, vc, att + sp.first * nq, at(layout_.scores), at(layout_.attn_partial),
+                    s);
+  }
   cuda::matvec(W.wo.type, W.wo.data, nq, d, activations(att, n, nq, layout_.aq, {W.wo.type}), n, o, s);
   if (W.bo.valid()) cuda::add_bias(o, dev_floats(W.bo), n, d, s);
   if (W.attn_post_norm.valid())

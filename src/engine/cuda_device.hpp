@@ -38,7 +38,7 @@ class CudaDevice final : public Device {
   const uint8_t* ffn_predicted() override;
   void put_hidden(const float* x, int64_t n) override;
   void get_hidden(float* x, int64_t n) override;
-  void attention(int64_t layer, int64_t n, int64_t pos0) override;
+  void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) override;
   const float* ffn_input(int64_t layer, int64_t n) override;
   void ffn_finish(int64_t layer, const float* out, int64_t n) override;
   void output(int64_t n, float* logits) override;
@@ -81,7 +81,8 @@ class CudaDevice final : public Device {
   void* stream_ = nullptr;
   void* predicted_event_ = nullptr;   // recorded after the mask's copy
   int64_t n_embd_ = 0, n_ff_ = 0, max_batch_ = 0, pending_n_ = 0;
-  int64_t n_ctx_ = 0, kv_layers_ = 0;  // the KV cache: K of every attention layer, then V
+  // The KV caches: K of every (sequence, attention layer), sequence-major, then V.
+  int64_t n_ctx_ = 0, kv_layers_ = 0, n_attn_ = 0, n_seq_ = 1;
   uint64_t kv_layer_bytes_ = 0;         // K (or V) of one layer
   DType kv_type_ = DType::F16;
   int64_t ffn_in_layer_ = -1, ffn_in_n_ = 0;  // what ffn_input last handed out (still in layout_.xn)

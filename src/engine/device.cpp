@@ -242,7 +242,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
                 "plan's accounting ({} bytes)", a.output, gpu_output_bytes(m, opts));
   }
   a.arena = off;
-  a.kv = KvCache::bytes_for(n_attn, m.n_ctx, m.kv_dim, kv_type);
+  a.kv = KvCache::bytes_for(n_attn * m.n_seq, m.n_ctx, m.kv_dim, kv_type);  // a cache per sequence
   uint64_t planned_kv = 0;
   for (size_t l = 0; l < m.layers.size(); ++l)
     if (plan.layers[l].attn_gpu) planned_kv += m.layers[l].kv_bytes;
@@ -423,11 +423,14 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     out_.output = placed(model.output, layout_.out_w);
   }
   n_batch_ = std::max<int64_t>(1, d.n_batch);
-  if (n_attn > 0) {
-    kv_.init(n_attn, pm.n_ctx, pm.kv_dim, d.kv_type);
-    EMBER_CHECK(kv_.bytes() == layout_.kv, "device: KV cache of {} bytes, the layout counts {}", kv_.bytes(),
-                layout_.kv);
+  kvs_.clear();
+  kvs_.resize(n_attn > 0 ? static_cast<size_t>(pm.n_seq) : 0);
+  uint64_t kv_bytes = 0;
+  for (KvCache& kv : kvs_) {
+    kv.init(n_attn, pm.n_ctx, pm.kv_dim, d.kv_type);
+    kv_bytes += kv.bytes();
   }
+  EMBER_CHECK(kv_bytes == layout_.kv, "device: KV caches of {} bytes, the layout counts {}", kv_bytes, layout_.kv);
   if (gpu_needs_attn_scratch(plan)) {  // a hidden state here
     ws_.init(model, n_batch_, pm.n_ctx, n_threads_);
     io_.resize(static_cast<size_t>(n_batch_ * n_embd_));
@@ -473,14 +476,30 @@ void CpuDevice::get_hidden(float* x, int64_t n) {
   crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
 }
 
-void CpuDevice::attention(int64_t layer, int64_t n, int64_t pos0) {
+void CpuDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) {
   const LayerWeights& L = attn_layer(layer);
-  EMBER_CHECK(n >= 1 && n <= n_batch_, "device {}: attention over {} tokens (1 to {})", name(), n, n_batch_);
+  check_attn_spans(spans, n, n_batch_, static_cast<int64_t>(kvs_.size()), name());
   {
     std::lock_guard<std::mutex> lock(mu_);
     EMBER_CHECK(done_, "device {}: attention while an FFN share is running", name());
   }
-  attention_block(*model_, L, layer, *pool_, kv_, kv_slot_[static_cast<size_t>(layer)], ws_, ws_.x.data(), n, pos0);
+  // The CPU's own multi-sequence block, each sequence on its cache here.
+  seq_spans_.clear();
+  for (const AttnSpan& s : spans) seq_spans_.push_back({&kvs_[static_cast<size_t>(s.seq)], s.first, s.n, s.pos0, s.seq});
+  attention_block(*model_, L, layer, *pool_, seq_spans_, kv_slot_[static_cast<size_t>(layer)], ws_, ws_.x.data(), n);
+}
+
+void check_attn_spans(std::span<const AttnSpan> spans, int64_t n, int64_t max_rows, int64_t n_seq, const char* device) {
+  EMBER_CHECK(n >= 1 && n <= max_rows && !spans.empty(), "device {}: attention over {} tokens (1 to {})", device, n,
+              max_rows);
+  int64_t at = 0;
+  for (const AttnSpan& s : spans) {
+    EMBER_CHECK(s.seq >= 0 && s.seq < n_seq && s.first == at && s.n >= 1 && s.pos0 >= 0,
+                "device {}: attention span (sequence {}, rows {}+{}, position {}) is not the next of {} sequences' "
+                "rows in order", device, s.seq, s.first, s.n, s.pos0, n_seq);
+    at += s.n;
+  }
+  EMBER_CHECK(at == n, "device {}: attention spans cover {} of {} rows", device, at, n);
 }
 
 const float* CpuDevice::ffn_input(int64_t layer, int64_t n) {

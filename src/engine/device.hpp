@@ -149,6 +149,14 @@ uint64_t device_free_margin(const DeviceMemory& mem);
 // naming the free memory when that does not fit.
 uint64_t device_plan_budget(const DeviceMemory& mem, uint64_t requested, const std::string& device);
 
+// Rows of a device's hidden state that belong to one sequence: rows first.. first + n - 1, at
+// positions pos0.. of sequence `seq` (PlanModel::n_seq of them, each with its KV caches there).
+struct AttnSpan {
+  int64_t seq = 0, first = 0, n = 0, pos0 = 0;
+};
+// Checks that spans cover rows 0..n-1 in order, n <= max_rows, each of a sequence below n_seq.
+void check_attn_spans(std::span<const AttnSpan> spans, int64_t n, int64_t max_rows, int64_t n_seq, const char* device);
+
 // What a device is given to load.
 struct DeviceLoad {
   const PlanModel* pm = nullptr;
@@ -216,8 +224,9 @@ class Device {
   // Layers whose attention is here. The hidden state (n * n_embd floats) in and out:
   virtual void put_hidden(const float* x, int64_t n) = 0;
   virtual void get_hidden(float* x, int64_t n) = 0;
-  // The attention block of `layer` on the hidden state, at positions pos0.. (its own KV cache).
-  virtual void attention(int64_t layer, int64_t n, int64_t pos0) = 0;
+  // The attention block of `layer` on the hidden state's n rows, which hold the spans' rows in
+  // order: each span's tokens of sequence `seq` at positions pos0.. (its own KV cache here).
+  virtual void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) = 0;
   // The FFN block's input (ffn_norm of the hidden state), n * n_embd floats on the host, valid
   // until the next call; then the merged FFN output `out` (n * n_embd, down bias included)
   // back: post-norm and residual onto the hidden state.
@@ -252,7 +261,7 @@ class CpuDevice final : public Device {
   const uint8_t* ffn_predicted() override;
   void put_hidden(const float* x, int64_t n) override;
   void get_hidden(float* x, int64_t n) override;
-  void attention(int64_t layer, int64_t n, int64_t pos0) override;
+  void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) override;
   const float* ffn_input(int64_t layer, int64_t n) override;
   void ffn_finish(int64_t layer, const float* out, int64_t n) override;
   void output(int64_t n, float* logits) override;
@@ -282,8 +291,9 @@ class CpuDevice final : public Device {
   std::vector<TensorView> fc1_, fc2_;  // per layer: its predictor in the arena (fc2 in predictor_row_order)
   std::vector<LayerWeights> attn_;    // per layer: views into the arena (attention layers only)
   OutputWeights out_;                 // the output head's copies (Plan::output_gpu), views into the arena
-  std::vector<int64_t> kv_slot_;      // per layer: its layer in kv_ (-1: none)
-  KvCache kv_;                        // of the attention layers (layout_.kv bytes)
+  std::vector<int64_t> kv_slot_;      // per layer: its layer in each of kvs_ (-1: none)
+  std::vector<KvCache> kvs_;          // per sequence, of the attention layers (layout_.kv bytes in all)
+  std::vector<SeqSpan> seq_spans_;    // attention's spans over kvs_
   Workspace ws_;                      // the hidden state (ws_.x) and the blocks' buffers
   AlignedBuffer<float> io_;           // the FFN input handed out (host side)
   int64_t n_embd_ = 0, max_batch_ = 0, n_batch_ = 0;

@@ -41,11 +41,11 @@ std::string plan_cache_key(const Model& model, const std::string& profile_source
   const DeviceDesc& d = o.device;
   const PlanOptions& p = o.plan;
   const std::string all =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
                   file_stamp(profile_source), o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth,
                   d.sync_seconds, p.group_size, p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance,
                   plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type), o.predictor,
-                  static_cast<int>(o.down_type));
+                  static_cast<int>(o.down_type), o.n_seq);
   return fmt::format("{:016x}", fnv1a64(all));
 }
 
@@ -64,7 +64,7 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
     }
   }
   if (prob.empty()) prob.assign(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f));
-  *pm_out = plan_model_from(model, prob, n_ctx, o.kv_type, o.predictor, o.down_type);
+  *pm_out = plan_model_from(model, prob, n_ctx, o.kv_type, o.predictor, o.down_type, o.n_seq);
   const PlanModel& pm = *pm_out;
   *popts = o.plan;
   if (o.given) {
@@ -358,12 +358,15 @@ void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   }
 }
 
-void HybridFfn::run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) {
+void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
+                           int64_t n) {
   const int64_t d = model.hp.n_embd;
+  for (const SeqSpan& s : seqs)
+    EMBER_CHECK(s.seq >= 0 && s.seq < pm_.n_seq, "hybrid: sequence {} of a plan for {} sequences", s.seq, pm_.n_seq);
   for (int64_t il = 0; il < model.hp.n_layer;) {
     if (!plan_.layers[static_cast<size_t>(il)].attn_gpu) {
       const double t = now_seconds();
-      cpu_layer(model, il, pool, kv, ws, n, pos0);  // its FFN through run() (ws.ffn)
+      cpu_layer(model, il, pool, seqs, ws, n);  // its FFN through run() (ws.ffn)
       cpu_layer_s_ += now_seconds() - t;
       ++il;
       continue;
@@ -376,10 +379,16 @@ void HybridFfn::run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Wo
     while (end < model.hp.n_layer && plan_.layers[static_cast<size_t>(end)].attn_gpu) ++end;
     for (int64_t t0 = 0; t0 < n; t0 += popts_.max_batch) {
       const int64_t nc = std::min(popts_.max_batch, n - t0);
+      // The sequences' rows in this chunk, renumbered from its first row.
+      chunk_spans_.clear();
+      for (const SeqSpan& s : seqs) {
+        const int64_t a = std::max(s.first, t0), b = std::min(s.first + s.n, t0 + nc);
+        if (a < b) chunk_spans_.push_back({s.seq, a - t0, b - a, s.pos0 + (a - s.first)});
+      }
       double t = now_seconds();
       device_->put_hidden(ws.x.data() + t0 * d, nc);
       for (int64_t l = il; l < end; ++l) {
-        device_->attention(l, nc, pos0 + t0);
+        device_->attention(l, chunk_spans_, nc);
         const float* xn = device_->ffn_input(l, nc);
         device_block_s_ += now_seconds() - t;
         run(pool, l, model.layers[static_cast<size_t>(l)].ffn, model.hp.act, xn, nc, ws.o.data(), ws);

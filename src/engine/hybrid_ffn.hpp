@@ -57,6 +57,7 @@ struct HybridOptions {
   DType kv_type = DType::F16; // the session's KV cache values: the device's cache holds the same, the plan counts them
   // The CPU's copy of a down without down_t (hybrid_cpu_down_type; the session's --sparse-down).
   cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
+  int64_t n_seq = 1;          // sequences at once (the session's): a device holds a KV cache for each
   const Plan* given = nullptr;  // tests: use this plan as is (validated)
 };
 
@@ -92,7 +93,8 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
   std::string refusal(const Model& model) const override;
-  void run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) override;
+  void run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
+                  int64_t n) override;
   bool output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
               float* logits) override;
 
@@ -123,6 +125,7 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   AlignedBuffer<uint8_t> pred_mm_;
   uint64_t cpu_fired_ = 0, device_calls_ = 0, cpu_predicted_ = 0;
   double cpu_ffn_s_ = 0, wait_s_ = 0, device_block_s_ = 0, cpu_layer_s_ = 0;
+  std::vector<AttnSpan> chunk_spans_;  // run_layers: the spans of a chunk of the device's rows
   // The rows the CPU computes for layer l's chunk of n tokens at x (token t0 of the pass).
   int64_t cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0, const Workspace& ws,
                        bool device_predicts, const int32_t** rows);

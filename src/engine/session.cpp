@@ -38,9 +38,6 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   EMBER_CHECK(p.n_ctx >= 1, "context size must be positive, got {}", p.n_ctx);
   EMBER_CHECK(p.n_batch >= 1, "batch size must be positive, got {}", p.n_batch);
   EMBER_CHECK(p.n_seq >= 1 && p.n_seq <= 256, "the number of sequences must be between 1 and 256, got {}", p.n_seq);
-  EMBER_CHECK(p.n_seq == 1 || !p.hybrid_on(),
-              "the hybrid executor (--vram-budget / --plan) holds one sequence's KV cache on its devices: it runs one "
-              "sequence at a time (use --parallel 1)");
   int64_t n_ctx = std::min(p.n_ctx, model.hp.n_ctx_train);
   const Hparams& hp = model.hp;
   seqs_.resize(static_cast<size_t>(p.n_seq));
@@ -74,6 +71,7 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     h.threshold = p.sparse.threshold;
     h.kv_type = p.kv_type;
     h.down_type = p.sparse.down_type;
+    h.n_seq = p.n_seq;
     hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch);
     ws_.layers = hybrid_.get();
   } else if (p.sparse.mode == FfnMode::input) {
@@ -125,7 +123,7 @@ void Session::eval(const int32_t* tokens, int64_t n, int seq) {
   Seq& sq = at(seq);
   for (int64_t done = 0; done < n;) {
     int64_t chunk = std::min(ws_.max_batch, n - done);
-    forward(model_, pool_, sq.kv, ws_, tokens + done, chunk, pos(seq), sq.logits.data(), false);
+    forward(model_, pool_, sq.kv, ws_, tokens + done, chunk, pos(seq), sq.logits.data(), false, seq);
     sq.tokens.insert(sq.tokens.end(), tokens + done, tokens + done + chunk);
     done += chunk;
   }
@@ -160,7 +158,7 @@ void Session::eval_seqs(std::span<const SeqEval> items) {
                 "eval_seqs: {} tokens in one step (1 to {} allowed)", static_cast<int64_t>(batch_tokens_.size()) + it.n,
                 ws_.max_batch);
     const int64_t first = static_cast<int64_t>(batch_tokens_.size());
-    batch_spans_.push_back({&sq.kv, first, it.n, pos(it.seq)});
+    batch_spans_.push_back({&sq.kv, first, it.n, pos(it.seq), it.seq});
     batch_rows_.push_back(first + it.n - 1);
     batch_tokens_.insert(batch_tokens_.end(), it.tokens, it.tokens + it.n);
   }

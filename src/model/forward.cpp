@@ -71,9 +71,9 @@ size_t Workspace::bytes() const {
 }
 
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
-             int64_t pos0, float* logits, bool logits_all) {
+             int64_t pos0, float* logits, bool logits_all, int64_t seq) {
   EMBER_CHECK(n >= 1, "forward: batch of {} tokens (1 to {} allowed)", n, ws.max_batch);
-  const SeqSpan one{&kv, 0, n, pos0};
+  const SeqSpan one{&kv, 0, n, pos0, seq};
   const int64_t last = n - 1;
   forward_seqs(model, pool, ws, tokens, std::span<const SeqSpan>(&one, 1), logits_all ? nullptr : &last,
                logits_all ? n : 1, logits);
@@ -82,9 +82,6 @@ void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, c
 void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int32_t* tokens,
                   std::span<const SeqSpan> seqs, const int64_t* out_rows, int64_t n_out, float* logits) {
   EMBER_CHECK(!seqs.empty(), "forward: no sequence in the batch");
-  EMBER_CHECK(!ws.layers || seqs.size() == 1,
-              "the hybrid executor (--vram-budget / --plan) holds one sequence's KV cache on its devices: it runs one "
-              "sequence at a time (use --parallel 1)");
   int64_t n = 0;
   for (const SeqSpan& sq : seqs) {
     EMBER_CHECK(sq.kv && sq.first == n && sq.n >= 1, "forward: the batch's sequences must cover its rows in order");
@@ -100,12 +97,11 @@ void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int
   EMBER_CHECK(out_rows || n_out == n, "forward: {} output rows of a batch of {} without their list", n_out, n);
   for (int64_t i = 0; out_rows && i < n_out; ++i)
     EMBER_CHECK(out_rows[i] >= 0 && out_rows[i] < n, "forward: output row {} is not in the batch of {}", out_rows[i], n);
-  if (seqs.size() == 1 && ws.layers) {
-    embed_block(model, tokens, n, seqs[0].pos0, ws.x.data(), ws.o.data());
-    ws.layers->run_layers(model, pool, *seqs[0].kv, ws, n, seqs[0].pos0);
+  embed_seqs(model, tokens, seqs, ws.x.data(), ws.o.data());
+  if (ws.layers) {
+    ws.layers->run_layers(model, pool, seqs, ws, n);
     if (ws.layers->output(model, pool, ws, out_rows, n_out, logits)) return;
   } else {
-    embed_seqs(model, tokens, seqs, ws.x.data(), ws.o.data());
     for (int64_t il = 0; il < model.hp.n_layer; ++il) cpu_layer(model, il, pool, seqs, ws, n);
   }
   output_rows(model, pool, ws, out_rows, n_out, logits);

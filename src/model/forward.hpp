@@ -27,28 +27,30 @@ class ProjectionExecutor {
                    Workspace& ws) = 0;
 };
 
-// Runs the layers of a forward pass elsewhere than layer by layer on the CPU (the hybrid
-// executor, engine/hybrid_ffn.hpp, which places blocks on devices). It starts from the
-// embeddings in ws.x and must leave the last layer's output there.
-class LayerExecutor {
- public:
-  virtual ~LayerExecutor() = default;
-  virtual void run_layers(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n,
-                          int64_t pos0) = 0;
-  // The output head after run_layers, as output_rows (model/blocks.hpp) takes it; false where
-  // the head runs on the CPU, which the caller then runs.
-  virtual bool output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
-                      float* logits) {
-    return false;
-  }
-};
-
 // One sequence's rows in a forward pass over several sequences (continuous batching): rows
 // [first, first + n) of the batch, at positions pos0 .. pos0 + n - 1 of the sequence's own KV
 // cache.
 struct SeqSpan {
   KvCache* kv = nullptr;
   int64_t first = 0, n = 0, pos0 = 0;
+  int64_t seq = 0;  // the session's sequence (a device keeps its KV caches by it)
+};
+
+// Runs the layers of a forward pass elsewhere than layer by layer on the CPU (the hybrid
+// executor, engine/hybrid_ffn.hpp, which places blocks on devices). It starts from the
+// embeddings in ws.x and must leave the last layer's output there.
+class LayerExecutor {
+ public:
+  virtual ~LayerExecutor() = default;
+  // The batch's n rows hold the spans' tokens in order, each sequence with its own cache.
+  virtual void run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
+                          int64_t n) = 0;
+  // The output head after run_layers, as output_rows (model/blocks.hpp) takes it; false where
+  // the head runs on the CPU, which the caller then runs.
+  virtual bool output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
+                      float* logits) {
+    return false;
+  }
 };
 
 // Activation buffers for up to `max_batch` tokens at a time, allocated once.
@@ -84,7 +86,7 @@ struct Workspace {
 // Writes logits of the last token to `logits` (n_vocab floats), or of every token
 // (n * n_vocab) when `logits_all`.
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
-             int64_t pos0, float* logits, bool logits_all);
+             int64_t pos0, float* logits, bool logits_all, int64_t seq = 0);
 
 // A forward pass over several sequences at once: tokens[0..n) are the rows of all of them, and
 // seqs (in row order, contiguous, none empty) say whose they are; each appends to its own KV

@@ -450,7 +450,7 @@ DType hybrid_device_down_type(const FfnWeights& w, int64_t n_embd) {
 }
 
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type,
-                          bool predictors, cpu::NeuronMajorType cpu_down) {
+                          bool predictors, cpu::NeuronMajorType cpu_down, int64_t n_seq) {
   const std::string moe = model_moe_refusal(model, "the placement planner");
   EMBER_CHECK(moe.empty(), "{}", moe);
   const Hparams& hp = model.hp;
@@ -464,6 +464,7 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
   EMBER_CHECK(!predictors || has_predictors(model), "plan: placement with predictors, but {} has none for some layer",
               model.file->path());
   m.predicted = predictors;
+  set_plan_sequences(m, n_seq);
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& W = model.layers[l];
     PlanLayer& L = m.layers[l];
@@ -482,6 +483,12 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
     L.cpu_down_row = cpu_down_row_bytes(W.ffn, hp.n_embd, cpu_down, L.p);
   }
   return m;
+}
+
+void set_plan_sequences(PlanModel& m, int64_t n_seq) {
+  EMBER_CHECK(n_seq >= 1 && n_seq <= 256, "plan: {} sequences (1 to 256)", n_seq);
+  for (PlanLayer& L : m.layers) L.kv_bytes = L.kv_bytes / static_cast<uint64_t>(m.n_seq) * static_cast<uint64_t>(n_seq);
+  m.n_seq = n_seq;
 }
 
 PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_layer,
@@ -554,6 +561,7 @@ void write_plan(const Plan& plan, const PlanModel& m, const PlanOptions& opts, c
   w.set("ember.plan.n_layer", Value::u64(plan.layers.size()));
   w.set("ember.plan.n_ff", Value::u64(static_cast<uint64_t>(m.n_ff)));
   w.set("ember.plan.n_ctx", Value::u64(static_cast<uint64_t>(m.n_ctx)));
+  w.set("ember.plan.n_seq", Value::u64(static_cast<uint64_t>(m.n_seq)));
   w.set("ember.plan.group_size", Value::u64(static_cast<uint64_t>(opts.group_size)));
   w.set("ember.plan.min_gpu_neurons", Value::u64(static_cast<uint64_t>(opts.min_gpu_neurons)));
   w.set("ember.plan.max_batch", Value::u64(static_cast<uint64_t>(opts.max_batch)));
@@ -597,6 +605,9 @@ Plan read_plan(const std::string& path, const PlanModel& m, PlanOptions* opts_ou
   const int64_t n_ctx = r.get_int("ember.plan.n_ctx");
   EMBER_CHECK(n_ctx == m.n_ctx, "plan {} was made for a context of {} tokens, the session uses {}; make a plan with -c {}",
               path, n_ctx, m.n_ctx, m.n_ctx);
+  const int64_t n_seq = r.opt_int("ember.plan.n_seq").value_or(1);
+  EMBER_CHECK(n_seq == m.n_seq, "plan {} was made for {} sequence(s) at once, the session runs {} (their KV caches are "
+              "on the device); make a plan with --parallel {}", path, n_seq, m.n_seq, m.n_seq);
   const bool predicted = r.opt_int("ember.plan.predicted").value_or(0) != 0;
   EMBER_CHECK(predicted == m.predicted, "plan {} was made for an executor {} predictors, this session runs {} them; make "
               "a plan for this session (its memory and costs differ)", path, predicted ? "with" : "without",

@@ -54,7 +54,7 @@ struct DeviceDesc {
 // One layer as the solvers see it: byte sizes on the GPU and firing probabilities.
 struct PlanLayer {
   uint64_t attn_bytes = 0;       // attention weights and norms, each tensor padded
-  uint64_t kv_bytes = 0;         // K and V for the context in the cache's type (KvCache::bytes_for)
+  uint64_t kv_bytes = 0;         // K and V for the context in the cache's type (KvCache::bytes_for), of every sequence
   uint64_t predictor_bytes = 0;  // fc1 + fc2, each padded (0 when the model has no predictor)
   uint64_t gate_row = 0, up_row = 0, down_row = 0;  // bytes of one neuron in each on the GPU (down: neuron-major)
   // Bytes of one firing neuron's down the CPU reads: of hybrid_cpu_down_type for the whole layer
@@ -68,6 +68,9 @@ struct PlanLayer {
 struct PlanModel {
   std::string name;
   int64_t n_embd = 0, n_ff = 0, n_head = 0, q_dim = 0, kv_dim = 0, n_ctx = 0, n_vocab = 0;
+  // Sequences generating at once (`ember serve --parallel`): a device holding a layer's attention
+  // holds a KV cache per sequence (PlanLayer::kv_bytes counts them all).
+  int64_t n_seq = 1;
   uint64_t output_bytes = 0;  // the output matrix, read per token where the head runs
   // The output head on the device (Plan::output_gpu): its norm, norm bias and matrix, each padded;
   // 0 where the head cannot go there.
@@ -244,12 +247,15 @@ DType hybrid_device_down_type(const FfnWeights& w, int64_t n_embd);
 // CPU's copy of down (hybrid_cpu_down_type), whose bytes the cost model charges the CPU.
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx,
                           DType kv_type = DType::F16, bool predictors = false,
-                          cpu::NeuronMajorType cpu_down = cpu::NeuronMajorType::exact);
+                          cpu::NeuronMajorType cpu_down = cpu::NeuronMajorType::exact, int64_t n_seq = 1);
 // The same from shapes alone (a model too large to write, e.g. 7B): weights of `type`, llama
 // layout, no predictor, probabilities p.
 PlanModel plan_model_from_shapes(const std::string& name, int64_t n_embd, int64_t n_ff, int64_t n_layer,
                                  int64_t n_head, int64_t n_head_kv, int64_t n_vocab, DType type, int64_t n_ctx,
                                  const std::vector<std::vector<float>>& p, DType kv_type = DType::F16);
+
+// A plan model for n_seq sequences at once (PlanModel::n_seq; every layer's KV bytes scaled).
+void set_plan_sequences(PlanModel& m, int64_t n_seq);
 
 // "4GiB", "512MiB", "1.5G", "123456" (bytes) -> bytes; throws naming the accepted forms.
 uint64_t parse_byte_size(const std::string& s);

@@ -27,6 +27,19 @@ inline std::unique_ptr<Model> load_synth_in(const std::filesystem::path& dir, co
   return load_model(path);
 }
 
+// A small model for tests of attention on a device: llama (Q4_0, ReLU, 70 % sparse) or gemma3
+// (F32, SiLU), 3 layers, n_embd 128, n_ff 288, 4 heads and 2 KV heads.
+inline SynthOptions small_attention_synth(const std::string& arch, uint64_t seed, int threads) {
+  SynthOptions o;
+  o.arch = arch;
+  o.act = arch == "gemma3" ? FfnActivation::silu : FfnActivation::relu;
+  if (o.act == FfnActivation::relu) o.sparsity = 0.7f;
+  o.type = arch == "llama" ? DType::Q4_0 : DType::F32;
+  o.n_embd = 128, o.n_ff = 288, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2;
+  o.seed = seed, o.n_threads = threads;
+  return o;
+}
+
 // n token ids drawn uniformly from [0, n_vocab).
 inline std::vector<int32_t> random_tokens(size_t n, int64_t n_vocab, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -24,6 +24,7 @@ struct PlanFlags {
   float synth_sparsity = 0.9f, synth_zipf = 1.1f;
   double gpu_gbps = 1500, cpu_gbps = 50, pcie_gbps = 25, sync_us = 20;
   int64_t ctx = 4096;
+  int64_t parallel = 1;
   std::string kv_type = "f16";
   PlanOptions opts;
   bool verbose = false;
@@ -75,12 +76,13 @@ void run_plan(const PlanFlags& f) {
     EMBER_CHECK(!p.empty() && !p[0].empty(), "plan: --synth-sparsity must be in (0, 1), got {}", f.synth_sparsity);
     m = plan_model_from_shapes("synth-" + f.synth_preset, so.n_embd, so.n_ff, so.n_layer, so.n_head, so.n_head_kv,
                                so.n_vocab, so.type, std::min(f.ctx, so.n_ctx), p, parse_kv_type(f.kv_type));
+    set_plan_sequences(m, f.parallel);
     source = fmt::format("synth profile (sparsity {}, zipf {})", f.synth_sparsity, f.synth_zipf);
   } else {
     model = load_model(f.model_path);
     // As the hybrid runs it: with the model's predictors where it has them.
     m = plan_model_from(*model, plan_probabilities(*model, f.profile_path, &source), f.ctx, parse_kv_type(f.kv_type),
-                        has_predictors(*model));
+                        has_predictors(*model), cpu::NeuronMajorType::exact, f.parallel);
     if (m.predicted) source += "; with the model's predictors";
   }
   const PlanMethod chosen = parse_plan_method(f.method);
@@ -91,8 +93,9 @@ void run_plan(const PlanFlags& f) {
     for (int32_t j = 0; j < m.n_ff; ++j) L.gpu_neurons.push_back(j);
   }
   const uint64_t full = gpu_bytes(m, f.opts, all);
-  log_info("plan: {} ({} layers, n_ff {}, context {}), profile: {}; budget {} MiB of {} MiB for everything", m.name,
-           m.layers.size(), m.n_ff, m.n_ctx, source, mib(dev.vram_budget), mib(full));
+  log_info("plan: {} ({} layers, n_ff {}, context {}{}), profile: {}; budget {} MiB of {} MiB for everything", m.name,
+           m.layers.size(), m.n_ff, m.n_ctx, m.n_seq > 1 ? fmt::format(" x {} sequences", m.n_seq) : "", source,
+           mib(dev.vram_budget), mib(full));
 
   std::vector<Plan> plans;
   for (PlanMethod method : {PlanMethod::ilp, PlanMethod::greedy, PlanMethod::layer_split}) {
@@ -134,6 +137,10 @@ void add_plan(CLI::App& app) {
       ->check(CLI::IsMember({"ilp", "greedy", "layer-split"}))
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", f->ctx, "context size the KV cache is sized for")->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--parallel", f->parallel,
+                  "sequences at once the plan is for (`ember serve --parallel`): a KV cache each on the GPU")
+      ->check(CLI::Range(1, 256))
       ->capture_default_str();
   cmd->add_option("--kv-type", f->kv_type, "KV cache values the plan counts: f16 (the engine's default) or f32")
       ->check(CLI::IsMember({"f16", "f32"}))

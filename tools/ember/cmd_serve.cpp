@@ -17,7 +17,6 @@ struct ServeFlags {
   EngineFlags engine;
   server::ServerOptions server;
   size_t max_body_kib = 1024;
-  bool parallel_given = false;
 };
 
 void run_serve(ServeFlags& f) {
@@ -39,13 +38,6 @@ void run_serve(ServeFlags& f) {
   }
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params(*model);
-  // The hybrid holds one sequence's KV cache on its device: it serves one request at a time,
-  // which is the default there (an explicit --parallel above 1 gets the session's error).
-  if (f.server.session.hybrid_on() && !f.parallel_given && f.server.parallel > 1) {
-    f.server.parallel = 1;
-    log_info("serve: the hybrid executor generates for one request at a time (--parallel 1); others wait in the "
-             "queue");
-  }
   f.server.max_body_bytes = f.max_body_kib * 1024;
   server::Server srv(*model, f.engine.model_path, f.server);
   srv.bind();
@@ -89,10 +81,7 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
   cmd->add_option("--alias", f->server.model_id, "model name clients use (default: the file name without .gguf)");
-  cmd->callback([f, cmd] {
-    f->parallel_given = cmd->count("--parallel") > 0;
-    run_serve(*f);
-  });
+  cmd->callback([f] { run_serve(*f); });
 }
 
 }  // namespace ember::cli

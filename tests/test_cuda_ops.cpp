@@ -507,10 +507,9 @@ static OnBothDevices on_both_devices(const Model& model, SessionParams p) {
 // the neurons on the device, its chunks of 5 rows cutting through the sequences: CUDA's caches
 // per sequence give each sequence's logits as a CUDA session of that sequence alone does (to
 // float sums), twice the same, the stand-in's bytes, and the stand-in's logits to 1e-2. (Not 1e-4:
-// on the CPU runtime, the llama Q4_0 synth's sequence 2 differs from the stand-in by 6e-3 in one
-// session of one sequence too, with attention and FFN shares both on the device and not with
-// either alone: a difference that predates several sequences, for the GPU run to settle,
-// docs/hybrid.md.)
+// CUDA's norms and attention sum in another order, the FFN input differs at 1e-8, and on the
+// llama Q4_0 synth sequence 2's prompt then rounds one 8-bit activation the other way: 6e-3, in a
+// session of one sequence as well; docs/hybrid.md.)
 TEST(CudaOps, SeveralSequencesOnCudaEqualTheStandIn) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA

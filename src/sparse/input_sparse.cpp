@@ -67,6 +67,31 @@ size_t copy_row_bytes(const std::vector<const TensorView*>& mats, cpu::NeuronMaj
   return row_bytes(cpu::neuron_major_dtype(file_type, choice, n_out, /*shared_scales=*/true), n_out);
 }
 
+// The stacks site_stacks makes of mats: runs [first, last) of one type and one input width.
+std::vector<std::pair<size_t, size_t>> stack_runs(const std::vector<const TensorView*>& mats) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < mats.size();) {
+    size_t j = i + 1;
+    while (j < mats.size() && mats[j]->type == mats[i]->type && mats[j]->cols() == mats[i]->cols()) ++j;
+    runs.push_back({i, j});
+    i = j;
+  }
+  return runs;
+}
+
+// What a decode token reads of each stack site_stacks would make of mats (before making it): the
+// bytes of one kept input's row, and the shared-scale tables read whole.
+void stack_read_bytes(const std::vector<const TensorView*>& mats, cpu::NeuronMajorType choice,
+                      std::vector<size_t>& rows, std::vector<size_t>& tables) {
+  for (const auto& [i, j] : stack_runs(mats)) {
+    int64_t n_out = 0;
+    for (size_t m = i; m < j; ++m) n_out += mats[m]->rows();
+    const DType t = cpu::neuron_major_dtype(mats[i]->type, choice, n_out, /*shared_scales=*/true);
+    rows.push_back(row_bytes(t, n_out));
+    tables.push_back(cpu::is_nm4(t) ? cpu::nm4_table_bytes(t, mats[i]->cols(), n_out) : 0);
+  }
+}
+
 }  // namespace
 
 InputSiteMatrices input_site_matrices(const LayerWeights& L) {
@@ -134,9 +159,7 @@ std::vector<InputSparseExecutor::Stack> InputSparseExecutor::site_stacks(ThreadP
                                                                          const std::vector<const TensorView*>& mats,
                                                                          cpu::NeuronMajorType choice, bool as_is) {
   std::vector<Stack> stacks;
-  for (size_t i = 0; i < mats.size();) {
-    size_t j = i + 1;  // mats[i, j): one type, one input width
-    while (j < mats.size() && mats[j]->type == mats[i]->type && mats[j]->cols() == mats[i]->cols()) ++j;
+  for (const auto& [i, j] : stack_runs(mats)) {  // mats[i, j): one type, one input width
     Stack st;
     for (size_t m = i; m < j; ++m) st.widths.push_back(as_is ? mats[m]->cols() : mats[m]->rows());  // outputs
     if (as_is) {  // the file's own neuron-major down_t: read as it is
@@ -157,7 +180,6 @@ std::vector<InputSparseExecutor::Stack> InputSparseExecutor::site_stacks(ThreadP
     }
     if (st.copy.view.valid()) st.view = st.copy.view;
     stacks.push_back(std::move(st));
-    i = j;
   }
   return stacks;
 }
@@ -180,7 +202,6 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   int64_t widest_in = hp.n_embd, widest_out = hp.n_embd, widest_stack = 0;
   copies_.reserve(model.layers.size());
   std::array<int64_t, kInputSites> dense_sites{}, unpaid_sites{};
-  size_t unpaid_bytes = 0;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& L = model.file_layer(l);  // the copies come from the file's layout
     const InputSiteMatrices m = input_site_matrices(L), own = input_site_matrices(model.layers[l]);
@@ -193,30 +214,33 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
         ++dense_sites[s];  // no copy: decode runs the dense kernels on the masked input
         continue;
       }
-      c[s] = site_stacks(pool, m.site[s], copy_type, file_down_t);
+      // The copy's rows and tables (before it is made) against the model's own matrices
+      // (repacked or not: the same bytes). The file's own down_t has no dense layout beside it.
       std::vector<size_t> rows, tables;
-      for (const Stack& st : c[s]) {
+      stack_read_bytes(m.site[s], copy_type, rows, tables);
+      if (by_cost && !file_down_t) {
+        size_t dense = 0;
+        for (const TensorView* t : own.site[s]) dense += t->nbytes;
+        max_kept[s] = input_copy_max_kept(rows, tables, dense);
+        // A copy no token would read (it never pays, or the inputs keep too many on average):
+        // none, the dense kernels on the masked input.
+        const double kept =
+            dropped.empty() ? 0.0 : (1.0 - dropped[l][static_cast<size_t>(s)]) * static_cast<double>(m.site[s][0]->cols());
+        if (max_kept[s] < 0 || kept > kInputCopySlack * static_cast<double>(max_kept[s])) {
+          ++unpaid_sites[s];
+          continue;
+        }
+      }
+      c[s] = site_stacks(pool, m.site[s], copy_type, file_down_t);
+      for (size_t i = 0; i < c[s].size(); ++i) {
+        const Stack& st = c[s][i];
         widest_in = std::max(widest_in, st.view.rows());
         widest_out = std::max(widest_out, st.view.cols());
         if (st.widths.size() > 1) widest_stack = std::max(widest_stack, st.view.cols());
-        rows.push_back(st.view.row_size());
-        tables.push_back(cpu::is_nm4(st.view.type) ? cpu::nm4_table_bytes(st.view.type, st.view.rows(), st.view.cols())
-                                                   : 0);
-      }
-      // The copy's rows and tables against the model's own matrices (repacked or not: the same
-      // bytes). The file's own down_t has no dense layout beside it.
-      if (!by_cost || file_down_t) continue;
-      size_t dense = 0;
-      for (const TensorView* t : own.site[s]) dense += t->nbytes;
-      max_kept[s] = input_copy_max_kept(rows, tables, dense);
-      // A copy no token would read (it never pays, or the inputs keep too many on average):
-      // none, the dense kernels on the masked input.
-      const double kept = dropped.empty() ? 0.0
-                                          : (1.0 - dropped[l][static_cast<size_t>(s)]) * static_cast<double>(c[s][0].view.rows());
-      if (max_kept[s] < 0 || kept > kInputCopySlack * static_cast<double>(max_kept[s])) {
-        for (const Stack& st : c[s]) unpaid_bytes += st.copy.bytes.size();
-        c[s].clear();
-        ++unpaid_sites[s];
+        EMBER_CHECK(file_down_t || (st.view.row_size() == rows[i] &&
+                                    (!cpu::is_nm4(st.view.type) ||
+                                     cpu::nm4_table_bytes(st.view.type, st.view.rows(), st.view.cols()) == tables[i])),
+                    "input sparsity: layer {} site {}'s copy reads other bytes than were counted for it", l, s);
       }
     }
     max_kept_.push_back(max_kept);
@@ -245,23 +269,21 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   }
   log_info("input sparsity: input-channel-major copies of {} layers' matrices, {:.1f} MiB, in {:.1f} s",
            model.layers.size(), copy_bytes() / 1048576.0, timer.seconds());
-  std::string dense;
-  for (int s = 0; s < kInputSites; ++s)
-    if (dense_sites[s] > 0)
-      dense += fmt::format("{}{} ({} of {} layers)", dense.empty() ? "" : ", ", input_site_name(s), dense_sites[s],
-                           model.layers.size());
-  if (!dense.empty())
+  const auto listed = [&](const std::array<int64_t, kInputSites>& count) {  // "attn_in (3 of 8 layers), ..."
+    std::string list;
+    for (int s = 0; s < kInputSites; ++s)
+      if (count[s] > 0)
+        list += fmt::format("{}{} ({} of {} layers)", list.empty() ? "" : ", ", input_site_name(s), count[s],
+                            model.layers.size());
+    return list;
+  };
+  if (const std::string dense = listed(dense_sites); !dense.empty())
     log_info("input sparsity: {} decode with the dense kernels on the masked inputs: their input-channel-major "
              "rows would be under {} bytes, which read slower than dense",
              dense, min_row_bytes);
-  std::string unpaid;
-  for (int s = 0; s < kInputSites; ++s)
-    if (unpaid_sites[s] > 0)
-      unpaid += fmt::format("{}{} ({} of {} layers)", unpaid.empty() ? "" : ", ", input_site_name(s), unpaid_sites[s],
-                            model.layers.size());
-  if (!unpaid.empty())
-    log_info("input sparsity: {} keep too many inputs for a copy to pay (the profile's shares): no copy, the dense "
-             "kernels on the masked inputs ({:.1f} MiB not kept)", unpaid, unpaid_bytes / 1048576.0);
+  if (const std::string unpaid = listed(unpaid_sites); !unpaid.empty())
+    log_info("input sparsity: {} keep too many inputs for a copy to pay (the profile's shares): no copy made, the "
+             "dense kernels on the masked inputs", unpaid);
 }
 
 std::string InputSparseExecutor::refusal(const Model& model) const {

@@ -147,6 +147,10 @@ TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
       SessionParams p = base_params();
       p.hybrid.plan_path = split_path;
       cases.push_back({"layer-split file", p});
+      // A plan file's session takes the profile where there is one, but one asked for must exist.
+      SessionParams missing = p;
+      missing.hybrid.profile_path = (test_dir() / "no-such.profile.gguf").string();
+      EXPECT_THROW(Session(*model, missing), Error);
     }
     {
       SessionParams p = base_params(1);

@@ -59,7 +59,7 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
     try {
       prob = plan_probabilities(model, o.profile_path, &source);
     } catch (const Error& e) {
-      if (o.plan_path.empty()) throw;
+      if (o.plan_path.empty() || !o.profile_path.empty()) throw;  // a profile asked for must be read
       log_info("hybrid: no activation profile ({}); the plan file's session counts every neuron as firing", e.what());
     }
   }

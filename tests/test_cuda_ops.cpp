@@ -13,6 +13,7 @@
 
 #include "engine/session.hpp"
 #include "model/synth.hpp"
+#include "support/plans.hpp"
 #include "support/session_logits.hpp"
 #include "support/synth_files.hpp"
 #include "tensor/fp16.hpp"
@@ -517,14 +518,7 @@ TEST(CudaOps, SeveralSequencesOnCudaEqualTheStandIn) {
     SCOPED_TRACE(arch);
     auto model = test_support::load_synth_in(test_support::test_temp_dir("cuda"),
                                              test_support::small_attention_synth(arch, 9, 2), "seqs-" + arch + ".gguf");
-    Plan plan;
-    plan.method = PlanMethod::greedy;
-    plan.vram_budget = uint64_t{1} << 40;
-    plan.layers.resize(3);
-    for (size_t l = 0; l < 3; ++l) {
-      for (int32_t j = 1; j < model->hp.n_ff; j += 2) plan.layers[l].gpu_neurons.push_back(j);
-      plan.layers[l].attn_gpu = true;
-    }
+    const Plan plan = test_support::odd_neurons_plan(*model, [](size_t) { return true; });
     SessionParams p;
     p.n_threads = 2;
     p.n_ctx = 64;

@@ -16,6 +16,7 @@
 #include "model/model.hpp"
 #include "model/synth.hpp"
 #include "support/errors.hpp"
+#include "support/plans.hpp"
 #include "support/session_logits.hpp"
 #include "support/synth_files.hpp"
 
@@ -455,14 +456,8 @@ TEST(HybridFfn, SeveralSequencesKeepTheirCachesOnTheDevice) {
       SCOPED_TRACE("device batches of " + std::to_string(max_batch));
       Logits first;
       for (int placement = 0; placement < 3; ++placement) {  // attention on no layer, layers 0 and 2, all
-        Plan plan;
-        plan.method = PlanMethod::greedy;
-        plan.vram_budget = uint64_t{1} << 40;
-        plan.layers.resize(3);
-        for (size_t l = 0; l < 3; ++l) {
-          for (int32_t j = 1; j < model->hp.n_ff; j += 2) plan.layers[l].gpu_neurons.push_back(j);
-          plan.layers[l].attn_gpu = placement == 2 || (placement == 1 && l != 1);
-        }
+        const Plan plan =
+            test_support::odd_neurons_plan(*model, [&](size_t l) { return placement == 2 || (placement == 1 && l != 1); });
         SessionParams p = base_params();
         p.n_seq = 3;
         p.n_batch = 16;

@@ -74,6 +74,37 @@ Profile profile_of(const Model& m) {
 // (SparseFfnOptions::input_copy_by_cost), so that every decode token reads every copy.
 constexpr size_t kAllCopies = 0, kAllDense = SIZE_MAX;
 
+// The Q4_0 model of the copy-or-dense tests (512-wide FFNs) and one random decode input for it.
+struct ChoiceCase {
+  std::unique_ptr<Model> m;
+  std::vector<float> x;
+};
+ChoiceCase choice_case(const std::string& name) {
+  SynthOptions o = small(DType::Q4_0, 8);
+  o.n_ff = 512;
+  ChoiceCase c{load_synth(o, name), {}};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  c.x.resize(static_cast<size_t>(c.m->hp.n_embd));
+  for (auto& v : c.x) v = nd(rng);
+  return c;
+}
+
+// One decode token of layer 1 through `ex`, x the input of each site's product: the FFN's
+// output, then q, then o.
+std::vector<float> decode_layer(InputSparseExecutor& ex, const Model& m, ThreadPool& pool, const std::vector<float>& x) {
+  Workspace ws;
+  ws.init(m, 4, 4, 2);
+  const auto d = static_cast<size_t>(m.hp.n_embd);
+  std::vector<float> out(d), xn = x, attn = x, o(d);
+  ex.run(pool, 1, m.layers[1].ffn, m.hp.act, x.data(), 1, out.data(), ws);
+  ex.qkv(pool, 1, m.layers[1], xn.data(), 1, ws);
+  ex.out(pool, 1, m.layers[1], attn.data(), 1, o.data(), ws);
+  out.insert(out.end(), ws.q.data(), ws.q.data() + m.hp.n_head * m.hp.head_dim);
+  out.insert(out.end(), o.begin(), o.end());
+  return out;
+}
+
 Logits run_input_mode(const Model& m, const InputThresholds& t, int threads, InputSparsityStats* stats = nullptr,
                       size_t min_row_bytes = kInputMinRowBytes) {
   SessionParams p = test_support::session_params(threads, 64, 64);
@@ -341,31 +372,17 @@ TEST(InputSparse, ACopyIsReadOnlyWhereItReadsFaster) {
   EXPECT_THROW(input_copy_max_kept({row}, {}, dense), std::exception);
 
   // Q4_0 layers with 512-wide FFNs, copies of every site (kAllCopies), one token.
-  SynthOptions o = small(DType::Q4_0, 8);
-  o.n_ff = 512;
-  auto m = load_synth(o, "choice.gguf");
+  const ChoiceCase cc = choice_case("choice.gguf");
+  const Model& mdl = *cc.m;
   ThreadPool pool(2);
-  const int64_t d = m->hp.n_embd;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(d));
-  for (auto& v : x) v = nd(rng);
   // Keeping every input (t < 0): the dense kernels at every site; keeping a few (|x| > 2, about
   // 5 %; |h| > 0.05 on the FFN's values): every copy.
   for (float t : {-1.0f, 2.0f}) {
     const InputThresholds thr(3, {t, t, t, t > 0 ? 0.05f : t});
-    InputSparseExecutor chooser(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true),
-        copies(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, false),
-        dense(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllDense);
-    const auto layer = [&](InputSparseExecutor& ex) {  // the FFN's output, then q
-      Workspace ws;
-      ws.init(*m, 4, 4, 2);
-      std::vector<float> out(static_cast<size_t>(d)), xn = x;
-      ex.run(pool, 1, m->layers[1].ffn, m->hp.act, x.data(), 1, out.data(), ws);
-      ex.qkv(pool, 1, m->layers[1], xn.data(), 1, ws);
-      out.insert(out.end(), ws.q.data(), ws.q.data() + m->hp.n_head * m->hp.head_dim);
-      return out;
-    };
+    InputSparseExecutor chooser(mdl, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true),
+        copies(mdl, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, false),
+        dense(mdl, pool, thr, cpu::NeuronMajorType::exact, 4, kAllDense);
+    const auto layer = [&](InputSparseExecutor& ex) { return decode_layer(ex, mdl, pool, cc.x); };
     const std::vector<float> got = layer(chooser);
     const InputSparsityStats& st = chooser.stats();
     for (int s : {0, 2, 3}) {
@@ -383,32 +400,16 @@ TEST(InputSparse, ACopyIsReadOnlyWhereItReadsFaster) {
 // an executor that has them and never reads them; keeping about 5 % (95 % dropped): every copy
 // that pays, the same as without the shares. Shares for other layers are refused.
 TEST(InputSparse, NoCopyWhereNoTokenWouldReadIt) {
-  SynthOptions o = small(DType::Q4_0, 8);
-  o.n_ff = 512;
-  auto m = load_synth(o, "unpaid.gguf");
+  const ChoiceCase cc = choice_case("unpaid.gguf");
+  const Model& mdl = *cc.m;
   ThreadPool pool(2);
-  const int64_t d = m->hp.n_embd;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(d));
-  for (auto& v : x) v = nd(rng);
-  const auto layer = [&](InputSparseExecutor& ex) {  // the FFN's output, then q and o
-    Workspace ws;
-    ws.init(*m, 4, 4, 2);
-    std::vector<float> out(static_cast<size_t>(d)), xn = x, attn = x, o_out(static_cast<size_t>(d));
-    ex.run(pool, 1, m->layers[1].ffn, m->hp.act, x.data(), 1, out.data(), ws);
-    ex.qkv(pool, 1, m->layers[1], xn.data(), 1, ws);
-    ex.out(pool, 1, m->layers[1], attn.data(), 1, o_out.data(), ws);
-    out.insert(out.end(), ws.q.data(), ws.q.data() + m->hp.n_head * m->hp.head_dim);
-    out.insert(out.end(), o_out.begin(), o_out.end());
-    return out;
-  };
+  const auto layer = [&](InputSparseExecutor& ex) { return decode_layer(ex, mdl, pool, cc.x); };
   for (float t : {-1.0f, 2.0f}) {
     const InputThresholds thr(3, {t, t, t, t > 0 ? 0.05f : t});
     const float share = t < 0 ? 0.0f : 0.95f;
     const std::vector<std::array<float, kInputSites>> dropped(3, {share, share, share, share});
-    InputSparseExecutor every(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true),
-        lean(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true, dropped);
+    InputSparseExecutor every(mdl, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true),
+        lean(mdl, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true, dropped);
     EXPECT_GT(every.copy_bytes(), 0u);
     if (t < 0) {
       EXPECT_EQ(lean.copy_bytes(), 0u);
@@ -419,7 +420,7 @@ TEST(InputSparse, NoCopyWhereNoTokenWouldReadIt) {
     for (int s = 0; s < kInputSites; ++s) EXPECT_EQ(every.stats().copy_tokens[1][s], lean.stats().copy_tokens[1][s]);
   }
   const InputThresholds thr(3, {1.0f, 1.0f, 1.0f, 0.05f});
-  EXPECT_THROW(InputSparseExecutor(*m, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true,
+  EXPECT_THROW(InputSparseExecutor(mdl, pool, thr, cpu::NeuronMajorType::exact, 4, kAllCopies, true,
                                    std::vector<std::array<float, kInputSites>>(2)),
                Error);
 }

@@ -130,12 +130,6 @@ void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0,
   }
 }
 
-void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
-                     int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0) {
-  const SeqSpan one{&kv, 0, n, pos0};
-  attention_block(m, L, il, pool, std::span<const SeqSpan>(&one, 1), kv_layer, ws, x, n);
-}
-
 void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
                      int64_t kv_layer, Workspace& ws, float* x, int64_t n) {
   const Hparams& hp = m.hp;
@@ -207,11 +201,6 @@ void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& po
   else if (ws.ffn) ws.ffn->run(pool, il, L.ffn, m.hp.act, xn, n, out, ws);
   else dense_ffn(pool, L.ffn, m.hp.act, xn, n, out, ws);
   ffn_block_output(m, L, out, x, n);
-}
-
-void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0) {
-  const SeqSpan one{&kv, 0, n, pos0};
-  cpu_layer(m, il, pool, std::span<const SeqSpan>(&one, 1), ws, n);
 }
 
 void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws, int64_t n) {

@@ -50,15 +50,13 @@ void dense_qkv(ThreadPool& pool, const LayerWeights& L, const float* xn, int64_t
 // o = the layer's dense output projection of attn (n tokens), before the bias.
 void dense_out(ThreadPool& pool, const LayerWeights& L, const float* attn, int64_t n, float* o, Workspace& ws);
 
-// x += the attention block of layer il for n tokens at positions pos0.. (appending their keys
-// and values to the cache's layer `kv_layer`). L holds the layer's attention tensors (the model's,
-// or a device's copies of them). Uses ws.xn, q, k, v, attn, o, cos_sin, att_scratch, mm_scratch;
-// a parallel-residual model's FFN input goes to ws.ffn_in. The projections are ws.proj's where
-// one is set.
-void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, KvCache& kv,
-                     int64_t kv_layer, Workspace& ws, float* x, int64_t n, int64_t pos0);
-// The same over n rows of several sequences: everything but the attention itself runs on all
-// rows at once (one pass over each weight), each sequence attends over its own cache.
+// x += the attention block of layer il for n rows of one or several sequences (each span's tokens
+// at its positions pos0.., appending their keys and values to layer `kv_layer` of the span's
+// cache): everything but the attention itself runs on all rows at once (one pass over each
+// weight), each sequence attends over its own cache. L holds the layer's attention tensors (the
+// model's, or a device's copies of them). Uses ws.xn, q, k, v, attn, o, cos_sin, att_scratch,
+// mm_scratch; a parallel-residual model's FFN input goes to ws.ffn_in. The projections are
+// ws.proj's where one is set.
 void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
                      int64_t kv_layer, Workspace& ws, float* x, int64_t n);
 
@@ -72,8 +70,7 @@ void ffn_block_output(const Model& m, const LayerWeights& L, float* out, float* 
 // The whole FFN block on the CPU: input, the workspace's executor (dense_ffn when none), output.
 void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, Workspace& ws, int64_t n);
 
-// One layer on the CPU: attention_block, then ffn_block, on ws.x with the cache's layer il.
-void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, KvCache& kv, Workspace& ws, int64_t n, int64_t pos0);
+// One layer on the CPU: attention_block, then ffn_block, on ws.x with each span's cache's layer il.
 void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws, int64_t n);
 
 // logits (n_rows x n_vocab) = output(output_norm(x)) of the given rows of ws.x (uses ws.o as

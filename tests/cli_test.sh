@@ -100,10 +100,18 @@ close "profile sparsity = oracle sparsity" "$relu_profile_sparsity" "$(python3 -
 # Input sparsity (TEAL) on a SiLU model: the profile's input tables, `sparsify`, and the result
 # run with --sparse-mode input reaching its target on decode tokens.
 expect_ok "profile silu" "$ember" profile -m "$tmp/tiny.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 512 -o "$tmp/silu-input.profile.gguf" -t 2
-expect_ok "sparsify" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/silu-input.profile.gguf" --sparsity 0.4 -o "$tmp/tiny.sparse.gguf" --eval-chunks 0
+expect_ok "sparsify" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/silu-input.profile.gguf" --allocation greedy --sparsity 0.4 -o "$tmp/tiny.sparse.gguf" --eval-chunks 0
 contains "sparsify summary" "$tmp/err" "40\.[0-9]% of the layers' weights skipped"
 # The tiny model's rows are all short: sparsify says plainly that decode reads every weight.
 contains "sparsify says small rows do not pay" "$tmp/err" "will not decode faster than the dense one"
+# TEAL's block allocation (the default): each layer run on calibration tokens, its output error per layer.
+expect_ok "sparsify block allocation" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/silu-input.profile.gguf" --corpus "$tmp/text.txt" --block-tokens 64 --sparsity 0.4 -o "$tmp/tiny.block.gguf" --eval-chunks 0 -t 2
+contains "block allocation per layer" "$tmp/err" "sparsify \[2/3\]: layer 2/2: sparsity attn_in"
+contains "block allocation summary" "$tmp/err" "40\.[0-9]% of the layers' weights skipped \(block allocation\)"
+contains "block allocation table" "$tmp/out" "^ +1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$"
+expect_ok "a block-allocated file runs" "$ember" generate -m "$tmp/tiny.block.gguf" -p "hello world" -n 8 --temp 0
+contains "block-allocated file in input mode" "$tmp/err" "running --sparse-mode input"
+expect_error "a session cannot make the block allocation" "input-allocation" "$ember" generate -m "$tmp/tiny.gguf" -p hi --sparse-mode input --sparse-profile "$tmp/silu-input.profile.gguf" --input-allocation block
 expect_ok "input mode from the file" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0 --sparse-mode input
 input_sparsity=$(num "$tmp/err" '.*input sparsity \(decode tokens\): ([0-9.]+)% .*')
 close "input mode sparsity near the target" "${input_sparsity:-nan}" 40 15
@@ -127,7 +135,7 @@ contains "auto input mode skips" "$tmp/err" "input sparsity \(decode tokens\)"
 expect_ok "--sparse-mode dense overrides" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 4 --temp 0 --sparse-mode dense
 if grep -q "input sparsity" "$tmp/err"; then fail "dense override still ran input mode"; else pass; fi
 expect_error "input mode needs thresholds" "sparsify|sparse-profile" "$ember" generate -m "$tmp/tiny.gguf" -p hi --sparse-mode input
-expect_error "sparsify with an old profile" "input tables|profile" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/tiny.gguf" -o "$tmp/x.gguf" --eval-chunks 0
+expect_error "sparsify with an old profile" "input tables|profile" "$ember" sparsify -m "$tmp/tiny.gguf" --profile "$tmp/tiny.gguf" --corpus "$tmp/text.txt" -o "$tmp/x.gguf" --eval-chunks 0
 # Predictor training samples saved by the profiler, trained on, used.
 expect_ok "profile samples" "$ember" profile -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 512 --samples "$tmp/relu.samples.gguf" --samples-max 200 -o "$tmp/relu.profile2.gguf" -t 2
 contains "samples written" "$tmp/err" "samples: 200 tokens x [0-9]+ layers"

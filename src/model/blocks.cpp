@@ -13,16 +13,16 @@
 #include "ops/cpu/vec.hpp"
 
 namespace ember {
-namespace {
 
-// The model's normalization (Hparams::norm) with weight w and, for LayerNorm, bias b.
-void norm(const Model& m, const TensorView& w, const TensorView& b, const float* x, float* out, int64_t n) {
+void apply_norm(const Model& m, const TensorView& w, const TensorView& b, const float* x, float* out, int64_t n) {
   const Hparams& hp = m.hp;
   if (hp.norm == NormKind::layer)
     cpu::layer_norm(x, as_floats(w), as_floats(b), out, n, hp.n_embd, hp.norm_eps);
   else
     cpu::rms_norm(x, as_floats(w), out, n, hp.n_embd, hp.norm_eps);
 }
+
+namespace {
 
 // An optional RMSNorm over the whole row (Gemma's post-norms), in place.
 void post_norm(const Model& m, const TensorView& w, float* y, int64_t n) {
@@ -135,10 +135,10 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   const Hparams& hp = m.hp;
   const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
   float* xn = ws.xn.data();
-  norm(m, L.attn_norm, L.attn_norm_b, x, xn, n);
+  apply_norm(m, L.attn_norm, L.attn_norm_b, x, xn, n);
   if (hp.parallel_residual) {  // the FFN reads the layer's input: its norm now, before x changes
     if (L.ffn.norm.valid())
-      norm(m, L.ffn.norm, L.ffn.norm_b, x, ws.ffn_in.data(), n);
+      apply_norm(m, L.ffn.norm, L.ffn.norm_b, x, ws.ffn_in.data(), n);
     else
       std::memcpy(ws.ffn_in.data(), xn, sizeof(float) * static_cast<size_t>(n * d));
   }
@@ -183,7 +183,7 @@ void ffn_block_input(const Model& m, const LayerWeights& L, const Workspace& ws,
   if (m.hp.parallel_residual)
     std::memcpy(xn, ws.ffn_in.data(), sizeof(float) * static_cast<size_t>(n * m.hp.n_embd));
   else
-    norm(m, L.ffn.norm, L.ffn.norm_b, x, xn, n);
+    apply_norm(m, L.ffn.norm, L.ffn.norm_b, x, xn, n);
 }
 
 void ffn_block_output(const Model& m, const LayerWeights& L, float* out, float* x, int64_t n) {
@@ -214,7 +214,7 @@ OutputWeights output_weights(const Model& m) { return {m.output_norm, m.output_n
 void output_block(const Model& m, const OutputWeights& w, ThreadPool& pool, Workspace& ws, const float* x, int64_t n,
                   float* logits) {
   const Hparams& hp = m.hp;
-  norm(m, w.norm, w.norm_b, x, ws.xn.data(), n);
+  apply_norm(m, w.norm, w.norm_b, x, ws.xn.data(), n);
   cpu::matmul(pool, w.output, ws.xn.data(), n, logits, ws.mm_scratch.data());
   if (hp.final_softcap > 0) {
     const float c = hp.final_softcap;

@@ -26,6 +26,10 @@
 
 namespace ember {
 
+// out = the model's normalization (Hparams::norm: RMSNorm, or LayerNorm with bias b) with weight w
+// of n rows x (n_embd each).
+void apply_norm(const Model& m, const TensorView& w, const TensorView& b, const float* x, float* out, int64_t n);
+
 // x = the embeddings of tokens[0..n) at positions pos0.. (n x n_embd): the token rows, times
 // embd_scale, plus the learned position rows (OPT). `scratch` holds n x n_embd floats.
 void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0, float* x, float* scratch);

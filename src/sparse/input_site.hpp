@@ -9,6 +9,7 @@
 #pragma once
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace ember {
@@ -27,6 +28,9 @@ using InputThresholds = std::vector<std::array<float, kInputSites>>;
 // 0.72x dense at 50 %, dense sites 0.89x; the 7B shape's shortest rows (o, down: 2304 bytes)
 // are sparse in every measurement of its 1.16x / 1.32x at 40 / 50 %.
 constexpr size_t kInputMinRowBytes = 2048;
+// As a minimum row length: no copy at all, every site on the dense kernels with masked inputs
+// (the prompt path's function for every token: the block allocation's runs, tests).
+constexpr size_t kInputNoCopies = SIZE_MAX;
 
 // The rate at which the input-channel-major axpy reads a copy's kept rows, as a share of the
 // rate of the dense kernels, by the copy's row length: a kept row is a new scattered stream, and

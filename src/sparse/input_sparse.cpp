@@ -267,6 +267,7 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
     const auto w = input_site_weights(L);
     for (int s = 0; s < kInputSites; ++s) stats_.site_weights[s] += w[s];
   }
+  if (min_row_bytes == kInputNoCopies) return;  // asked for no copy: nothing to say
   log_info("input sparsity: input-channel-major copies of {} layers' matrices, {:.1f} MiB, in {:.1f} s",
            model.layers.size(), copy_bytes() / 1048576.0, timer.seconds());
   const auto listed = [&](const std::array<int64_t, kInputSites>& count) {  // "attn_in (3 of 8 layers), ..."
@@ -424,6 +425,13 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
   if (!decode_via_copy(layer, InputSite::ffn_hidden, h, h, n_ff, k)) return ffn_down_all(pool, w, h, 1, out, ws);
   site_product(pool, c[3], k, {out});
   ffn_add_down_bias(w, out, 1);
+}
+
+void InputSparseExecutor::set_thresholds(int64_t layer, const std::array<float, kInputSites>& t) {
+  EMBER_CHECK(layer >= 0 && layer < static_cast<int64_t>(thr_.size()), "input sparsity: no layer {} of {}", layer,
+              thr_.size());
+  for (float v : t) EMBER_CHECK(std::isfinite(v), "input sparsity: threshold {} is not finite", v);
+  thr_[static_cast<size_t>(layer)] = t;
 }
 
 void InputSparseExecutor::reset_stats() {

@@ -103,6 +103,9 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   std::string refusal(const Model& model) const override;
 
   const InputThresholds& thresholds() const { return thr_; }
+  // Replaces one layer's thresholds (the block allocation tries candidates on the prompt path;
+  // a decode token's choice of copy or dense, fixed at construction, does not follow them).
+  void set_thresholds(int64_t layer, const std::array<float, kInputSites>& t);
   const InputSparsityStats& stats() const { return stats_; }
   void reset_stats();
   size_t copy_bytes() const;  // the input-channel-major copies

@@ -15,7 +15,7 @@ namespace ember {
 struct SparsifyOptions {
   std::string model, profile, output;
   double sparsity = 0.4;
-  InputAllocation allocation = InputAllocation::greedy;
+  InputAllocation allocation = InputAllocation::greedy;  // block needs the plan made first (the overload taking one)
 };
 
 struct SparsifySummary {
@@ -26,5 +26,7 @@ struct SparsifySummary {
 SparsifySummary sparsify_model(const SparsifyOptions& o);
 // The same from a profile in memory (o.profile only names it in the file's metadata).
 SparsifySummary sparsify_model(const SparsifyOptions& o, const Profile& profile);
+// The same with the allocation made (o.allocation names it; the block allocation is made this way).
+SparsifySummary sparsify_model(const SparsifyOptions& o, InputSparsityPlan plan);
 
 }  // namespace ember

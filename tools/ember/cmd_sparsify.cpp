@@ -1,8 +1,9 @@
 // `ember sparsify -m MODEL -o OUT.gguf`: one command that makes a model sparse, by the path its
 // activation calls for (--method auto):
 //  - SiLU / GELU models (input sparsity, TEAL): [1/3] profile on a calibration text (or take
-//    --profile), [2/3] write the model with input sparsity's thresholds embedded for --sparsity
-//    (src/sparse/sparsify.hpp), [3/3] measure;
+//    --profile), [2/3] allocate --sparsity over each layer's inputs (by default TEAL's block
+//    allocation, which runs each layer on calibration tokens: src/sparse/input_allocation.hpp) and
+//    write the model with the thresholds embedded (src/sparse/sparsify.hpp), [3/3] measure;
 //  - ReLU models (PowerInfer): [1/4] profile the neurons' firing, [2/4] train a predictor per
 //    layer on the same text (src/sparse/predictor_train.hpp), [3/4] write the model in
 //    PowerInfer's layout with the predictors embedded (src/sparse/prepare.hpp), [4/4] measure.
@@ -34,11 +35,12 @@ namespace {
 
 struct SparsifyFlags {
   SparsifyOptions o;
-  std::string method = "auto", allocation = "greedy";
+  std::string method = "auto", allocation = "block";
   int64_t samples = 4000;   // predictor path: training tokens per layer
   double recall = 0.99;     // predictor path: target recall of activation mass
   std::string corpus = "data/corpus/calib.txt", eval = "data/corpus/eval.txt";
   int64_t profile_tokens = 16384, eval_chunks = 4;
+  BlockAllocationOptions block;
   int threads = 0;
 };
 
@@ -160,7 +162,9 @@ void run_sparsify(SparsifyFlags& f) {
   Timer timer;
   f.o.allocation = parse_input_allocation(f.allocation);
   // The texts first: a missing one should not cost a profile.
-  for (const auto& [path, needed] : {std::pair{f.corpus, f.o.profile.empty()}, std::pair{f.eval, f.eval_chunks > 0}})
+  const bool block = f.o.allocation == InputAllocation::block;
+  for (const auto& [path, needed] :
+       {std::pair{f.corpus, f.o.profile.empty() || block}, std::pair{f.eval, f.eval_chunks > 0}})
     EMBER_CHECK(!needed || std::filesystem::is_regular_file(path),
                 "cannot read the text '{}' (the project's corpus: scripts/get_corpus.sh)", path);
   EngineFlags ef;
@@ -203,11 +207,29 @@ void run_sparsify(SparsifyFlags& f) {
   } else {
     log_info("sparsify [2/3]: thresholds for {:.0f}% of the layers' weights ({} allocation)", 100 * f.o.sparsity,
              f.allocation);
-    const SparsifySummary s = sparsify_model(f.o, profile);
-    std::printf("layer  attn_in  attn_out  ffn_in  ffn_hidden   (share of each input dropped on the calibration text)\n");
+    InputSparsityPlan plan;
+    if (block) {
+      if (calib.empty()) calib = read_corpus_tokens(*model, f.corpus);
+      ThreadPool pool(f.threads > 0 ? f.threads : default_thread_count());
+      Tokenizer tok(*model->file);
+      f.block.bos = tok.vocab().add_bos ? tok.bos() : -1;
+      log_info("sparsify [2/3]: each layer's output error on {} calibration tokens, steps of {:.0f}%",
+               std::min<int64_t>(f.block.tokens, calib.size()), 100 * f.block.step);
+      plan = allocate_input_sparsity_by_block(profile, *model, f.o.sparsity, pool, calib, f.block,
+                                              [&](int64_t l, const std::string& m) {
+                                                log_info("sparsify [2/3]: layer {}/{}: {}", l + 1, model->hp.n_layer, m);
+                                              });
+    } else {
+      plan = allocate_input_sparsity(profile, *model, f.o.sparsity, f.o.allocation);
+    }
+    const SparsifySummary s = sparsify_model(f.o, std::move(plan));
+    std::printf("layer  attn_in  attn_out  ffn_in  ffn_hidden%s   (share of each input dropped on the calibration text%s)\n",
+                block ? "  output error" : "", block ? "; the layer's output error relative to its update" : "");
     for (size_t l = 0; l < s.plan.sparsity.size(); ++l) {
       const auto& v = s.plan.sparsity[l];
-      std::printf("%5zu  %7.3f  %8.3f  %6.3f  %10.3f\n", l, v[0], v[1], v[2], v[3]);
+      std::printf("%5zu  %7.3f  %8.3f  %6.3f  %10.3f", l, v[0], v[1], v[2], v[3]);
+      if (block) std::printf("  %12.4f", s.plan.block_error[l]);
+      std::printf("\n");
     }
     fmt::print(stderr, "sparsify: wrote {} ({:.1f} MiB): {:.1f}% of the layers' weights skipped ({} allocation)\n",
                f.o.output, s.bytes / 1048576.0, 100.0 * s.plan.weighted_sparsity, f.allocation);
@@ -246,9 +268,14 @@ void add_sparsify(CLI::App& app) {
       ->check(CLI::Range(0.0, 0.95))
       ->capture_default_str();
   cmd->add_option("--allocation", f->allocation,
-                  "greedy (per layer, more sparsity at the inputs where the profile says it costs less error) or "
-                  "uniform")
-      ->check(CLI::IsMember({"greedy", "uniform"}))
+                  "input method, per layer: block (TEAL's: more sparsity at the inputs whose sparsity moves the "
+                  "layer's output least, measured by running each layer on calibration tokens), greedy (the same "
+                  "from the profile's input energies alone: no run), or uniform (every input at --sparsity)")
+      ->check(CLI::IsMember({"greedy", "uniform", "block"}))
+      ->capture_default_str();
+  cmd->add_option("--block-tokens", f->block.tokens,
+                  "block allocation: calibration tokens each layer runs (in sequences of 128)")
+      ->check(CLI::Range(int64_t{16}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--profile", f->o.profile,
                   "use this profile (`ember profile`, with input tables) instead of profiling on --corpus");

@@ -56,8 +56,10 @@ InputSparsityPlan allocate_input_sparsity_by_block(const Profile& p, const Model
   std::vector<SeqSpan> seqs;
   EMBER_CHECK(o.bos < hp.n_vocab, "block allocation: BOS id {} out of the vocabulary ({})", o.bos, hp.n_vocab);
   const int64_t text = o.bos >= 0 ? chunk - 1 : chunk;  // text tokens per sequence
+  // The text's own leading BOS (the tokenizer adds one) is not read as text after ours.
+  const int64_t first = o.bos >= 0 && tokens[0] == o.bos ? 1 : 0;
   for (int64_t i = 0; i < n_seq; ++i) {
-    const int64_t start = n_seq == 1 ? 0 : i * (have - text) / (n_seq - 1);
+    const int64_t start = first + (n_seq == 1 ? 0 : i * (have - first - text) / (n_seq - 1));
     if (o.bos >= 0) batch.push_back(o.bos);
     batch.insert(batch.end(), tokens.begin() + start, tokens.begin() + start + text);
     kv[static_cast<size_t>(i)].init(hp.n_layer, chunk, hp.n_head_kv * hp.head_dim, DType::F32);

@@ -663,6 +663,56 @@ TEST(InputAllocation, BlockSpendsErrorWhereTheLayersOutputMovesLeast) {
   EXPECT_STREQ(input_allocation_name(InputAllocation::block), "block");
 }
 
+// Where sites' copies can pay (a shape whose four sites all have rows of 2 KiB or more), the
+// block allocation spends the share only where a decode token skips the weights: every share it
+// gives lies past its site's break-even (input_copy_pays, the executor's rule), decode tokens read
+// those sites' copies, and the layer still meets its share. Allocated over every site, some
+// shares fall below their break-even: weights counted as skipped that decode reads.
+TEST(InputAllocation, BlockSpendsTheShareWhereDecodeSkipsWeights) {
+  SynthOptions o = small(DType::F32, 8);
+  o.n_embd = 512;  // rows: q|k|v 4 KiB, o 2 KiB, gate|up 8 KiB, down 2 KiB
+  o.n_ff = 1024;
+  o.n_layer = 2;
+  o.n_head = 8;
+  o.n_head_kv = 4;
+  auto m = load_synth(o, "pays.gguf");
+  const Profile prof = profile_of(*m);
+  ThreadPool pool(2);
+  const std::vector<int32_t> calib = random_tokens(256, o.n_vocab, 11);
+  BlockAllocationOptions bo;
+  bo.tokens = 128;
+  bo.chunk = 64;
+  bo.paying_sites_only = true;
+  std::array<int64_t, kInputSites> n_in{};
+  for (int s = 0; s < kInputSites; ++s) n_in[s] = input_site_matrices(m->layers[0]).site[s][0]->cols();
+  for (double target : {0.3, 0.5}) {
+    const InputSparsityPlan plan = allocate_input_sparsity_by_block(prof, *m, target, pool, calib, bo);
+    EXPECT_NEAR(plan.weighted_sparsity, target, 0.002) << target;
+    int64_t below = 0;
+    bo.paying_sites_only = false;
+    const InputSparsityPlan all = allocate_input_sparsity_by_block(prof, *m, target, pool, calib, bo);
+    bo.paying_sites_only = true;
+    for (int64_t l = 0; l < o.n_layer; ++l) {
+      for (int s = 0; s < kInputSites; ++s) {
+        const int64_t mk = input_site_max_kept(m->file_layer(static_cast<size_t>(l)), m->layers[l], s,
+                                               cpu::NeuronMajorType::exact);
+        ASSERT_NE(mk, kInputCopyNone) << s;
+        if (plan.sparsity[l][s] > 0) {
+          EXPECT_TRUE(input_copy_pays(mk, plan.sparsity[l][s], n_in[s])) << target << " layer " << l << " site " << s;
+        }
+        if (all.sparsity[l][s] > 0 && !input_copy_pays(mk, all.sparsity[l][s], n_in[s])) ++below;
+      }
+    }
+    EXPECT_GT(below, 0) << target;
+    InputSparsityStats st;
+    run_input_mode(*m, plan.thresholds, 2, &st);
+    for (int64_t l = 0; l < o.n_layer; ++l)
+      for (int s = 0; s < kInputSites; ++s)
+        if (plan.sparsity[l][s] > 0)
+          EXPECT_GT(st.copy_tokens[l][s], st.tokens[l][s] / 2) << target << " layer " << l << " site " << s;
+  }
+}
+
 // Thresholds stored in the model (ember.input_sparsity.thresholds, what `ember sparsify`
 // writes) are used when none are given; a wrong count is refused at load; input mode without
 // thresholds, or with the hybrid, names what to do.

@@ -64,6 +64,11 @@ struct BlockAllocationOptions {
   int64_t chunk = 128;
   double step = 0.02;    // the layer's share of weights skipped that one greedy step adds
   int32_t bos = -1;      // >= 0: each sequence starts with this token (models that expect a BOS, as Gemma)
+  // Spend the share only on sites whose skipped inputs save decode time (input_copy_pays, with
+  // the session's copy type): where a layer has such sites, the others keep every input. Faster
+  // decode for more error (docs/agreement.md): off by default.
+  bool paying_sites_only = false;
+  cpu::NeuronMajorType copy_type = cpu::NeuronMajorType::exact;
 };
 // The block allocation (above) on `tokens` (calibration text, tokenized); progress(layer, message)
 // after each layer.

@@ -12,17 +12,29 @@
 // skipped. Then Y, not the sparse output, goes on to the next layer (TEAL's per-block calibration:
 // each layer is allocated for the inputs the dense model gives it).
 //
+// With BlockAllocationOptions::paying_sites_only (`sparsify --paying-sites`), only sites whose
+// skipped inputs save decode time take a share: a site keeps an input-channel-major copy, and reads it, only where its kept
+// rows read faster than the dense kernels (input_site_max_kept / input_copy_pays, the executor's
+// own rule); below that its tokens run the dense kernels on masked inputs, reading every weight.
+// So where a layer has sites whose copy can pay, the others keep every input, and a site the
+// greedy leaves below its break-even is closed and the layer allocated again without it: the
+// share is then weights a decode token really skips. A layer with no such site (SmolLM2's short
+// rows: none) is allocated over all four for accuracy alone. It buys speed with accuracy, by how
+// much depends on the model (docs/agreement.md): so it is asked for, not the default.
+//
 // The output is compared as the next layer sees it: through that layer's input norm (the head's
 // after the last layer), TEAL's block error taken where it is read. Compared raw, the residual
 // stream's few huge entries (Gemma's, the first token's of every sequence) outweigh everything
 // else: on Gemma-3-270M at 40 % the raw comparison's allocation made 1.8x the KL divergence of the
 // energy greedy (docs/agreement.md, twenty-third session).
 //
-// The cost: per layer and step one layer run per site (four), on `tokens` tokens: at a 50 % target
-// and steps of 2 %, 100 layer runs of 256 tokens per layer (SmolLM2-135M: a few seconds a layer on
-// two cores).
+// The cost: per layer and step one layer run per open site, on `tokens` tokens: at a 50 % target
+// and steps of 2 %, up to 100 layer runs of 256 tokens per layer, again for each reallocation
+// (SmolLM2-135M: about a second a layer on two cores; the 7B shape: about a minute).
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
@@ -115,33 +127,58 @@ InputSparsityPlan allocate_input_sparsity_by_block(const Profile& p, const Model
       return e;
     };
 
-    const std::array<double, kInputSites> w = input_site_weights(model.layers[static_cast<size_t>(l)]);
+    const LayerWeights& L = model.layers[static_cast<size_t>(l)];
+    const std::array<double, kInputSites> w = input_site_weights(L);
     double w_layer = 0;
     for (double v : w) w_layer += v;
-    std::array<int64_t, kInputSites>& k = idx[static_cast<size_t>(l)];
-    k.fill(0);
     const double want = target * w_layer * 1000.0;  // in weight x quantile-index units
-    double got = 0, err = 0;
-    while (got + 0.5 * w_layer < want) {  // within half a thousandth of the layer's weights
-      const double share = std::min(o.step * w_layer * 1000.0, want - got);
-      int best = -1;
-      double best_cost = 0, best_err = 0;
-      int64_t best_inc = 0;
-      for (int s = 0; s < kInputSites; ++s) {
-        if (w[s] <= 0 || k[s] >= kMaxQuantileIndex) continue;
-        const int64_t inc =
-            std::min(std::max<int64_t>(1, std::llround(share / w[s])), kMaxQuantileIndex - k[s]);
-        std::array<int64_t, kInputSites> cand = k;
-        cand[s] += inc;
-        const double e = error_at(cand);
-        const double cost = (e - err) / (w[s] * static_cast<double>(inc));
-        if (best < 0 || cost < best_cost) best = s, best_cost = cost, best_err = e, best_inc = inc;
+    // The greedy over the open sites: the quantile indices and the error they leave.
+    const auto greedy = [&](const std::array<bool, kInputSites>& open) {
+      std::array<int64_t, kInputSites> k{};
+      double got = 0, err = 0;
+      while (got + 0.5 * w_layer < want) {  // within half a thousandth of the layer's weights
+        const double share = std::min(o.step * w_layer * 1000.0, want - got);
+        int best = -1;
+        double best_cost = 0, best_err = 0;
+        int64_t best_inc = 0;
+        for (int s = 0; s < kInputSites; ++s) {
+          if (!open[s] || w[s] <= 0 || k[s] >= kMaxQuantileIndex) continue;
+          const int64_t inc = std::min(std::max<int64_t>(1, std::llround(share / w[s])), kMaxQuantileIndex - k[s]);
+          std::array<int64_t, kInputSites> cand = k;
+          cand[s] += inc;
+          const double e = error_at(cand);
+          const double cost = (e - err) / (w[s] * static_cast<double>(inc));
+          if (best < 0 || cost < best_cost) best = s, best_cost = cost, best_err = e, best_inc = inc;
+        }
+        if (best < 0) break;  // every open site at its cap
+        k[best] += best_inc;
+        got += w[best] * static_cast<double>(best_inc);
+        err = best_err;
       }
-      if (best < 0) break;  // every site at its cap
-      k[best] += best_inc;
-      got += w[best] * static_cast<double>(best_inc);
-      err = best_err;
+      return std::pair{k, err};
+    };
+    // Sites whose skipped inputs would save decode time: those with a copy that can pay. Where
+    // some can, the others stay whole, and a site the greedy leaves below its copy's break-even
+    // is closed and the layer allocated again without it (its inputs would decode dense).
+    std::array<bool, kInputSites> open{};
+    std::array<int64_t, kInputSites> max_kept{}, n_in{};
+    const InputSiteMatrices mats = input_site_matrices(L);
+    bool any_pays = false;
+    for (int s = 0; s < kInputSites; ++s) {
+      max_kept[s] = input_site_max_kept(model.file_layer(static_cast<size_t>(l)), L, s, o.copy_type);
+      n_in[s] = mats.site[static_cast<size_t>(s)][0]->cols();
+      any_pays = any_pays || max_kept[s] != kInputCopyNone;
     }
+    const bool paying_only = o.paying_sites_only && any_pays;
+    for (int s = 0; s < kInputSites; ++s) open[s] = !paying_only || max_kept[s] != kInputCopyNone;
+    auto [k, err] = greedy(open);
+    for (bool closed = paying_only; closed;) {
+      closed = false;
+      for (int s = 0; s < kInputSites; ++s)
+        if (open[s] && k[s] > 0 && !input_copy_pays(max_kept[s], k[s] / 1000.0, n_in[s])) open[s] = false, closed = true;
+      if (closed) std::tie(k, err) = greedy(open);
+    }
+    idx[static_cast<size_t>(l)] = k;
     rel_error[static_cast<size_t>(l)] = update > 0 ? err / update : 0.0;  // both as the next layer sees them
     std::copy_n(y.data(), width, ws.x.data());  // the dense output feeds the next layer
     if (progress)

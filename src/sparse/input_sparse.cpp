@@ -94,6 +94,27 @@ void stack_read_bytes(const std::vector<const TensorView*>& mats, cpu::NeuronMaj
 
 }  // namespace
 
+int64_t input_site_max_kept(const LayerWeights& file_L, const LayerWeights& own_L, int site,
+                            cpu::NeuronMajorType copy_type, size_t min_row_bytes, bool by_cost) {
+  if (input_site_dense(file_L, site, copy_type, min_row_bytes)) return kInputCopyNone;
+  const bool file_down_t = site == static_cast<int>(InputSite::ffn_hidden) && !file_L.ffn.down.valid();
+  if (!by_cost || file_down_t) return INT64_MAX;
+  // The copy's rows and tables (before it is made) against the model's own matrices (repacked
+  // or not: the same bytes).
+  const InputSiteMatrices file = input_site_matrices(file_L), own = input_site_matrices(own_L);
+  std::vector<size_t> rows, tables;
+  stack_read_bytes(file.site[static_cast<size_t>(site)], copy_type, rows, tables);
+  size_t dense = 0;
+  for (const TensorView* t : own.site[static_cast<size_t>(site)]) dense += t->nbytes;
+  const int64_t k = input_copy_max_kept(rows, tables, dense);
+  return k < 0 ? kInputCopyNone : k;
+}
+
+bool input_copy_pays(int64_t max_kept, double dropped, int64_t n_in) {
+  return max_kept >= 0 &&
+         (1.0 - dropped) * static_cast<double>(n_in) <= kInputCopySlack * static_cast<double>(max_kept);
+}
+
 InputSiteMatrices input_site_matrices(const LayerWeights& L) {
   InputSiteMatrices m;
   m.site[0] = {&L.wq, &L.wk, &L.wv};
@@ -214,23 +235,16 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
         ++dense_sites[s];  // no copy: decode runs the dense kernels on the masked input
         continue;
       }
-      // The copy's rows and tables (before it is made) against the model's own matrices
-      // (repacked or not: the same bytes). The file's own down_t has no dense layout beside it.
-      std::vector<size_t> rows, tables;
-      stack_read_bytes(m.site[s], copy_type, rows, tables);
-      if (by_cost && !file_down_t) {
-        size_t dense = 0;
-        for (const TensorView* t : own.site[s]) dense += t->nbytes;
-        max_kept[s] = input_copy_max_kept(rows, tables, dense);
-        // A copy no token would read (it never pays, or the inputs keep too many on average):
-        // none, the dense kernels on the masked input.
-        const double kept =
-            dropped.empty() ? 0.0 : (1.0 - dropped[l][static_cast<size_t>(s)]) * static_cast<double>(m.site[s][0]->cols());
-        if (max_kept[s] < 0 || kept > kInputCopySlack * static_cast<double>(max_kept[s])) {
-          ++unpaid_sites[s];
-          continue;
-        }
+      max_kept[s] = input_site_max_kept(L, model.layers[l], s, copy_type, min_row_bytes, by_cost);
+      // A copy no token would read (it never pays, or the inputs keep too many on average): none,
+      // the dense kernels on the masked input.
+      const double drop = dropped.empty() ? 1.0 : dropped[l][static_cast<size_t>(s)];
+      if (!input_copy_pays(max_kept[s], drop, m.site[s][0]->cols())) {
+        ++unpaid_sites[s];
+        continue;
       }
+      std::vector<size_t> rows, tables;  // what the copy is checked against, below
+      stack_read_bytes(m.site[s], copy_type, rows, tables);
       c[s] = site_stacks(pool, m.site[s], copy_type, file_down_t);
       for (size_t i = 0; i < c[s].size(); ++i) {
         const Stack& st = c[s][i];

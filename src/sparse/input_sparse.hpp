@@ -64,6 +64,21 @@ bool input_site_dense(const LayerWeights& L, int site, cpu::NeuronMajorType copy
 int64_t input_copy_max_kept(const std::vector<size_t>& row_bytes, const std::vector<size_t>& table_bytes,
                             size_t dense_bytes);
 
+// How a session decodes site s of a layer (file_L: the file's layout the copy is made from,
+// own_L: the model's matrices, repacked or not, the dense path's bytes): kInputCopyNone where it
+// keeps no copy by its shapes (input_site_dense) or the copy never pays, else the most kept
+// inputs for which a token reads the copy (input_copy_max_kept; INT64_MAX for the file's own
+// down_t, which has no dense layout, and wherever `by_cost` is off).
+constexpr int64_t kInputCopyNone = -1;
+int64_t input_site_max_kept(const LayerWeights& file_L, const LayerWeights& own_L, int site,
+                            cpu::NeuronMajorType copy_type, size_t min_row_bytes = kInputMinRowBytes,
+                            bool by_cost = true);
+// Whether a site keeps its copy where the allocation drops a share `dropped` of its n_in inputs:
+// it has one (max_kept >= 0) and keeps on average at most kInputCopySlack times max_kept. A site
+// that does not decodes every token with the dense kernels on its masked input: its skipped
+// inputs save no time.
+bool input_copy_pays(int64_t max_kept, double dropped, int64_t n_in);
+
 // The kept entries of x[0..n): their indices and values, in index order; returns their count.
 int64_t select_inputs(const float* x, int64_t n, float threshold, int32_t* ids, float* vals);
 

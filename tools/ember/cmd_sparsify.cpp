@@ -213,8 +213,9 @@ void run_sparsify(SparsifyFlags& f) {
       ThreadPool pool(f.threads > 0 ? f.threads : default_thread_count());
       Tokenizer tok(*model->file);
       f.block.bos = tok.vocab().add_bos ? tok.bos() : -1;
-      log_info("sparsify [2/3]: each layer's output error on {} calibration tokens, steps of {:.0f}%",
-               std::min<int64_t>(f.block.tokens, calib.size()), 100 * f.block.step);
+      log_info("sparsify [2/3]: each layer's output error on {} calibration tokens, steps of {:.0f}%{}",
+               std::min<int64_t>(f.block.tokens, calib.size()), 100 * f.block.step,
+               f.block.paying_sites_only ? ", shares only where a copy pays" : "");
       plan = allocate_input_sparsity_by_block(profile, *model, f.o.sparsity, pool, calib, f.block,
                                               [&](int64_t l, const std::string& m) {
                                                 log_info("sparsify [2/3]: layer {}/{}: {}", l + 1, model->hp.n_layer, m);
@@ -277,6 +278,10 @@ void add_sparsify(CLI::App& app) {
                   "block allocation: calibration tokens each layer runs (in sequences of 128)")
       ->check(CLI::Range(int64_t{16}, int64_t{1} << 20))
       ->capture_default_str();
+  cmd->add_flag("--paying-sites", f->block.paying_sites_only,
+                "block allocation: give a share only to the inputs whose input-channel-major copy then reads faster "
+                "than the dense kernels (the others decode every weight anyway): faster decode for more error, "
+                "where a model has such inputs (docs/agreement.md)");
   cmd->add_option("--profile", f->o.profile,
                   "use this profile (`ember profile`, with input tables) instead of profiling on --corpus");
   cmd->add_option("--corpus", f->corpus, "calibration text to profile on")->capture_default_str();

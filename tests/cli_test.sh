@@ -132,6 +132,7 @@ contains "sparsify bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"
 expect_ok "sparsify paying sites" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/wide.pay.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --block-tokens 64 --paying-sites --eval-chunks 0 --sparsity 0.3 -t 2
 contains "paying sites: the attention and down inputs stay whole" "$tmp/out" "^ +1 +0\.000 +0\.000 +0\.[0-9]+ +0\.000 "
 contains "paying sites said" "$tmp/err" "shares only where a copy pays"
+expect_error "paying sites need the block allocation" "allocation block" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/x.gguf" --corpus "$tmp/text.txt" --paying-sites --allocation greedy --eval-chunks 0
 expect_error "sparsify without a corpus" "get_corpus" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/x.gguf" --corpus "$tmp/none.txt"
 expect_ok "a sparsified file runs sparse with no flag" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0
 contains "auto picks input mode" "$tmp/err" "running --sparse-mode input"

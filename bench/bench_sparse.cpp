@@ -3,7 +3,8 @@
 // sparse_axpy over the same subset of a neuron-major down, one token. Bytes/s counts the rows
 // read; compare with Matvec/<type>/5632x2048 (bench_matmul.cpp) for the dense rate.
 //   ember-bench-micro --benchmark_filter=Sparse
-// Threads: EMBER_BENCH_THREADS (default 2).
+// Threads: EMBER_BENCH_THREADS (default 2). EMBER_BENCH_HOT=1: one copy of the weights (in cache),
+// the kernels' compute speed rather than memory's.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>

@@ -5,7 +5,8 @@
 // where widening codes to floats took 12 per 64 (the bytes are interleaved before the nibbles are
 // masked, as in nm4_simd.hpp). Chunks narrower than 128 at a row's end take the 256-bit code
 // (nm4_simd.hpp). The rows two segments on are prefetched on the way, a line of each per chunk,
-// as in the other grouped sparse kernels (sparse_avx512.cpp). Same operations per output as the
+// as in the other grouped sparse kernels (sparse_avx512.cpp), with their part of the scale
+// table(s) (measured 0.93-0.96x the time, docs/benchmarks.md). Same operations per output as the
 // scalar kernel, so the same bits.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -31,11 +32,16 @@ inline void scale16(float* o, const uint16_t* d, const uint16_t* m, __m512i acc,
 
 template <bool kMin>
 void chunk128(const TensorView& D, const Nm4Seg& s, const Nm4Rows& rows, const Nm4Rows* next, int next_rows,
-              size_t at, const uint16_t* d, const uint16_t* m, float* o) {
+              const uint16_t* next_d, size_t at, const uint16_t* d, const uint16_t* m, float* o) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
   __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-  if (next)
+  if (next) {
     for (int r = 0; r < next_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(next->p[r] + at), _MM_HINT_T1);
+    for (int l = 0; l < kNm4Chunk * 2 / 64; ++l) {  // the chunk's part of the segment's scale table(s)
+      _mm_prefetch(reinterpret_cast<const char*>(next_d) + 64 * l, _MM_HINT_T1);
+      if constexpr (kMin) _mm_prefetch(reinterpret_cast<const char*>(next_d + D.cols()) + 64 * l, _MM_HINT_T1);
+    }
+  }
   for (int p = 0; p < s.pairs; ++p) {
     const __m512i a = _mm512_loadu_si512(rows.p[2 * p] + at);
     const __m512i b = _mm512_loadu_si512(rows.p[2 * p + 1] + at);
@@ -68,10 +74,12 @@ void axpy(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0,
     if (ahead) next = nm4_rows(D, segs[g + kPrefetchSegments]);
     const int next_rows = ahead ? 2 * segs[g + kPrefetchSegments].pairs : 0;  // the rows nm4_rows set
     const uint16_t* d = nm4_scales(D, s.block);
+    const uint16_t* next_d = ahead ? nm4_scales(D, segs[g + kPrefetchSegments].block) : nullptr;
     for (int64_t j = col0; j < col0 + len;) {
       const Nm4Chunk c = nm4_chunk_at(D.cols(), j);
       if (c.width == kNm4Chunk)
-        chunk128<kMin>(D, s, rows, ahead ? &next : nullptr, next_rows, static_cast<size_t>(j / 2), d + j,
+        chunk128<kMin>(D, s, rows, ahead ? &next : nullptr, next_rows, ahead ? next_d + j : nullptr,
+                       static_cast<size_t>(j / 2), d + j,
                        d + D.cols() + j, out + (j - col0));
       else
         nm4_chunk256<kMin>(D, s, rows, c, col0, out);  // a row's end: 64 and / or 32 outputs

@@ -16,6 +16,7 @@
 
 #include "bench_support.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/nm4.hpp"
 #include "ops/cpu/sparse.hpp"
 
 using namespace ember;
@@ -80,13 +81,14 @@ void BM_Axpy(benchmark::State& state, DType t, int percent) {
 }
 
 // The same over an input-channel-major 4-bit copy (Q4_0_NM: the file's codes, scale tables per
-// 32 rows) at the 7B shapes input sparsity reads: 4096 outputs x 4096 inputs (q / o), 6144 x
-// 4096 (q, k, v side by side), 28672 x 4096 (gate and up side by side), 4096 x 14336 (down):
-// the kept rows in order. Bytes/s counts the rows and the tables of the blocks with a kept row;
-// compare with Matvec/Q4_0(_R16)/4096x4096 for the dense rate.
-void BM_AxpyNm4(benchmark::State& state, int64_t kOut, int64_t kN, int percent) {
+// 32 rows; Q4_0_NM8: those tables in 8 bits) at the 7B shapes input sparsity reads: 4096
+// outputs x 4096 inputs (q / o), 6144 x 4096 (q, k, v side by side), 28672 x 4096 (gate and up
+// side by side), 4096 x 14336 (down): the kept rows in order. Bytes/s counts the rows and the
+// tables of the blocks with a kept row; compare with Matvec/Q4_0(_R16)/4096x4096 for the dense
+// rate.
+void BM_AxpyNm4(benchmark::State& state, DType type, int64_t kOut, int64_t kN, int percent) {
   const bench::Weights file = bench::make_weights(DType::Q4_0, kOut, kN);  // input-major, as in GGUF
-  const cpu::NeuronMajorMatrix nm = cpu::make_neuron_major(bench::pool(), file.view, DType::Q4_0_NM);
+  const cpu::NeuronMajorMatrix nm = cpu::make_neuron_major(bench::pool(), file.view, type);
   bench::MemoryCopies copies(nm.view);
   const auto active = active_rows(kN, percent);
   const int64_t na = static_cast<int64_t>(active.size());
@@ -101,7 +103,8 @@ void BM_AxpyNm4(benchmark::State& state, int64_t kOut, int64_t kN, int percent) 
   }
   int64_t blocks = 0;
   for (int64_t i = 0; i < na; ++i) blocks += i == 0 || active[i] / 32 != active[i - 1] / 32 ? 1 : 0;
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * (na * kOut / 2 + blocks * kOut * 2));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          (na * kOut / 2 + blocks * static_cast<int64_t>(cpu::nm4_block_table_bytes(type, kOut))));
   state.counters["threads"] = bench::pool().size();
 }
 
@@ -173,9 +176,10 @@ int register_all() {
   }
   for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {6144, 4096}, {4096, 14336}, {2048, 5632}})
     for (int percent : {10, 25, 50, 100})
-      benchmark::RegisterBenchmark(("SparseAxpy/Q4_0_NM/" + std::to_string(out) + "x" + std::to_string(in) + "/" +
-                                    std::to_string(percent) + "%").c_str(),
-                                   BM_AxpyNm4, out, in, percent)->Unit(benchmark::kMicrosecond)->UseRealTime();
+      for (DType t : {DType::Q4_0_NM, DType::Q4_0_NM8})
+        benchmark::RegisterBenchmark(("SparseAxpy/" + std::string(dtype_name(t)) + "/" + std::to_string(out) + "x" +
+                                      std::to_string(in) + "/" + std::to_string(percent) + "%").c_str(),
+                                     BM_AxpyNm4, t, out, in, percent)->Unit(benchmark::kMicrosecond)->UseRealTime();
   return 0;
 }
 const int registered = register_all();

@@ -132,6 +132,14 @@ contains "sparsify bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"
 expect_ok "sparsify paying sites" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/wide.pay.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --block-tokens 64 --paying-sites --eval-chunks 0 --sparsity 0.3 -t 2
 contains "paying sites: the attention and down inputs stay whole" "$tmp/out" "^ +1 +0\.000 +0\.000 +0\.[0-9]+ +0\.000 "
 contains "paying sites said" "$tmp/err" "shares only where a copy pays"
+# Input mode's copies keep the file's scales (Q4_0_NM), or with --sparse-down compact hold them in 8 bits.
+expect_ok "paying sites decode" "$ember" generate -m "$tmp/wide.pay.gguf" -p "hello world" -n 8 --temp 0
+contains "input copies exact by default" "$tmp/err" "copies of 2 layers' matrices \(Q4_0_NM\)"
+expect_ok "paying sites decode, compact tables" "$ember" generate -m "$tmp/wide.pay.gguf" -p "hello world" -n 8 --temp 0 --sparse-down compact
+contains "input copies compact when asked" "$tmp/err" "copies of 2 layers' matrices \(Q4_0_NM8\)"
+# --input-copies all: every site through its copy, every decode token, short rows or not.
+expect_ok "input copies all" "$ember" generate -m "$tmp/wide.sparse.gguf" -p "hello world" -n 8 --temp 0 --input-copies all
+contains "input copies all: attention too" "$tmp/err" "attn_in: [0-9.]+% \(copy 100% of tokens\), attn_out: [0-9.]+% \(copy 100% of tokens\)"
 expect_error "paying sites need the block allocation" "allocation block" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/x.gguf" --corpus "$tmp/text.txt" --paying-sites --allocation greedy --eval-chunks 0
 expect_error "sparsify without a corpus" "get_corpus" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/x.gguf" --corpus "$tmp/none.txt"
 expect_ok "a sparsified file runs sparse with no flag" "$ember" generate -m "$tmp/tiny.sparse.gguf" -p "hello world" -n 24 --temp 0

@@ -149,8 +149,9 @@ TEST(InputSparse, SelectInputsKeepsTheEntriesAboveTheThreshold) {
 }
 
 // The product of an input-channel-major copy (as the executor makes it) with the kept inputs,
-// against doubles over the file's values: every copy type the executor makes, every SIMD
-// level, shapes that are no multiple of the kernels' widths.
+// against doubles over the file's values (over the copy's own where its tables are narrow: the
+// compact choice): every copy type the executor makes, every SIMD level, shapes that are no
+// multiple of the kernels' widths.
 TEST(InputSparse, ProductOverKeptInputsMatchesDoubles) {
   const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q4_K, DType::Q6_K};
@@ -182,48 +183,61 @@ TEST(InputSparse, ProductOverKeptInputsMatchesDoubles) {
         W.nbytes = bytes.size();
         const std::vector<double> Wd = test_support::dequant_matrix(W);
         ThreadPool pool(2);
-        const DType ct = cpu::neuron_major_dtype(t, cpu::NeuronMajorType::exact, sh.n_out, true);
-        const cpu::NeuronMajorMatrix copy = cpu::make_neuron_major(pool, W, ct);
         std::vector<float> x(static_cast<size_t>(sh.n_in));
         for (auto& v : x) v = nd(rng);
-        for (float thr : {-1.0f, 0.5f, 1.5f}) {  // none, ~40 %, ~85 % dropped
-          std::vector<int32_t> ids(x.size());
-          std::vector<float> vals(x.size());
-          const int64_t k = select_inputs(x.data(), sh.n_in, thr, ids.data(), vals.data());
-          std::vector<float> y(static_cast<size_t>(sh.n_out), 0.0f);
-          std::vector<float> scratch(cpu::sparse_axpy_scratch_floats(sh.n_out, 1, 2, cpu::AxpySplit::columns));
-          if (k > 0)
-            cpu::sparse_axpy(pool, copy.view, ids.data(), k, vals.data(), 1, k, y.data(), sh.n_out, scratch.data());
-          // Floats keep the file's values (only float rounding). Q4_0 / Q4_1 keep them too, but
-          // their kernel rounds the kept inputs to int8 per segment (ops/cpu/nm4.hpp): each moves
-          // by at most half a step, 1/254 of the largest kept |x|, times the rounded part of
-          // the weight (d (q - 8); Q4_1: d q, the min m takes x unrounded). The other types (Q8_0
-          // too) are requantized to Q8_0 along the input's row of outputs: each value moves by
-          // at most half a step, 1/254 of the largest |value| of its block of 32 outputs.
-          const bool exact = info(t).block_size == 1;
-          const bool nm4 = cpu::is_nm4(ct);
-          double xmax = 0;
-          for (float v : x) xmax = std::fabs(v) > thr ? std::max(xmax, static_cast<double>(std::fabs(v))) : xmax;
-          for (int64_t j = 0; j < sh.n_out; ++j) {
-            double ref = 0, mag = 0, requant = 0;
+        for (cpu::NeuronMajorType choice : {cpu::NeuronMajorType::exact, cpu::NeuronMajorType::compact}) {
+          const DType ct = cpu::neuron_major_dtype(t, choice, sh.n_out, true);
+          if (choice == cpu::NeuronMajorType::compact && !cpu::nm4_narrow(ct)) continue;  // as exact
+          const cpu::NeuronMajorMatrix copy = cpu::make_neuron_major(pool, W, ct);
+          // The values the copy holds: the file's, but with narrow tables (each table value
+          // rounded: Nm4.NarrowCopyKeepsTheCodesAndRoundsTheTablesToAStepOf255 bounds them).
+          std::vector<double> Wc = Wd;
+          if (cpu::nm4_narrow(ct)) {
+            std::vector<float> col(static_cast<size_t>(sh.n_out));
             for (int64_t i = 0; i < sh.n_in; ++i) {
-              if (std::fabs(x[i]) <= thr) continue;
-              const double w = Wd[j * sh.n_in + i];
-              ref += x[i] * w, mag += std::fabs(x[i] * w);
-              if (nm4) {
-                const double m = ct == DType::Q4_1_NM ? cpu::nm4_table_value(copy.view, i, j, true) : 0.0;
-                requant += std::fabs(w - m) * xmax / 254.0;
-                mag += std::fabs(w - m) * xmax;
-                continue;
-              }
-              double block_max = 0;
-              for (int64_t jj = j / 32 * 32; jj < j / 32 * 32 + 32; ++jj)
-                block_max = std::max(block_max, std::fabs(Wd[jj * sh.n_in + i]));
-              requant += std::fabs(x[i]) * block_max / 254.0;
+              cpu::dequantize_neuron(copy.view, i, col.data());
+              for (int64_t j = 0; j < sh.n_out; ++j) Wc[j * sh.n_in + i] = col[j];
             }
-            ASSERT_NEAR(y[j], ref, 2e-6 * mag + (exact ? 0.0 : 1.01 * requant) + 1e-6)
-                << dtype_name(t) << " -> " << dtype_name(ct) << " " << sh.n_in << "x" << sh.n_out << " thr " << thr
-                << " out " << j << " level " << simd_level_name(level);
+          }
+          for (float thr : {-1.0f, 0.5f, 1.5f}) {  // none, ~40 %, ~85 % dropped
+            std::vector<int32_t> ids(x.size());
+            std::vector<float> vals(x.size());
+            const int64_t k = select_inputs(x.data(), sh.n_in, thr, ids.data(), vals.data());
+            std::vector<float> y(static_cast<size_t>(sh.n_out), 0.0f);
+            std::vector<float> scratch(cpu::sparse_axpy_scratch_floats(sh.n_out, 1, 2, cpu::AxpySplit::columns));
+            if (k > 0)
+              cpu::sparse_axpy(pool, copy.view, ids.data(), k, vals.data(), 1, k, y.data(), sh.n_out, scratch.data());
+            // Floats keep the file's values (only float rounding). Q4_0 / Q4_1 keep them too, but
+            // their kernel rounds the kept inputs to int8 per segment (ops/cpu/nm4.hpp): each moves
+            // by at most half a step, 1/254 of the largest kept |x|, times the rounded part of
+            // the weight (d (q - 8); Q4_1: d q, the min m takes x unrounded). The other types (Q8_0
+            // too) are requantized to Q8_0 along the input's row of outputs: each value moves by
+            // at most half a step, 1/254 of the largest |value| of its block of 32 outputs.
+            const bool exact = info(t).block_size == 1;
+            const bool nm4 = cpu::is_nm4(ct);
+            double xmax = 0;
+            for (float v : x) xmax = std::fabs(v) > thr ? std::max(xmax, static_cast<double>(std::fabs(v))) : xmax;
+            for (int64_t j = 0; j < sh.n_out; ++j) {
+              double ref = 0, mag = 0, requant = 0;
+              for (int64_t i = 0; i < sh.n_in; ++i) {
+                if (std::fabs(x[i]) <= thr) continue;
+                const double w = Wc[j * sh.n_in + i];
+                ref += x[i] * w, mag += std::fabs(x[i] * w);
+                if (nm4) {
+                  const double m = cpu::nm4_has_min(ct) ? cpu::nm4_table_value(copy.view, i, j, true) : 0.0;
+                  requant += std::fabs(w - m) * xmax / 254.0;
+                  mag += std::fabs(w - m) * xmax;
+                  continue;
+                }
+                double block_max = 0;
+                for (int64_t jj = j / 32 * 32; jj < j / 32 * 32 + 32; ++jj)
+                  block_max = std::max(block_max, std::fabs(Wd[jj * sh.n_in + i]));
+                requant += std::fabs(x[i]) * block_max / 254.0;
+              }
+              ASSERT_NEAR(y[j], ref, 2e-6 * mag + (exact ? 0.0 : 1.01 * requant) + 1e-6)
+                  << dtype_name(t) << " -> " << dtype_name(ct) << " " << sh.n_in << "x" << sh.n_out << " thr " << thr
+                  << " out " << j << " level " << simd_level_name(level);
+            }
           }
         }
       }

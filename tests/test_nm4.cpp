@@ -1,5 +1,6 @@
 // Neuron-major 4-bit down projections with shared scales (ops/cpu/nm4.hpp): the copy holds the
-// file's values bit for bit; the axpy kernels of every SIMD level give the scalar kernel's bits
+// file's values bit for bit (the narrow-table copy its codes, and each table value within half a
+// step of 255 of its group's range); the axpy kernels (fp16 and narrow tables) of every SIMD level give the scalar kernel's bits
 // for any list (unsorted, long runs in one block, zero factors), any column slice and thread
 // split; the scalar kernel equals a double-precision sum with the factors rounded as the header
 // says, and stays within the rounding's bound of the sum with unrounded factors.
@@ -74,6 +75,10 @@ std::vector<float> factors(size_t n, uint32_t seed) {
   return h;
 }
 
+// The copies the kernels take (fp16 and narrow tables), and the file type each is made from here.
+const DType kCopyTypes[] = {DType::Q4_0_NM, DType::Q4_1_NM, DType::Q4_0_NM8, DType::Q4_1_NM8};
+DType file_type(DType nt) { return cpu::nm4_has_min(nt) ? DType::Q4_1 : DType::Q4_0; }
+
 // n_embd, n_ff: every chunk width (128, 64, 32) and row ends of each.
 const int64_t kShapes[][2] = {{32, 32}, {96, 160}, {224, 96}, {2048, 64}, {576, 64}};
 
@@ -132,16 +137,91 @@ TEST(Nm4, Q4KCopyKeepsTheCodesAndRoundsOnlyTheScales) {
   }
 }
 
+// The narrow tables (Q4_0_NM8 / Q4_1_NM8): the rows are the fp16 copy's bytes; every table
+// value (d, and Q4_1's m) is within half a step (1/510 of its group's range) of the fp16 table's,
+// plus the fp16 rounding of the group's base and scale (for Q4_K: of the unrounded d sc and
+// -dmin m, which the fp16 table rounds by 2^-11 more); the tables take 9 bytes per 8 entries.
+TEST(Nm4, NarrowCopyKeepsTheCodesAndRoundsTheTablesToAStepOf255) {
+  ThreadPool pool(2);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q4_K}) {
+    for (const auto& s : {std::pair<int64_t, int64_t>{96, 256}, {224, 512}, {576, 256}, {32, 256}}) {
+      const int64_t n_embd = s.first, n_ff = s.second;
+      Down down = random_down(t, n_embd, n_ff, 41);
+      const DType nt = cpu::neuron_major_dtype(t, cpu::NeuronMajorType::compact, n_embd, true);
+      ASSERT_EQ(nt, t == DType::Q4_0 ? DType::Q4_0_NM8 : DType::Q4_1_NM8);
+      EXPECT_EQ(cpu::neuron_major_dtype(t, cpu::NeuronMajorType::compact, n_embd), DType::Q8_0) << "no shared tables";
+      auto wide = cpu::make_neuron_major(pool, down.view, cpu::nm4_type_of(t));
+      auto narrow = cpu::make_neuron_major(pool, down.view, nt);
+      const size_t codes = static_cast<size_t>(n_ff * n_embd / 2);
+      ASSERT_EQ(narrow.view.nbytes, codes + cpu::nm4_table_bytes(nt, n_ff, n_embd));
+      EXPECT_EQ(cpu::nm4_table_bytes(nt, n_ff, n_embd) * 16, cpu::nm4_table_bytes(wide.view.type, n_ff, n_embd) * 9);
+      ASSERT_EQ(std::memcmp(narrow.view.data, wide.view.data, codes), 0) << "the same codes";
+      int64_t inexact = 0;
+      for (int64_t b = 0; b < n_ff / cpu::kNm4Block; ++b)
+        for (int min = 0; min < cpu::nm4_tables_per_block(nt); ++min)
+          for (int64_t g = 0; g < n_embd; g += cpu::kNm8Group) {
+            const int64_t i = b * cpu::kNm4Block;
+            double lo = INFINITY, hi = -INFINITY;
+            for (int64_t j = g; j < g + cpu::kNm8Group; ++j) {
+              const double w = cpu::nm4_table_value(wide.view, i, j, min);
+              lo = std::min(lo, w), hi = std::max(hi, w);
+            }
+            const double mag = std::max(std::fabs(lo), std::fabs(hi));
+            for (int64_t j = g; j < g + cpu::kNm8Group; ++j) {
+              const double w = cpu::nm4_table_value(wide.view, i, j, min), n = cpu::nm4_table_value(narrow.view, i, j, min);
+              // half a step of the range (the step as an fp16: 2^-11 more), the base's fp16
+              // rounding (2^-11 of its magnitude, the range widened by it), and the fp16 table's
+              // own rounding where it rounds (Q4_K)
+              const double bound = (hi - lo + mag * std::ldexp(1.0, -11)) / 510.0 * (1 + std::ldexp(1.0, -10)) +
+                                   mag * std::ldexp(1.0, -11) + (t == DType::Q4_K ? 2 * mag * std::ldexp(1.0, -11) : 0.0);
+              ASSERT_LE(std::fabs(n - w), bound) << dtype_name(t) << " block " << b << " output " << j << " min " << min;
+              inexact += n != w;
+            }
+          }
+      EXPECT_GT(inexact, 0) << "the rounding never showed: the bound tests nothing";
+    }
+  }
+}
+
+// nm4_narrow_table at its edges: a constant group, a group of one sign, an outlier, both signs.
+TEST(Nm4, NarrowTableEdges) {
+  std::vector<float> v(4 * cpu::kNm8Group, 0.25f);
+  for (int k = 0; k < 32; ++k) v[32 + k] = -0.01f * static_cast<float>(k + 1);  // negative, -0.32 .. -0.01
+  for (int k = 0; k < 32; ++k) v[64 + k] = 1e-3f;
+  v[64 + 5] = 1000.f;                                                           // an outlier
+  for (int k = 0; k < 32; ++k) v[96 + k] = static_cast<float>(k - 16) * 0.25f;  // -4 .. 3.75
+  std::vector<uint8_t> codes(v.size());
+  std::vector<uint16_t> sb(2 * 4);
+  cpu::nm4_narrow_table(v.data(), static_cast<int64_t>(v.size()), codes.data(), sb.data());
+  const auto value = [&](int k) { return codes[k] * fp16_to_fp32(sb[2 * (k / 32)]) + fp16_to_fp32(sb[2 * (k / 32) + 1]); };
+  EXPECT_EQ(sb[0], 0) << "a constant group has no range";
+  for (int k = 0; k < 32; ++k) EXPECT_EQ(value(k), 0.25f) << "and is its base";
+  EXPECT_EQ(codes[32 + 31], 0) << "the least value is the base";
+  EXPECT_EQ(codes[32], 255) << "the greatest the last step";
+  for (int k = 32; k < 64; ++k) EXPECT_NEAR(value(k), v[k], 0.31 / 510 * 1.002 + 0.32 * std::ldexp(1.0, -11));
+  EXPECT_EQ(codes[64 + 5], 255);
+  EXPECT_EQ(codes[64], 0);
+  EXPECT_NEAR(value(64), 1e-3f, 1000.0 / 510 * 1.002) << "within half a step of the outlier's range, as the format says";
+  for (int k = 96; k < 128; ++k) EXPECT_NEAR(value(k), v[k], 7.75 / 510 * 1.002 + 4 * std::ldexp(1.0, -11));
+  EXPECT_EQ(codes[96], 0);
+  EXPECT_EQ(codes[127], 255);
+}
+
 TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
   SimdGuard guard;
   ThreadPool pool(1);
-  for (DType t : {DType::Q4_0, DType::Q4_1}) {
+  for (DType nt : kCopyTypes) {
+    const DType t = file_type(nt);
     for (const auto& s : kShapes) {
       const int64_t n_embd = s[0], n_ff = s[1];
       Down down = random_down(t, n_embd, n_ff, 5);
-      auto nm = cpu::make_neuron_major(pool, down.view, cpu::nm4_type_of(t));
-      std::vector<float> dense(static_cast<size_t>(n_embd * n_ff));
-      for (int64_t r = 0; r < n_embd; ++r) dequantize_row(t, down.view.row(r), dense.data() + r * n_ff, n_ff);
+      auto nm = cpu::make_neuron_major(pool, down.view, nt);
+      // The copy's values (the file's with fp16 tables: the first test), output-major.
+      std::vector<float> dense(static_cast<size_t>(n_embd * n_ff)), row(static_cast<size_t>(n_embd));
+      for (int64_t i = 0; i < n_ff; ++i) {
+        cpu::dequantize_neuron(nm.view, i, row.data());
+        for (int64_t r = 0; r < n_embd; ++r) dense[r * n_ff + i] = row[r];
+      }
       uint32_t seed = 7;
       for (const auto& list : lists(n_ff, 11)) {
         const auto h = factors(list.size(), ++seed);
@@ -166,6 +246,14 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
         // Against doubles: with the rounded factors to float accuracy; with the unrounded ones
         // within half a step of the largest factor (127 steps) times the sum of the rounded
         // parts of the weights (d (q - 8), or d q for Q4_1).
+        // The magnitudes the kernels' float roundings are relative to: a table value's, or for a
+        // narrow table its two terms' (code x scale and base, which may cancel).
+        const auto span = [&](int64_t i, int64_t j, bool min) -> double {
+          if (!cpu::nm4_narrow(nt)) return std::fabs(cpu::nm4_table_value(nm.view, i, j, min));
+          const int64_t b = i / cpu::kNm4Block, at = (min ? n_embd : 0) + j;
+          const uint16_t* sb = cpu::nm4_group_scales(nm.view, b) + 2 * (at / cpu::kNm8Group);
+          return cpu::nm4_codes8(nm.view, b)[at] * fp16_to_fp32(sb[0]) + std::fabs(fp16_to_fp32(sb[1]));
+        };
         double worst = 0, scale = 1e-30, worst_excess = 0;
         for (int64_t j = 0; j < n_embd; ++j) {
           double e = out0[j], eq = out0[j], mag = std::fabs(out0[j]), wsum = 0;
@@ -173,9 +261,11 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
             const double w = dense[j * n_ff + list[i]];
             // Q4_1's min term m takes the unrounded factor; only d q is rounded.
             const double m = t == DType::Q4_1 ? cpu::nm4_table_value(nm.view, list[i], j, true) : 0.0;
+            const double d = cpu::nm4_table_value(nm.view, list[i], j, false), q = d != 0 ? (w - m) / d : 0.0;
             e += static_cast<double>(h[i]) * w;
             eq += hq[i] * (w - m) + static_cast<double>(h[i]) * m;
-            mag += std::fabs(hq[i] * (w - m)) + std::fabs(static_cast<double>(h[i]) * m);
+            mag += std::fabs(hq[i] * q) * span(list[i], j, false) +
+                   (t == DType::Q4_1 ? std::fabs(static_cast<double>(h[i])) * span(list[i], j, true) : 0.0);
             wsum += std::fabs(w - m);
           }
           worst = std::max(worst, std::fabs(ref[j] - eq));
@@ -183,14 +273,14 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
           const double bound = wsum * hmax / 254.0 * 1.0001 + 1e-6 * (mag + wsum * hmax);
           worst_excess = std::max(worst_excess, std::fabs(ref[j] - e) - bound);
         }
-        EXPECT_LT(worst / scale, 1e-6) << dtype_name(t) << " n_embd " << n_embd << " list " << n;
-        EXPECT_LE(worst_excess, 0.0) << dtype_name(t) << " n_embd " << n_embd << " list " << n;
+        EXPECT_LT(worst / scale, 1e-6) << dtype_name(nm.view.type) << " n_embd " << n_embd << " list " << n;
+        EXPECT_LE(worst_excess, 0.0) << dtype_name(nm.view.type) << " n_embd " << n_embd << " list " << n;
         // Every SIMD level, whole width and a slice, gives the same bits.
         for (SimdLevel level : test_support::simd_levels()) {
           set_simd_level(level);
           std::vector<float> got = out0;
           cpu::nm4_axpy(nm.view, list.data(), h.data(), n, 0, n_embd, got.data());
-          ASSERT_EQ(got, ref) << dtype_name(t) << " " << simd_level_name(level) << " n_embd " << n_embd << " list " << n;
+          ASSERT_EQ(got, ref) << dtype_name(nm.view.type) << " " << simd_level_name(level) << " n_embd " << n_embd << " list " << n;
           if (n_embd > cpu::kNm4Chunk) {  // from the second chunk to the row's end
             const int64_t c0 = cpu::kNm4Chunk, len = n_embd - c0;
             std::vector<float> part(out0.begin() + c0, out0.begin() + c0 + len);
@@ -214,11 +304,12 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
 // Through sparse_axpy: the column split gives the same bits for any thread count, several
 // tokens equal one token at a time, and the neurons split stays close.
 TEST(Nm4, SparseAxpyThreadsAndTokens) {
-  for (DType t : {DType::Q4_0, DType::Q4_1}) {
+  for (DType nt : kCopyTypes) {
+    const DType t = file_type(nt);
     const int64_t n_embd = 1024, n_ff = 256, n_tokens = 3;
     Down down = random_down(t, n_embd, n_ff, 9);
     ThreadPool one(1), three(3);
-    auto nm = cpu::make_neuron_major(three, down.view, cpu::nm4_type_of(t));
+    auto nm = cpu::make_neuron_major(three, down.view, nt);
     auto list = lists(n_ff, 13)[6];  // 30 %, sorted
     const int64_t n = static_cast<int64_t>(list.size());
     std::vector<float> H;
@@ -231,10 +322,10 @@ TEST(Nm4, SparseAxpyThreadsAndTokens) {
     std::vector<float> s3(cpu::sparse_axpy_scratch_floats(n_embd, n_tokens, 3, cpu::AxpySplit::neurons));
     cpu::sparse_axpy(one, nm.view, list.data(), n, H.data(), n_tokens, n, a.data(), n_embd, s1.data());
     cpu::sparse_axpy(three, nm.view, list.data(), n, H.data(), n_tokens, n, b.data(), n_embd, s3.data());
-    EXPECT_EQ(a, b) << dtype_name(t) << ": columns split, 1 vs 3 threads";
+    EXPECT_EQ(a, b) << dtype_name(nt) << ": columns split, 1 vs 3 threads";
     for (int64_t tk = 0; tk < n_tokens; ++tk)
       cpu::nm4_axpy(nm.view, list.data(), H.data() + tk * n, n, 0, n_embd, per_token.data() + tk * n_embd);
-    EXPECT_EQ(a, per_token) << dtype_name(t);
+    EXPECT_EQ(a, per_token) << dtype_name(nt);
     cpu::sparse_axpy(three, nm.view, list.data(), n, H.data(), n_tokens, n, c.data(), n_embd, s3.data(),
                      cpu::AxpySplit::neurons);
     // The neurons split segments the list differently, so its factors round differently: each
@@ -252,7 +343,7 @@ TEST(Nm4, SparseAxpyThreadsAndTokens) {
         wsum[j] += std::fabs(w[j] - (t == DType::Q4_1 ? cpu::nm4_table_value(nm.view, i, j, true) : 0.f));
     }
     for (double x : wsum) wsum_max = std::max(wsum_max, x);
-    EXPECT_LT(worst, 2 * wsum_max * hmax / 254.0 + 1e-5f * mag) << dtype_name(t) << ": neurons split";
+    EXPECT_LT(worst, 2 * wsum_max * hmax / 254.0 + 1e-5f * mag) << dtype_name(nt) << ": neurons split";
     EXPECT_GT(worst, 0.0f) << "the splits' roundings differ (else the bound above tests nothing)";
   }
 }
@@ -271,6 +362,10 @@ TEST(Nm4, DeviceRowsFromTheCopyEqualTheRowWiseCopy) {
       auto q8 = cpu::make_neuron_major(pool, down.view, DType::Q8_0);
       EXPECT_EQ(cpu::neuron_major_row_bytes(nm.view.type, n_embd) * static_cast<uint64_t>(n_ff), nm.view.nbytes);
       EXPECT_EQ(cpu::neuron_major_row_bytes(DType::Q8_0, n_embd), q8.view.row_size());
+      auto narrow = cpu::make_neuron_major(pool, down.view, cpu::nm4_type_of(t, true));
+      const uint64_t narrow_row = cpu::neuron_major_row_bytes(narrow.view.type, n_embd);  // rounded up
+      EXPECT_GE(narrow_row * static_cast<uint64_t>(n_ff), narrow.view.nbytes);
+      EXPECT_LT((narrow_row - 1) * static_cast<uint64_t>(n_ff), narrow.view.nbytes);
       for (const auto& ids : lists(n_ff, 29)) {
         const int64_t n = static_cast<int64_t>(ids.size());
         auto from_nm = cpu::neuron_major_rows(pool, nm.view, ids.data(), n, DType::Q8_0);
@@ -297,6 +392,9 @@ TEST(Nm4, RejectsWhatItCannotHold) {
   Down q8 = random_down(DType::Q8_0, 32, 64, 1);
   EXPECT_THROW(cpu::nm4_type_of(DType::Q8_0), std::exception);
   EXPECT_THROW(cpu::make_neuron_major(pool, q8.view, DType::Q4_0_NM), std::exception);
+  EXPECT_THROW(cpu::make_neuron_major(pool, q8.view, DType::Q4_0_NM8), std::exception);
+  Down q41 = random_down(DType::Q4_1, 32, 64, 1);
+  EXPECT_THROW(cpu::make_neuron_major(pool, q41.view, DType::Q4_0_NM8), std::exception) << "Q4_1 needs its min table";
   // A width that is not a multiple of 32 keeps a row-wise type.
   EXPECT_NE(cpu::neuron_major_dtype(DType::Q4_0, cpu::NeuronMajorType::exact, 48, true), DType::Q4_0_NM);
 }

@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <set>
 #include <type_traits>
+
+#include <fmt/ranges.h>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -282,8 +285,14 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
     for (int s = 0; s < kInputSites; ++s) stats_.site_weights[s] += w[s];
   }
   if (min_row_bytes == kInputNoCopies) return;  // asked for no copy: nothing to say
-  log_info("input sparsity: input-channel-major copies of {} layers' matrices, {:.1f} MiB, in {:.1f} s",
-           model.layers.size(), copy_bytes() / 1048576.0, timer.seconds());
+  std::set<std::string_view> types;  // the copies' types (the file's own down_t is no copy)
+  for (const LayerCopies& c : copies_)
+    for (const auto& stacks : c)
+      for (const Stack& st : stacks)
+        if (st.copy.view.valid()) types.insert(dtype_name(st.view.type));
+  log_info("input sparsity: input-channel-major copies of {} layers' matrices{}, {:.1f} MiB, in {:.1f} s",
+           model.layers.size(), types.empty() ? "" : fmt::format(" ({})", fmt::join(types, ", ")),
+           copy_bytes() / 1048576.0, timer.seconds());
   const auto listed = [&](const std::array<int64_t, kInputSites>& count) {  // "attn_in (3 of 8 layers), ..."
     std::string list;
     for (int s = 0; s < kInputSites; ++s)

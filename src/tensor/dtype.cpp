@@ -43,9 +43,12 @@ const DTypeInfo& info(DType t) {
       kQ5_0_R16{"Q5_0_R16", 32, 22}, kQ4_K_R16{"Q4_K_R16", 256, 144}, kQ5_K_R16{"Q5_K_R16", 256, 176},
       kQ6_K_R16{"Q6_K_R16", 256, 210};
   // Neuron-major 4-bit codes: 16 bytes per 32 values in a row; the shared scale table is extra.
-  static constexpr DTypeInfo kQ4_0_NM{"Q4_0_NM", 32, 16}, kQ4_1_NM{"Q4_1_NM", 32, 16};
+  static constexpr DTypeInfo kQ4_0_NM{"Q4_0_NM", 32, 16}, kQ4_1_NM{"Q4_1_NM", 32, 16},
+      kQ4_0_NM8{"Q4_0_NM8", 32, 16}, kQ4_1_NM8{"Q4_1_NM8", 32, 16};
   if (t == DType::Q4_0_NM) return kQ4_0_NM;
   if (t == DType::Q4_1_NM) return kQ4_1_NM;
+  if (t == DType::Q4_0_NM8) return kQ4_0_NM8;
+  if (t == DType::Q4_1_NM8) return kQ4_1_NM8;
   if (t == DType::Q5_K_R16) return kQ5_K_R16;
   if (t == DType::Q5_0_R16) return kQ5_0_R16;
   if (t == DType::Q4_0_R16) return kQ4_0_R16;

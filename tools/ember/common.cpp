@@ -56,6 +56,12 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
                   "uniform (every input at --sparsity)")
       ->check(CLI::IsMember({"greedy", "uniform"}))
       ->capture_default_str();
+  app->add_option("--input-copies", input_copies,
+                  "input mode: auto (a decode token reads a site's input-channel-major copy where that is faster than "
+                  "the dense kernels on its masked input) or all (every site has a copy and every decode token reads "
+                  "it, whatever it costs: to measure the copies' own accuracy, e.g. `perplexity -b 1`)")
+      ->check(CLI::IsMember({"auto", "all"}))
+      ->capture_default_str();
   app->add_option("--vram-budget", vram_budget,
                   "hybrid: GPU memory the process may take, e.g. 4GiB, or auto (the GPU's free memory less a margin); "
                   "the plan (FFN neurons, predictors, attention blocks with their KV cache) gets it less CUDA's own "
@@ -76,10 +82,12 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("--predictor", predictor_path, "predictor GGUF (ember train-predictor) for --sparse-mode predictor")
       ->check(CLI::ExistingFile);
   app->add_option("--sparse-down", sparse_down,
-                  "sparse modes: type of the neuron-major copy of down: exact (Q4_0 / Q4_1 keep their codes and "
-                  "scales, bit-exact in the same bytes; other quantized types become Q8_0), same (the type of down: "
-                  "rounded twice), q8_0, f16 or f32")
-      ->check(CLI::IsMember({"exact", "same", "q8_0", "f16", "f32"}))
+                  "sparse modes: type of the neuron-major copy of down (input mode: of every copy): exact (Q4_0 / "
+                  "Q4_1 keep their codes and scales, bit-exact in the same bytes; other quantized types become "
+                  "Q8_0), compact (as exact, but the scales of Q4_0 / Q4_1 / Q4_K held in 8 bits: 9-15 % fewer "
+                  "bytes a kept row, each scale within 1/510 of its 32's range), same (the type of down: rounded "
+                  "twice), q8_0, f16 or f32")
+      ->check(CLI::IsMember({"exact", "compact", "same", "q8_0", "f16", "f32"}))
       ->capture_default_str();
   app->add_flag("--no-repack", no_repack,
                 "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
@@ -104,6 +112,7 @@ SessionParams EngineFlags::session_params(const Model& model) const {
   p.kv_type = parse_kv_type(kv_type);
   p.sparse.mode = parse_ffn_mode(resolved_sparse_mode(model));
   p.sparse.threshold = sparse_threshold;
+  if (input_copies == "all") p.sparse.input_min_row_bytes = 0, p.sparse.input_copy_by_cost = false;
   if (!sparse_profile.empty() && p.sparse.mode == FfnMode::input) {
     const InputSparsityPlan plan =
         allocate_input_sparsity(read_profile(sparse_profile), model, sparsity, parse_input_allocation(input_allocation));
@@ -128,7 +137,8 @@ SessionParams EngineFlags::session_params(const Model& model) const {
                        : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
                        : sparse_down == "f16" ? cpu::NeuronMajorType::f16
                        : sparse_down == "f32" ? cpu::NeuronMajorType::f32
-                                              : cpu::NeuronMajorType::exact;
+                       : sparse_down == "compact" ? cpu::NeuronMajorType::compact
+                                                  : cpu::NeuronMajorType::exact;
   return p;
 }
 

@@ -34,12 +34,13 @@ struct EngineFlags {
   std::string plan_method = "ilp";  // how a plan computed at load places (sparse/plan.hpp)
   std::string hybrid_device = "auto";
   std::string predictor_path;  // --predictor: attached to the model at load
-  std::string sparse_down = "exact";  // type of the neuron-major down copy (cpu::NeuronMajorType)
+  std::string sparse_down = "exact";  // type of the neuron-major copies (cpu::NeuronMajorType)
   bool no_repack = false;  // keep every matrix in the file's layout (model/repack.hpp)
   bool mmap = false;  // keep the matrices that are not repacked in the file's map (ResidentWeights::in_file)
 
   void add_to(CLI::App* app, bool model_required = true);
   std::string input_allocation = "greedy";  // input mode: how --sparsity is spread (sparse/input_allocation.hpp)
+  std::string input_copies = "auto";  // input mode: auto (a copy where it reads faster) or all (every site, every token)
   // --sparse-mode with auto resolved for this model.
   std::string resolved_sparse_mode(const Model& model) const;
   // The session's settings; the model is what input sparsity's thresholds are allocated over.

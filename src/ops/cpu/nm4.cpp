@@ -19,19 +19,41 @@ inline int code_at(const TensorView& D, int64_t i, int64_t j) {
 
 }  // namespace
 
-DType nm4_type_of(DType down_type) {
+DType nm4_type_of(DType down_type, bool narrow) {
   EMBER_CHECK(down_type == DType::Q4_0 || down_type == DType::Q4_1 || down_type == DType::Q4_K,
               "neuron-major 4-bit copy: down must be Q4_0, Q4_1 or Q4_K, not {}", dtype_name(down_type));
-  return down_type == DType::Q4_0 ? DType::Q4_0_NM : DType::Q4_1_NM;
+  if (down_type == DType::Q4_0) return narrow ? DType::Q4_0_NM8 : DType::Q4_0_NM;
+  return narrow ? DType::Q4_1_NM8 : DType::Q4_1_NM;
+}
+
+size_t nm4_block_table_bytes(DType t, int64_t n_embd) {
+  const size_t n = static_cast<size_t>(nm4_tables_per_block(t)) * static_cast<size_t>(n_embd);
+  return nm4_narrow(t) ? n + n / kNm8Group * 2 * sizeof(uint16_t) : n * sizeof(uint16_t);
 }
 
 size_t nm4_table_bytes(DType t, int64_t n_ff, int64_t n_embd) {
-  return static_cast<size_t>(n_ff / kNm4Block) * static_cast<size_t>(nm4_tables_per_block(t)) *
-         static_cast<size_t>(n_embd) * sizeof(uint16_t);
+  return static_cast<size_t>(n_ff / kNm4Block) * nm4_block_table_bytes(t, n_embd);
 }
 
 size_t nm4_bytes(DType t, int64_t n_ff, int64_t n_embd) {
   return static_cast<size_t>(n_ff) * static_cast<size_t>(n_embd / 2) + nm4_table_bytes(t, n_ff, n_embd);
+}
+
+void nm4_narrow_table(const float* v, int64_t n, uint8_t* codes, uint16_t* scale_base) {
+  for (int64_t g = 0; g < n / kNm8Group; ++g) {
+    const float* x = v + g * kNm8Group;
+    const auto [lo, hi] = std::minmax_element(x, x + kNm8Group);
+    const uint16_t base16 = fp32_to_fp16(*lo);
+    const float base = fp16_to_fp32(base16);
+    const uint16_t scale16 = fp32_to_fp16(std::max(*hi - base, 0.0f) / 255.0f);
+    const float scale = fp16_to_fp32(scale16);  // the codes are steps of the scale and base as stored
+    scale_base[2 * g] = scale16;
+    scale_base[2 * g + 1] = base16;
+    for (int64_t k = 0; k < kNm8Group; ++k) {
+      const float c = scale > 0.0f ? std::nearbyint((x[k] - base) / scale) : 0.0f;
+      codes[g * kNm8Group + k] = c >= 255.0f ? 255 : c > 0.0f ? static_cast<uint8_t>(c) : 0;  // (NaN: 0)
+    }
+  }
 }
 
 Nm4Chunk nm4_chunk_at(int64_t n_embd, int64_t j) {
@@ -52,11 +74,15 @@ Nm4Position nm4_code_position(int64_t n_embd, int64_t j) {
 }
 
 float nm4_table_value(const TensorView& D, int64_t i, int64_t j, bool min) {
-  return fp16_to_fp32(nm4_scales(D, i / kNm4Block)[(min ? D.cols() : 0) + j]);
+  const int64_t b = i / kNm4Block, at = (min ? D.cols() : 0) + j;
+  if (!nm4_narrow(D.type)) return fp16_to_fp32(nm4_scales(D, b)[at]);
+  const uint16_t* sb = nm4_group_scales(D, b) + 2 * (at / kNm8Group);
+  return static_cast<float>(nm4_codes8(D, b)[at]) * fp16_to_fp32(sb[0]) + fp16_to_fp32(sb[1]);  // (exact product)
 }
 
-void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst) {
-  const DType t = nm4_type_of(down.type);
+void nm4_from_down(ThreadPool& pool, const TensorView& down, DType t, uint8_t* dst) {
+  EMBER_CHECK(is_nm4(t) && nm4_type_of(down.type, nm4_narrow(t)) == t, "neuron-major copy of {}: a {} matrix "
+              "cannot become {}", down.name, dtype_name(down.type), dtype_name(t));
   const int64_t n_ff = down.cols(), n_embd = down.rows();
   EMBER_CHECK(n_ff % kNm4Block == 0 && n_embd % 32 == 0, "neuron-major copy of {}: n_ff {} and n_embd {} must be "
               "multiples of 32", down.name, n_ff, n_embd);
@@ -66,34 +92,49 @@ void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst) {
   D.ne[0] = n_embd;
   D.ne[1] = n_ff;
   D.data = dst;
-  const bool q41 = t == DType::Q4_1_NM, q4k = down.type == DType::Q4_K;
+  const bool q41 = nm4_has_min(t), q4k = down.type == DType::Q4_K, narrow = nm4_narrow(t);
   const size_t in_block = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
   std::memset(dst, 0, static_cast<size_t>(n_ff) * static_cast<size_t>(n_embd / 2));
   pool.parallel_for(n_ff / kNm4Block, 1, [&](int64_t b0, int64_t b1, int) {
     uint8_t q[32];
+    std::vector<float> table(static_cast<size_t>(2 * n_embd));  // a block's d, then m, as floats
     for (int64_t b = b0; b < b1; ++b) {
       for (int64_t r = 0; r < n_embd; ++r) {
-        uint16_t* table = const_cast<uint16_t*>(nm4_scales(D, b)) + r;
+        float& d = table[static_cast<size_t>(r)];
+        float& m = table[static_cast<size_t>(n_embd + r)];
         if (q4k) {  // sub-block b % 8 of super-block b / 8: x = d sc q - dmin m, as Q4_1 d' q + m'
           const auto* blk = reinterpret_cast<const BlockQ4_K*>(down.row(r)) + b / 8;
           const int sub = static_cast<int>(b % 8);
           uint8_t sc, mn;
           kquant_scale_min(blk->scales, sub, sc, mn);
-          table[0] = fp32_to_fp16(fp16_to_fp32(blk->d) * static_cast<float>(sc));
-          table[n_embd] = fp32_to_fp16(-(fp16_to_fp32(blk->dmin) * static_cast<float>(mn)));
+          d = fp16_to_fp32(blk->d) * static_cast<float>(sc);
+          m = -(fp16_to_fp32(blk->dmin) * static_cast<float>(mn));
           const uint8_t* qs = blk->qs + 32 * (sub / 2);  // low nibbles: even sub-blocks, high: odd
           for (int k = 0; k < 32; ++k) q[k] = sub % 2 == 0 ? (qs[k] & 0x0F) : (qs[k] >> 4);
         } else {  // the block's own scale (and min); neuron k: low nibble of byte k (k < 16), else high of k - 16
           const uint8_t* blk = down.row(r) + static_cast<size_t>(b) * in_block;
           const uint8_t* qs = blk + (q41 ? 4 : 2);
-          std::memcpy(table, blk, sizeof(uint16_t));
-          if (q41) std::memcpy(table + n_embd, blk + 2, sizeof(uint16_t));
+          uint16_t h[2];
+          std::memcpy(h, blk, q41 ? 2 * sizeof(uint16_t) : sizeof(uint16_t));
+          d = fp16_to_fp32(h[0]);  // exact: back to fp16 unchanged below
+          if (q41) m = fp16_to_fp32(h[1]);
           for (int k = 0; k < 32; ++k) q[k] = k < 16 ? (qs[k] & 0x0F) : (qs[k - 16] >> 4);
         }
         const Nm4Position at = nm4_code_position(n_embd, r);
         const int64_t byte = nm4_chunk_at(n_embd, r).start / 2 + at.byte;
         for (int k = 0; k < 32; ++k)
           const_cast<uint8_t*>(nm4_row(D, b * kNm4Block + k))[byte] |= static_cast<uint8_t>(q[k] << at.shift);
+      }
+      const int tables = nm4_tables_per_block(t);
+      if (narrow) {
+        auto* codes = const_cast<uint8_t*>(nm4_codes8(D, b));
+        auto* scales = const_cast<uint16_t*>(nm4_group_scales(D, b));
+        for (int k = 0; k < tables; ++k)
+          nm4_narrow_table(table.data() + k * n_embd, n_embd, codes + k * n_embd,
+                           scales + 2 * k * (n_embd / kNm8Group));
+      } else {
+        auto* out = const_cast<uint16_t*>(nm4_scales(D, b));
+        for (int64_t k = 0; k < tables * n_embd; ++k) out[k] = fp32_to_fp16(table[static_cast<size_t>(k)]);
       }
     }
   });
@@ -103,9 +144,9 @@ void nm4_dequantize_neuron(const TensorView& D, int64_t i, float* dst) {
   const int64_t n = D.cols();
   for (int64_t j = 0; j < n; ++j) {
     const int q = code_at(D, i, j);
-    dst[j] = D.type == DType::Q4_1_NM ? nm4_table_value(D, i, j, false) * static_cast<float>(q) +
-                                            nm4_table_value(D, i, j, true)
-                                      : nm4_table_value(D, i, j, false) * static_cast<float>(q - 8);
+    dst[j] = nm4_has_min(D.type)
+                 ? nm4_table_value(D, i, j, false) * static_cast<float>(q) + nm4_table_value(D, i, j, true)
+                 : nm4_table_value(D, i, j, false) * static_cast<float>(q - 8);
   }
 }
 
@@ -133,7 +174,7 @@ void nm4_prepare_segments(const int32_t* rows, const float* h, int64_t n, std::v
 
 void nm4_axpy_scalar(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len,
                      float* out) {
-  const bool q41 = D.type == DType::Q4_1_NM;
+  const bool q41 = nm4_has_min(D.type), narrow = nm4_narrow(D.type);
   for (int64_t j = 0; j < len; ++j) {
     float o = out[j];
     for (int64_t k = 0; k < n_segs; ++k) {
@@ -143,9 +184,21 @@ void nm4_axpy_scalar(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, in
         const int q = code_at(D, s.ids[r], col0 + j);
         acc += s.q[r] * (q41 ? q : q - 8);
       }
-      const int64_t i = s.ids[0];
-      if (q41) o = std::fma(nm4_table_value(D, i, col0 + j, true), s.sum, o);
-      o = std::fma(nm4_table_value(D, i, col0 + j, false) * s.scale, static_cast<float>(acc), o);
+      const int64_t i = s.ids[0], c = col0 + j;
+      if (narrow) {  // the group's scale and base taken into the segment's factors (nm4.hpp)
+        const uint8_t* code = nm4_codes8(D, s.block);
+        const int64_t n = D.cols();
+        const uint16_t* dsb = nm4_group_scales(D, s.block) + 2 * (c / kNm8Group);
+        const uint16_t* msb = dsb + 2 * (n / kNm8Group);
+        if (q41)
+          o = o + std::fma(static_cast<float>(code[n + c]), fp16_to_fp32(msb[0]) * s.sum, fp16_to_fp32(msb[1]) * s.sum);
+        const float de = std::fma(static_cast<float>(code[c]), fp16_to_fp32(dsb[0]) * s.scale,
+                                  fp16_to_fp32(dsb[1]) * s.scale);
+        o = std::fma(de, static_cast<float>(acc), o);
+        continue;
+      }
+      if (q41) o = std::fma(nm4_table_value(D, i, c, true), s.sum, o);
+      o = std::fma(nm4_table_value(D, i, c, false) * s.scale, static_cast<float>(acc), o);
     }
     out[j] = o;
   }

@@ -24,6 +24,16 @@
 //   tables: after the rows, per neuron block b = i / 32: d[b][0 .. n_embd) as fp16, then for
 //           Q4_1 m[b][0 .. n_embd). Value of neuron i at output j: d (q - 8) for Q4_0,
 //           d q + m for Q4_1.
+//   Q4_0_NM8 / Q4_1_NM8 (narrow tables): the same rows; per neuron block, each table (d, then
+//           for Q4_1 m) as n_embd u8 codes, then each table's fp16 (scale, base) pairs, one per
+//           32 outputs (kNm8Group): value = code x scale + base (nm4_narrow_table: base = the
+//           group's least value, scale = its range / 255). 9 bytes per 8 entries where fp16 takes
+//           16: a kept row with its share of the tables reads 9 % fewer bytes where half a
+//           block's rows are kept, 15 % where a quarter are. Not the file's values: each moves
+//           by at most half a step, 1/510 of its group's range (and the fp16 rounding of the
+//           base), against the 4-bit code's step of 1/15 of its block's range (`--sparse-down
+//           compact`; on SmolLM2's tables symmetric int8 codes, 127 steps of the largest
+//           magnitude, added 8x the noise: docs/agreement.md).
 // (A chunk-major layout, each chunk's rows in one region, read front to back, was measured and
 // dropped: about 1.05x faster with every row kept, about 2x slower with half of them kept at random, on
 // Zen 4: docs/benchmarks.md, fifteenth session.)
@@ -36,6 +46,11 @@
 //   acc = sum over the entries of hq * q'        (exact, in integers; q' = q - 8, or q for Q4_1)
 //   Q4_1 first: out = fma(m, s, out), s = the entries' h (unrounded) summed in order from 0
 //   out = fma(d * e, float(acc), out)
+// With narrow tables (d = dc ds + db, m = mc ms + mb: codes and their group's scale and base)
+// the group's scale and base are taken into the segment's factors first, once per 16 or 32
+// outputs:
+//   Q4_1 first: out = out + fma(float(mc), ms * s, mb * s)
+//   out = fma(fma(float(dc), ds * e, db * e), float(acc), out)
 // The integer sums fit 16 bits (16 x 127 x 15 < 2^15), so SIMD kernels multiply pairs of rows'
 // codes by their factors with vpmaddubsw. The scalar, AVX2 and AVX-512 kernels all compute
 // exactly this, so they agree bit for bit, and a column slice (starting at a chunk) gives the
@@ -68,28 +83,51 @@ struct Nm4Position {
 };
 Nm4Position nm4_code_position(int64_t n_embd, int64_t j);
 
-inline bool is_nm4(DType t) { return t == DType::Q4_0_NM || t == DType::Q4_1_NM; }
-// The neuron-major type of a Q4_0 / Q4_1 / Q4_K down matrix.
-DType nm4_type_of(DType down_type);
+constexpr int64_t kNm8Group = 32;  // outputs sharing one fp16 scale and base of a narrow table
 
-// fp16 tables of n_embd values per block of 32 neurons: d, and for Q4_1 m.
-inline int nm4_tables_per_block(DType t) { return t == DType::Q4_1_NM ? 2 : 1; }
-// Bytes of the scale tables, and of the whole matrix (rows and tables).
+inline bool is_nm4(DType t) {
+  return t == DType::Q4_0_NM || t == DType::Q4_1_NM || t == DType::Q4_0_NM8 || t == DType::Q4_1_NM8;
+}
+inline bool nm4_has_min(DType t) { return t == DType::Q4_1_NM || t == DType::Q4_1_NM8; }
+inline bool nm4_narrow(DType t) { return t == DType::Q4_0_NM8 || t == DType::Q4_1_NM8; }
+// The neuron-major type of a Q4_0 / Q4_1 / Q4_K down matrix, with fp16 or (narrow) 8-bit tables.
+DType nm4_type_of(DType down_type, bool narrow = false);
+
+// Tables of n_embd values per block of 32 neurons: d, and for Q4_1 m.
+inline int nm4_tables_per_block(DType t) { return nm4_has_min(t) ? 2 : 1; }
+// Bytes of one neuron block's tables, of all of them, and of the whole matrix (rows and tables).
+size_t nm4_block_table_bytes(DType t, int64_t n_embd);
 size_t nm4_table_bytes(DType t, int64_t n_ff, int64_t n_embd);
 size_t nm4_bytes(DType t, int64_t n_ff, int64_t n_embd);
-// Row i's codes, and the scale table of neuron block b (d; Q4_1: m follows n_embd values later).
+// Row i's codes, and the tables of neuron block b.
 inline const uint8_t* nm4_row(const TensorView& D, int64_t i) {
   return D.data + static_cast<size_t>(i) * static_cast<size_t>(D.cols() / 2);
 }
-inline const uint16_t* nm4_scales(const TensorView& D, int64_t block) {
-  return reinterpret_cast<const uint16_t*>(nm4_row(D, D.rows())) + block * nm4_tables_per_block(D.type) * D.cols();
+inline const uint8_t* nm4_block_tables(const TensorView& D, int64_t block) {
+  return nm4_row(D, D.rows()) + static_cast<size_t>(block) * nm4_block_table_bytes(D.type, D.cols());
 }
+// fp16 tables (Q4_0_NM / Q4_1_NM): d[0 .. n_embd), for Q4_1 then m[0 .. n_embd).
+inline const uint16_t* nm4_scales(const TensorView& D, int64_t block) {
+  return reinterpret_cast<const uint16_t*>(nm4_block_tables(D, block));
+}
+// Narrow tables: the codes (d's, then m's), and the groups' fp16 (scale, base) pairs (d's, then
+// m's: the pair of table k's group g at 2 (k n_embd / kNm8Group + g)).
+inline const uint8_t* nm4_codes8(const TensorView& D, int64_t block) { return nm4_block_tables(D, block); }
+inline const uint16_t* nm4_group_scales(const TensorView& D, int64_t block) {
+  return reinterpret_cast<const uint16_t*>(nm4_block_tables(D, block) + nm4_tables_per_block(D.type) * D.cols());
+}
+// A narrow table of n values (n a multiple of kNm8Group): per group, base = fp16(least value),
+// scale = fp16((greatest - base) / 255), code = round((v - base) / scale) in [0, 255] (0 where the
+// scale is 0).
+void nm4_narrow_table(const float* v, int64_t n, uint8_t* codes, uint16_t* scale_base);
+
 // The scale d (min m for `min`) of neuron i at output j, as a float.
 float nm4_table_value(const TensorView& D, int64_t i, int64_t j, bool min);
 
-// Writes the neuron-major copy of `down` (Q4_0, Q4_1 or Q4_K, ne[0] = n_ff, ne[1] = n_embd) into dst
-// (nm4_bytes of it). Threaded over neuron blocks.
-void nm4_from_down(ThreadPool& pool, const TensorView& down, uint8_t* dst);
+// Writes the neuron-major copy of type t (nm4_type_of(down.type), narrow or not) of `down` (Q4_0,
+// Q4_1 or Q4_K, ne[0] = n_ff, ne[1] = n_embd) into dst (nm4_bytes of it). Threaded over neuron
+// blocks.
+void nm4_from_down(ThreadPool& pool, const TensorView& down, DType t, uint8_t* dst);
 
 // Row i of D as floats (n_embd values).
 void nm4_dequantize_neuron(const TensorView& D, int64_t i, float* dst);

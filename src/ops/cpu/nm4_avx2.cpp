@@ -11,13 +11,13 @@ namespace {
 
 #include "ops/cpu/nm4_simd.hpp"
 
-template <bool kMin>
+template <bool kMin, bool kNarrow>
 void axpy(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len, float* out) {
   for (int64_t g = 0; g < n_segs; ++g) {
     const Nm4Rows rows = nm4_rows(D, segs[g]);
     for (int64_t j = col0; j < col0 + len;) {
       const Nm4Chunk c = nm4_chunk_at(D.cols(), j);
-      nm4_chunk256<kMin>(D, segs[g], rows, c, col0, out);
+      nm4_chunk256<kMin, kNarrow>(D, segs[g], rows, c, col0, out);
       j += c.width;
     }
   }
@@ -26,8 +26,10 @@ void axpy(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0,
 }  // namespace
 
 Nm4AxpyFn nm4_axpy_avx2(DType t) {
-  if (t == DType::Q4_0_NM) return &axpy<false>;
-  if (t == DType::Q4_1_NM) return &axpy<true>;
+  if (t == DType::Q4_0_NM) return &axpy<false, false>;
+  if (t == DType::Q4_1_NM) return &axpy<true, false>;
+  if (t == DType::Q4_0_NM8) return &axpy<false, true>;
+  if (t == DType::Q4_1_NM8) return &axpy<true, true>;
   return nullptr;
 }
 

@@ -223,9 +223,10 @@ DType neuron_major_dtype(DType down_type, NeuronMajorType choice, int64_t n_embd
     case NeuronMajorType::same: break;
     case NeuronMajorType::q8_0: t = DType::Q8_0; break;
     case NeuronMajorType::exact:
+    case NeuronMajorType::compact:
       if (shared_scales && (down_type == DType::Q4_0 || down_type == DType::Q4_1 || down_type == DType::Q4_K) &&
           n_embd % 32 == 0)
-        return nm4_type_of(down_type);
+        return nm4_type_of(down_type, choice == NeuronMajorType::compact);
       if (down_type != DType::F32 && down_type != DType::F16 && down_type != DType::BF16) t = DType::Q8_0;
       break;
   }
@@ -250,9 +251,7 @@ NeuronMajorMatrix make_neuron_major(ThreadPool& pool, const TensorView& down, DT
   m.view.data = m.bytes.data();
   m.view.nbytes = total;
   if (is_nm4(type)) {
-    EMBER_CHECK(nm4_type_of(down.type) == type, "neuron-major copy of {}: a {} matrix cannot become {}", down.name,
-                dtype_name(down.type), dtype_name(type));
-    nm4_from_down(pool, down, m.bytes.data());
+    nm4_from_down(pool, down, type, m.bytes.data());  // (checks that down's type can become it)
     return m;
   }
   // Neurons are taken a block of down's type at a time: each input-major row r contributes one
@@ -287,7 +286,9 @@ void dequantize_neuron(const TensorView& D, int64_t i, float* dst) {
 
 uint64_t neuron_major_row_bytes(DType t, int64_t n_embd) {
   if (!is_nm4(t)) return row_bytes(t, n_embd);
-  return nm4_bytes(t, kNm4Block, n_embd) / kNm4Block;  // (n_embd is a multiple of 32: exact)
+  // Exact for fp16 tables (n_embd is a multiple of 32); a narrow table's 9/8 byte an entry is a
+  // whole number of bytes a neuron where n_embd is a multiple of 256, else rounded up.
+  return (nm4_bytes(t, kNm4Block, n_embd) + kNm4Block - 1) / kNm4Block;
 }
 
 NeuronMajorMatrix neuron_major_rows(ThreadPool& pool, const TensorView& D, const int32_t* ids, int64_t n,

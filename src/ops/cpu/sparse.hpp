@@ -98,11 +98,16 @@ void sparse_up_down_rows(const TensorView& up, const void* x_quantized, const Te
 //           value is requantized, and Q8_0 keeps that second rounding at 8 bits (relative error
 //           ~0.4% of a block's largest value; the dense path rounds the activations to 8 bits
 //           too), at 34/18 the bytes of Q4_0.
+//  compact: as exact, but Q4_0 / Q4_1 / Q4_K become Q4_0_NM8 / Q4_1_NM8: the same codes, the
+//           scale tables as u8 codes with an fp16 scale and base per 32 outputs (each table
+//           value within half a step, 1/510, of its group's range): the tables take 9/16 the
+//           bytes, a kept row with its share 9-15 % fewer (docs/agreement.md measures what it
+//           costs, docs/benchmarks.md what it gains: no decode speed on 2 cores, session 25).
 //  same:    the type of down (PowerInfer's ffn_down_t): smallest, but a quantized matrix is
 //           rounded twice (error about sqrt(2) times the type's own).
 //  q8_0:    Q8_0 for every type (what `exact` gives a quantized type without shared scales).
 //  f32/f16: dequantized values as floats (F32 exact; F16 rounds to 11 bits).
-enum class NeuronMajorType { exact, same, q8_0, f32, f16 };
+enum class NeuronMajorType { exact, same, q8_0, f32, f16, compact };  // (values in plan cache keys: append)
 DType neuron_major_dtype(DType down_type, NeuronMajorType choice, int64_t n_embd, bool shared_scales = false);
 
 struct NeuronMajorMatrix {
@@ -112,19 +117,19 @@ struct NeuronMajorMatrix {
 
 // Builds the neuron-major copy of `down` (ne[0] = n_ff, ne[1] = n_embd, input-major as in GGUF):
 // row j of the result is column j of down, dequantized and quantized to `type` (which needs
-// n_embd to be a multiple of its block size), or for Q4_0_NM / Q4_1_NM transposed code by code.
+// n_embd to be a multiple of its block size), or for the Q4_*_NM* types transposed code by code.
 // Threaded over neurons.
 NeuronMajorMatrix make_neuron_major(ThreadPool& pool, const TensorView& down, DType type);
 
 // Row i of a neuron-major matrix as floats (cols() values), for every type above.
 void dequantize_neuron(const TensorView& D_nm, int64_t i, float* dst);
 
-// Bytes one neuron of a neuron-major matrix of type t takes: its row, and for Q4_0_NM / Q4_1_NM
-// its share of the scale tables (one 32nd of a block's).
+// Bytes one neuron of a neuron-major matrix of type t takes: its row, and for the Q4_*_NM* types
+// its share of the scale tables (one 32nd of a block's, rounded up).
 uint64_t neuron_major_row_bytes(DType t, int64_t n_embd);
 
 // Rows ids[0..n) of the neuron-major matrix D_nm, in that order, as a matrix of their own in
-// `type` (a row-wise type: not Q4_0_NM / Q4_1_NM): copied as they are where the type is D_nm's,
+// `type` (a row-wise type: not a Q4_*_NM* one): copied as they are where the type is D_nm's,
 // else dequantized (dequantize_neuron) and quantized to `type`. What a hybrid device holds of a
 // layer's down (engine/device.hpp). Threaded over rows.
 NeuronMajorMatrix neuron_major_rows(ThreadPool& pool, const TensorView& D_nm, const int32_t* ids, int64_t n,

@@ -92,10 +92,11 @@ void chunk128(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Rows* next, int nex
     acc[3] = _mm512_add_epi16(acc[3], _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(hi, 4), mask), f));
   }
   const __m512i off = _mm512_set1_epi16(static_cast<int16_t>(s.offset));
+  const Nm4GroupFactors whole = nm4_group_factors<kMin, false>(t, j, s);  // fp16 tables: once (not reloaded)
   for (int k = 0; k < 4; ++k) {
     const __m512i a16 = kMin ? acc[k] : _mm512_sub_epi16(acc[k], off);
     const int64_t c = j + 32 * k;  // 32 outputs: one group
-    const Nm4GroupFactors f = nm4_group_factors<kMin, kNarrow>(t, c, s);
+    const Nm4GroupFactors f = kNarrow ? nm4_group_factors<kMin, kNarrow>(t, c, s) : whole;
     scale16<kMin, kNarrow>(o + 32 * k, t, c, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(a16)), f);
     scale16<kMin, kNarrow>(o + 32 * k + 16, t, c + 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(a16, 1)), f);
   }

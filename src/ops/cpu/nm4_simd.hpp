@@ -113,10 +113,11 @@ inline void nm4_piece32(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int64_t
     acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 4), mask), f));
   }
   const __m256i off = _mm256_set1_epi16(static_cast<int16_t>(s.offset));
+  const Nm4GroupFactors whole = nm4_group_factors<kMin, false>(t, start, s);  // fp16 tables: once
   for (int k = 0; k < 4; ++k) {
     const __m256i a16 = kMin ? acc[k] : _mm256_sub_epi16(acc[k], off);
     const int64_t c = k * width / 4 + col;  // 16 outputs, in one group
-    const Nm4GroupFactors f = nm4_group_factors<kMin, kNarrow>(t, start + c, s);
+    const Nm4GroupFactors f = kNarrow ? nm4_group_factors<kMin, kNarrow>(t, start + c, s) : whole;
     nm4_scale8<kMin, kNarrow>(out + c, t, start + c, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a16)), f);
     nm4_scale8<kMin, kNarrow>(out + c + 8, t, start + c + 8, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a16, 1)),
                               f);

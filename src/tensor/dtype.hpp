@@ -19,7 +19,7 @@ enum class DType : uint32_t {
   Q4_0_R16 = 0x10002, Q4_1_R16 = 0x10003, Q5_0_R16 = 0x10006, Q8_0_R16 = 0x10008, Q4_K_R16 = 0x1000c, Q5_K_R16 = 0x1000d, Q6_K_R16 = 0x1000e,
   // Q4_0 / Q4_1 down projections transposed to neuron-major rows without requantizing: 4-bit
   // codes per row, the scales shared by 32 neurons in a table after the rows (ops/cpu/nm4.hpp);
-  // the _NM8 forms hold those tables as 8-bit codes with an fp16 scale per 32 of them.
+  // the _NM8 forms hold those tables as u8 codes with an fp16 scale and base per 32 of them.
   Q4_0_NM = 0x20002, Q4_1_NM = 0x20003, Q4_0_NM8 = 0x20012, Q4_1_NM8 = 0x20013,
 };
 

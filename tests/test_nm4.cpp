@@ -250,9 +250,9 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
         // narrow table its two terms' (code x scale and base, which may cancel).
         const auto span = [&](int64_t i, int64_t j, bool min) -> double {
           if (!cpu::nm4_narrow(nt)) return std::fabs(cpu::nm4_table_value(nm.view, i, j, min));
-          const int64_t b = i / cpu::kNm4Block, at = (min ? n_embd : 0) + j;
-          const uint16_t* sb = cpu::nm4_group_scales(nm.view, b) + 2 * (at / cpu::kNm8Group);
-          return cpu::nm4_codes8(nm.view, b)[at] * fp16_to_fp32(sb[0]) + std::fabs(fp16_to_fp32(sb[1]));
+          const cpu::detail::Nm4Tables tb = cpu::detail::nm4_tables(nm.view, i / cpu::kNm4Block);
+          const uint16_t* sb = (min ? tb.msb : tb.dsb) + 2 * (j / cpu::kNm8Group);
+          return (min ? tb.mc : tb.dc)[j] * fp16_to_fp32(sb[0]) + std::fabs(fp16_to_fp32(sb[1]));
         };
         double worst = 0, scale = 1e-30, worst_excess = 0;
         for (int64_t j = 0; j < n_embd; ++j) {

@@ -186,13 +186,13 @@ void nm4_axpy_scalar(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, in
       }
       const int64_t i = s.ids[0], c = col0 + j;
       if (narrow) {  // the group's scale and base taken into the segment's factors (nm4.hpp)
-        const uint8_t* code = nm4_codes8(D, s.block);
-        const int64_t n = D.cols();
-        const uint16_t* dsb = nm4_group_scales(D, s.block) + 2 * (c / kNm8Group);
-        const uint16_t* msb = dsb + 2 * (n / kNm8Group);
-        if (q41)
-          o = o + std::fma(static_cast<float>(code[n + c]), fp16_to_fp32(msb[0]) * s.sum, fp16_to_fp32(msb[1]) * s.sum);
-        const float de = std::fma(static_cast<float>(code[c]), fp16_to_fp32(dsb[0]) * s.scale,
+        const Nm4Tables t = nm4_tables(D, s.block);
+        const uint16_t* dsb = t.dsb + 2 * (c / kNm8Group);
+        if (q41) {
+          const uint16_t* msb = t.msb + 2 * (c / kNm8Group);
+          o = o + std::fma(static_cast<float>(t.mc[c]), fp16_to_fp32(msb[0]) * s.sum, fp16_to_fp32(msb[1]) * s.sum);
+        }
+        const float de = std::fma(static_cast<float>(t.dc[c]), fp16_to_fp32(dsb[0]) * s.scale,
                                   fp16_to_fp32(dsb[1]) * s.scale);
         o = std::fma(de, static_cast<float>(acc), o);
         continue;

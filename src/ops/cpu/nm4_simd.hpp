@@ -21,32 +21,6 @@ inline Nm4Rows nm4_rows(const TensorView& D, const Nm4Seg& s) {
   return r;
 }
 
-// One neuron block's tables as the kernels read them (nm4.hpp): fp16 d (and m) per output, or
-// narrow, u8 codes per output and an fp16 (scale, base) pair per kNm8Group outputs. Indexed by
-// output.
-struct Nm4Tables {
-  const uint16_t* d = nullptr;
-  const uint16_t* m = nullptr;
-  const uint8_t* dc = nullptr;
-  const uint8_t* mc = nullptr;
-  const uint16_t* dsb = nullptr;
-  const uint16_t* msb = nullptr;
-};
-inline Nm4Tables nm4_tables(const TensorView& D, int64_t block) {
-  Nm4Tables t;
-  const int64_t n = D.cols();
-  const bool min = nm4_has_min(D.type);  // else no m table: nullptr
-  if (nm4_narrow(D.type)) {
-    t.dc = nm4_codes8(D, block);
-    t.dsb = nm4_group_scales(D, block);
-    if (min) t.mc = t.dc + n, t.msb = t.dsb + 2 * (n / kNm8Group);
-  } else {
-    t.d = nm4_scales(D, block);
-    if (min) t.m = t.d + n;
-  }
-  return t;
-}
-
 // What the entries of the group holding output c take (nm4.hpp): for fp16 tables the segment's
 // e (and Q4_1's s) as they are; for narrow ones each times the group's scale, and times its base
 // to add.

@@ -722,8 +722,9 @@ TEST(InputAllocation, BlockSpendsTheShareWhereDecodeSkipsWeights) {
     run_input_mode(*m, plan.thresholds, 2, &st);
     for (int64_t l = 0; l < o.n_layer; ++l)
       for (int s = 0; s < kInputSites; ++s)
-        if (plan.sparsity[l][s] > 0)
+        if (plan.sparsity[l][s] > 0) {
           EXPECT_GT(st.copy_tokens[l][s], st.tokens[l][s] / 2) << target << " layer " << l << " site " << s;
+        }
   }
 }
 

@@ -66,11 +66,11 @@ Nm4Chunk nm4_chunk_at(int64_t n_embd, int64_t j) {
 
 Nm4Position nm4_code_position(int64_t n_embd, int64_t j) {
   const Nm4Chunk c = nm4_chunk_at(n_embd, j);
-  const int64_t x = j - c.start, half = c.width / 2, quarter = c.width / 4;
+  const int64_t x = j - c.start, half = c.width / 2, lanes = c.width / 32;
   const int shift = x < half ? 0 : 4;
   const int64_t y = x < half ? x : x - half;  // position among the chunk's low (or high) nibbles
-  const int64_t lane = (y < quarter ? y : y - quarter) / 8, o = (y < quarter ? 0 : 8) + y % 8;
-  return {16 * lane + o, shift};
+  const int64_t m = y / (4 * lanes), lane = y % (4 * lanes) / 4, k = y % 4;
+  return {16 * lane + 4 * m + k, shift};
 }
 
 float nm4_table_value(const TensorView& D, int64_t i, int64_t j, bool min) {
@@ -158,11 +158,13 @@ void nm4_prepare_segments(const int32_t* rows, const float* h, int64_t n, std::v
     const Nm4Factors f = nm4_quantize_factors(hs, c);
     Nm4Seg s{};
     s.count = c;
-    s.pairs = (c + 1) / 2;
-    for (int r = 0; r < 2 * s.pairs; ++r) s.ids[r] = ids[r < c ? r : c - 1];
-    for (int p = 0; p < s.pairs; ++p)
-      s.pair_f[p] = static_cast<int16_t>((static_cast<uint16_t>(static_cast<uint8_t>(f.q[2 * p + 1])) << 8) |
-                                         static_cast<uint8_t>(f.q[2 * p]));
+    s.quads = (c + 3) / 4;
+    for (int r = 0; r < 4 * s.quads; ++r) s.ids[r] = ids[r < c ? r : c - 1];
+    for (int k = 0; k < s.quads; ++k) {
+      uint32_t lane = 0;
+      for (int r = 0; r < 4; ++r) lane |= static_cast<uint32_t>(static_cast<uint8_t>(f.q[4 * k + r])) << (8 * r);
+      s.quad_f[k] = static_cast<int32_t>(lane);
+    }
     for (int r = 0; r < c; ++r) s.q[r] = f.q[r];
     s.offset = 8 * f.q_sum;
     s.scale = f.scale;

@@ -15,12 +15,12 @@
 // Layout of an n_ff x n_embd matrix (n_ff and n_embd multiples of 32):
 //   rows:   neuron i at i * n_embd / 2, in chunks of 128 outputs (a row's last chunks, where
 //           n_embd is not a multiple of 128, are 64 and / or 32 wide: nm4_chunk_at). A chunk of
-//           width W takes W / 2 bytes; in 16-byte lanes L, byte 16 L + o holds in its low nibble
-//           output 8 L + o (o < 8) or W / 4 + 8 L + (o - 8) (o >= 8) of the chunk, and in its
-//           high nibble that output plus W / 2 (nm4_code_position). The order is chosen so that
-//           interleaving the bytes of two rows lane by lane (vpunpck{l,h}bw) yields pairs of codes
-//           of one output, with the outputs in order in each 16-bit lane of the products. A
-//           32-wide chunk is a Q4_0 block's order.
+//           width W takes W / 2 bytes in W / 32 lanes of 16 bytes; byte 16 L + 4 m + k (m, k < 4)
+//           holds in its low nibble output m W / 8 + 4 L + k of the chunk, and in its high nibble
+//           that output plus W / 2 (nm4_code_position). The order is chosen so that interleaving
+//           the bytes of four rows lane by lane (vpunpck{l,h}bw, then vpunpck{l,h}wd) yields per
+//           32-bit lane the four rows' codes of one output, with the outputs in order: what
+//           vpdpbusd multiplies by four factors and sums. A 32-wide chunk is a Q4_0 block's order.
 //   tables: after the rows, per neuron block b = i / 32: d[b][0 .. n_embd) as fp16, then for
 //           Q4_1 m[b][0 .. n_embd). Value of neuron i at output j: d (q - 8) for Q4_0,
 //           d q + m for Q4_1.
@@ -47,14 +47,16 @@
 //   Q4_1 first: out = fma(m, s, out), s = the entries' h (unrounded) summed in order from 0
 //   out = fma(d * e, float(acc), out)
 // With narrow tables (d = dc ds + db, m = mc ms + mb: codes and their group's scale and base)
-// the group's scale and base are taken into the segment's factors first, once per 16 or 32
+// the group's scale and base are taken into the segment's factors first, once per 8 or 16
 // outputs:
 //   Q4_1 first: out = out + fma(float(mc), ms * s, mb * s)
 //   out = fma(fma(float(dc), ds * e, db * e), float(acc), out)
-// The integer sums fit 16 bits (16 x 127 x 15 < 2^15), so SIMD kernels multiply pairs of rows'
-// codes by their factors with vpmaddubsw. The scalar, AVX2 and AVX-512 kernels all compute
-// exactly this, so they agree bit for bit, and a column slice (starting at a chunk) gives the
-// same bits as the whole row. One multiply by the scale per segment instead of one per neuron.
+// The SIMD kernels take a segment's rows four at a time (the last four padded with a factor of
+// 0) and sum each output's four products into 32 bits with vpdpbusd (AVX2 without VNNI:
+// vpmaddubsw into 16-bit half-sums, added into 32 bits once per segment: the same integers). The
+// scalar, AVX2 and AVX-512 kernels all compute exactly this, so they agree bit for bit, and a
+// column slice (starting at a chunk) gives the same bits as the whole row. One multiply by the
+// scale per segment instead of one per neuron.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -68,6 +70,8 @@
 namespace ember::cpu {
 
 constexpr int64_t kNm4Block = 32;  // neurons sharing a scale table
+// Listed neurons of one block whose factors share an int8 scale (a segment). 32, a whole block,
+// measured 1.5x the copies' own KL divergence on SmolLM2 (docs/agreement.md, session 26).
 constexpr int kNm4Segment = 16;
 constexpr int64_t kNm4Chunk = 128;  // column slices of the axpy start at multiples of this
 
@@ -165,9 +169,9 @@ inline void nm4_segments(const int32_t* rows, const float* h, int64_t n, F&& f) 
 
 // A segment's factors rounded to int8 (see the top of the file), the sum of the rounded ones
 // (Q4_0's offset of 8 is taken off as 8 x that sum) and of the unrounded ones, in order from 0
-// (Q4_1's min term). q[c] .. q[kNm4Segment] are 0, so an odd count pairs its last row with 0.
+// (Q4_1's min term). q[c] .. q[kNm4Segment) are 0.
 struct Nm4Factors {
-  int8_t q[kNm4Segment + 1];
+  int8_t q[kNm4Segment];
   float scale;
   int32_t q_sum;
   float sum;
@@ -188,12 +192,12 @@ inline Nm4Factors nm4_quantize_factors(const float* hs, int c) {
 }
 
 // A segment as every kernel takes it, prepared once per call (the same for every chunk): its
-// neurons in pairs (an odd count pairs the last with itself and a factor of 0), each pair's
-// factors as a 16-bit lane (the first's in the low byte), and the per-output constants.
+// neurons in fours (the last four padded with the last neuron and factors of 0), each four's
+// factors as a 32-bit lane (the first's in the low byte), and the per-output constants.
 struct Nm4Seg {
   int32_t ids[kNm4Segment];
-  int16_t pair_f[kNm4Segment / 2];
-  int32_t pairs;
+  int32_t quad_f[kNm4Segment / 4];
+  int32_t quads;
   int32_t offset;  // Q4_0: 8 x the rounded factors' sum
   float scale;     // the factors' scale e
   float sum;       // Q4_1: the unrounded factors' sum

@@ -1,7 +1,8 @@
 // AVX2 + FMA + F16C kernel of the neuron-major 4-bit axpy (ops/cpu/nm4.hpp): segment by
-// segment and chunk by chunk, pairs of the segment's rows multiplied by their int8 factors with
-// vpmaddubsw (nm4_simd.hpp), then scaled into the output once. The same operations per output as
-// the scalar kernel, so the same bits.
+// segment and chunk by chunk, fours of the segment's rows multiplied by their int8 factors
+// (vpmaddubsw into 16-bit half-sums, added into 32 bits once per segment: nm4_simd.hpp), then
+// scaled into the output once. The same operations per output as the scalar kernel, so the same
+// bits.
 #include <immintrin.h>
 
 #include "ops/cpu/nm4.hpp"

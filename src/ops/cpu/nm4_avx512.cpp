@@ -1,13 +1,15 @@
 // AVX-512 kernel of the neuron-major 4-bit axpy (ops/cpu/nm4.hpp). Per segment, 128 outputs (one
-// 64-byte line of each row) at a time: pairs of rows' nibbles interleaved and multiplied by the
-// pair's int8 factors with vpmaddubsw into four 16-bit accumulators (outputs in order, by the
-// copy's layout), then widened and scaled into the output once. 18 instructions per 256 weights
-// where widening codes to floats took 12 per 64 (the bytes are interleaved before the nibbles are
-// masked, as in nm4_simd.hpp). Chunks narrower than 128 at a row's end take the 256-bit code
-// (nm4_simd.hpp). The rows two segments on are prefetched on the way, a line of each per chunk,
-// as in the other grouped sparse kernels (sparse_avx512.cpp), with their part of the scale
-// table(s) (measured 0.93-0.96x the time, docs/benchmarks.md). fp16 or narrow (8-bit) tables: a
-// template parameter. Same operations per output as the scalar kernel, so the same bits.
+// 64-byte line of each row) at a time: fours of rows' bytes interleaved so that each 32-bit lane
+// holds one output's four codes, multiplied by the four's int8 factors and summed with vpdpbusd
+// into eight 32-bit accumulators (outputs in order, by the copy's layout), then scaled into the
+// output once. 28 instructions per 512 weights, where pairs of rows with vpmaddubsw into 16-bit
+// sums took 32 and widened the sums before scaling them (in cache, one thread: 0.93-0.95x the
+// time at 25-50 % of the rows kept, 0.88x at all; docs/benchmarks.md, session 26). Chunks
+// narrower than 128 at a row's end take the 256-bit code (nm4_simd.hpp). The rows two segments on
+// are prefetched on the way, a line of each per chunk, as in the other grouped sparse kernels
+// (sparse_avx512.cpp), with their part of the scale table(s) (measured 0.93-0.96x the time,
+// docs/benchmarks.md). fp16 or narrow (8-bit) tables: a template parameter. Same operations per
+// output as the scalar kernel, so the same bits.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -20,6 +22,18 @@ namespace {
 #include "ops/cpu/nm4_simd.hpp"
 
 constexpr int kPrefetchSegments = 2;  // measured best of 1-3 (bench_sparse, SparseAxpy/Q4_0_NM)
+
+// a_k += vpdpbusd(u_k, f) for eight accumulators, in place. (GCC 12 copies the intrinsic's
+// accumulators through other registers every iteration of the loop: 16 zmm moves per four rows with
+// _mm512_dpbusd_epi32, and still 4 with one asm statement per accumulator.)
+inline void dpbusd8(__m512i& a0, __m512i& a1, __m512i& a2, __m512i& a3, __m512i& a4, __m512i& a5, __m512i& a6,
+                    __m512i& a7, __m512i u0, __m512i u1, __m512i u2, __m512i u3, __m512i u4, __m512i u5, __m512i u6,
+                    __m512i u7, __m512i f) {
+  asm("vpdpbusd %16, %8, %0\n\tvpdpbusd %16, %9, %1\n\tvpdpbusd %16, %10, %2\n\tvpdpbusd %16, %11, %3\n\t"
+      "vpdpbusd %16, %12, %4\n\tvpdpbusd %16, %13, %5\n\tvpdpbusd %16, %14, %6\n\tvpdpbusd %16, %15, %7"
+      : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
+      : "v"(u0), "v"(u1), "v"(u2), "v"(u3), "v"(u4), "v"(u5), "v"(u6), "v"(u7), "v"(f));
+}
 
 // A table's entries at outputs [c, c + 16), as nm4_table8.
 template <bool kNarrow>
@@ -74,31 +88,38 @@ void chunk128(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Rows* next, int nex
               int64_t j, const Nm4Tables& t, float* o) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
   const size_t at = static_cast<size_t>(j / 2);
-  __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  const __m512i init = _mm512_set1_epi32(kMin ? 0 : -s.offset);  // Q4_0: the sums start at - 8 x sum(hq)
+  __m512i a0 = init, a1 = init, a2 = init, a3 = init, a4 = init, a5 = init, a6 = init, a7 = init;
   if (next) {
     for (int r = 0; r < next_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(next->p[r] + at), _MM_HINT_T1);
     prefetch_tables<kMin, kNarrow>(next_t, j);
   }
-  for (int p = 0; p < s.pairs; ++p) {
-    const __m512i a = _mm512_loadu_si512(rows.p[2 * p] + at);
-    const __m512i b = _mm512_loadu_si512(rows.p[2 * p + 1] + at);
-    const __m512i f = _mm512_set1_epi16(s.pair_f[p]);
+  for (int q = 0; q < s.quads; ++q) {
+    const __m512i a = _mm512_loadu_si512(rows.p[4 * q] + at), b = _mm512_loadu_si512(rows.p[4 * q + 1] + at);
+    const __m512i c = _mm512_loadu_si512(rows.p[4 * q + 2] + at), d = _mm512_loadu_si512(rows.p[4 * q + 3] + at);
+    const __m512i f = _mm512_set1_epi32(s.quad_f[q]);
     // Interleaved first, masked after: the same bytes as masking each row (the masks and shifts
-    // act within each byte of a 16-bit word), two instructions fewer.
-    const __m512i lo = _mm512_unpacklo_epi8(a, b), hi = _mm512_unpackhi_epi8(a, b);
-    acc[0] = _mm512_add_epi16(acc[0], _mm512_maddubs_epi16(_mm512_and_si512(lo, mask), f));
-    acc[1] = _mm512_add_epi16(acc[1], _mm512_maddubs_epi16(_mm512_and_si512(hi, mask), f));
-    acc[2] = _mm512_add_epi16(acc[2], _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(lo, 4), mask), f));
-    acc[3] = _mm512_add_epi16(acc[3], _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(hi, 4), mask), f));
+    // act within each byte of a 16-bit word), in fewer instructions.
+    const __m512i xl = _mm512_unpacklo_epi8(a, b), xh = _mm512_unpackhi_epi8(a, b);
+    const __m512i yl = _mm512_unpacklo_epi8(c, d), yh = _mm512_unpackhi_epi8(c, d);
+    // z m: outputs 16 m + [0, 16) (low nibbles: accumulator m), + 64 (high: accumulator 4 + m)
+    const __m512i z0 = _mm512_unpacklo_epi16(xl, yl), z1 = _mm512_unpackhi_epi16(xl, yl);
+    const __m512i z2 = _mm512_unpacklo_epi16(xh, yh), z3 = _mm512_unpackhi_epi16(xh, yh);
+    const __m512i u0 = _mm512_and_si512(z0, mask), u1 = _mm512_and_si512(z1, mask);
+    const __m512i u2 = _mm512_and_si512(z2, mask), u3 = _mm512_and_si512(z3, mask);
+    const __m512i u4 = _mm512_and_si512(_mm512_srli_epi16(z0, 4), mask);
+    const __m512i u5 = _mm512_and_si512(_mm512_srli_epi16(z1, 4), mask);
+    const __m512i u6 = _mm512_and_si512(_mm512_srli_epi16(z2, 4), mask);
+    const __m512i u7 = _mm512_and_si512(_mm512_srli_epi16(z3, 4), mask);
+    dpbusd8(a0, a1, a2, a3, a4, a5, a6, a7, u0, u1, u2, u3, u4, u5, u6, u7, f);
   }
-  const __m512i off = _mm512_set1_epi16(static_cast<int16_t>(s.offset));
+  const __m512i acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
   const Nm4GroupFactors whole = nm4_group_factors<kMin, false>(t, j, s);  // fp16 tables: once (not reloaded)
-  for (int k = 0; k < 4; ++k) {
-    const __m512i a16 = kMin ? acc[k] : _mm512_sub_epi16(acc[k], off);
-    const int64_t c = j + 32 * k;  // 32 outputs: one group
+  for (int g = 0; g < 4; ++g) {  // accumulator k holds outputs 16 k (k / 4 * 64 + k % 4 * 16)
+    const int64_t c = j + 32 * g;  // a group of 32 outputs: accumulators 2 g and 2 g + 1
     const Nm4GroupFactors f = kNarrow ? nm4_group_factors<kMin, kNarrow>(t, c, s) : whole;
-    scale16<kMin, kNarrow>(o + 32 * k, t, c, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(a16)), f);
-    scale16<kMin, kNarrow>(o + 32 * k + 16, t, c + 16, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(a16, 1)), f);
+    scale16<kMin, kNarrow>(o + 32 * g, t, c, acc[2 * g], f);
+    scale16<kMin, kNarrow>(o + 32 * g + 16, t, c + 16, acc[2 * g + 1], f);
   }
 }
 
@@ -114,7 +135,7 @@ void axpy(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0,
       next = nm4_rows(D, segs[g + kPrefetchSegments]);
       next_t = nm4_tables(D, segs[g + kPrefetchSegments].block);
     }
-    const int next_rows = ahead ? 2 * segs[g + kPrefetchSegments].pairs : 0;  // the rows nm4_rows set
+    const int next_rows = ahead ? 4 * segs[g + kPrefetchSegments].quads : 0;  // the rows nm4_rows set
     const Nm4Tables t = nm4_tables(D, s.block);
     for (int64_t j = col0; j < col0 + len;) {
       const Nm4Chunk c = nm4_chunk_at(D.cols(), j);

@@ -47,8 +47,8 @@
 //   Q4_1 first: out = fma(m, s, out), s = the entries' h (unrounded) summed in order from 0
 //   out = fma(d * e, float(acc), out)
 // With narrow tables (d = dc ds + db, m = mc ms + mb: codes and their group's scale and base)
-// the group's scale and base are taken into the segment's factors first, once per 8 or 16
-// outputs:
+// the group's scale and base are taken into the segment's factors first, once per group of 32
+// outputs (the scalar kernel: per output):
 //   Q4_1 first: out = out + fma(float(mc), ms * s, mb * s)
 //   out = fma(fma(float(dc), ds * e, db * e), float(acc), out)
 // The SIMD kernels take a segment's rows four at a time (the last four padded with a factor of

@@ -1,6 +1,7 @@
 // The neuron-major 4-bit axpy (ops/cpu/nm4.hpp) on 256-bit vectors: the AVX2 kernel, and the
-// AVX-512 kernel's chunks narrower than 128 outputs (a 32-wide chunk's 16 bytes in the low lane). Include only inside an anonymous
-// namespace of nm4_avx2.cpp / nm4_avx512.cpp: each ISA compiles its own copy.
+// AVX-512 kernel's chunks narrower than 128 outputs (a 32-wide chunk's 16 bytes in the low lane).
+// Include only inside an anonymous namespace of nm4_avx2.cpp / nm4_avx512.cpp: each ISA compiles
+// its own copy.
 //
 // Per segment and 32-byte piece of a chunk: for each four of the segment's rows, the rows' bytes
 // are interleaved (vpunpck{l,h}bw of two pairs, then vpunpck{l,h}wd), so that each 32-bit lane

@@ -128,15 +128,24 @@ expect_ok "sparsify wide ffn" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/wid
 contains "wide ffn: gate|up keeps its copy" "$tmp/err" "attn_in \(2 of 2 layers\), attn_out \(2 of 2 layers\), ffn_hidden \(2 of 2 layers\) decode with the dense kernels"
 close "wide ffn: KL divergence small" "$(num "$tmp/out" '.*KL divergence +([0-9.]+) .*')" 0.1 0.1
 contains "sparsify bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"
+# bench --versus-dense: input mode and its own dense path, repetition by repetition, in one run.
+expect_ok "bench versus dense" "$ember" bench -m "$tmp/wide.sparse.gguf" -p 8 -n 4 -r 3 --versus-dense --json "$tmp/bench_vd.json"
+contains "bench versus dense: the pairs" "$tmp/out" "^tg4 / dense, pair by pair: median [0-9.]+x \(min [0-9.]+, max [0-9.]+, 3 pairs\)"
+python3 -c "import json; d=json.load(open('$tmp/bench_vd.json'))['versus_dense']; assert len(d['tg4']['ratios']) == 3 and len(d['pp8']['dense']['samples']) == 3 and d['tg4']['ratio_median'] > 0" \
+  && pass || fail "bench --versus-dense JSON lacks three pairs of pp8 / tg4"
+expect_error "versus dense needs input mode" "sparse-mode input" "$ember" bench -m "$tmp/wide.gguf" -p 0 -n 2 -r 1 --versus-dense
 # --paying-sites: only gate|up (the one site whose copy can pay here) takes a share.
 expect_ok "sparsify paying sites" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/wide.pay.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --block-tokens 64 --paying-sites --eval-chunks 0 --sparsity 0.3 -t 2
 contains "paying sites: the attention and down inputs stay whole" "$tmp/out" "^ +1 +0\.000 +0\.000 +0\.[0-9]+ +0\.000 "
 contains "paying sites said" "$tmp/err" "shares only where a copy pays"
-# Input mode's copies keep the file's scales (Q4_0_NM), or with --sparse-down compact hold them in 8 bits.
+# Input mode's copies hold their scale tables in 8 bits by default (Q4_0_NM8), or with
+# --sparse-down exact keep the file's scales (Q4_0_NM); the other sparse modes' down copies keep them.
 expect_ok "paying sites decode" "$ember" generate -m "$tmp/wide.pay.gguf" -p "hello world" -n 8 --temp 0
-contains "input copies exact by default" "$tmp/err" "copies of 2 layers' matrices \(Q4_0_NM\)"
-expect_ok "paying sites decode, compact tables" "$ember" generate -m "$tmp/wide.pay.gguf" -p "hello world" -n 8 --temp 0 --sparse-down compact
-contains "input copies compact when asked" "$tmp/err" "copies of 2 layers' matrices \(Q4_0_NM8\)"
+contains "input copies compact by default" "$tmp/err" "copies of 2 layers' matrices \(Q4_0_NM8\)"
+expect_ok "paying sites decode, exact tables" "$ember" generate -m "$tmp/wide.pay.gguf" -p "hello world" -n 8 --temp 0 --sparse-down exact
+contains "input copies exact when asked" "$tmp/err" "copies of 2 layers' matrices \(Q4_0_NM\)"
+expect_ok "oracle mode decode" "$ember" generate -m "$tmp/wide.gguf" -p "hello world" -n 2 --temp 0 --sparse-mode oracle
+contains "oracle mode's down copy keeps the file's scales" "$tmp/err" "neuron-major down copies \(Q4_0_NM from Q4_0\)"
 # --input-copies all: every site through its copy, every decode token, short rows or not.
 expect_ok "input copies all" "$ember" generate -m "$tmp/wide.sparse.gguf" -p "hello world" -n 8 --temp 0 --input-copies all
 contains "input copies all: attention too" "$tmp/err" "attn_in: [0-9.]+% \(copy 100% of tokens\), attn_out: [0-9.]+% \(copy 100% of tokens\)"

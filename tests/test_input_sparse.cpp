@@ -482,6 +482,45 @@ TEST(InputSparse, KeepingEveryInputIsTheDenseModel) {
   }
 }
 
+// Session::set_dense (`ember bench --versus-dense`): an input-mode session switched to its dense
+// path computes a dense session's logits bit for bit (both repacked as the CLI repacks them, so
+// the same kernels read the same layouts), and switched back its own again; the other modes
+// refuse it.
+TEST(InputSparse, ItsDensePathIsADenseSessionBitForBit) {
+  auto dense_m = load_synth(small(DType::Q4_0, 15), "versus_dense_d.gguf");
+  auto input_m = load_synth(small(DType::Q4_0, 15), "versus_dense_i.gguf");
+  const InputThresholds t = allocate_input_sparsity(profile_of(*input_m), *input_m, 0.5).thresholds;
+  repack_for_session(*dense_m, FfnMode::dense, repack_scope_for(FfnMode::dense, false), ResidentWeights::in_file);
+  repack_for_session(*input_m, FfnMode::input, repack_scope_for(FfnMode::input, false), ResidentWeights::in_file);
+  SessionParams p = test_support::session_params(2, 64, 64);
+  Session dense(*dense_m, p);
+  const Logits want = test_support::session_logits(dense);
+  const Logits sparse = run_input_mode(*input_m, t, 2, nullptr, kAllCopies);
+  p.sparse.mode = FfnMode::input;
+  p.sparse.input_thresholds = t;
+  p.sparse.input_min_row_bytes = kAllCopies;
+  p.sparse.input_copy_by_cost = false;
+  Session s(*input_m, p);
+  s.set_dense(true);
+  EXPECT_EQ(test_support::session_logits(s), want);
+  uint64_t seen = s.input_sparse()->stats().batch_tokens;  // the executor was not asked
+  for (const auto& layer : s.input_sparse()->stats().seen)
+    for (uint64_t v : layer) seen += v;
+  EXPECT_EQ(seen, 0u);
+  s.set_dense(false);
+  s.reset();
+  const Logits back = test_support::session_logits(s);
+  EXPECT_EQ(back, sparse);
+  EXPECT_GT(test_support::max_rel_diff(back, want), 1e-4);  // at 50 %, input mode is not the dense model
+
+  EXPECT_NE(test_support::error_of([&] { dense.set_dense(true); }).find("input mode only"), std::string::npos);
+  SessionParams th = test_support::session_params(1, 64, 64);
+  th.sparse.mode = FfnMode::oracle;
+  auto plain = load_synth(small(DType::Q4_0, 15), "versus_dense_o.gguf");
+  Session oracle(*plain, th);
+  EXPECT_NE(test_support::error_of([&] { oracle.set_dense(true); }).find("neuron-sparse"), std::string::npos);
+}
+
 // The decode path (the copies) and the prompt path (the file's layout with inputs zeroed)
 // compute one function: a sequence evaluated token by token gives the logits of the same
 // sequence as one batch; the measured sparsity follows the allocation; thread counts change no

@@ -111,6 +111,14 @@ void Session::set_ffn_executor(FfnExecutor* e) {
 
 void Session::set_projection_executor(ProjectionExecutor* e) { ws_.proj = e ? e : input_.get(); }
 
+void Session::set_dense(bool dense) {
+  EMBER_CHECK(input_ && !hybrid_, "the dense path beside the session's own is measured in input mode only (its matrices are "
+              "a dense session's); this session runs {}", hybrid_ ? "the hybrid executor" : sparse_ ? "a neuron-sparse FFN"
+              : "dense already");
+  ws_.ffn = dense ? nullptr : input_.get();
+  ws_.proj = dense ? nullptr : input_.get();
+}
+
 Session::Seq& Session::at(int seq) {
   EMBER_CHECK(seq >= 0 && seq < n_seq(), "sequence {} does not exist (the session has {})", seq, n_seq());
   return seqs_[static_cast<size_t>(seq)];

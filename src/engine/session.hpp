@@ -85,6 +85,13 @@ class Session {
   void set_projection_executor(ProjectionExecutor* e);
   // The input-sparsity executor; null unless --sparse-mode input.
   InputSparseExecutor* input_sparse() { return input_.get(); }
+  // Runs the dense path (no FFN or projection executor) instead of input sparsity's executor, or
+  // back to it: both side by side in one process, on the same pages, alternating
+  // (`ember bench --versus-dense`). Input mode repacks every matrix as a dense session does
+  // (repack_scope_for), so its dense path is a dense session's, bit for bit. Refused in the other
+  // sparse modes and on the hybrid path, whose matrices keep a gatherable layout that the dense
+  // session's do not.
+  void set_dense(bool dense);
   // The hybrid FFN executor; null unless SessionParams::hybrid_on().
   HybridFfn* hybrid_ffn() { return hybrid_.get(); }
 

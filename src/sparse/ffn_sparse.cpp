@@ -24,6 +24,10 @@ FfnMode parse_ffn_mode(const std::string& s) {
   fail("unknown sparse mode '{}' (expected dense, oracle, threshold, predictor or input)", s);
 }
 
+cpu::NeuronMajorType default_copy_type(FfnMode mode) {
+  return mode == FfnMode::input ? cpu::NeuronMajorType::compact : cpu::NeuronMajorType::exact;
+}
+
 const char* ffn_mode_name(FfnMode m) {
   switch (m) {
     case FfnMode::oracle: return "oracle";

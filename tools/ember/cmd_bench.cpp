@@ -27,6 +27,9 @@ struct BenchFlags {
   int seqs = 1;   // sequences generating together (continuous batching's step), as llama-batched-bench
   std::string json_path;
   bool bandwidth = false;
+  // Input mode against its own dense path in the same process (Session::set_dense): each
+  // repetition times both, in alternating order, and the ratios are taken pair by pair.
+  bool versus_dense = false;
 };
 
 struct Stats {
@@ -54,6 +57,9 @@ void run_bench(const BenchFlags& f) {
   sp.n_seq = f.seqs;
   sp.n_ctx = std::max<int64_t>(sp.n_ctx, int64_t{f.depth} + f.n_prompt + f.n_gen + 1);
   Session session(*model, sp);
+  EMBER_CHECK(!f.versus_dense || session.input_sparse(), "--versus-dense times input sparsity against the dense path in "
+              "one process: give --sparse-mode input (a model made by `ember sparsify`, or --sparse-profile with "
+              "--sparsity); this session runs {}", f.engine.resolved_sparse_mode(*model));
   EMBER_CHECK(int64_t{f.depth} + f.n_prompt + f.n_gen < session.n_ctx(),
               "-d {} plus -p {} plus -n {} does not fit the model's context of {}", f.depth, f.n_prompt, f.n_gen,
               session.n_ctx());
@@ -93,15 +99,23 @@ void run_bench(const BenchFlags& f) {
     return static_cast<double>(f.n_gen) * f.seqs / t.seconds();
   };
 
-  // One untimed warm-up of each (pages the weights in, settles the clocks).
-  if (f.n_prompt > 0) time_pp();
-  if (f.n_gen > 0) time_tg();
-  std::vector<double> pp, tg;
-  for (int r = 0; r < f.reps; ++r) {
-    if (f.n_prompt > 0) pp.push_back(time_pp());
-    if (f.n_gen > 0) tg.push_back(time_tg());
-    log_info("repetition {}/{} done", r + 1, f.reps);
+  // One untimed warm-up of each (pages the weights in, settles the clocks). With --versus-dense
+  // each repetition runs the session's own path and the dense path, the first one first in even
+  // repetitions and second in odd ones, so that a drift of the machine falls on both alike.
+  const int paths = f.versus_dense ? 2 : 1;
+  std::vector<double> pp, tg, pp_dense, tg_dense;
+  for (int r = -1; r < f.reps; ++r) {
+    for (int k = 0; k < paths; ++k) {
+      const bool dense = f.versus_dense && (k == 1) == (r % 2 == 0 || r < 0);
+      if (f.versus_dense) session.set_dense(dense);
+      const double p = f.n_prompt > 0 ? time_pp() : 0, g = f.n_gen > 0 ? time_tg() : 0;
+      if (r < 0) continue;
+      if (f.n_prompt > 0) (dense ? pp_dense : pp).push_back(p);
+      if (f.n_gen > 0) (dense ? tg_dense : tg).push_back(g);
+    }
+    if (r >= 0) log_info("repetition {}/{} done", r + 1, f.reps);
   }
+  if (f.versus_dense) session.set_dense(false);
 
   double bw = f.bandwidth ? cpu::measure_read_bandwidth(session.pool(), size_t{1} << 30) : 0.0;
   const double bytes_per_token = static_cast<double>(model->weight_bytes_per_token());
@@ -117,6 +131,7 @@ void run_bench(const BenchFlags& f) {
   out["seqs"] = f.seqs;
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  std::vector<std::string> versus_lines;
   auto row = [&](const char* name, int n, const std::vector<double>& v) {
     if (v.empty()) return;
     Stats s = stats_of(v);
@@ -129,6 +144,30 @@ void run_bench(const BenchFlags& f) {
   };
   row("pp", f.n_prompt, pp);
   row("tg", f.n_gen, tg);
+  if (f.versus_dense) {
+    // The dense path's rows, then each test's ratio repetition by repetition (the pairs ran
+    // seconds apart) beside the ratio of the medians.
+    auto versus = [&](const char* name, int n, const std::vector<double>& own, const std::vector<double>& dense) {
+      if (own.empty()) return;
+      const std::string test = fmt::format("{}{}", name, n);
+      const Stats d = stats_of(dense);
+      std::printf("| %s | %d | %s dense | %.2f | %.2f | %.2f | %.2f |\n", f.engine.model_path.c_str(),
+                  session.n_threads(), test.c_str(), d.median, d.min, d.max, d.stddev);
+      std::vector<double> ratios(own.size());
+      for (size_t i = 0; i < own.size(); ++i) ratios[i] = own[i] / dense[i];
+      const Stats q = stats_of(ratios);
+      out["versus_dense"][test] = {{"dense", {{"median", d.median}, {"min", d.min}, {"max", d.max}, {"samples", dense}}},
+                                   {"ratios", ratios}, {"ratio_median", q.median},
+                                   {"ratio_of_medians", stats_of(own).median / d.median}};
+      versus_lines.push_back(fmt::format("{} / dense, pair by pair: median {:.3f}x (min {:.3f}, max {:.3f}, {} pairs); "
+                                         "ratio of the medians {:.3f}x", test, q.median, q.min, q.max, ratios.size(),
+                                         stats_of(own).median / d.median));
+    };
+    versus("pp", f.n_prompt, pp, pp_dense);
+    versus("tg", f.n_gen, tg, tg_dense);
+    std::printf("\n");
+    for (const std::string& l : versus_lines) std::printf("%s\n", l.c_str());
+  }
   if (!tg.empty()) {
     double achieved = stats_of(tg).median / f.seqs * bytes_per_token;  // one read of the weights per step
     out["tg_weight_bytes_per_s"] = achieved;
@@ -211,6 +250,10 @@ void add_bench(CLI::App& app) {
   cmd->add_option("-r,--repetitions", f->reps, "repetitions")->check(CLI::Range(1, 1000));
   cmd->add_option("--json", f->json_path, "also write the results as JSON to this file");
   cmd->add_flag("--bandwidth", f->bandwidth, "also measure the machine's memory read bandwidth");
+  cmd->add_flag("--versus-dense", f->versus_dense,
+                "input mode: also time the dense path in the same process (the same matrices, a dense session's "
+                "kernels), alternating with input sparsity's runs repetition by repetition, and report the ratios "
+                "pair by pair");
   cmd->callback([f] { run_bench(*f); });
 }
 

@@ -74,6 +74,7 @@ Quality evaluate(const SparsifyFlags& f, const Model& dense, FfnMode mode, const
   auto sparse = load_model(f.o.output);
   repack_for_session(*sparse, mode, repack_scope_for(mode, false), ResidentWeights::copy);
   sp.sparse.mode = mode;
+  sp.sparse.down_type = default_copy_type(mode);  // the copies a session of the file makes by default
   if (mode == FfnMode::predictor) sp.n_batch = 1;
   Session s(*sparse, sp);
   po.kl_base = po.save_logits;
@@ -169,6 +170,8 @@ void run_sparsify(SparsifyFlags& f) {
        {std::pair{f.corpus, f.o.profile.empty() || block}, std::pair{f.eval, f.eval_chunks > 0}})
     EMBER_CHECK(!needed || std::filesystem::is_regular_file(path),
                 "cannot read the text '{}' (the project's corpus: scripts/get_corpus.sh)", path);
+  // Sites pay, or not, with the copies a session of the output makes by default.
+  f.block.copy_type = default_copy_type(FfnMode::input);
   EngineFlags ef;
   ef.model_path = f.o.model;
   ef.threads = f.threads;
@@ -239,7 +242,7 @@ void run_sparsify(SparsifyFlags& f) {
     int64_t sparse_sites = 0;
     for (const LayerWeights& L : model->layers)
       for (int site = 0; site < kInputSites; ++site)
-        sparse_sites += input_site_dense(L, site, cpu::NeuronMajorType::exact) ? 0 : 1;
+        sparse_sites += input_site_dense(L, site, f.block.copy_type) ? 0 : 1;
     if (sparse_sites == 0)
       fmt::print(stderr,
                  "sparsify: note: no matrix of this model has input rows of {} bytes or more, so every site decodes "

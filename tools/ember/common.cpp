@@ -82,12 +82,12 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_option("--predictor", predictor_path, "predictor GGUF (ember train-predictor) for --sparse-mode predictor")
       ->check(CLI::ExistingFile);
   app->add_option("--sparse-down", sparse_down,
-                  "sparse modes: type of the neuron-major copy of down (input mode: of every copy): exact (Q4_0 / "
-                  "Q4_1 keep their codes and scales, bit-exact in the same bytes; other quantized types become "
-                  "Q8_0), compact (as exact, but the scales of Q4_0 / Q4_1 / Q4_K held in 8 bits: 9-15 % fewer "
-                  "bytes a kept row, each scale within 1/510 of its 32's range), same (the type of down: rounded "
-                  "twice), q8_0, f16 or f32")
-      ->check(CLI::IsMember({"exact", "compact", "same", "q8_0", "f16", "f32"}))
+                  "sparse modes: type of the neuron-major copy of down (input mode: of every copy): auto (compact in "
+                  "input mode, exact in the others), exact (Q4_0 / Q4_1 keep their codes and scales, bit-exact in "
+                  "the same bytes; other quantized types become Q8_0), compact (as exact, but the scales of Q4_0 / "
+                  "Q4_1 / Q4_K held in 8 bits: 9-15 % fewer bytes a kept row, each scale within 1/510 of its 32's "
+                  "range), same (the type of down: rounded twice), q8_0, f16 or f32")
+      ->check(CLI::IsMember({"auto", "exact", "compact", "same", "q8_0", "f16", "f32"}))
       ->capture_default_str();
   app->add_flag("--no-repack", no_repack,
                 "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
@@ -133,7 +133,8 @@ SessionParams EngineFlags::session_params(const Model& model) const {
   p.hybrid.plan_path = plan_path;
   p.hybrid.method = parse_plan_method(plan_method);
   p.hybrid.device_kind = hybrid_device;
-  p.sparse.down_type = sparse_down == "same"  ? cpu::NeuronMajorType::same
+  p.sparse.down_type = sparse_down == "auto"  ? default_copy_type(p.sparse.mode)
+                       : sparse_down == "same"  ? cpu::NeuronMajorType::same
                        : sparse_down == "q8_0" ? cpu::NeuronMajorType::q8_0
                        : sparse_down == "f16" ? cpu::NeuronMajorType::f16
                        : sparse_down == "f32" ? cpu::NeuronMajorType::f32

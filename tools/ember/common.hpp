@@ -34,7 +34,7 @@ struct EngineFlags {
   std::string plan_method = "ilp";  // how a plan computed at load places (sparse/plan.hpp)
   std::string hybrid_device = "auto";
   std::string predictor_path;  // --predictor: attached to the model at load
-  std::string sparse_down = "exact";  // type of the neuron-major copies (cpu::NeuronMajorType)
+  std::string sparse_down = "auto";  // type of the neuron-major copies (cpu::NeuronMajorType; auto: default_copy_type)
   bool no_repack = false;  // keep every matrix in the file's layout (model/repack.hpp)
   bool mmap = false;  // keep the matrices that are not repacked in the file's map (ResidentWeights::in_file)
 

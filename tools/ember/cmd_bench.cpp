@@ -100,8 +100,8 @@ void run_bench(const BenchFlags& f) {
   };
 
   // One untimed warm-up of each (pages the weights in, settles the clocks). With --versus-dense
-  // each repetition runs the session's own path and the dense path, the first one first in even
-  // repetitions and second in odd ones, so that a drift of the machine falls on both alike.
+  // each repetition runs input sparsity's path and the dense path, input first in even
+  // repetitions and dense first in odd ones, so that a drift of the machine falls on both alike.
   const int paths = f.versus_dense ? 2 : 1;
   std::vector<double> pp, tg, pp_dense, tg_dense;
   for (int r = -1; r < f.reps; ++r) {
@@ -131,7 +131,6 @@ void run_bench(const BenchFlags& f) {
   out["seqs"] = f.seqs;
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
-  std::vector<std::string> versus_lines;
   auto row = [&](const char* name, int n, const std::vector<double>& v) {
     if (v.empty()) return;
     Stats s = stats_of(v);
@@ -147,6 +146,7 @@ void run_bench(const BenchFlags& f) {
   if (f.versus_dense) {
     // The dense path's rows, then each test's ratio repetition by repetition (the pairs ran
     // seconds apart) beside the ratio of the medians.
+    std::vector<std::string> versus_lines;
     auto versus = [&](const char* name, int n, const std::vector<double>& own, const std::vector<double>& dense) {
       if (own.empty()) return;
       const std::string test = fmt::format("{}{}", name, n);

@@ -21,6 +21,7 @@
 #include "model/model.hpp"
 #include "model/synth.hpp"
 #include "ops/cpu/sparse.hpp"
+#include "support/synth_files.hpp"
 #include "support/errors.hpp"
 #include "support/session_logits.hpp"
 
@@ -57,7 +58,7 @@ std::unique_ptr<Model> load_case(const ModelCase& c) {
   if (c.act == FfnActivation::relu && c.arch != "falcon") o.sparsity = 0.7f;  // (synth's profile: llama, bamboo, opt)
   o.seed = 13;
   o.n_threads = 1;
-  const std::string path = (test_dir() / (case_name(c) + ".gguf")).string();
+  const std::string path = test_support::own_test_file(test_dir(), case_name(c));
   synth_write(o, path);
   auto m = load_model(path);
   std::filesystem::remove(path);

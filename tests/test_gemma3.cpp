@@ -14,6 +14,7 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/synth.hpp"
+#include "support/synth_files.hpp"
 #include "support/paths.hpp"
 #include "support/reference_gemma3.hpp"
 #include "support/session_params.hpp"
@@ -53,7 +54,7 @@ double compare(const Case& c, int threads, int64_t n_batch, bool emulate_int8 = 
   o.rms_eps = 1e-6f;
   auto dir = std::filesystem::temp_directory_path() / "ember-test-gemma3";
   std::filesystem::create_directories(dir);
-  std::string path = (dir / (case_name(c) + ".gguf")).string();
+  std::string path = test_support::own_test_file(dir, case_name(c));
   synth_write(o, path);
   auto model = load_model(path);
   EXPECT_EQ(model->hp.arch, "gemma3");

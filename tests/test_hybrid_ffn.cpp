@@ -478,8 +478,9 @@ TEST(HybridFfn, SeveralSequencesKeepTheirCachesOnTheDevice) {
           continue;
         }
         EXPECT_EQ(got, first) << "placement " << placement << ": a sequence's attention on the device changed its logits";
-        if (placement == 2)  // and each sequence as in a session of its own (the kernels' batch sizes apart)
+        if (placement == 2) {  // and each sequence as in a session of its own (the kernels' batch sizes apart)
           EXPECT_LT(test_support::max_rel_diff(test_support::session_logits_seqs_alone(*model, p), got), 1e-4);
+        }
       }
     }
     std::filesystem::remove(model->file->path());

@@ -13,6 +13,7 @@
 #include "model/moe.hpp"
 #include "model/synth.hpp"
 #include "sparse/plan.hpp"
+#include "support/synth_files.hpp"
 #include "support/errors.hpp"
 #include "support/session_logits.hpp"
 
@@ -34,10 +35,7 @@ std::unique_ptr<Model> load_mixtral(const std::string& arch = "llama") {
   o.n_threads = 1;
   auto dir = std::filesystem::temp_directory_path() / "ember-test-moe";
   std::filesystem::create_directories(dir);
-  // A file of this test's own: ctest runs the tests as parallel processes, and two of them writing,
-  // loading and removing one path raced (one's rename found the other's temporary file gone).
-  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string path = (dir / (arch + "-" + (test ? test->name() : "outside-a-test") + ".gguf")).string();
+  const std::string path = test_support::own_test_file(dir, arch);
   synth_write(o, path);
   auto m = load_model(path);
   std::filesystem::remove(path);

@@ -1,5 +1,8 @@
 // Synth models written to a test's own temporary folder, and random token sequences for them.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -17,6 +20,16 @@ inline std::filesystem::path test_temp_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("ember-test-" + name);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// dir / (stem + "-" + the running test's name + ".gguf"): a file of this test's own. ctest runs
+// the tests as parallel processes, and two tests writing, loading and removing one path raced
+// (one's rename found the other's temporary file gone).
+inline std::string own_test_file(const std::filesystem::path& dir, const std::string& stem) {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = test ? std::string(test->test_suite_name()) + "." + test->name() : "outside-a-test";
+  std::replace(name.begin(), name.end(), '/', '_');  // parameterized tests: Suite/Name/param
+  return (dir / (stem + "-" + name + ".gguf")).string();
 }
 
 // Writes the synth model `o` as `file` in `dir` and loads it.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "support/synth_files.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
+#include "sparse/plan.hpp"
+#include "ops/cpu/activation.hpp"
 
 #include "ops/cpu/attention.hpp"
 #include "ops/cpu/norm.hpp"
@@ -123,144 +126,275 @@ static double q8_block_dot(DType type, const uint8_t* w, const BlockQ8_1& x, dou
 }
 #endif
 
-// Matvec and gather-matvec: float rows against float activations, quantized rows against the
-// activations rounded to 8 bits on the device, which must be the CPU's Q8_1 blocks byte for byte,
-// multiplied in integers as the CPU multiplies them (so the only difference left is the order of
-// float sums over blocks).
+#ifdef EMBER_HAS_CUDA
+// A matrix of random weights on the device, in its layout (cuda::pack_matrix).
+struct DeviceMatrix {
+  Weights w;
+  std::unique_ptr<DeviceVec<uint8_t>> d;
+  cuda::Matrix m;
+  DeviceMatrix(DType type, int64_t rows, int64_t cols, std::mt19937& rng) : w(random_weights(type, rows, cols, rng)) {
+    std::vector<uint8_t> packed(w.bytes.size());
+    cuda::pack_matrix(type, w.bytes.data(), rows, cols, packed.data());
+    d = std::make_unique<DeviceVec<uint8_t>>(packed);
+    m = {type, d->p, rows, cols};
+  }
+};
+
+// x's activations on the device as the matvecs of `type` read them: floats, and for quantized
+// rows their 8-bit form made there. xq (host) receives the CPU's Q8_1 blocks of x.
+struct DeviceActs {
+  std::unique_ptr<DeviceVec<float>> f;
+  std::unique_ptr<DeviceVec<uint8_t>> q;
+  cuda::Activations a;
+  DeviceActs(DType type, const std::vector<float>& x, int64_t nt, int64_t cols, void* stream) {
+    f = std::make_unique<DeviceVec<float>>(x);
+    a.f = f->p;
+    if (!cuda::takes_q8(type)) return;
+    q = std::make_unique<DeviceVec<uint8_t>>(std::vector<uint8_t>(gpu_q8_bytes(cols, nt), 0xee));
+    cuda::quantize_q8(f->p, nt, cols, q->p, stream);
+    a.q8 = q->p;
+  }
+};
+
+// dot(W row r, x[t]) as the device defines it, in double, with its magnitude: the integer dot of
+// the 8-bit activations for quantized rows (q8_block_dot), else the float dot.
+static double device_dot(const Weights& w, DType type, int64_t r, int64_t cols, const std::vector<float>& x,
+                         const std::vector<BlockQ8_1>& xq, int64_t t, double* mag) {
+  double ref = 0;
+  *mag = 0;
+  if (cuda::takes_q8(type)) {
+    const size_t rb = row_bytes(type, cols), bb = rb / static_cast<size_t>(cols / 32);
+    for (int64_t b = 0; b < cols / 32; ++b)
+      ref += q8_block_dot(type, w.bytes.data() + r * rb + b * bb, xq[static_cast<size_t>(t * cols / 32 + b)], mag);
+  } else {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double p = static_cast<double>(w.deq[r * cols + c]) * x[t * cols + c];
+      ref += p;
+      *mag += std::fabs(p);
+    }
+  }
+  return ref;
+}
+#endif
+
+// Matvecs: float rows against float activations, quantized rows (in the device's split layout)
+// against the activations rounded to 8 bits on the device, which must be the CPU's Q8_1 blocks
+// byte for byte, multiplied in integers as the CPU multiplies them (so the only difference left
+// is the order of float sums over blocks). One to 20 tokens (several passes of kMvTokens over a
+// row, slices of tokens over blocks), the store / add / relu epilogues with a bias, a gather of
+// rows by a device-counted list; outputs poisoned first.
 TEST(CudaOps, MatvecAndGatherMatchReference) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
   std::mt19937 rng(1);
   void* stream = cuda::stream_create();
+  const float nan = std::nanf("");
   for (DType type : kTypes) {
-    for (auto [rows, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {37, 96, 3}, {301, 4096, 2}}) {
-      SCOPED_TRACE(std::string(dtype_name(type)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
-      const Weights w = random_weights(type, rows, cols, rng);
+    for (auto [rows, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {37, 96, 3}, {301, 4096, 2},
+                                  {45, 160, 9}, {9, 64, 20}, {130, 40 * 32, 5}}) {
+      SCOPED_TRACE(fmt::format("{} {}x{}, {} tokens", dtype_name(type), rows, cols, nt));
+      const DeviceMatrix W(type, rows, cols, rng);
       std::vector<float> x = random_floats(static_cast<size_t>(nt * cols), rng);
       x[3] = 0.5f * x[2];  // and a block of zeros: the scale 0 path
       if (cols >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
-      DeviceVec<uint8_t> dw(w.bytes);
-      DeviceVec<float> dx(x), dy(std::vector<float>(static_cast<size_t>(nt * rows), std::nanf("")));
-      const bool q8 = cuda::takes_q8(type);
-      const size_t xq_bytes = static_cast<size_t>(nt * cols / 32) * sizeof(BlockQ8_1);
-      DeviceVec<uint8_t> dxq(std::vector<uint8_t>(xq_bytes, 0xee));
-      if (q8) cuda::quantize_q8(dx.p, nt, cols, dxq.p, stream);
-      const cuda::Activations a{dx.p, q8 ? dxq.p : nullptr};
-      cuda::matvec(type, dw.p, cols, rows, a, nt, dy.p, stream);
-      cuda::stream_sync(stream);
-      const auto y = dy.get();
-      // The device's Q8_1 blocks are the CPU's.
+      const DeviceActs xa(type, x, nt, cols, stream);
       std::vector<BlockQ8_1> xq(static_cast<size_t>(nt * cols / 32));
       quantize_row(DType::Q8_1, x.data(), xq.data(), nt * cols);
-      if (q8) {
-        const auto got = dxq.get();
-        ASSERT_EQ(std::memcmp(got.data(), xq.data(), xq_bytes), 0) << "Q8_1 activations differ from the CPU's";
+      if (cuda::takes_q8(type)) {  // the device's 8-bit activations are the CPU's
+        cuda::stream_sync(stream);
+        std::vector<BlockQ8_1> got(xq.size());
+        cuda::q8_to_blocks(xa.q->get().data(), nt, cols, got.data());
+        ASSERT_EQ(std::memcmp(got.data(), xq.data(), xq.size() * sizeof(BlockQ8_1)), 0)
+            << "8-bit activations differ from the CPU's";
       }
-      // Gather: every third row, backwards, stride rows + 1.
+      const std::vector<float> bias = random_floats(static_cast<size_t>(rows), rng);
+      const std::vector<float> base = random_floats(static_cast<size_t>(nt * rows), rng);
+      DeviceVec<float> dbias(bias), dy(std::vector<float>(static_cast<size_t>(nt * rows), nan)), dadd(base),
+          drelu(std::vector<float>(static_cast<size_t>(nt * rows), nan));
+      cuda::matvec(type, W.m.data, cols, rows, xa.a, nt, dy.p, stream);
+      cuda::MatvecOut add;
+      add.kind = cuda::Epilogue::add;
+      add.y = dadd.p;
+      add.bias = dbias.p;
+      cuda::matvec(W.m, {}, xa.a, nt, add, stream);
+      cuda::MatvecOut relu;
+      relu.kind = cuda::Epilogue::relu;
+      relu.y = drelu.p;
+      cuda::matvec(W.m, {}, xa.a, nt, relu, stream);
+      cuda::stream_sync(stream);
+      const auto y = dy.get(), added = dadd.get(), relued = drelu.get();
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          double mag = 0;
+          const double ref = device_dot(W.w, type, r, cols, x, xq, t, &mag);
+          const size_t i = static_cast<size_t>(t * rows + r);
+          // Float sums of up to 4096 products (or 128 block terms): a bound well above their
+          // rounding, far below a wrong value or activations rounded otherwise than the CPU's.
+          ASSERT_NEAR(y[i], ref, 5e-6 * mag + 1e-6) << "t " << t << " r " << r;
+          ASSERT_EQ(added[i], base[i] + (y[i] + bias[static_cast<size_t>(r)]));
+          ASSERT_EQ(relued[i], std::max(y[i], 0.0f));
+        }
+      // Gather: every third row, backwards, stride rows + 1, the count on the device.
       std::vector<int32_t> ids;
       for (int64_t r = rows - 1; r >= 0; r -= 3) ids.push_back(static_cast<int32_t>(r));
       const int64_t ng = static_cast<int64_t>(ids.size());
       DeviceVec<int32_t> dids(ids), dn(std::vector<int32_t>{static_cast<int32_t>(ng)});
-      DeviceVec<float> dg(static_cast<size_t>(nt * (rows + 1)));
-      cuda::gather_matvec(type, dw.p, cols, dids.p, dn.p, ng, a, nt, dg.p, rows + 1, stream);
+      DeviceVec<float> dg(std::vector<float>(static_cast<size_t>(nt * (rows + 1)), nan));
+      cuda::gather_matvec(type, W.m.data, rows, cols, dids.p, dn.p, rows, xa.a, nt, dg.p, rows + 1, stream);
       cuda::stream_sync(stream);
       const auto g = dg.get();
-      const size_t rb = row_bytes(type, cols);
       for (int64_t t = 0; t < nt; ++t)
-        for (int64_t r = 0; r < rows; ++r) {
-          double ref = 0, mag = 0;
-          if (q8) {
-            const size_t bb = rb / static_cast<size_t>(cols / 32);
-            for (int64_t b = 0; b < cols / 32; ++b)
-              ref += q8_block_dot(type, w.bytes.data() + r * rb + b * bb, xq[static_cast<size_t>(t * cols / 32 + b)], &mag);
-          } else {
-            for (int64_t c = 0; c < cols; ++c) {
-              ref += static_cast<double>(w.deq[r * cols + c]) * x[t * cols + c];
-              mag += std::fabs(static_cast<double>(w.deq[r * cols + c]) * x[t * cols + c]);
-            }
-          }
-          // Float sums of up to 4096 products (or 128 block terms): a bound well above their
-          // rounding, far below a wrong value or activations rounded otherwise than the CPU's.
-          ASSERT_NEAR(y[t * rows + r], ref, 5e-6 * mag + 1e-6) << "t " << t << " r " << r;
+        for (int64_t i = 0; i < rows + 1; ++i) {
+          if (i < ng) ASSERT_EQ(g[t * (rows + 1) + i], y[t * rows + ids[i]]);
+          else ASSERT_TRUE(std::isnan(g[t * (rows + 1) + i])) << "a row past the count was written";
         }
-      for (int64_t t = 0; t < nt; ++t)
-        for (int64_t i = 0; i < ng; ++i) ASSERT_EQ(g[t * (rows + 1) + i], y[t * rows + ids[i]]);
     }
   }
   cuda::stream_destroy(stream);
 #endif
 }
 
-TEST(CudaOps, FireGateMulAxpyAndAddMatchReference) {
+#ifdef EMBER_HAS_CUDA
+// The positions i < n with counts[i] > 0, in order, as cuda::compact lists them.
+static std::vector<int32_t> flagged(const std::vector<int32_t>& counts, int64_t n) {
+  std::vector<int32_t> v;
+  for (int64_t i = 0; i < n; ++i)
+    if (counts[static_cast<size_t>(i)] > 0) v.push_back(static_cast<int32_t>(i));
+  return v;
+}
+#endif
+
+// An FFN share as the device computes it: the gate's matvec with the firing test in its pass
+// (all rows, or a device-counted list of them), the firing positions compacted over several
+// blocks (and the fired pairs counted, and added to a running total), up times the firing value
+// in up's pass, the down's partial sums and their reduction, and the merge with a CPU part and
+// a down bias into the residual; against the CPU's rule (model/ffn.hpp) on the same values.
+TEST(CudaOps, FiringShareMatchesTheCpuRule) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
   std::mt19937 rng(2);
   void* stream = cuda::stream_create();
+  const float nan = std::nanf("");
   for (DType type : kTypes) {
-    for (auto [n, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {1500, 160, 3}, {4097, 4096, 2}}) {
-      SCOPED_TRACE(std::string(dtype_name(type)) + " n " + std::to_string(n));
+    for (auto [n, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {1500, 160, 3}, {2500, 4096, 2},
+                               {300, 64, 6}}) {
+      SCOPED_TRACE(fmt::format("{}: {} neurons of {}, {} tokens", dtype_name(type), n, cols, nt));
       for (cpu::Activation act : {cpu::Activation::relu, cpu::Activation::silu}) {
-        const float thr = act == cpu::Activation::relu ? 0.0f : 0.2f;
-        std::vector<float> pre = random_floats(static_cast<size_t>(nt * n), rng);
-        std::vector<int32_t> rows(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(n - 1 - i);
-        DeviceVec<float> dy(pre);
-        DeviceVec<int32_t> drows(rows), dactive(static_cast<size_t>(n)), dpos(static_cast<size_t>(n)), dcount(2);
-        cuda::ffn_fire(act, thr, dy.p, n, nt, drows.p, dactive.p, dpos.p, dcount.p, stream);
-        cuda::stream_sync(stream);
-        const std::vector<float> y = dy.get();
-        const std::vector<int32_t> active = dactive.get(), pos = dpos.get(), count = dcount.get();
-        // Reference: the CPU activation, threshold, union over tokens, in order.
-        std::vector<float> ref = pre;
-        cpu::activation_inplace(act, ref.data(), nt * n);
-        std::vector<int32_t> want_pos;
-        int64_t fired = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          bool any = false;
-          for (int64_t t = 0; t < nt; ++t) {
-            float& v = ref[t * n + i];
-            if (std::fabs(v) > thr) any = true, ++fired;
-            else v = 0.0f;
-          }
-          if (any) want_pos.push_back(static_cast<int32_t>(i));
-        }
-        ASSERT_EQ(count[0], static_cast<int32_t>(want_pos.size()));
-        ASSERT_EQ(static_cast<int64_t>(count[1]), fired);
-        for (size_t k = 0; k < want_pos.size(); ++k) {
-          ASSERT_EQ(pos[k], want_pos[k]);
-          ASSERT_EQ(active[k], rows[static_cast<size_t>(want_pos[k])]);
-        }
-        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-6f * (1 + std::fabs(ref[i])));
-
-        // gate_mul then sparse_axpy over the active rows of a random neuron-major D.
-        const int64_t na = count[0];
-        std::vector<float> h = random_floats(static_cast<size_t>(nt * n), rng);
-        DeviceVec<float> dh(h);
-        cuda::gate_mul(dh.p, dy.p, n, dpos.p, dcount.p, n, nt, stream);
-        const Weights d = random_weights(type, n, cols, rng);
-        DeviceVec<uint8_t> dd(d.bytes);
-        DeviceVec<float> dout(std::vector<float>(static_cast<size_t>(nt * cols), std::nanf("")));  // poisoned
-        DeviceVec<float> dpartial(std::vector<float>(static_cast<size_t>(cuda::kAxpyChunks * cols), std::nanf("")));
-        cuda::sparse_axpy(type, dd.p, cols, dactive.p, dcount.p, dh.p, n, nt, dout.p, dpartial.p, stream);
-        cuda::stream_sync(stream);
-        const auto hm = dh.get(), out = dout.get();
-        for (int64_t t = 0; t < nt; ++t)
-          for (int64_t k = 0; k < na; ++k)
-            ASSERT_EQ(hm[t * n + k], h[t * n + k] * y[t * n + pos[k]]);
-        for (int64_t t = 0; t < nt; ++t)
-          for (int64_t j = 0; j < cols; ++j) {
-            double ref_o = 0, mag = 0;
-            for (int64_t k = 0; k < na; ++k) {
-              const double term = static_cast<double>(hm[t * n + k]) * d.deq[active[k] * cols + j];
-              ref_o += term;
-              mag += std::fabs(term);
+        for (bool listed : {false, true}) {
+          const float thr = act == cpu::Activation::relu ? 0.0f : 0.2f;
+          const DeviceMatrix gate(type, n, cols, rng), up(type, n, cols, rng), down(type, n, cols, rng);
+          const std::vector<float> x = random_floats(static_cast<size_t>(nt * cols), rng);
+          const DeviceActs xa(type, x, nt, cols, stream);
+          std::vector<BlockQ8_1> xq(static_cast<size_t>(nt * cols / 32));
+          quantize_row(DType::Q8_1, x.data(), xq.data(), nt * cols);
+          // The rows to test: all, or every other one backwards (a predictor's list).
+          std::vector<int32_t> rows;
+          for (int64_t i = n - 1; i >= 0; i -= 2) rows.push_back(static_cast<int32_t>(i));
+          const int64_t nr = listed ? static_cast<int64_t>(rows.size()) : n;
+          DeviceVec<int32_t> drows(rows), dnr(std::vector<int32_t>{static_cast<int32_t>(nr)});
+          DeviceVec<float> da(std::vector<float>(static_cast<size_t>(nt * n), nan));
+          DeviceVec<int32_t> dcounts(std::vector<int32_t>(static_cast<size_t>(n), -7));
+          cuda::MatvecOut fire;
+          fire.kind = cuda::Epilogue::fire;
+          fire.y = da.p;
+          fire.stride = n;
+          fire.act = act;
+          fire.threshold = thr;
+          fire.counts = dcounts.p;
+          const cuda::RowSet rs = listed ? cuda::RowSet{drows.p, dnr.p, n} : cuda::RowSet{nullptr, nullptr, n};
+          cuda::matvec(gate.m, rs, xa.a, nt, fire, stream);
+          DeviceVec<int32_t> dactive(std::vector<int32_t>(static_cast<size_t>(n), -1)),
+              dpos(std::vector<int32_t>(static_cast<size_t>(n), -1)), dtot(std::vector<int32_t>{-1, -1});
+          DeviceVec<uint64_t> dfired(std::vector<uint64_t>{5});
+          cuda::compact(dcounts.p, n, listed ? dnr.p : nullptr, listed ? drows.p : nullptr, dactive.p, dpos.p, dtot.p,
+                        stream, dfired.p);
+          cuda::stream_sync(stream);
+          const std::vector<float> a = da.get();
+          const std::vector<int32_t> counts = dcounts.get(), active = dactive.get(), pos = dpos.get(), tot = dtot.get();
+          // The CPU's rule on the device's pre-activations: activation, threshold, union over tokens.
+          int64_t fired = 0;
+          for (int64_t i = 0; i < nr; ++i) {
+            const int64_t r = listed ? rows[static_cast<size_t>(i)] : i;
+            int cnt = 0;
+            for (int64_t t = 0; t < nt; ++t) {
+              double mag = 0;
+              const double pre = device_dot(gate.w, type, r, cols, x, xq, t, &mag);
+              float want = cpu::activate(act, static_cast<float>(pre));
+              const float got = a[static_cast<size_t>(t * n + i)];
+              if (std::fabs(want) > thr) ++cnt;
+              else want = 0.0f;
+              // Near the threshold the two sums' last bits may decide differently: skip those.
+              if (std::fabs(std::fabs(want) - thr) < 1e-4 * (1 + mag)) continue;
+              ASSERT_NEAR(got, want, 1e-5 * (1 + mag)) << "t " << t << " i " << i;
             }
-            ASSERT_NEAR(out[t * cols + j], ref_o, 2e-4 * mag + 1e-6) << "t " << t << " j " << j;
+            (void)cnt;
           }
+          const std::vector<int32_t> want_pos = flagged(counts, nr);
+          for (int64_t i = 0; i < nr; ++i) {
+            int cnt = 0;
+            for (int64_t t = 0; t < nt; ++t) cnt += a[static_cast<size_t>(t * n + i)] != 0.0f;
+            ASSERT_EQ(counts[static_cast<size_t>(i)], cnt) << "position " << i;
+            fired += cnt;
+          }
+          ASSERT_EQ(tot[0], static_cast<int32_t>(want_pos.size()));
+          ASSERT_EQ(tot[1], static_cast<int32_t>(fired));
+          ASSERT_EQ(dfired.get()[0], 5u + static_cast<uint64_t>(fired));
+          for (size_t k = 0; k < want_pos.size(); ++k) {
+            ASSERT_EQ(pos[k], want_pos[k]);
+            ASSERT_EQ(active[k], listed ? rows[static_cast<size_t>(want_pos[k])] : want_pos[k]);
+          }
+          // Up times the firing value, then the down over the active rows.
+          const int64_t na = tot[0];
+          DeviceVec<float> dh(std::vector<float>(static_cast<size_t>(nt * n), nan));
+          cuda::MatvecOut um;
+          um.kind = cuda::Epilogue::gate_mul;
+          um.y = dh.p;
+          um.stride = n;
+          um.a = da.p;
+          um.a_stride = n;
+          um.pos = dpos.p;
+          cuda::matvec(up.m, {dactive.p, dtot.p, n}, xa.a, nt, um, stream);
+          DeviceVec<float> dout(std::vector<float>(static_cast<size_t>(nt * cols), nan));
+          DeviceVec<float> dpartial(std::vector<float>(static_cast<size_t>(cuda::kAxpyChunks * cols), nan));
+          cuda::sparse_axpy(type, down.m.data, n, cols, dactive.p, dtot.p, dh.p, n, nt, dout.p, dpartial.p, stream);
+          cuda::stream_sync(stream);
+          const auto h = dh.get(), out = dout.get();
+          for (int64_t t = 0; t < nt; ++t)
+            for (int64_t k = 0; k < na; ++k) {
+              double mag = 0;
+              const double u = device_dot(up.w, type, active[static_cast<size_t>(k)], cols, x, xq, t, &mag);
+              const float av = a[static_cast<size_t>(t * n + pos[static_cast<size_t>(k)])];
+              ASSERT_NEAR(h[static_cast<size_t>(t * n + k)], u * av, (5e-6 * mag + 1e-6) * std::fabs(av) + 1e-6);
+            }
+          for (int64_t t = 0; t < nt; ++t)
+            for (int64_t j = 0; j < cols; ++j) {
+              double ref_o = 0, mag = 0;
+              for (int64_t k = 0; k < na; ++k) {
+                const double term = static_cast<double>(h[static_cast<size_t>(t * n + k)]) *
+                                    down.w.deq[static_cast<size_t>(active[static_cast<size_t>(k)] * cols + j)];
+                ref_o += term;
+                mag += std::fabs(term);
+              }
+              ASSERT_NEAR(out[static_cast<size_t>(t * cols + j)], ref_o, 2e-5 * mag + 1e-6) << "t " << t << " j " << j;
+            }
+          // The FFN block's merge: x += cpu + the chunks + down_b, or o kept for a post-norm.
+          const std::vector<float> xr = random_floats(static_cast<size_t>(nt * cols), rng),
+                                   cpu = random_floats(static_cast<size_t>(nt * cols), rng),
+                                   bias = random_floats(static_cast<size_t>(cols), rng);
+          DeviceVec<float> dx(xr), dcpu(cpu), db(bias), dkeep(std::vector<float>(xr.size(), nan));
+          cuda::ffn_merge(dx.p, dcpu.p, dcpu.p, dpartial.p, db.p, cols, nt, false, stream);
+          cuda::ffn_merge(nullptr, dkeep.p, nullptr, dpartial.p, nullptr, cols, nt, true, stream);
+          cuda::stream_sync(stream);
+          const auto merged = dx.get(), kept = dkeep.get();
+          for (size_t i = 0; i < xr.size(); ++i) {
+            ASSERT_EQ(merged[i], xr[i] + ((cpu[i] + out[i]) + bias[i % static_cast<size_t>(cols)]));
+            ASSERT_EQ(kept[i], 0.0f + out[i]);
+          }
+        }
       }
     }
   }
-  // The merge.
+  // The merge's elementwise helpers.
   const auto a = random_floats(1000, rng), b = random_floats(1000, rng);
   DeviceVec<float> da(a), db(b), dc(1000);
   cuda::add(da.p, db.p, dc.p, 1000, stream);
@@ -271,58 +405,59 @@ TEST(CudaOps, FireGateMulAxpyAndAddMatchReference) {
 #endif
 }
 
-// The predictor's steps: relu, predict_select (the share's positions compacted, the CPU's
-// masked), and ffn_fire over a device-counted prefix of candidate rows, against the CPU.
-TEST(CudaOps, PredictorSelectionAndCountedFireMatchTheCpu) {
+// The predictor's steps: fc1 with ReLU in its pass, fc2 with the selection test in its pass (the
+// share's positions counted, the CPU's into the mask), the share's predicted positions compacted
+// over several blocks; against the CPU on the device's own scores.
+TEST(CudaOps, PredictorSelectionMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
   std::mt19937 rng(11);
   void* stream = cuda::stream_create();
-  for (int64_t n_ff : {1, 33, 1000, 2049}) {
-    for (int64_t nt : {1, 3}) {
-      for (int64_t k : {int64_t{0}, n_ff / 3, n_ff}) {
-        const float thr = 0.3f;
-        std::vector<float> scores = random_floats(static_cast<size_t>(nt * n_ff), rng);
-        DeviceVec<float> ds(scores);
-        cuda::relu(ds.p, nt * n_ff, stream);
-        DeviceVec<uint8_t> dmask(std::vector<uint8_t>(static_cast<size_t>(n_ff), 7));
-        DeviceVec<int32_t> dcand(std::vector<int32_t>(static_cast<size_t>(n_ff + 1), -1));
-        cuda::predict_select(ds.p, n_ff, nt, thr, k, dmask.p, dcand.p, dcand.p + n_ff, stream);
-        cuda::stream_sync(stream);
-        const auto relu = ds.get();
-        for (size_t i = 0; i < scores.size(); ++i) ASSERT_EQ(relu[i], std::max(scores[i], 0.0f));
-        const auto mask = dmask.get();
-        const auto cand = dcand.get();
-        std::vector<int32_t> want;
-        for (int64_t i = 0; i < n_ff; ++i) {
-          bool any = false;
-          for (int64_t t = 0; t < nt; ++t) any |= relu[t * n_ff + i] >= thr;
-          if (i < k && any) want.push_back(static_cast<int32_t>(i));
-          if (i >= k) {
-            ASSERT_EQ(mask[i - k], any ? 1 : 0) << "position " << i;
+  for (DType type : {DType::F16, DType::Q8_0}) {
+    for (int64_t n_ff : {1, 33, 1000, 3000}) {
+      for (int64_t nt : {1, 3, 6}) {
+        for (int64_t k : {int64_t{0}, n_ff / 3, n_ff}) {
+          SCOPED_TRACE(fmt::format("{} n_ff {} tokens {} share {}", dtype_name(type), n_ff, nt, k));
+          const int64_t rank = 64;
+          const float thr = 0.3f;
+          const DeviceMatrix fc2(type, n_ff, rank, rng);
+          std::vector<float> hid = random_floats(static_cast<size_t>(nt * rank), rng);
+          DeviceVec<float> dhid(hid);
+          cuda::relu(dhid.p, nt * rank, stream);
+          cuda::stream_sync(stream);
+          const auto relu = dhid.get();
+          for (size_t i = 0; i < hid.size(); ++i) ASSERT_EQ(relu[i], std::max(hid[i], 0.0f));
+          const DeviceActs ha(type, relu, nt, rank, stream);
+          DeviceVec<float> dscores(static_cast<size_t>(nt * n_ff));
+          cuda::matvec(type, fc2.m.data, rank, n_ff, ha.a, nt, dscores.p, stream);
+          DeviceVec<uint8_t> dmask(std::vector<uint8_t>(static_cast<size_t>(n_ff), 7));
+          DeviceVec<int32_t> dcounts(std::vector<int32_t>(static_cast<size_t>(n_ff), -1));
+          cuda::MatvecOut sel;
+          sel.kind = cuda::Epilogue::select;
+          sel.threshold = thr;
+          sel.counts = dcounts.p;
+          sel.k = k;
+          sel.mask = dmask.p;
+          cuda::matvec(fc2.m, {}, ha.a, nt, sel, stream);
+          DeviceVec<int32_t> dcand(std::vector<int32_t>(static_cast<size_t>(n_ff + 2), -1));
+          cuda::compact(dcounts.p, k, nullptr, nullptr, dcand.p, nullptr, dcand.p + n_ff, stream);
+          cuda::stream_sync(stream);
+          const auto scores = dscores.get();
+          const auto mask = dmask.get();
+          const auto cand = dcand.get(), counts = dcounts.get();
+          std::vector<int32_t> want;
+          for (int64_t i = 0; i < n_ff; ++i) {
+            bool any = false;
+            for (int64_t t = 0; t < nt; ++t) any |= scores[static_cast<size_t>(t * n_ff + i)] >= thr;
+            if (i < k) {
+              ASSERT_EQ(counts[static_cast<size_t>(i)], any ? 1 : 0) << "position " << i;
+              if (any) want.push_back(static_cast<int32_t>(i));
+            } else {
+              ASSERT_EQ(mask[static_cast<size_t>(i - k)], any ? 1 : 0) << "position " << i;
+            }
           }
-        }
-        ASSERT_EQ(cand[n_ff], static_cast<int32_t>(want.size()));
-        for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(cand[i], want[i]);
-        if (k == 0) continue;
-        // ffn_fire over the candidates' prefix of rows of length k (stride k), counted on the device.
-        std::vector<float> y = random_floats(static_cast<size_t>(nt * k), rng);
-        DeviceVec<float> dy(y);
-        DeviceVec<int32_t> dactive(static_cast<size_t>(k)), dpos(static_cast<size_t>(k)), dcount(2);
-        cuda::ffn_fire(cpu::Activation::relu, 0.0f, dy.p, k, nt, dcand.p, dactive.p, dpos.p, dcount.p, stream,
-                       dcand.p + n_ff);
-        cuda::stream_sync(stream);
-        const auto active = dactive.get(), pos = dpos.get(), count = dcount.get();
-        std::vector<int32_t> want_pos;
-        for (size_t i = 0; i < want.size(); ++i) {
-          bool any = false;
-          for (int64_t t = 0; t < nt; ++t) any |= y[t * k + static_cast<int64_t>(i)] > 0.0f;
-          if (any) want_pos.push_back(static_cast<int32_t>(i));
-        }
-        ASSERT_EQ(count[0], static_cast<int32_t>(want_pos.size()));
-        for (size_t i = 0; i < want_pos.size(); ++i) {
-          ASSERT_EQ(pos[i], want_pos[i]);
-          ASSERT_EQ(active[i], want[static_cast<size_t>(want_pos[i])]);
+          ASSERT_EQ(cand[static_cast<size_t>(n_ff)], static_cast<int32_t>(want.size()));
+          for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(cand[i], want[i]);
         }
       }
     }
@@ -332,10 +467,13 @@ TEST(CudaOps, PredictorSelectionAndCountedFireMatchTheCpu) {
 }
 
 // The attention block's kernels against the CPU's functions: norms (RMS and Layer, with and
-// without weight and bias, in place), biases, the residual add, RoPE (both layouts, partial
-// rotation, frequency factors and an attention factor), the KV store (F16 rounding as the CPU's),
-// and attention (grouped heads, sliding windows, several tokens at pos0 > 0, F16 and F32 caches,
-// head sizes 40 to 256) against the double-precision reference. Outputs are poisoned first.
+// without weight and bias, in place, spread over blocks, rounded to 8 bits in the same pass as
+// quantize_q8 rounds them), biases, the residual add, RoPE with the KV store in one launch (both
+// layouts, partial rotation, frequency factors and an attention factor, F16 rounding as the
+// CPU's, no rotation), and attention (grouped heads, sliding windows, several tokens at a
+// device-held position > 0, F16 and F32 caches, head sizes 40 to 256) against the double-
+// precision reference, the same bits over the whole context's chunks (a captured graph's
+// launch). Outputs are poisoned first.
 TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
@@ -343,7 +481,7 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
   void* stream = cuda::stream_create();
   const float nan = std::nanf("");
   // Norms over rows of awkward widths.
-  for (int64_t width : {1, 40, 257, 4096}) {
+  for (int64_t width : {1, 40, 257, 4096, 96}) {
     for (bool layer : {false, true}) {
       SCOPED_TRACE(std::string(layer ? "layer" : "rms") + " norm, width " + std::to_string(width));
       const int64_t rows = 3;
@@ -357,8 +495,11 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
         std::vector<float> ref(x.size());
         if (layer) cpu::layer_norm(x.data(), hw, hb, ref.data(), rows, width, 1e-5f);
         else cpu::rms_norm(x.data(), hw, ref.data(), rows, width, 1e-5f);
+        const bool q8 = width % 32 == 0;
         DeviceVec<float> dx(x), dw(w), db(b), dout(std::vector<float>(x.size(), nan));
-        cuda::norm_rows(dx.p, hw ? dw.p : nullptr, hb ? db.p : nullptr, dout.p, rows, width, 1e-5f, layer, stream);
+        DeviceVec<uint8_t> dq(std::vector<uint8_t>(gpu_q8_bytes(width, rows), 0xee));
+        cuda::norm_rows(dx.p, hw ? dw.p : nullptr, hb ? db.p : nullptr, dout.p, rows, width, 1e-5f, layer, stream,
+                        q8 ? dq.p : nullptr);
         cuda::norm_rows(dx.p, hw ? dw.p : nullptr, hb ? db.p : nullptr, dx.p, rows, width, 1e-5f, layer, stream);
         cuda::stream_sync(stream);
         const auto got = dout.get(), in_place = dx.get();
@@ -366,6 +507,12 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
           // Float sums of up to 4096 squares in another order: relative 1e-5 of the row's scale.
           ASSERT_NEAR(got[i], ref[i], 2e-5f * (1 + std::fabs(ref[i]))) << i;
           ASSERT_EQ(in_place[i], got[i]) << i;
+        }
+        if (q8) {  // the norm's 8-bit output is the CPU's rounding of its float output
+          std::vector<BlockQ8_1> want(static_cast<size_t>(rows * width / 32)), have(want.size());
+          quantize_row(DType::Q8_1, got.data(), want.data(), rows * width);
+          cuda::q8_to_blocks(dq.get().data(), rows, width, have.data());
+          ASSERT_EQ(std::memcmp(want.data(), have.data(), want.size() * sizeof(BlockQ8_1)), 0);
         }
       }
     }
@@ -385,50 +532,74 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
       ASSERT_NEAR(capped[i], 0.3f * std::tanh(y[i] / 0.3f), 1e-6f);
     }
   }
-  // RoPE.
+  // RoPE and the KV store in one launch.
   for (auto layout : {cpu::RopeLayout::normal, cpu::RopeLayout::neox}) {
-    for (auto [head_dim, n_rot] : {std::pair<int64_t, int>{64, 64}, {80, 32}, {128, 128}, {256, 256}}) {
-      SCOPED_TRACE("rope head " + std::to_string(head_dim) + " rotating " + std::to_string(n_rot));
-      cpu::RopeConfig rc;
-      rc.n_rot = n_rot;
-      rc.base = 10000.0;
-      rc.layout = layout;
-      if (head_dim == 80) {
-        rc.linear_scale = 2.0;
-        rc.attn_factor = 1.19;
-        for (int i = 0; i < n_rot / 2; ++i) rc.freq_factors.push_back(1.0f + 0.1f * static_cast<float>(i));
+    for (auto [head_dim, n_rot] : {std::pair<int64_t, int>{64, 64}, {80, 32}, {128, 128}, {256, 256}, {64, 0}}) {
+      for (bool f16 : {true, false}) {
+        SCOPED_TRACE(fmt::format("rope head {} rotating {}, {} cache", head_dim, n_rot, f16 ? "F16" : "F32"));
+        cpu::RopeConfig rc;
+        rc.n_rot = n_rot > 0 ? n_rot : static_cast<int>(head_dim);
+        rc.base = 10000.0;
+        rc.layout = layout;
+        if (head_dim == 80) {
+          rc.linear_scale = 2.0;
+          rc.attn_factor = 1.19;
+          for (int i = 0; i < n_rot / 2; ++i) rc.freq_factors.push_back(1.0f + 0.1f * static_cast<float>(i));
+        }
+        const cpu::RopeTable table(rc);
+        const int64_t n_tokens = 3, n_head = 5, n_head_kv = 2, pos0 = 1000, n_ctx = 1010;
+        const int64_t kvd = n_head_kv * head_dim;
+        const std::vector<float> q = random_floats(static_cast<size_t>(n_tokens * n_head * head_dim), rng);
+        const std::vector<float> k = random_floats(static_cast<size_t>(n_tokens * kvd), rng);
+        const std::vector<float> v = random_floats(k.size(), rng);
+        std::vector<float> qr = q, kr = k;
+        if (n_rot > 0) {
+          std::vector<float> cs(static_cast<size_t>(n_rot));
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            table.angles(pos0 + t, cs.data());
+            table.apply(qr.data() + t * n_head * head_dim, n_head, head_dim, cs.data());
+            table.apply(kr.data() + t * kvd, n_head_kv, head_dim, cs.data());
+          }
+        }
+        const size_t vb = f16 ? 2 : 4;
+        DeviceVec<float> dq(q), dk(k), dv(v);
+        DeviceVec<double> dinv(table.inv_freq());
+        DeviceVec<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(pos0)});
+        DeviceVec<uint8_t> dkc(std::vector<uint8_t>(static_cast<size_t>(n_ctx * kvd) * vb, 0xff)), dvc(dkc.get());
+        cuda::RopeArgs ra;
+        if (n_rot > 0) ra.inv_freq = dinv.p, ra.n_rot = n_rot, ra.attn_factor = rc.attn_factor;
+        ra.neox = layout == cpu::RopeLayout::neox;
+        cuda::rope_store(dq.p, dk.p, dv.p, n_tokens, n_head, n_head_kv, head_dim, dpos.p, ra, dkc.p, dvc.p, f16, stream);
+        cuda::stream_sync(stream);
+        const auto gq = dq.get(), gk = dk.get();
+        // The same angles in double; cos and sin may differ by an ulp from the host's libm.
+        for (size_t i = 0; i < qr.size(); ++i) ASSERT_NEAR(gq[i], qr[i], 1e-6f * (1 + std::fabs(qr[i]))) << i;
+        for (size_t i = 0; i < kr.size(); ++i) ASSERT_NEAR(gk[i], kr[i], 1e-6f * (1 + std::fabs(kr[i]))) << i;
+        // The cache holds the device's rotated k and v at the positions, as the CPU stores them.
+        std::vector<uint8_t> kc(dkc.n, 0xff), vc(dvc.n, 0xff);
+        if (f16) {
+          cpu::to_f16(gk.data(), reinterpret_cast<uint16_t*>(kc.data()) + pos0 * kvd, n_tokens * kvd);
+          cpu::to_f16(v.data(), reinterpret_cast<uint16_t*>(vc.data()) + pos0 * kvd, n_tokens * kvd);
+        } else {
+          std::memcpy(kc.data() + pos0 * kvd * 4, gk.data(), gk.size() * 4);
+          std::memcpy(vc.data() + pos0 * kvd * 4, v.data(), v.size() * 4);
+        }
+        ASSERT_EQ(dkc.get(), kc);
+        ASSERT_EQ(dvc.get(), vc);
       }
-      const cpu::RopeTable table(rc);
-      const int64_t n_tokens = 3, n_heads = 5, pos0 = 1000;
-      std::vector<float> x = random_floats(static_cast<size_t>(n_tokens * n_heads * head_dim), rng);
-      std::vector<float> ref = x;
-      std::vector<float> cs(static_cast<size_t>(n_rot));
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        table.angles(pos0 + t, cs.data());
-        table.apply(ref.data() + t * n_heads * head_dim, n_heads, head_dim, cs.data());
-      }
-      DeviceVec<float> dx(x);
-      DeviceVec<double> dinv(table.inv_freq());
-      cuda::rope(dx.p, n_tokens, n_heads, head_dim, pos0, dinv.p, n_rot, rc.attn_factor,
-                 layout == cpu::RopeLayout::neox, stream);
-      cuda::stream_sync(stream);
-      const auto got = dx.get();
-      // The same angles in double; cos and sin may differ by an ulp from the host's libm.
-      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 1e-6f * (1 + std::fabs(ref[i]))) << i;
     }
   }
-  // The KV store and attention: one chunk of positions, and several (kAttnChunk = 256) merged,
-  // with sliding windows that leave early chunks empty.
+  // Attention over a filled cache: one chunk of positions, and several (kAttnChunk = 256) merged,
+  // with sliding windows that leave early chunks empty; then over the whole context's chunks.
   for (bool f16 : {true, false}) {
     for (auto [n_head, n_head_kv, head_dim] :
          {std::tuple<int64_t, int64_t, int64_t>{4, 2, 40}, {8, 8, 64}, {6, 2, 128}, {2, 1, 256}}) {
       for (auto [n_ctx, pos0, n_tokens, window] :
            {std::tuple<int64_t, int64_t, int64_t, int64_t>{40, 17, 4, 0}, {40, 17, 4, 5}, {700, 500, 3, 0},
-            {700, 500, 3, 300}, {1100, 1024, 2, 5}}) {
+            {700, 500, 3, 300}, {1100, 1024, 2, 5}, {1100, 30, 2, 0}}) {
         SCOPED_TRACE(fmt::format("{} cache, {}/{} heads of {}, tokens {}..{}, window {}", f16 ? "F16" : "F32", n_head,
                                  n_head_kv, head_dim, pos0, pos0 + n_tokens - 1, window));
         const int64_t kvd = n_head_kv * head_dim, qd = n_head * head_dim;
-        // The cache's earlier positions, then the new tokens' rows stored by kv_store.
         std::vector<float> k = random_floats(static_cast<size_t>(n_ctx * kvd), rng);
         std::vector<float> v = random_floats(static_cast<size_t>(n_ctx * kvd), rng);
         const std::vector<float> q = random_floats(static_cast<size_t>(n_tokens * qd), rng);
@@ -444,35 +615,31 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
           std::memcpy(kc.data(), k.data(), kc.size());
           std::memcpy(vc.data(), v.data(), vc.size());
         }
-        // Poison the new tokens' positions in the device's cache: kv_store must write them.
-        std::vector<uint8_t> kc_dev = kc, vc_dev = vc;
-        std::memset(kc_dev.data() + pos0 * kvd * vb, 0xff, static_cast<size_t>(n_tokens * kvd) * vb);
-        std::memset(vc_dev.data() + pos0 * kvd * vb, 0xff, static_cast<size_t>(n_tokens * kvd) * vb);
-        DeviceVec<uint8_t> dk(kc_dev), dv(vc_dev);
-        const std::vector<float> k_new(k.begin() + pos0 * kvd, k.begin() + (pos0 + n_tokens) * kvd);
-        const std::vector<float> v_new(v.begin() + pos0 * kvd, v.begin() + (pos0 + n_tokens) * kvd);
-        DeviceVec<float> dkn(k_new), dvn(v_new), dq(q);
-        cuda::kv_store(dkn.p, n_tokens, kvd, dk.p, pos0, f16, stream);
-        cuda::kv_store(dvn.p, n_tokens, kvd, dv.p, pos0, f16, stream);
+        DeviceVec<uint8_t> dk(kc), dv(vc);
+        DeviceVec<float> dq(q);
+        DeviceVec<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(pos0)});
         cuda::AttentionArgs a;
         a.n_head = n_head, a.n_head_kv = n_head_kv, a.head_dim = head_dim, a.n_ctx = n_ctx;
         a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
         a.window = window;
         a.f16 = f16;
-        DeviceVec<float> dout(std::vector<float>(q.size(), nan));
-        DeviceVec<float> dscores(std::vector<float>(static_cast<size_t>(n_tokens * n_head * n_ctx), nan));
-        DeviceVec<float> dpartial(std::vector<float>(
-            static_cast<size_t>(cuda::attention_partial_floats(n_tokens, n_head, head_dim, n_ctx)), nan));
-        cuda::attention(a, dq.p, n_tokens, pos0, dk.p, dv.p, dout.p, dscores.p, dpartial.p, stream);
-        cuda::stream_sync(stream);
-        ASSERT_EQ(dk.get(), kc);  // the stored rows are the CPU's (F16: rounded as cpu::to_f16)
-        ASSERT_EQ(dv.get(), vc);
+        std::vector<float> outs[2];
+        for (int whole = 0; whole < 2; ++whole) {
+          DeviceVec<float> dout(std::vector<float>(q.size(), nan));
+          DeviceVec<float> dscores(std::vector<float>(static_cast<size_t>(n_tokens * n_head * n_ctx), nan));
+          DeviceVec<float> dpartial(std::vector<float>(
+              static_cast<size_t>(cuda::attention_partial_floats(n_tokens, n_head, head_dim, n_ctx)), nan));
+          cuda::attention(a, dq.p, n_tokens, dpos.p, whole ? n_ctx : pos0 + n_tokens, dk.p, dv.p, dout.p, dscores.p,
+                          dpartial.p, stream);
+          cuda::stream_sync(stream);
+          outs[whole] = dout.get();
+        }
         cpu::AttentionShape sh;
         sh.n_head = n_head, sh.n_head_kv = n_head_kv, sh.head_dim = head_dim, sh.scale = a.scale, sh.window = window;
         std::vector<float> ref(q.size());
         cpu::attention_reference(sh, q.data(), n_tokens, pos0, kr.data(), vr.data(), kvd, ref.data());
-        const auto got = dout.get();
-        for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f * (1 + std::fabs(ref[i]))) << i;
+        for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(outs[0][i], ref[i], 2e-5f * (1 + std::fabs(ref[i]))) << i;
+        ASSERT_EQ(outs[1], outs[0]) << "the whole context's chunks changed the result";
       }
     }
   }

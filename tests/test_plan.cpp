@@ -264,17 +264,18 @@ TEST(Plan, LayerSplitHandComputed) {
   EXPECT_EQ(gpu_ffn_share_bytes(m.layers[0], 4), 3328u);
   EXPECT_EQ(gpu_layer_bytes(m.layers[0], true, 4), 4864u);
   // FFN scratch: 2 pad(64 * 4) + 2 pad(4 * 4) + pad(4 * 4) + pad(6 * 4) = 512 + 512 + 512, the
-  // down axpy's partial sums, kAxpyChunks (32) x 64 x 4 = 8192, and x in 2 Q8_1 blocks -> 256.
-  EXPECT_EQ(gpu_ffn_scratch_bytes(m, o), 9984u);
+  // down axpy's partial sums, kAxpyChunks (64) x 64 x 4 = 16384, x in 2 Q8_1 blocks -> 256, and
+  // the firing counts (8 + 4 x 4 -> 256).
+  EXPECT_EQ(gpu_ffn_scratch_bytes(m, o), 18432u);
   // Attention scratch: the hidden state, the norm's and the block's outputs 3 x 256, q 256, k and
   // v 128 -> 256 each, output 256, scores 2 * 8 * 4 -> 256, two RoPE tables of head_dim 32 / 2 =
   // 16 doubles -> 256 each, the inputs in 2 Q8_1 blocks -> 256, and the attention's partial
-  // results, one chunk per head: 2 x (2 + 32) floats -> 512.
-  EXPECT_EQ(gpu_attn_scratch_bytes(m, o), 3328u);
+  // results, one chunk per head: 2 x (2 + 32) floats -> 512, the rows' positions -> 256.
+  EXPECT_EQ(gpu_attn_scratch_bytes(m, o), 3584u);
   DeviceDesc dev;
-  // Scratch 9984 + 3328 = 13312 once, then 4864 per layer.
-  const std::pair<uint64_t, int> cases[] = {{0, 0},      {18175, 0}, {18176, 1}, {23039, 1},
-                                            {23040, 2}, {27903, 2}, {27904, 3}, {1 << 20, 3}};
+  // Scratch 18432 + 3584 = 22016 once, then 4864 per layer.
+  const std::pair<uint64_t, int> cases[] = {{0, 0},      {26879, 0}, {26880, 1}, {31743, 1},
+                                            {31744, 2}, {36607, 2}, {36608, 3}, {1 << 20, 3}};
   for (auto [budget, layers] : cases) {
     dev.vram_budget = budget;
     const Plan p = plan_layer_split(m, dev, o);
@@ -287,7 +288,7 @@ TEST(Plan, LayerSplitHandComputed) {
       }
     }
     EXPECT_EQ(on, layers) << "budget " << budget;
-    EXPECT_EQ(p.gpu_bytes, layers == 0 ? 0u : 13312u + 4864u * layers);
+    EXPECT_EQ(p.gpu_bytes, layers == 0 ? 0u : 22016u + 4864u * layers);
     for (int l = 0; l < layers; ++l) EXPECT_TRUE(p.layer_uses_gpu(static_cast<size_t>(l)));  // the first layers
   }
   // Cost model by hand for all three layers on the GPU: per layer attention 1024 + 256 (half
@@ -327,19 +328,19 @@ TEST(Plan, OutputHeadHandComputed) {
   o.min_gpu_neurons = 1;
   // Weights 6656 and the logits of one row, 100 floats -> 512.
   EXPECT_EQ(gpu_output_bytes(m, o), 7168u);
-  // The layer split takes the head once every layer is there: scratch 13312 + 3 x 4864 + 7168.
+  // The layer split takes the head once every layer is there: scratch 22016 + 3 x 4864 + 7168.
   DeviceDesc dev;
-  for (auto [budget, head] : {std::pair<uint64_t, bool>{35071, false}, {35072, true}}) {
+  for (auto [budget, head] : {std::pair<uint64_t, bool>{43775, false}, {43776, true}}) {
     dev.vram_budget = budget;
     const Plan p = plan_layer_split(m, dev, o);
     EXPECT_EQ(p.output_gpu, head) << budget;
-    EXPECT_EQ(p.gpu_bytes, head ? 35072u : 27904u);
+    EXPECT_EQ(p.gpu_bytes, head ? 43776u : 36608u);
   }
-  // Alone, it still needs the hidden state's buffers: the attention scratch (3328) with it.
+  // Alone, it still needs the hidden state's buffers: the attention scratch (3584) with it.
   Plan head_only;
   head_only.layers.resize(3);
   head_only.output_gpu = true;
-  EXPECT_EQ(gpu_bytes(m, o, head_only), 3328u + 7168u);
+  EXPECT_EQ(gpu_bytes(m, o, head_only), 3584u + 7168u);
   // The cost model: the matrix read at the GPU's bandwidth, one synchronization, the hidden state
   // up and the logits down.
   dev.vram_budget = 1 << 20;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -11,28 +12,41 @@
 
 namespace ember {
 
+namespace {
+// A norm's or bias's floats in the arena; null for a tensor the layer does not have.
+const float* dev_floats(const TensorView& t) { return t.valid() ? reinterpret_cast<const float*>(t.data) : nullptr; }
+constexpr size_t kMaxGraphs = 64;  // graphs kept (a decode step's shapes); more: all dropped
+}  // namespace
+
 CudaDevice::CudaDevice() {
   std::string why;
   EMBER_CHECK(cuda::available(&why), "no usable CUDA device ({}); run without --vram-budget/--plan, or on a machine "
               "with an NVIDIA GPU", why);
   stream_ = cuda::stream_create();
   predicted_event_ = cuda::event_create();
+  input_event_ = cuda::event_create();
+  const char* env = std::getenv("EMBER_CUDA_GRAPHS");
+  graphs_ = cuda::graphs_supported() && !(env && std::string(env) == "0");
+  launches0_ = cuda::launches();
 }
 
 CudaDevice::~CudaDevice() {
-  if (pending_) {
-    try {
-      cuda::stream_sync(stream_);
-    } catch (const Error&) {
+  try {
+    if (mode_ == Mode::capture) {
+      size_t nodes = 0;
+      cuda::graph_destroy(cuda::capture_end(stream_, &nodes));
     }
+    cuda::stream_sync(stream_);
+  } catch (const Error&) {
   }
+  for (auto& [key, g] : graph_cache_) cuda::graph_destroy(g.exec);
   if (arena_) cuda::free_device(arena_);
-  if (x_host_) cuda::free_host_pinned(x_host_);
-  for (float* p : {out_host_, hidden_host_, ffn_in_host_, ffn_out_host_, logits_host_})
+  for (float* p : {x_host_, out_host_, hidden_host_, hidden_out_host_, ffn_in_host_, ffn_out_host_, logits_host_})
     if (p) cuda::free_host_pinned(p);
-  if (counters_host_) cuda::free_host_pinned(counters_host_);
+  if (positions_host_) cuda::free_host_pinned(positions_host_);
   if (mask_host_) cuda::free_host_pinned(mask_host_);
-  if (predicted_event_) cuda::event_destroy(predicted_event_);
+  for (void* e : {predicted_event_, input_event_})
+    if (e) cuda::event_destroy(e);
   if (stream_) cuda::stream_destroy(stream_);
 }
 
@@ -84,22 +98,21 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
            free0 / 1048576.0, total / 1048576.0, layout_.total / 1048576.0);
   arena_ = static_cast<uint8_t*>(cuda::malloc_device(layout_.total));
   const size_t io = static_cast<size_t>(max_batch_ * n_embd_) * sizeof(float);
-  x_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
-  out_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
-  hidden_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
-  ffn_in_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
-  ffn_out_host_ = static_cast<float*>(cuda::malloc_host_pinned(io));
-  counters_host_ = static_cast<int32_t*>(cuda::malloc_host_pinned(2 * sizeof(int32_t)));
+  for (float** p : {&x_host_, &out_host_, &hidden_host_, &hidden_out_host_, &ffn_in_host_, &ffn_out_host_})
+    *p = static_cast<float*>(cuda::malloc_host_pinned(io));
+  positions_host_ = static_cast<int32_t*>(cuda::malloc_host_pinned(static_cast<size_t>(max_batch_) * sizeof(int32_t)));
   mask_host_ = static_cast<uint8_t*>(cuda::malloc_host_pinned(static_cast<size_t>(n_ff_)));
-  // Upload each share: its rows gathered on the host, one copy per buffer, on the device's own
-  // stream and waited for before the staging buffer is reused: a blocking copy from pageable
-  // memory is not ordered with the kernels of a non-blocking stream.
-  std::vector<uint8_t> staging;
+  // Each matrix goes up in the device's layout (cuda::pack_matrix): its rows gathered on the host,
+  // packed, one copy, on the device's own stream and waited for before the staging buffers are
+  // reused (a blocking copy from pageable memory is not ordered with a non-blocking stream).
+  std::vector<uint8_t> rows_buf, packed;
   auto upload_rows = [&](const TensorView& src, const int32_t* ids, int64_t n, uint64_t offset) {
     const size_t rb = src.row_size();
-    staging.resize(rb * static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) std::memcpy(staging.data() + i * rb, src.row(ids ? ids[i] : i), rb);
-    cuda::copy_to_device(arena_ + offset, staging.data(), staging.size(), stream_);
+    rows_buf.resize(rb * static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) std::memcpy(rows_buf.data() + i * rb, src.row(ids ? ids[i] : i), rb);
+    packed.resize(rows_buf.size());
+    cuda::pack_matrix(src.type, rows_buf.data(), n, src.cols(), packed.data());
+    cuda::copy_to_device(arena_ + offset, packed.data(), packed.size(), stream_);
     cuda::stream_sync(stream_);
   };
   for (size_t l = 0; l < model.layers.size(); ++l) {
@@ -121,13 +134,13 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);
     cuda::stream_sync(stream_);
   }
-  // A tensor uploaded into the arena at `off` and its view there (an empty view stays empty).
+  // A tensor uploaded into the arena at `off` (a matrix in the device's layout) and its view there
+  // (an empty view stays empty).
   auto placed = [&](const TensorView& from, uint64_t off) {
     TensorView v = from;
     if (!from.valid()) return v;
     EMBER_CHECK(from.contiguous(), "CUDA device: {} is not contiguous", from.name);
-    cuda::copy_to_device(arena_ + off, from.data, from.nbytes, stream_);
-    cuda::stream_sync(stream_);  // the source is the file's map: no pinned staging to keep
+    upload_rows(from, nullptr, from.rows(), off);
     v.stride = 0;
     v.data = arena_ + off;
     return v;
@@ -189,11 +202,169 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     table(model.rope ? &model.rope_for_context(pm.n_ctx) : nullptr, layout_.rope);
     table(model.rope_local.get(), layout_.rope_local);
   }
+  if (layout_.counts) {  // the fired pairs' total starts at 0
+    const uint64_t zero = 0;
+    cuda::copy_to_device(arena_ + layout_.counts, &zero, sizeof(zero), stream_);
+    cuda::stream_sync(stream_);
+  }
   size_t free1 = 0;
   cuda::mem_info(&free1, &total);
   log_info("CUDA device: {:.1f} MiB free after load: {:.1f} MiB taken (arena {:.1f} MiB, pinned buffers, the rest "
-           "CUDA's own)", free1 / 1048576.0, (free0 - std::min(free0, free1)) / 1048576.0,
-           layout_.total / 1048576.0);
+           "CUDA's own); graphs {}", free1 / 1048576.0, (free0 - std::min(free0, free1)) / 1048576.0,
+           layout_.total / 1048576.0, graphs_ ? "on" : "off");
+}
+
+// ---- host results, waits and graphs -----------------------------------------------------------
+
+void CudaDevice::to_host(void* pinned, const void* dev, size_t bytes, void* dst) {
+  if (queue()) cuda::copy_to_host(pinned, dev, bytes, stream_);
+  host_copies_.push_back({dst, pinned, bytes});
+  counters_.bytes_out += bytes;
+}
+
+void CudaDevice::wait_event(void* event) {
+  cuda::event_sync(event);
+  ++counters_.host_waits;
+}
+
+void CudaDevice::capture_begin(uint64_t key) {
+  EMBER_CHECK(mode_ == Mode::direct && !pending_ && block_layer_ < 0 && host_copies_.empty(),
+              "CUDA device: capture_begin inside another sequence of calls");
+  if (!graphs_ || key == 0) return;
+  key_ = key, calls_ = 0;
+  if (graph_cache_.count(key)) {
+    mode_ = Mode::replay;
+    return;
+  }
+  if (graph_cache_.size() >= kMaxGraphs) {
+    for (auto& [k, g] : graph_cache_) cuda::graph_destroy(g.exec);
+    graph_cache_.clear();
+  }
+  capture_launches0_ = cuda::launches();
+  cuda::capture_begin(stream_);
+  mode_ = Mode::capture;
+}
+
+void CudaDevice::sync() {
+  EMBER_CHECK(!pending_ && block_layer_ < 0, "CUDA device: sync with an FFN share under way");
+  if (mode_ == Mode::capture) {
+    Graph g;
+    mode_ = Mode::direct;
+    g.exec = cuda::capture_end(stream_, &g.nodes);
+    g.calls = calls_;
+    captured_launches_ += cuda::launches() - capture_launches0_;
+    graph_cache_[key_] = g;
+  }
+  if (key_ != 0) {  // the captured or replayed graph runs now
+    const Graph& g = graph_cache_.at(key_);
+    EMBER_CHECK(g.calls == calls_, "CUDA device: a replay of {} calls where {} were captured", calls_, g.calls);
+    mode_ = Mode::direct;
+    key_ = 0;
+    cuda::graph_launch(g.exec, stream_);
+    ++counters_.graphs;
+    counters_.graph_nodes += g.nodes;
+  }
+  cuda::stream_sync(stream_);
+  ++counters_.host_waits;
+  for (const HostCopy& c : host_copies_) std::memcpy(c.dst, c.src, c.bytes);
+  host_copies_.clear();
+}
+
+uint64_t CudaDevice::fired() const {
+  if (!layout_.counts) return 0;
+  cuda::stream_sync(stream_);
+  uint64_t n = 0;
+  cuda::copy_to_host_sync(&n, arena_ + layout_.counts, sizeof(n));
+  return n;
+}
+
+DeviceCounters CudaDevice::counters() const {
+  DeviceCounters c = counters_;
+  c.launches = cuda::launches() - launches0_ - captured_launches_;
+  return c;
+}
+
+void CudaDevice::reset_stats() {
+  EMBER_CHECK(mode_ == Mode::direct && !pending_, "CUDA device: reset_stats inside a sequence of calls");
+  crossings_ = {};
+  counters_ = {};
+  launches0_ = cuda::launches();
+  captured_launches_ = 0;
+  if (layout_.counts) {
+    const uint64_t zero = 0;
+    cuda::stream_sync(stream_);
+    cuda::copy_to_device_sync(arena_ + layout_.counts, &zero, sizeof(zero));
+  }
+}
+
+// ---- FFN shares ---------------------------------------------------------------------------------
+
+void CudaDevice::queue_share(size_t l, cuda::Activations xa, int64_t n, const ShareRule& rule, const float* px,
+                             void* event) {
+  const auto& s = layout_.layers[l];
+  const Share& t = types_[l];
+  auto* counts = reinterpret_cast<int32_t*>(arena_ + layout_.counts + sizeof(uint64_t));
+  auto* fired_total = reinterpret_cast<uint64_t*>(arena_ + layout_.counts);
+  const int32_t* rows = nullptr;     // the share's rows to test: all k of them,
+  const int32_t* n_rows = nullptr;   // or the predicted ones (their count on the device)
+  if (rule.predict) {
+    // The predictor over all the layer's neurons (fc2 in predictor_row_order), its selection test
+    // in fc2's pass: the share's predicted positions as rows, the CPU's into the mask.
+    const auto& P = layout_.pred[l];
+    auto* hid = at(layout_.hid);
+    auto* cand = reinterpret_cast<int32_t*>(arena_ + layout_.cand);
+    cuda::MatvecOut fc1;
+    fc1.kind = cuda::Epilogue::relu;
+    fc1.y = hid;
+    cuda::matvec({t.fc1, arena_ + P.fc1, t.rank, n_embd_}, {}, activations(px, n, n_embd_, layout_.pxq, {t.fc1}), n,
+                 fc1, stream_);
+    cuda::MatvecOut fc2;
+    fc2.kind = cuda::Epilogue::select;
+    fc2.threshold = rule.predictor_threshold;
+    fc2.counts = counts;
+    fc2.k = s.n;
+    fc2.mask = arena_ + layout_.mask;
+    cuda::matvec({t.fc2, arena_ + P.fc2, n_ff_, t.rank}, {}, activations(hid, n, t.rank, layout_.hidq, {t.fc2}), n,
+                 fc2, stream_);
+    if (event) {
+      if (n_ff_ > s.n) {
+        cuda::copy_to_host(mask_host_, arena_ + layout_.mask, static_cast<size_t>(n_ff_ - s.n), stream_);
+        counters_.bytes_out += static_cast<uint64_t>(n_ff_ - s.n);
+      }
+      cuda::event_record(event, stream_);
+    }
+    if (s.n == 0) return;
+    cuda::compact(counts, s.n, nullptr, nullptr, cand, nullptr, cand + n_ff_, stream_);
+    rows = cand;
+    n_rows = cand + n_ff_;
+  }
+  if (s.n == 0) return;
+  // Firing values of the share's rows (all, or the predicted ones) with the firing test in the
+  // gate's pass, the firing rows compacted, up times the firing value in up's pass, the down.
+  auto* a = at(layout_.act);
+  auto* h = at(layout_.h);
+  auto* active = reinterpret_cast<int32_t*>(arena_ + layout_.active);
+  auto* pos = reinterpret_cast<int32_t*>(arena_ + layout_.pos);
+  int32_t* totals = pos + n_ff_;
+  cuda::MatvecOut gate;
+  gate.kind = cuda::Epilogue::fire;
+  gate.y = a;
+  gate.stride = s.n;
+  gate.act = rule.act;
+  gate.threshold = rule.threshold;
+  gate.counts = counts;
+  cuda::matvec({t.gate, arena_ + s.gate, s.n, n_embd_}, {rows, n_rows, s.n}, xa, n, gate, stream_);
+  cuda::compact(counts, s.n, n_rows, rows, active, pos, totals, stream_, fired_total);
+  cuda::MatvecOut up;
+  up.kind = cuda::Epilogue::gate_mul;
+  up.y = h;
+  up.stride = s.n;
+  up.a = a;
+  up.a_stride = s.n;
+  up.pos = pos;
+  cuda::matvec({t.up, arena_ + s.up, s.n, n_embd_}, {active, totals, s.n}, xa, n, up, stream_);
+  cuda::sparse_axpy_partial(t.down, arena_ + s.down, s.n, n_embd_, active, totals, h, s.n, n, at(layout_.partial),
+                            stream_);
 }
 
 void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) {
@@ -202,67 +373,36 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
               "CUDA device: layer {} has no share", layer);
   EMBER_CHECK(!rule.predict || layout_.pred[l].on, "CUDA device: layer {}'s predictor is not here", layer);
   EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: batch of {} tokens (1 to {})", n, max_batch_);
-  EMBER_CHECK(!pending_, "CUDA device: ffn_begin before the previous ffn_end");
+  EMBER_CHECK(!pending_ && block_layer_ < 0 && mode_ == Mode::direct, "CUDA device: ffn_begin before the previous "
+              "share's end");
   const auto& s = layout_.layers[l];
   const Share& t = types_[l];
   float* xd = at(layout_.x);
-  auto* out = reinterpret_cast<float*>(arena_ + layout_.out);
-  auto* a = reinterpret_cast<float*>(arena_ + layout_.act);
-  auto* h = reinterpret_cast<float*>(arena_ + layout_.h);
-  auto* active = reinterpret_cast<int32_t*>(arena_ + layout_.active);
-  auto* pos = reinterpret_cast<int32_t*>(arena_ + layout_.pos);
-  auto* partial = reinterpret_cast<float*>(arena_ + layout_.partial);
-  int32_t* counters = pos + n_ff_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  if (x == ffn_in_host_ && layer == ffn_in_layer_ && n == ffn_in_n_) {
-    xd = at(layout_.xn);  // the FFN input ffn_input made here: no copy back
-  } else {
-    std::memcpy(x_host_, x, bytes);
-    cuda::copy_to_device(xd, x_host_, bytes, stream_);
+  std::memcpy(x_host_, x, bytes);
+  cuda::copy_to_device(xd, x_host_, bytes, stream_);
+  counters_.bytes_in += bytes;
+  const float* px = xd;  // the predictor's input
+  if (rule.predict && rule.predictor_input == ShareRule::Input::hidden) {
+    EMBER_CHECK(attn_[l].slot >= 0 && rule.hidden_row0 >= 0 && rule.hidden_row0 + n <= max_batch_,
+                "CUDA device: the predictor of layer {} reads a hidden state this device does not hold", layer);
+    px = at(layout_.x_hidden) + rule.hidden_row0 * n_embd_;
+  } else if (rule.predict && rule.predictor_input == ShareRule::Input::host) {
+    EMBER_CHECK(layout_.px != 0, "CUDA device: no predictor input buffer in the arena");
+    // The pinned output buffer is free until this layer's partial comes back: stage the input there.
+    std::memcpy(out_host_, rule.predictor_x, bytes);
+    cuda::copy_to_device(at(layout_.px), out_host_, bytes, stream_);
+    counters_.bytes_in += bytes;
+    px = at(layout_.px);
   }
-  const int32_t* rows = reinterpret_cast<const int32_t*>(arena_ + s.rows);  // 0..k-1
-  const int32_t* n_rows = nullptr;                                           // all k of them
-  if (rule.predict) {
-    // The predictor over all the layer's neurons (scores into h, fc2 in predictor_row_order),
-    // the CPU's part of the prediction copied back behind an event, the share's part as rows.
-    const float* px = xd;
-    if (rule.predictor_input == ShareRule::Input::hidden) {
-      EMBER_CHECK(attn_[l].slot >= 0 && rule.hidden_row0 >= 0 && rule.hidden_row0 + n <= max_batch_,
-                  "CUDA device: the predictor of layer {} reads a hidden state this device does not hold", layer);
-      px = at(layout_.x_hidden) + rule.hidden_row0 * n_embd_;
-    } else if (rule.predictor_input == ShareRule::Input::host) {
-      EMBER_CHECK(layout_.px != 0, "CUDA device: no predictor input buffer in the arena");
-      // The pinned output buffer is free until this layer's partial comes back: stage the input there.
-      std::memcpy(out_host_, rule.predictor_x, bytes);
-      auto* pxd = reinterpret_cast<float*>(arena_ + layout_.px);
-      cuda::copy_to_device(pxd, out_host_, bytes, stream_);
-      px = pxd;
-    }
-    auto* hid = reinterpret_cast<float*>(arena_ + layout_.hid);
-    auto* mask = arena_ + layout_.mask;
-    auto* cand = reinterpret_cast<int32_t*>(arena_ + layout_.cand);
-    const auto& P = layout_.pred[l];
-    cuda::matvec(t.fc1, arena_ + P.fc1, n_embd_, t.rank, activations(px, n, n_embd_, layout_.pxq, {t.fc1}), n, hid,
-                 stream_);
-    cuda::relu(hid, n * t.rank, stream_);
-    cuda::matvec(t.fc2, arena_ + P.fc2, t.rank, n_ff_, activations(hid, n, t.rank, layout_.hidq, {t.fc2}), n, h,
-                 stream_);
-    cuda::predict_select(h, n_ff_, n, rule.predictor_threshold, s.n, mask, cand, cand + n_ff_, stream_);
-    cuda::copy_to_host(mask_host_, mask, static_cast<size_t>(n_ff_ - s.n), stream_);
-    cuda::event_record(predicted_event_, stream_);
-    rows = cand;
-    n_rows = cand + n_ff_;
-  }
+  const cuda::Activations xa =
+      s.n > 0 ? activations(xd, n, n_embd_, layout_.xq, {t.gate, t.up}) : cuda::Activations{xd, nullptr};
+  queue_share(l, xa, n, rule, px, rule.predict ? predicted_event_ : nullptr);
   if (s.n > 0) {
-    // Firing values of the share's rows (all, or the predicted ones), then the firing test.
-    const cuda::Activations xa = activations(xd, n, n_embd_, layout_.xq, {t.gate, t.up});
-    cuda::gather_matvec(t.gate, arena_ + s.gate, n_embd_, rows, n_rows, s.n, xa, n, a, s.n, stream_);
-    cuda::ffn_fire(rule.act, rule.threshold, a, s.n, n, rows, active, pos, counters, stream_, n_rows);
-    cuda::gather_matvec(t.up, arena_ + s.up, n_embd_, active, counters, s.n, xa, n, h, s.n, stream_);
-    cuda::gate_mul(h, a, s.n, pos, counters, s.n, n, stream_);
-    cuda::sparse_axpy(t.down, arena_ + s.down, n_embd_, active, counters, h, s.n, n, out, partial, stream_);
+    float* out = at(layout_.out);
+    cuda::axpy_reduce(at(layout_.partial), n_embd_, n, out, stream_);
     cuda::copy_to_host(out_host_, out, bytes, stream_);
-    cuda::copy_to_host(counters_host_, counters, 2 * sizeof(int32_t), stream_);
+    counters_.bytes_out += bytes;
   }
   pending_ = true;
   pending_predict_ = rule.predict;
@@ -271,20 +411,25 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
 }
 
 const uint8_t* CudaDevice::ffn_predicted() {
+  if (block_layer_ >= 0) {  // the FFN block's: behind the input's event
+    EMBER_CHECK(pending_predict_, "CUDA device: ffn_predicted without a prediction");
+    if (!input_waited_) wait_event(input_event_), input_waited_ = true;
+    return mask_host_;
+  }
   EMBER_CHECK(pending_ && pending_predict_, "CUDA device: ffn_predicted without a predicted ffn_begin");
-  cuda::event_sync(predicted_event_);
+  wait_event(predicted_event_);
   return mask_host_;
 }
 
 const float* CudaDevice::ffn_end() {
   EMBER_CHECK(pending_, "CUDA device: ffn_end without ffn_begin");
   cuda::stream_sync(stream_);
+  ++counters_.host_waits;
   pending_ = false;
   if (!pending_share_) {  // a predictor alone: no partial output
     std::memset(out_host_, 0, static_cast<size_t>(pending_n_ * n_embd_) * sizeof(float));
     return out_host_;
   }
-  fired_ += static_cast<uint64_t>(counters_host_[1]);
   return out_host_;
 }
 
@@ -297,55 +442,70 @@ const CudaDevice::Attn& CudaDevice::attn_layer(int64_t layer) const {
   return attn_[static_cast<size_t>(layer)];
 }
 
-void CudaDevice::put_hidden(const float* x, int64_t n) {
+void CudaDevice::put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) {
   EMBER_CHECK(n >= 1 && n <= max_batch_ && layout_.attn_scratch > 0, "CUDA device: a hidden state of {} tokens (1 to "
               "{}, with attention layers here)", n, max_batch_);
+  ++calls_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  // The pinned buffer is reused only after a synchronizing call (ffn_input or get_hidden).
+  // The pinned buffers are reused only after a wait (sync, or an FFN input's event).
   std::memcpy(hidden_host_, x, bytes);
-  cuda::copy_to_device(at(layout_.x_hidden), hidden_host_, bytes, stream_);
+  if (queue()) cuda::copy_to_device(at(layout_.x_hidden), hidden_host_, bytes, stream_);
+  if (!spans.empty()) {
+    check_attn_spans(spans, n, max_batch_, n_seq_, "cuda");
+    spans_.assign(spans.begin(), spans.end());
+    for (size_t k = 0; k < spans.size(); ++k) positions_host_[k] = static_cast<int32_t>(spans[k].pos0);
+    if (queue())
+      cuda::copy_to_device(arena_ + layout_.positions, positions_host_, spans.size() * sizeof(int32_t), stream_);
+    counters_.bytes_in += spans.size() * sizeof(int32_t);
+  }
   ++crossings_.hidden_in;
   crossings_.bytes += bytes;
+  counters_.bytes_in += bytes;
 }
 
 void CudaDevice::get_hidden(float* x, int64_t n) {
   EMBER_CHECK(n >= 1 && n <= max_batch_ && layout_.attn_scratch > 0, "CUDA device: a hidden state of {} tokens", n);
+  ++calls_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  cuda::copy_to_host(hidden_host_, at(layout_.x_hidden), bytes, stream_);
-  cuda::stream_sync(stream_);
-  std::memcpy(x, hidden_host_, bytes);
+  to_host(hidden_out_host_, at(layout_.x_hidden), bytes, x);
   ++crossings_.hidden_out;
   crossings_.bytes += bytes;
 }
-
-namespace {
-// A norm's or bias's floats in the arena; null for a tensor the layer does not have.
-const float* dev_floats(const TensorView& t) { return t.valid() ? reinterpret_cast<const float*>(t.data) : nullptr; }
-}  // namespace
 
 void CudaDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) {
   const Attn& A = attn_layer(layer);
   const LayerWeights& W = A.w;
   check_attn_spans(spans, n, max_batch_, n_seq_, "cuda");
+  EMBER_CHECK(spans.size() == spans_.size(), "CUDA device: attention over other spans than put_hidden's");
+  for (size_t k = 0; k < spans.size(); ++k)
+    EMBER_CHECK(spans[k].seq == spans_[k].seq && spans[k].first == spans_[k].first && spans[k].n == spans_[k].n &&
+                    spans[k].pos0 == spans_[k].pos0,
+                "CUDA device: attention over other spans than put_hidden's");
+  ++calls_;
+  if (!queue()) return;
   const Hparams& hp = model_->hp;
   const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
   const bool ln = hp.norm == NormKind::layer;
   void* s = stream_;
   float *x = at(layout_.x_hidden), *xn = at(layout_.xn), *q = at(layout_.q), *k = at(layout_.k), *v = at(layout_.v),
         *att = at(layout_.att), *o = at(layout_.o);
-  // As model/blocks.cpp's attention_block, step by step.
-  cuda::norm_rows(x, dev_floats(W.attn_norm), dev_floats(W.attn_norm_b), xn, n, d, hp.norm_eps, ln, s);
-  const cuda::Activations xa = activations(xn, n, d, layout_.aq, {W.wq.type, W.wk.type, W.wv.type});
-  cuda::matvec(W.wq.type, W.wq.data, d, nq, xa, n, q, s);
-  cuda::matvec(W.wk.type, W.wk.data, d, nkv, xa, n, k, s);
-  cuda::matvec(W.wv.type, W.wv.data, d, nkv, xa, n, v, s);
-  if (W.bq.valid()) cuda::add_bias(q, dev_floats(W.bq), n, nq, s);
-  if (W.bk.valid()) cuda::add_bias(k, dev_floats(W.bk), n, nkv, s);
-  if (W.bv.valid()) cuda::add_bias(v, dev_floats(W.bv), n, nkv, s);
+  // As model/blocks.cpp's attention_block, step by step: the norm (rounded to 8 bits in its pass
+  // where a projection takes that), Q/K/V with their biases in the matvecs' pass.
+  const bool q8 = cuda::takes_q8(W.wq.type) || cuda::takes_q8(W.wk.type) || cuda::takes_q8(W.wv.type);
+  cuda::norm_rows(x, dev_floats(W.attn_norm), dev_floats(W.attn_norm_b), xn, n, d, hp.norm_eps, ln, s,
+                  q8 ? arena_ + layout_.aq : nullptr);
+  const cuda::Activations xa{xn, q8 ? arena_ + layout_.aq : nullptr};
+  for (auto [m, b, y] : {std::tuple{&W.wq, &W.bq, q}, std::tuple{&W.wk, &W.bk, k}, std::tuple{&W.wv, &W.bv, v}}) {
+    cuda::MatvecOut mo;
+    mo.y = y;
+    mo.bias = dev_floats(*b);
+    cuda::matvec(matrix(*m), {}, xa, n, mo, s);
+  }
   if (W.q_norm.valid()) cuda::norm_rows(q, dev_floats(W.q_norm), nullptr, q, n * hp.n_head, hd, hp.norm_eps, false, s);
   if (W.k_norm.valid())
     cuda::norm_rows(k, dev_floats(W.k_norm), nullptr, k, n * hp.n_head_kv, hd, hp.norm_eps, false, s);
-  // Positions, the cache and attention per sequence; the projections above and below on all rows.
+  // Per sequence: RoPE and the KV store in one launch, then attention, at the positions on the
+  // device (a captured graph's attention covers the whole context: any later position).
   const AttentionRules rules = attention_rules(*model_, layer, n_ctx_);
   const bool f16 = kv_type_ == DType::F16;
   cuda::AttentionArgs args;
@@ -353,77 +513,135 @@ void CudaDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64
   args.scale = rules.scale;
   args.window = rules.window;
   args.f16 = f16;
-  for (const AttnSpan& sp : spans) {
+  cuda::RopeArgs rope;
+  if (rules.rope) {  // none: learned positions (OPT)
+    rope.inv_freq = reinterpret_cast<const double*>(arena_ + (rules.local_rope ? layout_.rope_local : layout_.rope));
+    const cpu::RopeConfig& rc = rules.rope->config();
+    rope.n_rot = rc.n_rot;
+    rope.attn_factor = rc.attn_factor;
+    rope.neox = rc.layout == cpu::RopeLayout::neox;
+  }
+  const auto* positions = reinterpret_cast<const int32_t*>(arena_ + layout_.positions);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const AttnSpan& sp = spans[i];
     float *qs = q + sp.first * nq, *ks = k + sp.first * nkv, *vs = v + sp.first * nkv;
-    if (rules.rope) {  // none: learned positions (OPT)
-      const auto* inv = reinterpret_cast<const double*>(arena_ + (rules.local_rope ? layout_.rope_local : layout_.rope));
-      const cpu::RopeConfig& rc = rules.rope->config();
-      const bool neox = rc.layout == cpu::RopeLayout::neox;
-      cuda::rope(qs, sp.n, hp.n_head, hd, sp.pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
-      cuda::rope(ks, sp.n, hp.n_head_kv, hd, sp.pos0, inv, rc.n_rot, rc.attn_factor, neox, s);
-    }
     uint8_t* kc = arena_ + layout_.arena + static_cast<uint64_t>(sp.seq * n_attn_ + A.slot) * kv_layer_bytes_;
     uint8_t* vc = kc + static_cast<uint64_t>(kv_layers_) * kv_layer_bytes_;
     EMBER_CHECK(sp.pos0 + sp.n <= n_ctx_, "CUDA device: positions {}..{} of a context of {}", sp.pos0,
                 sp.pos0 + sp.n - 1, n_ctx_);
-    cuda::kv_store(ks, sp.n, nkv, kc, sp.pos0, f16, s);
-    cuda::kv_store(vs, sp.n, nkv, vc, sp.pos0, f16, s);
-    cuda::attention(args, qs, sp.n, sp.pos0, kc, vc, att + sp.first * nq, at(layout_.scores), at(layout_.attn_partial),
-                    s);
+    cuda::rope_store(qs, ks, vs, sp.n, hp.n_head, hp.n_head_kv, hd, positions + i, rope, kc, vc, f16, s);
+    const int64_t max_positions = mode_ == Mode::capture ? n_ctx_ : sp.pos0 + sp.n;
+    cuda::attention(args, qs, sp.n, positions + i, max_positions, kc, vc, att + sp.first * nq, at(layout_.scores),
+                    at(layout_.attn_partial), s);
   }
-  cuda::matvec(W.wo.type, W.wo.data, nq, d, activations(att, n, nq, layout_.aq, {W.wo.type}), n, o, s);
-  if (W.bo.valid()) cuda::add_bias(o, dev_floats(W.bo), n, d, s);
-  if (W.attn_post_norm.valid())
+  // The output projection: added to the residual in its pass (with a post-norm: kept, normed,
+  // then added).
+  const cuda::Activations aa = activations(att, n, nq, layout_.aq, {W.wo.type});
+  cuda::MatvecOut mo;
+  mo.bias = dev_floats(W.bo);
+  if (W.attn_post_norm.valid()) {
+    mo.y = o;
+    cuda::matvec(matrix(W.wo), {}, aa, n, mo, s);
     cuda::norm_rows(o, dev_floats(W.attn_post_norm), nullptr, o, n, d, hp.norm_eps, false, s);
-  cuda::add_inplace(x, o, n * d, s);
-  ffn_in_layer_ = -1;
+    cuda::add_inplace(x, o, n * d, s);
+  } else {
+    mo.kind = cuda::Epilogue::add;
+    mo.y = x;
+    cuda::matvec(matrix(W.wo), {}, aa, n, mo, s);
+  }
 }
 
-const float* CudaDevice::ffn_input(int64_t layer, int64_t n) {
+void CudaDevice::ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) {
   const Attn& A = attn_layer(layer);
-  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: an FFN input of {} tokens (1 to {})", n, max_batch_);
-  const Hparams& hp = model_->hp;
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: an FFN block of {} tokens (1 to {})", n, max_batch_);
+  EMBER_CHECK(block_layer_ < 0, "CUDA device: ffn_block_begin of layer {} before the previous ffn_block_end", layer);
+  EMBER_CHECK(!host_input || mode_ == Mode::direct, "CUDA device: a captured FFN block with host input");
+  const size_t l = static_cast<size_t>(layer);
+  EMBER_CHECK(!rule.predict || layout_.pred[l].on, "CUDA device: layer {}'s predictor is not here", layer);
+  block_layer_ = layer;
+  pending_predict_ = rule.predict;
+  input_waited_ = false;
+  pending_n_ = n;
+  ++calls_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  cuda::norm_rows(at(layout_.x_hidden), dev_floats(A.w.ffn.norm), dev_floats(A.w.ffn.norm_b), at(layout_.xn), n,
-                  n_embd_, hp.norm_eps, hp.norm == NormKind::layer, stream_);
-  cuda::copy_to_host(ffn_in_host_, at(layout_.xn), bytes, stream_);
-  cuda::stream_sync(stream_);
-  ffn_in_layer_ = layer, ffn_in_n_ = n;  // ffn_begin takes it from layout_.xn
-  crossings_.bytes += bytes;
+  if (host_input) crossings_.bytes += bytes, counters_.bytes_out += bytes;
+  if (!queue()) return;
+  const Hparams& hp = model_->hp;
+  const auto& s = layout_.layers[l];
+  const Share& t = types_[l];
+  float* xn = at(layout_.xn);
+  // The norm, rounded to 8 bits in its pass where the share's gate or up takes that.
+  const bool q8 = s.n > 0 && (cuda::takes_q8(t.gate) || cuda::takes_q8(t.up));
+  cuda::norm_rows(at(layout_.x_hidden), dev_floats(A.w.ffn.norm), dev_floats(A.w.ffn.norm_b), xn, n, n_embd_,
+                  hp.norm_eps, hp.norm == NormKind::layer, stream_, q8 ? arena_ + layout_.xq : nullptr);
+  if (host_input) {
+    cuda::copy_to_host(ffn_in_host_, xn, bytes, stream_);
+    if (!rule.predict) cuda::event_record(input_event_, stream_);
+  }
+  const float* px = xn;
+  if (rule.predict && rule.predictor_input == ShareRule::Input::hidden) {
+    EMBER_CHECK(rule.hidden_row0 >= 0 && rule.hidden_row0 + n <= max_batch_,
+                "CUDA device: the predictor of layer {} reads rows {}.. of its hidden state", layer, rule.hidden_row0);
+    px = at(layout_.x_hidden) + rule.hidden_row0 * n_embd_;
+  }
+  EMBER_CHECK(!rule.predict || rule.predictor_input != ShareRule::Input::host, "CUDA device: layer {}'s predictor "
+              "reads a host input while its attention is here", layer);
+  queue_share(l, {xn, q8 ? arena_ + layout_.xq : nullptr}, n, rule, px, host_input && rule.predict ? input_event_ : nullptr);
+}
+
+const float* CudaDevice::ffn_host_input() {
+  EMBER_CHECK(block_layer_ >= 0 && mode_ == Mode::direct, "CUDA device: ffn_host_input outside an FFN block");
+  if (!input_waited_) wait_event(input_event_), input_waited_ = true;
   return ffn_in_host_;
 }
 
-void CudaDevice::ffn_finish(int64_t layer, const float* out, int64_t n) {
+void CudaDevice::ffn_block_end(int64_t layer, const float* cpu_out, int64_t n) {
   const Attn& A = attn_layer(layer);
-  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: an FFN output of {} tokens (1 to {})", n, max_batch_);
+  EMBER_CHECK(block_layer_ == layer && n == pending_n_, "CUDA device: ffn_block_end of layer {} ({} rows) after "
+              "ffn_block_begin of layer {} ({} rows)", layer, n, block_layer_, pending_n_);
+  EMBER_CHECK(!cpu_out || input_waited_, "CUDA device: the CPU's partial output before its input was taken");
+  block_layer_ = -1;
+  ++calls_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  // The pinned buffer is reused only after the next ffn_input's synchronization.
-  std::memcpy(ffn_out_host_, out, bytes);
   float* o = at(layout_.o);
-  cuda::copy_to_device(o, ffn_out_host_, bytes, stream_);
-  if (A.w.ffn_post_norm.valid())
+  if (cpu_out) {
+    // The pinned buffer's last copy ran before this layer's input event, which was waited for.
+    std::memcpy(ffn_out_host_, cpu_out, bytes);
+    crossings_.bytes += bytes, counters_.bytes_in += bytes;
+  }
+  if (!queue()) return;
+  if (cpu_out) cuda::copy_to_device(o, ffn_out_host_, bytes, stream_);
+  const bool share = layout_.layers[static_cast<size_t>(layer)].n > 0;
+  const bool post = A.w.ffn_post_norm.valid();
+  float* x = at(layout_.x_hidden);
+  // o = CPU + device + down bias (ffn_merge_partials' rule), then the residual.
+  cuda::ffn_merge(x, o, cpu_out ? o : nullptr, share ? at(layout_.partial) : nullptr, dev_floats(A.w.ffn.down_b),
+                  n_embd_, n, post, stream_);
+  if (post) {
     cuda::norm_rows(o, dev_floats(A.w.ffn_post_norm), nullptr, o, n, n_embd_, model_->hp.norm_eps, false, stream_);
-  cuda::add_inplace(at(layout_.x_hidden), o, n * n_embd_, stream_);
-  ffn_in_layer_ = -1;
-  crossings_.bytes += bytes;
+    cuda::add_inplace(x, o, n * n_embd_, stream_);
+  }
 }
 
 void CudaDevice::output(int64_t n, float* logits) {
   EMBER_CHECK(out_.output.valid(), "CUDA device: the output head is not here");
-  EMBER_CHECK(!pending_, "CUDA device: the output head while an FFN share is pending");
+  EMBER_CHECK(!pending_ && block_layer_ < 0, "CUDA device: the output head while an FFN share is pending");
   EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: the output head on {} rows (1 to {})", n, max_batch_);
+  ++calls_;
   const Hparams& hp = model_->hp;
-  float* xn = at(layout_.xn);
-  float* dev_logits = at(layout_.logits);
-  cuda::norm_rows(at(layout_.x_hidden), dev_floats(out_.norm), dev_floats(out_.norm_b), xn, n, n_embd_, hp.norm_eps,
-                  hp.norm == NormKind::layer, stream_);
-  cuda::matvec(out_.output.type, out_.output.data, n_embd_, hp.n_vocab,
-               activations(xn, n, n_embd_, layout_.aq, {out_.output.type}), n, dev_logits, stream_);
-  if (hp.final_softcap > 0) cuda::softcap(dev_logits, n * hp.n_vocab, hp.final_softcap, stream_);
   const size_t bytes = static_cast<size_t>(n * hp.n_vocab) * sizeof(float);
-  cuda::copy_to_host(logits_host_, dev_logits, bytes, stream_);
-  cuda::stream_sync(stream_);
-  std::memcpy(logits, logits_host_, bytes);
+  float* dev_logits = at(layout_.logits);
+  if (queue()) {
+    float* xn = at(layout_.xn);
+    const bool q8 = cuda::takes_q8(out_.output.type);
+    cuda::norm_rows(at(layout_.x_hidden), dev_floats(out_.norm), dev_floats(out_.norm_b), xn, n, n_embd_, hp.norm_eps,
+                    hp.norm == NormKind::layer, stream_, q8 ? arena_ + layout_.aq : nullptr);
+    cuda::MatvecOut mo;
+    mo.y = dev_logits;
+    cuda::matvec(matrix(out_.output), {}, {xn, q8 ? arena_ + layout_.aq : nullptr}, n, mo, stream_);
+    if (hp.final_softcap > 0) cuda::softcap(dev_logits, n * hp.n_vocab, hp.final_softcap, stream_);
+  }
+  to_host(logits_host_, dev_logits, bytes, logits);
   crossings_.bytes += bytes;
 }
 

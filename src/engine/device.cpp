@@ -158,11 +158,12 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     a.pos = take((m.n_ff + 2) * sizeof(int32_t));  // positions, then the counters (CUDA)
     a.partial = take(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
     a.xq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
+    a.counts = take(gpu_ffn_counts_bytes(m));
     if (m.predicted) {
       a.px = take(b * m.n_embd * f);
       a.hid = take(b * static_cast<uint64_t>(m.predictor_rank) * f);
       a.mask = take(static_cast<uint64_t>(m.n_ff));
-      a.cand = take((m.n_ff + 1) * sizeof(int32_t));
+      a.cand = take((m.n_ff + 2) * sizeof(int32_t));  // the share rows, then cuda::compact's totals
       a.pxq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
       a.hidq = take(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
     }
@@ -211,6 +212,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     a.attn_partial =
         take(static_cast<uint64_t>(cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head,
                                                                   m.n_ctx)) * f);
+    a.positions = take(b * sizeof(int32_t));
     a.attn_scratch = off - start;
     EMBER_CHECK(a.attn_scratch == gpu_attn_scratch_bytes(m, opts), "device: attention scratch layout ({} bytes) "
                 "disagrees with the plan's accounting ({} bytes)", a.attn_scratch, gpu_attn_scratch_bytes(m, opts));
@@ -462,18 +464,21 @@ const LayerWeights& CpuDevice::attn_layer(int64_t layer) const {
   return attn_[static_cast<size_t>(layer)];
 }
 
-void CpuDevice::put_hidden(const float* x, int64_t n) {
+void CpuDevice::put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) {
+  (void)spans;  // the stand-in's attention takes them from its own call
   EMBER_CHECK(n >= 1 && n <= n_batch_ && !kv_slot_.empty(), "device {}: hidden state of {} tokens (1 to {})", name(), n,
               n_batch_);
   std::memcpy(ws_.x.data(), x, sizeof(float) * static_cast<size_t>(n * n_embd_));
   ++crossings_.hidden_in;
   crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
+  counters_.bytes_in += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
 }
 
 void CpuDevice::get_hidden(float* x, int64_t n) {
   std::memcpy(x, ws_.x.data(), sizeof(float) * static_cast<size_t>(n * n_embd_));
   ++crossings_.hidden_out;
   crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
+  counters_.bytes_out += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
 }
 
 void CpuDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) {
@@ -502,18 +507,46 @@ void check_attn_spans(std::span<const AttnSpan> spans, int64_t n, int64_t max_ro
   EMBER_CHECK(at == n, "device {}: attention spans cover {} of {} rows", device, at, n);
 }
 
-const float* CpuDevice::ffn_input(int64_t layer, int64_t n) {
-  const LayerWeights& L = attn_layer(layer);
-  ffn_block_input(*model_, L, ws_, ws_.x.data(), io_.data(), n);
-  crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
-  return io_.data();
+void ffn_merge_partials(const float* cpu, const float* dev, const FfnWeights& w, float* o, int64_t n) {
+  const int64_t count = n * w.n_embd();
+  if (cpu != o) {
+    if (cpu) std::memcpy(o, cpu, sizeof(float) * static_cast<size_t>(count));
+    else std::fill(o, o + count, 0.0f);
+  }
+  if (dev)
+    for (int64_t i = 0; i < count; ++i) o[i] = o[i] + dev[i];
+  ffn_add_down_bias(w, o, n);
 }
 
-void CpuDevice::ffn_finish(int64_t layer, const float* out, int64_t n) {
+void CpuDevice::ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) {
   const LayerWeights& L = attn_layer(layer);
-  // The merged output "uploaded" into the device's buffer, then the block's end there.
-  std::memcpy(ws_.o.data(), out, sizeof(float) * static_cast<size_t>(n * n_embd_));
-  crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
+  EMBER_CHECK(!block_job_, "device {}: ffn_block_begin of layer {} before the previous ffn_block_end", name(), layer);
+  ffn_block_input(*model_, L, ws_, ws_.x.data(), io_.data(), n);
+  const size_t l = static_cast<size_t>(layer);
+  block_job_ = layout_.layers[l].n > 0 || (rule.predict && layout_.pred[l].on);
+  if (block_job_) ffn_begin(layer, io_.data(), n, rule);
+  if (host_input) {
+    crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
+    counters_.bytes_out += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
+  }
+}
+
+const float* CpuDevice::ffn_host_input() { return io_.data(); }
+
+void CpuDevice::ffn_block_end(int64_t layer, const float* cpu_out, int64_t n) {
+  const LayerWeights& L = attn_layer(layer);
+  const float* dev = nullptr;
+  if (block_job_) {
+    dev = ffn_end();
+    block_job_ = false;
+    if (layout_.layers[static_cast<size_t>(layer)].n == 0) dev = nullptr;  // a predictor alone
+  }
+  if (cpu_out) {
+    crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
+    counters_.bytes_in += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
+  }
+  // The merge, then the block's end (post-norm, residual) on the device's hidden state.
+  ffn_merge_partials(cpu_out, dev, model_->layers[static_cast<size_t>(layer)].ffn, ws_.o.data(), n);
   ffn_block_output(*model_, L, ws_.o.data(), ws_.x.data(), n);
 }
 
@@ -526,6 +559,7 @@ void CpuDevice::output(int64_t n, float* logits) {
   }
   output_block(*model_, out_, *pool_, ws_, ws_.x.data(), n, logits);
   crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * model_->hp.n_vocab);
+  counters_.bytes_out += sizeof(float) * static_cast<uint64_t>(n * model_->hp.n_vocab);
 }
 
 void CpuDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) {
@@ -539,6 +573,7 @@ void CpuDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const ShareR
   // The "upload": the layer input (and the predictor's, where it differs) into the device's buffers.
   const size_t bytes = sizeof(float) * static_cast<size_t>(n * n_embd_);
   std::memcpy(arena_.data() + layout_.x, x, bytes);
+  if (x != io_.data()) counters_.bytes_in += bytes;  // (the FFN block's input is here already)
   job_px_ = reinterpret_cast<const float*>(arena_.data() + layout_.x);
   if (rule.predict && rule.predictor_input == ShareRule::Input::host) {
     std::memcpy(arena_.data() + layout_.px, rule.predictor_x, bytes);
@@ -558,13 +593,16 @@ void CpuDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const ShareR
 
 const float* CpuDevice::ffn_end() {
   std::unique_lock<std::mutex> lock(mu_);
+  ++counters_.host_waits;
   cv_.wait(lock, [&] { return done_; });
+  if (!block_job_) counters_.bytes_out += sizeof(float) * static_cast<uint64_t>(job_n_ * n_embd_);
   return reinterpret_cast<const float*>(arena_.data() + layout_.out);
 }
 
 const uint8_t* CpuDevice::ffn_predicted() {
   std::unique_lock<std::mutex> lock(mu_);
   EMBER_CHECK(job_.predict, "device {}: ffn_predicted without a predicted ffn_begin", name());
+  ++counters_.host_waits;
   cv_.wait(lock, [&] { return predicted_; });
   return mask_.data();
 }

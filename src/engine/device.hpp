@@ -9,10 +9,13 @@
 //     CPU which of its own neurons to compute (ffn_predicted);
 //   - for the layers whose attention the plan places there (LayerPlacement::attn_gpu): the
 //     attention block's tensors and the FFN block's norms, and a KV cache of its own for them;
-//     then the device holds the hidden state: it runs the attention block on it, hands out the
-//     FFN's input (ffn_input) and takes the merged FFN output back (ffn_finish). The hybrid
-//     executor moves the hidden state only where consecutive blocks change device
-//     (put_hidden / get_hidden).
+//     then the device holds the hidden state: it runs the attention block and the FFN block on
+//     it, its own share included; the FFN's input comes to the host only where the CPU computes
+//     neurons of the layer (ffn_host_input), whose partial output the device merges
+//     (ffn_block_end). The hybrid executor moves the hidden state only where consecutive blocks
+//     change device (put_hidden / get_hidden), and a run of layers with nothing for the CPU is
+//     one sequence of queued work with one wait (sync), which a device may capture and replay
+//     (capture_begin: a CUDA graph).
 // Two implementations: CpuDevice (a second CPU device on threads of its own, standing in for a GPU
 // where there is none, running the CPU's own block functions, so that the split, the ordering
 // and the merge are tested everywhere, bit for bit against the CPU) and CudaDevice (ops/cuda/,
@@ -85,15 +88,19 @@ struct DeviceArenaLayout {
   std::vector<Share> layers;
   std::vector<Attention> attn;
   std::vector<Predictor> pred;
-  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0, xq = 0;  // FFN scratch offsets
+  // FFN scratch offsets: input, partial output, firing values, neuron values, active rows,
+  // their positions (then the counters: active, fired), the down's partial sums, the input in 8
+  // bits, and per position the tokens that fired (a 64-bit count of all fired pairs first).
+  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0, xq = 0, counts = 0;
   // Predictor scratch: input, hidden, mask, rows (+ count), input and hidden rounded to 8 bits.
   uint64_t px = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
   // Attention scratch (when some layer's attention is here): the hidden state, the norm's
   // output, the block's output (n_embd each), q, k, v, the attention's output, the scores
   // ([max_batch][n_head][n_ctx]), the RoPE tables' inverse frequencies (doubles, global then
-  // local), the block's inputs rounded to 8 bits (aq) and the attention's partial results over
-  // chunks of the context.
-  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0, attn_partial = 0;
+  // local), the block's inputs rounded to 8 bits (aq), the attention's partial results over
+  // chunks of the context, and the positions of the rows' sequences (max_batch int32).
+  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0,
+           attn_partial = 0, positions = 0;
   uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
   uint64_t attn_scratch = 0;  // = gpu_attn_scratch_bytes when some layer's attention is here
@@ -201,6 +208,18 @@ struct CrossingStats {
   uint64_t bytes = 0;                      // of those and of the FFN inputs and outputs
 };
 
+// What a device did on the host's behalf since its last reset_stats: kernels it launched one by
+// one, graphs it replayed (and the nodes in them), the times the host waited for it, and the
+// bytes copied each way. `ember bench` reports them per decode token. The CPU stand-in launches
+// nothing; its waits are the caller's waits for its thread.
+struct DeviceCounters {
+  uint64_t launches = 0, graphs = 0, graph_nodes = 0, host_waits = 0, bytes_in = 0, bytes_out = 0;
+};
+
+// The FFN block's merge, one rule for every device and the hybrid: o = cpu + dev + down_b, each
+// part optional and added in that order (an absent CPU part counts as +0), n rows of n_embd.
+void ffn_merge_partials(const float* cpu, const float* dev, const FfnWeights& w, float* o, int64_t n);
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -210,36 +229,51 @@ class Device {
   // tensors. Refuses (throws naming why) what caps() does not cover.
   virtual void load(const Model& model, const DeviceLoad& what) = 0;
 
-  // FFN share of a layer that has one (or its predictor, with rule.predict): starts the partial
-  // FFN on n <= max_batch tokens (x: n * n_embd floats, read before ffn_begin returns); ffn_end
-  // waits for the partial output (n * n_embd floats, valid until the next ffn_begin; zeros for a
-  // layer with no share).
+  // FFN share of a layer whose attention is on the CPU and that has a share (or its predictor,
+  // with rule.predict): starts the partial FFN on n <= max_batch tokens (x: n * n_embd floats,
+  // read before ffn_begin returns); ffn_end waits for the partial output (n * n_embd floats,
+  // valid until the next ffn_begin; zeros for a layer with no share).
   virtual void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) = 0;
   virtual const float* ffn_end() = 0;
-  // After ffn_begin with rule.predict: waits for the prediction (not for the share) and returns
-  // one byte per CPU neuron of the layer (the neurons not in its share, ascending), 1 where the
-  // predictor names it for some token of the batch. Valid until the next ffn_begin.
+  // After ffn_begin, or ffn_block_begin with host input, with rule.predict: waits for the
+  // prediction (not for the share) and returns one byte per CPU neuron of the layer (the neurons
+  // not in its share, ascending), 1 where the predictor names it for some token of the batch.
+  // Valid until the next ffn_begin.
   virtual const uint8_t* ffn_predicted() = 0;
 
-  // Layers whose attention is here. The hidden state (n * n_embd floats) in and out:
-  virtual void put_hidden(const float* x, int64_t n) = 0;
-  virtual void get_hidden(float* x, int64_t n) = 0;
+  // Runs of layers whose attention is here. The hidden state in (n * n_embd floats; spans: its
+  // rows' sequences and positions, empty for rows that only the output head reads):
+  virtual void put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) = 0;
   // The attention block of `layer` on the hidden state's n rows, which hold the spans' rows in
-  // order: each span's tokens of sequence `seq` at positions pos0.. (its own KV cache here).
+  // order (those given to put_hidden): each span's tokens of sequence `seq` at positions pos0..
+  // (its own KV cache here).
   virtual void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) = 0;
-  // The FFN block's input (ffn_norm of the hidden state), n * n_embd floats on the host, valid
-  // until the next call; then the merged FFN output `out` (n * n_embd, down bias included)
-  // back: post-norm and residual onto the hidden state.
-  virtual const float* ffn_input(int64_t layer, int64_t n) = 0;
-  virtual void ffn_finish(int64_t layer, const float* out, int64_t n) = 0;
-  // The output head (Plan::output_gpu) on the hidden state's first n rows: logits (n x n_vocab
-  // floats) to the host.
+  // The FFN block here: its norm, then the layer's share (and predictor) on it (rule). With
+  // host_input the FFN's input (n * n_embd floats) and, predicting, the CPU's part of the
+  // prediction (ffn_predicted) come to the host: ffn_host_input waits for them (the one wait of
+  // a layer whose CPU neurons need its input). ffn_block_end takes the CPU's partial output
+  // (n * n_embd floats; null where the CPU has none) and merges it there (ffn_merge_partials),
+  // then the post-norm and the residual, without waiting.
+  virtual void ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) = 0;
+  virtual const float* ffn_host_input() = 0;
+  virtual void ffn_block_end(int64_t layer, const float* cpu_out, int64_t n) = 0;
+  // The hidden state's first n rows out to x, and the output head (Plan::output_gpu) on them:
+  // logits (n x n_vocab floats). Both are queued: x and logits hold the results after sync().
+  virtual void get_hidden(float* x, int64_t n) = 0;
   virtual void output(int64_t n, float* logits) = 0;
+  // Waits for everything queued and writes the results of get_hidden and output.
+  virtual void sync() = 0;
+  // The calls from capture_begin(key) to the next sync(), none of them with host input, may be
+  // recorded once per key and replayed for later calls with that key (a CUDA graph): the same
+  // calls with the same shapes, positions and inputs read on the device. key 0: not captured.
+  // Devices without graphs run the calls as they come.
+  virtual void capture_begin(uint64_t key) { (void)key; }
 
   virtual DeviceMemory memory() const = 0;        // free and total now, the runtime's reserve
   virtual uint64_t bytes() const = 0;             // device memory held (the arena)
   virtual uint64_t fired() const = 0;             // (token, neuron) pairs that fired here so far
   virtual CrossingStats crossings() const = 0;
+  virtual DeviceCounters counters() const = 0;
   virtual void reset_stats() = 0;
 };
 
@@ -259,16 +293,19 @@ class CpuDevice final : public Device {
   void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
   const uint8_t* ffn_predicted() override;
-  void put_hidden(const float* x, int64_t n) override;
-  void get_hidden(float* x, int64_t n) override;
+  void put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) override;
   void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) override;
-  const float* ffn_input(int64_t layer, int64_t n) override;
-  void ffn_finish(int64_t layer, const float* out, int64_t n) override;
+  void ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) override;
+  const float* ffn_host_input() override;
+  void ffn_block_end(int64_t layer, const float* cpu_out, int64_t n) override;
+  void get_hidden(float* x, int64_t n) override;
   void output(int64_t n, float* logits) override;
+  void sync() override {}
   uint64_t bytes() const override { return layout_.total; }
   uint64_t fired() const override { return fired_; }
   CrossingStats crossings() const override { return crossings_; }
-  void reset_stats() override { fired_ = 0, crossings_ = {}; }
+  DeviceCounters counters() const override { return counters_; }
+  void reset_stats() override { fired_ = 0, crossings_ = {}, counters_ = {}; }
   size_t kernel_scratch_bytes() const { return kernel_scratch_.size(); }
   const DeviceArenaLayout& layout() const { return layout_; }
 
@@ -300,6 +337,9 @@ class CpuDevice final : public Device {
   size_t mm_bytes_ = 0, pred_mm_bytes_ = 0;
   uint64_t fired_ = 0;
   CrossingStats crossings_;
+  DeviceCounters counters_;
+  // The FFN block under way (ffn_block_begin .. ffn_block_end): its share's job was started.
+  bool block_job_ = false;
   // The job (written by the caller before `pending_` is set, read by the driver).
   int64_t job_layer_ = 0, job_n_ = 0;
   ShareRule job_;

@@ -347,22 +347,34 @@ void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
     cpu_fired_ += ffn_share_partial(pool, cpu_w, rows, n_rows, act, threshold_, xc, nc, cpu_out, sc);
     const double t_wait = now_seconds();
     cpu_ffn_s_ += t_wait - t_cpu;  // (the wait for a device prediction is in it)
+    const float* dev = nullptr;
     if (share || device_predicts) {
-      const float* dev = device_->ffn_end();
+      dev = device_->ffn_end();
       wait_s_ += now_seconds() - t_wait;
-      // Fixed order: CPU partial, then the device's.
-      if (share)
-        for (int64_t i = 0; i < nc * n_embd; ++i) oc[i] = partial_[static_cast<size_t>(i)] + dev[i];
     }
-    ffn_add_down_bias(w, oc, nc);
+    // Fixed order: CPU partial, then the device's, then the down bias.
+    ffn_merge_partials(cpu_out, share ? dev : nullptr, w, oc, nc);
   }
 }
+
+namespace {
+// The key of a run's calls on the device (Device::capture_begin): its layers, rows and spans,
+// and whether the output head follows; never 0.
+uint64_t run_key(int64_t first, int64_t end, int64_t n, std::span<const AttnSpan> spans, bool output) {
+  std::string k = fmt::format("{}:{}:{}:{}", first, end, n, output);
+  for (const AttnSpan& s : spans) k += fmt::format("|{},{},{}", s.seq, s.first, s.n);
+  return std::hash<std::string>{}(k) | 1;
+}
+}  // namespace
+
+bool HybridFfn::cpu_takes_part(size_t l) const { return !cpu_rows_[l].empty(); }
 
 void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
                            int64_t n) {
   const int64_t d = model.hp.n_embd;
   for (const SeqSpan& s : seqs)
     EMBER_CHECK(s.seq >= 0 && s.seq < pm_.n_seq, "hybrid: sequence {} of a plan for {} sequences", s.seq, pm_.n_seq);
+  held_rows_ = 0;
   for (int64_t il = 0; il < model.hp.n_layer;) {
     if (!plan_.layers[static_cast<size_t>(il)].attn_gpu) {
       const double t = now_seconds();
@@ -374,9 +386,15 @@ void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const
     // A run of layers whose attention is on the device: the hidden state goes there once and
     // comes back once, in chunks of at most max_batch tokens (what the device's buffers hold;
     // a chunk passes every layer of the run before the next starts, which attends over the
-    // earlier chunk's keys and values).
+    // earlier chunk's keys and values). A layer whose neurons are all on the device runs there
+    // whole; one with CPU neurons sends its FFN input to the host once and takes the CPU's
+    // partial output back, merged there.
     int64_t end = il;
-    while (end < model.hp.n_layer && plan_.layers[static_cast<size_t>(end)].attn_gpu) ++end;
+    bool resident = true;  // nothing of the run for the CPU: one queued sequence, one wait
+    for (; end < model.hp.n_layer && plan_.layers[static_cast<size_t>(end)].attn_gpu; ++end)
+      resident = resident && !cpu_takes_part(static_cast<size_t>(end));
+    // With the output head there too, the last run's hidden state stays for it (output()).
+    const bool output_follows = plan_.output_gpu && end == model.hp.n_layer && n <= popts_.max_batch;
     for (int64_t t0 = 0; t0 < n; t0 += popts_.max_batch) {
       const int64_t nc = std::min(popts_.max_batch, n - t0);
       // The sequences' rows in this chunk, renumbered from its first row.
@@ -386,16 +404,38 @@ void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const
         if (a < b) chunk_spans_.push_back({s.seq, a - t0, b - a, s.pos0 + (a - s.first)});
       }
       double t = now_seconds();
-      device_->put_hidden(ws.x.data() + t0 * d, nc);
+      // Decode steps (a few rows) of a resident run are captured once and replayed.
+      if (resident && nc <= kCaptureRows) device_->capture_begin(run_key(il, end, nc, chunk_spans_, output_follows));
+      device_->put_hidden(ws.x.data() + t0 * d, nc, chunk_spans_);
       for (int64_t l = il; l < end; ++l) {
+        const size_t li = static_cast<size_t>(l);
         device_->attention(l, chunk_spans_, nc);
-        const float* xn = device_->ffn_input(l, nc);
-        device_block_s_ += now_seconds() - t;
-        run(pool, l, model.layers[static_cast<size_t>(l)].ffn, model.hp.act, xn, nc, ws.o.data(), ws);
+        const bool cpu_part = cpu_takes_part(li);
+        const ShareRule rule = share_rule(li, model.hp.act, t0, ws);
+        device_->ffn_block_begin(l, nc, rule, cpu_part);
+        ++device_calls_;
+        if (!cpu_part) {
+          device_->ffn_block_end(l, nullptr, nc);
+          continue;
+        }
+        const float* xn = device_->ffn_host_input();
+        const double t_cpu = now_seconds();
+        device_block_s_ += t_cpu - t;
+        const int32_t* rows = nullptr;
+        const int64_t n_rows = cpu_rows_for(pool, li, xn, nc, t0, ws, predict_, &rows);
+        const FfnShareScratch sc{act_.data(), h_.data(), active_.data(), ws.mm_scratch.data(), axpy_.data()};
+        cpu_fired_ += ffn_share_partial(pool, cpu_share_[li], rows, n_rows, model.hp.act, threshold_, xn, nc,
+                                        ws.o.data(), sc);
         t = now_seconds();
-        device_->ffn_finish(l, ws.o.data(), nc);
+        cpu_ffn_s_ += t - t_cpu;
+        device_->ffn_block_end(l, ws.o.data(), nc);
       }
       device_->get_hidden(ws.x.data() + t0 * d, nc);
+      if (output_follows) {
+        held_rows_ = nc;  // output() queues the head and waits once for both
+      } else {
+        device_->sync();
+      }
       device_block_s_ += now_seconds() - t;
     }
     il = end;
@@ -407,6 +447,18 @@ bool HybridFfn::output(const Model& model, ThreadPool& pool, Workspace& ws, cons
   if (!plan_.output_gpu) return false;
   const int64_t d = model.hp.n_embd, nv = model.hp.n_vocab;
   const double t = now_seconds();
+  // The rows of the hidden state the device still holds: the head on them, one wait for both.
+  bool identity = n_rows == held_rows_;
+  for (int64_t i = 0; identity && rows && i < n_rows; ++i) identity = rows[i] == i;
+  if (held_rows_ > 0 && identity) {
+    device_->output(n_rows, logits);
+    device_->sync();
+    held_rows_ = 0;
+    device_block_s_ += now_seconds() - t;
+    return true;
+  }
+  if (held_rows_ > 0) device_->sync();  // the hidden state to the host first
+  held_rows_ = 0;
   for (int64_t i0 = 0; i0 < n_rows; i0 += popts_.max_batch) {
     const int64_t nc = std::min(popts_.max_batch, n_rows - i0);
     float* staged = ws.o.data();  // free after the last layer (as output_rows uses it)
@@ -414,8 +466,9 @@ bool HybridFfn::output(const Model& model, ThreadPool& pool, Workspace& ws, cons
       const int64_t r = rows ? rows[i0 + i] : i0 + i;
       std::memcpy(staged + i * d, ws.x.data() + r * d, sizeof(float) * static_cast<size_t>(d));
     }
-    device_->put_hidden(staged, nc);
+    device_->put_hidden(staged, nc, {});
     device_->output(nc, logits + i0 * nv);
+    device_->sync();
   }
   device_block_s_ += now_seconds() - t;
   return true;

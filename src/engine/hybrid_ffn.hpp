@@ -85,6 +85,9 @@ struct HybridStats {
 
 class HybridFfn final : public FfnExecutor, public LayerExecutor {
  public:
+  // Runs of device layers over at most this many rows (decode steps) are captured by the device
+  // once per shape and replayed (Device::capture_begin).
+  static constexpr int64_t kCaptureRows = 8;
   // n_batch: the most tokens a forward pass takes at once (the device's attention blocks take
   // them whole).
   HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
@@ -126,6 +129,11 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   uint64_t cpu_fired_ = 0, device_calls_ = 0, cpu_predicted_ = 0;
   double cpu_ffn_s_ = 0, wait_s_ = 0, device_block_s_ = 0, cpu_layer_s_ = 0;
   std::vector<AttnSpan> chunk_spans_;  // run_layers: the spans of a chunk of the device's rows
+  // Rows of the hidden state the device holds for output() (run_layers queued their copy back,
+  // the head follows with one wait for both); 0: none.
+  int64_t held_rows_ = 0;
+  // A layer whose attention is on the device: whether the CPU computes some of its neurons.
+  bool cpu_takes_part(size_t l) const;
   // The rows the CPU computes for layer l's chunk of n tokens at x (token t0 of the pass).
   int64_t cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0, const Workspace& ws,
                        bool device_predicts, const int32_t** rows);

@@ -52,24 +52,29 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
          (L.bias_row ? gpu_pad(k * L.bias_row) : 0) + gpu_pad(k * sizeof(int32_t));
 }
 
+uint64_t gpu_ffn_counts_bytes(const PlanModel& m) {
+  return sizeof(uint64_t) + static_cast<uint64_t>(m.n_ff) * sizeof(int32_t);
+}
+
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
   // x in, partial out (n_embd each), gate and up activations (n_ff each; the up buffer holds
   // the predictor's scores first), the active neurons' rows (n_ff) and their positions in the
   // share (n_ff, then two counters: active, fired).
-  // Then the down axpy's partial sums (cuda::sparse_axpy: kAxpyChunks rows of n_embd).
-  // Then the down axpy's partial sums (cuda::sparse_axpy: kAxpyChunks rows of n_embd), and x
-  // rounded to 8 bits for the quantized gate and up rows (gpu_q8_bytes).
+  // Then the down axpy's partial sums (cuda::sparse_axpy: kAxpyChunks rows of n_embd), x
+  // rounded to 8 bits for the quantized gate and up rows (gpu_q8_bytes), and the firing counts
+  // per position (gpu_ffn_counts_bytes).
   uint64_t t = 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + gpu_pad(m.n_ff * sizeof(int32_t)) +
                gpu_pad((m.n_ff + 2) * sizeof(int32_t)) +
                gpu_pad(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f) +
-               gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch));
+               gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) + gpu_pad(gpu_ffn_counts_bytes(m));
   // With predictors: their input (n_embd: the residual, where it is not the FFN input), hidden
   // layer (rank), the predicted mask of the layer's neurons (n_ff bytes) and the predicted share
-  // rows (n_ff, then their count), then the input and the hidden layer rounded to 8 bits.
+  // rows (n_ff, then their count and a spare: cuda::compact's totals), then the input and the
+  // hidden layer rounded to 8 bits.
   if (m.predicted)
     t += gpu_pad(b * m.n_embd * f) + gpu_pad(b * static_cast<uint64_t>(m.predictor_rank) * f) + gpu_pad(m.n_ff) +
-         gpu_pad((m.n_ff + 1) * sizeof(int32_t)) + gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) +
+         gpu_pad((m.n_ff + 2) * sizeof(int32_t)) + gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) +
          gpu_pad(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
   return t;
 }
@@ -86,13 +91,15 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
   // output, the scores of every head over the context; the RoPE tables (global, local) of
   // head_dim / 2 inverse frequencies (doubles) each. device_arena_layout lays them out in this order.
   // Then the block's inputs rounded to 8 bits for quantized matrices (n_embd or q_dim values),
-  // and the attention's partial results over chunks of the context (cuda_blocks.hpp).
+  // the attention's partial results over chunks of the context (cuda_blocks.hpp), and the
+  // positions of the rows' sequences (max_batch int32, read by the kernels on the device).
   const uint64_t rope = gpu_pad(static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double));
   const uint64_t partial = static_cast<uint64_t>(
       cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head, m.n_ctx));
   return 3 * gpu_pad(b * m.n_embd * f) + gpu_pad(b * m.q_dim * f) + 2 * gpu_pad(b * m.kv_dim * f) +
          gpu_pad(b * m.q_dim * f) + gpu_pad(b * m.n_head * m.n_ctx * f) + 2 * rope +
-         gpu_pad(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch)) + gpu_pad(partial * f);
+         gpu_pad(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch)) + gpu_pad(partial * f) +
+         gpu_pad(b * sizeof(int32_t));
 }
 
 bool gpu_needs_attn_scratch(const Plan& plan) {

@@ -41,6 +41,10 @@ inline uint64_t gpu_pad(uint64_t n) { return (n + kGpuAlign - 1) / kGpuAlign * k
 inline uint64_t gpu_q8_bytes(int64_t cols, int64_t n_tokens) {
   return static_cast<uint64_t>((cols + 31) / 32) * 36 * static_cast<uint64_t>(n_tokens);
 }
+struct PlanModel;
+// A GPU's firing counts of an FFN layer: a 64-bit total of the fired (token, neuron) pairs, then
+// an int32 per neuron (cuda::compact reads them).
+uint64_t gpu_ffn_counts_bytes(const PlanModel& m);
 
 // The machine: the GPU memory budget and the throughputs of the cost model.
 struct DeviceDesc {

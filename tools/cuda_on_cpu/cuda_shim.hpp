@@ -5,6 +5,9 @@
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
 
+// ops/cuda/ asks for this to leave out what the runtime lacks (graphs).
+#define EMBER_CUDA_ON_CPU 1
+
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
 #define cudaGetErrorString hipGetErrorString
@@ -23,6 +26,7 @@
 #define cudaMemcpy hipMemcpy
 #define cudaMemcpyHostToDevice hipMemcpyHostToDevice
 #define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
 #define cudaMemGetInfo hipMemGetInfo
 #define cudaGetDeviceCount hipGetDeviceCount
 #define cudaGetDeviceProperties hipGetDeviceProperties

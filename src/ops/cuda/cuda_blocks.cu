@@ -10,37 +10,60 @@ using namespace detail;
 
 namespace {
 
-constexpr int kNormThreads = 256;
+constexpr int kNormThreads = static_cast<int>(kNormSpan);  // a value a thread, out of place
 
-// One block per row.
-__global__ void rms_norm_kernel(const float* x, const float* w, float* out, int64_t width, float eps) {
-  __shared__ float red[33];
-  const float* xr = x + blockIdx.x * width;
-  float* o = out + blockIdx.x * width;
+// Sum over row xr of f(x[i]), each thread over its values (runs of four where the row allows),
+// then the block's fixed tree: the same in every block of the row.
+template <class F>
+__device__ __forceinline__ float row_sum(const float* xr, int64_t width, float* red, F f) {
   float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) s += xr[i] * xr[i];
-  s = block_sum(s, red);
-  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(s) / static_cast<double>(width) + eps));
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) o[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+  if (width % 4 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int64_t i = threadIdx.x; i < width / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      s += f(v.x) + f(v.y) + f(v.z) + f(v.w);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) s += f(xr[i]);
+  }
+  return block_sum(s, red);
 }
 
-__global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float* out, int64_t width,
-                                  float eps) {
+// Block (slice, row): the row's sums, then values slice * span .. + span - 1 normalized (all of
+// them with one slice: in place), rounded to 8 bits too with xq (width a multiple of 32).
+__global__ void __launch_bounds__(kNormThreads) norm_kernel(const float* x, const float* w, const float* b, float* out,
+                                                            int64_t width, float eps, bool layer_norm, int64_t span,
+                                                            uint8_t* codes, __half* ds) {
   __shared__ float red[33];
-  const float* xr = x + blockIdx.x * width;
-  float* o = out + blockIdx.x * width;
-  float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) s += xr[i];
-  const float mean = block_sum(s, red) / static_cast<float>(width);
-  float v = 0.0f;  // two passes, as the CPU: no cancellation when the mean is large
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
-  v = block_sum(v, red);
-  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(v) / static_cast<double>(width) + eps));
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
-    float y = (xr[i] - mean) * scale;
-    if (w) y *= w[i];
-    if (b) y += b[i];
-    o[i] = y;
+  const int64_t row = blockIdx.y;
+  const float* xr = x + row * width;
+  float* o = out + row * width;
+  float mean = 0.0f, scale;
+  if (layer_norm) {
+    mean = row_sum(xr, width, red, [](float v) { return v; }) / static_cast<float>(width);
+    // Two passes, as the CPU: no cancellation when the mean is large.
+    const float var = row_sum(xr, width, red, [mean](float v) { return (v - mean) * (v - mean); });
+    scale = static_cast<float>(1.0 / sqrt(static_cast<double>(var) / static_cast<double>(width) + eps));
+  } else {
+    const float ss = row_sum(xr, width, red, [](float v) { return v * v; });
+    scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(width) + eps));
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * span;
+  const int64_t end = first + span < width ? first + span : width;
+  for (int64_t base = first; base < end; base += blockDim.x) {  // the same count in every thread
+    const int64_t i = base + threadIdx.x;
+    const bool valid = i < end;
+    float y = 0.0f;
+    if (valid) {
+      y = layer_norm ? (xr[i] - mean) * scale : xr[i] * scale;
+      if (w) y *= w[i];
+      if (b) y += b[i];
+      o[i] = y;
+    }
+    if (codes) {  // a warp's 32 values are one block of 32 (width % 32 == 0)
+      const int64_t blk = (row * width + base) / kQK + threadIdx.x / kWarp;
+      warp_quantize_q8(y, valid, codes + blk * kQK, ds + 2 * blk);
+    }
   }
 }
 
@@ -59,29 +82,39 @@ __global__ void softcap_kernel(float* y, int64_t n, float cap) {
   if (i < n) y[i] = cap * tanhf(y[i] / cap);
 }
 
-// Block (head, token), threads over the pairs.
-__global__ void rope_kernel(float* x, int64_t n_heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
-                            int64_t n_rot, double attn_factor, bool neox) {
-  const int64_t h = blockIdx.x, t = blockIdx.y, half = n_rot / 2;
-  float* xh = x + (t * n_heads + h) * head_dim;
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const double theta = static_cast<double>(pos0 + t) * inv_freq[i];
-    const float c = static_cast<float>(attn_factor * cos(theta));
-    const float s = static_cast<float>(attn_factor * sin(theta));
-    const int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    const float a = xh[ia], b = xh[ib];
-    xh[ia] = a * c - b * s;
-    xh[ib] = a * s + b * c;
+// Block (head of q then of k, token): the head's pairs rotated; for a k head also its k and v
+// rows stored into the caches at the token's position.
+__global__ void rope_store_kernel(float* q, float* k, const float* v, int64_t n_head, int64_t n_head_kv,
+                                  int64_t head_dim, const int32_t* pos0, RopeArgs r, void* kc, void* vc, bool f16) {
+  const int64_t hh = blockIdx.x, t = blockIdx.y, pos = *pos0 + t;
+  const bool is_k = hh >= n_head;
+  const int64_t h = is_k ? hh - n_head : hh;
+  float* xh = is_k ? k + (t * n_head_kv + h) * head_dim : q + (t * n_head + h) * head_dim;
+  if (r.inv_freq) {
+    const int64_t half = r.n_rot / 2;
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const double theta = static_cast<double>(pos) * r.inv_freq[i];
+      const float c = static_cast<float>(r.attn_factor * cos(theta));
+      const float s = static_cast<float>(r.attn_factor * sin(theta));
+      const int64_t ia = r.neox ? i : 2 * i, ib = r.neox ? i + half : 2 * i + 1;
+      const float a = xh[ia], b = xh[ib];
+      xh[ia] = a * c - b * s;
+      xh[ib] = a * s + b * c;
+    }
   }
-}
-
-__global__ void kv_store_kernel(const float* rows, int64_t count, void* cache, int64_t offset, bool f16) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  if (f16)
-    static_cast<__half*>(cache)[offset + i] = __float2half_rn(rows[i]);
-  else
-    static_cast<float*>(cache)[offset + i] = rows[i];
+  if (!is_k) return;
+  __syncthreads();  // the rotated row, written by other threads, is stored below
+  const int64_t row = n_head_kv * head_dim, at = pos * row + h * head_dim;
+  const float* vh = v + (t * n_head_kv + h) * head_dim;
+  for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    if (f16) {
+      static_cast<__half*>(kc)[at + i] = __float2half_rn(xh[i]);
+      static_cast<__half*>(vc)[at + i] = __float2half_rn(vh[i]);
+    } else {
+      static_cast<float*>(kc)[at + i] = xh[i];
+      static_cast<float*>(vc)[at + i] = vh[i];
+    }
+  }
 }
 
 template <bool F16>
@@ -100,14 +133,14 @@ constexpr int kMaxHeadDim = 256;
 // output; more: (m, l, out) go to `partial` for attention_merge_kernel. An empty chunk (outside
 // a sliding window, or after the token) gives m = -inf, l = 0, out = 0.
 template <bool F16>
-__global__ void attention_kernel(AttentionArgs a, const float* q, int64_t pos0, const void* k, const void* v,
+__global__ void attention_kernel(AttentionArgs a, const float* q, const int32_t* pos0, const void* k, const void* v,
                                  float* out, float* scores, float* partial) {
   __shared__ float qs[kMaxHeadDim];
   __shared__ float red[33];
   __shared__ float part[kMaxHeadDim * 2];
   const int64_t h = blockIdx.x, t = blockIdx.y, c = blockIdx.z, n_chunks = gridDim.z, hd = a.head_dim;
   const int64_t kvh = h / (a.n_head / a.n_head_kv), stride = a.n_head_kv * hd;
-  const int64_t pos = pos0 + t;
+  const int64_t pos = *pos0 + t;
   const int64_t first = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
   const int64_t lo = first > c * kAttnChunk ? first : c * kAttnChunk;
   const int64_t hi = pos + 1 < (c + 1) * kAttnChunk ? pos + 1 : (c + 1) * kAttnChunk;
@@ -184,62 +217,61 @@ int attn_threads(int64_t head_dim) { return head_dim <= 128 ? 128 : 256; }
 }  // namespace
 
 void norm_rows(const float* x, const float* w, const float* b, float* out, int64_t rows, int64_t width, float eps,
-               bool layer_norm, void* stream) {
+               bool layer_norm, void* stream, void* xq) {
   if (rows == 0) return;
-  cudaStream_t s = as_stream(stream);
-  if (layer_norm)
-    layer_norm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(x, w, b, out, width, eps);
-  else
-    rms_norm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(x, w, out, width, eps);
-  check_launch("norm kernel");
+  EMBER_CHECK(!xq || width % kQK == 0, "CUDA norm_rows: 8-bit output of rows of {} values (a multiple of 32)", width);
+  EMBER_CHECK(!xq || out != x, "CUDA norm_rows: 8-bit output in place");
+  // In place a block must not overwrite values another block still sums: one block a row.
+  const int64_t span = out == x ? width : kNormSpan;
+  uint8_t* codes = static_cast<uint8_t*>(xq);
+  __half* ds = xq ? reinterpret_cast<__half*>(codes + rows * width) : nullptr;
+  const dim3 grid(grid_of(width, span), static_cast<unsigned>(rows));
+  norm_kernel<<<grid, kNormThreads, 0, as_stream(stream)>>>(x, w, b, out, width, eps, layer_norm, span, codes, ds);
+  launched("norm kernel");
 }
 
 void add_bias(float* y, const float* b, int64_t rows, int64_t width, void* stream) {
   if (rows * width == 0) return;
   add_bias_kernel<<<grid_of(rows * width, 256), 256, 0, as_stream(stream)>>>(y, b, rows, width);
-  check_launch("add_bias kernel");
+  launched("add_bias kernel");
 }
 
 void add_inplace(float* y, const float* x, int64_t n, void* stream) {
   if (n == 0) return;
   add_inplace_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(y, x, n);
-  check_launch("add_inplace kernel");
+  launched("add_inplace kernel");
 }
 
 void softcap(float* y, int64_t n, float cap, void* stream) {
   if (n == 0) return;
   softcap_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(y, n, cap);
-  check_launch("softcap kernel");
+  launched("softcap kernel");
 }
 
-void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
-          int64_t n_rot, double attn_factor, bool neox, void* stream) {
-  EMBER_CHECK(n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim, "CUDA rope: {} rotated dimensions of {}", n_rot,
-              head_dim);
-  if (n_tokens == 0 || n_heads == 0) return;
-  rope_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(n_tokens)), 64, 0, as_stream(stream)>>>(
-      x, n_heads, head_dim, pos0, inv_freq, n_rot, attn_factor, neox);
-  check_launch("rope kernel");
+void rope_store(float* q, float* k, const float* v, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
+                int64_t head_dim, const int32_t* pos0, const RopeArgs& rope, void* k_cache, void* v_cache, bool f16,
+                void* stream) {
+  EMBER_CHECK(!rope.inv_freq || (rope.n_rot > 0 && rope.n_rot % 2 == 0 && rope.n_rot <= head_dim),
+              "CUDA rope: {} rotated dimensions of {}", rope.n_rot, head_dim);
+  if (n_tokens == 0) return;
+  const dim3 grid(static_cast<unsigned>(n_head + n_head_kv), static_cast<unsigned>(n_tokens));
+  rope_store_kernel<<<grid, 64, 0, as_stream(stream)>>>(q, k, v, n_head, n_head_kv, head_dim, pos0, rope, k_cache,
+                                                        v_cache, f16);
+  launched("rope_store kernel");
 }
 
-void kv_store(const float* rows, int64_t n, int64_t row, void* cache, int64_t pos0, bool f16, void* stream) {
-  if (n * row == 0) return;
-  kv_store_kernel<<<grid_of(n * row, 256), 256, 0, as_stream(stream)>>>(rows, n * row, cache, pos0 * row, f16);
-  check_launch("kv_store kernel");
-}
-
-void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, int64_t pos0, const void* k_cache,
-               const void* v_cache, float* out, float* scores, float* partial, void* stream) {
+void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, const int32_t* pos0, int64_t max_positions,
+               const void* k_cache, const void* v_cache, float* out, float* scores, float* partial, void* stream) {
   EMBER_CHECK(a.head_dim >= 1 && a.head_dim <= kMaxHeadDim, "CUDA attention: head size {} (1 to {})", a.head_dim,
               kMaxHeadDim);
   EMBER_CHECK(a.n_head_kv >= 1 && a.n_head % a.n_head_kv == 0, "CUDA attention: {} heads over {} KV heads", a.n_head,
               a.n_head_kv);
-  EMBER_CHECK(pos0 >= 0 && pos0 + n_tokens <= a.n_ctx, "CUDA attention: positions {}..{} beyond the cache's {}", pos0,
-              pos0 + n_tokens - 1, a.n_ctx);
+  EMBER_CHECK(max_positions >= n_tokens && max_positions <= a.n_ctx, "CUDA attention: {} positions in a cache of {}",
+              max_positions, a.n_ctx);
   if (n_tokens == 0) return;
-  // Chunks of kAttnChunk positions up to the last token's: they depend on the positions only, so
-  // the result does not depend on anything else (deterministic).
-  const int64_t n_chunks = attention_chunks(pos0 + n_tokens);
+  // Chunks of kAttnChunk positions up to max_positions; those past a token's position are empty
+  // and skipped by the merge, so the result is the same for any max_positions (deterministic).
+  const int64_t n_chunks = attention_chunks(max_positions);
   const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_chunks));
   const int threads = attn_threads(a.head_dim);
   cudaStream_t s = as_stream(stream);
@@ -247,11 +279,11 @@ void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, int64_t
     attention_kernel<true><<<grid, threads, 0, s>>>(a, q, pos0, k_cache, v_cache, out, scores, partial);
   else
     attention_kernel<false><<<grid, threads, 0, s>>>(a, q, pos0, k_cache, v_cache, out, scores, partial);
-  check_launch("attention kernel");
+  launched("attention kernel");
   if (n_chunks > 1) {
     attention_merge_kernel<<<dim3(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens)), 128, 0, s>>>(
         a.n_head, a.head_dim, n_chunks, partial, out);
-    check_launch("attention merge kernel");
+    launched("attention merge kernel");
   }
 }
 

@@ -16,6 +16,13 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA {} failed: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));
 }
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+// Counts a kernel launch (cuda::launches()); defined in cuda_ops.cu.
+void count_launch();
+// After every launch: its error checked, the launch counted.
+inline void launched(const char* kernel) {
+  check_launch(kernel);
+  count_launch();
+}
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 inline unsigned grid_of(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
 
@@ -80,6 +87,57 @@ __device__ __forceinline__ float element<3>(const uint8_t* row, int64_t j) {  //
 
 constexpr int kQ8_1Bytes = 36;  // BlockQ8_1 (tensor/quant.hpp): half d, half s, 32 int8
 
+// The device's layout of a matrix of a block type (cuda_ops.hpp, pack_matrix): every row's codes
+// first (kCodeBytes a block, row after row), then every row's block factors (kFactorBytes a
+// block: fp16 d; Q4_1: d then m), so that codes are read in aligned 16-byte vectors.
+template <int T>
+struct Split;
+template <>
+struct Split<8> {  // Q8_0
+  static constexpr int kCodeBytes = 32, kFactorBytes = 2;
+};
+template <>
+struct Split<2> {  // Q4_0
+  static constexpr int kCodeBytes = 16, kFactorBytes = 2;
+};
+template <>
+struct Split<3> {  // Q4_1
+  static constexpr int kCodeBytes = 16, kFactorBytes = 4;
+};
+
+// A matrix in the device's layout: row r's codes and factors.
+template <int T>
+struct SplitRows {
+  const uint8_t* codes;
+  const uint8_t* factors;
+  int64_t nb;  // blocks a row
+  __device__ __forceinline__ SplitRows(const uint8_t* w, int64_t rows, int64_t cols)
+      : codes(w), factors(w + rows * (cols / kQK) * Split<T>::kCodeBytes), nb(cols / kQK) {}
+  __device__ __forceinline__ const uint8_t* row_codes(int64_t r) const { return codes + r * nb * Split<T>::kCodeBytes; }
+  __device__ __forceinline__ const uint8_t* row_factors(int64_t r) const {
+    return factors + r * nb * Split<T>::kFactorBytes;
+  }
+};
+
+// Activations rounded to 8 bits on the device (quantize_q8): n_tokens rows of nb blocks, every
+// block's 32 codes first (token after token), then every block's (d, s) as two fp16 (d first), read
+// as one 32-bit word and split by value.
+struct Q8Acts {
+  const uint8_t* codes;
+  const uint32_t* ds;
+  int64_t nb;
+  __device__ __forceinline__ Q8Acts(const void* xq, int64_t n_tokens, int64_t cols)
+      : codes(static_cast<const uint8_t*>(xq)),
+        ds(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(xq) + n_tokens * (cols / kQK) * kQK)),
+        nb(cols / kQK) {}
+};
+__device__ __forceinline__ float half_lo(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+__device__ __forceinline__ float half_hi(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+
 // Four bytes as an int from a 2-byte aligned address (Q4_0 and Q8_0 blocks are 18 and 34
 // bytes): the i-th int after p.
 __device__ __forceinline__ int load_int_b2(const uint8_t* p, int i) {
@@ -107,28 +165,46 @@ __device__ __forceinline__ float warp_sum(float s) { return warp_reduce(s, SumOp
 
 // A block's values (blockDim.x threads, a multiple of 32, at most 1024) combined in a fixed
 // order: each warp's tree, then a tree over the warps' results; `identity` fills the missing
-// warps. Every thread gets the result. `shared` holds 33 floats. Like every kernel here, it
+// warps. Every thread gets the result. `shared` holds 33 values. Like every kernel here, it
 // calls warp operations (shuffles, ballots) and barriers uniformly, every thread of a block the
 // same number of times (so every warp runs the second tree; warp 0's result is kept): it costs
 // nothing here and keeps the kernels correct on runtimes that schedule a block's threads
 // cooperatively.
-template <class Op>
-__device__ __forceinline__ float block_reduce(float s, float* shared, float identity, Op op) {
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T s, T* shared, T identity, Op op) {
   const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
   s = warp_reduce(s, op);
   if (lane == 0) shared[w] = s;
   __syncthreads();
-  float t = lane < n_warps ? shared[lane] : identity;
+  T t = lane < n_warps ? shared[lane] : identity;
   t = warp_reduce(t, op);
   if (threadIdx.x == 0) shared[32] = t;
   __syncthreads();
-  const float r = shared[32];
+  const T r = shared[32];
   __syncthreads();  // before the next call reuses `shared`
   return r;
 }
 __device__ __forceinline__ float block_sum(float s, float* shared) { return block_reduce(s, shared, 0.0f, SumOp{}); }
+__device__ __forceinline__ int block_sum(int s, int* shared) { return block_reduce(s, shared, 0, SumOp{}); }
 __device__ __forceinline__ float block_max(float s, float* shared) {
   return block_reduce(s, shared, -INFINITY, MaxOp{});
+}
+
+// One block of 32 activations rounded to 8 bits by a warp, lane i holding value i (v = 0 where
+// !valid; the warp calls it uniformly): as tensor/quant.cpp's quant_sym8, d = max|x| / 127 and
+// the codes from 127 / max|x|, rounded to nearest even; s = d * sum(q). Lane i writes code i to
+// codes[i], lane 0 (d, s) to ds[0], ds[1], where valid.
+__device__ __forceinline__ void warp_quantize_q8(float v, bool valid, uint8_t* codes, __half* ds) {
+  const int lane = threadIdx.x % kWarp;
+  const float amax = __shfl_sync(0xffffffffu, warp_reduce(fabsf(v), MaxOp{}), 0);
+  const float d = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const int r = __float2int_rn(v * id);  // nearest, ties even (the CPU's lrintf)
+  const int q = r < -127 ? -127 : r > 127 ? 127 : r;
+  const int sum = __shfl_sync(0xffffffffu, warp_reduce(q, SumOp{}), 0);
+  if (!valid) return;
+  codes[lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  if (lane == 0) ds[0] = __float2half_rn(d), ds[1] = __float2half_rn(d * static_cast<float>(sum));
 }
 
 }  // namespace ember::cuda::detail

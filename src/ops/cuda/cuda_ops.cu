@@ -1,6 +1,10 @@
-// CUDA kernels of the hybrid engine; see cuda_ops.hpp. Written for clarity and a fixed
-// summation order first (one warp per output row, lanes over blocks, a fixed shuffle tree).
+// CUDA kernels of the hybrid engine; see cuda_ops.hpp. Fixed summation orders throughout (a warp
+// per output row with lanes over blocks and a fixed shuffle tree; chunked partial sums added in
+// chunk order; compaction by counting, no atomics on floats), and every kernel over many blocks.
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.hpp"
@@ -10,102 +14,239 @@ namespace ember::cuda {
 using namespace detail;
 
 namespace {
+std::atomic<uint64_t> g_launches{0};
+}  // namespace
 
-// One lane's share of dot(row, x): float rows (F32, F16) times float x, lanes over elements.
-template <int T>
-__device__ float lane_dot_float(const uint8_t* row, const float* x, int64_t cols, int lane) {
-  float s = 0.0f;
-  for (int64_t j = lane; j < cols; j += kWarp) s += element<T>(row, j) * x[j];
-  return s;
-}
+void detail::count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
 
-// One lane's share of dot(row, x) for a quantized row (Q4_0, Q4_1, Q8_0) and x in Q8_1 blocks:
-// lanes take blocks of 32 round robin; a block's codes are multiplied in integers (dp4a), then
-// scaled once: d_w d_x sum(q_w q_x) (Q4_0: q_w - 8, taken off as 8 sum(q_x); Q4_1: plus m_w s_x).
-template <int T>
-__device__ float lane_dot_q8(const uint8_t* row, const uint8_t* xq, int64_t cols, int lane) {
-  float s = 0.0f;
-  const int64_t nb = cols / kQK;
-  for (int64_t b = lane; b < nb; b += kWarp) {
-    const uint8_t* wb = row + b * BlockBytes<T>::value;
-    const uint8_t* xb = xq + b * kQ8_1Bytes;
-    const uint8_t* xqs = xb + 4;
-    const float dd = half_at(wb) * half_at(xb);
-    int isum = 0;
-    if (T == 8) {
-      for (int i = 0; i < 8; ++i) isum = __dp4a(load_int_b2(wb + 2, i), load_int_b4(xqs, i), isum);
-      s += dd * static_cast<float>(isum);
-    } else if (T == 2) {
-      int xsum = 0;
-      for (int i = 0; i < 4; ++i) {
-        const int v = load_int_b2(wb + 2, i), u0 = load_int_b4(xqs, i), u1 = load_int_b4(xqs, i + 4);
-        isum = __dp4a(v & 0x0F0F0F0F, u0, isum);           // codes of elements 4i .. 4i + 3
-        isum = __dp4a((v >> 4) & 0x0F0F0F0F, u1, isum);    // and of 16 + 4i ..
-        xsum = __dp4a(0x01010101, u0, __dp4a(0x01010101, u1, xsum));
-      }
-      s += dd * static_cast<float>(isum - 8 * xsum);
-    } else {  // Q4_1
-      for (int i = 0; i < 4; ++i) {
-        const int v = load_int_b4(wb + 4, i);
-        isum = __dp4a(v & 0x0F0F0F0F, load_int_b4(xqs, i), isum);
-        isum = __dp4a((v >> 4) & 0x0F0F0F0F, load_int_b4(xqs, i + 4), isum);
-      }
-      s += dd * static_cast<float>(isum) + half_at(wb + 2) * half_at(xb + 2);
-    }
-  }
-  return s;
-}
+namespace {
 
-size_t row_size(DType type, int64_t cols) { return row_bytes(type, cols); }
+// ---- 8-bit activations ---------------------------------------------------------------------------
 
-constexpr int kRowsPerBlock = 4;  // warps per block, one row each
-
-// x: floats (F32, F16 rows) or Q8_1 blocks (quantized rows), token t's at t * cols values.
-template <int T>
-__global__ void matvec_kernel(const uint8_t* W, size_t row_stride, int64_t cols, int64_t rows, const int32_t* ids,
-                              const int32_t* n_ids, const void* x, float* y, int64_t y_stride) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  const int64_t t = blockIdx.y;
-  const int64_t n = n_ids ? *n_ids : rows;
-  const bool valid = i < n;  // a warp past the end still takes part in the (uniform) shuffles
-  float d = 0.0f;
-  if (valid) {
-    const uint8_t* row = W + (ids ? ids[i] : i) * row_stride;
-    if constexpr (T == 0 || T == 1)
-      d = lane_dot_float<T>(row, static_cast<const float*>(x) + t * cols, cols, lane);
-    else
-      d = lane_dot_q8<T>(row, static_cast<const uint8_t*>(x) + t * (cols / kQK) * kQ8_1Bytes, cols, lane);
-  }
-  const float s = warp_sum(d);
-  if (valid && lane == 0) y[t * y_stride + i] = s;
-}
-
-// A warp per block of 32 values (of n_blocks over all tokens): max |x|, the codes, their sum.
-__global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, uint8_t* xq) {
+// A warp per block of 32 values (of n_blocks over all tokens).
+__global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, uint8_t* codes, __half* ds) {
   const int lane = threadIdx.x % kWarp;
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const bool valid = blk < n_blocks;
-  const float v = valid ? x[blk * kQK + lane] : 0.0f;
-  const float amax = __shfl_sync(0xffffffffu, warp_reduce(fabsf(v), MaxOp{}), 0);
-  // As tensor/quant.cpp's quant_sym8: d = amax / 127, the codes from id = 127 / amax.
-  const float d = amax / 127.0f;
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  const int r = __float2int_rn(v * id);  // nearest, ties even (the CPU's lrintf)
-  const int q = r < -127 ? -127 : r > 127 ? 127 : r;
-  const int sum = __shfl_sync(0xffffffffu, warp_reduce(q, SumOp{}), 0);
-  if (!valid) return;
-  uint8_t* b = xq + blk * kQ8_1Bytes;
-  b[4 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
-  if (lane == 0) {
-    reinterpret_cast<__half*>(b)[0] = __float2half_rn(d);
-    reinterpret_cast<__half*>(b)[1] = __float2half_rn(d * static_cast<float>(sum));
+  warp_quantize_q8(valid ? x[blk * kQK + lane] : 0.0f, valid, codes + blk * kQK, ds + 2 * blk);
+}
+
+// ---- matvec ----------------------------------------------------------------------------------------
+
+constexpr int kMvWarps = 4;   // rows a block computes, a warp each
+constexpr int kMvUnroll = 4;  // blocks of 32 weights a lane loads before it uses the first
+
+// A block of 32 weights of a quantized row in registers.
+template <int T>
+struct WBlock {
+  uint4 c[Split<T>::kCodeBytes / 16];
+  float d = 0.0f, m = 0.0f;
+};
+template <int T>
+__device__ __forceinline__ void load_block(const SplitRows<T>& w, int64_t r, int64_t b, WBlock<T>& o) {
+  const uint4* c = reinterpret_cast<const uint4*>(w.row_codes(r)) + b * (Split<T>::kCodeBytes / 16);
+#pragma unroll
+  for (int i = 0; i < Split<T>::kCodeBytes / 16; ++i) o.c[i] = c[i];
+  const uint8_t* f = w.row_factors(r) + b * Split<T>::kFactorBytes;
+  o.d = half_at(f);
+  if constexpr (T == 3) o.m = half_at(f + 2);
+}
+
+// d_w d_x sum(q_w q_x) over one block (Q4_0: q_w - 8, taken off as 8 sum(q_x); Q4_1: plus m_w s_x)
+// against x's codes (32 bytes) and (d, s).
+template <int T>
+__device__ __forceinline__ float block_dot(const WBlock<T>& w, const uint8_t* xc, uint32_t xds) {
+  const int4 x0 = reinterpret_cast<const int4*>(xc)[0], x1 = reinterpret_cast<const int4*>(xc)[1];
+  const int u[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  const float dx = half_lo(xds);
+  int isum = 0;
+  if constexpr (T == 8) {
+    const int v[8] = {static_cast<int>(w.c[0].x), static_cast<int>(w.c[0].y), static_cast<int>(w.c[0].z),
+                      static_cast<int>(w.c[0].w), static_cast<int>(w.c[1].x), static_cast<int>(w.c[1].y),
+                      static_cast<int>(w.c[1].z), static_cast<int>(w.c[1].w)};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) isum = __dp4a(v[i], u[i], isum);
+    return w.d * dx * static_cast<float>(isum);
+  } else {
+    const int v[4] = {static_cast<int>(w.c[0].x), static_cast<int>(w.c[0].y), static_cast<int>(w.c[0].z),
+                      static_cast<int>(w.c[0].w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      isum = __dp4a(v[i] & 0x0F0F0F0F, u[i], isum);             // codes of elements 4i .. 4i + 3
+      isum = __dp4a((v[i] >> 4) & 0x0F0F0F0F, u[i + 4], isum);  // and of 16 + 4i ..
+    }
+    if constexpr (T == 2) {
+      int xsum = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xsum = __dp4a(0x01010101, u[i], xsum);
+      return w.d * dx * static_cast<float>(isum - 8 * xsum);
+    } else {
+      return w.d * dx * static_cast<float>(isum) + w.m * half_hi(xds);
+    }
   }
 }
 
+// A lane's share of row r's dots with tokens t0 .. t0 + ng - 1 into acc: blocks lane, lane + 32,
+// ... in order (kMvUnroll of them loaded before the first is used).
+template <int T>
+__device__ __forceinline__ void lane_dots_q(const SplitRows<T>& w, int64_t r, const Q8Acts& x, int64_t t0, int ng,
+                                            int lane, float (&acc)[kMvTokens]) {
+  for (int64_t b0 = lane; b0 < w.nb; b0 += static_cast<int64_t>(kWarp) * kMvUnroll) {
+    WBlock<T> blk[kMvUnroll];
+#pragma unroll
+    for (int u = 0; u < kMvUnroll; ++u) {
+      const int64_t b = b0 + u * kWarp;
+      if (b < w.nb) load_block<T>(w, r, b, blk[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kMvUnroll; ++u) {
+      const int64_t b = b0 + u * kWarp;
+      if (b >= w.nb) break;
+#pragma unroll
+      for (int j = 0; j < kMvTokens; ++j) {
+        if (j >= ng) break;
+        const int64_t xb = (t0 + j) * x.nb + b;
+        acc[j] += block_dot<T>(blk[u], x.codes + xb * kQK, x.ds[xb]);
+      }
+    }
+  }
+}
+
+// Float rows (F32, F16) against float x: lanes over runs of 8 values (16-byte loads) where the
+// row length allows, else over single values.
+__device__ __forceinline__ void load8(const float* row, int64_t j, float (&w)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(row + j)[0], b = reinterpret_cast<const float4*>(row + j)[1];
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __half* row, int64_t j, float (&w)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(row + j);
+  const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // the halves out of the words by value (no type punning)
+    w[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xffffu)));
+    w[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+  }
+}
+template <class W>
+__device__ __forceinline__ void lane_dots_f(const W* row, int64_t cols, const float* x, int64_t t0, int ng, int lane,
+                                            float (&acc)[kMvTokens]) {
+  if (cols % 8 == 0) {
+    for (int64_t j = 8 * static_cast<int64_t>(lane); j < cols; j += 8 * kWarp) {
+      float w[8];
+      load8(row, j, w);
+#pragma unroll
+      for (int t = 0; t < kMvTokens; ++t) {
+        if (t >= ng) break;
+        float xv[8];
+        load8(x + (t0 + t) * cols, j, xv);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s += w[i] * xv[i];
+        acc[t] += s;
+      }
+    }
+  } else {
+    for (int64_t j = lane; j < cols; j += kWarp) {
+      const float w = static_cast<float>(row[j]);
+#pragma unroll
+      for (int t = 0; t < kMvTokens; ++t) {
+        if (t >= ng) break;
+        acc[t] += w * x[(t0 + t) * cols + j];
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float act_value(cpu::Activation act, float x) {
+  switch (act) {
+    case cpu::Activation::silu: return x / (1.0f + expf(-x));
+    case cpu::Activation::relu: return x > 0.0f ? x : 0.0f;
+    default: {
+      const float k = 0.7978845608028654f;
+      return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
+    }
+  }
+}
+
+struct MvArgs {
+  const uint8_t* w;
+  int64_t w_rows, cols;
+  const int32_t* ids;
+  const int32_t* count;
+  int64_t max_rows;
+  const void* x;  // floats or quantize_q8's layout
+  int64_t n_tokens;
+  int64_t tokens_per_block;  // tokens of blockIdx.y's slice (per-token epilogues split the tokens)
+  MatvecOut out;
+};
+
+// Block (rows kMvWarps i .. + kMvWarps - 1, token slice y): a warp per row, all the slice's
+// tokens kMvTokens at a time from one read of the row each; the epilogue at lane 0.
+template <int T>
+__global__ void __launch_bounds__(kMvWarps * kWarp) matvec_kernel(MvArgs a) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / kWarp;
+  const int64_t n = a.count ? *a.count : a.max_rows;
+  const bool valid = i < n;  // a warp past the end still takes part in the (uniform) shuffles
+  const int64_t r = valid ? (a.ids ? a.ids[i] : i) : 0;
+  const int64_t t_begin = static_cast<int64_t>(blockIdx.y) * a.tokens_per_block;
+  const int64_t t_end = t_begin + a.tokens_per_block < a.n_tokens ? t_begin + a.tokens_per_block : a.n_tokens;
+  const MatvecOut& o = a.out;
+  const int64_t stride = o.stride;
+  int fired = 0;
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += kMvTokens) {
+    const int ng = static_cast<int>(t_end - t0 < kMvTokens ? t_end - t0 : kMvTokens);
+    float acc[kMvTokens];
+#pragma unroll
+    for (int j = 0; j < kMvTokens; ++j) acc[j] = 0.0f;
+    if (valid) {
+      if constexpr (T == 0) {
+        lane_dots_f(reinterpret_cast<const float*>(a.w) + r * a.cols, a.cols, static_cast<const float*>(a.x), t0, ng,
+                    lane, acc);
+      } else if constexpr (T == 1) {
+        lane_dots_f(reinterpret_cast<const __half*>(a.w) + r * a.cols, a.cols, static_cast<const float*>(a.x), t0, ng,
+                    lane, acc);
+      } else {
+        lane_dots_q<T>(SplitRows<T>(a.w, a.w_rows, a.cols), r, Q8Acts(a.x, a.n_tokens, a.cols), t0, ng, lane, acc);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMvTokens; ++j) acc[j] = warp_sum(acc[j]);
+    if (!valid || lane != 0) continue;
+    for (int j = 0; j < ng; ++j) {
+      const int64_t t = t0 + j;
+      float v = acc[j];
+      if (o.bias) v += o.bias[r];
+      float* y = o.y + t * stride + i;
+      switch (o.kind) {
+        case Epilogue::store: *y = v; break;
+        case Epilogue::add: *y += v; break;
+        case Epilogue::relu: *y = fmaxf(v, 0.0f); break;
+        case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + o.pos[i]]; break;
+        case Epilogue::fire: {
+          float f = act_value(o.act, v);
+          if (fabsf(f) > o.threshold) ++fired;
+          else f = 0.0f;
+          *y = f;
+          break;
+        }
+        case Epilogue::select: fired |= v >= o.threshold; break;
+      }
+    }
+  }
+  if (!valid || lane != 0) return;
+  if (o.kind == Epilogue::fire) o.counts[i] = fired;
+  if (o.kind == Epilogue::select) {
+    if (i < o.k) o.counts[i] = fired;
+    else o.mask[i - o.k] = static_cast<uint8_t>(fired);
+  }
+}
+
+// ---- compaction ----------------------------------------------------------------------------------
+
 // Block-wide compaction step, in thread order: every thread of the block calls it with its
-// flag; a flagged thread gets its slot among this chunk's flagged threads in *slot. Returns the
-// chunk's count (the same in every thread).
+// flag; a flagged thread gets its slot among the block's flagged threads in *slot. Returns the
+// block's count (the same in every thread).
 __device__ int block_compact(int flag, int* slot) {
   __shared__ int warp_base[32];
   __shared__ int chunk_total;
@@ -125,115 +266,139 @@ __device__ int block_compact(int flag, int* slot) {
   __syncthreads();
   *slot = warp_base[w] + __popc(m & ((1u << lane) - 1u));
   const int total = chunk_total;
-  __syncthreads();  // before the next chunk overwrites the shared counts
+  __syncthreads();
   return total;
 }
 
-// Block (column tile, chunk, token): the partial sum over chunk c's share of the active rows
-// (rows c, c + kAxpyChunks, ... : interleaved, so that chunks stay even however many fire).
-template <int T>
-__global__ void axpy_kernel(const uint8_t* D, size_t row_stride, int64_t cols, const int32_t* active,
-                            const int32_t* n_active, const float* h, int64_t h_stride, float* partial) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t c = blockIdx.y, n_chunks = gridDim.y, t = blockIdx.z, n_tokens = gridDim.z;
-  if (j >= cols) return;
-  const int32_t na = *n_active;
-  float s = 0.0f;
-  for (int64_t k = c; k < na; k += n_chunks) {
-    const float hv = h[t * h_stride + k];
-    if (hv != 0.0f) s += hv * element<T>(D + static_cast<int64_t>(active[k]) * row_stride, j);
+// Block b (kCompactSpan threads): positions b kCompactSpan .. + kCompactSpan - 1. Its offset is
+// the number of flagged positions before it, counted here; the block holding the last position
+// writes the totals.
+__global__ void __launch_bounds__(kCompactSpan) compact_kernel(const int32_t* counts, int64_t max_n,
+                                                               const int32_t* n_valid, const int32_t* ids,
+                                                               int32_t* out_ids, int32_t* out_pos, int32_t* totals,
+                                                               unsigned long long* fired_total) {
+  __shared__ int red[33];
+  const int64_t n = n_valid ? *n_valid : max_n;
+  const int64_t b = blockIdx.x, start = b * kCompactSpan;
+  const int64_t last = n > 0 ? (n - 1) / kCompactSpan : 0;
+  if (b > last) return;  // the whole block: its barriers stay uniform
+  int before = 0;
+  for (int64_t j = threadIdx.x; j < start; j += blockDim.x) before += counts[j] > 0;
+  const int offset = block_sum(before, red);
+  const int64_t i = start + threadIdx.x;
+  const int flag = i < n && counts[i] > 0;
+  int slot = 0;
+  const int total = block_compact(flag, &slot);
+  if (flag) {
+    out_ids[offset + slot] = ids ? ids[i] : static_cast<int32_t>(i);
+    if (out_pos) out_pos[offset + slot] = static_cast<int32_t>(i);
   }
-  partial[(c * n_tokens + t) * cols + j] = s;
+  if (b != last) return;
+  int pairs = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) pairs += counts[j];
+  pairs = block_sum(pairs, red);
+  if (threadIdx.x == 0) {
+    totals[0] = offset + total;
+    totals[1] = pairs;
+    if (fired_total) atomicAdd(fired_total, static_cast<unsigned long long>(pairs));  // integers: order-free
+  }
 }
 
-// out[t][j] = the chunks' partial sums added in chunk order.
+// ---- the down axpy ---------------------------------------------------------------------------------
+
+// Columns a thread of the axpy owns: one block of 32 for the block types (its codes in one or two
+// 16-byte loads), 8 values for F16 and F32 (one or two 16-byte loads).
+template <int T>
+constexpr int kAxpyCols = (T == 0 || T == 1) ? 8 : kQK;
+constexpr int kAxpyThreads = 64;
+
+// Thread's columns j0 .. j0 + C - 1 of row r, times hv, into acc.
+template <int T>
+__device__ __forceinline__ void axpy_row(const uint8_t* D, int64_t n_rows, int64_t cols, int64_t r, int64_t j0, float hv,
+                                         float (&acc)[kAxpyCols<T>]) {
+  if constexpr (T == 0 || T == 1) {
+    float w[8];
+    if constexpr (T == 0) load8(reinterpret_cast<const float*>(D) + r * cols, j0, w);
+    else load8(reinterpret_cast<const __half*>(D) + r * cols, j0, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += hv * w[i];
+  } else {
+    const SplitRows<T> s(D, n_rows, cols);
+    WBlock<T> blk;
+    load_block<T>(s, r, j0 / kQK, blk);
+    const float dh = blk.d * hv;
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(blk.c);
+    if constexpr (T == 8) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) acc[i] += dh * static_cast<float>(static_cast<int8_t>(q[i]));
+    } else {
+      const float off = T == 2 ? -8.0f : 0.0f, mh = blk.m * hv;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float lo = static_cast<float>(q[i] & 15) + off, hi = static_cast<float>(q[i] >> 4) + off;
+        if constexpr (T == 2) {
+          acc[i] += dh * lo;
+          acc[i + 16] += dh * hi;
+        } else {
+          acc[i] += dh * lo + mh;
+          acc[i + 16] += dh * hi + mh;
+        }
+      }
+    }
+  }
+}
+
+// Block (column tile, chunk c, token t): the partial sums over chunk c's share of the active rows
+// (rows c, c + n_chunks, ... : interleaved, so that chunks stay even however many fire), each
+// thread over its kAxpyCols columns, two rows loaded before the first is used.
+template <int T>
+__global__ void __launch_bounds__(kAxpyThreads) axpy_kernel(const uint8_t* D, int64_t n_rows, int64_t cols,
+                                                            const int32_t* active, const int32_t* n_active,
+                                                            const float* h, int64_t h_stride, float* partial) {
+  constexpr int C = kAxpyCols<T>;
+  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * C;
+  const int64_t c = blockIdx.y, n_chunks = gridDim.y, t = blockIdx.z, n_tokens = gridDim.z;
+  if (j0 >= cols) return;
+  const int32_t na = *n_active;
+  float acc[C];
+#pragma unroll
+  for (int i = 0; i < C; ++i) acc[i] = 0.0f;
+  for (int64_t k = c; k < na; k += n_chunks) {
+    const float hv = h[t * h_stride + k];
+    if (hv != 0.0f) axpy_row<T>(D, n_rows, cols, active[k], j0, hv, acc);
+  }
+  float* p = partial + (c * n_tokens + t) * cols + j0;
+#pragma unroll
+  for (int i = 0; i < C; i += 4) *reinterpret_cast<float4*>(p + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+}
+
+// The chunks' partial sums of (token, column) i added in chunk order.
+__device__ __forceinline__ float chunk_sum(const float* partial, int64_t n_chunks, int64_t per_chunk, int64_t i) {
+  float s = 0.0f;
+  for (int64_t c = 0; c < n_chunks; ++c) s += partial[c * per_chunk + i];
+  return s;
+}
+
 __global__ void axpy_reduce_kernel(const float* partial, int64_t n_chunks, int64_t cols, int64_t n_tokens, float* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= cols * n_tokens) return;
-  float s = 0.0f;
-  for (int64_t c = 0; c < n_chunks; ++c) s += partial[c * n_tokens * cols + i];
-  out[i] = s;
+  out[i] = chunk_sum(partial, n_chunks, n_tokens * cols, i);
+}
+
+__global__ void ffn_merge_kernel(float* x, float* o, const float* cpu, const float* partial, int64_t n_chunks,
+                                 const float* down_b, int64_t cols, int64_t n_tokens, bool keep_o) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= cols * n_tokens) return;
+  float v = cpu ? cpu[i] : 0.0f;
+  if (partial) v = v + chunk_sum(partial, n_chunks, n_tokens * cols, i);
+  if (down_b) v = v + down_b[i % cols];
+  if (keep_o) o[i] = v;
+  else x[i] += v;
 }
 
 __global__ void relu_kernel(float* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = fmaxf(y[i], 0.0f);
-}
-
-// One block: the share's predicted positions compacted in order (as fire_kernel), the CPU's
-// positions into the mask.
-__global__ void predict_select_kernel(const float* scores, int64_t n_ff, int64_t n_tokens, float threshold, int64_t k,
-                                      uint8_t* mask, int32_t* cand, int32_t* n_cand) {
-  int base = 0;  // the same in every thread
-  for (int64_t start = 0; start < n_ff; start += blockDim.x) {
-    const int64_t i = start + threadIdx.x;
-    int flag = 0;
-    if (i < n_ff)
-      for (int64_t t = 0; t < n_tokens && !flag; ++t) flag = scores[t * n_ff + i] >= threshold;
-    if (i >= k && i < n_ff) mask[i - k] = static_cast<uint8_t>(flag);
-    const int share_flag = flag && i < k;
-    int slot = 0;
-    const int total = block_compact(share_flag, &slot);
-    if (share_flag) cand[base + slot] = static_cast<int32_t>(i);
-    base += total;
-  }
-  if (threadIdx.x == 0) *n_cand = base;
-}
-
-__device__ __forceinline__ float activate(int act, float x) {
-  switch (act) {
-    case 0: return x / (1.0f + expf(-x));  // silu
-    case 1: return x > 0.0f ? x : 0.0f;    // relu
-    default: {
-      const float k = 0.7978845608028654f;
-      return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
-    }
-  }
-}
-
-// One block: activation and threshold for every (token, position), then the firing positions
-// compacted in order (a block-wide scan per chunk of blockDim positions).
-__global__ void fire_kernel(int act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
-                            int32_t* active, int32_t* pos, int32_t* n_active, const int32_t* n_valid) {
-  __shared__ unsigned long long fired_pairs;
-  if (threadIdx.x == 0) fired_pairs = 0;
-  __syncthreads();
-  int base = 0;  // the same in every thread
-  int my_fired = 0;
-  const int64_t count = n_valid ? *n_valid : n;  // positions to test; n stays the row stride
-  for (int64_t start = 0; start < count; start += blockDim.x) {
-    const int64_t i = start + threadIdx.x;
-    int flag = 0;
-    if (i < count) {
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        float v = activate(act, y[t * n + i]);
-        if (fabsf(v) > threshold) flag = 1, ++my_fired;
-        else v = 0.0f;
-        y[t * n + i] = v;
-      }
-    }
-    int slot = 0;
-    const int total = block_compact(flag, &slot);
-    if (flag) {
-      active[base + slot] = rows[i];
-      pos[base + slot] = static_cast<int32_t>(i);
-    }
-    base += total;
-  }
-  atomicAdd(&fired_pairs, static_cast<unsigned long long>(my_fired));  // integers: order-free
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    n_active[0] = base;
-    n_active[1] = static_cast<int32_t>(fired_pairs);
-  }
-}
-
-__global__ void gate_mul_kernel(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active,
-                                int64_t max_rows) {
-  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t t = blockIdx.y;
-  if (k >= *n_active) return;
-  h[t * max_rows + k] *= act[t * n + pos[k]];
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
@@ -247,25 +412,16 @@ void check_type(DType type, int64_t cols) {
               dtype_name(type));
 }
 
-void launch_matvec(DType type, const void* W, int64_t cols, int64_t rows, const int32_t* ids, const int32_t* n_ids,
-                   Activations a, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
-  check_type(type, cols);
-  if (rows == 0 || n_tokens == 0) return;
-  const void* x = takes_q8(type) ? a.q8 : static_cast<const void*>(a.f);
-  EMBER_CHECK(x, "CUDA matvec: {} rows need {} activations", dtype_name(type), takes_q8(type) ? "Q8_1" : "float");
-  const dim3 grid(grid_of(rows, kRowsPerBlock), static_cast<unsigned>(n_tokens));
-  const dim3 block(kRowsPerBlock * kWarp);
-  const auto* w = static_cast<const uint8_t*>(W);
-  const size_t rs = row_size(type, cols);
-  cudaStream_t s = as_stream(stream);
+// f(std::integral_constant<int, T>) for the type's template tag T (cuda_common.cuh).
+template <class F>
+void by_type(DType type, F&& f) {
   switch (type) {
-    case DType::F32: matvec_kernel<0><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
-    case DType::F16: matvec_kernel<1><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
-    case DType::Q8_0: matvec_kernel<8><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
-    case DType::Q4_1: matvec_kernel<3><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
-    default: matvec_kernel<2><<<grid, block, 0, s>>>(w, rs, cols, rows, ids, n_ids, x, y, y_stride); break;
+    case DType::F32: f(std::integral_constant<int, 0>{}); break;
+    case DType::F16: f(std::integral_constant<int, 1>{}); break;
+    case DType::Q8_0: f(std::integral_constant<int, 8>{}); break;
+    case DType::Q4_1: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 2>{}); break;
   }
-  check_launch("matvec kernel");
 }
 
 }  // namespace
@@ -311,6 +467,9 @@ void copy_to_device(void* dst, const void* src, size_t bytes, void* s) {
 void copy_to_host(void* dst, const void* src, size_t bytes, void* s) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)), "cudaMemcpyAsync (to host)");
 }
+void copy_device(void* dst, const void* src, size_t bytes, void* s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(s)), "cudaMemcpyAsync (on device)");
+}
 void copy_to_device_sync(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (to device)");
 }
@@ -319,51 +478,6 @@ void mem_info(size_t* free_bytes, size_t* total_bytes) {
 }
 void copy_to_host_sync(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to host)");
-}
-
-bool takes_q8(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
-
-void quantize_q8(const float* x, int64_t n_tokens, int64_t cols, void* xq, void* stream) {
-  EMBER_CHECK(cols % kQK == 0, "CUDA quantize_q8: rows of {} values (a multiple of 32)", cols);
-  const int64_t n_blocks = n_tokens * cols / kQK;
-  if (n_blocks == 0) return;
-  constexpr int kWarpsPerBlock = 8;
-  quantize_q8_kernel<<<grid_of(n_blocks, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, as_stream(stream)>>>(
-      x, n_blocks, static_cast<uint8_t*>(xq));
-  check_launch("quantize_q8 kernel");
-}
-
-bool supports(DType t) {
-  return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1;
-}
-
-void matvec(DType type, const void* W, int64_t cols, int64_t rows, Activations x, int64_t n_tokens, float* y,
-            void* stream) {
-  launch_matvec(type, W, cols, rows, nullptr, nullptr, x, n_tokens, y, rows, stream);
-}
-
-void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows, const int32_t* n_rows,
-                   int64_t max_rows, Activations x, int64_t n_tokens, float* y, int64_t y_stride, void* stream) {
-  launch_matvec(type, W, cols, max_rows, rows, n_rows, x, n_tokens, y, y_stride, stream);
-}
-
-void ffn_fire(cpu::Activation act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
-              int32_t* active, int32_t* pos, int32_t* n_active, void* stream, const int32_t* n_valid) {
-  const int a = act == cpu::Activation::silu ? 0 : act == cpu::Activation::relu ? 1 : 2;
-  fire_kernel<<<1, 1024, 0, as_stream(stream)>>>(a, threshold, y, n, n_tokens, rows, active, pos, n_active, n_valid);
-  check_launch("fire kernel");
-}
-
-void relu(float* y, int64_t n, void* stream) {
-  if (n == 0) return;
-  relu_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(y, n);
-  check_launch("relu kernel");
-}
-
-void predict_select(const float* scores, int64_t n_ff, int64_t n_tokens, float threshold, int64_t k, uint8_t* mask,
-                    int32_t* cand, int32_t* n_cand, void* stream) {
-  predict_select_kernel<<<1, 1024, 0, as_stream(stream)>>>(scores, n_ff, n_tokens, threshold, k, mask, cand, n_cand);
-  check_launch("predict_select kernel");
 }
 
 void* event_create() {
@@ -375,41 +489,189 @@ void event_destroy(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
 void event_record(void* e, void* s) { check(cudaEventRecord(static_cast<cudaEvent_t>(e), as_stream(s)), "cudaEventRecord"); }
 void event_sync(void* e) { check(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize"); }
 
-void gate_mul(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active, int64_t max_rows,
-              int64_t n_tokens, void* stream) {
-  if (max_rows == 0 || n_tokens == 0) return;
-  gate_mul_kernel<<<dim3(grid_of(max_rows, 256), static_cast<unsigned>(n_tokens)), 256, 0, as_stream(stream)>>>(
-      h, act, n, pos, n_active, max_rows);
-  check_launch("gate_mul kernel");
+uint64_t launches() { return g_launches.load(std::memory_order_relaxed); }
+
+#ifdef EMBER_CUDA_ON_CPU
+bool graphs_supported() { return false; }
+void capture_begin(void*) { fail("CUDA graphs: the HIP CPU runtime has none"); }
+void* capture_end(void*, size_t*) { fail("CUDA graphs: the HIP CPU runtime has none"); }
+void graph_launch(void*, void*) { fail("CUDA graphs: the HIP CPU runtime has none"); }
+void graph_destroy(void*) {}
+#else
+bool graphs_supported() { return true; }
+void capture_begin(void* s) {
+  check(cudaStreamBeginCapture(as_stream(s), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+}
+void* capture_end(void* s, size_t* nodes) {
+  cudaGraph_t g = nullptr;
+  check(cudaStreamEndCapture(as_stream(s), &g), "cudaStreamEndCapture");
+  size_t n = 0;
+  check(cudaGraphGetNodes(g, nullptr, &n), "cudaGraphGetNodes");
+  if (nodes) *nodes = n;
+  cudaGraphExec_t e = nullptr;
+  const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
+  cudaGraphDestroy(g);
+  check(r, "cudaGraphInstantiate");
+  return e;
+}
+void graph_launch(void* g, void* s) {
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), as_stream(s)), "cudaGraphLaunch");
+}
+void graph_destroy(void* g) {
+  if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+}
+#endif
+
+bool supports(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1;
 }
 
-void sparse_axpy(DType type, const void* D, int64_t cols, const int32_t* active, const int32_t* n_active,
-                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, float* partial, void* stream) {
+bool takes_q8(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+
+void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* dst) {
   check_type(type, cols);
-  if (cols == 0 || n_tokens == 0) return;
-  // The partial sums take at most kAxpyChunks * cols floats: fewer chunks for more tokens (the
-  // tokens are parallel work of their own).
-  const int64_t n_chunks = std::max<int64_t>(1, kAxpyChunks / n_tokens);
-  const dim3 grid(grid_of(cols, 256), static_cast<unsigned>(n_chunks), static_cast<unsigned>(n_tokens));
-  const auto* d = static_cast<const uint8_t*>(D);
-  const size_t rs = row_size(type, cols);
-  cudaStream_t s = as_stream(stream);
-  switch (type) {
-    case DType::F32: axpy_kernel<0><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
-    case DType::F16: axpy_kernel<1><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
-    case DType::Q8_0: axpy_kernel<8><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
-    case DType::Q4_1: axpy_kernel<3><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
-    default: axpy_kernel<2><<<grid, 256, 0, s>>>(d, rs, cols, active, n_active, h, h_stride, partial); break;
+  const size_t rb = row_bytes(type, cols);
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  if (!takes_q8(type)) {
+    std::memcpy(d, s, rb * static_cast<size_t>(rows));
+    return;
   }
-  check_launch("sparse_axpy kernel");
-  axpy_reduce_kernel<<<grid_of(cols * n_tokens, 256), 256, 0, s>>>(partial, n_chunks, cols, n_tokens, out);
-  check_launch("sparse_axpy reduce kernel");
+  // GGUF blocks: the factors (d; Q4_1: d, m) first, then the codes.
+  const size_t factor = type == DType::Q4_1 ? 4 : 2, code = type == DType::Q8_0 ? 32 : 16, block = factor + code;
+  const int64_t nb = cols / kQK;
+  uint8_t* codes = d;
+  uint8_t* factors = d + static_cast<size_t>(rows * nb) * code;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = s + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * block;
+      const size_t k = static_cast<size_t>(r * nb + b);
+      std::memcpy(factors + k * factor, blk, factor);
+      std::memcpy(codes + k * code, blk + factor, code);
+    }
+}
+
+void quantize_q8(const float* x, int64_t n_tokens, int64_t cols, void* xq, void* stream) {
+  EMBER_CHECK(cols % kQK == 0, "CUDA quantize_q8: rows of {} values (a multiple of 32)", cols);
+  const int64_t n_blocks = n_tokens * cols / kQK;
+  if (n_blocks == 0) return;
+  constexpr int kWarpsPerBlock = 8;
+  auto* codes = static_cast<uint8_t*>(xq);
+  auto* ds = reinterpret_cast<__half*>(codes + n_blocks * kQK);
+  quantize_q8_kernel<<<grid_of(n_blocks, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, as_stream(stream)>>>(x, n_blocks,
+                                                                                                         codes, ds);
+  launched("quantize_q8 kernel");
+}
+
+void q8_to_blocks(const void* host_xq, int64_t n_tokens, int64_t cols, void* host_blocks) {
+  const int64_t n_blocks = n_tokens * cols / kQK;
+  const auto* codes = static_cast<const uint8_t*>(host_xq);
+  const uint8_t* ds = codes + n_blocks * kQK;
+  auto* out = static_cast<uint8_t*>(host_blocks);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    std::memcpy(out + b * kQ8_1Bytes, ds + b * 4, 4);
+    std::memcpy(out + b * kQ8_1Bytes + 4, codes + b * kQK, kQK);
+  }
+}
+
+void matvec(const Matrix& W, const RowSet& rs, Activations x, int64_t n_tokens, const MatvecOut& out, void* stream) {
+  check_type(W.type, W.cols);
+  const int64_t max_rows = rs.max >= 0 ? rs.max : W.rows;
+  if (max_rows == 0 || n_tokens == 0) return;
+  const void* xp = takes_q8(W.type) ? x.q8 : static_cast<const void*>(x.f);
+  EMBER_CHECK(xp, "CUDA matvec: {} rows need {} activations", dtype_name(W.type), takes_q8(W.type) ? "8-bit" : "float");
+  EMBER_CHECK(out.kind == Epilogue::select || out.y, "CUDA matvec: no output");
+  EMBER_CHECK((out.kind != Epilogue::fire && out.kind != Epilogue::select) || out.counts, "CUDA matvec: no counts");
+  MvArgs a{static_cast<const uint8_t*>(W.data), W.rows, W.cols, rs.ids, rs.count, max_rows, xp, n_tokens, n_tokens, out};
+  if (a.out.stride == 0) a.out.stride = max_rows;
+  // Epilogues of one token at a time may split the tokens over blocks (prompts: more blocks,
+  // each row read once per slice); fire and select count over all tokens in one warp.
+  const bool per_token = out.kind != Epilogue::fire && out.kind != Epilogue::select;
+  constexpr int64_t kSlice = 4 * kMvTokens;
+  if (per_token && n_tokens > kSlice) a.tokens_per_block = kSlice;
+  const dim3 grid(grid_of(max_rows, kMvWarps), static_cast<unsigned>((n_tokens + a.tokens_per_block - 1) / a.tokens_per_block));
+  cudaStream_t s = as_stream(stream);
+  by_type(W.type, [&](auto tag) {
+    constexpr int T = decltype(tag)::value;
+    matvec_kernel<T><<<grid, kMvWarps * kWarp, 0, s>>>(a);
+  });
+  launched("matvec kernel");
+}
+
+void matvec(DType type, const void* W, int64_t cols, int64_t rows, Activations x, int64_t n_tokens, float* y,
+            void* stream) {
+  MatvecOut o;
+  o.y = y;
+  matvec({type, W, rows, cols}, {}, x, n_tokens, o, stream);
+}
+
+void gather_matvec(DType type, const void* W, int64_t w_rows, int64_t cols, const int32_t* rows,
+                   const int32_t* n_rows, int64_t max_rows, Activations x, int64_t n_tokens, float* y,
+                   int64_t y_stride, void* stream) {
+  MatvecOut o;
+  o.y = y;
+  o.stride = y_stride;
+  matvec({type, W, w_rows, cols}, {rows, n_rows, max_rows}, x, n_tokens, o, stream);
+}
+
+void compact(const int32_t* counts, int64_t max_n, const int32_t* n_valid, const int32_t* ids, int32_t* out_ids,
+             int32_t* out_pos, int32_t* totals, void* stream, uint64_t* fired_total) {
+  const unsigned blocks = grid_of(std::max<int64_t>(max_n, 1), kCompactSpan);
+  compact_kernel<<<blocks, kCompactSpan, 0, as_stream(stream)>>>(counts, max_n, n_valid, ids, out_ids, out_pos, totals,
+                                                                 reinterpret_cast<unsigned long long*>(fired_total));
+  launched("compact kernel");
+}
+
+void relu(float* y, int64_t n, void* stream) {
+  if (n == 0) return;
+  relu_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(y, n);
+  launched("relu kernel");
 }
 
 void add(const float* a, const float* b, float* out, int64_t n, void* stream) {
   if (n == 0) return;
   add_kernel<<<grid_of(n, 256), 256, 0, as_stream(stream)>>>(a, b, out, n);
-  check_launch("add kernel");
+  launched("add kernel");
+}
+
+void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols, const int32_t* active,
+                         const int32_t* n_active, const float* h, int64_t h_stride, int64_t n_tokens, float* partial,
+                         void* stream) {
+  check_type(type, cols);
+  EMBER_CHECK(cols % 8 == 0, "CUDA sparse_axpy: rows of {} values (a multiple of 8)", cols);
+  if (cols == 0 || n_tokens == 0) return;
+  const int64_t n_chunks = axpy_chunks(n_tokens);
+  const auto* d = static_cast<const uint8_t*>(D);
+  cudaStream_t s = as_stream(stream);
+  by_type(type, [&](auto tag) {
+    constexpr int T = decltype(tag)::value;
+    const dim3 grid(grid_of(cols / kAxpyCols<T>, kAxpyThreads), static_cast<unsigned>(n_chunks),
+                    static_cast<unsigned>(n_tokens));
+    axpy_kernel<T><<<grid, kAxpyThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, partial);
+  });
+  launched("sparse_axpy kernel");
+}
+
+void axpy_reduce(const float* partial, int64_t cols, int64_t n_tokens, float* out, void* stream) {
+  if (cols * n_tokens == 0) return;
+  axpy_reduce_kernel<<<grid_of(cols * n_tokens, 256), 256, 0, as_stream(stream)>>>(partial, axpy_chunks(n_tokens), cols,
+                                                                                   n_tokens, out);
+  launched("axpy_reduce kernel");
+}
+
+void sparse_axpy(DType type, const void* D, int64_t n_rows, int64_t cols, const int32_t* active,
+                 const int32_t* n_active, const float* h, int64_t h_stride, int64_t n_tokens, float* out,
+                 float* partial, void* stream) {
+  sparse_axpy_partial(type, D, n_rows, cols, active, n_active, h, h_stride, n_tokens, partial, stream);
+  axpy_reduce(partial, cols, n_tokens, out, stream);
+}
+
+void ffn_merge(float* x, float* o, const float* cpu, const float* partial, const float* down_b, int64_t cols,
+               int64_t n_tokens, bool keep_o, void* stream) {
+  if (cols * n_tokens == 0) return;
+  ffn_merge_kernel<<<grid_of(cols * n_tokens, 256), 256, 0, as_stream(stream)>>>(
+      x, o, cpu, partial, axpy_chunks(n_tokens), down_b, cols, n_tokens, keep_o);
+  launched("ffn_merge kernel");
 }
 
 }  // namespace ember::cuda

@@ -2,27 +2,34 @@
 // This header has no CUDA includes, so plain C++ files can call it: pointers are device
 // pointers unless named host_*, `stream` is a cudaStream_t passed as void*.
 //
-// Weight rows are in GGUF block layouts (F32, F16, Q8_0, Q4_0, Q4_1), read as they are stored; the
-// activations of quantized rows are rounded to 8 bits first (Q8_1 blocks, quantize_q8), as the
-// CPU's kernels round them, and multiplied in integers (dp4a); F32 and F16 rows take float
-// activations. Every kernel sums in a fixed order: results are deterministic.
+// Weights: F32, F16, Q8_0, Q4_0 and Q4_1 matrices. A block type is held on the device in the
+// split layout of pack_matrix (every row's codes, then every row's block factors: the same bytes
+// as GGUF's rows, with codes in aligned 16-byte vectors); F32 and F16 as they are. Activations of
+// quantized rows are rounded to 8 bits first (quantize_q8: the CPU's Q8_1 values, in a split
+// layout too) and multiplied in integers (dp4a); F32 and F16 rows take float activations. Every
+// kernel sums in a fixed order and spreads over many blocks: results are deterministic.
 //
-//   quantize_q8:    x rows -> Q8_1 blocks (as the CPU's quantize_row)
-//   matvec:         y[t][r]  = dot(W row r, x[t])                       r < rows
-//   gather_matvec:  y[t][i]  = dot(W row rows[i], x[t])                 i < *n_rows (device count)
-//   ffn_fire:       act(y) in place; zero where |.| <= threshold; the firing positions
-//                   (any token) compacted, in order, into active (rows[i]) and pos (i), their
-//                   count into n_active[0], the fired (token, position) pairs into n_active[1]
-//   relu:           y[i] = max(y[i], 0)                                   (the predictor's hidden layer)
-//   predict_select: scores [t][n_ff] in predictor_row_order (engine/device.hpp): the share's
-//                   positions i < k with score >= threshold for some token compacted, in order,
-//                   into cand (their count into *n_cand); mask[c] = the same test for position k + c
-//   gate_mul:       h[t][k] *= act[t][pos[k]]                           k < *n_active
-//   sparse_axpy:    out[t][j] = sum_k h[t][k] * D row active[k] [j]     (overwrites out): the
-//                   active rows in max(1, kAxpyChunks / n_tokens) interleaved chunks, each block
-//                   one chunk's partial sums of a column tile into `partial`, then the chunks
-//                   added in order (no atomics)
-//   add:            out[i] = a[i] + b[i]                                (the partial-sum merge)
+//   quantize_q8:   x rows -> 8-bit codes and factors (as the CPU's quantize_row(Q8_1))
+//   matvec:        for rows r of a RowSet (all, or ids[i] for i < *count on the device) and every
+//                  token t: v = dot(W row r, x[t]) (+ bias[r]), then the Epilogue:
+//                    store     y[t][i] = v                     add       y[t][i] += v
+//                    relu      y[t][i] = max(v, 0)             gate_mul  y[t][i] = v * a[t][pos[i]]
+//                    fire      y[t][i] = act(v), 0 where |act(v)| <= threshold; counts[i] = tokens
+//                              that fired (the FFN rule's firing test, model/ffn.hpp)
+//                    select    counts[i] = 1 where v >= threshold for some token, for i < k; the
+//                              CPU's positions i >= k into mask[i - k] (0 or 1) instead
+//                  A warp per row reads the row once for up to kMvTokens tokens.
+//   compact:       the positions i < n (n = *n_valid, or max_n) with counts[i] > 0 in order:
+//                  out_ids (ids[i], or i), out_pos (i); totals[0] = their number, totals[1] = the
+//                  sum of the counts (the fired (token, neuron) pairs). Blocks of kCompactSpan
+//                  positions, each counting the positions before it (no atomics).
+//   sparse_axpy:   out[t][j] = sum_k h[t][k] * D row active[k] [j] (overwrites out): the active rows
+//                  in axpy_chunks(n_tokens) interleaved chunks, each block one chunk's partial sums
+//                  of a column tile into `partial`, then the chunks added in order (axpy_reduce)
+//   ffn_merge:     the FFN block's end on the device: o = cpu + (the device's chunks added in
+//                  order) + down_b (each part optional, in that order, as the hybrid merges on the
+//                  host), then x += o, or o kept for a post-norm (the caller then norms and adds)
+//   relu, add:     elementwise
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -47,54 +54,120 @@ void stream_destroy(void* stream);
 void stream_sync(void* stream);
 void copy_to_device(void* dst, const void* host_src, size_t bytes, void* stream);    // async
 void copy_to_host(void* host_dst, const void* src, size_t bytes, void* stream);      // async
+void copy_device(void* dst, const void* src, size_t bytes, void* stream);            // async, on the device
 void copy_to_device_sync(void* dst, const void* host_src, size_t bytes);
 // Free and total memory of the current device (cudaMemGetInfo).
 void mem_info(size_t* free_bytes, size_t* total_bytes);
 void copy_to_host_sync(void* host_dst, const void* src, size_t bytes);
-
-// True for the weight types the kernels read.
-bool supports(DType t);
-
-// What a matvec reads: the activations' float rows, and for weights that take them rounded to 8
-// bits (takes_q8) their Q8_1 blocks from quantize_q8, as the CPU's kernels round activations for
-// quantized weights (so the two agree to the order of float sums).
-struct Activations {
-  const float* f = nullptr;
-  const void* q8 = nullptr;
-};
-bool takes_q8(DType t);  // Q4_0, Q4_1, Q8_0: integer dot products (dp4a) with Q8_1 activations
-// xq = the n_tokens rows of `cols` values at x (a multiple of 32) in Q8_1 blocks, exactly as the
-// CPU's quantize_row(Q8_1) rounds them (tensor/quant.cpp): q = x * (127 / max|x|) rounded to
-// nearest even, d = max|x| / 127 and s = d * sum(q) in fp16 (the CPU's Q8_0 blocks are the same
-// d and q). Token t's blocks start at t * cols / 32 blocks.
-void quantize_q8(const float* x, int64_t n_tokens, int64_t cols, void* xq, void* stream);
-
-void matvec(DType type, const void* W, int64_t cols, int64_t rows, Activations x, int64_t n_tokens, float* y,
-            void* stream);
-// y has stride y_stride per token; n_rows points to a device int32 (<= max_rows).
-void gather_matvec(DType type, const void* W, int64_t cols, const int32_t* rows, const int32_t* n_rows,
-                   int64_t max_rows, Activations x, int64_t n_tokens, float* y, int64_t y_stride, void* stream);
-// act: [n_tokens][n] in place; active/pos: n ints each; n_active: two ints, the firing
-// positions and the fired (token, position) pairs.
-// n_valid (a device int, or null): only the first *n_valid positions of each token's row of n.
-void ffn_fire(cpu::Activation act, float threshold, float* y, int64_t n, int64_t n_tokens, const int32_t* rows,
-              int32_t* active, int32_t* pos, int32_t* n_active, void* stream, const int32_t* n_valid = nullptr);
-void relu(float* y, int64_t n, void* stream);
-void predict_select(const float* scores, int64_t n_ff, int64_t n_tokens, float threshold, int64_t k, uint8_t* mask,
-                    int32_t* cand, int32_t* n_cand, void* stream);
 // Events: record one on a stream, wait for it on the host.
 void* event_create();
 void event_destroy(void* event);
 void event_record(void* event, void* stream);
 void event_sync(void* event);
-// h: [n_tokens][max_rows] with stride max_rows; act: [n_tokens][n] stride n.
-void gate_mul(float* h, const float* act, int64_t n, const int32_t* pos, const int32_t* n_active, int64_t max_rows,
-              int64_t n_tokens, void* stream);
-// D: one row of `cols` per neuron; h stride h_stride; out: [n_tokens][cols], overwritten;
-// partial: kAxpyChunks * cols floats of scratch.
-constexpr int64_t kAxpyChunks = 32;
-void sparse_axpy(DType type, const void* D, int64_t cols, const int32_t* active, const int32_t* n_active,
-                 const float* h, int64_t h_stride, int64_t n_tokens, float* out, float* partial, void* stream);
+
+// Kernels launched by this process so far through ops/cuda/ (each launch counts one, captured
+// ones included): a device's counters take differences.
+uint64_t launches();
+
+// CUDA graphs: the work queued on `stream` between capture_begin and capture_end becomes a graph
+// (its node count in *nodes), replayed by graph_launch. graphs_supported() is false where the
+// runtime has none (the HIP CPU runtime of tools/cuda_on_cpu/).
+bool graphs_supported();
+void capture_begin(void* stream);
+void* capture_end(void* stream, size_t* nodes);
+void graph_launch(void* graph, void* stream);
+void graph_destroy(void* graph);
+
+// True for the weight types the kernels read.
+bool supports(DType t);
+// Q4_0, Q4_1, Q8_0: integer dot products (dp4a) with 8-bit activations; F32 and F16 take floats.
+bool takes_q8(DType t);
+
+// The device layout of `rows` rows of `cols` values of `type` from GGUF rows at src (host memory,
+// row after row): block types split into codes and factors (see above), F32 and F16 copied.
+// dst holds row_bytes(type, cols) * rows bytes.
+void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* dst);
+
+// xq = the n_tokens rows of `cols` values at x (a multiple of 32) rounded to 8 bits as the CPU's
+// quantize_row(Q8_1) rounds them (tensor/quant.cpp): q = x * (127 / max|x|) rounded to nearest
+// even, d = max|x| / 127 and s = d * sum(q) in fp16. Laid out as every block's 32 codes (token t's
+// blocks from t * cols / 32 on), then every block's (d, s): gpu_q8_bytes(cols, n_tokens) bytes.
+void quantize_q8(const float* x, int64_t n_tokens, int64_t cols, void* xq, void* stream);
+// The CPU's Q8_1 blocks (tensor/quant.hpp's BlockQ8_1, 36 bytes each) of a device layout copied
+// to the host (tests).
+void q8_to_blocks(const void* host_xq, int64_t n_tokens, int64_t cols, void* host_blocks);
+
+// What a matvec reads: the activations' float rows, and for weights that take them rounded to 8
+// bits (takes_q8) their quantize_q8 layout, so the CPU and the device agree to the order of sums.
+struct Activations {
+  const float* f = nullptr;
+  const void* q8 = nullptr;
+};
+
+// A matrix on the device (pack_matrix's layout).
+struct Matrix {
+  DType type = DType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
+// The rows a matvec computes: all the matrix's (ids null), or ids[i] for i < *count (a device
+// int; null: all max of them).
+struct RowSet {
+  const int32_t* ids = nullptr;
+  const int32_t* count = nullptr;
+  int64_t max = -1;  // -1: the matrix's rows
+};
+
+enum class Epilogue { store, add, relu, fire, select, gate_mul };
+struct MatvecOut {
+  Epilogue kind = Epilogue::store;
+  float* y = nullptr;             // store, add, relu, fire, gate_mul: y[t * stride + i]
+  int64_t stride = 0;             // 0: the row set's size
+  const float* bias = nullptr;    // store, add: + bias[row]
+  cpu::Activation act = cpu::Activation::relu;  // fire
+  float threshold = 0.0f;         // fire: |act(v)| > threshold fires; select: v >= threshold
+  int32_t* counts = nullptr;      // fire, select: per position
+  int64_t k = 0;                  // select: positions below k are counted, the rest go to mask
+  uint8_t* mask = nullptr;        // select
+  const float* a = nullptr;       // gate_mul: a[t * a_stride + pos[i]]
+  int64_t a_stride = 0;
+  const int32_t* pos = nullptr;
+};
+constexpr int kMvTokens = 4;  // tokens a warp computes from one read of its row's weights
+void matvec(const Matrix& W, const RowSet& rows, Activations x, int64_t n_tokens, const MatvecOut& out, void* stream);
+// The plain forms: y[t][r] = dot(W row r, x[t]) over all rows, and over the rows ids[i] for i <
+// *n_rows (n_rows null: i < max_rows) of a matrix of w_rows rows into y[t * y_stride + i].
+void matvec(DType type, const void* W, int64_t cols, int64_t rows, Activations x, int64_t n_tokens, float* y,
+            void* stream);
+void gather_matvec(DType type, const void* W, int64_t w_rows, int64_t cols, const int32_t* rows,
+                   const int32_t* n_rows, int64_t max_rows, Activations x, int64_t n_tokens, float* y,
+                   int64_t y_stride, void* stream);
+
+constexpr int kCompactSpan = 1024;  // positions a block of compact takes
+// fired_total (a device uint64, or null): totals[1] added to it (statistics across calls).
+void compact(const int32_t* counts, int64_t max_n, const int32_t* n_valid, const int32_t* ids, int32_t* out_ids,
+             int32_t* out_pos, int32_t* totals, void* stream, uint64_t* fired_total = nullptr);
+
+void relu(float* y, int64_t n, void* stream);
 void add(const float* a, const float* b, float* out, int64_t n, void* stream);
+
+// D: one row of `cols` per neuron (pack_matrix's layout of all its rows, n_rows of them); h
+// stride h_stride; out: [n_tokens][cols], overwritten; partial: kAxpyChunks * cols floats.
+constexpr int64_t kAxpyChunks = 64;
+inline int64_t axpy_chunks(int64_t n_tokens) { return n_tokens >= kAxpyChunks ? 1 : kAxpyChunks / n_tokens; }
+void sparse_axpy(DType type, const void* D, int64_t n_rows, int64_t cols, const int32_t* active,
+                 const int32_t* n_active, const float* h, int64_t h_stride, int64_t n_tokens, float* out,
+                 float* partial, void* stream);
+// The partial sums only (sparse_axpy without its reduction, axpy_reduce), for ffn_merge.
+void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols, const int32_t* active,
+                         const int32_t* n_active, const float* h, int64_t h_stride, int64_t n_tokens, float* partial,
+                         void* stream);
+// out[t][j] = the chunks of sparse_axpy_partial added in chunk order.
+void axpy_reduce(const float* partial, int64_t cols, int64_t n_tokens, float* out, void* stream);
+// n_tokens rows of `cols`: o = cpu (null: none) + the device's chunks (partial null: none) +
+// down_b (null: none); then x += o, or, with keep_o, o written for the caller's post-norm.
+void ffn_merge(float* x, float* o, const float* cpu, const float* partial, const float* down_b, int64_t cols,
+               int64_t n_tokens, bool keep_o, void* stream);
 
 }  // namespace ember::cuda

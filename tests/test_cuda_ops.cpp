@@ -841,3 +841,67 @@ TEST(CudaOps, AttentionOnCudaEqualsTheStandIn) {
   }
 #endif
 }
+
+// An all-GPU decode token (attention, every neuron and the output head on the device, with
+// predictors or the oracle rule) waits on the host once; with graphs (the default where the
+// runtime has them) it replays one graph and launches nothing one by one, and gives the same bits
+// as the launches one by one (EMBER_CUDA_GRAPHS=0), token after token at growing positions.
+TEST(CudaOps, AllGpuDecodeWaitsOnceAndGraphsChangeNoBit) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  for (bool predictors : {false, true}) {
+    SCOPED_TRACE(predictors ? "predictors" : "oracle");
+    SynthOptions o;
+    o.type = DType::Q4_0;
+    o.act = FfnActivation::relu;
+    o.sparsity = 0.8f;
+    o.powerinfer = predictors;
+    o.n_embd = 256, o.n_ff = 704, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 6, o.n_threads = 2;
+    const std::string path =
+        test_support::own_test_file(test_support::test_temp_dir("cuda"), predictors ? "graphs-pred" : "graphs");
+    synth_write(o, path);
+    auto model = load_model(path);
+    Plan plan;
+    plan.method = PlanMethod::greedy;
+    plan.vram_budget = uint64_t{1} << 40;
+    plan.layers.resize(3);
+    for (size_t l = 0; l < 3; ++l) {
+      for (int32_t j = 0; j < model->hp.n_ff; ++j) plan.layers[l].gpu_neurons.push_back(j);
+      plan.layers[l].attn_gpu = true;
+    }
+    plan.output_gpu = true;
+    SessionParams p;
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    if (predictors) p.sparse.mode = FfnMode::predictor, p.sparse.mirrored_predictors = false;
+    p.hybrid.given = &plan;
+    p.hybrid.plan.min_gpu_neurons = 0;
+    p.hybrid.device_kind = "cuda";
+    test_support::Logits by_mode[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      if (graphs && !cuda::graphs_supported()) continue;  // the HIP CPU runtime has none
+      setenv("EMBER_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+      Session s(*model, p);
+      by_mode[graphs] = test_support::session_logits(s);  // a prompt, then decode tokens
+      const int32_t next = 7;
+      s.eval(&next, 1);  // (captures the step's graph where it was not yet)
+      s.hybrid_ffn()->reset_stats();
+      s.eval(&next, 1);
+      const DeviceCounters c = s.hybrid_ffn()->device().counters();
+      EXPECT_EQ(c.host_waits, 1u) << "graphs " << graphs;
+      EXPECT_EQ(c.graphs, static_cast<uint64_t>(graphs));
+      if (graphs) {
+        EXPECT_EQ(c.launches, 0u);
+        EXPECT_GT(c.graph_nodes, 0u);
+      } else {
+        EXPECT_GT(c.launches, 0u);
+      }
+    }
+    unsetenv("EMBER_CUDA_GRAPHS");
+    if (cuda::graphs_supported()) {
+      EXPECT_EQ(by_mode[1], by_mode[0]) << "a graph's replay changed the logits";
+    }
+    std::filesystem::remove(path);
+  }
+#endif
+}

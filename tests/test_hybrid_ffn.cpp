@@ -659,3 +659,52 @@ TEST(HybridFfn, BudgetsOfTheRealProcess) {
   }
   std::filesystem::remove(path);
 }
+
+// What a device counts for a decode token (DeviceCounters), on the stand-in, attention and the
+// output head on the device: the hidden state up once and back once, the logits back, and an FFN
+// input down and a partial output up for each layer where the CPU computes neurons, none where
+// the device holds them all; the stand-in launches nothing and its waits are the caller's for
+// its thread (one per layer whose share it computes).
+TEST(HybridFfn, DeviceCountsWhatADecodeTokenCrosses) {
+  SynthOptions o;
+  o.act = FfnActivation::relu;
+  o.sparsity = 0.7f;
+  o.type = DType::Q4_0;
+  o.n_embd = 128, o.n_ff = 288, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 8, o.n_threads = 1;
+  const std::string path = (test_dir() / "counters.gguf").string();
+  synth_write(o, path);
+  auto model = load_model(path);
+  const uint64_t f = sizeof(float), d = 128, vocab = static_cast<uint64_t>(model->hp.n_vocab);
+  for (bool all_on_device : {true, false}) {
+    SCOPED_TRACE(all_on_device ? "every neuron on the device" : "half the neurons on the CPU");
+    Plan plan;
+    plan.method = PlanMethod::greedy;
+    plan.vram_budget = uint64_t{1} << 40;
+    plan.layers.resize(3);
+    for (size_t l = 0; l < 3; ++l) {
+      for (int32_t j = all_on_device ? 0 : 1; j < model->hp.n_ff; j += all_on_device ? 1 : 2)
+        plan.layers[l].gpu_neurons.push_back(j);
+      plan.layers[l].attn_gpu = true;
+    }
+    plan.output_gpu = true;
+    SessionParams p = base_params();
+    p.hybrid.given = &plan;
+    p.hybrid.plan.min_gpu_neurons = 0;
+    Session s(*model, p);
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+    s.eval(prompt.data(), static_cast<int64_t>(prompt.size()));
+    s.hybrid_ffn()->reset_stats();
+    const int32_t next = 6;
+    s.eval(&next, 1);
+    const DeviceCounters c = s.hybrid_ffn()->device().counters();
+    const uint64_t cpu_layers = all_on_device ? 0 : 3;
+    EXPECT_EQ(c.launches, 0u);
+    EXPECT_EQ(c.graphs, 0u);
+    EXPECT_EQ(c.bytes_in, d * f + cpu_layers * d * f);
+    EXPECT_EQ(c.bytes_out, d * f + vocab * f + cpu_layers * d * f);
+    EXPECT_EQ(c.host_waits, 3u);
+    s.hybrid_ffn()->reset_stats();
+    EXPECT_EQ(s.hybrid_ffn()->device().counters().bytes_in, 0u);
+  }
+  std::filesystem::remove(path);
+}

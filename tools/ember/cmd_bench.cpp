@@ -210,18 +210,29 @@ void run_bench(const BenchFlags& f) {
   if (HybridFfn* hy = session.hybrid_ffn(); hy && !tg.empty()) {
     // Where a decode token's time went, over the last decode run (HybridStats).
     const HybridStats st = hy->stats();
-    const double n = static_cast<double>(f.n_gen) * f.seqs, ms = 1e3 / n;
+    const DeviceCounters dc = hy->device().counters();
+    // Per decode step (all sequences' tokens of a step together), as the device counted them.
+    const double steps = static_cast<double>(f.n_gen), n = steps * f.seqs, ms = 1e3 / n;
     const uint64_t fired = st.device_fired + st.cpu_fired;
     out["hybrid"] = {{"device", hy->device().name()},
                      {"device_fired_share", fired ? static_cast<double>(st.device_fired) / fired : 0.0},
                      {"cpu_ffn_ms_per_token", st.cpu_ffn_seconds * ms},
                      {"wait_ms_per_token", st.wait_seconds * ms},
                      {"device_block_ms_per_token", st.device_block_seconds * ms},
-                     {"cpu_layer_ms_per_token", st.cpu_layer_seconds * ms}};
+                     {"cpu_layer_ms_per_token", st.cpu_layer_seconds * ms},
+                     {"launches_per_step", static_cast<double>(dc.launches) / steps},
+                     {"graphs_per_step", static_cast<double>(dc.graphs) / steps},
+                     {"graph_nodes_per_step", static_cast<double>(dc.graph_nodes) / steps},
+                     {"host_waits_per_step", static_cast<double>(dc.host_waits) / steps},
+                     {"bytes_in_per_step", static_cast<double>(dc.bytes_in) / steps},
+                     {"bytes_out_per_step", static_cast<double>(dc.bytes_out) / steps}};
     std::printf("hybrid decode per token (last run, device %s): CPU FFN shares %.3f ms, waiting for the device %.3f ms, "
                 "device blocks and boundaries %.3f ms, CPU layers %.3f ms; %.1f%% of the firing neurons on the device\n",
                 hy->device().name(), st.cpu_ffn_seconds * ms, st.wait_seconds * ms, st.device_block_seconds * ms,
                 st.cpu_layer_seconds * ms, fired ? 100.0 * st.device_fired / fired : 0.0);
+    std::printf("device per decode step: %.1f kernel launches, %.2f graph replays (%.1f nodes), %.2f host waits, "
+                "%.1f KiB in, %.1f KiB out\n", dc.launches / steps, dc.graphs / steps, dc.graph_nodes / steps,
+                dc.host_waits / steps, dc.bytes_in / steps / 1024, dc.bytes_out / steps / 1024);
   }
   out["peak_rss_bytes"] = peak_rss_bytes();
   std::printf("peak RSS: %.1f MiB\n", peak_rss_bytes() / 1048576.0);

@@ -674,7 +674,10 @@ static OnBothDevices on_both_devices(const Model& model, SessionParams p) {
 // Three sequences at once (test_support::session_logits_seqs), attention on every layer and half
 // the neurons on the device, its chunks of 5 rows cutting through the sequences: CUDA's caches
 // per sequence give each sequence's logits as a CUDA session of that sequence alone does (to
-// float sums), twice the same, the stand-in's bytes, and the stand-in's logits to 1e-2. (Not 1e-4:
+// float sums: 5e-5, because a token's down sums are split into axpy_chunks(n) chunks of the active
+// rows, n the rows of its step, so alone and in a step of three its terms are added in other
+// orders; the gemma3 synth measured 1.5e-5 on an H200), twice the same, the stand-in's bytes,
+// and the stand-in's logits to 1e-2. (Not 1e-4:
 // CUDA's norms and attention sum in another order, the FFN input differs at 1e-8, and on the
 // llama Q4_0 synth sequence 2's prompt then rounds one 8-bit activation the other way: 6e-3, in a
 // session of one sequence as well; docs/hybrid.md.)
@@ -708,7 +711,7 @@ TEST(CudaOps, SeveralSequencesOnCudaEqualTheStandIn) {
     EXPECT_EQ(cpu_bytes, gpu_bytes);
     p.hybrid.device_kind = "cuda";
     const test_support::Logits alone = test_support::session_logits_seqs_alone(*model, p);
-    EXPECT_LT(test_support::max_rel_diff(alone, gpu), 1e-5);
+    EXPECT_LT(test_support::max_rel_diff(alone, gpu), 5e-5);
     EXPECT_LT(test_support::max_rel_diff(cpu, gpu), 1e-2);
     std::filesystem::remove(model->file->path());
   }

@@ -142,10 +142,11 @@ struct DeviceMemory {
   uint64_t free = 0, total = 0;
   uint64_t reserve = 0;
 };
-// What CUDA's context takes on the device (nvidia-smi's process memory less Ember's arena);
-// scripts/gpu_run.sh measures it on a GPU (docs/hybrid.md). A budget given for the process is
-// this much more than the plan's arena.
-constexpr uint64_t kCudaContextReserve = uint64_t{512} << 20;
+// What CUDA's context takes on the device (nvidia-smi's process memory less Ember's arena):
+// measured 521 MiB on an H200 with CUDA 13 (2026-11-27, scripts/gpu_run.sh, docs/hybrid.md),
+// kept with a tenth more for the modules of newer kernels. A budget given for the process is
+// this much more than the plan's arena. (scripts/gpu_run.sh reads the number from here.)
+constexpr uint64_t kCudaContextReserve = uint64_t{576} << 20;
 // Left free on the device by --vram-budget auto and by the check of a given budget or plan
 // (modules loaded lazily at a kernel's first launch, the allocator's granularity): 256 MiB, or
 // a sixteenth of the free memory where that is less (a small stand-in device).

@@ -36,6 +36,8 @@
 #define cudaEventDestroy hipEventDestroy
 #define cudaEventRecord hipEventRecord
 #define cudaEventSynchronize hipEventSynchronize
+#define cudaEventCreate hipEventCreate
+#define cudaEventElapsedTime hipEventElapsedTime
 // 32-lane warps (the runtime's warpSize is set to 32 by run.sh); full masks only.
 #define __shfl_down_sync(mask, v, o) __shfl_down(v, o, 32)
 #define __shfl_sync(mask, v, lane) __shfl(v, lane, 32)

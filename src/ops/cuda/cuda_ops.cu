@@ -488,6 +488,16 @@ void* event_create() {
 void event_destroy(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
 void event_record(void* e, void* s) { check(cudaEventRecord(static_cast<cudaEvent_t>(e), as_stream(s)), "cudaEventRecord"); }
 void event_sync(void* e) { check(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize"); }
+void* timing_event_create() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreate(&e), "cudaEventCreate");
+  return e;
+}
+float event_elapsed_ms(void* a, void* b) {
+  float ms = 0.0f;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)), "cudaEventElapsedTime");
+  return ms;
+}
 
 uint64_t launches() { return g_launches.load(std::memory_order_relaxed); }
 

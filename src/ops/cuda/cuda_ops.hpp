@@ -64,6 +64,9 @@ void* event_create();
 void event_destroy(void* event);
 void event_record(void* event, void* stream);
 void event_sync(void* event);
+// Events that time (for measurements): the milliseconds between two recorded, completed events.
+void* timing_event_create();
+float event_elapsed_ms(void* start, void* end);
 
 // Kernels launched by this process so far through ops/cuda/ (each launch counts one, captured
 // ones included): a device's counters take differences.

@@ -421,7 +421,9 @@ TEST(GgufMalformed, AbsurdCounts) {
   expect_error(Raw().header(uint64_t{1} << 40, 0).zeros(64).b, "absurd tensor count");
   expect_error(Raw().header(UINT64_MAX, 0).zeros(64).b, "absurd tensor count");
   expect_error(Raw().header(0, uint64_t{1} << 40).zeros(64).b, "absurd metadata count");
-  expect_error(Raw().header(0, 1000).zeros(64).b, "absurd metadata count");  // more than the bytes can hold
+  // More than the bytes can hold: a cut file (a model cut to 1000 bytes said "absurd tensor count").
+  expect_error(Raw().header(0, 1000).zeros(64).b, "file is truncated (or its header corrupt): it declares 1000 metadata");
+  expect_error(Raw().header(272, 3).zeros(900).b, "declares 3 metadata entries and 272 tensors");
 }
 
 TEST(GgufMalformed, AbsurdStringLength) {
@@ -505,6 +507,21 @@ TEST(GgufMalformed, OverlappingTensors) {
   expect_error(Raw().header(2, 0).tensor("a", {16}, 0, 0).tensor("b", {16}, 0, 32).align().zeros(128).b,
                "tensors 'a' and 'b' overlap");
   expect_error(Raw().header(2, 0).tensor("a", {4}, 0, 64).tensor("b", {4}, 0, 64).align().zeros(128).b, "overlap");
+}
+
+// A tensor whose type or shape no longer matches its data (an F16 tensor relabelled Q4_0 reads a
+// quarter of its slot) leaves bytes no tensor holds: refused, naming the tensor and what follows.
+TEST(GgufMalformed, TensorSmallerThanItsSlot) {
+  // 'a': 64 F16 values = 128 bytes, relabelled Q4_0 (36 bytes), then 'b' at 128.
+  expect_error(Raw().header(2, 0).tensor("a", {64}, uint32_t(DType::Q4_0), 0).tensor("b", {8}, 0, 128).align().zeros(160).b,
+               "tensor 'a' (Q4_0 64: 36 bytes) is followed by 92 bytes that no tensor holds before 'b'");
+  // The last tensor: the file goes on past its data and padding.
+  expect_error(Raw().header(1, 0).tensor("t", {4}, 0, 0).align().zeros(64).b,
+               "is followed by 48 bytes that no tensor holds before the end of the file");
+  // Padding to the alignment is not a gap.
+  Bytes ok = Raw().header(2, 0).tensor("a", {4}, 0, 0).tensor("b", {4}, 0, 32).align().zeros(48).b;
+  Reader r(ok.data(), ok.size());
+  EXPECT_EQ(r.tensors().size(), 2u);
 }
 
 TEST(GgufMalformed, DuplicateKey) {

@@ -133,11 +133,28 @@ TEST(Grammar, RefusesBrokenGrammars) {
   Grammar empty;
   const int r = empty.add_rule("r");
   EXPECT_THROW(empty.finish(r), Error);  // no alternative
+  // Left recursion, directly and through a rule that may match nothing, is refused at finish()
+  // with the rule's name; recursion after a byte is not.
   auto left = std::make_shared<Grammar>();
   const int l = left->add_rule("l");
   left->add_alternative(l, {Grammar::Symbol::ref(l), Grammar::Symbol::bytes(ByteSet::of("a"))});
-  left->finish(l);
-  EXPECT_THROW(GrammarMatcher{left}, Error);  // left recursion
+  EXPECT_EQ(left->left_recursive_rule(), "l");
+  EXPECT_THROW(left->finish(l), Error);
+  Grammar hidden;
+  const int h = hidden.add_rule("h"), e = hidden.add_rule("maybe-empty"), m = hidden.add_rule("m");
+  hidden.add_alternative(e, {});
+  hidden.add_alternative(e, {Grammar::Symbol::bytes(ByteSet::of(" "))});
+  hidden.add_alternative(h, {Grammar::Symbol::ref(e), Grammar::Symbol::ref(m)});
+  hidden.add_alternative(m, {Grammar::Symbol::ref(h)});
+  hidden.add_alternative(m, {Grammar::Symbol::bytes(ByteSet::of("x"))});
+  EXPECT_FALSE(hidden.left_recursive_rule().empty());
+  EXPECT_THROW(hidden.finish(h), Error);
+  Grammar right;
+  const int r2 = right.add_rule("r");
+  right.add_alternative(r2, {Grammar::Symbol::bytes(ByteSet::of("(")), Grammar::Symbol::ref(r2)});
+  right.add_alternative(r2, {Grammar::Symbol::bytes(ByteSet::of(")"))});
+  EXPECT_EQ(right.left_recursive_rule(), "");
+  right.finish(r2);
 }
 
 // Valid documents (whitespace, escapes, UTF-8, recursion) are complete sentences; each broken
@@ -207,6 +224,9 @@ TEST(JsonSchema, RefusesUnsupportedFeaturesByName) {
       {R"({"type":"string","maxLength":1000000})", "maxLength"},
       {R"({"type":"color"})", "unknown type"},
       {R"(false)", "admits no value"},
+      // A schema that refers to itself before writing anything: refused, naming where.
+      {R"({"$ref":"#/$defs/a","$defs":{"a":{"$ref":"#/$defs/a"}}})", "left recursion), so no JSON text can match it (at #/$defs/a)"},
+      {R"({"$defs":{"b":{"anyOf":[{"$ref":"#/$defs/b"},{"type":"string"}]}},"$ref":"#/$defs/b"})", "(at #/$defs/b)"},
   };
   for (const auto& [schema, want] : cases) {
     try {

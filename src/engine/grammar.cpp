@@ -45,8 +45,62 @@ int Grammar::add_literal(std::string_view text) {
   return r;
 }
 
+std::string Grammar::left_recursive_rule() const {
+  const size_t n = rules_.size();
+  // Rules that may match nothing, to a fixed point: an alternative of nullable references only.
+  std::vector<char> nullable(n, 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < n; ++r) {
+      if (nullable[r]) continue;
+      for (const Sequence& seq : rules_[r].alts) {
+        bool all = true;
+        for (const Symbol& s : seq) all = all && s.rule >= 0 && s.rule < n_rules() && nullable[static_cast<size_t>(s.rule)];
+        if (all) {
+          nullable[r] = 1, changed = true;
+          break;
+        }
+      }
+    }
+  }
+  // The rules each rule may expand before a byte: the references at the start of an alternative,
+  // past nullable ones. A cycle among them is left recursion.
+  std::vector<std::vector<int>> left(n);
+  for (size_t r = 0; r < n; ++r)
+    for (const Sequence& seq : rules_[r].alts)
+      for (const Symbol& s : seq) {
+        if (s.rule < 0 || s.rule >= n_rules()) break;
+        left[r].push_back(s.rule);
+        if (!nullable[static_cast<size_t>(s.rule)]) break;
+      }
+  std::vector<char> state(n, 0);  // 0 unseen, 1 on the path, 2 done
+  std::vector<std::pair<size_t, size_t>> stack;  // (rule, next edge)
+  for (size_t start = 0; start < n; ++start) {
+    if (state[start]) continue;
+    stack.push_back({start, 0});
+    state[start] = 1;
+    while (!stack.empty()) {
+      auto& [r, e] = stack.back();
+      if (e == left[r].size()) {
+        state[r] = 2;
+        stack.pop_back();
+        continue;
+      }
+      const size_t next = static_cast<size_t>(left[r][e++]);
+      if (state[next] == 1) return rules_[next].name;
+      if (state[next] == 0) {
+        state[next] = 1;
+        stack.push_back({next, 0});
+      }
+    }
+  }
+  return {};
+}
+
 void Grammar::finish(int root) {
   EMBER_CHECK(root >= 0 && root < n_rules(), "grammar: no root rule {}", root);
+  const std::string lr = left_recursive_rule();
+  EMBER_CHECK(lr.empty(), "grammar: rule '{}' can reach itself before matching a byte (left recursion)", lr);
   elems_.clear();
   for (Rule& r : rules_) {
     EMBER_CHECK(!r.alts.empty(), "grammar: rule '{}' has no alternative", r.name);

@@ -65,8 +65,11 @@ class Grammar {
   int n_rules() const { return static_cast<int>(rules_.size()); }
   const std::string& rule_name(int r) const { return rules_[static_cast<size_t>(r)].name; }
 
+  // The name of a rule that can reach itself before consuming a byte (left recursion, which the
+  // matcher cannot expand), or empty. Through references to rules that may match nothing too.
+  std::string left_recursive_rule() const;
   // Fixes the root and flattens the rules for the matcher. Throws ember::Error for a rule
-  // without alternatives or a reference to no rule.
+  // without alternatives, a reference to no rule, or a left-recursive rule.
   void finish(int root);
   int root() const { return root_; }
 

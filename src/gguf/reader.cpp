@@ -147,9 +147,14 @@ void Reader::parse() {
     fail("{}: unsupported GGUF version {} (Ember reads versions 2 and 3)", path_, version_);
   uint64_t n_tensors = c.read<uint64_t>("tensor count");
   uint64_t n_kv = c.read<uint64_t>("metadata count");
-  if (n_tensors > kMaxTensors || n_tensors > c.remaining() / 24)
-    fail("{}: absurd tensor count {}", path_, n_tensors);
-  if (n_kv > kMaxKeys || n_kv > c.remaining() / 12) fail("{}: absurd metadata count {}", path_, n_kv);
+  if (n_tensors > kMaxTensors) fail("{}: absurd tensor count {}", path_, n_tensors);
+  if (n_kv > kMaxKeys) fail("{}: absurd metadata count {}", path_, n_kv);
+  // Each entry takes at least 24 (tensor) or 12 (metadata) bytes: a count the rest of the file
+  // cannot hold is a cut file (or a corrupt count).
+  if (n_tensors * 24 + n_kv * 12 > c.remaining())
+    fail("{}: file is truncated (or its header corrupt): it declares {} metadata entries and {} tensors, whose tables "
+         "need at least {} bytes, but only {} bytes follow the header ({} in all)", path_, n_kv, n_tensors,
+         n_tensors * 24 + n_kv * 12, c.remaining(), size_);
 
   uint64_t value_budget = kMaxMetadataValues;
   for (uint64_t k = 0; k < n_kv; ++k) {
@@ -224,6 +229,22 @@ void Reader::parse() {
     const TensorInfo* b = by_offset[k];
     if (a->offset + a->nbytes > b->offset)
       fail("{}: tensors '{}' and '{}' overlap in the data section", path_, a->name, b->name);
+  }
+  // Each tensor fills its slot: the bytes up to the next tensor (or the file's end) are its data
+  // and the alignment's padding, no more. A tensor whose type or shape was changed (F16 relabelled
+  // Q4_0 reads a quarter of its bytes) leaves the rest of its slot unread.
+  for (size_t k = 0; k < by_offset.size(); ++k) {
+    const TensorInfo* a = by_offset[k];
+    const uint64_t end = a->offset + a->nbytes;
+    const uint64_t next = k + 1 < by_offset.size() ? by_offset[k + 1]->offset : data_size;
+    if (next - end >= alignment_) {
+      std::string dims = std::to_string(a->ne[0]);
+      for (int d = 1; d < a->n_dims; ++d) dims += " x " + std::to_string(a->ne[d]);
+      fail("{}: tensor '{}' ({} {}: {} bytes) is followed by {} bytes that no tensor holds{}: its type or shape does "
+           "not match its data (the file is corrupt or was edited)", path_, a->name, dtype_name(a->type), dims,
+           a->nbytes, next - end, k + 1 < by_offset.size() ? fmt::format(" before '{}'", by_offset[k + 1]->name)
+                                                            : std::string(" before the end of the file"));
+    }
   }
 }
 

@@ -30,7 +30,7 @@ void load_falcon(Model& m) {
   hp.arch = "falcon";
   read_common_hparams(r, hp);
   hp.norm = NormKind::layer;
-  hp.norm_eps = static_cast<float>(r.opt_float("falcon.attention.layer_norm_epsilon").value_or(1e-5));
+  hp.norm_eps = static_cast<float>(float_hparam(r, "falcon.attention.layer_norm_epsilon", 1e-5, 0.0, 1.0, true));
   EMBER_CHECK(hp.norm_eps > 0 && std::isfinite(hp.norm_eps), "{}: falcon.attention.layer_norm_epsilon must be positive",
               r.path());
   hp.parallel_residual = true;

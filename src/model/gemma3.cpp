@@ -45,13 +45,13 @@ void load_gemma3(Model& m) {
   if (hp.sliding_window > 0)
     for (int64_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = il % period < period - 1;
   hp.rope_local = hp.rope;
-  hp.rope_local.base = r.opt_float("gemma3.rope.freq_base_swa").value_or(10000.0);
+  hp.rope_local.base = float_hparam(r, "gemma3.rope.freq_base_swa", 10000.0, 0.0, 1e12, true);
   hp.rope_local.linear_scale = 1.0;
 
   // 27B (62 layers) scales by n_embd / n_head; the others by head_dim (llama.cpp's rule).
   const double q_scalar = hp.n_layer == 62 ? static_cast<double>(hp.n_embd / hp.n_head) : static_cast<double>(hp.head_dim);
   hp.attn_scale = static_cast<float>(1.0 / std::sqrt(q_scalar));
-  hp.final_softcap = static_cast<float>(r.opt_float("gemma3.final_logit_softcapping").value_or(0.0));
+  hp.final_softcap = static_cast<float>(float_hparam(r, "gemma3.final_logit_softcapping", 0.0, 0.0, 1e6));
   EMBER_CHECK(hp.final_softcap >= 0 && std::isfinite(hp.final_softcap), "{}: final_logit_softcapping is invalid",
               r.path());
 

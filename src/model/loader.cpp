@@ -1,10 +1,33 @@
 #include "model/loader.hpp"
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "core/error.hpp"
+#include "tensor/quant.hpp"
 
 namespace ember {
+
+double float_hparam(const gguf::Reader& r, const std::string& key, double fallback, double lo, double hi, bool lo_open) {
+  const std::optional<double> v = r.opt_float(key);
+  if (!v) return fallback;
+  EMBER_CHECK(std::isfinite(*v) && (lo_open ? *v > lo : *v >= lo) && *v <= hi,
+              "{}: {} is {}, which must be a finite number in {}{}, {}]; the file is corrupt or was edited", r.path(),
+              key, *v, lo_open ? "(" : "[", lo, hi);
+  return *v;
+}
+
+namespace {
+// Whether every value of row r of t (any type) is finite.
+bool row_finite(const TensorView& t, int64_t r, std::vector<float>& buf) {
+  buf.resize(static_cast<size_t>(t.cols()));
+  dequantize_row(t.type, t.row(r), buf.data(), t.cols());
+  for (float v : buf)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+}  // namespace
 
 void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
   const std::string a = hp.arch;
@@ -15,7 +38,7 @@ void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
   hp.n_head = r.get_int(key("attention.head_count"));
   hp.n_head_kv = r.opt_int(key("attention.head_count_kv")).value_or(hp.n_head);
   hp.n_ctx_train = r.opt_int(key("context_length")).value_or(2048);
-  hp.norm_eps = static_cast<float>(r.opt_float(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
+  hp.norm_eps = static_cast<float>(float_hparam(r, key("attention.layer_norm_rms_epsilon"), 1e-5, 0.0, 1.0, true));
   EMBER_CHECK(hp.n_layer >= 1 && hp.n_layer <= 1024, "{}: block_count {} is out of range", r.path(), hp.n_layer);
   EMBER_CHECK(hp.n_embd >= 1 && hp.n_embd <= (1 << 20), "{}: embedding_length {} is out of range", r.path(), hp.n_embd);
   EMBER_CHECK(hp.n_ff >= 1 && hp.n_ff <= (1 << 22), "{}: feed_forward_length {} is out of range", r.path(), hp.n_ff);
@@ -28,12 +51,12 @@ void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
   hp.rope.n_rot = static_cast<int>(r.opt_int(key("rope.dimension_count")).value_or(hp.head_dim));
   EMBER_CHECK(hp.rope.n_rot >= 2 && hp.rope.n_rot <= hp.head_dim && hp.rope.n_rot % 2 == 0,
               "{}: rope.dimension_count {} is invalid for head size {}", r.path(), hp.rope.n_rot, hp.head_dim);
-  hp.rope.base = r.opt_float(key("rope.freq_base")).value_or(10000.0);
+  hp.rope.base = float_hparam(r, key("rope.freq_base"), 10000.0, 0.0, 1e12, true);
   std::string scaling = r.opt_string(key("rope.scaling.type")).value_or("none");
-  double factor = r.opt_float(key("rope.scaling.factor")).value_or(0.0);
-  if (auto legacy = r.opt_float(key("rope.scale_linear"))) {
+  double factor = float_hparam(r, key("rope.scaling.factor"), 0.0, 0.0, 1e6);
+  if (r.opt_float(key("rope.scale_linear"))) {
     scaling = "linear";
-    factor = *legacy;
+    factor = float_hparam(r, key("rope.scale_linear"), 0.0, 0.0, 1e6);
   }
   if (scaling == "linear" && factor > 0) {
     hp.rope.linear_scale = factor;
@@ -41,9 +64,7 @@ void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
     fail("{}: rope scaling type '{}' is not supported (none, linear)", r.path(), scaling);
   }
 
-  hp.rope.attn_factor = r.opt_float(key("rope.scaling.attn_factor")).value_or(1.0);
-  EMBER_CHECK(hp.rope.attn_factor > 0 && std::isfinite(hp.rope.attn_factor), "{}: rope.scaling.attn_factor {} must be positive",
-              r.path(), hp.rope.attn_factor);
+  hp.rope.attn_factor = float_hparam(r, key("rope.scaling.attn_factor"), 1.0, 0.0, 1e3, true);
 
   hp.n_expert = r.opt_int(key("expert_count")).value_or(0);
   hp.n_expert_used = r.opt_int(key("expert_used_count")).value_or(0);
@@ -67,6 +88,10 @@ TensorView TensorBinder::matrix(const std::string& name, int64_t in, int64_t out
               "{}: tensor '{}' has shape [{}, {}], expected [{}, {}]", r_.path(), name, t.ne[0], t.ne[1], in, out);
   EMBER_CHECK(dtype_supported(t.type), "{}: tensor '{}' has type {}, which Ember cannot compute with yet", r_.path(),
               name, dtype_name(t.type));
+  std::vector<float> buf;
+  for (int64_t row : {int64_t{0}, t.rows() - 1})
+    EMBER_CHECK(row_finite(t, row, buf), "{}: tensor '{}' holds a value that is not finite (NaN or infinity) in row {} "
+                "of {}; the file is corrupt", r_.path(), name, row, t.rows());
   return t;
 }
 
@@ -84,6 +109,10 @@ TensorView TensorBinder::norm(const std::string& name, int64_t n) const {
   TensorView t = require(name);
   EMBER_CHECK(t.n_elements() == n, "{}: tensor '{}' has {} elements, expected {}", r_.path(), name, t.n_elements(), n);
   EMBER_CHECK(t.type == DType::F32, "{}: tensor '{}' must be F32, is {}", r_.path(), name, dtype_name(t.type));
+  const auto* v = reinterpret_cast<const float*>(t.data);
+  for (int64_t i = 0; i < n; ++i)
+    EMBER_CHECK(std::isfinite(v[i]), "{}: tensor '{}' holds a value that is not finite ({} at {}); the file is corrupt",
+                r_.path(), name, v[i], i);
   return t;
 }
 

@@ -12,14 +12,23 @@ namespace ember {
 // key_length, layer_norm_rms_epsilon, context_length, rope.* and the vocabulary size.
 void read_common_hparams(const gguf::Reader& r, Hparams& hp);
 
+// An optional float hyperparameter `key`, or `fallback` where the file has none; a value that is
+// not finite or outside [lo, hi] (lo excluded with lo_open) fails naming the key, the value and
+// the range: a file that lies about its hyperparameters (an epsilon of NaN, 0 or -1) is refused,
+// not run to produce <unk> forever.
+double float_hparam(const gguf::Reader& r, const std::string& key, double fallback, double lo, double hi,
+                    bool lo_open = false);
+
 class TensorBinder {
  public:
   TensorBinder(const gguf::Reader& r, const Hparams& hp) : r_(r), hp_(hp) {}
-  // A weight matrix mapping `in` inputs to `out` outputs: ne = [in, out], a supported type.
+  // A weight matrix mapping `in` inputs to `out` outputs: ne = [in, out], a supported type, its
+  // first and last rows finite (a cheap look at what a corrupt file holds; all of it would read
+  // the whole file at load).
   TensorView matrix(const std::string& name, int64_t in, int64_t out) const;
   // The experts' matrices of a mixture-of-experts layer, one 3-D tensor: ne = [in, out, n_expert].
   TensorView experts(const std::string& name, int64_t in, int64_t out, int64_t n_expert) const;
-  // A 1-D F32 vector of length n.
+  // A 1-D F32 vector of length n, every value finite.
   TensorView norm(const std::string& name, int64_t n) const;
   TensorView optional(const std::string& name) const { return r_.view(name); }
   const std::string& path() const { return r_.path(); }

@@ -28,7 +28,7 @@ void load_opt(Model& m) {
   Hparams& hp = m.hp;
   hp.arch = "opt";
   read_common_hparams(r, hp);
-  hp.norm_eps = static_cast<float>(r.opt_float("opt.attention.layer_norm_epsilon").value_or(1e-5));
+  hp.norm_eps = static_cast<float>(float_hparam(r, "opt.attention.layer_norm_epsilon", 1e-5, 0.0, 1.0, true));
   EMBER_CHECK(hp.norm_eps > 0 && std::isfinite(hp.norm_eps), "{}: opt.attention.layer_norm_epsilon must be positive",
               r.path());
   hp.act = cpu::Activation::relu;

@@ -60,14 +60,16 @@ std::optional<ApiError> get_number(const json& obj, const char* name, double lo,
   return std::nullopt;
 }
 
-// An integer: JSON integers, or floats with an integral value (as JavaScript sends 5.0).
-std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out) {
+// An integer: JSON integers, or floats with an integral value (as JavaScript sends 5.0). `why`
+// explains the range, in range errors only.
+std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out,
+                                const std::string& why = "") {
   const json* v = field(obj, name);
   if (!v) return std::nullopt;
   int64_t x = 0;
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi)) return bad(name, fmt::format("'{}' must be at most {}, got {}", name, hi, u));
+    if (u > static_cast<uint64_t>(hi)) return bad(name, fmt::format("'{}' must be at most {}, got {}{}", name, hi, u, why));
     x = static_cast<int64_t>(u);
   } else if (v->is_number_integer()) {
     x = v->get<int64_t>();
@@ -79,7 +81,7 @@ std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, i
   } else {
     return bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));
   }
-  if (x < lo || x > hi) return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  if (x < lo || x > hi) return bad(name, fmt::format("'{}' must be between {} and {}, got {}{}", name, lo, hi, x, why));
   out = x;
   return std::nullopt;
 }
@@ -171,16 +173,11 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
 
   // Token limit: max_completion_tokens (newer chat API) or max_tokens. At most the context.
   std::optional<int64_t> max_tokens;
-  if (auto e = get_int(j, "max_tokens", 1, model.n_ctx, max_tokens)) {
-    e->message += fmt::format(" (the context holds {} tokens)", model.n_ctx);
-    return *e;
-  }
+  const std::string ctx = fmt::format(" (the context holds {} tokens)", model.n_ctx);
+  if (auto e = get_int(j, "max_tokens", 1, model.n_ctx, max_tokens, ctx)) return *e;
   if (chat) {
     std::optional<int64_t> mct;
-    if (auto e = get_int(j, "max_completion_tokens", 1, model.n_ctx, mct)) {
-      e->message += fmt::format(" (the context holds {} tokens)", model.n_ctx);
-      return *e;
-    }
+    if (auto e = get_int(j, "max_completion_tokens", 1, model.n_ctx, mct, ctx)) return *e;
     if (mct) max_tokens = mct;
   }
   r.max_tokens = max_tokens;

@@ -41,6 +41,13 @@ class Compiler {
   explicit Compiler(const json& root) : root_(root), g_(std::make_shared<Grammar>()) {}
 
   std::shared_ptr<const Grammar> finish(int rule) {
+    // A schema that refers to itself before any value is written ({"$ref": "#/$defs/a"} with a
+    // = {"$ref": "#/$defs/a"}, or through anyOf) describes no JSON text: refused with its path,
+    // before a request takes a sequence. (Rules of $refs are named by their path.)
+    const std::string lr = g_->left_recursive_rule();
+    if (!lr.empty())
+      throw SchemaError(fmt::format("the schema refers to itself before any value is written (left recursion), so no "
+                                    "JSON text can match it (at {})", lr.rfind('#', 0) == 0 ? lr : "#" + lr));
     g_->finish(rule);
     return g_;
   }

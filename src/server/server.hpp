@@ -15,6 +15,7 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "server/api.hpp"
+#include "server/connections.hpp"
 #include "server/slot_queue.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -30,7 +31,9 @@ struct ServerOptions {
   size_t parallel = 2;              // sequences (KV caches) generating at once, batched
   size_t queue = 16;                // requests that may wait for a session
   size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
-  int read_timeout_s = 30;          // a client that sends nothing this long is dropped
+  // A connection gets this long to deliver a whole request (its header and body) after it
+  // opens or after its last answer; then 408 and closed (server/connections.hpp).
+  int read_timeout_s = 10;
   SessionParams session;  // its n_seq is set to `parallel`
   BatchEngineOptions batch;
   std::string model_id;  // the name clients use; default: the file name without .gguf
@@ -51,8 +54,14 @@ class Server {
   int bind();
   // Serves until stop() is called (from any thread). Call bind() first.
   void listen();
-  // Stops accepting, cancels running generations and makes listen() return.
+  // Stops accepting, cancels running generations and makes listen() return. An answer cut off
+  // by it says so: a 503 error, or an error event that ends the stream (no [DONE]).
   void stop();
+  // Graceful shutdown, first step: new requests and those still waiting for a sequence get 503
+  // (`server_shutting_down`), /health says so with 503, running ones go on. idle() says when
+  // none runs (then stop()).
+  void drain();
+  bool idle() const;
 
   const ServedModel& served() const { return served_; }
 
@@ -66,7 +75,8 @@ class Server {
   std::unique_ptr<BatchEngine> engine_;
   SlotQueue queue_;
   std::unique_ptr<httplib::Server> http_;
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false}, draining_{false};
+  std::unique_ptr<Connections> conns_;  // made by bind(), when the port is known
   std::atomic<uint64_t> n_requests_{0}, n_completed_{0}, n_cancelled_{0}, n_errors_{0};
   std::atomic<uint64_t> next_id_{0};
   uint64_t id_salt_ = 0;

@@ -25,11 +25,8 @@ constexpr std::string_view kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<PAD>"
 constexpr std::string_view kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"};
 constexpr std::string_view kFimSepTexts[] = {"<|file_sep|>"};
 
-std::optional<int32_t> opt_token_id(const gguf::Reader& r, const std::string& key) {
-  auto v = r.opt_int(key);
-  if (!v) return std::nullopt;
-  return static_cast<int32_t>(std::clamp<int64_t>(*v, -1, INT32_MAX));
-}
+// A token id as the file holds it (a u32 may be 4000000000: kept as is, to be reported so).
+std::optional<int64_t> opt_token_id(const gguf::Reader& r, const std::string& key) { return r.opt_int(key); }
 
 }  // namespace
 
@@ -114,8 +111,8 @@ Vocab Vocab::from_gguf(const gguf::Reader& r) {
   auto read_id = [&](const char* key, int32_t& id, bool required_in_range) {
     auto val = opt_token_id(r, key);
     if (!val) return;
-    if (*val >= 0 && static_cast<size_t>(*val) < n) {
-      id = *val;
+    if (*val >= 0 && static_cast<uint64_t>(*val) < n) {
+      id = static_cast<int32_t>(*val);
     } else if (required_in_range) {
       fail("{}: '{}' = {} is outside the vocabulary (0..{})", path, key, *val, n - 1);
     } else {

@@ -81,12 +81,18 @@ class Server:
 
     def stop(self):
         if self.proc.poll() is None:
+            # The first SIGTERM drains (running requests may finish, --shutdown-grace); a second
+            # one stops at once.
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=15)
+                self.proc.wait(timeout=3)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
         self.log.close()
         rc = self.proc.returncode
         if rc not in (0, -signal.SIGTERM):

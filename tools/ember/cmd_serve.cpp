@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <ctime>
 #include <thread>
 
 #include "commands.hpp"
@@ -17,6 +19,7 @@ struct ServeFlags {
   EngineFlags engine;
   server::ServerOptions server;
   size_t max_body_kib = 1024;
+  double shutdown_grace_s = 30;
 };
 
 void run_serve(ServeFlags& f) {
@@ -41,10 +44,28 @@ void run_serve(ServeFlags& f) {
   f.server.max_body_bytes = f.max_body_kib * 1024;
   server::Server srv(*model, f.engine.model_path, f.server);
   srv.bind();
+  // The first signal drains: no new requests (503), the running ones finish for up to
+  // --shutdown-grace seconds; a second signal, or the grace's end, stops at once (answers cut
+  // off then say so).
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    log_info("signal {}: shutting down", sig);
+    if (srv.idle() || f.shutdown_grace_s <= 0) {
+      log_info("signal {}: shutting down", sig);
+    } else {
+      log_info("signal {}: shutting down once the running requests finish (at most {:.0f} s; a second signal stops "
+               "now)", sig, f.shutdown_grace_s);
+      srv.drain();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.shutdown_grace_s);
+      while (!srv.idle() && std::chrono::steady_clock::now() < deadline) {
+        timespec tick{0, 100 * 1000 * 1000};
+        if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
+          log_info("second signal: stopping now");
+          break;
+        }
+      }
+      if (!srv.idle()) log_warn("stopping with requests still running: their answers end with an error");
+    }
     srv.stop();
   });
   srv.listen();
@@ -77,8 +98,13 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-body", f->max_body_kib, "largest request body in KiB; larger ones get 413")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--timeout", f->server.read_timeout_s, "seconds to wait for a client's request")
+  cmd->add_option("--read-timeout,--timeout", f->server.read_timeout_s,
+                  "seconds a connection has to deliver a whole request (header and body); then 408 and closed")
       ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace", f->shutdown_grace_s,
+                  "on SIGTERM / SIGINT, seconds the running requests may take to finish (new ones get 503); 0: stop at once")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   cmd->add_option("--alias", f->server.model_id, "model name clients use (default: the file name without .gguf)");
   cmd->callback([f] { run_serve(*f); });

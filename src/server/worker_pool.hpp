@@ -1,0 +1,38 @@
+// The HTTP server's worker threads (a cpp-httplib TaskQueue; a task is one connection: reading
+// its requests, handling them, writing the answers). `base` threads always run; when every one
+// is busy a connection gets a thread of its own, up to `max` in all, which ends after a few idle
+// seconds. Connections that read slowly (server/connections.hpp closes them after the read
+// timeout) then take extra threads, not the ones /health, the queue's 503 and the generating
+// requests need.
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <httplib.h>
+
+namespace ember::server {
+
+class WorkerPool final : public httplib::TaskQueue {
+ public:
+  WorkerPool(size_t base, size_t max);
+  ~WorkerPool() override;
+  void enqueue(std::function<void()> fn) override;
+  void shutdown() override;
+  size_t threads() const;  // running now
+
+ private:
+  void start(bool extra);  // under mu_
+  void work(bool extra);
+  const size_t base_, max_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_, done_;
+  std::deque<std::function<void()>> jobs_;
+  size_t running_ = 0, idle_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace ember::server

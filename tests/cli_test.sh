@@ -94,8 +94,10 @@ contains "profile quantiles" "$tmp/out" "blk\.0\.ffn_gate_quantiles"
 # counts): for ReLU the oracle is exact, so its measured sparsity is the profile's.
 expect_ok "oracle ppl relu" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -b 8 -t 2 --sparse-mode oracle
 oracle_sparsity=$(num "$tmp/err" '.*FFN sparsity \(oracle\): ([0-9.]+)% .*')
-expect_ok "oracle ppl big batches" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 2 -t 2 --sparse-mode oracle
-contains "big batches measure dense, said" "$tmp/err" "measure the dense FFN: pass -b 1"
+ppl_b8=$(num "$tmp/out" '^Final estimate: PPL = ([0-9.]+) .*')
+# Whole chunks in one batch (the dense kernels) compute the same function: the same perplexity.
+expect_ok "oracle ppl big batches" "$ember" perplexity -m "$tmp/relu.gguf" -f "$tmp/text.txt" -c 64 --chunks 16 -t 2 --sparse-mode oracle
+close "oracle perplexity at -b 8 and -b 64" "$ppl_b8" "$(num "$tmp/out" '^Final estimate: PPL = ([0-9.]+) .*')" 0.01
 close "profile sparsity = oracle sparsity" "$relu_profile_sparsity" "$(python3 -c "print(${oracle_sparsity:-nan} / 100)")" 0.002
 # Input sparsity (TEAL) on a SiLU model: the profile's input tables, `sparsify`, and the result
 # run with --sparse-mode input reaching its target on decode tokens.
@@ -173,6 +175,12 @@ contains "sparsify relu KL divergence" "$tmp/out" "KL divergence +[0-9.]+"
 contains "sparsify relu bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"
 expect_ok "a sparsified relu file runs sparse with no flag" "$ember" generate -m "$tmp/relu.sparse.gguf" -p "hello world" -n 8 --temp 0
 contains "auto picks predictor mode" "$tmp/err" "running --sparse-mode predictor"
+# Perplexity in predictor mode describes decode at any batch size: token by token (-b 1) and in
+# whole chunks (the dense kernels with each token's own prediction) agree.
+expect_ok "predictor ppl -b 1" "$ember" perplexity -m "$tmp/relu.sparse.gguf" -f "$tmp/text.txt" -c 64 --chunks 4 -b 1 -t 2
+ppl_pred_b1=$(num "$tmp/out" '^Final estimate: PPL = ([0-9.]+) .*')
+expect_ok "predictor ppl whole chunks" "$ember" perplexity -m "$tmp/relu.sparse.gguf" -f "$tmp/text.txt" -c 64 --chunks 4 -t 2
+close "predictor perplexity at -b 1 and -b 64" "$ppl_pred_b1" "$(num "$tmp/out" '^Final estimate: PPL = ([0-9.]+) .*')" 0.02
 expect_ok "profile of a prepared file runs dense" "$ember" profile -m "$tmp/relu.sparse.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 128 -o "$tmp/relu.sparse.profile.gguf" -t 2
 expect_error "predictor method on a silu model" "not ReLU" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/x.gguf" --method predictor --corpus "$tmp/text.txt" --eval-chunks 0
 expect_error "samples and a corpus" "exactly one of" "$ember" train-predictor -m "$tmp/relu.gguf" --from-samples "$tmp/relu.samples.gguf" -f "$tmp/text.txt" -o "$tmp/x.pred.gguf"

@@ -590,3 +590,49 @@ TEST(PredictorTrain, SynthGateRankMakesFiringPredictable) {
   EXPECT_GT(precision[1], 0.6);
   EXPECT_GT(precision[1], precision[0] + 0.2);
 }
+
+// A batch in predictor mode computes what its tokens compute one by one (decode): each token's
+// neurons are those its own prediction names, not the batch's union (a short batch) nor every
+// neuron (a long batch, on the dense kernels), so perplexity and KL at any -b describe decode.
+// The predictor here misses neurons (the gate's copy with a positive margin), so the union and
+// the dense path would give other logits.
+TEST(Predictor, BatchesComputeWhatDecodeComputes) {
+  SynthOptions o = relu_model_options(0);
+  o.type = DType::F32;
+  auto path = write_model(o, "per-token");
+  auto model = load_model(path);
+  write_predictor_file((test_dir() / "misses.pred.gguf").string(), "misses", gate_copy_predictors(*model, 0.5f),
+                       DType::F32);
+  attach_predictors(*model, (test_dir() / "misses.pred.gguf").string());
+  SessionParams p;
+  p.n_threads = 2;
+  p.n_ctx = 64;
+  p.n_batch = 32;
+  p.sparse.mode = FfnMode::predictor;
+  p.sparse.mirrored_predictors = false;
+  const int64_t nv = model->hp.n_vocab;
+  for (int64_t n : {int64_t{6}, int64_t{20}}) {  // the short path and the dense one (SparseFfn::kDenseBatch)
+    SCOPED_TRACE(std::to_string(n) + " tokens in one batch");
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((7 * i + 3) % nv);
+    Session batch(*model, p), single(*model, p);
+    std::vector<float> all(static_cast<size_t>(n * nv));
+    batch.eval_all_logits(tokens.data(), n, all.data());
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      single.eval(&tokens[static_cast<size_t>(i)], 1);
+      for (int64_t v = 0; v < nv; ++v) {
+        worst = std::max(worst, static_cast<double>(std::fabs(single.logits()[v] - all[static_cast<size_t>(i * nv + v)])));
+        scale = std::max(scale, static_cast<double>(std::fabs(single.logits()[v])));
+      }
+    }
+    // F32 weights: the kernels' float sums apart (the dense path's order differs), far below
+    // the effect of a neuron more or less.
+    EXPECT_LT(worst / scale, 1e-4);
+    const FfnSparsityStats& st = batch.sparse_ffn()->stats();
+    uint64_t active = 0, neurons = 0;
+    for (size_t l = 0; l < st.active.size(); ++l) active += st.active[l], neurons += st.neurons[l];
+    EXPECT_GT(active, 0u);
+    EXPECT_LT(active, neurons / 2);
+  }
+}

@@ -198,6 +198,7 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
                                                      : opts_.threshold;
   const int64_t n_ff = w.n_ff();
+  if (n >= kDenseBatch && opts_.mode == FfnMode::predictor) return run_predicted_dense(pool, layer, w, act, x, n, out, ws);
   if (n >= kDenseBatch) {
     if (thr == 0.0f) {  // exact: dropping act(gate) == 0 changes nothing
       dense_ffn(pool, w, act, x, n, out, ws);
@@ -262,10 +263,18 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   const LayerPredictorRun& P = pred_[static_cast<size_t>(layer)];
   const int64_t np = predict_active(pool, P.fc1, P.fc2, pthr, predictor_input(x, ws), n, pred_scratch_.data(),
                                     pred_mm_scratch_.data(), predicted_.data(), P.linear);
-  // The firing values of the predicted rows only (model/ffn.hpp).
+  // The firing values of the predicted rows only (model/ffn.hpp), each token's kept only where
+  // its own prediction names the neuron (the union is what is gathered): a batch computes
+  // what its tokens would decode one by one.
   float* g = ws.gate.data();
   cpu::gather_matmul(pool, w.firing_matrix(), x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
   ffn_firing_values(w, act, g, n, np, np, predicted_.data());
+  if (n > 1) {
+    const float* score = pred_scratch_.data();  // predict_active's scores, [n][n_ff]
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < np; ++i)
+        if (score[t * P.fc2.rows() + predicted_[static_cast<size_t>(i)]] < pthr) g[t * np + i] = 0.0f;
+  }
   // Keep the predicted neurons that fire for some token.
   uint64_t n_active_tokens = 0;
   const int64_t na = ffn_keep_firing(g, n, np, predicted_.data(), opts_.threshold, active_.data(), n_active_tokens);
@@ -273,6 +282,39 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   stats_.active[layer] += n_active_tokens;
   stats_.predicted[layer] += static_cast<uint64_t>(n * np);
   up_down(pool, layer, w, act, x, n, g, np, na, out, ws);
+}
+
+void SparseFfn::run_predicted_dense(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
+                                    const float* x, int64_t n, float* out, Workspace& ws) {
+  // A long batch: the dense kernels (nearly every neuron is predicted for some token), each
+  // token's firing values zeroed where its own prediction does not name the neuron, as decode
+  // would compute it; the predictor runs in slices of the batch its scratch holds.
+  const int64_t n_ff = w.n_ff(), n_embd = w.n_embd();
+  const float pthr = predictor_threshold(model_, layer);
+  const LayerPredictorRun& P = pred_[static_cast<size_t>(layer)];
+  float* a = ffn_firing_all(pool, w, act, x, n, ws);
+  const float* px = predictor_input(x, ws);
+  uint64_t n_active = 0, n_predicted = 0;
+  for (int64_t t0 = 0; t0 < n; t0 += kDenseBatch - 1) {
+    const int64_t nc = std::min(kDenseBatch - 1, n - t0);
+    predict_active(pool, P.fc1, P.fc2, pthr, px + t0 * n_embd, nc, pred_scratch_.data(), pred_mm_scratch_.data(),
+                   predicted_.data(), P.linear);
+    const float* score = pred_scratch_.data();
+    for (int64_t t = 0; t < nc; ++t) {
+      float* at = a + (t0 + t) * n_ff;
+      for (int64_t j = 0; j < n_ff; ++j) {
+        const bool predicted = score[t * n_ff + j] >= pthr;
+        n_predicted += predicted;
+        if (predicted && std::fabs(at[j]) > opts_.threshold) ++n_active;
+        else at[j] = 0.0f;
+      }
+    }
+  }
+  stats_.neurons[layer] += static_cast<uint64_t>(n * n_ff);
+  stats_.active[layer] += n_active;
+  stats_.predicted[layer] += n_predicted;
+  stats_.dense_tokens += static_cast<uint64_t>(n);
+  ffn_down_all(pool, w, ffn_values_all(pool, w, act, x, n, ws), n, out, ws);
 }
 
 std::string SparseFfn::refusal(const Model&) const {

@@ -26,7 +26,9 @@
 // token contributes an exact zero). Batches of kDenseBatch tokens or more run the dense kernels:
 // over a long prompt nearly every neuron fires for some token, and the dense kernels reuse
 // weights across tokens. With a nonzero threshold the dense path still zeroes every inactive
-// act(gate), so a prompt sees the same function as single tokens (what perplexity measures).
+// act(gate), and in predictor mode every batch (short or long) zeroes each token's neurons
+// that its own prediction does not name, so a prompt computes the function its tokens would
+// decode one by one (what perplexity and KL measure, at any batch size).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -175,6 +177,8 @@ class SparseFfn final : public FfnExecutor {
   // What the predictor reads: the residual stream before ffn_norm for PowerInfer's predictors
   // (Model::predictor_on_residual), else the FFN input x.
   const float* predictor_input(const float* x, const Workspace& ws) const;
+  void run_predicted_dense(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                           int64_t n, float* out, Workspace& ws);
   void run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                      int64_t n, float* out, Workspace& ws);
   // up for active_[0..na), times the activated gate g[t * g_stride + i], then down into out.

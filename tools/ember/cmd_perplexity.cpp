@@ -9,7 +9,6 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/perplexity.hpp"
-#include "sparse/ffn_sparse.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember::cli {
@@ -29,10 +28,6 @@ void run_perplexity(PerplexityFlags& f) {
   SessionParams sp = f.engine.session_params(*model);
   sp.n_ctx = f.engine.ctx;
   Session session(*model, sp);
-  if (session.sparse_ffn() && sp.n_batch >= SparseFfn::kDenseBatch)
-    log_warn("--sparse-mode {} runs batches of {} or more tokens dense (a neuron-sparse step pays only below); "
-             "these -b {} batches measure the dense FFN: pass -b 1 for decode's own path (or -b {} at most)",
-             ffn_mode_name(sp.sparse.mode), SparseFfn::kDenseBatch, sp.n_batch, SparseFfn::kDenseBatch - 1);
   f.opts.n_ctx = std::min<int64_t>(f.engine.ctx, session.n_ctx());
   const int64_t n_chunk_all = static_cast<int64_t>(tokens.size()) / f.opts.n_ctx;
   log_info("perplexity: {} tokens, {} chunks of {} (using {}), {} threads, FFN {}", tokens.size(), n_chunk_all,

@@ -86,6 +86,30 @@ for _ in $(seq 100); do [ "$(count '^>>> ')" -gt "$before" ] && break; sleep 0.1
 tmux -L "$sock" send-keys -t chat C-d
 wait_for "CHAT-EXITED-0"
 
+# A paste of 19,990 characters arrives whole (the terminal's canonical mode kept 4,095 of it and
+# dropped the rest without a word): the chat counts as many tokens as for the same text piped in;
+# and a pasted text with newlines is one message.
+long=$(printf 'word %.0s' $(seq 3998))
+piped=$(printf '%s\n' "$long" | "$ember" chat -m "$tmp/tiny.gguf" -c 256 -t 2 2>/dev/null | sed -nE 's/.*the message is too long: ([0-9]+) tokens.*/\1/p' | head -1)
+[ -n "$piped" ] || fail "the piped long message got no 'too long' notice"
+start "$tmp/tiny.gguf" -c 256 -n 8 --temp 0
+printf '%s' "$long" >"$tmp/long.txt"
+tmux -L "$sock" load-buffer "$tmp/long.txt"
+tmux -L "$sock" paste-buffer -p -t chat
+tmux -L "$sock" send-keys -t chat Enter
+wait_for "the message is too long: [0-9]+ tokens"
+pasted=$(screen | sed -nE 's/.*the message is too long: ([0-9]+) tokens.*/\1/p' | tail -1)
+[ "$pasted" = "$piped" ] || fail "a pasted long line reached the model as $pasted tokens, piped as $piped"
+before=$(count '^>>> ')
+tmux -L "$sock" set-buffer -- "$(printf 'first pasted line\nsecond pasted line')"
+tmux -L "$sock" paste-buffer -p -t chat
+tmux -L "$sock" send-keys -t chat Enter
+wait_for "second pasted line"
+sleep 3  # two messages would get two replies, each ending in a prompt
+[ "$(count '^>>> ')" -eq $((before + 1)) ] || fail "a pasted two-line text was not one message: $(screen | tail -6)"
+tmux -L "$sock" send-keys -t chat C-d
+wait_for "CHAT-EXITED-0"
+
 # The real model answers.
 model="$models/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -f "$model" ]; then

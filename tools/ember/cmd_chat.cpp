@@ -4,7 +4,8 @@
 // message). Ctrl-C stops a reply and returns to the prompt; Ctrl-C at the prompt, Ctrl-D or /bye
 // quits. A line ending in \ continues on the next; """ opens and closes a block of lines. /clear
 // forgets the conversation, /system TEXT sets the system message (and clears), /help lists the
-// commands. When the context fills, the oldest turns are dropped with a notice.
+// commands. When the context fills, the oldest turns are dropped with a notice. A pasted text of
+// any length, newlines included, is one message (line_reader.hpp).
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "engine/generator.hpp"
+#include "line_reader.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -43,15 +45,14 @@ const char* const kHelp =
     "  a line ending in \\ continues on the next; \"\"\" starts and ends a block of lines\n"
     "  Ctrl-C during a reply stops it\n";
 
-// Reads one message (continuation lines and blocks joined). False at end of input or Ctrl-C.
-bool read_message(std::string& out) {
+// Reads one message (continuation lines and blocks joined; a paste of any length, newlines
+// included, arrives whole: line_reader.hpp). False at end of input or Ctrl-C.
+bool read_message(LineReader& in, std::string& out) {
   out.clear();
   bool block = false;
   for (bool first = true;; first = false) {
-    std::fputs(first ? ">>> " : "... ", stdout);
-    std::fflush(stdout);
     std::string line;
-    if (!std::getline(std::cin, line) || g_interrupted) return false;
+    if (!in.read(first ? ">>> " : "... ", line) || g_interrupted) return false;
     if (line == "\"\"\"") {
       if (block) return true;
       block = true;
@@ -104,9 +105,10 @@ void run_chat(ChatFlags& f) {
     }
   };
 
+  LineReader input;
   for (std::string msg;;) {
     g_interrupted = false;
-    if (!read_message(msg)) {
+    if (!read_message(input, msg)) {
       std::fputs("\n", stdout);
       break;
     }

@@ -1,0 +1,119 @@
+#include "line_reader.hpp"
+
+#include <termios.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <iostream>
+
+namespace ember::cli {
+
+namespace {
+
+// One byte from standard input: 1, 0 at its end, -1 when interrupted or on an error.
+int get_byte(unsigned char& c) {
+  const ssize_t n = ::read(STDIN_FILENO, &c, 1);
+  return n == 1 ? 1 : n == 0 ? 0 : -1;
+}
+
+void put(const char* s, size_t n) {
+  if (n > 0 && ::write(STDOUT_FILENO, s, n) < 0) {
+  }
+}
+void put(const std::string& s) { put(s.data(), s.size()); }
+
+// The terminal in non-canonical mode without echo (this reader echoes) while it lives, signals
+// kept (Ctrl-C raises SIGINT), bracketed paste asked for; restored after.
+class RawMode {
+ public:
+  RawMode() {
+    if (tcgetattr(STDIN_FILENO, &saved_) != 0) return;
+    termios t = saved_;
+    t.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+    t.c_cc[VMIN] = 1;
+    t.c_cc[VTIME] = 0;
+    ok_ = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+    if (ok_) put("\x1b[?2004h");
+  }
+  ~RawMode() {
+    if (!ok_) return;
+    put("\x1b[?2004l");
+    tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  termios saved_{};
+  bool ok_ = false;
+};
+
+}  // namespace
+
+LineReader::LineReader() : tty_(isatty(STDIN_FILENO) == 1) {}
+LineReader::~LineReader() = default;
+
+bool LineReader::read(const char* prompt, std::string& line) {
+  line.clear();
+  std::fputs(prompt, stdout);
+  std::fflush(stdout);
+  if (!tty_) return static_cast<bool>(std::getline(std::cin, line));
+  return read_tty(prompt, line);
+}
+
+bool LineReader::read_tty(const char* prompt, std::string& line) {
+  RawMode raw;
+  if (!raw.ok()) return static_cast<bool>(std::getline(std::cin, line));
+  bool pasting = false;
+  for (;;) {
+    unsigned char c = 0;
+    const int r = get_byte(c);
+    if (r <= 0) return false;  // the input's end, or a signal (Ctrl-C)
+    if (c == 0x1b) {  // an escape sequence: the paste marks, else ignored (arrow keys, ...)
+      std::string seq;
+      unsigned char d = 0;
+      if (get_byte(d) <= 0) return false;
+      if (d != '[' && d != 'O') continue;
+      for (;;) {
+        if (get_byte(d) <= 0) return false;
+        seq += static_cast<char>(d);
+        if (d >= 0x40 && d <= 0x7e) break;
+      }
+      if (seq == "200~") pasting = true;
+      if (seq == "201~") pasting = false;
+      continue;
+    }
+    if (pasting) {  // everything as it comes, newlines and tabs included
+      if (c == '\r') c = '\n';
+      line += static_cast<char>(c);
+      put(reinterpret_cast<const char*>(&c), 1);
+      continue;
+    }
+    if (c == '\r' || c == '\n') {
+      put("\n");
+      return true;
+    }
+    if (c == 0x04) {  // Ctrl-D: the end on an empty line
+      if (line.empty()) return false;
+      continue;
+    }
+    if (c == 0x7f || c == 0x08) {  // backspace: one whole UTF-8 character
+      if (line.empty()) continue;
+      while (!line.empty() && (static_cast<unsigned char>(line.back()) & 0xc0) == 0x80) line.pop_back();
+      const char gone = line.back();
+      line.pop_back();
+      if (gone != '\n') put("\b \b");
+      continue;
+    }
+    if (c == 0x15) {  // Ctrl-U: the whole line
+      line.clear();
+      put(std::string("\r\x1b[K") + prompt);
+      continue;
+    }
+    if (c < 0x20 && c != '\t') continue;  // other control characters
+    line += static_cast<char>(c);
+    put(reinterpret_cast<const char*>(&c), 1);
+  }
+}
+
+}  // namespace ember::cli

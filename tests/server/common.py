@@ -107,6 +107,17 @@ class Server:
         self.stop()
 
 
+def wait_idle(srv, timeout=10):
+    """Waits until no request runs or waits (or the timeout); returns /health's answer."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        h = srv.health()
+        if h["slots_busy"] == 0 and h["queued"] == 0:
+            return h
+        time.sleep(0.05)
+    return srv.health()
+
+
 def post(url, body, headers=None, timeout=60):
     """POSTs bytes or a JSON-able object; returns (status, parsed JSON or raw text)."""
     data = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()

@@ -1,12 +1,15 @@
 """A bounded load test over the batching engine: several concurrent `openai` clients send a fixed
 number of requests (a mix of chat and completions, streaming and not, streams the client drops
-after the first chunk, and cheap ones: bad input, /health, /v1/models); every response is
-checked, greedy ones against the same request run alone (batching must not change them), and the
-server's resident memory (VmRSS from /proc) is compared before and after. A warm-up first brings
-every sequence, worker thread and malloc arena to its steady size."""
+after the first chunk, plain requests whose client hangs up, and cheap ones: bad input, /health,
+/v1/models) while slow clients dribble header lines (the server times them out and /health stays
+quick); every response is checked, greedy ones against the same request run alone (batching
+must not change them), and the server's resident memory (VmRSS from /proc) is compared before and
+after. A warm-up first brings every sequence, worker thread and malloc arena to its steady size.
+At the end a SIGTERM under load lets the running requests finish whole and the server exit."""
 import concurrent.futures
 import json
 import os
+import socket
 import threading
 import time
 import urllib.request
@@ -76,6 +79,14 @@ def one(srv, i):
                                                     messages=[{"role": "user", "content": p}])
             got = r.choices[0].message.content
             return None if got == ALONE[p] else f"greedy {p!r}: {got!r} != alone {ALONE[p]!r}"
+        if kind == 11 and (i // 12) % 2:  # a plain request whose client hangs up: the server cancels it
+            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+            body = json.dumps({"prompt": f"Story {i}:", "max_tokens": 300}).encode()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.2)
+            sock.close()
+            return None
         if kind == 11:  # the client goes away after the first chunk: the server cancels it
             stream = client(srv).chat.completions.create(
                 model=srv.model_id, max_tokens=200, stream=True, seed=i,
@@ -97,6 +108,30 @@ GREEDY = ["Name a color.", "What is 2 + 2?", "Say hello.", "Write one word about
 ALONE = {}
 
 
+def slow_clients(srv, stop, worst):
+    """Ten connections at a time that send a header line every half second until the server
+    times them out (--read-timeout), then ten more; meanwhile /health must answer at once."""
+    while not stop.is_set():
+        conns = []
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            conns.append(s)
+        deadline = time.time() + 6
+        while time.time() < deadline and not stop.is_set():
+            for s in conns:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+            t = time.time()
+            srv.health()
+            worst[0] = max(worst[0], time.time() - t)
+            time.sleep(0.5)
+        for s in conns:
+            s.close()
+
+
 def run(srv, first, count):
     bad = []
     with concurrent.futures.ThreadPoolExecutor(N_CLIENTS) as pool:
@@ -106,7 +141,7 @@ def run(srv, first, count):
     return bad
 
 
-with common.Server(ember, model, parallel=4, queue=16) as srv:
+with common.Server(ember, model, "--read-timeout", "3", parallel=4, queue=16) as srv:
     with urllib.request.urlopen(srv.url + "/v1/models") as resp:
         srv.model_id = json.loads(resp.read())["data"][0]["id"]
     for p in GREEDY:  # alone: one request at a time
@@ -117,8 +152,14 @@ with common.Server(ember, model, parallel=4, queue=16) as srv:
     c.check(not bad, f"warm-up failures: {bad[:5]}")
     rss_before, heap_before = srv.rss_kib(), srv.health()["heap_in_use"]
     t1 = time.time()
+    stop, worst = threading.Event(), [0.0]
+    slow = threading.Thread(target=slow_clients, args=(srv, stop, worst))
+    slow.start()
     bad = run(srv, 300, N_REQUESTS)
+    stop.set()
+    slow.join()
     elapsed = time.time() - t1
+    common.wait_idle(srv)
     rss_after, heap_after = srv.rss_kib(), srv.health()["heap_in_use"]
     c.check(not bad, f"{len(bad)} of {N_REQUESTS} responses wrong: {bad[:5]}")
     h = srv.health()
@@ -132,5 +173,21 @@ with common.Server(ember, model, parallel=4, queue=16) as srv:
     # of connections that are open at that moment).
     c.check(heap_after - heap_before <= MAX_HEAP_GROWTH, f"heap in use grew by {heap_after - heap_before} B")
     c.check(h["slots_busy"] == 0 and h["queued"] == 0 and h["rejected"] == 0, f"health at the end {h}")
+    c.check(worst[0] < 1.0 and h["timed_out_connections"] >= 10,
+            f"slow clients: /health took up to {worst[0]:.2f} s, {h['timed_out_connections']} connections timed out")
+    c.check("generated 300 (length)" not in srv.read_log(), "a hung-up plain request ran to its limit")
     c.check(srv.alive(), "server alive")
+    # Shutdown under load: the running requests finish whole, the server exits.
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(common.post, srv.url + "/v1/completions",
+                               {"prompt": f"Line {k}:", "max_tokens": 40, "temperature": 0}) for k in range(4)]
+        time.sleep(0.3)
+        srv.proc.send_signal(15)
+        results = [f.result() for f in futures]
+    c.check(all(st == 200 and r["usage"]["completion_tokens"] == 40 for st, r in results),
+            f"requests running at SIGTERM finished: {[(st, str(r)[:120]) for st, r in results]}")
+    deadline = time.time() + 15
+    while time.time() < deadline and srv.alive():
+        time.sleep(0.1)
+    c.check(not srv.alive(), "the server exits once they are done")
 c.done()

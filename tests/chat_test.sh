@@ -105,7 +105,9 @@ tmux -L "$sock" set-buffer -- "$(printf 'first pasted line\nsecond pasted line')
 tmux -L "$sock" paste-buffer -p -t chat
 tmux -L "$sock" send-keys -t chat Enter
 wait_for "second pasted line"
-sleep 3  # two messages would get two replies, each ending in a prompt
+# One reply ends in one new prompt; two messages would get two replies and two prompts.
+for _ in $(seq 600); do [ "$(count '^>>> ')" -gt "$before" ] && break; sleep 0.1; done
+sleep 3
 [ "$(count '^>>> ')" -eq $((before + 1)) ] || fail "a pasted two-line text was not one message: $(screen | tail -6)"
 tmux -L "$sock" send-keys -t chat C-d
 wait_for "CHAT-EXITED-0"

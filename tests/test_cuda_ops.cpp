@@ -280,7 +280,10 @@ TEST(CudaOps, FiringShareMatchesTheCpuRule) {
                                {300, 64, 6}}) {
       SCOPED_TRACE(fmt::format("{}: {} neurons of {}, {} tokens", dtype_name(type), n, cols, nt));
       for (cpu::Activation act : {cpu::Activation::relu, cpu::Activation::silu}) {
-        for (bool listed : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          // All rows; a device-counted list of them (a predictor's); the list with each row
+          // serving only some tokens (per-token predictions).
+          const bool listed = variant > 0, per_token = variant == 2;
           const float thr = act == cpu::Activation::relu ? 0.0f : 0.2f;
           const DeviceMatrix gate(type, n, cols, rng), up(type, n, cols, rng), down(type, n, cols, rng);
           const std::vector<float> x = random_floats(static_cast<size_t>(nt * cols), rng);
@@ -301,6 +304,10 @@ TEST(CudaOps, FiringShareMatchesTheCpuRule) {
           fire.act = act;
           fire.threshold = thr;
           fire.counts = dcounts.p;
+          std::vector<uint8_t> allowed(static_cast<size_t>(nt * n));
+          for (size_t i = 0; i < allowed.size(); ++i) allowed[i] = (i * 7 + 3) % 5 != 0;
+          DeviceVec<uint8_t> dallowed(allowed);
+          if (per_token) fire.allowed = dallowed.p, fire.allowed_stride = n;
           const cuda::RowSet rs = listed ? cuda::RowSet{drows.p, dnr.p, n} : cuda::RowSet{nullptr, nullptr, n};
           cuda::matvec(gate.m, rs, xa.a, nt, fire, stream);
           DeviceVec<int32_t> dactive(std::vector<int32_t>(static_cast<size_t>(n), -1)),
@@ -321,7 +328,7 @@ TEST(CudaOps, FiringShareMatchesTheCpuRule) {
               const double pre = device_dot(gate.w, type, r, cols, x, xq, t, &mag);
               float want = cpu::activate(act, static_cast<float>(pre));
               const float got = a[static_cast<size_t>(t * n + i)];
-              if (std::fabs(want) > thr) ++cnt;
+              if (std::fabs(want) > thr && (!per_token || allowed[static_cast<size_t>(t * n + r)])) ++cnt;
               else want = 0.0f;
               // Near the threshold the two sums' last bits may decide differently: skip those.
               if (std::fabs(std::fabs(want) - thr) < 1e-4 * (1 + mag)) continue;
@@ -405,9 +412,9 @@ TEST(CudaOps, FiringShareMatchesTheCpuRule) {
 #endif
 }
 
-// The predictor's steps: fc1 with ReLU in its pass, fc2 with the selection test in its pass (the
-// share's positions counted, the CPU's into the mask), the share's predicted positions compacted
-// over several blocks; against the CPU on the device's own scores.
+// The predictor's steps: fc1 with ReLU in its pass, fc2 with the selection test in its pass (each
+// token's verdict for every position, the share's positions counted over the batch), the share's
+// predicted positions compacted over several blocks; against the CPU on the device's own scores.
 TEST(CudaOps, PredictorSelectionMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
@@ -430,7 +437,7 @@ TEST(CudaOps, PredictorSelectionMatchesTheCpu) {
           const DeviceActs ha(type, relu, nt, rank, stream);
           DeviceVec<float> dscores(static_cast<size_t>(nt * n_ff));
           cuda::matvec(type, fc2.m.data, rank, n_ff, ha.a, nt, dscores.p, stream);
-          DeviceVec<uint8_t> dmask(std::vector<uint8_t>(static_cast<size_t>(n_ff), 7));
+          DeviceVec<uint8_t> dmask(std::vector<uint8_t>(static_cast<size_t>(nt * n_ff), 7));
           DeviceVec<int32_t> dcounts(std::vector<int32_t>(static_cast<size_t>(n_ff), -1));
           cuda::MatvecOut sel;
           sel.kind = cuda::Epilogue::select;
@@ -438,6 +445,7 @@ TEST(CudaOps, PredictorSelectionMatchesTheCpu) {
           sel.counts = dcounts.p;
           sel.k = k;
           sel.mask = dmask.p;
+          sel.mask_stride = n_ff;
           cuda::matvec(fc2.m, {}, ha.a, nt, sel, stream);
           DeviceVec<int32_t> dcand(std::vector<int32_t>(static_cast<size_t>(n_ff + 2), -1));
           cuda::compact(dcounts.p, k, nullptr, nullptr, dcand.p, nullptr, dcand.p + n_ff, stream);
@@ -448,12 +456,14 @@ TEST(CudaOps, PredictorSelectionMatchesTheCpu) {
           std::vector<int32_t> want;
           for (int64_t i = 0; i < n_ff; ++i) {
             bool any = false;
-            for (int64_t t = 0; t < nt; ++t) any |= scores[static_cast<size_t>(t * n_ff + i)] >= thr;
+            for (int64_t t = 0; t < nt; ++t) {
+              const bool on = scores[static_cast<size_t>(t * n_ff + i)] >= thr;
+              ASSERT_EQ(mask[static_cast<size_t>(t * n_ff + i)], on ? 1 : 0) << "token " << t << " position " << i;
+              any |= on;
+            }
             if (i < k) {
               ASSERT_EQ(counts[static_cast<size_t>(i)], any ? 1 : 0) << "position " << i;
               if (any) want.push_back(static_cast<int32_t>(i));
-            } else {
-              ASSERT_EQ(mask[static_cast<size_t>(i - k)], any ? 1 : 0) << "position " << i;
             }
           }
           ASSERT_EQ(cand[static_cast<size_t>(n_ff)], static_cast<int32_t>(want.size()));

@@ -101,7 +101,7 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   for (float** p : {&x_host_, &out_host_, &hidden_host_, &hidden_out_host_, &ffn_in_host_, &ffn_out_host_})
     *p = static_cast<float*>(cuda::malloc_host_pinned(io));
   positions_host_ = static_cast<int32_t*>(cuda::malloc_host_pinned(static_cast<size_t>(max_batch_) * sizeof(int32_t)));
-  mask_host_ = static_cast<uint8_t*>(cuda::malloc_host_pinned(static_cast<size_t>(n_ff_)));
+  mask_host_ = static_cast<uint8_t*>(cuda::malloc_host_pinned(static_cast<size_t>(max_batch_ * n_ff_)));
   // Each matrix goes up in the device's layout (cuda::pack_matrix): its rows gathered on the host,
   // packed, one copy, on the device's own stream and waited for before the staging buffers are
   // reused (a blocking copy from pageable memory is not ordered with a non-blocking stream).
@@ -323,14 +323,17 @@ void CudaDevice::queue_share(size_t l, cuda::Activations xa, int64_t n, const Sh
     fc2.threshold = rule.predictor_threshold;
     fc2.counts = counts;
     fc2.k = s.n;
-    fc2.mask = arena_ + layout_.mask;
+    fc2.mask = arena_ + layout_.mask;  // per token: the share's positions, then the CPU's
+    fc2.mask_stride = n_ff_;
     cuda::matvec({t.fc2, arena_ + P.fc2, n_ff_, t.rank}, {}, activations(hid, n, t.rank, layout_.hidq, {t.fc2}), n,
                  fc2, stream_);
     if (event) {
       if (n_ff_ > s.n) {
-        cuda::copy_to_host(mask_host_, arena_ + layout_.mask, static_cast<size_t>(n_ff_ - s.n), stream_);
-        counters_.bytes_out += static_cast<uint64_t>(n_ff_ - s.n);
+        const size_t mbytes = static_cast<size_t>(n * n_ff_);
+        cuda::copy_to_host(mask_host_, arena_ + layout_.mask, mbytes, stream_);
+        counters_.bytes_out += mbytes;
       }
+      predicted_layer_ = static_cast<int64_t>(l);
       cuda::event_record(event, stream_);
     }
     if (s.n == 0) return;
@@ -353,6 +356,10 @@ void CudaDevice::queue_share(size_t l, cuda::Activations xa, int64_t n, const Sh
   gate.act = rule.act;
   gate.threshold = rule.threshold;
   gate.counts = counts;
+  if (rule.predict && n > 1) {  // a batch: each row serves the tokens whose prediction names it
+    gate.allowed = arena_ + layout_.mask;
+    gate.allowed_stride = n_ff_;
+  }
   cuda::matvec({t.gate, arena_ + s.gate, s.n, n_embd_}, {rows, n_rows, s.n}, xa, n, gate, stream_);
   cuda::compact(counts, s.n, n_rows, rows, active, pos, totals, stream_, fired_total);
   cuda::MatvecOut up;
@@ -410,15 +417,17 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
   pending_n_ = n;
 }
 
-const uint8_t* CudaDevice::ffn_predicted() {
+PredictedMask CudaDevice::ffn_predicted() {
   if (block_layer_ >= 0) {  // the FFN block's: behind the input's event
     EMBER_CHECK(pending_predict_, "CUDA device: ffn_predicted without a prediction");
     if (!input_waited_) wait_event(input_event_), input_waited_ = true;
-    return mask_host_;
+  } else {
+    EMBER_CHECK(pending_ && pending_predict_, "CUDA device: ffn_predicted without a predicted ffn_begin");
+    wait_event(predicted_event_);
   }
-  EMBER_CHECK(pending_ && pending_predict_, "CUDA device: ffn_predicted without a predicted ffn_begin");
-  wait_event(predicted_event_);
-  return mask_host_;
+  // Token t's row of n_ff bytes: the share's positions, then the CPU's neurons.
+  const int64_t k = layout_.layers[static_cast<size_t>(predicted_layer_)].n;
+  return {mask_host_ + k, n_ff_};
 }
 
 const float* CudaDevice::ffn_end() {

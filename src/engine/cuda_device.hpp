@@ -44,7 +44,7 @@ class CudaDevice final : public Device {
   void load(const Model& model, const DeviceLoad& what) override;
   void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
-  const uint8_t* ffn_predicted() override;
+  PredictedMask ffn_predicted() override;
   void put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) override;
   void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) override;
   void ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) override;
@@ -116,7 +116,7 @@ class CudaDevice final : public Device {
   float* logits_host_ = nullptr;    // pinned: the output head's logits (max_batch x n_vocab)
   int32_t* positions_host_ = nullptr;  // pinned: the spans' first positions (max_batch)
   OutputWeights out_;               // the output head's tensors in the arena (the file's layout)
-  uint8_t* mask_host_ = nullptr;      // pinned: the CPU's predicted neurons
+  uint8_t* mask_host_ = nullptr;      // pinned: the prediction per token ([max_batch][n_ff])
   void* stream_ = nullptr;
   void* predicted_event_ = nullptr;   // ffn_begin: recorded after the mask's copy
   void* input_event_ = nullptr;       // ffn_block_begin: after the FFN input's (and mask's) copy
@@ -129,6 +129,7 @@ class CudaDevice final : public Device {
   std::vector<AttnSpan> spans_;         // put_hidden's, their positions on the device
   bool pending_ = false, pending_predict_ = false, pending_share_ = false;
   int64_t block_layer_ = -1;            // ffn_block_begin's layer until ffn_block_end
+  int64_t predicted_layer_ = -1;        // the layer whose prediction mask_host_ holds
   CrossingStats crossings_;
   // Graphs and the host side of queued results.
   bool graphs_ = false;

@@ -162,7 +162,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     if (m.predicted) {
       a.px = take(b * m.n_embd * f);
       a.hid = take(b * static_cast<uint64_t>(m.predictor_rank) * f);
-      a.mask = take(static_cast<uint64_t>(m.n_ff));
+      a.mask = take(b * static_cast<uint64_t>(m.n_ff));  // the prediction per token
       a.cand = take((m.n_ff + 2) * sizeof(int32_t));  // the share rows, then cuda::compact's totals
       a.pxq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
       a.hidq = take(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
@@ -296,13 +296,16 @@ FfnWeights share_weights(const FfnWeights& w, const TensorView& down_rows, const
 
 uint64_t ffn_share_partial(ThreadPool& pool, const FfnWeights& w, const int32_t* rows, int64_t n_rows,
                            cpu::Activation act, float threshold, const float* x, int64_t n, float* out,
-                           const FfnShareScratch& s) {
+                           const FfnShareScratch& s, const uint8_t* allowed) {
   const int64_t n_embd = w.n_embd();
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
   if (n_rows == 0) return 0;
   float* a = s.act;  // [n][n_rows], then the firing ones moved to the front of each row
   cpu::gather_matmul(pool, w.firing_matrix(), x, n, rows, n_rows, a, n_rows, s.mm);
   ffn_firing_values(w, act, a, n, n_rows, n_rows, rows);
+  if (allowed)
+    for (int64_t i = 0; i < n * n_rows; ++i)
+      if (!allowed[i]) a[i] = 0.0f;
   uint64_t fired = 0;
   const int64_t na = ffn_keep_firing(a, n, n_rows, rows, threshold, s.active, fired);
   if (na == 0) return fired;
@@ -387,7 +390,8 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     pred_scratch_.resize(predictor_scratch_floats(max_rank, pm.n_ff, max_batch_));
     pred_mm_ = AlignedBuffer<uint8_t>(std::max<size_t>(pred_mm_bytes_, 64));
     pred_list_.resize(static_cast<size_t>(pm.n_ff));
-    mask_ = AlignedBuffer<uint8_t>(static_cast<size_t>(pm.n_ff));
+    mask_ = AlignedBuffer<uint8_t>(static_cast<size_t>(max_batch_ * pm.n_ff));
+    allowed_ = AlignedBuffer<uint8_t>(static_cast<size_t>(max_batch_ * pm.n_ff));
   }
   // A tensor copied into the arena at `off` and its view there (an empty view stays empty);
   // contiguous: attention matrices and the output head are never bundled.
@@ -599,12 +603,13 @@ const float* CpuDevice::ffn_end() {
   return reinterpret_cast<const float*>(arena_.data() + layout_.out);
 }
 
-const uint8_t* CpuDevice::ffn_predicted() {
+PredictedMask CpuDevice::ffn_predicted() {
   std::unique_lock<std::mutex> lock(mu_);
   EMBER_CHECK(job_.predict, "device {}: ffn_predicted without a predicted ffn_begin", name());
   ++counters_.host_waits;
   cv_.wait(lock, [&] { return predicted_; });
-  return mask_.data();
+  const int64_t n_cpu = fc2_[static_cast<size_t>(job_layer_)].rows() - layout_.layers[static_cast<size_t>(job_layer_)].n;
+  return {mask_.data(), n_cpu};
 }
 
 void CpuDevice::driver() {
@@ -630,20 +635,28 @@ void CpuDevice::compute() {
   uint8_t* base = arena_.data();
   const int32_t* rows = reinterpret_cast<const int32_t*>(base + s.rows);
   int64_t n_rows = s.n;
+  const uint8_t* allowed = nullptr;
   if (job_.predict) {
     // The whole layer's prediction over fc2 in predictor_row_order: positions below s.n are the
-    // share's rows (ascending, as ffn_share_partial wants them), the rest the CPU's neurons.
+    // share's rows (ascending, as ffn_share_partial wants them), the rest the CPU's neurons; per
+    // token, from the scores predict_active leaves (token-major).
     const int64_t np = predict_active(*pool_, fc1_[l], fc2_[l], job_.predictor_threshold, job_px_, job_n_,
                                       pred_scratch_.data(), pred_mm_.data(), pred_list_.data());
-    const int64_t n_ff = fc2_[l].rows();
-    std::memset(mask_.data(), 0, static_cast<size_t>(n_ff - s.n));
+    const int64_t n_ff = fc2_[l].rows(), n_cpu = n_ff - s.n;
+    const float* score = pred_scratch_.data();
+    for (int64_t t = 0; t < job_n_; ++t)
+      for (int64_t c = 0; c < n_cpu; ++c)
+        mask_[static_cast<size_t>(t * n_cpu + c)] = score[t * n_ff + s.n + c] >= job_.predictor_threshold;
     n_rows = 0;
-    for (int64_t i = 0; i < np; ++i) {
-      const int32_t p = pred_list_[static_cast<size_t>(i)];
-      if (p < s.n) ++n_rows;
-      else mask_[static_cast<size_t>(p - s.n)] = 1;
-    }
+    while (n_rows < np && pred_list_[static_cast<size_t>(n_rows)] < s.n) ++n_rows;
     rows = pred_list_.data();
+    if (job_n_ > 1) {  // a batch: each row serves the tokens whose prediction names it
+      for (int64_t t = 0; t < job_n_; ++t)
+        for (int64_t i = 0; i < n_rows; ++i)
+          allowed_[static_cast<size_t>(t * n_rows + i)] =
+              score[t * n_ff + pred_list_[static_cast<size_t>(i)]] >= job_.predictor_threshold;
+      allowed = allowed_.data();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       predicted_ = true;
@@ -662,7 +675,7 @@ void CpuDevice::compute() {
   sc.mm = kernel_scratch_.data();
   sc.axpy = reinterpret_cast<float*>(kernel_scratch_.data() + mm_bytes_);
   fired_ += ffn_share_partial(*pool_, shares_[l], rows, n_rows, job_.act, job_.threshold,
-                              reinterpret_cast<const float*>(base + layout_.x), job_n_, out, sc);
+                              reinterpret_cast<const float*>(base + layout_.x), job_n_, out, sc, allowed);
 }
 
 }  // namespace ember

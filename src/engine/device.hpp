@@ -92,7 +92,8 @@ struct DeviceArenaLayout {
   // their positions (then the counters: active, fired), the down's partial sums, the input in 8
   // bits, and per position the tokens that fired (a 64-bit count of all fired pairs first).
   uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0, xq = 0, counts = 0;
-  // Predictor scratch: input, hidden, mask, rows (+ count), input and hidden rounded to 8 bits.
+  // Predictor scratch: input, hidden, the prediction per token ([max_batch][n_ff] bytes), rows
+  // (+ count), input and hidden rounded to 8 bits.
   uint64_t px = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
   // Attention scratch (when some layer's attention is here): the hidden state, the norm's
   // output, the block's output (n_embd each), q, k, v, the attention's output, the scores
@@ -186,6 +187,15 @@ FfnWeights share_weights(const FfnWeights& w, const TensorView& down_rows, const
 // device neurons, of hybrid_device_down_type. Throws naming the layer.
 void check_down_rows(const Model& model, const DeviceLoad& what);
 
+// Which of a batch's tokens each of some neurons serves, token-major: token t and neuron c at
+// data[t * stride + c], 1 where the token's own prediction names the neuron. Predictors are
+// applied per token (a batch computes what its tokens decode one by one, as SparseFfn does).
+struct PredictedMask {
+  const uint8_t* data = nullptr;
+  int64_t stride = 0;
+  bool has(int64_t t, int64_t c) const { return data[t * stride + c] != 0; }
+};
+
 // Per-call scratch of ffn_share_partial, for up to max_batch tokens and n rows.
 struct FfnShareScratch {
   float* act = nullptr;       // [max_batch][n]
@@ -198,10 +208,11 @@ struct FfnShareScratch {
 // out[t] = sum over the rows[i] (i < n_rows) of `share` that fire for some token of the batch
 // (|firing value| > threshold, model/ffn.hpp) of their value times their down_t row. out holds
 // n * n_embd floats and is overwritten; share.down_b is not added. Returns the number of
-// (token, neuron) pairs that fired.
+// (token, neuron) pairs that fired. With `allowed` (n x n_rows bytes, token-major), a row serves
+// only the tokens it allows (their firing value is zeroed for the others: per-token predictions).
 uint64_t ffn_share_partial(ThreadPool& pool, const FfnWeights& share, const int32_t* rows, int64_t n_rows,
                            cpu::Activation act, float threshold, const float* x, int64_t n, float* out,
-                           const FfnShareScratch& s);
+                           const FfnShareScratch& s, const uint8_t* allowed = nullptr);
 
 // Bytes that crossed between the host and a device's hidden state (the hybrid's boundaries).
 struct CrossingStats {
@@ -237,10 +248,10 @@ class Device {
   virtual void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) = 0;
   virtual const float* ffn_end() = 0;
   // After ffn_begin, or ffn_block_begin with host input, with rule.predict: waits for the
-  // prediction (not for the share) and returns one byte per CPU neuron of the layer (the neurons
-  // not in its share, ascending), 1 where the predictor names it for some token of the batch.
-  // Valid until the next ffn_begin.
-  virtual const uint8_t* ffn_predicted() = 0;
+  // prediction (not for the share) and returns, per token of the batch, one byte per CPU neuron
+  // of the layer (the neurons not in its share, ascending), 1 where the predictor names it for
+  // that token. Valid until the next ffn_begin.
+  virtual PredictedMask ffn_predicted() = 0;
 
   // Runs of layers whose attention is here. The hidden state in (n * n_embd floats; spans: its
   // rows' sequences and positions, empty for rows that only the output head reads):
@@ -293,7 +304,7 @@ class CpuDevice final : public Device {
   void load(const Model& model, const DeviceLoad& what) override;
   void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
-  const uint8_t* ffn_predicted() override;
+  PredictedMask ffn_predicted() override;
   void put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) override;
   void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) override;
   void ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) override;
@@ -323,7 +334,7 @@ class CpuDevice final : public Device {
   DeviceArenaLayout layout_;
   AlignedBuffer<uint8_t> arena_, kernel_scratch_;
   AlignedBuffer<float> pred_scratch_;   // predict_active's scores and hidden rows (host: CPU kernels)
-  AlignedBuffer<uint8_t> pred_mm_, mask_;
+  AlignedBuffer<uint8_t> pred_mm_, mask_, allowed_;  // per token: the CPU's neurons, the share's rows
   AlignedBuffer<int32_t> pred_list_;
   std::vector<FfnWeights> shares_;
   std::vector<TensorView> fc1_, fc2_;  // per layer: its predictor in the arena (fc2 in predictor_row_order)

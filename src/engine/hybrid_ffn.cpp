@@ -236,6 +236,8 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
       mm = std::max(mm, predictor_mm_scratch_bytes(w.fc1, w.fc2, popts_.max_batch));
     }
     predicted_.resize(nf);
+    predicted_pos_.resize(nf);
+    allowed_.resize(b * nf);
     if (rank > 0) {
       pred_scratch_.resize(predictor_scratch_floats(rank, hp.n_ff, popts_.max_batch));
       pred_mm_ = AlignedBuffer<uint8_t>(mm);
@@ -274,7 +276,8 @@ size_t HybridFfn::cpu_bytes() const {
   for (const auto& m : down_nm_) b += m.view.nbytes;
   for (const auto& r : cpu_rows_) b += r.size() * sizeof(int32_t);
   return b + (act_.size() + h_.size() + partial_.size() + axpy_.size() + pred_scratch_.size()) * sizeof(float) +
-         (active_.size() + predicted_.size()) * sizeof(int32_t) + pred_mm_.size();
+         (active_.size() + predicted_.size() + predicted_pos_.size()) * sizeof(int32_t) + pred_mm_.size() +
+         allowed_.size();
 }
 
 ShareRule HybridFfn::share_rule(size_t l, cpu::Activation act, int64_t t0, const Workspace& ws) const {
@@ -299,23 +302,45 @@ ShareRule HybridFfn::share_rule(size_t l, cpu::Activation act, int64_t t0, const
 }
 
 int64_t HybridFfn::cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0,
-                                const Workspace& ws, bool device_predicts, const int32_t** rows) {
+                                const Workspace& ws, bool device_predicts, const int32_t** rows,
+                                const uint8_t** allowed) {
   const auto& all = cpu_rows_[l];
+  *allowed = nullptr;
   if (!predict_) {
     *rows = all.data();
     return static_cast<int64_t>(all.size());
   }
+  // The union of the batch's predictions is what is gathered; each row then serves the tokens
+  // whose own prediction names it (PredictedMask), as the all-CPU predictor mode computes.
   int64_t k = 0;
   if (device_predicts) {
-    const uint8_t* mask = device_->ffn_predicted();
-    for (size_t c = 0; c < all.size(); ++c)
-      if (mask[c]) predicted_[static_cast<size_t>(k++)] = all[c];
+    const PredictedMask mask = device_->ffn_predicted();
+    for (size_t c = 0; c < all.size(); ++c) {
+      bool any = false;
+      for (int64_t t = 0; t < n && !any; ++t) any = mask.has(t, static_cast<int64_t>(c));
+      if (any) predicted_pos_[static_cast<size_t>(k)] = static_cast<int32_t>(c), predicted_[static_cast<size_t>(k++)] = all[c];
+    }
+    if (n > 1) {
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < k; ++i)
+          allowed_[static_cast<size_t>(t * k + i)] = mask.has(t, predicted_pos_[static_cast<size_t>(i)]);
+      *allowed = allowed_.data();
+    }
   } else {  // the layer's predictor on the CPU; every neuron is the CPU's
     const FfnWeights& w = model_.layers[l].ffn;
     const ShareRule r = share_rule(l, cpu::Activation::relu, t0, ws);
     const float* px = r.predictor_input == ShareRule::Input::host ? r.predictor_x : x;
     k = predict_active(pool, w.fc1, w.fc2, r.predictor_threshold, px, n, pred_scratch_.data(), pred_mm_.data(),
                        predicted_.data());
+    if (n > 1) {
+      const float* score = pred_scratch_.data();  // [n][n_ff], token-major
+      const int64_t n_ff = w.fc2.rows();
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < k; ++i)
+          allowed_[static_cast<size_t>(t * k + i)] =
+              score[t * n_ff + predicted_[static_cast<size_t>(i)]] >= r.predictor_threshold;
+      *allowed = allowed_.data();
+    }
   }
   cpu_predicted_ += static_cast<uint64_t>(k * n);
   *rows = predicted_.data();
@@ -342,9 +367,10 @@ void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
     // the device has nothing here.
     const double t_cpu = now_seconds();
     const int32_t* rows = nullptr;
-    const int64_t n_rows = cpu_rows_for(pool, l, xc, nc, t0, ws, device_predicts, &rows);
+    const uint8_t* allowed = nullptr;
+    const int64_t n_rows = cpu_rows_for(pool, l, xc, nc, t0, ws, device_predicts, &rows, &allowed);
     float* cpu_out = share ? partial_.data() : oc;
-    cpu_fired_ += ffn_share_partial(pool, cpu_w, rows, n_rows, act, threshold_, xc, nc, cpu_out, sc);
+    cpu_fired_ += ffn_share_partial(pool, cpu_w, rows, n_rows, act, threshold_, xc, nc, cpu_out, sc, allowed);
     const double t_wait = now_seconds();
     cpu_ffn_s_ += t_wait - t_cpu;  // (the wait for a device prediction is in it)
     const float* dev = nullptr;
@@ -422,10 +448,11 @@ void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const
         const double t_cpu = now_seconds();
         device_block_s_ += t_cpu - t;
         const int32_t* rows = nullptr;
-        const int64_t n_rows = cpu_rows_for(pool, li, xn, nc, t0, ws, predict_, &rows);
+        const uint8_t* allowed = nullptr;
+        const int64_t n_rows = cpu_rows_for(pool, li, xn, nc, t0, ws, predict_, &rows, &allowed);
         const FfnShareScratch sc{act_.data(), h_.data(), active_.data(), ws.mm_scratch.data(), axpy_.data()};
         cpu_fired_ += ffn_share_partial(pool, cpu_share_[li], rows, n_rows, model.hp.act, threshold_, xn, nc,
-                                        ws.o.data(), sc);
+                                        ws.o.data(), sc, allowed);
         t = now_seconds();
         cpu_ffn_s_ += t - t_cpu;
         device_->ffn_block_end(l, ws.o.data(), nc);

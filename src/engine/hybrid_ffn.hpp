@@ -120,10 +120,12 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   std::vector<std::vector<int32_t>> cpu_rows_;    // per layer: the CPU's neurons
   AlignedBuffer<float> act_, h_, partial_, axpy_;
   AlignedBuffer<int32_t> active_;
-  // Predictors: the CPU's predicted rows, and predict_active's scratch for the layers whose
-  // predictor runs on the CPU.
+  // Predictors: the CPU's predicted rows (the batch's union; their places among the CPU's
+  // neurons), which tokens each serves (allowed_, [n][rows]), and predict_active's scratch for
+  // the layers whose predictor runs on the CPU.
   bool predict_ = false;
-  AlignedBuffer<int32_t> predicted_;
+  AlignedBuffer<int32_t> predicted_, predicted_pos_;
+  AlignedBuffer<uint8_t> allowed_;
   AlignedBuffer<float> pred_scratch_;
   AlignedBuffer<uint8_t> pred_mm_;
   uint64_t cpu_fired_ = 0, device_calls_ = 0, cpu_predicted_ = 0;
@@ -134,9 +136,10 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   int64_t held_rows_ = 0;
   // A layer whose attention is on the device: whether the CPU computes some of its neurons.
   bool cpu_takes_part(size_t l) const;
-  // The rows the CPU computes for layer l's chunk of n tokens at x (token t0 of the pass).
+  // The rows the CPU computes for layer l's chunk of n tokens at x (token t0 of the pass), and
+  // with predictors and n > 1 which tokens each serves (*allowed, [n][rows]; else null).
   int64_t cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0, const Workspace& ws,
-                       bool device_predicts, const int32_t** rows);
+                       bool device_predicts, const int32_t** rows, const uint8_t** allowed);
   ShareRule share_rule(size_t l, cpu::Activation act, int64_t t0, const Workspace& ws) const;
 };
 

@@ -69,11 +69,11 @@ uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
                gpu_pad(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f) +
                gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) + gpu_pad(gpu_ffn_counts_bytes(m));
   // With predictors: their input (n_embd: the residual, where it is not the FFN input), hidden
-  // layer (rank), the predicted mask of the layer's neurons (n_ff bytes) and the predicted share
-  // rows (n_ff, then their count and a spare: cuda::compact's totals), then the input and the
-  // hidden layer rounded to 8 bits.
+  // layer (rank), the prediction of the layer's neurons per token (max_batch x n_ff bytes) and
+  // the predicted share rows (n_ff, then their count and a spare: cuda::compact's totals), then
+  // the input and the hidden layer rounded to 8 bits.
   if (m.predicted)
-    t += gpu_pad(b * m.n_embd * f) + gpu_pad(b * static_cast<uint64_t>(m.predictor_rank) * f) + gpu_pad(m.n_ff) +
+    t += gpu_pad(b * m.n_embd * f) + gpu_pad(b * static_cast<uint64_t>(m.predictor_rank) * f) + gpu_pad(b * m.n_ff) +
          gpu_pad((m.n_ff + 2) * sizeof(int32_t)) + gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) +
          gpu_pad(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
   return t;

@@ -225,21 +225,23 @@ __global__ void __launch_bounds__(kMvWarps * kWarp) matvec_kernel(MvArgs a) {
         case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + o.pos[i]]; break;
         case Epilogue::fire: {
           float f = act_value(o.act, v);
-          if (fabsf(f) > o.threshold) ++fired;
+          if (fabsf(f) > o.threshold && (!o.allowed || o.allowed[t * o.allowed_stride + r])) ++fired;
           else f = 0.0f;
           *y = f;
           break;
         }
-        case Epilogue::select: fired |= v >= o.threshold; break;
+        case Epilogue::select: {
+          const bool on = v >= o.threshold;
+          o.mask[t * o.mask_stride + i] = static_cast<uint8_t>(on);
+          fired |= on;
+          break;
+        }
       }
     }
   }
   if (!valid || lane != 0) return;
   if (o.kind == Epilogue::fire) o.counts[i] = fired;
-  if (o.kind == Epilogue::select) {
-    if (i < o.k) o.counts[i] = fired;
-    else o.mask[i - o.k] = static_cast<uint8_t>(fired);
-  }
+  if (o.kind == Epilogue::select && i < o.k) o.counts[i] = fired;
 }
 
 // ---- compaction ----------------------------------------------------------------------------------
@@ -592,6 +594,7 @@ void matvec(const Matrix& W, const RowSet& rs, Activations x, int64_t n_tokens, 
   EMBER_CHECK(xp, "CUDA matvec: {} rows need {} activations", dtype_name(W.type), takes_q8(W.type) ? "8-bit" : "float");
   EMBER_CHECK(out.kind == Epilogue::select || out.y, "CUDA matvec: no output");
   EMBER_CHECK((out.kind != Epilogue::fire && out.kind != Epilogue::select) || out.counts, "CUDA matvec: no counts");
+  EMBER_CHECK(out.kind != Epilogue::select || out.mask, "CUDA matvec: no mask for the selection");
   MvArgs a{static_cast<const uint8_t*>(W.data), W.rows, W.cols, rs.ids, rs.count, max_rows, xp, n_tokens, n_tokens, out};
   if (a.out.stride == 0) a.out.stride = max_rows;
   // Epilogues of one token at a time may split the tokens over blocks (prompts: more blocks,

@@ -14,10 +14,12 @@
 //                  token t: v = dot(W row r, x[t]) (+ bias[r]), then the Epilogue:
 //                    store     y[t][i] = v                     add       y[t][i] += v
 //                    relu      y[t][i] = max(v, 0)             gate_mul  y[t][i] = v * a[t][pos[i]]
-//                    fire      y[t][i] = act(v), 0 where |act(v)| <= threshold; counts[i] = tokens
+//                    fire      y[t][i] = act(v), 0 where |act(v)| <= threshold (or where a row
+//                              does not serve the token: allowed[t][row] = 0); counts[i] = tokens
 //                              that fired (the FFN rule's firing test, model/ffn.hpp)
-//                    select    counts[i] = 1 where v >= threshold for some token, for i < k; the
-//                              CPU's positions i >= k into mask[i - k] (0 or 1) instead
+//                    select    mask[t][i] = 1 where v >= threshold for token t (every position;
+//                              the predictor's per-token verdict), counts[i] = 1 where some token's
+//                              is, for i < k (the share's positions, for compaction)
 //                  A warp per row reads the row once for up to kMvTokens tokens.
 //   compact:       the positions i < n (n = *n_valid, or max_n) with counts[i] > 0 in order:
 //                  out_ids (ids[i], or i), out_pos (i); totals[0] = their number, totals[1] = the
@@ -131,8 +133,11 @@ struct MatvecOut {
   cpu::Activation act = cpu::Activation::relu;  // fire
   float threshold = 0.0f;         // fire: |act(v)| > threshold fires; select: v >= threshold
   int32_t* counts = nullptr;      // fire, select: per position
-  int64_t k = 0;                  // select: positions below k are counted, the rest go to mask
-  uint8_t* mask = nullptr;        // select
+  int64_t k = 0;                  // select: positions below k are counted
+  uint8_t* mask = nullptr;        // select: [n_tokens][mask_stride]
+  int64_t mask_stride = 0;
+  const uint8_t* allowed = nullptr;  // fire: [n_tokens][allowed_stride] by row (null: every row)
+  int64_t allowed_stride = 0;
   const float* a = nullptr;       // gate_mul: a[t * a_stride + pos[i]]
   int64_t a_stride = 0;
   const int32_t* pos = nullptr;

@@ -23,7 +23,7 @@ wait_for() {
     screen | grep -qE "$1" && return 0
     sleep 0.1
   done
-  fail "timed out waiting for '$1'; screen: $(screen | tail -5)"
+  fail "timed out waiting for '$1'; screen: $(screen | grep -v '^ *$' | tail -5)"
   return 1
 }
 count() { screen | grep -cE "$1"; }

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "support/api_results.hpp"
 #include "server/api.hpp"
 #include "support/paths.hpp"
 #include "model/model.hpp"
@@ -13,26 +14,14 @@ using namespace ember::server;
 
 namespace {
 
-ServedModel served() {
-  ServedModel m;
-  m.id = "smol";
-  m.n_ctx = 256;
-  return m;
-}
+ServedModel served() { return test_support::served_smol(); }
 
 CompletionRequest ok(const std::string& body, bool chat = true) {
-  auto r = parse_completion_request(body, chat, served());
-  if (auto* e = std::get_if<ApiError>(&r)) ADD_FAILURE() << body << " -> " << e->message;
-  return std::holds_alternative<CompletionRequest>(r) ? std::get<CompletionRequest>(r) : CompletionRequest{};
+  return test_support::expect_value(parse_completion_request(body, chat, served()), body);
 }
 
 ApiError err(const std::string& body, bool chat = true) {
-  auto r = parse_completion_request(body, chat, served());
-  if (!std::holds_alternative<ApiError>(r)) {
-    ADD_FAILURE() << "accepted: " << body;
-    return {};
-  }
-  return std::get<ApiError>(r);
+  return test_support::expect_error(parse_completion_request(body, chat, served()), body);
 }
 
 }  // namespace

@@ -52,6 +52,11 @@ int64_t BatchEngine::cached_prefix(int seq, const std::vector<int32_t>& prompt) 
   return ember::cached_prefix(session_.tokens(seq), prompt);
 }
 
+int64_t BatchEngine::kv_tokens() const {
+  std::lock_guard lk(mu_);
+  return kv_tokens_;
+}
+
 uint64_t BatchEngine::steps() const {
   std::lock_guard lk(mu_);
   return steps_;
@@ -186,10 +191,13 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
     }
     return;
   }
+  int64_t cached = 0;  // the caches' tokens after this step (the engine thread's to read)
+  for (int s = 0; s < session_.n_seq(); ++s) cached += static_cast<int64_t>(session_.tokens(s).size());
   {
     std::lock_guard lk(mu_);
     ++steps_;
     step_rows_ += static_cast<uint64_t>(session_.max_batch() - budget);
+    kv_tokens_ = cached;
   }
 
   for (size_t i = 0; i < items.size(); ++i) {

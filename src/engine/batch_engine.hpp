@@ -101,6 +101,8 @@ class BatchEngine {
   // batch.
   uint64_t steps() const;
   uint64_t step_rows() const;
+  // Tokens the sequences' caches held after the last step (KV cache use).
+  int64_t kv_tokens() const;
 
  private:
   void loop();
@@ -117,6 +119,7 @@ class BatchEngine {
   std::deque<std::shared_ptr<Job>> incoming_;
   bool stopping_ = false;
   uint64_t steps_ = 0, step_rows_ = 0;
+  int64_t kv_tokens_ = 0;
   // step()'s lists, kept between steps (the engine thread's only).
   std::vector<Session::SeqEval> items_;
   std::vector<Job*> owners_;

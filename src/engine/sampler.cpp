@@ -4,9 +4,27 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/model.hpp"
 #include "ops/cpu/vec.hpp"
 
 namespace ember {
+
+std::optional<SamplerParams> recommended_sampling(const Model& model) {
+  const std::string base = model.file->opt_string("general.basename").value_or("");
+  SamplerParams p;
+  if (base == "smollm2") {  // the SmolLM2 model cards
+    p.temperature = 0.2f, p.top_p = 0.9f;
+    return p;
+  }
+  if (base == "gemma-3") {  // Gemma 3's generation_config.json
+    p.temperature = 1.0f, p.top_k = 64, p.top_p = 0.95f, p.min_p = 0.0f;
+    return p;
+  }
+  return std::nullopt;
+}
+
+SamplerParams default_sampling(const Model& model) { return recommended_sampling(model).value_or(SamplerParams{}); }
+
 
 Sampler::Sampler(const SamplerParams& p, int64_t n_vocab) : params_(p), n_vocab_(n_vocab), rng_(p.seed) {
   EMBER_CHECK(n_vocab > 0, "sampler: empty vocabulary");

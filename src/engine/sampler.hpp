@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -19,6 +20,14 @@ struct SamplerParams {
   int repeat_last_n = 64;
   uint64_t seed = 0;
 };
+
+struct Model;
+// The sampling a model's authors recommend, by general.basename (SmolLM2: temperature 0.2,
+// top-p 0.9; Gemma 3: temperature 1.0, top-k 64, top-p 0.95, no min-p); nullopt when unknown.
+// The CLI's flags and the server's requests default to it.
+std::optional<SamplerParams> recommended_sampling(const Model& model);
+// recommended_sampling, else llama.cpp's defaults (SamplerParams{}).
+SamplerParams default_sampling(const Model& model);
 
 class Sampler {
  public:

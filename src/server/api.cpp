@@ -7,7 +7,9 @@
 
 #include "core/error.hpp"
 #include "server/json_schema.hpp"
+#include "server/request_fields.hpp"
 #include "tokenizer/tokenizer.hpp"
+#include "tokenizer/unicode.hpp"
 
 namespace ember::server {
 
@@ -23,76 +25,6 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 std::string error_body(const ApiError& e) { return dump(error_json(e)); }
 
 namespace {
-
-ApiError bad(std::string param, std::string message, std::string code = "") {
-  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
-}
-
-const char* type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "an object";
-    case json::value_t::array: return "an array";
-    case json::value_t::string: return "a string";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number";
-    default: return "an unsupported value";
-  }
-}
-
-// Reads an optional field; null counts as absent. Each getter returns an error on a wrong type.
-const json* field(const json& obj, const char* name) {
-  auto it = obj.find(name);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<ApiError> get_number(const json& obj, const char* name, double lo, double hi, float& out) {
-  const json* v = field(obj, name);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) return bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
-  double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi)
-    return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, v->dump()));
-  out = static_cast<float>(d);
-  return std::nullopt;
-}
-
-// An integer: JSON integers, or floats with an integral value (as JavaScript sends 5.0). `why`
-// explains the range, in range errors only.
-std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out,
-                                const std::string& why = "") {
-  const json* v = field(obj, name);
-  if (!v) return std::nullopt;
-  int64_t x = 0;
-  if (v->is_number_unsigned()) {
-    uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi)) return bad(name, fmt::format("'{}' must be at most {}, got {}{}", name, hi, u, why));
-    x = static_cast<int64_t>(u);
-  } else if (v->is_number_integer()) {
-    x = v->get<int64_t>();
-  } else if (v->is_number_float()) {
-    double d = v->get<double>();
-    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9e15)
-      return bad(name, fmt::format("'{}' must be an integer, got {}", name, v->dump()));
-    x = static_cast<int64_t>(d);
-  } else {
-    return bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));
-  }
-  if (x < lo || x > hi) return bad(name, fmt::format("'{}' must be between {} and {}, got {}{}", name, lo, hi, x, why));
-  out = x;
-  return std::nullopt;
-}
-
-std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out) {
-  const json* v = field(obj, name);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) return bad(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
-  out = v->get<bool>();
-  return std::nullopt;
-}
 
 // Message content: a string, or an array of {"type": "text", "text": ...} parts.
 std::optional<ApiError> get_content(const json& msg, size_t i, std::string& out) {
@@ -128,6 +60,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
 
   CompletionRequest r;
   r.chat = chat;
+  r.sampling = model.sampling;
 
   if (const json* m = field(j, "model")) {
     if (!m->is_string()) return bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
@@ -403,6 +336,62 @@ json models_json(const ServedModel& model) {
   return {{"object", "list"},
           {"data", json::array({{{"id", model.id}, {"object", "model"}, {"created", model.created}, {"owned_by", "ember"},
                                  {"meta", {{"n_ctx", model.n_ctx}}}}})}};
+}
+
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body) {
+  const json j = json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return bad("", "the request body must be a JSON object {\"content\": ...}");
+  TokenizeRequest r;
+  const json* c = field(j, "content");
+  if (!c || !c->is_string()) return bad("content", "'content' must be a string");
+  r.content = c->get<std::string>();
+  if (auto e = get_bool(j, "add_special", r.add_special)) return *e;
+  if (auto e = get_bool(j, "parse_special", r.parse_special)) return *e;
+  if (auto e = get_bool(j, "with_pieces", r.with_pieces)) return *e;
+  return r;
+}
+
+json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok) {
+  const std::vector<int32_t> ids = tok.encode(r.content, r.add_special, r.parse_special);
+  json tokens = json::array();
+  for (int32_t id : ids) {
+    if (!r.with_pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    const std::string piece = tok.token_to_piece(id);
+    json p = piece;
+    if (!unicode::valid_utf8(piece)) {  // a part of a character: its bytes
+      p = json::array();
+      for (unsigned char b : piece) p.push_back(b);
+    }
+    tokens.push_back({{"id", id}, {"piece", p}});
+  }
+  return {{"tokens", tokens}};
+}
+
+std::variant<std::string, ApiError> parse_detokenize_request(std::string_view body, const Tokenizer& tok) {
+  const json j = json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return bad("", "the request body must be a JSON object {\"tokens\": [...]}");
+  const json* t = field(j, "tokens");
+  if (!t || !t->is_array()) return bad("tokens", "'tokens' must be an array of token ids");
+  std::vector<int32_t> ids;
+  for (const json& v : *t) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok.n_vocab())
+      return bad("tokens", fmt::format("'tokens' must hold token ids from 0 to {}, got {}", tok.n_vocab() - 1, v.dump()));
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return tok.decode(ids);
+}
+
+json props_json(const ServedModel& model, int64_t parallel) {
+  const SamplerParams& s = model.sampling;
+  return {{"model", model.id},
+          {"default_generation_settings",
+           {{"temperature", s.temperature}, {"top_k", s.top_k}, {"top_p", s.top_p}, {"min_p", s.min_p},
+            {"repeat_penalty", s.repeat_penalty}, {"n_ctx", model.n_ctx}}},
+          {"total_slots", parallel},
+          {"chat_template", model.chat_template}};
 }
 
 }  // namespace ember::server

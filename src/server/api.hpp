@@ -38,6 +38,16 @@ std::string error_body(const ApiError& e);
 // Serializes any JSON we send, replacing invalid UTF-8 rather than throwing.
 std::string dump(const json& j);
 
+// The served file as Ollama's /api/tags, /api/show and /api/ps describe it.
+struct ModelFileInfo {
+  std::string path, architecture;
+  std::string quantization;  // the type holding most of its matrices' bytes (Q4_1, Q4_K, ...)
+  uint64_t bytes = 0, parameters = 0;
+  int64_t modified = 0;      // unix time of the file
+  std::string digest;        // a stable id of the file (its path, size and time), 64 hex digits
+  json metadata;             // its scalar metadata (arrays left out), key -> value
+};
+
 // What the server serves, which requests are checked against.
 struct ServedModel {
   std::string id;           // the name clients pass as "model"
@@ -46,6 +56,9 @@ struct ServedModel {
   int64_t created = 0;      // unix time, for /v1/models
   // The tokens' bytes, for structured output's grammars (one per served tokenizer).
   std::shared_ptr<const TokenGrammar> grammar_vocab;
+  // Sampling where a request leaves it out: the model's recommended (default_sampling).
+  SamplerParams sampling;
+  ModelFileInfo file;
 };
 
 struct CompletionRequest {
@@ -53,7 +66,7 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;  // chat
   std::string prompt;                 // completions
   std::optional<int64_t> max_tokens;  // absent: chat until the context is full, completions 16
-  SamplerParams sampling;             // llama.cpp's defaults, overridden by the request
+  SamplerParams sampling;             // ServedModel::sampling, overridden by the request
   std::optional<uint64_t> seed;       // absent: random
   std::vector<std::string> stop;
   bool stream = false;
@@ -125,5 +138,19 @@ json role_chunk_json(const ResponseMeta& m);
 // The extra chunk of stream_options.include_usage: no choices, usage set.
 json usage_chunk_json(const ResponseMeta& m, const Usage& u);
 json models_json(const ServedModel& model);
+
+// llama.cpp's /tokenize: {"content", "add_special" = false, "parse_special" = true,
+// "with_pieces" = false} -> {"tokens": [ids]} or, with pieces, [{"id", "piece"}] (a piece that is
+// not valid UTF-8 alone as its bytes); /detokenize: {"tokens": [ids]} -> the text.
+struct TokenizeRequest {
+  std::string content;
+  bool add_special = false, parse_special = true, with_pieces = false;
+};
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body);
+json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok);
+std::variant<std::string, ApiError> parse_detokenize_request(std::string_view body, const Tokenizer& tok);
+// /props: the defaults a request gets (the model's recommended sampling, the context), the
+// sequences, the chat template: what a client (the chat page) shows before it asks anything.
+json props_json(const ServedModel& model, int64_t parallel);
 
 }  // namespace ember::server

@@ -6,26 +6,23 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/generator.hpp"
+#include "engine/sampler.hpp"
+#include "server/routes_common.hpp"
 #include "server/worker_pool.hpp"
 
 namespace ember::server {
 
-namespace {
-
-constexpr size_t kMaxExtraWorkers = 512;
-
-// The socket of the request this worker thread is handling (set before routing).
 thread_local int t_request_fd = -1;
 
 int64_t unix_now() {
@@ -38,36 +35,43 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(error_body(e), "application/json");
 }
 
-// The routes' methods (install_routes), for 405's Allow; null for a path that is no route.
-const char* allowed_methods(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions"})
-    if (path == p) return "POST";
-  if (path == "/" || path == "/health" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET, HEAD";
-  return nullptr;
-}
-
-const char* status_error_type(int status) {
-  if (status == 401) return "authentication_error";
-  if (status == 404) return "not_found_error";
-  if (status == 405) return "invalid_request_error";
-  if (status >= 500) return "server_error";
-  return "invalid_request_error";
-}
-
 std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
 
 ApiError shutting_down_error() {
   return {503, "the server is shutting down; retry on another server or later", "server_error", "",
           "server_shutting_down"};
 }
-void send_shutting_down(httplib::Response& res) {
-  res.set_header("Retry-After", "5");
-  send_error(res, shutting_down_error());
-}
-// An answer cut off by the server's shutdown after n tokens.
+
 ApiError cut_off_error(int64_t n) {
   return {503, fmt::format("the server shut down before the answer was complete ({} tokens generated); retry", n),
           "server_error", "", "server_shutting_down"};
+}
+
+void set_retry_after(httplib::Response& res, const ApiError& e) {
+  if (e.code == "server_busy") res.set_header("Retry-After", "1");
+  if (e.code == "server_shutting_down") res.set_header("Retry-After", "5");
+}
+
+namespace {
+
+constexpr size_t kMaxExtraWorkers = 512;
+
+const char* status_error_type(int status) {
+  if (status == 401) return "authentication_error";
+  if (status == 404) return "not_found_error";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+// The routes' methods, for 405's Allow; null for a path that is no route.
+const char* allowed_methods(const std::string& path) {
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions", "/tokenize",
+                        "/detokenize", "/api/chat", "/api/generate", "/api/show"})
+    if (path == p) return "POST";
+  for (const char* p : {"/", "/health", "/v1/models", "/metrics", "/props", "/api/tags", "/api/ps", "/api/version"})
+    if (path == p) return "GET, HEAD";
+  if (path.rfind("/v1/models/", 0) == 0) return "GET, HEAD";
+  return nullptr;
 }
 
 // Whether binding host:port fails because something listens there (EADDRINUSE), tried with a
@@ -90,12 +94,58 @@ bool port_in_use(const std::string& host, int port) {
   return in_use;
 }
 
+// A constant-time comparison (an API key must not leak through timing).
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
+  return diff == 0;
+}
+
 }  // namespace
+
+ModelFileInfo model_file_info(const Model& model) {
+  const gguf::Reader& r = *model.file;
+  ModelFileInfo f;
+  f.path = r.path();
+  f.architecture = model.hp.arch;
+  std::error_code ec;
+  f.bytes = std::filesystem::file_size(f.path, ec);
+  if (ec) f.bytes = r.file_size();
+  const auto mtime = std::filesystem::last_write_time(f.path, ec);
+  if (!ec)
+    f.modified = std::chrono::duration_cast<std::chrono::seconds>(
+                     std::chrono::file_clock::to_sys(mtime).time_since_epoch()).count();
+  std::map<std::string, uint64_t> by_type;  // bytes of the matrices of each type
+  for (const auto& t : r.tensors()) {
+    f.parameters += static_cast<uint64_t>(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]);
+    if (t.n_dims >= 2) by_type[std::string(dtype_name(t.type))] += t.nbytes;
+  }
+  uint64_t most = 0;
+  for (const auto& [type, bytes] : by_type)
+    if (bytes > most) most = bytes, f.quantization = type;
+  const std::string stamp = fmt::format("{}:{}:{}", f.path, f.bytes, f.modified);
+  uint64_t h1 = 1469598103934665603ull, h2 = 0x9e3779b97f4a7c15ull;
+  for (unsigned char c : stamp) h1 = (h1 ^ c) * 1099511628211ull, h2 = (h2 ^ c) * 0x100000001b3ull + 0x9e37;
+  f.digest = fmt::format("{:016x}{:016x}{:016x}{:016x}", h1, h2, h1 ^ h2, h1 + h2);
+  f.metadata = json::object();
+  for (const std::string& key : r.keys()) {
+    const gguf::Value& v = *r.find(key);
+    if (v.type == gguf::ValueType::ARRAY) continue;
+    if (v.type == gguf::ValueType::STRING) f.metadata[key] = v.s;
+    else if (v.type == gguf::ValueType::BOOL) f.metadata[key] = v.i != 0;
+    else if (v.type == gguf::ValueType::F32 || v.type == gguf::ValueType::F64) f.metadata[key] = v.f;
+    else if (v.type == gguf::ValueType::U64) f.metadata[key] = v.u();
+    else f.metadata[key] = v.i;
+  }
+  return f;
+}
 
 Server::Server(const Model& model, std::string model_path, const ServerOptions& options)
     : model_(model), opts_(options), tok_(*model.file), queue_(options.parallel, options.queue) {
   EMBER_CHECK(opts_.parallel >= 1 && opts_.parallel <= 256, "--parallel must be between 1 and 256, got {}", opts_.parallel);
   EMBER_CHECK(opts_.queue <= 100000, "--queue must be at most 100000, got {}", opts_.queue);
+  EMBER_CHECK(opts_.read_timeout_s >= 1 && opts_.read_timeout_s <= 3600, "--read-timeout must be between 1 and 3600 "
+              "seconds, got {}", opts_.read_timeout_s);
   SessionParams sp = opts_.session;
   sp.n_seq = static_cast<int64_t>(opts_.parallel);
   engine_ = std::make_unique<BatchEngine>(model_, tok_, sp, opts_.batch);
@@ -108,6 +158,8 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
   served_.chat_template = model_chat_template(*model_.file);
   served_.created = unix_now();
   served_.grammar_vocab = std::make_shared<TokenGrammar>(tok_);
+  served_.sampling = default_sampling(model_);
+  served_.file = model_file_info(model_);
   // Fail at start, not per request, when the chat template is unknown.
   parse_chat_template(served_.chat_template);
   id_salt_ = std::random_device{}();
@@ -123,13 +175,11 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
   // Worker threads: enough for every admitted request (running + queued) plus headroom for
   // /health, /v1/models, the page, turning requests away with 503 and idle keep-alive
   // connections. httplib's own queue behind these threads is unbounded, so admission control
-  // must happen in our handlers, which needs a thread free to run them.
-  // Beyond them a connection gets a thread of its own while every worker is busy (WorkerPool),
-  // up to kMaxExtraWorkers more: slow readers (closed after --read-timeout) take those.
+  // must happen in our handlers, which needs a thread free to run them. Beyond them a
+  // connection gets a thread of its own while every worker is busy (WorkerPool), up to
+  // kMaxExtraWorkers more: slow readers (closed after --read-timeout) take those.
   const size_t n_workers = opts_.parallel + opts_.queue + 16;
   http_->new_task_queue = [n_workers] { return new WorkerPool(n_workers, n_workers + kMaxExtraWorkers); };
-  EMBER_CHECK(opts_.read_timeout_s >= 1 && opts_.read_timeout_s <= 3600, "--read-timeout must be between 1 and 3600 "
-              "seconds, got {}", opts_.read_timeout_s);
   http_->set_payload_max_length(opts_.max_body_bytes);
   // httplib's own timeout is per read; the whole request's deadline is the watchdog's (bind():
   // Connections), which answers 408 first, so httplib's comes a little later.
@@ -149,10 +199,7 @@ int Server::bind() {
     int port = http_->bind_to_any_port(opts_.host);
     EMBER_CHECK(port > 0, "cannot listen on {}: no free port", opts_.host);
     opts_.port = port;
-    conns_ = std::make_unique<Connections>(port, std::chrono::seconds(opts_.read_timeout_s));
-    return port;
-  }
-  if (!http_->bind_to_port(opts_.host, opts_.port)) {
+  } else if (!http_->bind_to_port(opts_.host, opts_.port)) {
     EMBER_CHECK(!port_in_use(opts_.host, opts_.port), "cannot listen on {}:{}: the port is in use (another server, "
                 "an `ember serve` perhaps, holds it); stop it or choose another with --port", opts_.host, opts_.port);
     fail("cannot listen on {}:{} (is the host an address of this machine?)", opts_.host, opts_.port);
@@ -162,9 +209,10 @@ int Server::bind() {
 }
 
 void Server::listen() {
-  log_info("serving {} on http://{}:{} ({} sequences of {} tokens batched on {} threads, KV caches {:.0f} MiB; queue {})",
-           served_.id, opts_.host, opts_.port, opts_.parallel, served_.n_ctx, engine_->n_threads(),
-           static_cast<double>(engine_->kv_bytes()) / (1 << 20), opts_.queue);
+  log_info("serving {} on http://{}:{} ({} sequences of {} tokens batched on {} threads, KV caches {:.0f} MiB; queue {})"
+           "{}", served_.id, opts_.host, opts_.port, opts_.parallel, served_.n_ctx, engine_->n_threads(),
+           static_cast<double>(engine_->kv_bytes()) / (1 << 20), opts_.queue,
+           opts_.api_key.empty() ? "" : "; an API key is required");
   http_->listen_after_bind();
 }
 
@@ -180,6 +228,75 @@ bool Server::idle() const {
   return q.busy == 0 && q.waiting == 0;
 }
 
+// ---- the steps of every generation ------------------------------------------------------------
+
+std::unique_ptr<SlotQueue::Ticket> Server::admit(const std::shared_ptr<const PreparedRequest>& prep) {
+  // The prompt cache: the free sequence holding the longest prefix of this prompt serves it.
+  return queue_.enqueue(
+      [this, prep](size_t slot) { return static_cast<size_t>(engine_->cached_prefix(static_cast<int>(slot), prep->prompt)); });
+}
+
+ApiError Server::busy_error() const {
+  const SlotQueue::Stats q = queue_.stats();
+  return {503,
+          fmt::format("The server is busy: {} requests are generating and {} are waiting, the most it takes "
+                      "(--parallel {}, --queue {}); retry later", q.busy, q.waiting, q.n_slots, q.max_waiting),
+          "server_error", "", "server_busy"};
+}
+
+int Server::wait_for_sequence(SlotQueue::Ticket& t, const std::function<bool()>& gone,
+                              std::chrono::milliseconds poll) {
+  return t.wait([&] { return stopping_ || draining_ || (gone && gone()); }, poll);
+}
+
+std::string Server::stream_failed(const std::exception& e, std::unique_ptr<SlotQueue::Ticket>& held) {
+  ++n_errors_;
+  held.reset();
+  log_warn("streaming request failed: {}", e.what());
+  return e.what();
+}
+
+bool Server::cut_by_shutdown(const GenerateResult& r) const {
+  return r.finish == FinishReason::cancelled && stopping_;
+}
+
+GenerateResult Server::generate(int slot, const PreparedRequest& prep, std::chrono::steady_clock::time_point arrived,
+                                const PieceCallback& write, const LogprobCallback& logprobs,
+                                const std::function<bool()>& gone) {
+  Timer t;
+  std::shared_ptr<BatchEngine::Job> job = engine_->start(slot, prep.prompt, prep.gen);
+  std::vector<BatchEngine::Piece> pieces;
+  bool writing = true, first = true;
+  for (bool more = true; more;) {
+    more = job->wait(pieces, std::chrono::milliseconds(200));
+    for (BatchEngine::Piece& p : pieces) {
+      if (!writing) break;
+      for (const TokenLogprobs& lp : p.logprobs) logprobs(lp);
+      if (p.text.empty()) continue;
+      if (first) {
+        metrics_.first_token(std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
+        first = false;
+      }
+      if (stopping_.load() || !write(p.text)) writing = false;
+    }
+    pieces.clear();
+    if (writing && more && gone && gone()) writing = false;
+    if ((!writing || stopping_.load()) && more) job->cancel();  // the engine ends it at its next step
+  }
+  EMBER_CHECK(job->error().empty(), "{}", job->error());
+  GenerateResult r = job->result();
+  if (!writing) r.finish = FinishReason::cancelled;
+  log_info("slot {}: prompt {} tokens ({} cached), generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot, r.n_prompt,
+           r.n_cached, r.n_generated, finish_reason_name(r.finish), t.seconds() * 1e3,
+           r.gen_seconds > 0 ? r.n_generated / r.gen_seconds : 0.0);
+  if (r.finish == FinishReason::cancelled) ++n_cancelled_;
+  else ++n_completed_;
+  metrics_.generated(r.n_prompt, r.n_cached, r.n_generated);
+  return r;
+}
+
+// ---- routes: operations ---------------------------------------------------------------------------
+
 void Server::install_routes() {
   httplib::Server& s = *http_;
 
@@ -193,9 +310,13 @@ void Server::install_routes() {
       msg = fmt::format("{} takes {}, not {}", req.path, allow, req.method);
     } else if (res.status == 404) {
       msg = fmt::format("no such endpoint: {} {}", req.method, req.path);
-    } else if (res.status == 413) msg = "the request body is too large (see --max-body)";
-    else if (res.status == 400) msg = "malformed HTTP request";
-    else msg = fmt::format("HTTP error {}", res.status);
+    } else if (res.status == 413) {
+      msg = "the request body is too large (see --max-body)";
+    } else if (res.status == 400) {
+      msg = "malformed HTTP request";
+    } else {
+      msg = fmt::format("HTTP error {}", res.status);
+    }
     send_error(res, ApiError{res.status, msg, status_error_type(res.status), "", ""});
   });
   s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -213,17 +334,39 @@ void Server::install_routes() {
     send_error(res, ApiError{500, msg, "server_error", "", ""});
   });
 
-  // Every request's head (its body may still come) and answer restart the watchdog's clock of
-  // its connection (server/connections.hpp).
-  // A request is handled on the thread that read it: its socket, found once here, serves the
-  // handler and the answer's end too (t_request_fd).
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response&) {
+  // Before every route: the request's socket (found once: the handler and the answer's end run
+  // on this thread too, t_request_fd), whose watchdog clock restarts (server/connections.hpp),
+  // and the API key where one is required (all but /health and the page; a browser's CORS
+  // preflight carries none).
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     t_request_fd = Connections::find(req.local_port, req.remote_addr, req.remote_port);
     if (conns_) conns_->request_begins(t_request_fd);
-    return httplib::Server::HandlerResponse::Unhandled;
+    if (opts_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" || req.path == "/") {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.rfind("Bearer ", 0) == 0 && same_secret(auth.substr(7), opts_.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, ApiError{401,
+                             auth.empty() ? "an API key is required: send the header 'Authorization: Bearer <key>'"
+                                          : "the API key is not valid",
+                             "authentication_error", "", "invalid_api_key"});
+    return httplib::Server::HandlerResponse::Handled;
   });
-  s.set_post_routing_handler([this](const httplib::Request&, httplib::Response&) {
+  // After every route: CORS headers, the connection's clock, the metrics' count by status.
+  s.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    if (!opts_.cors_origin.empty() && !res.has_header("Access-Control-Allow-Origin"))
+      res.set_header("Access-Control-Allow-Origin", opts_.cors_origin);
     if (conns_) conns_->request_ends(t_request_fd);
+    metrics_.request(res.status);
+  });
+  // CORS preflight: every route takes these methods and headers.
+  s.Options(R"(.*)", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = 204;
+    if (opts_.cors_origin.empty()) return;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Headers", "Content-Type, Authorization");
+    res.set_header("Access-Control-Max-Age", "86400");
   });
 
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -249,181 +392,21 @@ void Server::install_routes() {
               {"heap_in_use", mallinfo2().uordblks}};
     res.set_content(dump(j), "application/json");
   });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(dump(models_json(served_)), "application/json");
-  });
-  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-    if (req.matches[1] != served_.id)
-      return send_error(res, ApiError{404, fmt::format("The model '{}' does not exist", req.matches[1].str()),
-                                      "invalid_request_error", "model", "model_not_found"});
-    res.set_content(dump(models_json(served_)["data"][0]), "application/json");
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const SlotQueue::Stats q = queue_.stats();
+    MetricsGauges g;
+    g.slots_total = q.n_slots, g.slots_busy = q.busy, g.queued = q.waiting, g.queue_limit = q.max_waiting;
+    g.rejected = q.rejected;
+    g.timed_out = conns_ ? conns_->timed_out() : 0;
+    g.kv_tokens = static_cast<uint64_t>(engine_->kv_tokens());
+    g.kv_capacity = static_cast<uint64_t>(engine_->n_ctx()) * static_cast<uint64_t>(engine_->n_seq());
+    res.set_content(metrics_.prometheus(g, served_.id), "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(kChatPageHtml, "text/html; charset=utf-8");
   });
-
-  auto completion = [this](bool chat) {
-    return [this, chat](const httplib::Request& req, httplib::Response& res) {
-      ++n_requests_;
-      if (draining_ || stopping_) return send_shutting_down(res);
-      // The request's connection, held while it is answered: the watchdog leaves it alone, and a
-      // non-streaming request watches it for the client hanging up.
-      auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
-      auto parsed = parse_completion_request(req.body, chat, served_);
-      if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-      const CompletionRequest& creq = std::get<CompletionRequest>(parsed);
-      auto prepared = prepare_request(creq, tok_, served_, std::random_device{}());
-      if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(res, *e);
-      auto prep = std::make_shared<PreparedRequest>(std::move(std::get<PreparedRequest>(prepared)));
-
-      // The prompt cache: the free session holding the longest prefix of this prompt serves it.
-      std::unique_ptr<SlotQueue::Ticket> ticket = queue_.enqueue(
-          [this, prep](size_t slot) { return static_cast<size_t>(engine_->cached_prefix(static_cast<int>(slot), prep->prompt)); });
-      if (!ticket) {
-        SlotQueue::Stats q = queue_.stats();
-        res.set_header("Retry-After", "1");
-        return send_error(res, ApiError{503,
-                                        fmt::format("The server is busy: {} requests are generating and {} are waiting, "
-                                                    "the most it takes (--parallel {}, --queue {}); retry later",
-                                                    q.busy, q.waiting, q.n_slots, q.max_waiting),
-                                        "server_error", "", "server_busy"});
-      }
-      ResponseMeta meta{fmt::format("{}{:08x}{:08x}", chat ? "chatcmpl-" : "cmpl-", id_salt_ & 0xffffffff, next_id_++),
-                        unix_now(), served_.id, chat};
-
-      // Runs the request on its sequence in the batch; `write` gets each piece of text and
-      // returns false to stop, `logprobs` each sampled token's log-probabilities before the
-      // piece that holds its text; `gone` (where set) is asked at least every 200 ms whether the
-      // client has left (a non-streaming one writes nothing to find out).
-      auto run = [this, prep](int slot, const PieceCallback& write, const LogprobCallback& logprobs,
-                              const std::function<bool()>& gone) {
-        Timer t;
-        std::shared_ptr<BatchEngine::Job> job = engine_->start(slot, prep->prompt, prep->gen);
-        std::vector<BatchEngine::Piece> pieces;
-        bool writing = true;
-        for (bool more = true; more;) {
-          more = job->wait(pieces, std::chrono::milliseconds(200));
-          for (BatchEngine::Piece& p : pieces) {
-            if (!writing) break;
-            for (const TokenLogprobs& lp : p.logprobs) logprobs(lp);
-            if (!p.text.empty() && (stopping_.load() || !write(p.text))) writing = false;
-          }
-          pieces.clear();
-          if (writing && more && gone && gone()) writing = false;
-          if ((!writing || stopping_.load()) && more) job->cancel();  // the engine ends it at its next step
-        }
-        EMBER_CHECK(job->error().empty(), "{}", job->error());
-        GenerateResult r = job->result();
-        if (!writing || (stopping_.load() && r.finish == FinishReason::cancelled)) r.finish = FinishReason::cancelled;
-        log_info("slot {}: prompt {} tokens ({} cached), generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot,
-                 r.n_prompt, r.n_cached, r.n_generated, finish_reason_name(r.finish), t.seconds() * 1e3,
-                 r.gen_seconds > 0 ? r.n_generated / r.gen_seconds : 0.0);
-        if (r.finish == FinishReason::cancelled) ++n_cancelled_;
-        else ++n_completed_;
-        return r;
-      };
-
-      if (!creq.stream) {
-        int slot = ticket->wait([&] { return stopping_ || draining_ || hold->peer_closed(); },
-                                std::chrono::milliseconds(250));
-        if (slot < 0) {
-          if (hold->peer_closed()) ++n_cancelled_;
-          return send_shutting_down(res);  // (a client that left reads nothing)
-        }
-        std::string text;
-        std::vector<TokenLogprobs> lps;
-        GenerateResult r = run(
-            slot,
-            [&](std::string_view piece) {
-              text.append(piece);
-              return !stopping_.load();
-            },
-            [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return hold->peer_closed(); });
-        ticket.reset();
-        // Cut off by shutdown: an error, never a 200 that looks complete.
-        if (r.finish == FinishReason::cancelled && stopping_)
-          return send_error(res, cut_off_error(r.n_generated));
-        const json lp = prep->gen.n_logprobs >= 0 ? logprobs_json(meta.chat, lps, tok_) : json(nullptr);
-        res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated, r.n_cached}, lp)),
-                        "application/json");
-        return;
-      }
-
-      const bool include_usage = creq.include_usage;
-      // httplib may copy the provider; the ticket lives in one shared place so that releasing
-      // it from any copy frees the session.
-      auto held = std::make_shared<std::unique_ptr<SlotQueue::Ticket>>(std::move(ticket));
-      res.set_header("Cache-Control", "no-cache");
-      res.set_header("X-Accel-Buffering", "no");
-      res.set_chunked_content_provider(
-          "text/event-stream", [this, held, meta, include_usage, run, prep, hold](size_t, httplib::DataSink& sink) {
-            if (!*held) return false;  // already ran
-            auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
-            // While waiting, an SSE comment every half second finds clients that went away
-            // (a write to a closed connection fails), so they leave the line.
-            int slot = (*held)->wait(
-                [&] { return stopping_ || draining_ || !write(": waiting for a free session\n\n"); },
-                std::chrono::milliseconds(500));
-            if (slot < 0) {
-              held->reset();
-              if (!(stopping_ || draining_)) {
-                ++n_cancelled_;
-                return false;
-              }
-              if (write(sse(error_body(shutting_down_error())))) sink.done();  // a whole response: its error
-              return true;
-            }
-            try {
-              if (meta.chat && !write(sse(dump(role_chunk_json(meta))))) {
-                ++n_cancelled_;
-                held->reset();
-                return false;
-              }
-              // Log-probabilities of the tokens sampled since the last chunk ride on the next one
-              // (text held back by a stop string or split UTF-8 arrives later than its token).
-              const bool want_lp = prep->gen.n_logprobs >= 0;
-              std::vector<TokenLogprobs> pending;
-              int64_t offset = 0;
-              const auto take_lp = [&]() -> json {
-                if (!want_lp) return nullptr;
-                json j = logprobs_json(meta.chat, pending, tok_, &offset);
-                pending.clear();
-                return j;
-              };
-              GenerateResult r = run(
-                  slot,
-                  [&](std::string_view piece) {
-                    return !stopping_.load() &&
-                           write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt, take_lp()))));
-                  },
-                  [&](const TokenLogprobs& t) { pending.push_back(t); }, nullptr);
-              held->reset();  // the session is free for the next request from here on
-              // Cut off by shutdown: an error event ends the stream (no finish reason, no [DONE]).
-              if (r.finish == FinishReason::cancelled && stopping_) {
-                if (write(sse(error_body(cut_off_error(r.n_generated))))) sink.done();
-                return true;
-              }
-              if (r.finish == FinishReason::cancelled) return false;
-              bool ok = write(sse(dump(chunk_json(meta, "", r.finish, pending.empty() ? json(nullptr) : take_lp()))));
-              if (ok && include_usage)
-                ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated, r.n_cached}))));
-              if (ok) ok = write("data: [DONE]\n\n");
-              if (ok) sink.done();
-              return ok;
-            } catch (const std::exception& e) {
-              ++n_errors_;
-              held->reset();
-              log_warn("streaming request failed: {}", e.what());
-              write(sse(error_body(ApiError{500, e.what(), "server_error", "", ""})));
-              return false;
-            }
-          });
-    };
-  };
-  s.Post("/v1/chat/completions", completion(true));
-  s.Post("/v1/completions", completion(false));
-  s.Post("/chat/completions", completion(true));  // clients configured without the /v1 prefix
-  s.Post("/completions", completion(false));
+  install_openai_routes();
+  install_ollama_routes();
 }
 
 }  // namespace ember::server

@@ -1,13 +1,17 @@
-// The HTTP server: OpenAI-compatible endpoints over cpp-httplib. One Model is shared by all
-// requests, and one BatchEngine (engine/batch_engine.hpp) generates for up to `parallel` of
-// them at once: continuous batching, one forward pass per step over every running sequence
-// (each its own KV cache), on one pool of `session.n_threads` threads. Requests wait for a
-// sequence in FIFO order (SlotQueue); past the queue they get 503. A request goes to the free
-// sequence whose cache holds the longest prefix of its prompt, and only the rest is evaluated
-// (the prompt cache).
+// The HTTP server over cpp-httplib: OpenAI's API (routes_openai.cpp) and Ollama's
+// (routes_ollama.cpp) on one engine, operations in server.cpp (health, metrics, the chat page, an
+// API key, CORS). One Model is shared by all requests, and one BatchEngine
+// (engine/batch_engine.hpp) generates for up to `parallel` of them at once: continuous batching,
+// one forward pass per step over every running sequence (each its own KV cache), on one pool of
+// `session.n_threads` threads. Requests wait for a sequence in FIFO order (SlotQueue); past the
+// queue they get 503. A request goes to the free sequence whose cache holds the longest prefix
+// of its prompt, and only the rest is evaluated (the prompt cache). Every API's route takes its
+// request through the same steps: prepare, admit, wait for a sequence, generate.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,11 +20,14 @@
 #include "model/model.hpp"
 #include "server/api.hpp"
 #include "server/connections.hpp"
+#include "server/metrics.hpp"
 #include "server/slot_queue.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace ember::server {
@@ -34,14 +41,14 @@ struct ServerOptions {
   // A connection gets this long to deliver a whole request (its header and body) after it
   // opens or after its last answer; then 408 and closed (server/connections.hpp).
   int read_timeout_s = 10;
+  // Requests must carry "Authorization: Bearer <api_key>" (all but GET /health and the page);
+  // empty: none needed.
+  std::string api_key;
+  // Access-Control-Allow-Origin of every answer (browser clients on other origins); empty: none.
+  std::string cors_origin = "*";
   SessionParams session;  // its n_seq is set to `parallel`
   BatchEngineOptions batch;
   std::string model_id;  // the name clients use; default: the file name without .gguf
-};
-
-// The /health payload's counters, also used by tests.
-struct ServerStats {
-  uint64_t requests = 0, completed = 0, cancelled = 0, errors = 0;
 };
 
 class Server {
@@ -66,7 +73,31 @@ class Server {
   const ServedModel& served() const { return served_; }
 
  private:
+  // The steps every API's generation takes (server.cpp).
+  // A place in the queue (the prompt cache's affinity), or null when the queue is full.
+  std::unique_ptr<SlotQueue::Ticket> admit(const std::shared_ptr<const PreparedRequest>& prep);
+  ApiError busy_error() const;  // 503 server_busy, with the queue's numbers
+  // Waits for a sequence: >= 0, or -1 when the server is shutting down or `gone` says the client
+  // left (every `poll`).
+  int wait_for_sequence(SlotQueue::Ticket& t, const std::function<bool()>& gone, std::chrono::milliseconds poll);
+  // Runs the request on its sequence: `write` gets each piece of text and returns false to stop,
+  // `logprobs` each sampled token's log-probabilities before the piece holding its text; `gone`
+  // (where set) is asked every 200 ms whether the client left. Counts it (health, metrics: the
+  // time from `arrived` to the first text). Throws the engine's error.
+  GenerateResult generate(int slot, const PreparedRequest& prep, std::chrono::steady_clock::time_point arrived,
+                          const PieceCallback& write, const LogprobCallback& logprobs,
+                          const std::function<bool()>& gone);
+  // Whether a finished generation was cut off by shutdown.
+  bool cut_by_shutdown(const GenerateResult& r) const;
+  // A streamed answer's engine error: counted, logged, its sequence freed. Returns the message
+  // the stream's error event carries.
+  std::string stream_failed(const std::exception& e, std::unique_ptr<SlotQueue::Ticket>& held);
+
   void install_routes();
+  void install_openai_routes();  // routes_openai.cpp
+  void install_ollama_routes();  // routes_ollama.cpp
+  void openai_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void ollama_completion(const httplib::Request& req, httplib::Response& res, bool chat);
 
   const Model& model_;
   ServerOptions opts_;
@@ -80,9 +111,13 @@ class Server {
   std::atomic<uint64_t> n_requests_{0}, n_completed_{0}, n_cancelled_{0}, n_errors_{0};
   std::atomic<uint64_t> next_id_{0};
   uint64_t id_salt_ = 0;
+  Metrics metrics_;
 };
 
 // The built-in chat page served at "/" (HTML and JavaScript, no build step).
 extern const char* const kChatPageHtml;
+
+// What the served file is, for Ollama's /api/tags and /api/show (server.cpp).
+ModelFileInfo model_file_info(const Model& model);
 
 }  // namespace ember::server

@@ -126,6 +126,28 @@ std::string encode(const std::vector<uint32_t>& cpts) {
   return out;
 }
 
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<uint8_t>(s[i]);
+    size_t n = 0;
+    uint32_t cpt = 0, min = 0;
+    if (b < 0x80) n = 1, cpt = b;
+    else if ((b & 0xe0) == 0xc0) n = 2, cpt = b & 0x1f, min = 0x80;
+    else if ((b & 0xf0) == 0xe0) n = 3, cpt = b & 0x0f, min = 0x800;
+    else if ((b & 0xf8) == 0xf0) n = 4, cpt = b & 0x07, min = 0x10000;
+    else return false;
+    if (i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      const auto c = static_cast<uint8_t>(s[i + k]);
+      if ((c & 0xc0) != 0x80) return false;
+      cpt = (cpt << 6) | (c & 0x3f);
+    }
+    if (n > 1 && (cpt < min || cpt > 0x10ffff || (cpt >= 0xd800 && cpt <= 0xdfff))) return false;
+    i += n;
+  }
+  return true;
+}
+
 size_t incomplete_utf8_tail(std::string_view s) {
   // Look back at most 3 bytes for a lead byte whose sequence runs past the end.
   const size_t n = s.size();

@@ -55,6 +55,10 @@ std::vector<uint32_t> decode(std::string_view s);
 void append_utf8(std::string& out, uint32_t cpt);
 std::string encode(const std::vector<uint32_t>& cpts);
 
+// Whether `s` is well-formed UTF-8 (no stray or missing continuation bytes, overlong forms,
+// surrogates or values past U+10FFFF).
+bool valid_utf8(std::string_view s);
+
 // Number of bytes at the end of `s` that form an incomplete (but so far valid) UTF-8 sequence.
 size_t incomplete_utf8_tail(std::string_view s);
 

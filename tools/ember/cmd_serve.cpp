@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <thread>
 
@@ -42,6 +43,8 @@ void run_serve(ServeFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params(*model);
   f.server.max_body_bytes = f.max_body_kib * 1024;
+  if (f.server.api_key.empty())
+    if (const char* key = std::getenv("EMBER_API_KEY")) f.server.api_key = key;
   server::Server srv(*model, f.engine.model_path, f.server);
   srv.bind();
   // The first signal drains: no new requests (503), the running ones finish for up to
@@ -77,7 +80,7 @@ void run_serve(ServeFlags& f) {
 
 void add_serve(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
-  CLI::App* cmd = app.add_subcommand("serve", "serve a model over an OpenAI-compatible HTTP API (with a chat page at /)");
+  CLI::App* cmd = app.add_subcommand("serve", "serve a model over OpenAI- and Ollama-compatible HTTP APIs (with a chat page at /, metrics at /metrics)");
   f->engine.add_to(cmd);
   cmd->add_option("--host", f->server.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->server.port, "port to listen on (0: any free port)")
@@ -107,6 +110,12 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   cmd->add_option("--alias", f->server.model_id, "model name clients use (default: the file name without .gguf)");
+  cmd->add_option("--api-key", f->server.api_key,
+                  "require 'Authorization: Bearer KEY' on every route but GET /health and the chat page (also "
+                  "EMBER_API_KEY)");
+  cmd->add_option("--cors", f->server.cors_origin,
+                  "Access-Control-Allow-Origin of every answer, for browser clients on other origins ('' for none)")
+      ->capture_default_str();
   cmd->callback([f] { run_serve(*f); });
 }
 

@@ -294,20 +294,6 @@ SamplerParams SamplingFlags::resolve(const Model& model) const {
   return p;
 }
 
-std::optional<SamplerParams> recommended_sampling(const Model& model) {
-  const std::string base = model.file->opt_string("general.basename").value_or("");
-  SamplerParams p;
-  if (base == "smollm2") {  // the SmolLM2 model cards
-    p.temperature = 0.2f, p.top_p = 0.9f;
-    return p;
-  }
-  if (base == "gemma-3") {  // Gemma 3's generation_config.json
-    p.temperature = 1.0f, p.top_k = 64, p.top_p = 0.95f, p.min_p = 0.0f;
-    return p;
-  }
-  return std::nullopt;
-}
-
 size_t print_predictor_table(const std::vector<LayerPredictor>& layers) {
   std::printf("| layer | rank | recall (mass) | recall (count) | precision | predicted sparsity | true sparsity | bytes |\n");
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");

@@ -60,10 +60,6 @@ struct SamplingFlags {
   CLI::Option *temp_ = nullptr, *top_k_ = nullptr, *top_p_ = nullptr, *min_p_ = nullptr;
 };
 
-// The sampling a model's authors recommend, by general.basename (SmolLM2: temperature 0.2,
-// top-p 0.9; Gemma 3: temperature 1.0, top-k 64, top-p 0.95, no min-p); nullopt when unknown.
-std::optional<SamplerParams> recommended_sampling(const Model& model);
-
 // Loads the model named by the flags, logging what it is and how long it took, and repacks its
 // matrices for the dense kernels: the FFN too when it runs dense (no sparse mode, no hybrid) and
 // `max_scope` allows (tools that read FFN rows one by one pass attention_output). Unless --mmap,

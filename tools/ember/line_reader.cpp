@@ -23,34 +23,34 @@ void put(const char* s, size_t n) {
 }
 void put(const std::string& s) { put(s.data(), s.size()); }
 
-// The terminal in non-canonical mode without echo (this reader echoes) while it lives, signals
-// kept (Ctrl-C raises SIGINT), bracketed paste asked for; restored after.
-class RawMode {
- public:
-  RawMode() {
-    if (tcgetattr(STDIN_FILENO, &saved_) != 0) return;
-    termios t = saved_;
+}  // namespace
+
+// The terminal stays in non-canonical mode without echo (this reader echoes) while the reader
+// lives, not only while it reads: keys typed during a reply (Ctrl-D among them) wait as bytes for
+// the next read, where canonical mode would take them as lines and EOFs that the switch loses.
+// Signals are kept (Ctrl-C raises SIGINT); bracketed paste is asked for. Restored after.
+struct LineReader::Terminal {
+  termios saved{};
+  bool raw = false;
+  Terminal() {
+    if (tcgetattr(STDIN_FILENO, &saved) != 0) return;
+    termios t = saved;
     t.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
     t.c_cc[VMIN] = 1;
     t.c_cc[VTIME] = 0;
-    ok_ = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
-    if (ok_) put("\x1b[?2004h");
+    raw = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+    if (raw) put("\x1b[?2004h");
   }
-  ~RawMode() {
-    if (!ok_) return;
+  ~Terminal() {
+    if (!raw) return;
     put("\x1b[?2004l");
-    tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+    tcsetattr(STDIN_FILENO, TCSANOW, &saved);
   }
-  bool ok() const { return ok_; }
-
- private:
-  termios saved_{};
-  bool ok_ = false;
 };
 
-}  // namespace
-
-LineReader::LineReader() : tty_(isatty(STDIN_FILENO) == 1) {}
+LineReader::LineReader() : tty_(isatty(STDIN_FILENO) == 1) {
+  if (tty_) term_ = std::make_unique<Terminal>();
+}
 LineReader::~LineReader() = default;
 
 bool LineReader::read(const char* prompt, std::string& line) {
@@ -62,8 +62,7 @@ bool LineReader::read(const char* prompt, std::string& line) {
 }
 
 bool LineReader::read_tty(const char* prompt, std::string& line) {
-  RawMode raw;
-  if (!raw.ok()) return static_cast<bool>(std::getline(std::cin, line));
+  if (!term_->raw) return static_cast<bool>(std::getline(std::cin, line));
   bool pasting = false;
   for (;;) {
     unsigned char c = 0;

@@ -1,0 +1,79 @@
+#include "server/request_fields.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace ember::server {
+
+ApiError bad(std::string param, std::string message, std::string code) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
+}
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "an array";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a number";
+    default: return "an unsupported value";
+  }
+}
+
+// Reads an optional field; null counts as absent. Each getter returns an error on a wrong type.
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<ApiError> get_number(const json& obj, const char* name, double lo, double hi, float& out) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) return bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, v->dump()));
+  out = static_cast<float>(d);
+  return std::nullopt;
+}
+
+// An integer: JSON integers, or floats with an integral value (as JavaScript sends 5.0). `why`
+// explains the range, in range errors only.
+std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out,
+                                const std::string& why) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) return bad(name, fmt::format("'{}' must be at most {}, got {}{}", name, hi, u, why));
+    x = static_cast<int64_t>(u);
+  } else if (v->is_number_integer()) {
+    x = v->get<int64_t>();
+  } else if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9e15)
+      return bad(name, fmt::format("'{}' must be an integer, got {}", name, v->dump()));
+    x = static_cast<int64_t>(d);
+  } else {
+    return bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));
+  }
+  if (x < lo || x > hi) return bad(name, fmt::format("'{}' must be between {} and {}, got {}{}", name, lo, hi, x, why));
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) return bad(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
+  out = v->get<bool>();
+  return std::nullopt;
+}
+
+}  // namespace ember::server

@@ -1,0 +1,25 @@
+// Reading a request body's fields with errors that name them, shared by the APIs (OpenAI's in
+// api.cpp, Ollama's in ollama.cpp): a field that is null counts as absent, a value of the wrong type
+// or out of range gives a 400 ApiError naming the field and what was expected.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "server/api.hpp"
+
+namespace ember::server {
+
+ApiError bad(std::string param, std::string message, std::string code = "");
+// "an object", "a string", ... (for messages)
+const char* type_name(const json& v);
+// The field, or null where it is absent or null.
+const json* field(const json& obj, const char* name);
+std::optional<ApiError> get_number(const json& obj, const char* name, double lo, double hi, float& out);
+// An integer: JSON integers, or floats with an integral value (as JavaScript sends 5.0). `why`
+// explains the range, in range errors only.
+std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out,
+                                const std::string& why = "");
+std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out);
+
+}  // namespace ember::server

@@ -1,0 +1,134 @@
+// Ollama's routes (server/ollama.hpp): /api/chat and /api/generate (NDJSON streams unless
+// "stream": false), /api/tags, /api/show, /api/ps, /api/version, on the same engine steps as
+// OpenAI's (server.hpp).
+#include <httplib.h>
+
+#include <random>
+
+#include "core/log.hpp"
+#include "server/ollama.hpp"
+#include "server/routes_common.hpp"
+#include "server/server.hpp"
+
+namespace ember::server {
+
+namespace {
+
+void send_ollama_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  set_retry_after(res, e);
+  res.set_content(ollama::error_body(e), "application/json");
+}
+
+std::string line(const json& j) { return dump(j) + "\n"; }
+
+ollama::Timings timings(const GenerateResult& r, std::chrono::steady_clock::time_point arrived) {
+  ollama::Timings t;
+  t.total_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - arrived).count();
+  t.prompt_ns = static_cast<int64_t>(r.prompt_seconds * 1e9);
+  t.eval_ns = static_cast<int64_t>(r.gen_seconds * 1e9);
+  t.prompt_tokens = r.n_prompt;
+  t.tokens = r.n_generated;
+  return t;
+}
+
+}  // namespace
+
+void Server::ollama_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto arrived = std::chrono::steady_clock::now();
+  ++n_requests_;
+  if (draining_ || stopping_) return send_ollama_error(res, shutting_down_error());
+  auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
+  auto parsed = ollama::parse_request(req.body, chat, served_);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_ollama_error(res, *e);
+  const ollama::Request& oreq = std::get<ollama::Request>(parsed);
+  auto prepared = prepare_request(oreq.completion, tok_, served_, std::random_device{}());
+  if (auto* e = std::get_if<ApiError>(&prepared)) return send_ollama_error(res, *e);
+  PreparedRequest& p = std::get<PreparedRequest>(prepared);
+  // num_predict -1 (Ollama's default) or -2: until the model ends it or the context is full.
+  if (!oreq.completion.max_tokens) p.gen.max_tokens = served_.n_ctx - static_cast<int64_t>(p.prompt.size());
+  if (auto e = ollama::apply_limits(oreq, p)) return send_ollama_error(res, *e);
+  auto prep = std::make_shared<const PreparedRequest>(std::move(p));
+  std::unique_ptr<SlotQueue::Ticket> ticket = admit(prep);
+  if (!ticket) return send_ollama_error(res, busy_error());
+
+  if (!oreq.completion.stream) {
+    const int slot = wait_for_sequence(*ticket, [&] { return hold->peer_closed(); }, std::chrono::milliseconds(250));
+    if (slot < 0) {
+      if (hold->peer_closed()) ++n_cancelled_;
+      return send_ollama_error(res, shutting_down_error());
+    }
+    std::string text;
+    const GenerateResult r = generate(
+        slot, *prep, arrived,
+        [&](std::string_view piece) {
+          text.append(piece);
+          return !stopping_.load();
+        },
+        [](const TokenLogprobs&) {}, [&] { return hold->peer_closed(); });
+    ticket.reset();
+    if (cut_by_shutdown(r)) return send_ollama_error(res, cut_off_error(r.n_generated));
+    res.set_content(dump(ollama::final_chunk(served_, chat, text, r.finish, timings(r, arrived))), "application/json");
+    return;
+  }
+
+  auto held = std::make_shared<std::unique_ptr<SlotQueue::Ticket>>(std::move(ticket));
+  res.set_chunked_content_provider(
+      "application/x-ndjson", [this, held, prep, chat, arrived, hold](size_t, httplib::DataSink& sink) {
+        if (!*held) return false;
+        auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+        // Waiting: NDJSON has no comments, so the client's hang-up is found by its socket.
+        const int slot = wait_for_sequence(**held, [&] { return hold->peer_closed(); }, std::chrono::milliseconds(500));
+        if (slot < 0) {
+          held->reset();
+          if (!(stopping_ || draining_)) {
+            ++n_cancelled_;
+            return false;
+          }
+          if (write(line(json{{"error", shutting_down_error().message}}))) sink.done();
+          return true;
+        }
+        try {
+          const GenerateResult r = generate(
+              slot, *prep, arrived,
+              [&](std::string_view piece) {
+                return !stopping_.load() && write(line(ollama::chunk(served_, chat, std::string(piece))));
+              },
+              [](const TokenLogprobs&) {}, nullptr);
+          held->reset();
+          if (cut_by_shutdown(r)) {  // an error line ends the stream: no "done": true
+            if (write(line(json{{"error", cut_off_error(r.n_generated).message}}))) sink.done();
+            return true;
+          }
+          if (r.finish == FinishReason::cancelled) return false;
+          const bool ok = write(line(ollama::final_chunk(served_, chat, "", r.finish, timings(r, arrived))));
+          if (ok) sink.done();
+          return ok;
+        } catch (const std::exception& e) {
+          write(line(json{{"error", stream_failed(e, *held)}}));
+          return false;
+        }
+      });
+}
+
+void Server::install_ollama_routes() {
+  httplib::Server& s = *http_;
+  s.Post("/api/chat", [this](const httplib::Request& req, httplib::Response& res) { ollama_completion(req, res, true); });
+  s.Post("/api/generate",
+         [this](const httplib::Request& req, httplib::Response& res) { ollama_completion(req, res, false); });
+  s.Get("/api/version", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(ollama::version()), "application/json");
+  });
+  s.Get("/api/tags", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(ollama::tags(served_)), "application/json");
+  });
+  s.Get("/api/ps", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(ollama::ps(served_, 0)), "application/json");
+  });
+  s.Post("/api/show", [this](const httplib::Request& req, httplib::Response& res) {
+    if (auto e = ollama::check_show(req.body, served_)) return send_ollama_error(res, *e);
+    res.set_content(dump(ollama::show(served_)), "application/json");
+  });
+}
+
+}  // namespace ember::server

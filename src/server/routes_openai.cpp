@@ -1,0 +1,160 @@
+// OpenAI's routes (server.hpp): /v1/chat/completions and /v1/completions (and without /v1), their
+// streams as server-sent events; /v1/models; and llama.cpp's /tokenize, /detokenize and /props.
+#include <httplib.h>
+
+#include <random>
+
+#include "core/log.hpp"
+#include "server/request_fields.hpp"
+#include "server/routes_common.hpp"
+#include "server/server.hpp"
+
+namespace ember::server {
+
+void Server::openai_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto arrived = std::chrono::steady_clock::now();
+  ++n_requests_;
+  if (draining_ || stopping_) {
+    set_retry_after(res, shutting_down_error());
+    return send_error(res, shutting_down_error());
+  }
+  // The request's connection, held while it is answered: the watchdog leaves it alone, and a
+  // non-streaming request watches it for the client hanging up.
+  auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
+  auto parsed = parse_completion_request(req.body, chat, served_);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  const CompletionRequest& creq = std::get<CompletionRequest>(parsed);
+  auto prepared = prepare_request(creq, tok_, served_, std::random_device{}());
+  if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(res, *e);
+  auto prep = std::make_shared<const PreparedRequest>(std::move(std::get<PreparedRequest>(prepared)));
+  std::unique_ptr<SlotQueue::Ticket> ticket = admit(prep);
+  if (!ticket) {
+    set_retry_after(res, busy_error());
+    return send_error(res, busy_error());
+  }
+  ResponseMeta meta{fmt::format("{}{:08x}{:08x}", chat ? "chatcmpl-" : "cmpl-", id_salt_ & 0xffffffff, next_id_++),
+                    unix_now(), served_.id, chat};
+
+  if (!creq.stream) {
+    const int slot = wait_for_sequence(*ticket, [&] { return hold->peer_closed(); }, std::chrono::milliseconds(250));
+    if (slot < 0) {
+      if (hold->peer_closed()) ++n_cancelled_;  // (a client that left reads nothing)
+      set_retry_after(res, shutting_down_error());
+      return send_error(res, shutting_down_error());
+    }
+    std::string text;
+    std::vector<TokenLogprobs> lps;
+    const GenerateResult r = generate(
+        slot, *prep, arrived,
+        [&](std::string_view piece) {
+          text.append(piece);
+          return !stopping_.load();
+        },
+        [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return hold->peer_closed(); });
+    ticket.reset();
+    // Cut off by shutdown: an error, never a 200 that looks complete.
+    if (cut_by_shutdown(r)) return send_error(res, cut_off_error(r.n_generated));
+    const json lp = prep->gen.n_logprobs >= 0 ? logprobs_json(meta.chat, lps, tok_) : json(nullptr);
+    res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated, r.n_cached}, lp)),
+                    "application/json");
+    return;
+  }
+
+  const bool include_usage = creq.include_usage;
+  // httplib may copy the provider; the ticket lives in one shared place so that releasing it
+  // from any copy frees the sequence.
+  auto held = std::make_shared<std::unique_ptr<SlotQueue::Ticket>>(std::move(ticket));
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, held, meta, include_usage, prep, hold, arrived](size_t, httplib::DataSink& sink) {
+        if (!*held) return false;  // already ran
+        auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+        // While waiting, an SSE comment every half second finds clients that went away (a write
+        // to a closed connection fails), so they leave the line.
+        const int slot = wait_for_sequence(
+            **held, [&] { return !write(": waiting for a free session\n\n"); }, std::chrono::milliseconds(500));
+        if (slot < 0) {
+          held->reset();
+          if (!(stopping_ || draining_)) {
+            ++n_cancelled_;
+            return false;
+          }
+          if (write(sse(error_body(shutting_down_error())))) sink.done();  // a whole response: its error
+          return true;
+        }
+        try {
+          if (meta.chat && !write(sse(dump(role_chunk_json(meta))))) {
+            ++n_cancelled_;
+            held->reset();
+            return false;
+          }
+          // Log-probabilities of the tokens sampled since the last chunk ride on the next one
+          // (text held back by a stop string or split UTF-8 arrives later than its token).
+          const bool want_lp = prep->gen.n_logprobs >= 0;
+          std::vector<TokenLogprobs> pending;
+          int64_t offset = 0;
+          const auto take_lp = [&]() -> json {
+            if (!want_lp) return nullptr;
+            json j = logprobs_json(meta.chat, pending, tok_, &offset);
+            pending.clear();
+            return j;
+          };
+          const GenerateResult r = generate(
+              slot, *prep, arrived,
+              [&](std::string_view piece) {
+                return !stopping_.load() && write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt, take_lp()))));
+              },
+              [&](const TokenLogprobs& t) { pending.push_back(t); }, nullptr);
+          held->reset();  // the sequence is free for the next request from here on
+          // Cut off by shutdown: an error event ends the stream (no finish reason, no [DONE]).
+          if (cut_by_shutdown(r)) {
+            if (write(sse(error_body(cut_off_error(r.n_generated))))) sink.done();
+            return true;
+          }
+          if (r.finish == FinishReason::cancelled) return false;
+          bool ok = write(sse(dump(chunk_json(meta, "", r.finish, pending.empty() ? json(nullptr) : take_lp()))));
+          if (ok && include_usage) ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated, r.n_cached}))));
+          if (ok) ok = write("data: [DONE]\n\n");
+          if (ok) sink.done();
+          return ok;
+        } catch (const std::exception& e) {
+          write(sse(error_body(ApiError{500, stream_failed(e, *held), "server_error", "", ""})));
+          return false;
+        }
+      });
+}
+
+void Server::install_openai_routes() {
+  httplib::Server& s = *http_;
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(models_json(served_)), "application/json");
+  });
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != served_.id)
+      return send_error(res, ApiError{404, fmt::format("The model '{}' does not exist", req.matches[1].str()),
+                                      "invalid_request_error", "model", "model_not_found"});
+    res.set_content(dump(models_json(served_)["data"][0]), "application/json");
+  });
+  for (const char* path : {"/v1/chat/completions", "/chat/completions"})  // (clients set up without /v1)
+    s.Post(path, [this](const httplib::Request& req, httplib::Response& res) { openai_completion(req, res, true); });
+  for (const char* path : {"/v1/completions", "/completions"})
+    s.Post(path, [this](const httplib::Request& req, httplib::Response& res) { openai_completion(req, res, false); });
+
+  // llama.cpp's: text to token ids and back, and the server's defaults.
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    auto parsed = parse_tokenize_request(req.body);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+    res.set_content(dump(tokenize_json(std::get<TokenizeRequest>(parsed), tok_)), "application/json");
+  });
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    auto parsed = parse_detokenize_request(req.body, tok_);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+    res.set_content(dump(json{{"content", std::get<std::string>(parsed)}}), "application/json");
+  });
+  s.Get("/props", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(props_json(served_, static_cast<int64_t>(opts_.parallel))), "application/json");
+  });
+}
+
+}  // namespace ember::server

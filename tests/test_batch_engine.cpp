@@ -22,6 +22,7 @@
 
 using namespace ember;
 using test_support::greedy;
+using test_support::tokens_from;
 
 namespace {
 
@@ -52,15 +53,6 @@ double rel_diff(const float* a, const float* b, int64_t n) {
     m = std::max(m, std::fabs(static_cast<double>(b[i])));
   }
   return d / std::max(m, 1e-30);
-}
-
-std::vector<int32_t> tokens_from(uint32_t seed, size_t n, int64_t n_vocab) {
-  std::vector<int32_t> t(n);
-  for (size_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    t[i] = static_cast<int32_t>((seed >> 8) % static_cast<uint32_t>(n_vocab));
-  }
-  return t;
 }
 
 // Runs a job to its end; returns its text.

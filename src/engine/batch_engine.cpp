@@ -87,7 +87,26 @@ std::shared_ptr<BatchEngine::Job> BatchEngine::start(int seq, std::vector<int32_
       },
       [j](const TokenLogprobs& t) { j->lp_pending_.push_back(t); });
   j->prompt_ = std::move(prompt);
-  j->t_start_ = std::chrono::steady_clock::now();
+  return enqueue(std::move(job));
+}
+
+std::shared_ptr<BatchEngine::Job> BatchEngine::embed(int seq, std::vector<int32_t> tokens, Pooling pooling) {
+  EMBER_CHECK(seq >= 0 && seq < session_.n_seq(), "sequence {} does not exist (the engine has {})", seq,
+              session_.n_seq());
+  EMBER_CHECK(!tokens.empty(), "the input is empty");
+  EMBER_CHECK(static_cast<int64_t>(tokens.size()) <= session_.n_ctx(), "the input has {} tokens but the context holds {}",
+              tokens.size(), session_.n_ctx());
+  auto job = std::make_shared<Job>();
+  job->seq_ = seq;
+  const int64_t n = static_cast<int64_t>(tokens.size()), d = model_.hp.n_embd;
+  job->pooler_ = std::make_unique<Pooler>(pooling, d, n);
+  job->hidden_.resize(static_cast<size_t>(std::min(n, session_.max_batch()) * d));
+  job->prompt_ = std::move(tokens);
+  return enqueue(std::move(job));
+}
+
+std::shared_ptr<BatchEngine::Job> BatchEngine::enqueue(std::shared_ptr<Job> job) {
+  job->t_start_ = std::chrono::steady_clock::now();
   {
     std::lock_guard lk(mu_);
     EMBER_CHECK(!stopping_, "the engine is stopping");
@@ -97,9 +116,21 @@ std::shared_ptr<BatchEngine::Job> BatchEngine::start(int seq, std::vector<int32_
   return job;
 }
 
+void BatchEngine::abort(Job& job, const std::string& error) {
+  if (job.gen_) job.gen_->cancel();
+  job.embed_done_ = true;
+  end(job, error);
+}
+
 void BatchEngine::end(Job& job, const std::string& error) {
   const auto now = std::chrono::steady_clock::now();
-  GenerateResult r = job.gen_->result();
+  GenerateResult r;
+  if (job.gen_) {
+    r = job.gen_->result();
+  } else {  // an embedding: the whole input read, or cancelled before
+    r.n_prompt = static_cast<int64_t>(job.prompt_.size());
+    r.finish = job.embedding_.empty() ? FinishReason::cancelled : FinishReason::length;
+  }
   r.n_cached = job.result_.n_cached;
   if (job.t_first_ == std::chrono::steady_clock::time_point{}) job.t_first_ = now;
   r.prompt_seconds = seconds_between(job.t_start_, job.t_first_);
@@ -125,21 +156,19 @@ void BatchEngine::loop() {
       joining.swap(incoming_);
     }
     for (auto& job : joining) {
-      // The prompt cache: keep what the sequence holds of this prompt, drop the rest.
-      job->n_done_ = ember::cached_prefix(session_.tokens(job->seq_), job->prompt_);
+      // The prompt cache: keep what the sequence holds of this prompt, drop the rest (all of it
+      // for an embedding, which reads every token's state).
+      job->n_done_ = job->gen_ ? ember::cached_prefix(session_.tokens(job->seq_), job->prompt_) : 0;
       job->result_.n_cached = job->n_done_;
       session_.truncate(job->n_done_, job->seq_);
       jobs.push_back(std::move(job));
     }
     step(jobs);
-    std::erase_if(jobs, [](const std::shared_ptr<Job>& j) { return j->gen_->done(); });
+    std::erase_if(jobs, [](const std::shared_ptr<Job>& j) { return j->finished(); });
   }
   std::lock_guard lk(mu_);
   for (auto& job : incoming_) jobs.push_back(std::move(job));
-  for (auto& job : jobs) {
-    job->gen_->cancel();
-    end(*job, "the server is shutting down");
-  }
+  for (auto& job : jobs) abort(*job, "the server is shutting down");
 }
 
 void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
@@ -149,12 +178,9 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
       std::lock_guard lk(job->mu_);
       cancel = job->cancel_;
     }
-    if (cancel) {
-      job->gen_->cancel();
-      end(*job);
-    }
+    if (cancel) abort(*job);
   }
-  std::erase_if(jobs, [](const std::shared_ptr<Job>& j) { return j->gen_->done(); });
+  std::erase_if(jobs, [](const std::shared_ptr<Job>& j) { return j->finished(); });
   if (jobs.empty()) return;
 
   // The generating sequences' next tokens first, then prompt chunks, oldest job first.
@@ -165,7 +191,7 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
   int64_t budget = session_.max_batch();
   bool generating = false;
   for (auto& job : jobs) {
-    if (job->n_done_ < static_cast<int64_t>(job->prompt_.size())) continue;
+    if (!job->gen_ || job->n_done_ < static_cast<int64_t>(job->prompt_.size())) continue;
     items.push_back({job->seq_, &job->next_, 1});
     owners.push_back(job.get());
     --budget;
@@ -176,7 +202,7 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
     if (left <= 0 || budget <= 0) continue;
     int64_t chunk = std::min(left, budget);
     if (generating) chunk = std::min(chunk, opts_.prompt_chunk);
-    items.push_back({job->seq_, job->prompt_.data() + job->n_done_, chunk});
+    items.push_back({job->seq_, job->prompt_.data() + job->n_done_, chunk, job->gen_ ? nullptr : job->hidden_.data()});
     owners.push_back(job.get());
     budget -= chunk;
   }
@@ -185,10 +211,7 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
     session_.eval_seqs(items);
   } catch (const std::exception& e) {
     log_warn("a batch of {} sequences failed: {}", items.size(), e.what());
-    for (Job* job : owners) {
-      job->gen_->cancel();
-      end(*job, e.what());
-    }
+    for (Job* job : owners) abort(*job, e.what());
     return;
   }
   int64_t cached = 0;  // the caches' tokens after this step (the engine thread's to read)
@@ -202,6 +225,16 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
 
   for (size_t i = 0; i < items.size(); ++i) {
     Job& job = *owners[i];
+    if (!job.gen_) {  // an embedding: its chunk's states pooled, the vector once all are in
+      job.pooler_->add(job.hidden_.data(), job.n_done_, items[i].n);
+      job.n_done_ += items[i].n;
+      if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) continue;
+      job.embedding_ = job.pooler_->result();
+      job.embed_done_ = true;
+      job.t_first_ = std::chrono::steady_clock::now();
+      end(job);
+      continue;
+    }
     if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) {
       job.n_done_ += items[i].n;
       if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) continue;  // more of the prompt next step

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/embedding.hpp"
 #include "engine/generator.hpp"
 #include "engine/session.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -45,7 +46,8 @@ class BatchEngine {
     std::vector<TokenLogprobs> logprobs;
   };
 
-  // One generation in the batch. The engine thread produces; the request's thread waits.
+  // One generation (or embedding) in the batch. The engine thread produces; the request's
+  // thread waits.
   class Job {
    public:
     // Waits up to `timeout` for output or the end; appends the pieces produced so far to `out`.
@@ -58,15 +60,22 @@ class BatchEngine {
     // engine failed to run the job (the message says why).
     const GenerateResult& result() const { return result_; }
     const std::string& error() const { return error_; }
+    // An embedding job's pooled vector (not normalized) once wait() returned false; empty when it
+    // was cancelled or failed.
+    const std::vector<float>& embedding() const { return embedding_; }
 
    private:
     friend class BatchEngine;
+    bool finished() const { return gen_ ? gen_->done() : embed_done_; }
     // Engine side.
     int seq_ = 0;
     std::vector<int32_t> prompt_;
     int64_t n_done_ = 0;  // prompt tokens in the cache (the cached prefix, then evaluated chunks)
     int32_t next_ = -1;   // the sampled token the next step evaluates
-    std::unique_ptr<Generation> gen_;
+    std::unique_ptr<Generation> gen_;  // null for an embedding
+    std::unique_ptr<Pooler> pooler_;   // an embedding's: its tokens' hidden states pooled so far
+    std::vector<float> hidden_;        // an embedding's chunk of hidden states
+    bool embed_done_ = false;
     std::vector<TokenLogprobs> lp_pending_;
     std::chrono::steady_clock::time_point t_start_, t_first_;
     // Shared with the request's thread.
@@ -76,6 +85,7 @@ class BatchEngine {
     bool cancel_ = false, ended_ = false;
     GenerateResult result_;
     std::string error_;
+    std::vector<float> embedding_;
   };
 
   // params.n_seq sequences; each must not be the hybrid path's (Session refuses).
@@ -89,6 +99,13 @@ class BatchEngine {
   // this one has ended). Keeps the longest prefix of `prompt` the sequence holds and drops the
   // rest of its cache. Throws ember::Error for an empty prompt or one that does not fit.
   std::shared_ptr<Job> start(int seq, std::vector<int32_t> prompt, const GenerateParams& params);
+
+  // Embeds `tokens` on sequence `seq` (held as for start): they are evaluated from position 0
+  // (an embedding needs every token's state, so the prompt cache is not used; the sequence's
+  // cache holds them afterwards) in chunks beside the other jobs, and their final hidden states
+  // pooled (engine/embedding.hpp). The job has no text; result().n_prompt counts the tokens and
+  // embedding() is the vector. Throws ember::Error for no tokens or more than the context.
+  std::shared_ptr<Job> embed(int seq, std::vector<int32_t> tokens, Pooling pooling);
 
   // Prompt tokens sequence `seq` would take from its cache; only for a sequence without a job.
   int64_t cached_prefix(int seq, const std::vector<int32_t>& prompt) const;
@@ -109,6 +126,9 @@ class BatchEngine {
   // One forward pass over the jobs' next tokens and prompt chunks; then samples.
   void step(std::vector<std::shared_ptr<Job>>& jobs);
   void end(Job& job, const std::string& error = {});
+  // Ends a job before its time (cancelled, failed, shutdown).
+  void abort(Job& job, const std::string& error = {});
+  std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);
 
   const Model& model_;
   const Tokenizer& tok_;

@@ -469,6 +469,11 @@ void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const
   }
 }
 
+void HybridFfn::sync_hidden() {
+  if (held_rows_ > 0) device_->sync();
+  held_rows_ = 0;
+}
+
 bool HybridFfn::output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
                        float* logits) {
   if (!plan_.output_gpu) return false;
@@ -484,8 +489,7 @@ bool HybridFfn::output(const Model& model, ThreadPool& pool, Workspace& ws, cons
     device_block_s_ += now_seconds() - t;
     return true;
   }
-  if (held_rows_ > 0) device_->sync();  // the hidden state to the host first
-  held_rows_ = 0;
+  sync_hidden();  // the hidden state to the host first
   for (int64_t i0 = 0; i0 < n_rows; i0 += popts_.max_batch) {
     const int64_t nc = std::min(popts_.max_batch, n_rows - i0);
     float* staged = ws.o.data();  // free after the last layer (as output_rows uses it)

@@ -98,6 +98,7 @@ class HybridFfn final : public FfnExecutor, public LayerExecutor {
   std::string refusal(const Model& model) const override;
   void run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
                   int64_t n) override;
+  void sync_hidden() override;
   bool output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
               float* logits) override;
 

@@ -46,11 +46,12 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     sq.tokens.reserve(static_cast<size_t>(n_ctx));  // no reallocation on the decode path
   }
   ws_.init(model, std::min(p.n_batch, n_ctx * p.n_seq), n_ctx, pool_.size());
-  if (p.n_seq > 1) {
+  {
     const size_t most = static_cast<size_t>(std::min<int64_t>(p.n_seq, ws_.max_batch));
     batch_tokens_.reserve(static_cast<size_t>(ws_.max_batch));
     batch_spans_.reserve(most);
     batch_rows_.reserve(most);
+    batch_hidden_.reserve(most);
     batch_logits_.resize(most * static_cast<size_t>(hp.n_vocab));
   }
   if (p.hybrid_on() || p.sparse.mode != FfnMode::dense) {
@@ -152,12 +153,13 @@ void Session::eval_all_logits(const int32_t* tokens, int64_t n, float* all_logit
 void Session::eval_seqs(std::span<const SeqEval> items) {
   EMBER_CHECK(!items.empty(), "eval_seqs: no sequence given");
   for (const SeqEval& it : items) EMBER_CHECK(it.n >= 1, "eval_seqs: sequence {} is given {} tokens", it.seq, it.n);
-  if (items.size() == 1) return eval(items[0].tokens, items[0].n, items[0].seq);
+  if (items.size() == 1 && !items[0].hidden) return eval(items[0].tokens, items[0].n, items[0].seq);
   EMBER_CHECK(items.size() <= batch_spans_.capacity(), "eval_seqs: {} sequences in one step (at most {})", items.size(),
               batch_spans_.capacity());
   batch_tokens_.clear();
   batch_spans_.clear();
   batch_rows_.clear();
+  batch_hidden_.clear();
   for (const SeqEval& it : items) {
     Seq& sq = at(it.seq);
     for (const SeqSpan& earlier : batch_spans_)
@@ -167,16 +169,18 @@ void Session::eval_seqs(std::span<const SeqEval> items) {
                 ws_.max_batch);
     const int64_t first = static_cast<int64_t>(batch_tokens_.size());
     batch_spans_.push_back({&sq.kv, first, it.n, pos(it.seq), it.seq});
-    batch_rows_.push_back(first + it.n - 1);
+    if (it.hidden) batch_hidden_.push_back({first, it.n, it.hidden});
+    else batch_rows_.push_back(first + it.n - 1);
     batch_tokens_.insert(batch_tokens_.end(), it.tokens, it.tokens + it.n);
   }
   forward_seqs(model_, pool_, ws_, batch_tokens_.data(), batch_spans_, batch_rows_.data(),
-               static_cast<int64_t>(batch_rows_.size()), batch_logits_.data());
+               static_cast<int64_t>(batch_rows_.size()), batch_logits_.data(), batch_hidden_);
   const size_t nv = static_cast<size_t>(model_.hp.n_vocab);
-  for (size_t i = 0; i < items.size(); ++i) {
-    Seq& sq = seqs_[static_cast<size_t>(items[i].seq)];
-    std::copy_n(batch_logits_.data() + i * nv, nv, sq.logits.begin());
-    sq.tokens.insert(sq.tokens.end(), items[i].tokens, items[i].tokens + items[i].n);
+  size_t row = 0;
+  for (const SeqEval& it : items) {
+    Seq& sq = seqs_[static_cast<size_t>(it.seq)];
+    if (!it.hidden) std::copy_n(batch_logits_.data() + row++ * nv, nv, sq.logits.begin());
+    sq.tokens.insert(sq.tokens.end(), it.tokens, it.tokens + it.n);
   }
 }
 

@@ -52,10 +52,14 @@ class Session {
     int seq = 0;
     const int32_t* tokens = nullptr;
     int64_t n = 0;
+    // Set: the pass writes the final hidden state of each of these tokens here (n x n_embd,
+    // model/forward.hpp's HiddenRows: embeddings) instead of the last one's logits, and
+    // logits(seq) keeps what it held.
+    float* hidden = nullptr;
   };
   // One forward pass over several sequences' new tokens (each sequence at most once, n >= 1,
-  // at most max_batch() tokens in all; one sequence alone is eval's); afterwards logits(seq)
-  // holds each one's last token's logits.
+  // at most max_batch() tokens in all; one sequence alone without `hidden` is eval's);
+  // afterwards logits(seq) holds each one's last token's logits.
   void eval_seqs(std::span<const SeqEval> items);
 
   int n_seq() const { return static_cast<int>(seqs_.size()); }
@@ -120,6 +124,7 @@ class Session {
   std::vector<int32_t> batch_tokens_;
   std::vector<SeqSpan> batch_spans_;
   std::vector<int64_t> batch_rows_;
+  std::vector<HiddenRows> batch_hidden_;
   std::vector<float> batch_logits_;
 };
 

@@ -231,6 +231,11 @@ void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t*
   output_block(m, output_weights(m), pool, ws, gathered, n_rows, logits);
 }
 
+void hidden_rows(const Model& m, const Workspace& ws, std::span<const HiddenRows> rows) {
+  const OutputWeights w = output_weights(m);
+  for (const HiddenRows& h : rows) apply_norm(m, w.norm, w.norm_b, ws.x.data() + h.first * m.hp.n_embd, h.out, h.n);
+}
+
 void embed_seqs(const Model& m, const int32_t* tokens, std::span<const SeqSpan> seqs, float* x, float* scratch) {
   const int64_t d = m.hp.n_embd;
   for (const SeqSpan& sq : seqs) embed_block(m, tokens + sq.first, sq.n, sq.pos0, x + sq.first * d, scratch);

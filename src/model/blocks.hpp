@@ -81,6 +81,10 @@ void cpu_layer(const Model& m, int64_t il, ThreadPool& pool, std::span<const Seq
 // scratch), or of its first n_rows rows when `rows` is null; soft-capped where the model says so.
 void output_rows(const Model& m, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows, float* logits);
 
+// Each HiddenRows' rows of ws.x after the output norm (what the head reads): the final hidden
+// states that embeddings pool.
+void hidden_rows(const Model& m, const Workspace& ws, std::span<const HiddenRows> rows);
+
 // The output head's tensors: the model's, or a device's copies of them.
 struct OutputWeights {
   TensorView norm, norm_b, output;

@@ -80,7 +80,8 @@ void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, c
 }
 
 void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int32_t* tokens,
-                  std::span<const SeqSpan> seqs, const int64_t* out_rows, int64_t n_out, float* logits) {
+                  std::span<const SeqSpan> seqs, const int64_t* out_rows, int64_t n_out, float* logits,
+                  std::span<const HiddenRows> hidden) {
   EMBER_CHECK(!seqs.empty(), "forward: no sequence in the batch");
   int64_t n = 0;
   for (const SeqSpan& sq : seqs) {
@@ -97,13 +98,22 @@ void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int
   EMBER_CHECK(out_rows || n_out == n, "forward: {} output rows of a batch of {} without their list", n_out, n);
   for (int64_t i = 0; out_rows && i < n_out; ++i)
     EMBER_CHECK(out_rows[i] >= 0 && out_rows[i] < n, "forward: output row {} is not in the batch of {}", out_rows[i], n);
+  EMBER_CHECK(n_out > 0 || !hidden.empty(), "forward: a pass that outputs nothing");
+  for (const HiddenRows& h : hidden)
+    EMBER_CHECK(h.out && h.first >= 0 && h.n >= 1 && h.first + h.n <= n,
+                "forward: hidden rows [{}, {}) are not in the batch of {}", h.first, h.first + h.n, n);
   embed_seqs(model, tokens, seqs, ws.x.data(), ws.o.data());
   if (ws.layers) {
     ws.layers->run_layers(model, pool, seqs, ws, n);
-    if (ws.layers->output(model, pool, ws, out_rows, n_out, logits)) return;
   } else {
     for (int64_t il = 0; il < model.hp.n_layer; ++il) cpu_layer(model, il, pool, seqs, ws, n);
   }
+  if (!hidden.empty()) {
+    if (ws.layers) ws.layers->sync_hidden();
+    hidden_rows(model, ws, hidden);
+  }
+  if (n_out == 0) return;
+  if (ws.layers && ws.layers->output(model, pool, ws, out_rows, n_out, logits)) return;
   output_rows(model, pool, ws, out_rows, n_out, logits);
 }
 

@@ -45,6 +45,9 @@ class LayerExecutor {
   // The batch's n rows hold the spans' tokens in order, each sequence with its own cache.
   virtual void run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
                           int64_t n) = 0;
+  // After run_layers, ws.x holds the last layer's output once this returns (a device may still
+  // be copying it back when the head follows on the device: output() waits for both at once).
+  virtual void sync_hidden() {}
   // The output head after run_layers, as output_rows (model/blocks.hpp) takes it; false where
   // the head runs on the CPU, which the caller then runs.
   virtual bool output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
@@ -88,13 +91,21 @@ struct Workspace {
 void forward(const Model& model, ThreadPool& pool, KvCache& kv, Workspace& ws, const int32_t* tokens, int64_t n,
              int64_t pos0, float* logits, bool logits_all, int64_t seq = 0);
 
+// Rows of a batch whose final hidden state a caller wants (embeddings): rows [first, first + n)
+// after the output norm, i.e. what the output head reads, into out (n x n_embd).
+struct HiddenRows {
+  int64_t first = 0, n = 0;
+  float* out = nullptr;
+};
+
 // A forward pass over several sequences at once: tokens[0..n) are the rows of all of them, and
 // seqs (in row order, contiguous, none empty) say whose they are; each appends to its own KV
 // cache. logits (n_out x n_vocab) = the logits of rows out_rows[0..n_out) (null: of every row,
-// n_out = n). Weights are read once
-// for all rows; attention runs per sequence. Not on the hybrid path (ws.layers), which holds one
-// sequence's cache on its devices.
+// n_out = n; n_out may be 0 when only hidden states are wanted), and each of `hidden` gets its
+// rows' final hidden states. Weights are read once for all rows; attention runs per sequence
+// (on the hybrid path too: its devices keep a cache per sequence).
 void forward_seqs(const Model& model, ThreadPool& pool, Workspace& ws, const int32_t* tokens,
-                  std::span<const SeqSpan> seqs, const int64_t* out_rows, int64_t n_out, float* logits);
+                  std::span<const SeqSpan> seqs, const int64_t* out_rows, int64_t n_out, float* logits,
+                  std::span<const HiddenRows> hidden = {});
 
 }  // namespace ember

@@ -50,6 +50,16 @@ std::optional<ApiError> get_content(const json& msg, size_t i, std::string& out)
 
 }  // namespace
 
+std::optional<ApiError> check_model_field(const json& j, const ServedModel& model) {
+  const json* m = field(j, "model");
+  if (!m) return std::nullopt;
+  if (!m->is_string()) return bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
+  const std::string name = m->get<std::string>();
+  if (name == model.id) return std::nullopt;
+  return ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'", name, model.id),
+                  "invalid_request_error", "model", "model_not_found"};
+}
+
 std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, bool chat,
                                                                    const ServedModel& model) {
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
@@ -62,13 +72,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   r.chat = chat;
   r.sampling = model.sampling;
 
-  if (const json* m = field(j, "model")) {
-    if (!m->is_string()) return bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
-    const std::string name = m->get<std::string>();
-    if (name != model.id)
-      return ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'", name, model.id),
-                      "invalid_request_error", "model", "model_not_found"};
-  }
+  if (auto e = check_model_field(j, model)) return *e;
 
   if (chat) {
     const json* msgs = field(j, "messages");

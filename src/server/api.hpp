@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/embedding.hpp"
 #include "engine/generator.hpp"
 #include "tokenizer/chat_template.hpp"
 
@@ -59,7 +60,12 @@ struct ServedModel {
   // Sampling where a request leaves it out: the model's recommended (default_sampling).
   SamplerParams sampling;
   ModelFileInfo file;
+  int64_t n_embd = 0;                 // an embedding's dimensions
+  Pooling pooling = Pooling::mean;    // how embeddings pool the tokens' states (--pooling)
 };
+
+// OpenAI's "model" field: optional, but where given the served model's name (else 404).
+std::optional<ApiError> check_model_field(const json& j, const ServedModel& model);
 
 struct CompletionRequest {
   bool chat = false;

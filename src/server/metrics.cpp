@@ -38,6 +38,11 @@ void Metrics::generated(int64_t prompt_tokens, int64_t cached_tokens, int64_t to
   while (!recent_.empty() && now - recent_.front().first > kWindow) recent_.pop_front();
 }
 
+void Metrics::embedded(int64_t inputs, int64_t tokens) {
+  embeddings_ += static_cast<uint64_t>(inputs);
+  embedding_tokens_ += static_cast<uint64_t>(tokens);
+}
+
 void Metrics::first_token(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   size_t b = 0;
@@ -66,6 +71,8 @@ std::string Metrics::prometheus(const MetricsGauges& g, const std::string& model
   one("ember_prompt_tokens_cached_total", "counter", "Of those, served from the prompt cache.",
       static_cast<double>(cached_tokens_));
   one("ember_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(tokens_));
+  one("ember_embeddings_total", "counter", "Inputs embedded (/v1/embeddings, /api/embed).", static_cast<double>(embeddings_));
+  one("ember_embedding_tokens_total", "counter", "Tokens of the inputs embedded.", static_cast<double>(embedding_tokens_));
   // Tokens of the generations that finished within the last minute, over the minute.
   const auto now = std::chrono::steady_clock::now();
   int64_t recent = 0;

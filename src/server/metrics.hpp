@@ -1,5 +1,5 @@
 // The server's counters for GET /metrics, in Prometheus' text format (version 0.0.4): requests by
-// route family and HTTP status, prompt and generated tokens, generation throughput over the last
+// route family and HTTP status, prompt, generated and embedded tokens, generation throughput over the last
 // minute, the time to first token as a histogram, and the gauges the caller reads at scrape time
 // (queue depth, busy sequences, KV cache use). Several `ember serve` behind a router or load
 // balancer are watched this way. Thread-safe; no allocation on the counting paths but the first
@@ -31,12 +31,14 @@ class Metrics {
   void request(int status);                                // an answered request, by status
   void generated(int64_t prompt_tokens, int64_t cached_tokens, int64_t tokens);  // a finished generation
   void first_token(double seconds);                        // from arrival to the first text
+  void embedded(int64_t inputs, int64_t tokens);           // a finished embedding request
   std::string prometheus(const MetricsGauges& g, const std::string& model) const;
 
  private:
   mutable std::mutex mu_;
   std::map<int, uint64_t> by_status_;
   std::atomic<uint64_t> prompt_tokens_{0}, cached_tokens_{0}, tokens_{0}, generations_{0};
+  std::atomic<uint64_t> embeddings_{0}, embedding_tokens_{0};
   std::array<uint64_t, kTtftBuckets.size() + 1> ttft_{};  // the last: +Inf
   double ttft_sum_ = 0;
   uint64_t ttft_count_ = 0;

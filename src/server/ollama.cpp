@@ -16,17 +16,6 @@ namespace {
 
 constexpr const char* kVersion = "0.12.0";  // the Ollama API version these routes follow
 
-// The model named in a request (Ollama's clients may add ":latest" to a name without a tag).
-std::optional<ApiError> check_model(const json& j, const ServedModel& model, const char* key = "model") {
-  const json* m = field(j, key);
-  if (!m) return bad(key, fmt::format("'{}' is required", key));
-  if (!m->is_string()) return bad(key, fmt::format("'{}' must be a string, got {}", key, type_name(*m)));
-  const std::string name = m->get<std::string>();
-  if (name == model.id || name == model.id + ":latest") return std::nullopt;
-  return ApiError{404, fmt::format("model '{}' not found; this server serves '{}'", name, model.id), "not_found_error",
-                  key, "model_not_found"};
-}
-
 // options.stop: a string or an array of strings.
 std::optional<ApiError> read_stop(const json& opts, std::vector<std::string>& out) {
   const json* s = field(opts, "stop");
@@ -71,6 +60,16 @@ std::optional<ApiError> read_messages(const json& j, std::vector<ChatMessage>& o
 }
 
 }  // namespace
+
+std::optional<ApiError> check_model(const json& j, const ServedModel& model, const char* key) {
+  const json* m = field(j, key);
+  if (!m) return bad(key, fmt::format("'{}' is required", key));
+  if (!m->is_string()) return bad(key, fmt::format("'{}' must be a string, got {}", key, type_name(*m)));
+  const std::string name = m->get<std::string>();
+  if (name == model.id || name == model.id + ":latest") return std::nullopt;
+  return ApiError{404, fmt::format("model '{}' not found; this server serves '{}'", name, model.id), "not_found_error",
+                  key, "model_not_found"};
+}
 
 std::variant<Request, ApiError> parse_request(std::string_view body, bool chat, const ServedModel& model) {
   const json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);

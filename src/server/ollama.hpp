@@ -32,6 +32,10 @@ std::variant<Request, ApiError> parse_request(std::string_view body, bool chat, 
 // the smaller context; the answer never passes its end).
 std::optional<ApiError> apply_limits(const Request& r, PreparedRequest& p);
 
+// The model named in a request's `key` (required; Ollama's clients may add ":latest" to a name
+// without a tag): 404 for another.
+std::optional<ApiError> check_model(const json& j, const ServedModel& model, const char* key = "model");
+
 // {"error": message}
 std::string error_body(const ApiError& e);
 

@@ -15,6 +15,7 @@ extern thread_local int t_request_fd;
 
 int64_t unix_now();
 void send_error(httplib::Response& res, const ApiError& e);  // OpenAI's error shape
+void send_ollama_error(httplib::Response& res, const ApiError& e);  // Ollama's: {"error": message}
 std::string sse(const std::string& data);                     // "data: ...\n\n"
 ApiError shutting_down_error();                               // 503 server_shutting_down
 ApiError cut_off_error(int64_t n_generated);                  // an answer cut off by shutdown

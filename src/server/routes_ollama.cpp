@@ -14,12 +14,6 @@ namespace ember::server {
 
 namespace {
 
-void send_ollama_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  set_retry_after(res, e);
-  res.set_content(ollama::error_body(e), "application/json");
-}
-
 std::string line(const json& j) { return dump(j) + "\n"; }
 
 ollama::Timings timings(const GenerateResult& r, std::chrono::steady_clock::time_point arrived) {

@@ -18,6 +18,7 @@
 #include "core/timer.hpp"
 #include "engine/generator.hpp"
 #include "engine/sampler.hpp"
+#include "server/ollama.hpp"
 #include "server/routes_common.hpp"
 #include "server/worker_pool.hpp"
 
@@ -33,6 +34,12 @@ int64_t unix_now() {
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(error_body(e), "application/json");
+}
+
+void send_ollama_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  set_retry_after(res, e);
+  res.set_content(ollama::error_body(e), "application/json");
 }
 
 std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
@@ -160,6 +167,8 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
   served_.grammar_vocab = std::make_shared<TokenGrammar>(tok_);
   served_.sampling = default_sampling(model_);
   served_.file = model_file_info(model_);
+  served_.n_embd = model_.hp.n_embd;
+  served_.pooling = opts_.pooling ? *opts_.pooling : default_pooling(model_);
   // Fail at start, not per request, when the chat template is unknown.
   parse_chat_template(served_.chat_template);
   id_salt_ = std::random_device{}();
@@ -407,6 +416,7 @@ void Server::install_routes() {
   });
   install_openai_routes();
   install_ollama_routes();
+  install_embedding_routes();
 }
 
 }  // namespace ember::server

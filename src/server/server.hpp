@@ -20,6 +20,7 @@
 #include "model/model.hpp"
 #include "server/api.hpp"
 #include "server/connections.hpp"
+#include "server/embeddings.hpp"
 #include "server/metrics.hpp"
 #include "server/slot_queue.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -49,6 +50,7 @@ struct ServerOptions {
   SessionParams session;  // its n_seq is set to `parallel`
   BatchEngineOptions batch;
   std::string model_id;  // the name clients use; default: the file name without .gguf
+  std::optional<Pooling> pooling;  // embeddings' pooling; default: the file's, else mean
 };
 
 class Server {
@@ -96,6 +98,8 @@ class Server {
   void install_routes();
   void install_openai_routes();  // routes_openai.cpp
   void install_ollama_routes();  // routes_ollama.cpp
+  void install_embedding_routes();  // routes_embeddings.cpp
+  void embeddings(const httplib::Request& req, httplib::Response& res, EmbeddingApi api);
   void openai_completion(const httplib::Request& req, httplib::Response& res, bool chat);
   void ollama_completion(const httplib::Request& req, httplib::Response& res, bool chat);
 

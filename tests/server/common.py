@@ -19,6 +19,15 @@ def skip(why):
     sys.exit(SKIP)
 
 
+def clients(*names):
+    """Imports the client packages a test drives (`openai`, `ollama`, ...), or skips the test."""
+    import importlib
+    try:
+        return [importlib.import_module(n) for n in names]
+    except ImportError as e:
+        skip(f"the Python package {e.name!r} is not installed (scripts/setup.sh installs the clients into .venv)")
+
+
 def args():
     if len(sys.argv) < 3:
         print(f"usage: {sys.argv[0]} path/to/ember models-dir", file=sys.stderr)

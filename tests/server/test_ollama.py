@@ -11,11 +11,7 @@ import urllib.request
 import common
 
 ember, model = common.args()
-try:
-    import ollama
-    import openai
-except ImportError:
-    common.skip("the `ollama` or `openai` Python package is not installed (scripts/setup.sh installs them into .venv)")
+ollama, openai = common.clients("ollama", "openai")
 
 c = common.Checks("ollama")
 M = "SmolLM2-135M-Instruct.Q4_1"

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -42,6 +43,16 @@ inline GenerateParams greedy(int64_t n) {
   g.max_tokens = n;
   g.ignore_eos = true;
   return g;
+}
+
+// n token ids below n_vocab from a small LCG: the same for a seed.
+inline std::vector<int32_t> tokens_from(uint32_t seed, size_t n, int64_t n_vocab) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    t[i] = static_cast<int32_t>((seed >> 8) % static_cast<uint32_t>(n_vocab));
+  }
+  return t;
 }
 
 }  // namespace ember::test_support

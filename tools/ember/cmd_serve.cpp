@@ -1,4 +1,4 @@
-// `ember serve`: an OpenAI-compatible HTTP server (see src/server/server.hpp).
+// `ember serve`: OpenAI- and Ollama-compatible HTTP APIs (see src/server/server.hpp).
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -21,6 +21,7 @@ struct ServeFlags {
   server::ServerOptions server;
   size_t max_body_kib = 1024;
   double shutdown_grace_s = 30;
+  std::string pooling = "auto";
 };
 
 void run_serve(ServeFlags& f) {
@@ -43,6 +44,7 @@ void run_serve(ServeFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params(*model);
   f.server.max_body_bytes = f.max_body_kib * 1024;
+  if (f.pooling != "auto") f.server.pooling = parse_pooling(f.pooling);
   if (f.server.api_key.empty())
     if (const char* key = std::getenv("EMBER_API_KEY")) f.server.api_key = key;
   server::Server srv(*model, f.engine.model_path, f.server);
@@ -115,6 +117,11 @@ void add_serve(CLI::App& app) {
                   "EMBER_API_KEY)");
   cmd->add_option("--cors", f->server.cors_origin,
                   "Access-Control-Allow-Origin of every answer, for browser clients on other origins ('' for none)")
+      ->capture_default_str();
+  cmd->add_option("--pooling", f->pooling,
+                  "embeddings (/v1/embeddings, /api/embed): how the tokens' final hidden states are pooled: mean, "
+                  "last (the last token's), cls (the first's), or auto (the file's pooling_type, else mean)")
+      ->check(CLI::IsMember({"auto", "mean", "last", "cls"}))
       ->capture_default_str();
   cmd->callback([f] { run_serve(*f); });
 }

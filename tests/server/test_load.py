@@ -173,7 +173,9 @@ with common.Server(ember, model, "--read-timeout", "3", parallel=4, queue=16) as
     # of connections that are open at that moment).
     c.check(heap_after - heap_before <= MAX_HEAP_GROWTH, f"heap in use grew by {heap_after - heap_before} B")
     c.check(h["slots_busy"] == 0 and h["queued"] == 0 and h["rejected"] == 0, f"health at the end {h}")
-    c.check(worst[0] < 1.0 and h["timed_out_connections"] >= 10,
+    # Starved workers would hold /health until a slow client's --read-timeout (3 s) frees one;
+    # 2 s leaves room for a busy 2-core machine (1.03 s seen while a build ran beside it).
+    c.check(worst[0] < 2.0 and h["timed_out_connections"] >= 10,
             f"slow clients: /health took up to {worst[0]:.2f} s, {h['timed_out_connections']} connections timed out")
     c.check("generated 300 (length)" not in srv.read_log(), "a hung-up plain request ran to its limit")
     c.check(srv.alive(), "server alive")

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/utf8.hpp"
 #include "core/log.hpp"
 #include "core/thread_pool.hpp"
 #include "tensor/quant.hpp"
@@ -460,19 +461,6 @@ std::vector<TensorSpec> global_specs(const SynthOptions& o) {
 size_t spec_bytes(const TensorSpec& t) { return row_bytes(t.type, t.ne0) * static_cast<size_t>(t.ne1 > 0 ? t.ne1 : 1); }
 
 // ---- vocabulary ----------------------------------------------------------------------------
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // GPT-2's byte-to-unicode table: printable Latin-1 bytes stand for themselves, the others
 // (controls, space, 0x7F-0xA0, 0xAD) map to U+0100 upwards in byte order.

@@ -30,7 +30,11 @@ namespace {
 std::optional<ApiError> get_content(const json& msg, size_t i, std::string& out) {
   const std::string param = fmt::format("messages[{}].content", i);
   auto it = msg.find("content");
-  if (it == msg.end() || it->is_null()) return bad(param, fmt::format("'{}' is required", param));
+  if (it == msg.end() || it->is_null()) {
+    // An assistant message that calls tools may have no text.
+    if (auto c = msg.find("tool_calls"); c != msg.end() && c->is_array() && !c->empty()) return std::nullopt;
+    return bad(param, fmt::format("'{}' is required", param));
+  }
   if (it->is_string()) {
     out = it->get<std::string>();
     return std::nullopt;
@@ -87,11 +91,12 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
         return bad(fmt::format("messages[{}].role", i), fmt::format("messages[{}].role must be a string", i));
       std::string r_name = role->get<std::string>();
       if (r_name == "developer") r_name = "system";
-      if (r_name != "system" && r_name != "user" && r_name != "assistant")
+      if (r_name != "system" && r_name != "user" && r_name != "assistant" && r_name != "tool")
         return bad(fmt::format("messages[{}].role", i),
-                   fmt::format("messages[{}].role '{}' is not supported (use system, user or assistant)", i, r_name));
+                   fmt::format("messages[{}].role '{}' is not supported (use system, user, assistant or tool)", i, r_name));
       ChatMessage cm{r_name, {}};
       if (auto e = get_content(msg, i, cm.content)) return *e;
+      if (auto e = parse_message_tools(msg, fmt::format("messages[{}]", i), cm)) return *e;
       r.messages.push_back(std::move(cm));
     }
   } else {
@@ -195,9 +200,25 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
                  fmt::format("'response_format.type' '{}' is not supported (text, json_object or json_schema)", t));
     }
   }
-  if (const json* tools = field(j, "tools"); tools && !(tools->is_array() && tools->empty()))
-    return bad("tools", "'tools' (function calling) is not supported");
+  if (field(j, "tools") || field(j, "tool_choice") || field(j, "parallel_tool_calls")) {
+    if (!chat) return bad("tools", "'tools' belong to /v1/chat/completions");
+    if (auto e = parse_tools(nlohmann::ordered_json::parse(body), r.tools)) return *e;  // (the schemas' key order)
+    if (r.tools.forced() && r.grammar)
+      return bad("tool_choice", "a forced 'tool_choice' and 'response_format' cannot both constrain the answer");
+    if (r.tools.forced()) {
+      try {
+        r.grammar = tool_call_grammar(served_tool_format(model), r.tools);
+      } catch (const SchemaError& e) {
+        const std::string what = e.what();
+        return bad(what.substr(0, what.find(':')), fmt::format("this tool's schema cannot be enforced: {}", what));
+      }
+    }
+  }
   return r;
+}
+
+ToolFormat served_tool_format(const ServedModel& model) {
+  return tool_format(model.chat ? model.chat->source() : model.chat_template);
 }
 
 std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest& req, const Tokenizer& tok,
@@ -206,7 +227,15 @@ std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest&
   std::string text;
   if (req.chat) {
     try {
-      text = apply_chat_template(model.chat_template, req.messages, /*add_generation_prompt=*/true);
+      std::optional<ChatFormatter> own;
+      if (!model.chat) own.emplace(model.chat_template, "", "");
+      p.tool_format = served_tool_format(model);
+      ToolPrompt tp = tool_prompt(p.tool_format, req.tools, req.messages);
+      text = (model.chat ? *model.chat : *own).render(tp.messages, /*add_generation_prompt=*/true, tp.tools);
+      if (req.tools.active()) p.tools = std::make_shared<const ToolRequest>(req.tools);
+    } catch (const jinja::Raised& e) {
+      return ApiError{400, fmt::format("the model's chat template refuses this conversation: {}", e.what()),
+                      "invalid_request_error", "messages", ""};
     } catch (const Error& e) {
       return ApiError{500, fmt::format("cannot apply the model's chat template: {}", e.what()), "server_error", "", ""};
     }
@@ -300,25 +329,49 @@ json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const To
   return {{"tokens", pieces}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id}, {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u,
-                     const json& logprobs) {
+                     const json& logprobs, const std::vector<ToolCall>* calls) {
   json j = base(m, false);
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", openai_finish_reason(finish)}};
-  if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+  const bool called = calls && !calls->empty();
+  json choice = {{"index", 0}, {"logprobs", logprobs},
+                 {"finish_reason", called ? "tool_calls" : openai_finish_reason(finish)}};
+  if (m.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", called && text.empty() ? json(nullptr) : json(text)}};
+    if (called) choice["message"]["tool_calls"] = tool_calls_json(*calls, false);
+  } else {
+    choice["text"] = text;
+  }
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(u);
   return j;
 }
 
 json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish,
-                const json& logprobs) {
+                const json& logprobs, bool tool_calls) {
   json j = base(m, true);
   json choice = {{"index", 0}, {"logprobs", logprobs}};
-  choice["finish_reason"] = finish ? json(openai_finish_reason(*finish)) : json(nullptr);
+  choice["finish_reason"] = finish ? json(tool_calls ? "tool_calls" : openai_finish_reason(*finish)) : json(nullptr);
   if (m.chat) choice["delta"] = finish ? json::object() : json{{"content", text}};
   else choice["text"] = text;
   j["choices"] = json::array({choice});
+  return j;
+}
+
+json tool_calls_chunk_json(const ResponseMeta& m, const std::vector<ToolCall>& calls) {
+  json j = base(m, true);
+  j["choices"] = json::array({{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr},
+                               {"delta", {{"tool_calls", tool_calls_json(calls, true)}}}}});
   return j;
 }
 

@@ -14,7 +14,9 @@
 
 #include "engine/embedding.hpp"
 #include "engine/generator.hpp"
-#include "tokenizer/chat_template.hpp"
+#include "server/api_error.hpp"
+#include "server/tool_calls.hpp"
+#include "tokenizer/chat_format.hpp"
 
 namespace ember {
 class Tokenizer;
@@ -24,15 +26,6 @@ namespace ember::server {
 
 using json = nlohmann::json;
 
-// An error as OpenAI sends it: {"error": {"message", "type", "param", "code"}} with an HTTP
-// status. Empty param / code are sent as null.
-struct ApiError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::string param;
-  std::string code;
-};
 json error_json(const ApiError& e);
 // error_json as text; never throws (invalid UTF-8 in a message is replaced).
 std::string error_body(const ApiError& e);
@@ -54,6 +47,9 @@ struct ServedModel {
   std::string id;           // the name clients pass as "model"
   int64_t n_ctx = 0;        // context of each session, tokens
   std::string chat_template;  // model_chat_template(): the file's source or a style name ("" = ChatML)
+  // Renders chats: the file's template (Jinja) or its family style. Null: chat_template's style
+  // with no BOS / EOS text (the parsers' tests).
+  std::shared_ptr<const ChatFormatter> chat;
   int64_t created = 0;      // unix time, for /v1/models
   // The tokens' bytes, for structured output's grammars (one per served tokenizer).
   std::shared_ptr<const TokenGrammar> grammar_vocab;
@@ -80,9 +76,10 @@ struct CompletionRequest {
   // Log-probabilities: -1 none; else the sampled tokens' and this many alternatives each (chat:
   // "logprobs": true with "top_logprobs" 0-20; completions: "logprobs" 0-5).
   int logprobs = -1;
-  // Structured output (response_format json_object / json_schema): the grammar the text must
-  // follow (server/json_schema.hpp); null for plain text.
+  // Structured output (response_format json_object / json_schema, or a forced tool_choice's
+  // calls): the grammar the text must follow (server/json_schema.hpp); null for plain text.
   std::shared_ptr<const Grammar> grammar;
+  ToolRequest tools;  // tools, tool_choice, parallel_tool_calls (server/tool_calls.hpp)
 };
 
 constexpr int kMaxTopLogprobs = 20;            // chat, as OpenAI
@@ -101,7 +98,13 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
 struct PreparedRequest {
   std::vector<int32_t> prompt;
   GenerateParams gen;
+  // Where the request offers tools: they and the model's call format, to read its answer back.
+  std::shared_ptr<const ToolRequest> tools;
+  ToolFormat tool_format = ToolFormat::generic;
 };
+
+// How the served model writes tool calls (its template's family).
+ToolFormat served_tool_format(const ServedModel& model);
 
 // Applies the chat template, tokenizes, checks the prompt against the context and sets the
 // token limit (never past the end of the context).
@@ -133,13 +136,18 @@ struct ResponseMeta {
 json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok,
                    int64_t* text_offset = nullptr);
 
-// `logprobs`: the choice's "logprobs" (null when not asked for).
+// `logprobs`: the choice's "logprobs" (null when not asked for). `calls`: the tool calls the
+// model made (message.tool_calls; content null when it wrote no text; finish_reason "tool_calls").
 json completion_json(const ResponseMeta& m, const std::string& text, FinishReason finish, const Usage& u,
-                     const json& logprobs = nullptr);
+                     const json& logprobs = nullptr, const std::vector<ToolCall>* calls = nullptr);
+// [{"id", "type": "function", "function": {"name", "arguments"}}], with "index" in a stream's delta.
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index);
+// A stream's chunk of the tool calls (delta.tool_calls, whole calls).
+json tool_calls_chunk_json(const ResponseMeta& m, const std::vector<ToolCall>& calls);
 // A stream chunk carrying text (finish absent) or the final chunk (empty text, finish set).
 // For chat the first chunk should carry the role: role_chunk.
 json chunk_json(const ResponseMeta& m, const std::string& text, const std::optional<FinishReason>& finish,
-                const json& logprobs = nullptr);
+                const json& logprobs = nullptr, bool tool_calls = false);
 json role_chunk_json(const ResponseMeta& m);
 // The extra chunk of stream_options.include_usage: no choices, usage set.
 json usage_chunk_json(const ResponseMeta& m, const Usage& u);

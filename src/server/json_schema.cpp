@@ -38,7 +38,16 @@ const std::set<std::string>& supported() {
 
 class Compiler {
  public:
-  explicit Compiler(const json& root) : root_(root), g_(std::make_shared<Grammar>()) {}
+  explicit Compiler(const json& root) : root_(&root), g_(std::make_shared<Grammar>()) {}
+
+  // Compiles further schemas into the same grammar (SchemaGrammarBuilder), each with its own
+  // $refs.
+  int another(const json& root) {
+    root_ = &root;
+    refs_.clear();
+    return schema(root, "");
+  }
+  Grammar& grammar() { return *g_; }
 
   std::shared_ptr<const Grammar> finish(int rule) {
     // A schema that refers to itself before any value is written ({"$ref": "#/$defs/a"} with a
@@ -158,7 +167,7 @@ class Compiler {
       fail(at + "/$ref", fmt::format("'$ref' '{}' is not supported (only #/$defs/... and #/definitions/...)", p));
     const json* target = nullptr;
     try {
-      target = &root_.at(json::json_pointer(p.substr(1)));
+      target = &root_->at(json::json_pointer(p.substr(1)));
     } catch (const json::exception&) {
       fail(at + "/$ref", fmt::format("'$ref' '{}' names nothing in the schema", p));
     }
@@ -388,7 +397,7 @@ class Compiler {
     return r;
   }
 
-  const json& root_;
+  const json* root_;
   std::shared_ptr<Grammar> g_;
   std::map<std::string, int> refs_;
   std::map<std::pair<int64_t, int64_t>, int> strings_;
@@ -401,6 +410,23 @@ std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::ordered_json&
   Compiler c(schema);
   return c.finish(c.schema(schema, ""));
 }
+
+struct SchemaGrammarBuilder::Impl {
+  json none;
+  Compiler c{none};
+};
+
+SchemaGrammarBuilder::SchemaGrammarBuilder() : impl_(std::make_unique<Impl>()) {}
+SchemaGrammarBuilder::~SchemaGrammarBuilder() = default;
+
+int SchemaGrammarBuilder::value(const nlohmann::ordered_json& schema) {
+  schemas_.push_back(std::make_unique<const nlohmann::ordered_json>(schema));
+  return impl_->c.another(*schemas_.back());
+}
+
+Grammar& SchemaGrammarBuilder::grammar() { return impl_->c.grammar(); }
+
+std::shared_ptr<const Grammar> SchemaGrammarBuilder::finish(int root) { return impl_->c.finish(root); }
 
 std::shared_ptr<const Grammar> json_object_grammar() {
   static const std::shared_ptr<const Grammar> g = [] {  // the same for every request: built once

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/grammar.hpp"
 
@@ -30,6 +31,24 @@ namespace ember::server {
 std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::ordered_json& schema);
 // The grammar of any JSON object (response_format json_object).
 std::shared_ptr<const Grammar> json_object_grammar();
+
+// One grammar of several schemas' JSON values and literal text between them (tool calls: each
+// function's arguments inside the model's call syntax). value() compiles a schema into a rule
+// (throws SchemaError as json_schema_grammar does), grammar() adds the rest, finish() fixes the
+// root.
+class SchemaGrammarBuilder {
+ public:
+  SchemaGrammarBuilder();
+  ~SchemaGrammarBuilder();
+  int value(const nlohmann::ordered_json& schema);
+  Grammar& grammar();
+  std::shared_ptr<const Grammar> finish(int root);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<std::unique_ptr<const nlohmann::ordered_json>> schemas_;  // the $refs point into them
+};
 
 struct SchemaError : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -55,7 +55,10 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
     // Cut off by shutdown: an error, never a 200 that looks complete.
     if (cut_by_shutdown(r)) return send_error(res, cut_off_error(r.n_generated));
     const json lp = prep->gen.n_logprobs >= 0 ? logprobs_json(meta.chat, lps, tok_) : json(nullptr);
-    res.set_content(dump(completion_json(meta, text, r.finish, {r.n_prompt, r.n_generated, r.n_cached}, lp)),
+    ToolOutput out{text, {}};
+    if (prep->tools) out = parse_tool_output(prep->tool_format, *prep->tools, text, meta.id.substr(meta.id.find('-') + 1));
+    res.set_content(dump(completion_json(meta, out.content, r.finish, {r.n_prompt, r.n_generated, r.n_cached}, lp,
+                                         &out.calls)),
                     "application/json");
     return;
   }
@@ -100,10 +103,23 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
             pending.clear();
             return j;
           };
+          // With tools, text that may be a call waits (server/tool_calls.hpp): all of it where the
+          // call is forced, from where one may start otherwise; the end decides.
+          std::string all;
+          size_t sent = 0;
+          const auto send_content = [&](size_t upto) {
+            if (upto <= sent) return true;
+            const std::string piece = all.substr(sent, upto - sent);
+            sent = upto;
+            return write(sse(dump(chunk_json(meta, piece, std::nullopt, take_lp()))));
+          };
           const GenerateResult r = generate(
               slot, *prep, arrived,
               [&](std::string_view piece) {
-                return !stopping_.load() && write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt, take_lp()))));
+                if (stopping_.load()) return false;
+                if (!prep->tools) return write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt, take_lp()))));
+                all += piece;
+                return send_content(prep->tools->forced() ? 0 : content_before_calls(prep->tool_format, all));
               },
               [&](const TokenLogprobs& t) { pending.push_back(t); }, nullptr);
           held->reset();  // the sequence is free for the next request from here on
@@ -113,7 +129,18 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
             return true;
           }
           if (r.finish == FinishReason::cancelled) return false;
-          bool ok = write(sse(dump(chunk_json(meta, "", r.finish, pending.empty() ? json(nullptr) : take_lp()))));
+          bool ok = true;
+          bool called = false;
+          if (prep->tools) {  // the held-back text: calls, and what text is left
+            const ToolOutput out =
+                parse_tool_output(prep->tool_format, *prep->tools, all, meta.id.substr(meta.id.find('-') + 1));
+            called = !out.calls.empty();
+            if (!called) ok = send_content(all.size());
+            else if (out.content.size() > sent && out.content.starts_with(all.substr(0, sent)))
+              ok = write(sse(dump(chunk_json(meta, out.content.substr(sent), std::nullopt, nullptr))));
+            if (ok && called) ok = write(sse(dump(tool_calls_chunk_json(meta, out.calls))));
+          }
+          if (ok) ok = write(sse(dump(chunk_json(meta, "", r.finish, pending.empty() ? json(nullptr) : take_lp(), called))));
           if (ok && include_usage) ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated, r.n_cached}))));
           if (ok) ok = write("data: [DONE]\n\n");
           if (ok) sink.done();

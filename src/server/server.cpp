@@ -162,15 +162,14 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
     if (served_.id.size() > 5 && served_.id.ends_with(".gguf")) served_.id.resize(served_.id.size() - 5);
   }
   served_.n_ctx = engine_->n_ctx();
-  served_.chat_template = model_chat_template(*model_.file);
+  served_.chat = std::make_shared<const ChatFormatter>(model_chat_formatter(*model_.file, tok_, opts_.chat_template_file));
+  served_.chat_template = served_.chat->source();
   served_.created = unix_now();
   served_.grammar_vocab = std::make_shared<TokenGrammar>(tok_);
   served_.sampling = default_sampling(model_);
   served_.file = model_file_info(model_);
   served_.n_embd = model_.hp.n_embd;
   served_.pooling = opts_.pooling ? *opts_.pooling : default_pooling(model_);
-  // Fail at start, not per request, when the chat template is unknown.
-  parse_chat_template(served_.chat_template);
   id_salt_ = std::random_device{}();
 
   http_ = std::make_unique<httplib::Server>();

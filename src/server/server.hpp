@@ -51,6 +51,7 @@ struct ServerOptions {
   BatchEngineOptions batch;
   std::string model_id;  // the name clients use; default: the file name without .gguf
   std::optional<Pooling> pooling;  // embeddings' pooling; default: the file's, else mean
+  std::string chat_template_file;  // a Jinja template used instead of the file's
 };
 
 class Server {

@@ -1,6 +1,8 @@
-// Chat templates: turns a conversation into the prompt text a model was trained on. The style
-// is detected from the model's tokenizer.chat_template (a Jinja source) the way llama.cpp's
-// llm_chat_detect_template does, and rendered in C++; no Jinja engine.
+// Chat templates' family styles: a conversation as the prompt text a model was trained on, in
+// one of six styles detected from the model's tokenizer.chat_template (a Jinja source) the way
+// llama.cpp's llm_chat_detect_template does, rendered in C++. A file's own template is rendered
+// by the Jinja engine (tokenizer/chat_format.hpp); these styles are its fallback and the format
+// of files without a template.
 #pragma once
 #include <string>
 #include <vector>
@@ -10,9 +12,18 @@ namespace gguf {
 class Reader;
 }
 
+// A call of a tool (a function) by the model: its id, the function's name, the arguments as JSON
+// text.
+struct ToolCall {
+  std::string id, name, arguments;
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  std::vector<ToolCall> tool_calls;  // an assistant's calls
+  std::string tool_call_id;          // a tool message: the call it answers
+  std::string name;                  // a tool message: the function's name
 };
 
 enum class ChatStyle {

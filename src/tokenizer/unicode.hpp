@@ -1,6 +1,7 @@
 // Unicode helpers for the tokenizers: lenient UTF-8 decoding, encoding, and per-code-point
 // category flags from a generated table (scripts/gen_unicode_tables.py -> unicode_tables.cpp).
 #pragma once
+#include "core/utf8.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -51,8 +52,7 @@ inline size_t utf8_len(uint8_t lead) {
 uint32_t decode_one(std::string_view s, size_t& pos);
 std::vector<uint32_t> decode(std::string_view s);
 
-// Appends the UTF-8 encoding of `cpt` (U+FFFD for values past U+10FFFF).
-void append_utf8(std::string& out, uint32_t cpt);
+using ember::append_utf8;  // (core/utf8.hpp)
 std::string encode(const std::vector<uint32_t>& cpts);
 
 // Whether `s` is well-formed UTF-8 (no stray or missing continuation bytes, overlong forms,

@@ -21,7 +21,7 @@
 #include "core/log.hpp"
 #include "engine/generator.hpp"
 #include "line_reader.hpp"
-#include "tokenizer/chat_template.hpp"
+#include "tokenizer/chat_format.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember::cli {
@@ -34,6 +34,7 @@ struct ChatFlags {
   EngineFlags engine;
   SamplingFlags sampling;
   std::string system;
+  std::string chat_template_file;  // instead of the model's template
   int n_predict = -1;  // per reply; -1: until the model ends it or the context is full
 };
 
@@ -75,7 +76,7 @@ bool read_message(LineReader& in, std::string& out) {
 void run_chat(ChatFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
   Tokenizer tok(*model->file);
-  const std::string tmpl = model_chat_template(*model->file);
+  const ChatFormatter format = model_chat_formatter(*model->file, tok, f.chat_template_file);
   Session session(*model, f.engine.session_params(*model));
   GenerateParams gp;
   gp.sampling = f.sampling.resolve(*model);
@@ -97,7 +98,7 @@ void run_chat(ChatFlags& f) {
       std::vector<ChatMessage> all;
       if (!system.empty()) all.push_back({"system", system});
       all.insert(all.end(), turns.begin(), turns.end());
-      prompt = tok.encode(apply_chat_template(tmpl, all, true), true, true);
+      prompt = tok.encode(format.render(all, true), true, true);
       if (static_cast<int64_t>(prompt.size()) + session.n_ctx() / 4 <= session.n_ctx() || turns.size() <= 1) return;
       const size_t drop = turns.size() >= 3 ? 2 : 1;  // a user message and its reply
       turns.erase(turns.begin(), turns.begin() + static_cast<std::ptrdiff_t>(drop));
@@ -175,6 +176,8 @@ void add_chat(CLI::App& app) {
   f->engine.add_to(cmd);
   f->sampling.add_to(cmd);
   cmd->add_option("--system", f->system, "system message");
+  cmd->add_option("--chat-template-file", f->chat_template_file, "a Jinja chat template to use instead of the model's")
+      ->check(CLI::ExistingFile);
   cmd->add_option("-n,--n-predict", f->n_predict, "most tokens per reply (-1: until the model ends it)")
       ->check(CLI::Range(-1, 1 << 24));
   cmd->callback([f] { run_chat(*f); });

@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "engine/generator.hpp"
-#include "tokenizer/chat_template.hpp"
+#include "tokenizer/chat_format.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember::cli {
@@ -20,6 +20,7 @@ struct GenerateFlags {
   std::string prompt;
   std::string prompt_file;
   std::string system;
+  std::string chat_template_file;  // instead of the model's template
   int n_predict = 128;
   bool chat = false;
   bool ignore_eos = false;
@@ -45,7 +46,7 @@ void run_generate(GenerateFlags& f) {
     std::vector<ChatMessage> messages;
     if (!f.system.empty()) messages.push_back({"system", f.system});
     messages.push_back({"user", f.prompt});
-    text = apply_chat_template(model_chat_template(*model->file), messages, true);
+    text = model_chat_formatter(*model->file, tok, f.chat_template_file).render(messages, true);
   }
   std::vector<int32_t> prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
   EMBER_CHECK(!prompt.empty(), "the prompt is empty: give one with -p or -f");
@@ -99,6 +100,9 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(-1, 1 << 24));
   cmd->add_flag("--chat", f->chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--system", f->system, "system message (with --chat)");
+  cmd->add_option("--chat-template-file", f->chat_template_file,
+                  "with --chat: a Jinja chat template to use instead of the model's")
+      ->check(CLI::ExistingFile);
   f->sampling.add_to(cmd);
   cmd->add_option("--stop", f->stop, "stop when the output contains this text (repeatable; the text is not printed)");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");

@@ -118,6 +118,9 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--cors", f->server.cors_origin,
                   "Access-Control-Allow-Origin of every answer, for browser clients on other origins ('' for none)")
       ->capture_default_str();
+  cmd->add_option("--chat-template-file", f->server.chat_template_file,
+                  "a Jinja chat template to use instead of the model's (as llama.cpp's --chat-template-file)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--pooling", f->pooling,
                   "embeddings (/v1/embeddings, /api/embed): how the tokens' final hidden states are pooled: mean, "
                   "last (the last token's), cls (the first's), or auto (the file's pooling_type, else mean)")

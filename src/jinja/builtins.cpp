@@ -288,7 +288,8 @@ Value dict_method(const Value& d, const std::string& name) {
 Value attribute(const Value& v, const Value& path) {
   if (path.is_int()) return get_item(v, path);
   Value cur = v;
-  for (const Value& part : split(need_string(path, "attribute"), Value("."), -1).as_array()) cur = get_attr(cur, part.as_string());
+  const Value parts = split(need_string(path, "attribute"), Value("."), -1);  // (alive through the loop)
+  for (const Value& part : parts.as_array()) cur = get_attr(cur, part.as_string());
   return cur;
 }
 

@@ -190,8 +190,10 @@ TEST(CudaOps, MatvecAndGatherMatchReference) {
   void* stream = cuda::stream_create();
   const float nan = std::nanf("");
   for (DType type : kTypes) {
+    // Prompts (kGemmMinTokens tokens or more) take the tiled kernel: tiles cut at both ends.
     for (auto [rows, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {37, 96, 3}, {301, 4096, 2},
-                                  {45, 160, 9}, {9, 64, 20}, {130, 40 * 32, 5}}) {
+                                  {45, 160, 9}, {9, 64, 20}, {130, 40 * 32, 5}, {70, 96, 17}, {131, 288, 70},
+                                  {64, 128, 64}}) {
       SCOPED_TRACE(fmt::format("{} {}x{}, {} tokens", dtype_name(type), rows, cols, nt));
       const DeviceMatrix W(type, rows, cols, rng);
       std::vector<float> x = random_floats(static_cast<size_t>(nt * cols), rng);
@@ -277,7 +279,7 @@ TEST(CudaOps, FiringShareMatchesTheCpuRule) {
   const float nan = std::nanf("");
   for (DType type : kTypes) {
     for (auto [n, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 1}, {1500, 160, 3}, {2500, 4096, 2},
-                               {300, 64, 6}}) {
+                               {300, 64, 6}, {150, 96, 19}}) {
       SCOPED_TRACE(fmt::format("{}: {} neurons of {}, {} tokens", dtype_name(type), n, cols, nt));
       for (cpu::Activation act : {cpu::Activation::relu, cpu::Activation::silu}) {
         for (int variant = 0; variant < 3; ++variant) {
@@ -422,7 +424,7 @@ TEST(CudaOps, PredictorSelectionMatchesTheCpu) {
   void* stream = cuda::stream_create();
   for (DType type : {DType::F16, DType::Q8_0}) {
     for (int64_t n_ff : {1, 33, 1000, 3000}) {
-      for (int64_t nt : {1, 3, 6}) {
+      for (int64_t nt : {1, 3, 6, 21}) {
         for (int64_t k : {int64_t{0}, n_ff / 3, n_ff}) {
           SCOPED_TRACE(fmt::format("{} n_ff {} tokens {} share {}", dtype_name(type), n_ff, nt, k));
           const int64_t rank = 64;

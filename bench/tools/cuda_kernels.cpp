@@ -182,6 +182,43 @@ int main(int argc, char** argv) {
       }
     }
 
+    // Prompts: a 512-token batch through the tiled product (each weight read once per 64 tokens)
+    // and the down's partial sums a row read per 8 tokens; their rate in multiply-adds too (a
+    // prompt is compute-bound: llama.cpp's pp512 is the reference of issue 43).
+    {
+      const DType type = DType::Q4_0;
+      constexpr int64_t kPrompt = 512;
+      const size_t mbytes = row_bytes(type, kEmbd) * static_cast<size_t>(kFf);
+      const auto mats = matrices(A, type, kFf, kEmbd, copies_for(mbytes), rng);
+      float* xs = A.upload(random_floats(static_cast<size_t>(kPrompt * kEmbd), rng));
+      auto* q = static_cast<uint8_t*>(A.alloc(static_cast<size_t>(kPrompt * kEmbd / 32 * 36)));
+      cuda::quantize_q8(xs, kPrompt, kEmbd, q, s);
+      float* y = static_cast<float*>(A.alloc(static_cast<size_t>(kPrompt * kFf) * sizeof(float)));
+      const double us = time_us(s, std::max(1, reps / 8), [&](int i) {
+        cuda::matvec(type, mats[static_cast<size_t>(i) % mats.size()], kEmbd, kFf, {xs, q}, kPrompt, y, s);
+      });
+      add("matmul Q4_0 (prompt)", "gate/up 11008 x 4096, 512 tokens",
+          static_cast<double>(mbytes) + kPrompt * kEmbd * 36.0 / 32 + kPrompt * kFf * 4.0, us);
+      std::printf("|   (%.1f T multiply-adds/s) | | | | | |\n", static_cast<double>(kFf) * kEmbd * kPrompt / (us * 1e-6) / 1e12);
+      // The down's partial sums over every row (a dense prompt's share), 512 tokens.
+      const auto downs = matrices(A, type, kFf, kEmbd, copies_for(mbytes), rng);
+      std::vector<int32_t> all(static_cast<size_t>(kFf));
+      for (int64_t i = 0; i < kFf; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      auto* active = static_cast<int32_t*>(A.alloc((kFf + 1) * sizeof(int32_t)));
+      cuda::copy_to_device_sync(active, all.data(), all.size() * sizeof(int32_t));
+      const int32_t nff = static_cast<int32_t>(kFf);
+      cuda::copy_to_device_sync(active + kFf, &nff, sizeof(int32_t));
+      float* h = A.upload(random_floats(static_cast<size_t>(kPrompt * kFf), rng));
+      float* partial = static_cast<float*>(A.alloc(static_cast<size_t>(kPrompt * kEmbd) * sizeof(float)));
+      const double ud = time_us(s, std::max(1, reps / 8), [&](int i) {
+        cuda::sparse_axpy_partial(type, downs[static_cast<size_t>(i) % downs.size()], kFf, kEmbd, active, active + kFf, h,
+                                  kFf, kPrompt, partial, s);
+      });
+      add("sparse_axpy Q4_0 (prompt)", "11008 rows of 4096, 512 tokens",
+          static_cast<double>(mbytes) + kPrompt * kFf * 4.0 + kPrompt * kEmbd * 4.0, ud);
+      std::printf("|   (%.1f T multiply-adds/s) | | | | | |\n", static_cast<double>(kFf) * kEmbd * kPrompt / (ud * 1e-6) / 1e12);
+    }
+
     // The FFN share at 10 % firing: the gate with the firing test over all rows, the compaction,
     // up times the firing value over the firing rows, the down's partial sums and their reduction.
     {

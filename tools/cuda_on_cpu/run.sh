@@ -34,7 +34,7 @@ s = s.replace('set(EMBER_CUDA "AUTO"', 'set(EMBER_CUDA "OFF"')
 cut = 'if(NOT EMBER_HAS_CUDA)\n  list(FILTER EMBER_SOURCES EXCLUDE REGEX "/src/engine/cuda_device\\\\.cpp$")\nendif()'
 assert cut in s, 'CMakeLists.txt changed: update tools/cuda_on_cpu/run.sh'
 s = s.replace(cut, '')
-link = 'target_link_libraries(emberlib PUBLIC Threads::Threads fmt::fmt PRIVATE PkgConfig::CBC)'
+link = 'target_link_libraries(emberlib PUBLIC Threads::Threads fmt::fmt nlohmann_json::nlohmann_json PRIVATE PkgConfig::CBC)'
 assert link in s, 'CMakeLists.txt changed: update tools/cuda_on_cpu/run.sh'
 s = s.replace(link, link + '\ntarget_link_libraries(emberlib PUBLIC tbb)\ntarget_compile_definitions(emberlib PUBLIC EMBER_HAS_CUDA=1)\n'
               'target_include_directories(emberlib PUBLIC ' + hip_include + ' ' + shim + ')')

@@ -244,6 +244,150 @@ __global__ void __launch_bounds__(kMvWarps * kWarp) matvec_kernel(MvArgs a) {
   if (o.kind == Epilogue::select && i < o.k) o.counts[i] = fired;
 }
 
+// ---- prompts: tiled products ---------------------------------------------------------------------
+
+// A block computes a tile of kGmRows rows x kGmTokens tokens: for each step of kGmBlocks weight
+// blocks it stages the tile's weight codes (nibbles unpacked to bytes) and the tokens' 8-bit codes
+// in shared memory once, and every thread multiplies its kGmSub x kGmSub of them from there. So a
+// weight is read once per kGmTokens tokens (the matvec reads it once per kMvTokens), which makes a
+// prompt's products compute-bound rather than a re-read of every matrix per four tokens. Each
+// (row, token) sums the same per-block terms as block_dot, block after block in order: deterministic.
+constexpr int kGmRows = 64, kGmTokens = 64, kGmBlocks = 4, kGmSub = 4;
+constexpr int kGmThreads = (kGmRows / kGmSub) * (kGmTokens / kGmSub);  // 256
+static_assert(kGmRows * kGmBlocks == kGmThreads && kGmTokens * kGmBlocks == kGmThreads, "one staged block a thread");
+
+template <int T>
+__global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
+  __shared__ int sw[kGmRows][kGmBlocks][9];  // codes as 8 words (+1: fewer bank conflicts)
+  __shared__ float swd[kGmRows][kGmBlocks], swm[kGmRows][kGmBlocks];
+  __shared__ int sx[kGmTokens][kGmBlocks][9];
+  __shared__ uint32_t sxds[kGmTokens][kGmBlocks];
+  __shared__ int sxsum[kGmTokens][kGmBlocks];
+  const int64_t n = a.count ? *a.count : a.max_rows;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kGmRows, t0 = static_cast<int64_t>(blockIdx.y) * kGmTokens;
+  if (i0 >= n) return;  // the whole block: no barrier is skipped by part of it
+  const SplitRows<T> w(a.w, a.w_rows, a.cols);
+  const Q8Acts x(a.x, a.n_tokens, a.cols);
+  const int tid = threadIdx.x;
+  const int tr = tid % (kGmRows / kGmSub), tc = tid / (kGmRows / kGmSub);  // the thread's rows and tokens
+  float acc[kGmSub][kGmSub];
+#pragma unroll
+  for (int p = 0; p < kGmSub; ++p)
+#pragma unroll
+    for (int q = 0; q < kGmSub; ++q) acc[p][q] = 0.0f;
+  // What this thread stages: one weight block and one activation block a step.
+  const int ls = tid / kGmBlocks, lb = tid % kGmBlocks;
+  const int64_t li = i0 + ls, lt = t0 + ls;
+  const bool row_ok = li < n, tok_ok = lt < a.n_tokens;
+  const int64_t lr = row_ok ? (a.ids ? a.ids[li] : li) : 0;
+  for (int64_t k0 = 0; k0 < w.nb; k0 += kGmBlocks) {
+    const int64_t b = k0 + lb;
+    if (row_ok && b < w.nb) {
+      WBlock<T> blk;
+      load_block<T>(w, lr, b, blk);
+      if constexpr (T == 8) {
+        const unsigned v[8] = {blk.c[0].x, blk.c[0].y, blk.c[0].z, blk.c[0].w, blk.c[1].x, blk.c[1].y, blk.c[1].z, blk.c[1].w};
+#pragma unroll
+        for (int q = 0; q < 8; ++q) sw[ls][lb][q] = static_cast<int>(v[q]);
+      } else {
+        const unsigned v[4] = {blk.c[0].x, blk.c[0].y, blk.c[0].z, blk.c[0].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          sw[ls][lb][q] = static_cast<int>(v[q] & 0x0F0F0F0Fu);             // elements 4q .. 4q + 3
+          sw[ls][lb][q + 4] = static_cast<int>((v[q] >> 4) & 0x0F0F0F0Fu);  // and 16 + 4q ..
+        }
+      }
+      swd[ls][lb] = blk.d;
+      swm[ls][lb] = blk.m;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) sw[ls][lb][q] = 0;
+      swd[ls][lb] = 0.0f;
+      swm[ls][lb] = 0.0f;
+    }
+    if (tok_ok && b < w.nb) {
+      const int64_t xb = lt * x.nb + b;
+      const int4 c0 = reinterpret_cast<const int4*>(x.codes + xb * kQK)[0];
+      const int4 c1 = reinterpret_cast<const int4*>(x.codes + xb * kQK)[1];
+      const int u[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+      int xsum = 0;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        sx[ls][lb][q] = u[q];
+        xsum = __dp4a(0x01010101, u[q], xsum);
+      }
+      sxds[ls][lb] = x.ds[xb];
+      sxsum[ls][lb] = xsum;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) sx[ls][lb][q] = 0;
+      sxds[ls][lb] = 0u;
+      sxsum[ls][lb] = 0;
+    }
+    __syncthreads();
+    const int steps = w.nb - k0 < kGmBlocks ? static_cast<int>(w.nb - k0) : kGmBlocks;
+    for (int kb = 0; kb < steps; ++kb) {
+#pragma unroll
+      for (int p = 0; p < kGmSub; ++p) {
+        const int rr = tr + p * (kGmRows / kGmSub);
+        const float dw = swd[rr][kb], mw = swm[rr][kb];
+#pragma unroll
+        for (int q = 0; q < kGmSub; ++q) {
+          const int tt = tc + q * (kGmTokens / kGmSub);
+          int isum = 0;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) isum = __dp4a(sw[rr][kb][e], sx[tt][kb][e], isum);
+          const uint32_t ds = sxds[tt][kb];
+          float v;  // the block's term, as block_dot writes it
+          if constexpr (T == 8) v = dw * half_lo(ds) * static_cast<float>(isum);
+          else if constexpr (T == 2) v = dw * half_lo(ds) * static_cast<float>(isum - 8 * sxsum[tt][kb]);
+          else v = dw * half_lo(ds) * static_cast<float>(isum) + mw * half_hi(ds);
+          acc[p][q] += v;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const MatvecOut& o = a.out;
+#pragma unroll
+  for (int p = 0; p < kGmSub; ++p) {
+    const int64_t i = i0 + tr + p * (kGmRows / kGmSub);
+    if (i >= n) continue;
+    const int64_t r = a.ids ? a.ids[i] : i;
+    int fired = 0;
+#pragma unroll
+    for (int q = 0; q < kGmSub; ++q) {
+      const int64_t t = t0 + tc + q * (kGmTokens / kGmSub);
+      if (t >= a.n_tokens) continue;
+      float v = acc[p][q];
+      if (o.bias) v += o.bias[r];
+      float* y = o.y + t * o.stride + i;
+      switch (o.kind) {
+        case Epilogue::store: *y = v; break;
+        case Epilogue::add: *y += v; break;
+        case Epilogue::relu: *y = fmaxf(v, 0.0f); break;
+        case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + o.pos[i]]; break;
+        case Epilogue::fire: {
+          float f = act_value(o.act, v);
+          if (fabsf(f) > o.threshold && (!o.allowed || o.allowed[t * o.allowed_stride + r])) ++fired;
+          else f = 0.0f;
+          *y = f;
+          break;
+        }
+        case Epilogue::select: {
+          const bool on = v >= o.threshold;
+          o.mask[t * o.mask_stride + i] = static_cast<uint8_t>(on);
+          fired |= on;
+          break;
+        }
+      }
+    }
+    // Counts over the token tiles: integer sums, the same whatever the order (zeroed before).
+    if (o.kind == Epilogue::fire && fired) atomicAdd(o.counts + i, fired);
+    if (o.kind == Epilogue::select && fired && i < o.k) atomicOr(o.counts + i, 1);
+  }
+}
+
 // ---- compaction ----------------------------------------------------------------------------------
 
 // Block-wide compaction step, in thread order: every thread of the block calls it with its
@@ -372,6 +516,95 @@ __global__ void __launch_bounds__(kAxpyThreads) axpy_kernel(const uint8_t* D, in
   float* p = partial + (c * n_tokens + t) * cols + j0;
 #pragma unroll
   for (int i = 0; i < C; i += 4) *reinterpret_cast<float4*>(p + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+}
+
+// Prompts: the same partial sums for kAxpyTok tokens from one read of each row. A thread owns 8
+// columns (for the block types, an eighth-aligned quarter of a block) and the group's tokens; each
+// (token, column) takes exactly axpy_row's terms in the same order (a token whose h is 0 skips the
+// row as there), so the sums are those of axpy_kernel, bit for bit, from a kAxpyTok-th of the reads.
+constexpr int kAxpyTok = 8;
+constexpr int64_t kAxpyBatchMin = 8;  // tokens from which sparse_axpy reads rows once per group
+
+template <int T>
+__device__ __forceinline__ void axpy_cols8(const uint8_t* D, int64_t n_rows, int64_t cols, int64_t r, int64_t j0,
+                                           float (&w)[8], float& d, float& m) {
+  if constexpr (T == 0 || T == 1) {
+    if constexpr (T == 0) load8(reinterpret_cast<const float*>(D) + r * cols, j0, w);
+    else load8(reinterpret_cast<const __half*>(D) + r * cols, j0, w);
+  } else {
+    const SplitRows<T> sr(D, n_rows, cols);
+    const int64_t b = j0 / kQK;
+    const int sub = static_cast<int>((j0 % kQK) / 8);  // which 8 of the block's 32
+    const uint8_t* codes = sr.row_codes(r) + b * Split<T>::kCodeBytes;
+    const uint8_t* f = sr.row_factors(r) + b * Split<T>::kFactorBytes;
+    d = half_at(f);
+    if constexpr (T == 3) m = half_at(f + 2);
+    if constexpr (T == 8) {
+      const uint2 v = reinterpret_cast<const uint2*>(codes)[sub];
+      const unsigned u[2] = {v.x, v.y};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = static_cast<float>(static_cast<int8_t>((u[i / 4] >> (8 * (i % 4))) & 0xffu));
+    } else {
+      const uint2 v = reinterpret_cast<const uint2*>(codes)[sub % 2];  // bytes 0-7 or 8-15
+      const unsigned u[2] = {v.x, v.y};
+      const float off = T == 2 ? -8.0f : 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const unsigned byte = (u[i / 4] >> (8 * (i % 4))) & 0xffu;
+        w[i] = static_cast<float>(sub < 2 ? (byte & 15u) : (byte >> 4)) + off;
+      }
+    }
+  }
+}
+
+template <int T>
+__global__ void __launch_bounds__(kAxpyThreads) axpy_tokens_kernel(const uint8_t* D, int64_t n_rows, int64_t cols,
+                                                                   const int32_t* active, const int32_t* n_active,
+                                                                   const float* h, int64_t h_stride, int64_t n_tokens,
+                                                                   float* partial) {
+  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  const int64_t c = blockIdx.y, n_chunks = gridDim.y, t0 = static_cast<int64_t>(blockIdx.z) * kAxpyTok;
+  if (j0 >= cols) return;
+  const int nt = static_cast<int>(n_tokens - t0 < kAxpyTok ? n_tokens - t0 : kAxpyTok);
+  const int32_t na = *n_active;
+  float acc[kAxpyTok][8];
+#pragma unroll
+  for (int q = 0; q < kAxpyTok; ++q)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[q][i] = 0.0f;
+  for (int64_t k = c; k < na; k += n_chunks) {
+    float hv[kAxpyTok];
+    bool any = false;
+#pragma unroll
+    for (int q = 0; q < kAxpyTok; ++q) {
+      hv[q] = q < nt ? h[(t0 + q) * h_stride + k] : 0.0f;
+      any |= hv[q] != 0.0f;
+    }
+    if (!any) continue;
+    float w[8], d = 0.0f, m = 0.0f;
+    axpy_cols8<T>(D, n_rows, cols, active[k], j0, w, d, m);
+#pragma unroll
+    for (int q = 0; q < kAxpyTok; ++q) {
+      if (hv[q] == 0.0f) continue;
+      if constexpr (T == 0 || T == 1) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[q][i] += hv[q] * w[i];
+      } else if constexpr (T == 3) {
+        const float dh = d * hv[q], mh = m * hv[q];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[q][i] += dh * w[i] + mh;
+      } else {
+        const float dh = d * hv[q];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[q][i] += dh * w[i];
+      }
+    }
+  }
+  for (int q = 0; q < nt; ++q) {
+    float* p = partial + (c * n_tokens + t0 + q) * cols + j0;
+    *reinterpret_cast<float4*>(p) = make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+    *reinterpret_cast<float4*>(p + 4) = make_float4(acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
+  }
 }
 
 // The chunks' partial sums of (token, column) i added in chunk order.
@@ -597,13 +830,26 @@ void matvec(const Matrix& W, const RowSet& rs, Activations x, int64_t n_tokens, 
   EMBER_CHECK(out.kind != Epilogue::select || out.mask, "CUDA matvec: no mask for the selection");
   MvArgs a{static_cast<const uint8_t*>(W.data), W.rows, W.cols, rs.ids, rs.count, max_rows, xp, n_tokens, n_tokens, out};
   if (a.out.stride == 0) a.out.stride = max_rows;
+  cudaStream_t s = as_stream(stream);
+  if (takes_q8(W.type) && n_tokens >= kGemmMinTokens) {  // a prompt: tiles, each weight read once per 64 tokens
+    if (out.kind == Epilogue::fire || out.kind == Epilogue::select) {
+      const int64_t n_counts = out.kind == Epilogue::fire ? max_rows : std::min(out.k, max_rows);
+      if (n_counts > 0) detail::check(cudaMemsetAsync(out.counts, 0, sizeof(int32_t) * n_counts, s), "cudaMemsetAsync");
+    }
+    const dim3 grid(grid_of(max_rows, kGmRows), grid_of(n_tokens, kGmTokens));
+    by_type(W.type, [&](auto tag) {
+      constexpr int T = decltype(tag)::value;
+      if constexpr (T >= 2) matmul_tiles_kernel<T><<<grid, kGmThreads, 0, s>>>(a);
+    });
+    launched("tiled matmul kernel");
+    return;
+  }
   // Epilogues of one token at a time may split the tokens over blocks (prompts: more blocks,
   // each row read once per slice); fire and select count over all tokens in one warp.
   const bool per_token = out.kind != Epilogue::fire && out.kind != Epilogue::select;
   constexpr int64_t kSlice = 4 * kMvTokens;
   if (per_token && n_tokens > kSlice) a.tokens_per_block = kSlice;
   const dim3 grid(grid_of(max_rows, kMvWarps), static_cast<unsigned>((n_tokens + a.tokens_per_block - 1) / a.tokens_per_block));
-  cudaStream_t s = as_stream(stream);
   by_type(W.type, [&](auto tag) {
     constexpr int T = decltype(tag)::value;
     matvec_kernel<T><<<grid, kMvWarps * kWarp, 0, s>>>(a);
@@ -658,6 +904,13 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
   cudaStream_t s = as_stream(stream);
   by_type(type, [&](auto tag) {
     constexpr int T = decltype(tag)::value;
+    if (n_tokens >= kAxpyBatchMin) {  // a prompt: each row read once per kAxpyTok tokens
+      const dim3 grid(grid_of(cols / 8, kAxpyThreads), static_cast<unsigned>(n_chunks),
+                      grid_of(n_tokens, kAxpyTok));
+      axpy_tokens_kernel<T><<<grid, kAxpyThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, n_tokens,
+                                                           partial);
+      return;
+    }
     const dim3 grid(grid_of(cols / kAxpyCols<T>, kAxpyThreads), static_cast<unsigned>(n_chunks),
                     static_cast<unsigned>(n_tokens));
     axpy_kernel<T><<<grid, kAxpyThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, partial);

@@ -20,7 +20,9 @@
 //                    select    mask[t][i] = 1 where v >= threshold for token t (every position;
 //                              the predictor's per-token verdict), counts[i] = 1 where some token's
 //                              is, for i < k (the share's positions, for compaction)
-//                  A warp per row reads the row once for up to kMvTokens tokens.
+//                  A warp per row reads the row once for up to kMvTokens tokens; prompts of
+//                  kGemmMinTokens or more (8-bit products) run as tiles (each weight read
+//                  once per 64 tokens).
 //   compact:       the positions i < n (n = *n_valid, or max_n) with counts[i] > 0 in order:
 //                  out_ids (ids[i], or i), out_pos (i); totals[0] = their number, totals[1] = the
 //                  sum of the counts (the fired (token, neuron) pairs). Blocks of kCompactSpan
@@ -143,6 +145,10 @@ struct MatvecOut {
   const int32_t* pos = nullptr;
 };
 constexpr int kMvTokens = 4;  // tokens a warp computes from one read of its row's weights
+// From this many tokens on (prompts), 8-bit products run as tiles of 64 rows x 64 tokens staged
+// in shared memory (each weight read once per 64 tokens), fire and select counting with integer
+// atomics: the same per-block terms, summed block after block.
+constexpr int64_t kGemmMinTokens = 16;
 void matvec(const Matrix& W, const RowSet& rows, Activations x, int64_t n_tokens, const MatvecOut& out, void* stream);
 // The plain forms: y[t][r] = dot(W row r, x[t]) over all rows, and over the rows ids[i] for i <
 // *n_rows (n_rows null: i < max_rows) of a matrix of w_rows rows into y[t * y_stride + i].

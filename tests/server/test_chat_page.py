@@ -34,6 +34,13 @@ with common.Server(ember, model) as srv:
         driver.set_page_load_timeout(30)
         driver.get(srv.url + "/")
         c.check(driver.title == "Ember chat", f"title {driver.title!r}")
+        deadline = time.time() + 10
+        howto = ""
+        while time.time() < deadline and "ChatOpenAI" not in howto:
+            howto = driver.execute_script("return document.getElementById('howto-code').textContent")
+            time.sleep(0.05)
+        c.check(f'base_url="{srv.url}/v1"' in howto and 'model="SmolLM2-135M-Instruct.Q4_1"' in howto and
+                f'ollama.Client(host="{srv.url}")' in howto, f"the page's snippets name this server {howto[:300]!r}")
         # Count how often the answer's text changes: streaming shows it growing piece by piece.
         driver.execute_script("""
             window.__updates = 0;

@@ -192,7 +192,9 @@ TEST(ToolCalls, EveryTextOfTheGrammarReadsBackAsValidCalls) {
         const ToolOutput out = parse_tool_output(f, r, text, "t");
         ASSERT_FALSE(out.calls.empty()) << text;
         EXPECT_EQ(out.content, "") << text;
-        if (!parallel) EXPECT_EQ(out.calls.size(), 1u) << text;
+        if (!parallel) {
+          EXPECT_EQ(out.calls.size(), 1u) << text;
+        }
         for (const ToolCall& c : out.calls) EXPECT_TRUE(valid_arguments(c)) << c.name << " " << c.arguments << " in " << text;
       }
       EXPECT_GE(done, 40);

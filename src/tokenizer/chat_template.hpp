@@ -5,6 +5,7 @@
 // of files without a template.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ember {
@@ -19,6 +20,9 @@ struct ToolCall {
 };
 
 struct ChatMessage {
+  ChatMessage() = default;
+  ChatMessage(std::string r, std::string c) : role(std::move(r)), content(std::move(c)) {}
+
   std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
   std::vector<ToolCall> tool_calls;  // an assistant's calls

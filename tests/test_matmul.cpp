@@ -20,7 +20,8 @@
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 #include "ops/cpu/bandwidth.hpp"
-#include "ops/cpu/kernels.hpp"
+#include "ops/cpu/gemm_table.hpp"
+#include "ops/cpu/r16.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -28,9 +29,15 @@ using namespace ember;
 
 namespace {
 
-const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
-                              DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K,
-                              DType::Q5_K, DType::Q6_K};
+// Every file type with a kernel in the GEMM table (ops/cpu/gemm_table.hpp): a kernel added there
+// is tested here at every level. (The 16-row layouts are tested in test_r16.cpp, repacked from these.)
+std::vector<DType> weight_types() {
+  std::vector<DType> types;
+  for (DType t : cpu::detail::gemm_weight_types())
+    if (cpu::r16_base(t) == t) types.push_back(t);
+  return types;
+}
+const std::vector<DType> kWeightTypes = weight_types();
 
 bool is_k(DType w) { return info(w).block_size == 256; }
 
@@ -414,7 +421,7 @@ TEST(Matmul, MultiRejectsMismatchedMatrices) {
 // quantizing with quantize_row and rearranging with prepare_quads.
 TEST(Matmul, DirectQuadsMatchQuantizedRows) {
   if (!cpu_features().avx512 || !cpu_features().avx512_vnni) GTEST_SKIP() << "no AVX-512 VNNI";
-  const auto& set = cpu::detail::kernels_avx512();
+  const auto& set = cpu::detail::act_quantizers_avx512();
   for (int64_t k : {32, 64, 96, 128, 160, 224, 800, 2048, 5632}) {
     auto X = random_acts(1, k, static_cast<uint32_t>(k));
     for (int i = 0; i < 32; ++i) X[i] = 0.f;                                  // an all-zero block

@@ -1,5 +1,6 @@
-// Internal interface between matmul.cpp and the per-ISA kernel files (vec_dot_scalar.cpp,
-// vec_dot_avx2.cpp, vec_dot_avx512.cpp). Not part of the public API.
+// Internal interface between matmul.cpp and the kernel files: the arguments of a GEMM kernel
+// (the kernels themselves are found in gemm_table.hpp), the activation quantizers, and the quad
+// layout of the 4- and 5-bit kernels' activations. Not part of the public API.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -25,22 +26,17 @@ struct GemmArgs {
 };
 using GemmFn = void (*)(const GemmArgs&);
 
-// One entry per weight type with a kernel; null where the ISA has none (falls back to scalar).
-struct KernelSet {
-  GemmFn f32, f16, bf16, q8_0, q4_0, q4_1, q6_k;
-  // Activation quantizers, bit-identical to quantize_row (null: use quantize_row).
-  void (*quantize_q8_0)(const float* x, void* out, int64_t k) = nullptr;
-  void (*quantize_q8_1)(const float* x, void* out, int64_t k) = nullptr;
-  void (*quantize_q8_k)(const float* x, void* out, int64_t k) = nullptr;
-  // When set, the q4_0 / q4_1 kernels take activations in the quad layout below (prepared from
-  // the Q8_0 / Q8_1 rows by prepare_quads) instead of plain Q8_0 / Q8_1 rows.
-  bool q4_quads = false;
-  // One float activation row straight to the quad layout of the Q4_0 (Q8_0 quantization) or
-  // Q4_1 (Q8_1) kernels: the bytes prepare_quads gives for the quantize_row output (null: go
-  // through quantize_row and prepare_quads).
+// Activation quantizers of an ISA, each bit-identical to quantize_row (null: use quantize_row);
+// the quads_* write one float row straight to the quad layout below of the Q4_0 (Q8_0
+// quantization) or Q4_1 (Q8_1) kernels: the bytes prepare_quads gives for quantize_row's output.
+struct ActQuantizers {
+  void (*q8_0)(const float* x, void* out, int64_t k) = nullptr;
+  void (*q8_1)(const float* x, void* out, int64_t k) = nullptr;
+  void (*q8_k)(const float* x, void* out, int64_t k) = nullptr;
   void (*quads_q8_0)(const float* x, void* out, int64_t k) = nullptr;
   void (*quads_q8_1)(const float* x, void* out, int64_t k) = nullptr;
 };
+const ActQuantizers& act_quantizers_avx512();  // vec_dot_avx512.cpp (the other levels have none)
 
 // Quad layout of one activation row for the 4-bit kernels: the row's 32-element blocks in groups
 // of four ("quads", the last one zero-padded), kQuadBytes each, 64-byte aligned:
@@ -58,9 +54,6 @@ inline size_t quad_row_bytes(int64_t k) { return static_cast<size_t>((k / 32 + 3
 // k elements of one Q8_0 (weight Q4_0, Q5_0) or Q8_1 (weight Q4_1, Q5_1) row to the quad layout.
 void prepare_quads(DType weight_type, const void* xq_row, void* out, int64_t k);
 
-const KernelSet& kernels_scalar();
-const KernelSet& kernels_avx2();
-const KernelSet& kernels_avx512();
 
 // Every kernel computes each output element with the same sequence of operations whatever the
 // tile it falls in, so results do not depend on how rows and tokens are split over threads.

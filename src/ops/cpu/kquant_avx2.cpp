@@ -7,7 +7,7 @@
 #include <array>
 #include <type_traits>
 
-#include "ops/cpu/kquant.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember::cpu::detail {
@@ -18,6 +18,6 @@ namespace {
 
 }  // namespace
 
-const KQuantSet& kquant_avx2() { return make_kquant_set(); }
+void add_gemm_q5_kquant_avx2(GemmColumn& c) { add_q5_kquant_kernels(c); }
 
 }  // namespace ember::cpu::detail

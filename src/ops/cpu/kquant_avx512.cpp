@@ -20,7 +20,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "ops/cpu/kquant.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "ops/cpu/quad_avx512.hpp"
 #include "tensor/quant.hpp"
 
@@ -393,16 +393,14 @@ struct G16Kernel512 {
 
 }  // namespace
 
-const KQuantSet& kquant_avx512() {
-  static const KQuantSet set{.q5_0 = &gemm<Q5QuadKernel<DType::Q5_0>>,
-                             .q5_1 = &gemm<Q5QuadKernel<DType::Q5_1>>,
-                             .q4_k = &gemm<K45Kernel512<DType::Q4_K>>,
-                             .q5_k = &gemm<K45Kernel512<DType::Q5_K>>,
-                             .q2_k = &gemm<G16Kernel512<DType::Q2_K>>,
-                             .q3_k = &gemm<G16Kernel512<DType::Q3_K>>,
-                             .q6_k = &gemm<G16Kernel512<DType::Q6_K>>,
-                             .q5_quads = true};
-  return set;
+void add_gemm_q5_kquant_avx512(GemmColumn& c) {
+  c.add(DType::Q5_0, &gemm<Q5QuadKernel<DType::Q5_0>>, true);
+  c.add(DType::Q5_1, &gemm<Q5QuadKernel<DType::Q5_1>>, true);
+  c.add(DType::Q4_K, &gemm<K45Kernel512<DType::Q4_K>>);
+  c.add(DType::Q5_K, &gemm<K45Kernel512<DType::Q5_K>>);
+  c.add(DType::Q2_K, &gemm<G16Kernel512<DType::Q2_K>>);
+  c.add(DType::Q3_K, &gemm<G16Kernel512<DType::Q3_K>>);
+  c.add(DType::Q6_K, &gemm<G16Kernel512<DType::Q6_K>>);  // replaces vec_dot_avx512.cpp's
 }
 
 }  // namespace ember::cpu::detail

@@ -2,7 +2,7 @@
 // one float accumulator, as vec_dot_scalar.cpp does for the other types.
 #include <cstring>
 
-#include "ops/cpu/kquant.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -121,14 +121,13 @@ void gemm(const GemmArgs& a) {
 
 }  // namespace
 
-const KQuantSet& kquant_scalar() {
-  static const KQuantSet set{.q5_0 = &gemm<dot_q5_0>,
-                             .q5_1 = &gemm<dot_q5_1>,
-                             .q4_k = &gemm<dot_k45<BlockQ4_K>>,
-                             .q5_k = &gemm<dot_k45<BlockQ5_K>>,
-                             .q2_k = &gemm<dot_q23<BlockQ2_K>>,
-                             .q3_k = &gemm<dot_q23<BlockQ3_K>>};
-  return set;
+void add_gemm_q5_kquant_scalar(GemmColumn& c) {
+  c.add(DType::Q5_0, &gemm<dot_q5_0>);
+  c.add(DType::Q5_1, &gemm<dot_q5_1>);
+  c.add(DType::Q4_K, &gemm<dot_k45<BlockQ4_K>>);
+  c.add(DType::Q5_K, &gemm<dot_k45<BlockQ5_K>>);
+  c.add(DType::Q2_K, &gemm<dot_q23<BlockQ2_K>>);
+  c.add(DType::Q3_K, &gemm<dot_q23<BlockQ3_K>>);
 }
 
 }  // namespace ember::cpu::detail

@@ -286,12 +286,11 @@ struct Q23Kernel {
   }
 };
 
-[[maybe_unused]] const KQuantSet& make_kquant_set() {
-  static const KQuantSet set{.q5_0 = &gemm<Q5Kernel<DType::Q5_0>>,
-                             .q5_1 = &gemm<Q5Kernel<DType::Q5_1>>,
-                             .q4_k = &gemm<K45Kernel<DType::Q4_K>>,
-                             .q5_k = &gemm<K45Kernel<DType::Q5_K>>,
-                             .q2_k = &gemm<Q23Kernel<DType::Q2_K>>,
-                             .q3_k = &gemm<Q23Kernel<DType::Q3_K>>};
-  return set;
+[[maybe_unused]] void add_q5_kquant_kernels(GemmColumn& c) {
+  c.add(DType::Q5_0, &gemm<Q5Kernel<DType::Q5_0>>);
+  c.add(DType::Q5_1, &gemm<Q5Kernel<DType::Q5_1>>);
+  c.add(DType::Q4_K, &gemm<K45Kernel<DType::Q4_K>>);
+  c.add(DType::Q5_K, &gemm<K45Kernel<DType::Q5_K>>);
+  c.add(DType::Q2_K, &gemm<Q23Kernel<DType::Q2_K>>);
+  c.add(DType::Q3_K, &gemm<Q23Kernel<DType::Q3_K>>);
 }

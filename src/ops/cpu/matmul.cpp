@@ -7,8 +7,7 @@
 #include "core/aligned_buffer.hpp"
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
-#include "ops/cpu/kernels.hpp"
-#include "ops/cpu/kquant.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "ops/cpu/r16_kernels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
@@ -18,7 +17,6 @@ namespace {
 
 using detail::GemmArgs;
 using detail::GemmFn;
-using detail::KernelSet;
 
 // The activation type each weight type's dot product takes.
 DType activation_type(DType w) {
@@ -35,56 +33,12 @@ DType activation_type(DType w) {
   }
 }
 
-// The kernel for w from an ISA's two tables (kernels.hpp and kquant.hpp); null when it has none.
-GemmFn pick(const KernelSet& s, const detail::KQuantSet& q, DType w) {
-  switch (w) {
-    case DType::F32: return s.f32;
-    case DType::F16: return s.f16;
-    case DType::BF16: return s.bf16;
-    case DType::Q8_0: return s.q8_0;
-    case DType::Q4_0: return s.q4_0;
-    case DType::Q4_1: return s.q4_1;
-    case DType::Q6_K: return q.q6_k ? q.q6_k : s.q6_k;
-    case DType::Q5_0: return q.q5_0;
-    case DType::Q5_1: return q.q5_1;
-    case DType::Q4_K: return q.q4_k;
-    case DType::Q5_K: return q.q5_k;
-    case DType::Q2_K: return q.q2_k;
-    case DType::Q3_K: return q.q3_k;
-    default: return nullptr;
-  }
-}
+// The kernel for a weight type at the current SIMD level (gemm_table.hpp), and whether it takes
+// its activations rearranged rather than as plain quantized rows.
+using Kernel = detail::GemmKernel;
 
-// The kernel for a weight type at the current SIMD level, and whether it takes its activations
-// in the quad layout (kernels.hpp) rather than as plain quantized rows.
-struct Kernel {
-  GemmFn fn = nullptr;
-  bool quads = false;
-};
-
-Kernel gemm_for(DType w) {
-  const bool avx512 = simd_level() == SimdLevel::avx512;
-  if (w == DType::Q4_0_R16) return {avx512 ? &detail::gemm_q4_0_r16_avx512 : &detail::gemm_q4_0_r16_scalar, true};
-  if (w == DType::Q4_1_R16) return {avx512 ? &detail::gemm_q4_1_r16_avx512 : &detail::gemm_q4_1_r16_scalar, true};
-  if (w == DType::Q5_0_R16) return {avx512 ? &detail::gemm_q5_0_r16_avx512 : &detail::gemm_q5_0_r16_scalar, true};
-  if (w == DType::Q8_0_R16) return {avx512 ? &detail::gemm_q8_0_r16_avx512 : &detail::gemm_q8_0_r16_scalar, true};
-  if (w == DType::Q6_K_R16) return {avx512 ? &detail::gemm_q6_k_r16_avx512 : &detail::gemm_q6_k_r16_scalar, false};
-  if (w == DType::Q4_K_R16) return {avx512 ? &detail::gemm_q4_k_r16_avx512 : &detail::gemm_q4_k_r16_scalar, false};
-  if (w == DType::Q5_K_R16) return {avx512 ? &detail::gemm_q5_k_r16_avx512 : &detail::gemm_q5_k_r16_scalar, false};
-  const KernelSet* set = nullptr;
-  const detail::KQuantSet* kq = nullptr;
-  switch (simd_level()) {
-    case SimdLevel::avx512: set = &detail::kernels_avx512(), kq = &detail::kquant_avx512(); break;
-    case SimdLevel::avx2: set = &detail::kernels_avx2(), kq = &detail::kquant_avx2(); break;
-    default: break;
-  }
-  Kernel k;
-  if (set && (k.fn = pick(*set, *kq, w)) != nullptr) {
-    k.quads = (set->q4_quads && (w == DType::Q4_0 || w == DType::Q4_1)) ||
-              (kq->q5_quads && (w == DType::Q5_0 || w == DType::Q5_1));
-    return k;
-  }
-  k.fn = pick(detail::kernels_scalar(), detail::kquant_scalar(), w);
+const Kernel& gemm_for(DType w) {
+  const Kernel& k = detail::gemm_kernel(w, simd_level());
   EMBER_CHECK(k.fn != nullptr, "matmul: no kernel for weight type {}", dtype_name(w));
   return k;
 }
@@ -192,8 +146,8 @@ void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, i
   const size_t stride = row_bytes(at, k);
   void (*fast)(const float*, void*, int64_t) = nullptr;
   if (simd_level() == SimdLevel::avx512) {
-    const KernelSet& s = detail::kernels_avx512();
-    fast = at == DType::Q8_0 ? s.quantize_q8_0 : at == DType::Q8_1 ? s.quantize_q8_1 : at == DType::Q8_K ? s.quantize_q8_k : nullptr;
+    const detail::ActQuantizers& q = detail::act_quantizers_avx512();
+    fast = at == DType::Q8_0 ? q.q8_0 : at == DType::Q8_1 ? q.q8_1 : at == DType::Q8_K ? q.q8_k : nullptr;
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
     uint8_t* dst = static_cast<uint8_t*>(out) + t * stride;
@@ -276,11 +230,11 @@ Prepared prepare_activations(ThreadPool& pool, const Kernel& kern, DType w, cons
   // rearranging), else through the quantized rows in the scratch.
   uint8_t* quads = align64(out + x_stride * n_tokens);
   const size_t qstride = rearranged_row_bytes(w, k);
-  const KernelSet& set = detail::kernels_avx512();
+  const detail::ActQuantizers& q = detail::act_quantizers_avx512();
   void (*direct)(const float*, void*, int64_t) =
       simd_level() != SimdLevel::avx512 || (w != DType::Q4_0 && w != DType::Q4_1)  // Q5_0/Q5_1 quads differ
           ? nullptr
-          : at == DType::Q8_0 ? set.quads_q8_0 : set.quads_q8_1;
+          : at == DType::Q8_0 ? q.quads_q8_0 : q.quads_q8_1;
   const auto prepare = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (direct) {

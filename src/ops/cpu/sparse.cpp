@@ -7,7 +7,7 @@
 
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
-#include "ops/cpu/kernels.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/nm4.hpp"
 #include "ops/cpu/sparse_impl.hpp"
@@ -47,7 +47,7 @@ inline void prefetch_bytes(const uint8_t* p, size_t n) {
 // Whether the AVX-512 one-token kernels over 4-bit rows (sparse_avx512.cpp) take activations
 // that prepare_activations() laid out with row stride x_stride for a matrix of k columns.
 bool quad_kernels_apply(int64_t n_tokens, int64_t k, size_t x_stride) {
-  return n_tokens == 1 && simd_level() == SimdLevel::avx512 && detail::kernels_avx512().q4_quads &&
+  return n_tokens == 1 && simd_level() == SimdLevel::avx512 && detail::gemm_kernel(DType::Q4_0, SimdLevel::avx512).quads &&
          x_stride == detail::quad_row_bytes(k);
 }
 

@@ -131,7 +131,7 @@ uint64_t neuron_major_row_bytes(DType t, int64_t n_embd);
 // Rows ids[0..n) of the neuron-major matrix D_nm, in that order, as a matrix of their own in
 // `type` (a row-wise type: not a Q4_*_NM* one): copied as they are where the type is D_nm's,
 // else dequantized (dequantize_neuron) and quantized to `type`. What a hybrid device holds of a
-// layer's down (engine/device.hpp). Threaded over rows.
+// layer's down (device/device.hpp). Threaded over rows.
 NeuronMajorMatrix neuron_major_rows(ThreadPool& pool, const TensorView& D_nm, const int32_t* ids, int64_t n,
                                     DType type);
 

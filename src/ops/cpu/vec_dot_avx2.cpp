@@ -6,7 +6,7 @@
 #include <array>
 #include <type_traits>
 
-#include "ops/cpu/kernels.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember::cpu::detail {
@@ -208,15 +208,14 @@ struct Q6KKernel {
 
 }  // namespace
 
-const KernelSet& kernels_avx2() {
-  static const KernelSet set{.f32 = &gemm<FloatKernel<DType::F32>>,
-                             .f16 = &gemm<FloatKernel<DType::F16>>,
-                             .bf16 = &gemm<FloatKernel<DType::BF16>>,
-                             .q8_0 = &gemm<Block32Kernel<DType::Q8_0>>,
-                             .q4_0 = &gemm<Block32Kernel<DType::Q4_0>>,
-                             .q4_1 = &gemm<Block32Kernel<DType::Q4_1>>,
-                             .q6_k = &gemm<Q6KKernel>};
-  return set;
+void add_gemm_avx2(GemmColumn& c) {
+  c.add(DType::F32, &gemm<FloatKernel<DType::F32>>);
+  c.add(DType::F16, &gemm<FloatKernel<DType::F16>>);
+  c.add(DType::BF16, &gemm<FloatKernel<DType::BF16>>);
+  c.add(DType::Q8_0, &gemm<Block32Kernel<DType::Q8_0>>);
+  c.add(DType::Q4_0, &gemm<Block32Kernel<DType::Q4_0>>);
+  c.add(DType::Q4_1, &gemm<Block32Kernel<DType::Q4_1>>);
+  c.add(DType::Q6_K, &gemm<Q6KKernel>);
 }
 
 }  // namespace ember::cpu::detail

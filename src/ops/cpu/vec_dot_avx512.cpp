@@ -11,7 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "ops/cpu/kernels.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "ops/cpu/quad_avx512.hpp"
 #include "tensor/quant.hpp"
 
@@ -414,21 +414,23 @@ void quantize_quads(const float* x, void* out, int64_t k) {
 
 }  // namespace
 
-const KernelSet& kernels_avx512() {
-  static const KernelSet set{.f32 = &gemm<FloatKernel<DType::F32>>,
-                             .f16 = &gemm<FloatKernel<DType::F16>>,
-                             .bf16 = &gemm<FloatKernel<DType::BF16>>,
-                             .q8_0 = &gemm<Block32Kernel<DType::Q8_0>>,
-                             .q4_0 = &gemm<Q4QuadKernel<DType::Q4_0>>,
-                             .q4_1 = &gemm<Q4QuadKernel<DType::Q4_1>>,
-                             .q6_k = &gemm<Q6KKernel>,
-                             .quantize_q8_0 = &quantize_q8<false>,
-                             .quantize_q8_1 = &quantize_q8<true>,
-                             .quantize_q8_k = &quantize_q8_k,
-                             .q4_quads = true,
-                             .quads_q8_0 = &quantize_quads<false>,
-                             .quads_q8_1 = &quantize_quads<true>};
-  return set;
+void add_gemm_avx512(GemmColumn& c) {
+  c.add(DType::F32, &gemm<FloatKernel<DType::F32>>);
+  c.add(DType::F16, &gemm<FloatKernel<DType::F16>>);
+  c.add(DType::BF16, &gemm<FloatKernel<DType::BF16>>);
+  c.add(DType::Q8_0, &gemm<Block32Kernel<DType::Q8_0>>);
+  c.add(DType::Q4_0, &gemm<Q4QuadKernel<DType::Q4_0>>, true);
+  c.add(DType::Q4_1, &gemm<Q4QuadKernel<DType::Q4_1>>, true);
+  c.add(DType::Q6_K, &gemm<Q6KKernel>);
+}
+
+const ActQuantizers& act_quantizers_avx512() {
+  static const ActQuantizers q{.q8_0 = &quantize_q8<false>,
+                               .q8_1 = &quantize_q8<true>,
+                               .q8_k = &quantize_q8_k,
+                               .quads_q8_0 = &quantize_quads<false>,
+                               .quads_q8_1 = &quantize_quads<true>};
+  return q;
 }
 
 }  // namespace ember::cpu::detail

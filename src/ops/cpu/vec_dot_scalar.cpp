@@ -1,5 +1,5 @@
 // Scalar reference dot products: plain loops, integer sums per block, one float accumulator.
-#include "ops/cpu/kernels.hpp"
+#include "ops/cpu/gemm_table.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -112,15 +112,14 @@ void gemm(const GemmArgs& a) {
 
 }  // namespace
 
-const KernelSet& kernels_scalar() {
-  static const KernelSet set{.f32 = &gemm<dot_f32>,
-                             .f16 = &gemm<dot_f16>,
-                             .bf16 = &gemm<dot_bf16>,
-                             .q8_0 = &gemm<dot_q8_0>,
-                             .q4_0 = &gemm<dot_q4_0>,
-                             .q4_1 = &gemm<dot_q4_1>,
-                             .q6_k = &gemm<dot_q6_k>};
-  return set;
+void add_gemm_scalar(GemmColumn& c) {
+  c.add(DType::F32, &gemm<dot_f32>);
+  c.add(DType::F16, &gemm<dot_f16>);
+  c.add(DType::BF16, &gemm<dot_bf16>);
+  c.add(DType::Q8_0, &gemm<dot_q8_0>);
+  c.add(DType::Q4_0, &gemm<dot_q4_0>);
+  c.add(DType::Q4_1, &gemm<dot_q4_1>);
+  c.add(DType::Q6_K, &gemm<dot_q6_k>);
 }
 
 }  // namespace ember::cpu::detail

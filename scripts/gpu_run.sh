@@ -82,9 +82,9 @@ row() {  # step status detail
 deadline=${EMBER_GPU_DEADLINE:-500}  # seconds: a step that would start later is skipped (9 minutes in all)
 late() { [ $(($(date +%s) - start)) -gt "$deadline" ]; }
 # Budgets are of the process: a share of the model's bytes for the plan, plus what CUDA's context
-# takes by itself (kCudaContextReserve in src/engine/device.hpp, read from there: one number).
-reserve_mib=$(grep -o 'kCudaContextReserve = uint64_t{[0-9]*} << 20' src/engine/device.hpp | grep -o '{[0-9]*}' | tr -d '{}')
-[ -n "$reserve_mib" ] || { echo "gpu_run: kCudaContextReserve not found in src/engine/device.hpp" >&2; exit 2; }
+# takes by itself (kCudaContextReserve in src/device/device.hpp, read from there: one number).
+reserve_mib=$(grep -o 'kCudaContextReserve = uint64_t{[0-9]*} << 20' src/device/device.hpp | grep -o '{[0-9]*}' | tr -d '{}')
+[ -n "$reserve_mib" ] || { echo "gpu_run: kCudaContextReserve not found in src/device/device.hpp" >&2; exit 2; }
 reserve=$((reserve_mib * 1048576))
 ((dry)) && reserve=0
 cat README.md docs/*.md >"$work/text.txt"
@@ -165,7 +165,7 @@ gpu=$(grep -m1 -o "NVIDIA [A-Z0-9][A-Za-z0-9 ]*" "$out/env.txt" | head -1)
 
 if [ "$part" = a ]; then
 # ---- 2. the CUDA and hybrid tests ------------------------------------------------------------
-timeout 240 "$tests" --gtest_filter='CudaOps.*:HybridFfn.*:*FfnContract*:Blocks.*' \
+timeout 240 "$tests" --gtest_filter='CudaOps.*:HybridExecutor.*:*FfnContract*:Blocks.*' \
   --gtest_output="xml:$out/tests.xml" >"$out/tests.log" 2>&1
 rc=$?
 count() { local n; n=$(grep -c "$1" "$out/tests.xml" 2>/dev/null) || true; echo "${n:-0}"; }

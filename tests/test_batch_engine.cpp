@@ -15,7 +15,7 @@
 #include "engine/generator.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/session_params.hpp"
 #include "support/synth_suite.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -27,13 +27,10 @@ using test_support::tokens_from;
 namespace {
 
 SynthOptions synth_options(const std::string& arch, DType type) {
-  SynthOptions o = synth_preset("tiny");
-  o.arch = arch;
-  o.act = synth_default_activation(arch);
+  SynthOptions o = synth_options_for(synth_preset("tiny"), arch);
   o.type = type;
   o.n_ctx = 128;
   o.seed = 11;
-  if (arch == "opt") o.n_head_kv = o.n_head;
   if (type == DType::Q4_K || type == DType::Q6_K) o.n_embd = 256, o.n_ff = 512;  // rows of whole 256-blocks
   o.n_threads = 1;
   return o;
@@ -79,7 +76,8 @@ std::string drain(BatchEngine::Job& job, std::vector<TokenLogprobs>* lps = nullp
 // over its own cache exactly as alone.
 TEST(EvalSeqs, EachSequenceGetsItsLogitsAlone) {
   for (DType type : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K}) {
-    for (const std::string arch : {"llama", "gemma3", "opt"}) {
+    for (const Architecture& a : architectures()) {  // every row of the table
+      const std::string arch = a.name;
       SCOPED_TRACE(std::string(dtype_name(type)) + " " + arch);
       const std::string path = synth_file(arch, type, arch + std::string(dtype_name(type)));
       auto model = load_model(path);
@@ -141,7 +139,7 @@ TEST(EvalSeqs, RefusesWhatItCannotRun) {
   EXPECT_THROW(s.eval_seqs(no_such), Error);
   const Session::SeqEval empty[] = {{1, t.data(), 0}};
   EXPECT_THROW(s.eval_seqs(empty), Error);
-  // The hybrid executor holds one sequence's cache on its devices.
+  // A hybrid session with a budget and no profile to place by is refused at construction.
   SessionParams h = p;
   h.hybrid.vram_budget = 1 << 20;
   EXPECT_THROW(Session(*model, h), Error);

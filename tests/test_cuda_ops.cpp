@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/session.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/plans.hpp"
 #include "support/session_logits.hpp"
 #include "support/synth_files.hpp"
@@ -28,7 +28,7 @@
 #include "ops/cpu/vec.hpp"
 
 #ifdef EMBER_HAS_CUDA
-#include "engine/cuda_device.hpp"
+#include "device/cuda/cuda_device.hpp"
 #include "ops/cuda/cuda_blocks.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 #endif

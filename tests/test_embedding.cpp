@@ -15,7 +15,7 @@
 #include "engine/embedding.hpp"
 #include "engine/generator.hpp"
 #include "engine/session.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "support/session_logits.hpp"
 #include "support/session_params.hpp"

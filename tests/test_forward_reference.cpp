@@ -13,7 +13,7 @@
 
 #include "engine/session.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/synth_files.hpp"
 #include "support/reference_llama.hpp"
 #include "support/session_params.hpp"

@@ -17,7 +17,7 @@
 #include "gguf/writer.hpp"
 #include "model/blocks.hpp"
 #include "model/repack.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "ops/cpu/nm4.hpp"
 #include "ops/cpu/r16.hpp"
 #include "sparse/input_allocation.hpp"

@@ -23,7 +23,7 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/repack.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/paths.hpp"
 #include "tokenizer/tokenizer.hpp"
 

@@ -15,7 +15,7 @@
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/errors.hpp"
 #include "support/synth_files.hpp"
 

@@ -11,7 +11,7 @@
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/moe.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "sparse/plan.hpp"
 #include "support/synth_files.hpp"
 #include "support/errors.hpp"

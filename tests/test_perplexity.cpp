@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "engine/perplexity.hpp"
 #include "engine/session.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/reference_llama.hpp"
 #include "support/session_params.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "core/error.hpp"
 #include "gguf/writer.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/errors.hpp"
 
 using namespace ember;

@@ -15,7 +15,7 @@
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/ffn_modes.hpp"
 #include "sparse/predictor.hpp"
 #include "sparse/predictor_train.hpp"

@@ -15,7 +15,7 @@
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/errors.hpp"
 #include "sparse/prepare.hpp"
 #include "sparse/reorder.hpp"

@@ -13,7 +13,7 @@
 #include "engine/session.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "ops/cpu/activation.hpp"
 #include "sparse/ffn_sparse.hpp"
 #include "engine/profile_run.hpp"

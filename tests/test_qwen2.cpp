@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/errors.hpp"
 #include "support/reference_llama.hpp"
 #include "support/session_logits.hpp"

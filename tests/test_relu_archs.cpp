@@ -19,7 +19,7 @@
 #include "model/forward.hpp"
 #include "model/model.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/errors.hpp"
 #include "support/reference_llama.hpp"
 #include "support/reference_opt.hpp"

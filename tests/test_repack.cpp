@@ -10,7 +10,7 @@
 
 #include "engine/session.hpp"
 #include "core/cpu_features.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "ops/cpu/r16.hpp"
 #include "support/ffn_modes.hpp"
 #include "support/simd_levels.hpp"

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "gguf/writer.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/errors.hpp"
 
 using namespace ember;

@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/ffn_modes.hpp"
 
 using namespace ember;

@@ -1,6 +1,6 @@
 // Synthetic llama models: deterministic bytes, valid files for every weight type, llama.cpp's
 // names and shapes, weights of the intended scale, a consistent vocabulary, clear errors.
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 
 #include <gtest/gtest.h>
 
@@ -301,7 +301,7 @@ TEST(Synth, BadOptionsGiveClearErrors) {
   expect_error(o, "needs both --n-expert and --n-expert-used");
   o.n_expert_used = 2;
   o.arch = "phi3";
-  expect_error(o, "experts are for llama (Mixtral) and qwen3moe");
+  expect_error(o, "experts are for llama and qwen3moe");
   o = small_opts();
   o.arch = "qwen3moe";
   expect_error(o, "qwen3moe needs --n-expert");

@@ -88,7 +88,7 @@ class BatchEngine {
     std::vector<float> embedding_;
   };
 
-  // params.n_seq sequences; each must not be the hybrid path's (Session refuses).
+  // params.n_seq sequences (on the hybrid path too: its devices keep a cache per sequence).
   BatchEngine(const Model& model, const Tokenizer& tok, const SessionParams& params,
               const BatchEngineOptions& options = {});
   ~BatchEngine();  // cancels running jobs and stops the engine thread

@@ -144,7 +144,7 @@ int64_t cached_prefix(const std::vector<int32_t>& held, const std::vector<int32_
 // (cached_prefix: the earlier turns of a chat, a shared system prompt) is kept and only the rest
 // is evaluated; the cache past that prefix is dropped. The sampler still sees the whole prompt.
 // Greedy output equals generate's on a reset session up to the rounding of a different batch
-// split of the prompt (tests/test_server_generator.cpp).
+// split of the prompt (tests/test_generator.cpp).
 GenerateResult generate_cached(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
                                const GenerateParams& params, const PieceCallback& on_piece,
                                const LogprobCallback& on_logprobs = {});

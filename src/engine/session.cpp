@@ -73,7 +73,7 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     h.kv_type = p.kv_type;
     h.down_type = p.sparse.down_type;
     h.n_seq = p.n_seq;
-    hybrid_ = std::make_unique<HybridFfn>(model, pool_, h, n_ctx, ws_.max_batch);
+    hybrid_ = std::make_unique<HybridExecutor>(model, pool_, h, n_ctx, ws_.max_batch);
     ws_.layers = hybrid_.get();
   } else if (p.sparse.mode == FfnMode::input) {
     InputThresholds t = p.sparse.input_thresholds.empty() ? model.input_thresholds : p.sparse.input_thresholds;

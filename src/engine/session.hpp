@@ -12,7 +12,7 @@
 #include "core/thread_pool.hpp"
 #include "model/forward.hpp"
 #include "model/kv_cache.hpp"
-#include "engine/hybrid_ffn.hpp"
+#include "engine/hybrid_executor.hpp"
 #include "model/model.hpp"
 #include "model/repack.hpp"
 #include "sparse/ffn_sparse.hpp"
@@ -27,7 +27,7 @@ struct SessionParams {
   int64_t n_seq = 1;     // sequences, each with its own KV cache of n_ctx positions
   DType kv_type = DType::F32;  // KV cache values: F32 or F16 (the CLI's default)
   SparseFfnOptions sparse; // FFN executor: dense (default) or neuron-sparse
-  // Hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp) when a budget or a plan is given; its firing
+  // Hybrid GPU-CPU FFN (engine/hybrid_executor.hpp) when a budget or a plan is given; its firing
   // threshold is sparse.threshold.
   HybridOptions hybrid;
   bool hybrid_on() const {
@@ -97,7 +97,7 @@ class Session {
   // session's do not.
   void set_dense(bool dense);
   // The hybrid FFN executor; null unless SessionParams::hybrid_on().
-  HybridFfn* hybrid_ffn() { return hybrid_.get(); }
+  HybridExecutor* hybrid_ffn() { return hybrid_.get(); }
 
  private:
   FfnExecutor* own_ffn() {
@@ -118,7 +118,7 @@ class Session {
   std::vector<Seq> seqs_;
   Workspace ws_;
   std::unique_ptr<SparseFfn> sparse_;
-  std::unique_ptr<HybridFfn> hybrid_;
+  std::unique_ptr<HybridExecutor> hybrid_;
   std::unique_ptr<InputSparseExecutor> input_;
   // eval_seqs' scratch: the rows' tokens, spans and output rows, and their logits.
   std::vector<int32_t> batch_tokens_;

@@ -1,7 +1,10 @@
-// The architectures Ember runs, one row each: the GGUF name and the loader in the
-// architecture's own file. Adding one (docs/architecture.md): a file with its loader and a row.
+// The architectures Ember runs, one row each: the GGUF name, the loader and what `ember synth`
+// writes (model/arch_synth.hpp), both in the architecture's own file. Adding one
+// (docs/architecture.md): a file with its loader and synth description, and a row; the tests
+// that loop over the table then cover it.
 #include <string>
 
+#include "model/arch_synth.hpp"
 #include "model/model.hpp"
 
 namespace ember {
@@ -15,19 +18,21 @@ void load_qwen3(Model& model);   // qwen3.cpp
 void load_phi3(Model& model);    // phi3.cpp
 void load_falcon(Model& model);  // falcon.cpp
 void load_qwen3moe(Model& model);  // qwen3.cpp
+extern const ArchSynth kLlamaSynth, kBambooSynth, kGemma3Synth, kOptSynth, kQwen2Synth, kQwen3Synth, kQwen3MoeSynth,
+    kPhi3Synth, kFalconSynth;
 
 namespace {
 
-constexpr Architecture kArchitectures[] = {
-    {.name = "llama", .load = load_llama},
-    {.name = "bamboo", .load = load_bamboo},
-    {.name = "gemma3", .load = load_gemma3},
-    {.name = "opt", .load = load_opt},
-    {.name = "qwen2", .load = load_qwen2},
-    {.name = "qwen3", .load = load_qwen3},
-    {.name = "phi3", .load = load_phi3},
-    {.name = "falcon", .load = load_falcon},
-    {.name = "qwen3moe", .load = load_qwen3moe},
+const Architecture kArchitectures[] = {
+    {.name = "llama", .load = load_llama, .synth = &kLlamaSynth},
+    {.name = "bamboo", .load = load_bamboo, .synth = &kBambooSynth},
+    {.name = "opt", .load = load_opt, .synth = &kOptSynth},
+    {.name = "gemma3", .load = load_gemma3, .synth = &kGemma3Synth},
+    {.name = "qwen2", .load = load_qwen2, .synth = &kQwen2Synth},
+    {.name = "qwen3", .load = load_qwen3, .synth = &kQwen3Synth},
+    {.name = "qwen3moe", .load = load_qwen3moe, .synth = &kQwen3MoeSynth},
+    {.name = "phi3", .load = load_phi3, .synth = &kPhi3Synth},
+    {.name = "falcon", .load = load_falcon, .synth = &kFalconSynth},
 };
 
 }  // namespace
@@ -37,6 +42,8 @@ const Architecture* find_architecture(const std::string& name) {
     if (name == a.name) return &a;
   return nullptr;
 }
+
+std::span<const Architecture> architectures() { return kArchitectures; }
 
 std::string architecture_names() {
   std::string s;

@@ -13,14 +13,14 @@
 // input instead (attn_norm's output when it has no ffn_norm). Q, K and V come from three tensors
 // or from one fused attn_qkv (three row ranges of it, model/loader.hpp). The blocks
 // work on caller-given buffers (a Workspace, a KV cache and the hidden state x), so that a
-// device (engine/device.hpp) runs the very same functions on its own copies: the CPU stand-in
+// device (device/device.hpp) runs the very same functions on its own copies: the CPU stand-in
 // gives the same bits as the CPU.
 #pragma once
 #include <cstdint>
 #include <span>
 
 #include "core/thread_pool.hpp"
-#include "model/forward.hpp"
+#include "model/workspace.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model.hpp"
 

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/arch_synth.hpp"
 #include "model/loader.hpp"
 
 namespace ember {
@@ -69,5 +70,53 @@ void load_falcon(Model& m) {
   read_sparse_metadata(m);
   build_rope(m);
 }
+
+// ---- what `ember synth` writes (model/arch_synth.hpp) ----------------------------------------
+
+namespace {
+
+// llama.cpp's names: LayerNorms with biases (a second one, attn_norm_2, in the 40B layout: more
+// than one KV head), fused attn_qkv, attn_output, up and down without biases.
+std::vector<SynthTensor> falcon_synth_layer(const SynthOptions& o, int64_t il) {
+  const SynthLayerShape sh(o, il);
+  const std::string& p = sh.prefix;
+  const int64_t d = o.n_embd;
+  std::vector<SynthTensor> v = {
+      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.1f},
+      {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.1f},
+  };
+  if (o.n_head_kv > 1) {
+    v.push_back({p + "attn_norm_2.weight", DType::F32, d, 0, 1.0f, 0.1f});
+    v.push_back({p + "attn_norm_2.bias", DType::F32, d, 0, 0.0f, 0.1f});
+  }
+  v.push_back({p + "attn_qkv.weight", o.type, d, d + 2 * sh.nkv, 0.0f, sh.s_embd});
+  v.push_back({p + "attn_output.weight", o.type, d, d, 0.0f, sh.s_embd});
+  v.push_back({p + "ffn_up.weight", o.type, d, o.n_ff, 0.0f, sh.s_embd, SynthRole::up});
+  v.push_back({p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, sh.s_ff, SynthRole::down});
+  return v;
+}
+
+std::vector<SynthTensor> falcon_synth_globals(const SynthOptions& o) {
+  return {{"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.1f}};
+}
+
+void falcon_synth_attention_keys(gguf::Writer& w, const SynthOptions& o) {
+  w.set("falcon.attention.head_count_kv", gguf::Value::u32(static_cast<uint32_t>(o.n_head_kv)));
+  w.set("falcon.attention.layer_norm_epsilon", gguf::Value::f32(o.rms_eps));
+  w.set("falcon.rope.freq_base", gguf::Value::f32(o.rope_base));
+}
+
+void falcon_synth_keys(gguf::Writer& w, const SynthOptions& o) {
+  w.set("falcon.ffn_activation", gguf::Value::str(ffn_activation_name(o.act)));
+}
+
+}  // namespace
+
+extern const ArchSynth kFalconSynth = {.acts = {FfnActivation::gelu, FfnActivation::relu},
+                                .powerinfer = true,
+                                .layer = falcon_synth_layer,
+                                .globals = falcon_synth_globals,
+                                .attention_keys = falcon_synth_attention_keys,
+                                .keys = falcon_synth_keys};
 
 }  // namespace ember

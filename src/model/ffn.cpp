@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "model/forward.hpp"
+#include "model/workspace.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/sparse.hpp"
 #include "ops/cpu/vec.hpp"

@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/arch_synth.hpp"
 #include "model/loader.hpp"
 
 namespace ember {
@@ -74,5 +75,37 @@ void load_gemma3(Model& m) {
   build_rope(m);
   m.rope_local = std::make_unique<cpu::RopeTable>(hp.rope_local);
 }
+
+// ---- what `ember synth` writes (model/arch_synth.hpp) ----------------------------------------
+
+namespace {
+
+std::vector<SynthTensor> gemma3_synth_layer(const SynthOptions& o, int64_t il) {
+  std::vector<SynthTensor> v = llama_synth_layer(o, il);
+  const std::string p = SynthLayerShape(o, il).prefix;
+  const int64_t head_dim = synth_head_dim(o);
+  // Norm weights as the GGUF stores them (llama.cpp's converter has already added Gemma's 1).
+  v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
+  v.push_back({p + "attn_k_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
+  v.push_back({p + "post_attention_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
+  v.push_back({p + "post_ffw_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
+  return v;
+}
+
+void gemma3_synth_keys(gguf::Writer& w, const SynthOptions& o) {  // the keys llama.cpp's converter writes
+  auto u32 = [](int64_t x) { return gguf::Value::u32(static_cast<uint32_t>(x)); };
+  w.set("gemma3.attention.key_length", u32(synth_head_dim(o)));
+  w.set("gemma3.attention.value_length", u32(synth_head_dim(o)));
+  w.set("gemma3.attention.sliding_window", u32(o.sliding_window));
+  w.set("gemma3.attention.sliding_window_pattern", u32(o.swa_period));
+  if (o.final_softcap > 0) w.set("gemma3.final_logit_softcapping", gguf::Value::f32(o.final_softcap));
+}
+
+}  // namespace
+
+extern const ArchSynth kGemma3Synth = {.acts = {FfnActivation::silu},  // GeGLU by itself (the key is not read)
+                                .head_dim = true,
+                                .layer = gemma3_synth_layer,
+                                .keys = gemma3_synth_keys};
 
 }  // namespace ember

@@ -21,7 +21,7 @@ struct KvCache {
   AlignedBuffer<uint8_t> k, v;
 
   // `held` (n_layer entries, or empty: all): the layers whose keys and values live here; the
-  // others (a device's attention layers, engine/device.hpp) take no memory and have no rows.
+  // others (a device's attention layers, device/device.hpp) take no memory and have no rows.
   void init(int64_t layers, int64_t ctx, int64_t row_values, DType t = DType::F32,
             const std::vector<char>& held = {}) {
     EMBER_CHECK(t == DType::F32 || t == DType::F16, "KV cache type {} is not supported (f32 or f16)", dtype_name(t));

@@ -1,10 +1,12 @@
 // A loaded model: hyperparameters and weight views into the mmap'd GGUF file (zero-copy).
-// Each architecture has its own file (llama.cpp, ...) that reads its hyperparameters, binds
-// the tensors it needs and implements its forward pass with the ops.
+// Each architecture has a file of its own (llama.cpp, gemma3.cpp, ...) that reads its
+// hyperparameters and binds its tensors, registered in architectures.cpp's table; the forward
+// pass is one for all of them (model/forward.cpp over the shared blocks of model/blocks.hpp).
 #pragma once
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -201,11 +203,15 @@ bool predictor_reads_residual(const gguf::Reader& r);
 // An architecture Ember runs: its GGUF name and its loader (hyperparameters, tensor binding and
 // the settings of the shared blocks, model/blocks.hpp), one file each (model/llama.cpp, ...),
 // registered in one table (model/architectures.cpp). docs/architecture.md says how to add one.
+struct ArchSynth;  // model/arch_synth.hpp
 struct Architecture {
   const char* name;  // general.architecture
   void (*load)(Model& model);
+  const ArchSynth* synth;  // what `ember synth` writes for it
 };
-// The table; null when `name` is not in it.
+// The table (model/architectures.cpp), in the order of messages.
+std::span<const Architecture> architectures();
+// Its row; null when `name` is not in it.
 const Architecture* find_architecture(const std::string& name);
 // "llama, bamboo, ..." for messages.
 std::string architecture_names();

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "core/thread_pool.hpp"
-#include "model/forward.hpp"
+#include "model/workspace.hpp"
 #include "model/model.hpp"
 
 namespace ember {

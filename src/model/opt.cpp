@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/arch_synth.hpp"
 #include "model/loader.hpp"
 
 namespace ember {
@@ -67,5 +68,65 @@ void load_opt(Model& m) {
   }
   read_sparse_metadata(m);
 }
+
+// ---- what `ember synth` writes (model/arch_synth.hpp) ----------------------------------------
+
+namespace {
+
+// The names of PowerInfer's converter. The activation profile needs no bias channel here:
+// LayerNorm makes the FFN input's elements about unit variance, so up_j . x is about
+// N(0, |w_j|^2) with |w_j| ~ 1, and an up bias of probit(p_j) fires neuron j with p_j.
+std::vector<SynthTensor> opt_synth_layer(const SynthOptions& o, int64_t il) {
+  const SynthLayerShape sh(o, il);
+  const std::string& p = sh.prefix;
+  const int64_t d = o.n_embd, nkv = sh.nkv;
+  const float s_embd = sh.s_embd;
+  return {
+      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "attn_q.weight", o.type, d, d, 0.0f, s_embd},
+      {p + "attn_q.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "attn_k.weight", o.type, d, nkv, 0.0f, s_embd},
+      {p + "attn_k.bias", DType::F32, nkv, 0, 0.0f, 0.02f},
+      {p + "attn_v.weight", o.type, d, nkv, 0.0f, s_embd},
+      {p + "attn_v.bias", DType::F32, nkv, 0, 0.0f, 0.02f},
+      {p + "attn_output.weight", o.type, d, d, 0.0f, s_embd},
+      {p + "attn_output.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "ffn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "ffn_norm.bias", DType::F32, d, 0, 0.0f, 0.02f},
+      {p + "ffn_up.weight", o.type, d, o.n_ff, 0.0f, s_embd, SynthRole::up},
+      {p + "ffn_up.bias", DType::F32, o.n_ff, 0, 0.0f, 0.02f, SynthRole::up_bias},
+      {p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, sh.s_ff, SynthRole::down},
+      {p + "ffn_down.bias", DType::F32, d, 0, 0.0f, 0.02f},
+  };
+}
+
+std::vector<SynthTensor> opt_synth_globals(const SynthOptions& o) {  // learned positions: n_ctx rows after HF's offset of 2
+  return {{"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.02f},
+          {"position_embd.weight", o.type, o.n_embd, o.n_ctx + 2, 0.0f, 1.0f / std::sqrt(static_cast<float>(o.n_embd))}};
+}
+
+void opt_synth_attention_keys(gguf::Writer& w, const SynthOptions& o) {
+  w.set("opt.attention.layer_norm_epsilon", gguf::Value::f32(o.rms_eps));
+}
+
+void opt_synth_keys(gguf::Writer& w, const SynthOptions& o) {
+  w.set("opt.vocab_size", gguf::Value::u32(static_cast<uint32_t>(o.n_vocab)));
+}
+
+int64_t opt_synth_context(const SynthOptions& o) { return o.n_ctx + 2; }  // the position table's rows (2050 for 2048)
+
+}  // namespace
+
+extern const ArchSynth kOptSynth = {.acts = {FfnActivation::relu},
+                             .profile = SynthProfile::up_bias,
+                             .powerinfer = true,
+                             .grouped_kv = false,
+                             .tied = true,  // PowerInfer loads no output.weight for OPT
+                             .layer = opt_synth_layer,
+                             .globals = opt_synth_globals,
+                             .attention_keys = opt_synth_attention_keys,
+                             .keys = opt_synth_keys,
+                             .context_length = opt_synth_context};
 
 }  // namespace ember

@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "model/arch_synth.hpp"
 #include "model/loader.hpp"
 
 namespace ember {
@@ -75,5 +76,46 @@ void load_phi3(Model& m) {
     m.rope_long_after = r.opt_int("phi3.rope.scaling.original_context_length").value_or(hp.n_ctx_train);
   }
 }
+
+// ---- what `ember synth` writes (model/arch_synth.hpp) ----------------------------------------
+
+namespace {
+
+// Fused attn_qkv and fused gate/up (ffn_up: the gate's n_ff rows, then up's).
+std::vector<SynthTensor> phi3_synth_layer(const SynthOptions& o, int64_t il) {
+  const SynthLayerShape sh(o, il);
+  const std::string& p = sh.prefix;
+  const int64_t d = o.n_embd;
+  return {
+      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "attn_qkv.weight", o.type, d, d + 2 * sh.nkv, 0.0f, sh.s_embd},
+      {p + "attn_output.weight", o.type, d, d, 0.0f, sh.s_embd},
+      {p + "ffn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
+      {p + "ffn_up.weight", o.type, d, 2 * o.n_ff, 0.0f, sh.s_embd},
+      {p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, sh.s_ff},
+  };
+}
+
+std::vector<SynthTensor> phi3_synth_globals(const SynthOptions& o) {  // LongRoPE's factors (n_rot / 2 each), both >= 1
+  const int64_t half = synth_head_dim(o) / 2;
+  return {{"rope_factors_short.weight", DType::F32, half, 0, 2.0f, 0.5f},
+          {"rope_factors_long.weight", DType::F32, half, 0, 8.0f, 2.0f}};
+}
+
+void phi3_synth_keys(gguf::Writer& w, const SynthOptions& o) {
+  w.set("phi3.rope.dimension_count", gguf::Value::u32(static_cast<uint32_t>(synth_head_dim(o))));
+  w.set("phi3.rope.scaling.original_context_length", gguf::Value::u32(static_cast<uint32_t>(o.n_ctx)));
+  w.set("phi3.rope.scaling.attn_factor", gguf::Value::f32(1.19f));
+}
+
+int64_t phi3_synth_context(const SynthOptions& o) { return 4 * o.n_ctx; }  // LongRoPE: trained to 4x
+
+}  // namespace
+
+extern const ArchSynth kPhi3Synth = {.acts = {FfnActivation::silu},
+                              .layer = phi3_synth_layer,
+                              .globals = phi3_synth_globals,
+                              .keys = phi3_synth_keys,
+                              .context_length = phi3_synth_context};
 
 }  // namespace ember

@@ -10,6 +10,7 @@
 // (the two halves of each head rotated together: Qwen's files store Q and K unpermuted). It is
 // the proof of docs/architecture.md's promise: one file and one table row.
 #include "core/error.hpp"
+#include "model/arch_synth.hpp"
 #include "model/loader.hpp"
 
 namespace ember {
@@ -34,5 +35,28 @@ void load_qwen2(Model& m) {
   read_sparse_metadata(m);
   build_rope(m);
 }
+
+// ---- what `ember synth` writes (model/arch_synth.hpp) ----------------------------------------
+
+namespace {
+
+std::vector<SynthTensor> qwen2_synth_layer(const SynthOptions& o, int64_t il) {
+  std::vector<SynthTensor> v = llama_synth_layer(o, il);
+  const SynthLayerShape sh(o, il);
+  const int64_t n_embd_q = o.n_head * synth_head_dim(o);
+  // Biases on Q, K and V (large ones, as Qwen's are).
+  v.push_back({sh.prefix + "attn_q.bias", DType::F32, n_embd_q, 0, 0.0f, 0.5f});
+  v.push_back({sh.prefix + "attn_k.bias", DType::F32, sh.nkv, 0, 0.0f, 0.5f});
+  v.push_back({sh.prefix + "attn_v.bias", DType::F32, sh.nkv, 0, 0.0f, 0.1f});
+  return v;
+}
+
+// llama.cpp's converter writes no rope.dimension_count or vocab_size for Qwen2 (whole heads
+// rotate; the vocabulary is the token list's length).
+void qwen2_synth_keys(gguf::Writer&, const SynthOptions&) {}
+
+}  // namespace
+
+extern const ArchSynth kQwen2Synth = {.acts = {FfnActivation::silu}, .layer = qwen2_synth_layer, .keys = qwen2_synth_keys};
 
 }  // namespace ember

@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "model/arch_synth.hpp"
 #include "model/loader.hpp"
 
 namespace ember {
@@ -64,5 +65,39 @@ void load_qwen3_family(Model& m, bool moe) {
 
 void load_qwen3(Model& m) { load_qwen3_family(m, false); }
 void load_qwen3moe(Model& m) { load_qwen3_family(m, true); }
+
+// ---- what `ember synth` writes (model/arch_synth.hpp) ----------------------------------------
+
+namespace {
+
+std::vector<SynthTensor> qwen3_synth_layer(const SynthOptions& o, int64_t il) {
+  std::vector<SynthTensor> v = llama_synth_layer(o, il);
+  const std::string p = SynthLayerShape(o, il).prefix;
+  v.push_back({p + "attn_q_norm.weight", DType::F32, synth_head_dim(o), 0, 1.0f, 0.2f});
+  v.push_back({p + "attn_k_norm.weight", DType::F32, synth_head_dim(o), 0, 1.0f, 0.2f});
+  return v;
+}
+
+void qwen3_synth_keys_of(gguf::Writer& w, const SynthOptions& o, const std::string& a) {
+  w.set(a + ".attention.key_length", gguf::Value::u32(static_cast<uint32_t>(synth_head_dim(o))));
+  w.set(a + ".attention.value_length", gguf::Value::u32(static_cast<uint32_t>(synth_head_dim(o))));
+}
+void qwen3_synth_keys(gguf::Writer& w, const SynthOptions& o) { qwen3_synth_keys_of(w, o, "qwen3"); }
+void qwen3moe_synth_keys(gguf::Writer& w, const SynthOptions& o) {
+  qwen3_synth_keys_of(w, o, "qwen3moe");
+  w.set("qwen3moe.expert_feed_forward_length", gguf::Value::u32(static_cast<uint32_t>(o.n_ff)));
+}
+
+}  // namespace
+
+extern const ArchSynth kQwen3Synth = {.acts = {FfnActivation::silu},
+                               .head_dim = true,
+                               .layer = qwen3_synth_layer,
+                               .keys = qwen3_synth_keys};
+extern const ArchSynth kQwen3MoeSynth = {.acts = {FfnActivation::silu},
+                                  .head_dim = true,
+                                  .experts = SynthExperts::required,
+                                  .layer = qwen3_synth_layer,
+                                  .keys = qwen3moe_synth_keys};
 
 }  // namespace ember

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/generator.hpp"
@@ -131,9 +132,9 @@ ModelFileInfo model_file_info(const Model& model) {
   for (const auto& [type, bytes] : by_type)
     if (bytes > most) most = bytes, f.quantization = type;
   const std::string stamp = fmt::format("{}:{}:{}", f.path, f.bytes, f.modified);
-  uint64_t h1 = 1469598103934665603ull, h2 = 0x9e3779b97f4a7c15ull;
-  for (unsigned char c : stamp) h1 = (h1 ^ c) * 1099511628211ull, h2 = (h2 ^ c) * 0x100000001b3ull + 0x9e37;
-  f.digest = fmt::format("{:016x}{:016x}{:016x}{:016x}", h1, h2, h1 ^ h2, h1 + h2);
+  // 64 hex digits as Ollama's digests have: four FNV-1a hashes of the stamp, each seeded by the last.
+  const uint64_t h1 = fnv1a64(stamp), h2 = fnv1a64(stamp, h1), h3 = fnv1a64(stamp, h2), h4 = fnv1a64(stamp, h3);
+  f.digest = fmt::format("{:016x}{:016x}{:016x}{:016x}", h1, h2, h3, h4);
   f.metadata = json::object();
   for (const std::string& key : r.keys()) {
     const gguf::Value& v = *r.find(key);

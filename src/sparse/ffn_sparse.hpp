@@ -37,7 +37,7 @@
 #include "core/aligned_buffer.hpp"
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
-#include "model/forward.hpp"
+#include "model/workspace.hpp"
 #include "ops/cpu/sparse.hpp"
 #include "sparse/input_site.hpp"
 

@@ -34,7 +34,7 @@
 
 #include "core/aligned_buffer.hpp"
 #include "model/ffn.hpp"
-#include "model/forward.hpp"
+#include "model/workspace.hpp"
 #include "ops/cpu/sparse.hpp"
 #include "sparse/input_site.hpp"
 

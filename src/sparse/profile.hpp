@@ -28,7 +28,7 @@
 
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
-#include "model/forward.hpp"
+#include "model/workspace.hpp"
 #include "sparse/input_site.hpp"
 
 namespace ember {

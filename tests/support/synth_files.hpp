@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 
 namespace ember::test_support {
 

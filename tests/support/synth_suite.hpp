@@ -12,7 +12,7 @@
 
 #include "engine/generator.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember::test_support {

@@ -31,7 +31,7 @@ import sys
 path, hip_include, shim = sys.argv[1:4]
 s = open(path).read()
 s = s.replace('set(EMBER_CUDA "AUTO"', 'set(EMBER_CUDA "OFF"')
-cut = 'if(NOT EMBER_HAS_CUDA)\n  list(FILTER EMBER_SOURCES EXCLUDE REGEX "/src/engine/cuda_device\\\\.cpp$")\nendif()'
+cut = 'if(NOT EMBER_HAS_CUDA)\n  list(FILTER EMBER_SOURCES EXCLUDE REGEX "/src/device/cuda/cuda_device\\\\.cpp$")\nendif()'
 assert cut in s, 'CMakeLists.txt changed: update tools/cuda_on_cpu/run.sh'
 s = s.replace(cut, '')
 link = 'target_link_libraries(emberlib PUBLIC Threads::Threads fmt::fmt nlohmann_json::nlohmann_json PRIVATE PkgConfig::CBC)'

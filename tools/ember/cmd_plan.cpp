@@ -10,7 +10,7 @@
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "model/kv_cache.hpp"
 #include "sparse/plan.hpp"
 #include "sparse/predictor.hpp"

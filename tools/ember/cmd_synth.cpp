@@ -1,5 +1,5 @@
 // `ember synth -o OUT.gguf [--preset P] [flags]`: writes a random-weight GGUF of any architecture Ember runs
-// (see src/model/synth.hpp). Individual flags override the preset's values.
+// (see src/synth/synth.hpp). Individual flags override the preset's values.
 #include <fmt/format.h>
 
 #include <unistd.h>
@@ -11,7 +11,9 @@
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
-#include "model/synth.hpp"
+#include "model/arch_synth.hpp"
+#include "model/model.hpp"
+#include "synth/synth.hpp"
 
 namespace ember::cli {
 namespace {
@@ -55,10 +57,14 @@ void run_synth(const SynthArgs& a) {
   o.type = *t;
   o.act = parse_ffn_activation(a.act);
   o.arch = a.arch;
-  // Without --act, the architecture's own activation (validate names a conflict); OPT ties
-  // its output to the embedding (PowerInfer loads no output.weight for it).
-  if (a.o_act->count() == 0) o.act = synth_default_activation(o.arch);
-  if (o.arch == "opt") o.tied = true, o.n_head_kv = o.n_head;
+  // Without --act, the architecture's own activation (validate names a conflict); an
+  // architecture without grouped-query attention or an output matrix of its own (OPT) gets
+  // neither.
+  if (find_architecture(o.arch)) {  // (validate names an unknown one)
+    const SynthOptions fitted = synth_options_for(o, o.arch);
+    if (a.o_act->count() == 0) o.act = fitted.act;
+    o.tied = fitted.tied, o.n_head_kv = fitted.n_head_kv;  // experts stay as given (validate asks for them)
+  }
   o.head_dim = a.head_dim;
   o.rope_freqs = a.rope_freqs;
   o.pre = a.pre;
@@ -127,7 +133,7 @@ void add_synth(CLI::App& app) {
   cmd->add_option("--type", a->type, "Type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k")
                   ->capture_default_str();
   a->o_act = cmd->add_option("--act", a->act, "FFN activation: silu or relu (bamboo, opt: relu; falcon: gelu or relu)")->capture_default_str();
-  cmd->add_option("--arch", a->arch, "Architecture: llama, bamboo, opt, gemma3, qwen2, qwen3, qwen3moe, phi3 or falcon")->capture_default_str();
+  cmd->add_option("--arch", a->arch, "Architecture: " + architecture_names())->capture_default_str();
   cmd->add_flag("--powerinfer", a->powerinfer,
                 "PowerInfer's layout: PWRI magic, ffn_down_t instead of ffn_down, predictor fc1/fc2, "
                 "powerinfer.sparse_threshold");

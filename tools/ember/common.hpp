@@ -28,7 +28,7 @@ struct EngineFlags {
   float sparse_threshold = 0.0f;
   std::string sparse_profile;  // threshold mode: calibrate per-layer thresholds from this profile
   float sparsity = 0.5f;       // ... at this target sparsity
-  std::string vram_budget;  // hybrid GPU-CPU FFN (engine/hybrid_ffn.hpp): a size, or auto
+  std::string vram_budget;  // hybrid GPU-CPU FFN (engine/hybrid_executor.hpp): a size, or auto
   std::string vram_reserve;  // the device runtime's own share of the budget (empty: the device's figure)
   std::string plan_path;
   std::string plan_method = "ilp";  // how a plan computed at load places (sparse/plan.hpp)

@@ -1,5 +1,5 @@
 // CUDA kernels of the attention block and the FFN block's norms (a layer whose attention the
-// plan puts on the GPU, engine/cuda_device.cpp), the counterparts of model/blocks.cpp's steps.
+// plan puts on the GPU, device/cuda/cuda_device.cpp), the counterparts of model/blocks.cpp's steps.
 // Like cuda_ops.hpp: no CUDA includes, device pointers unless named host_*, `stream` a
 // cudaStream_t as void*; every reduction in a fixed order, so results are deterministic.
 //

@@ -4,17 +4,19 @@
 // ones; results repeat bit for bit; the device holds exactly the bytes the plan counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
 
 #include "core/error.hpp"
-#include "engine/device.hpp"
+#include "device/cpu/cpu_device.hpp"
+#include "device/device.hpp"
 #include "engine/session.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "support/errors.hpp"
 #include "support/plans.hpp"
 #include "support/session_logits.hpp"
@@ -89,7 +91,7 @@ Plan hand_plan(const Model& m) {
 
 }  // namespace
 
-TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
+TEST(HybridExecutor, EqualsAllCpuForSeveralPlans) {
   for (DType type : {DType::F32, DType::Q4_0}) {
     const std::string path = write_model(type, FfnActivation::relu, std::string("relu-") + std::string(dtype_name(type)));
     for (const auto& f : std::filesystem::directory_iterator(test_dir()))  // no stale cached plans
@@ -221,7 +223,7 @@ TEST(HybridFfn, EqualsAllCpuForSeveralPlans) {
   }
 }
 
-TEST(HybridFfn, SiluModelEqualsDense) {
+TEST(HybridExecutor, SiluModelEqualsDense) {
   // SwiGLU at threshold 0: every neuron fires (silu is rarely exactly 0), the split is the
   // whole story.
   const std::string path = write_model(DType::F32, FfnActivation::silu, "silu");
@@ -267,7 +269,7 @@ TEST(HybridFfn, SiluModelEqualsDense) {
   std::filesystem::remove(prof);
 }
 
-TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
+TEST(HybridExecutor, DeviceHoldsExactlyThePlannedBytes) {
   const std::string path = write_model(DType::Q4_0, FfnActivation::relu, "bytes");
   auto model = load_model(path);
   const PlanModel pm = plan_model_from(*model, plan_probabilities(*model, ""), 64);
@@ -371,27 +373,30 @@ TEST(HybridFfn, DeviceHoldsExactlyThePlannedBytes) {
 // Attention blocks placed on the stand-in device (which runs the CPU's own block functions on
 // its own copies, KV cache and threads) change no bit of the output, for FFN splits of none and
 // some neurons and attention on no, some and all layers; the hidden state crosses only where
-// consecutive blocks change device. Llama (Q4_0, RoPE), Gemma 3 (QK-norm, post-norms, sliding
-// window, local RoPE), OPT (LayerNorm, biases, learned positions, no gate), a llama with a
-// parallel residual (the FFN's input taken before attention, on the device) and Qwen2 (Q/K/V
-// biases, NeoX RoPE), Qwen3 (Q/K-norm), Phi-3 (fused QKV and gate/up, LongRoPE factors) and
-// Falcon (LayerNorm, fused QKV, parallel residual with two norms, ReLU without a gate).
-TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
-  for (const std::string variant : {"llama", "gemma3", "opt", "llama-parallel", "qwen2", "qwen3", "phi3", "falcon"}) {
+// consecutive blocks change device. Every architecture of the table but mixtures of experts,
+// ReLU where it takes it: Llama (Q4_0, RoPE), Bamboo (ReLU on gate and up), Gemma 3 (QK-norm,
+// post-norms, sliding window, local RoPE), OPT (LayerNorm, biases, learned positions, no gate),
+// Qwen2 (Q/K/V biases, NeoX RoPE), Qwen3 (Q/K-norm), Phi-3 (fused QKV and gate/up, LongRoPE
+// factors), Falcon (LayerNorm, fused QKV, parallel residual with two norms, ReLU without a gate);
+// and a llama with a parallel residual (the FFN's input taken before attention, on the device).
+TEST(HybridExecutor, AttentionOnTheStandInChangesNoBit) {
+  std::vector<std::string> variants;  // every row of the table whose layers the hybrid runs (not mixtures of experts)
+  for (const Architecture& a : architectures())
+    if (a.synth->experts != SynthExperts::required) variants.push_back(a.name);
+  variants.push_back("llama-parallel");
+  for (const std::string& variant : variants) {
     SCOPED_TRACE(variant);
     const std::string arch = variant == "llama-parallel" ? "llama" : variant;
-    SynthOptions o;
-    o.arch = arch;
-    o.act = arch == "gemma3" || arch == "qwen2" || arch == "qwen3" || arch == "phi3" ? FfnActivation::silu
-                                                                                    : FfnActivation::relu;
-    if (o.act == FfnActivation::relu && arch != "falcon") o.sparsity = 0.7f;
+    const ArchSynth& as = *find_architecture(arch)->synth;
+    SynthOptions o = synth_options_for(SynthOptions{}, arch);
+    if (std::find(as.acts.begin(), as.acts.end(), FfnActivation::relu) != as.acts.end()) o.act = FfnActivation::relu;
+    if (o.act == FfnActivation::relu && as.profile != SynthProfile::none) o.sparsity = 0.7f;
     o.type = arch == "llama" ? DType::Q4_0 : DType::F32;
     o.n_embd = 128;
     o.n_ff = 288;
     o.n_layer = 3;
     o.n_head = 4;
-    o.n_head_kv = arch == "opt" ? 4 : 2;
-    o.tied = arch == "opt";
+    o.n_head_kv = as.grouped_kv ? 2 : 4;
     o.seed = 8;
     o.n_threads = 1;
     const std::string path = (test_dir() / ("attn-" + variant + ".gguf")).string();
@@ -452,7 +457,7 @@ TEST(HybridFfn, AttentionOnTheStandInChangesNoBit) {
 // steps of all of them together (one token each, then 3 + 1 + 2 tokens, whose device chunks of 5
 // rows cut through the sequences) give every sequence's logits bit for bit as with attention on
 // the CPU; the device holds the plan's bytes, three caches per attention layer, and the host none.
-TEST(HybridFfn, SeveralSequencesKeepTheirCachesOnTheDevice) {
+TEST(HybridExecutor, SeveralSequencesKeepTheirCachesOnTheDevice) {
   for (const std::string arch : {"llama", "gemma3"}) {
     SCOPED_TRACE(arch);
     auto model = test_support::load_synth_in(test_dir(), test_support::small_attention_synth(arch, 9, 1),
@@ -494,7 +499,7 @@ TEST(HybridFfn, SeveralSequencesKeepTheirCachesOnTheDevice) {
 
 // PowerInfer's layout through the hybrid (a file with only ffn_down_t): the same logits as the
 // all-CPU oracle on that file (the merge once covered one float per token: top-1 agreement 64 %).
-TEST(HybridFfn, PowerInferFileEqualsOracle) {
+TEST(HybridExecutor, PowerInferFileEqualsOracle) {
   SynthOptions o;
   o.act = FfnActivation::relu;
   o.sparsity = 0.8f;
@@ -524,7 +529,7 @@ TEST(HybridFfn, PowerInferFileEqualsOracle) {
 // mode's to rounding, for predictors reading the residual (on the host, and the device's own
 // hidden state where it holds attention) and the FFN input; the device holds exactly the plan's
 // bytes, predictors and their scratch included.
-TEST(HybridFfn, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
+TEST(HybridExecutor, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
   SynthOptions o;
   o.type = DType::F32;
   o.act = FfnActivation::relu;
@@ -581,7 +586,7 @@ TEST(HybridFfn, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
 
 // Budgets of the real process: the runtime's reserve comes out of a given budget, which must fit
 // the device's free memory; auto takes the free memory less a margin.
-TEST(HybridFfn, BudgetsOfTheRealProcess) {
+TEST(HybridExecutor, BudgetsOfTheRealProcess) {
   const uint64_t MiB = uint64_t{1} << 20;
   const DeviceMemory gpu{4096 * MiB, 8192 * MiB, 512 * MiB};
   EXPECT_EQ(device_free_margin(gpu), 256 * MiB);
@@ -665,7 +670,7 @@ TEST(HybridFfn, BudgetsOfTheRealProcess) {
 // input down and a partial output up for each layer where the CPU computes neurons, none where
 // the device holds them all; the stand-in launches nothing and its waits are the caller's for
 // its thread (one per layer whose share it computes).
-TEST(HybridFfn, DeviceCountsWhatADecodeTokenCrosses) {
+TEST(HybridExecutor, DeviceCountsWhatADecodeTokenCrosses) {
   SynthOptions o;
   o.act = FfnActivation::relu;
   o.sparsity = 0.7f;

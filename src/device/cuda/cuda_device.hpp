@@ -20,13 +20,13 @@
 // of layers with no host input in between (capture_begin's key) is captured as a CUDA graph the
 // first time and replayed after, its positions read on the device (EMBER_CUDA_GRAPHS=0: never;
 // the default where the runtime has graphs). counters() says what each token cost the host.
-// What it runs is cuda_caps() (engine/device.hpp); anything else is refused before a byte is
+// What it runs is cuda_caps() (device/device.hpp); anything else is refused before a byte is
 // copied.
 #pragma once
 #include <initializer_list>
 #include <map>
 
-#include "engine/device.hpp"
+#include "device/device.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
 namespace ember {

@@ -1,4 +1,4 @@
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,11 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/utf8.hpp"
 #include "core/log.hpp"
 #include "core/thread_pool.hpp"
+#include "model/model.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember {
@@ -42,22 +44,16 @@ struct SplitMix64 {
   }
 };
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
 
 // ---- tensors ---------------------------------------------------------------------------------
 
 // What the activation profile changes in a tensor (see "Activation profile" below).
 enum class Edit { none, set_col, zero_col, zero_row, gate_bias, probit_all, fc1_unit, fc2_unit };
 
-struct TensorSpec {
-  std::string name;
-  DType type;
-  int64_t ne0, ne1;  // ne1 == 0: a 1-D tensor
-  float mean, std;
+// A tensor to generate: as the architecture describes it (model/arch_synth.hpp), and the edits
+// synth's options make to its values.
+struct TensorSpec : SynthTensor {
+  TensorSpec(SynthTensor t) : SynthTensor(std::move(t)) {}  // NOLINT: a description is a spec without edits
   Edit edit = Edit::none;
   int64_t col = -1;   // the bias channel
   float value = 0;    // set_col: the value; gate_bias: s0 / A; probit_all, fc2_unit: the scale
@@ -68,9 +64,9 @@ struct TensorSpec {
   std::shared_ptr<const std::vector<float>> basis = nullptr;
   int64_t basis_rank = 0;
   float noise = 0.0f;
-  // A 3-D tensor of ne2 matrices [ne0, ne1 / ne2] (the experts of a mixture; 0: 2-D or 1-D).
-  int64_t ne2 = 0;
 };
+
+std::vector<TensorSpec> specs_of(const std::vector<SynthTensor>& tensors) { return {tensors.begin(), tensors.end()}; }
 
 // ---- activation profile ------------------------------------------------------------------------
 // Llama has no bias tensors, so the per-neuron gate offsets travel through a constant input
@@ -161,7 +157,7 @@ std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& po
   const int64_t rows = t.ne1 > 0 ? t.ne1 : 1;
   const size_t stride = row_bytes(t.type, t.ne0);
   std::vector<uint8_t> data(stride * static_cast<size_t>(rows));
-  const uint64_t tensor_seed = mix64(seed) ^ fnv1a(t.name);
+  const uint64_t tensor_seed = mix64(seed) ^ fnv1a64(t.name);
   std::vector<std::vector<float>> scratch(pool.size());
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / t.ne0);
   pool.parallel_for(rows, grain, [&](int64_t begin, int64_t end, int ith) {
@@ -230,7 +226,26 @@ std::vector<uint8_t> synth_transposed(const TensorSpec& t, uint64_t seed, Thread
   return out;
 }
 
-int64_t head_dim_of(const SynthOptions& o) { return o.head_dim > 0 ? o.head_dim : o.n_embd / o.n_head; }
+// The architectures whose synth description passes `keep` (all without), in the table's order,
+// as "a, b or c" (conj "or"; `last`, when given, goes before the last one instead).
+std::string architecture_list(const char* conj, bool (*keep)(const ArchSynth&) = nullptr, const char* last = nullptr) {
+  std::vector<std::string> names;
+  for (const Architecture& a : architectures())
+    if (!keep || keep(*a.synth)) names.push_back(a.name);
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) s += i + 1 < names.size() ? ", " : last ? std::string(last) : fmt::format(" {} ", conj);
+    s += names[i];
+  }
+  return s;
+}
+
+// The architecture's row (validate checked that there is one).
+const ArchSynth& arch_of(const SynthOptions& o) {
+  const Architecture* a = find_architecture(o.arch);
+  EMBER_CHECK(a != nullptr, "synth: --arch must be {}, got '{}'", architecture_list("or"), o.arch);
+  return *a->synth;
+}
 bool profile_on(const SynthOptions& o) { return o.act == FfnActivation::relu && o.sparsity > 0.0f; }
 // The embedding's spread s0 and the bias channel's value A (= s0 sqrt(n_embd): x_c as large as
 // the rest of the vector together, which keeps w_jc at the scale of the other gate weights).
@@ -246,49 +261,6 @@ std::shared_ptr<std::vector<float>> profile_probits(const SynthOptions& o, int64
   return z;
 }
 
-// What every layer's tensor list starts from: the name prefix "blk.N.", the weights' spreads
-// 1/sqrt(fan_in) for inputs of n_embd and of n_ff, and the K/V width.
-struct LayerShape {
-  LayerShape(const SynthOptions& o, int64_t il)
-      : prefix("blk." + std::to_string(il) + "."),
-        s_embd(1.0f / std::sqrt(static_cast<float>(o.n_embd))),
-        s_ff(1.0f / std::sqrt(static_cast<float>(o.n_ff))),
-        nkv(o.n_head_kv * head_dim_of(o)) {}
-  std::string prefix;
-  float s_embd, s_ff;
-  int64_t nkv;
-};
-
-// OPT's layer, with the names of PowerInfer's converter. The activation profile needs no bias
-// channel here: LayerNorm makes the FFN input's elements about unit variance, so up_j . x is
-// about N(0, |w_j|^2) with |w_j| ~ 1, and an up bias of probit(p_j) fires neuron j with p_j.
-std::vector<TensorSpec> opt_layer_specs(const SynthOptions& o, int64_t il) {
-  const LayerShape sh(o, il);
-  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
-  const std::string& p = sh.prefix;
-  const int64_t d = o.n_embd, nkv = sh.nkv;
-  std::vector<TensorSpec> v = {
-      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
-      {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.02f},
-      {p + "attn_q.weight", o.type, d, d, 0.0f, s_embd},
-      {p + "attn_q.bias", DType::F32, d, 0, 0.0f, 0.02f},
-      {p + "attn_k.weight", o.type, d, nkv, 0.0f, s_embd},
-      {p + "attn_k.bias", DType::F32, nkv, 0, 0.0f, 0.02f},
-      {p + "attn_v.weight", o.type, d, nkv, 0.0f, s_embd},
-      {p + "attn_v.bias", DType::F32, nkv, 0, 0.0f, 0.02f},
-      {p + "attn_output.weight", o.type, d, d, 0.0f, s_embd},
-      {p + "attn_output.bias", DType::F32, d, 0, 0.0f, 0.02f},
-      {p + "ffn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
-      {p + "ffn_norm.bias", DType::F32, d, 0, 0.0f, 0.02f},
-      {p + "ffn_up.weight", o.type, d, o.n_ff, 0.0f, s_embd},
-      {p + "ffn_up.bias", DType::F32, o.n_ff, 0, 0.0f, 0.02f},
-      {p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, s_ff},
-      {p + "ffn_down.bias", DType::F32, d, 0, 0.0f, 0.02f},
-  };
-  if (profile_on(o)) v[13].edit = Edit::probit_all, v[13].value = 1.0f, v[13].z = profile_probits(o, il);
-  return v;
-}
-
 DType predictor_type(DType t) {  // PowerInfer's quantizer: Q4_0 in Q4_0 files, else Q5_0; F16 unquantized
   if (t == DType::Q4_0) return DType::Q4_0;
   return info(t).block_size > 1 ? DType::Q5_0 : DType::F16;
@@ -299,11 +271,11 @@ std::vector<TensorSpec> predictor_specs(const SynthOptions& o, int64_t il) {
   const int64_t rank = synth_predictor_rank(o);
   const DType t = predictor_type(o.type);
   const std::string p = "blk." + std::to_string(il) + ".";
-  std::vector<TensorSpec> v = {
+  std::vector<TensorSpec> v = specs_of({
       {p + "fc1.weight", t, o.n_embd, rank, 0.0f, 1.0f / std::sqrt(static_cast<float>(o.n_embd))},
       {p + "fc2.weight", t, rank, o.n_ff, 0.0f, 1.0f / std::sqrt(static_cast<float>(rank))},
-  };
-  if (profile_on(o) && o.arch != "opt") {
+  });
+  if (profile_on(o) && arch_of(o).profile == SynthProfile::bias_channel) {
     // PowerInfer feeds the predictor the FFN's input before ffn_norm, where the bias channel
     // holds A: unit 0 = relu(x_c / A) = 1. The other units' sum has variance about
     // (rank - 1) / rank * E[relu(N(0,1))^2] = 0.5 (rank - 1) / rank.
@@ -314,117 +286,41 @@ std::vector<TensorSpec> predictor_specs(const SynthOptions& o, int64_t il) {
   return v;
 }
 
-// Falcon's layer (llama.cpp's names): LayerNorms with biases (a second one, attn_norm_2, in the
-// 40B layout: more than one KV head), fused attn_qkv, attn_output, up and down without biases.
-std::vector<TensorSpec> falcon_layer_specs(const SynthOptions& o, int64_t il) {
-  const LayerShape sh(o, il);
-  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
-  const std::string& p = sh.prefix;
-  const int64_t d = o.n_embd, nkv = sh.nkv;
-  std::vector<TensorSpec> v = {
-      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.1f},
-      {p + "attn_norm.bias", DType::F32, d, 0, 0.0f, 0.1f},
-  };
-  if (o.n_head_kv > 1) {
-    v.push_back({p + "attn_norm_2.weight", DType::F32, d, 0, 1.0f, 0.1f});
-    v.push_back({p + "attn_norm_2.bias", DType::F32, d, 0, 0.0f, 0.1f});
-  }
-  v.push_back({p + "attn_qkv.weight", o.type, d, d + 2 * nkv, 0.0f, s_embd});
-  v.push_back({p + "attn_output.weight", o.type, d, d, 0.0f, s_embd});
-  v.push_back({p + "ffn_up.weight", o.type, d, o.n_ff, 0.0f, s_embd});
-  v.push_back({p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, s_ff});
-  if (o.powerinfer)
-    for (auto& t : predictor_specs(o, il)) v.push_back(t);
-  return v;
-}
-
-// Phi-3's layer: fused attn_qkv and fused gate/up (ffn_up: the gate's n_ff rows, then up's).
-std::vector<TensorSpec> phi3_layer_specs(const SynthOptions& o, int64_t il) {
-  const LayerShape sh(o, il);
-  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
-  const std::string& p = sh.prefix;
-  const int64_t d = o.n_embd, nkv = sh.nkv;
-  return {
-      {p + "attn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
-      {p + "attn_qkv.weight", o.type, d, d + 2 * nkv, 0.0f, s_embd},
-      {p + "attn_output.weight", o.type, d, d, 0.0f, s_embd},
-      {p + "ffn_norm.weight", DType::F32, d, 0, 1.0f, 0.02f},
-      {p + "ffn_up.weight", o.type, d, 2 * o.n_ff, 0.0f, s_embd},
-      {p + "ffn_down.weight", o.type, o.n_ff, d, 0.0f, s_ff},
-  };
-}
-
+// The architecture's layer (its row, model/arch_synth.hpp), with the edits of the options that are
+// the same for every architecture, each tensor found by its role: the predictable gate, the
+// activation profile (the bias channel above, or OPT's up bias), PowerInfer's predictor.
 std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
-  if (o.arch == "opt") {
-    auto v = opt_layer_specs(o, il);
-    if (o.powerinfer)
-      for (auto& t : predictor_specs(o, il)) v.push_back(t);
-    return v;
-  }
-  if (o.arch == "falcon") return falcon_layer_specs(o, il);
-  if (o.arch == "phi3") return phi3_layer_specs(o, il);
-  const int64_t head_dim = head_dim_of(o);
-  const LayerShape sh(o, il);
-  const int64_t n_embd_kv = sh.nkv;
-  const int64_t n_embd_q = o.n_head * head_dim;
-  const float s_embd = sh.s_embd, s_ff = sh.s_ff;
-  const std::string& p = sh.prefix;
-  const float s_q = 1.0f / std::sqrt(static_cast<float>(n_embd_q));
-  const float norm_std = 0.02f;
-  std::vector<TensorSpec> v = {
-      {p + "attn_norm.weight", DType::F32, o.n_embd, 0, 1.0f, norm_std},
-      {p + "attn_q.weight", o.type, o.n_embd, n_embd_q, 0.0f, s_embd},
-      {p + "attn_k.weight", o.type, o.n_embd, n_embd_kv, 0.0f, s_embd},
-      {p + "attn_v.weight", o.type, o.n_embd, n_embd_kv, 0.0f, s_embd},
-      {p + "attn_output.weight", o.type, n_embd_q, o.n_embd, 0.0f, s_q},
-      {p + "ffn_norm.weight", DType::F32, o.n_embd, 0, 1.0f, norm_std},
-      {p + "ffn_gate.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
-      {p + "ffn_up.weight", o.type, o.n_embd, o.n_ff, 0.0f, s_embd},
-      {p + "ffn_down.weight", o.type, o.n_ff, o.n_embd, 0.0f, s_ff},
+  const ArchSynth& arch = arch_of(o);
+  const std::vector<SynthTensor> tensors = arch.layer(o, il);
+  std::vector<TensorSpec> v = specs_of(tensors);
+  auto role = [&](SynthRole r) -> TensorSpec& {
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i].role == r) return v[i];
+    fail("synth: the {} layer has no tensor of role {} (model/arch_synth.hpp)", o.arch, static_cast<int>(r));
   };
-  if (o.n_expert > 0) {  // the FFN's gate, up, down (indices 6-8) become the experts and a router
-    const int64_t E = o.n_expert;
-    v.erase(v.begin() + 6, v.begin() + 9);
-    auto experts = [&](const char* name, int64_t in, int64_t out, float std) {  // E matrices [in, out]
-      TensorSpec t{p + name, o.type, in, out * E, 0.0f, std};
-      t.ne2 = E;
-      v.push_back(t);
-    };
-    v.push_back({p + "ffn_gate_inp.weight", DType::F32, o.n_embd, E, 0.0f, 4.0f * s_embd});
-    experts("ffn_gate_exps.weight", o.n_embd, o.n_ff, s_embd);
-    experts("ffn_up_exps.weight", o.n_embd, o.n_ff, s_embd);
-    experts("ffn_down_exps.weight", o.n_ff, o.n_embd, s_ff);
-  }
-  if (o.arch == "qwen3" || o.arch == "qwen3moe") {
-    v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
-    v.push_back({p + "attn_k_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
-  }
-  if (o.arch == "gemma3") {
-    // Norm weights as the GGUF stores them (llama.cpp's converter has already added Gemma's 1).
-    v.push_back({p + "attn_q_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
-    v.push_back({p + "attn_k_norm.weight", DType::F32, head_dim, 0, 1.0f, 0.2f});
-    v.push_back({p + "post_attention_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
-    v.push_back({p + "post_ffw_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.2f});
-  }
-  if (o.arch == "qwen2") {  // biases on Q, K and V (large ones, as Qwen's are)
-    v.push_back({p + "attn_q.bias", DType::F32, n_embd_q, 0, 0.0f, 0.5f});
-    v.push_back({p + "attn_k.bias", DType::F32, n_embd_kv, 0, 0.0f, 0.5f});
-    v.push_back({p + "attn_v.bias", DType::F32, n_embd_kv, 0, 0.0f, 0.1f});
-  }
-  if (o.gate_rank > 0) {  // the gate (index 6) from shared directions
+  if (o.gate_rank > 0) {  // the gate from shared directions
     auto basis = std::make_shared<std::vector<float>>(static_cast<size_t>(o.gate_rank * o.n_embd));
-    SplitMix64 rng{mix64(o.seed) ^ fnv1a("ember.synth.gate_basis") ^ mix64(static_cast<uint64_t>(il) + 1)};
+    SplitMix64 rng{mix64(o.seed) ^ fnv1a64("ember.synth.gate_basis") ^ mix64(static_cast<uint64_t>(il) + 1)};
     for (float& b : *basis) b = rng.normal();
-    v[6].basis = basis, v[6].basis_rank = o.gate_rank, v[6].noise = o.gate_noise;
+    TensorSpec& gate = role(SynthRole::gate);
+    gate.basis = basis, gate.basis_rank = o.gate_rank, gate.noise = o.gate_noise;
   }
-  if (profile_on(o)) {  // edits the nine llama tensors above (indices 0-8)
+  if (profile_on(o) && arch.profile == SynthProfile::up_bias) {
+    TensorSpec& b = role(SynthRole::up_bias);
+    b.edit = Edit::probit_all, b.value = 1.0f, b.z = profile_probits(o, il);
+  } else if (profile_on(o)) {  // the bias channel
     const int64_t c = o.n_embd - 1;
-    for (int i : {1, 2, 3, 7}) v[i].edit = Edit::zero_col, v[i].col = c;  // q, k, v, up do not read it
-    v[4].edit = Edit::zero_row, v[4].col = c, v[4].std *= kProfileOutScale;  // nor write it
-    v[8].edit = Edit::zero_row, v[8].col = c, v[8].std *= kProfileOutScale;
-    v[5].edit = Edit::set_col, v[5].col = c, v[5].value = 1.0f;
-    v[6].edit = Edit::gate_bias, v[6].col = c, v[6].value = kProfileEmbdStd / profile_bias_value(o);
-    v[6].z = profile_probits(o, il);
+    for (SynthRole r : {SynthRole::q, SynthRole::k, SynthRole::v, SynthRole::up})  // do not read it
+      role(r).edit = Edit::zero_col, role(r).col = c;
+    for (SynthRole r : {SynthRole::o, SynthRole::down}) {  // nor write it
+      TensorSpec& t = role(r);
+      t.edit = Edit::zero_row, t.col = c, t.std *= kProfileOutScale;
+    }
+    TensorSpec& norm = role(SynthRole::ffn_norm);
+    norm.edit = Edit::set_col, norm.col = c, norm.value = 1.0f;
+    TensorSpec& gate = role(SynthRole::gate);
+    gate.edit = Edit::gate_bias, gate.col = c, gate.value = kProfileEmbdStd / profile_bias_value(o);
+    gate.z = profile_probits(o, il);
   }
   if (o.powerinfer)
     for (auto& t : predictor_specs(o, il)) v.push_back(t);
@@ -432,25 +328,16 @@ std::vector<TensorSpec> layer_specs(const SynthOptions& o, int64_t il) {
 }
 
 std::vector<TensorSpec> global_specs(const SynthOptions& o) {
+  const ArchSynth& arch = arch_of(o);
   const float s_embd = 1.0f / std::sqrt(static_cast<float>(o.n_embd));
-  std::vector<TensorSpec> v = {
+  std::vector<TensorSpec> v = specs_of({
       {"token_embd.weight", o.type, o.n_embd, o.n_vocab, 0.0f, s_embd},
       {"output_norm.weight", DType::F32, o.n_embd, 0, 1.0f, 0.02f},
-  };
-  if (!o.tied) v.push_back({"output.weight", o.type, o.n_embd, o.n_vocab, 0.0f, s_embd});
-  if (o.arch == "opt") {  // learned positions: n_ctx rows after HF's offset of 2
-    v.push_back({"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.02f});
-    v.push_back({"position_embd.weight", o.type, o.n_embd, o.n_ctx + 2, 0.0f, s_embd});
-    return v;
-  }
-  if (o.arch == "falcon") v.push_back({"output_norm.bias", DType::F32, o.n_embd, 0, 0.0f, 0.1f});
-  if (o.rope_freqs) v.push_back({"rope_freqs.weight", DType::F32, head_dim_of(o) / 2, 0, 3.0f, 1.0f});
-  if (o.arch == "phi3") {  // LongRoPE's per-frequency factors (n_rot / 2 each), both >= 1
-    const int64_t half = head_dim_of(o) / 2;
-    v.push_back({"rope_factors_short.weight", DType::F32, half, 0, 2.0f, 0.5f});
-    v.push_back({"rope_factors_long.weight", DType::F32, half, 0, 8.0f, 2.0f});
-  }
-  if (profile_on(o)) {
+  });
+  if (!o.tied) v.push_back(SynthTensor{"output.weight", o.type, o.n_embd, o.n_vocab, 0.0f, s_embd});
+  if (arch.globals)
+    for (const SynthTensor& t : arch.globals(o)) v.push_back(t);
+  if (profile_on(o) && arch.profile == SynthProfile::bias_channel) {
     const int64_t c = o.n_embd - 1;
     v[0].std = kProfileEmbdStd, v[0].edit = Edit::set_col, v[0].col = c, v[0].value = profile_bias_value(o);
     if (!o.tied) v[2].edit = Edit::zero_col, v[2].col = c;  // (tied: a constant logit shift)
@@ -504,7 +391,7 @@ std::vector<float> synth_firing_probabilities(const SynthOptions& o, int64_t il)
   // as in a real model before PowerInfer-style reordering).
   std::vector<int64_t> perm(n);
   std::iota(perm.begin(), perm.end(), int64_t{0});
-  SplitMix64 rng{mix64(o.seed) ^ fnv1a("ember.synth.profile") ^ mix64(static_cast<uint64_t>(il) + 1)};
+  SplitMix64 rng{mix64(o.seed) ^ fnv1a64("ember.synth.profile") ^ mix64(static_cast<uint64_t>(il) + 1)};
   for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % static_cast<uint64_t>(i + 1)]);
   std::vector<float> p(n);
   for (int64_t r = 0; r < n; ++r) p[perm[r]] = static_cast<float>(std::min(p_max, c * power[r]));
@@ -544,9 +431,18 @@ SynthOptions synth_preset(const std::string& name) {
 }
 
 FfnActivation synth_default_activation(const std::string& arch) {
-  if (arch == "bamboo" || arch == "opt") return FfnActivation::relu;
-  if (arch == "falcon") return FfnActivation::gelu;
-  return FfnActivation::silu;
+  const Architecture* a = find_architecture(arch);
+  return a ? a->synth->acts.front() : FfnActivation::silu;  // (validate names the architectures)
+}
+
+SynthOptions synth_options_for(SynthOptions o, const std::string& arch) {
+  o.arch = arch;
+  const ArchSynth& a = arch_of(o);
+  o.act = a.acts.front();
+  if (a.tied) o.tied = true;
+  if (!a.grouped_kv) o.n_head_kv = o.n_head;
+  if (a.experts == SynthExperts::required && o.n_expert == 0) o.n_expert = 4, o.n_expert_used = 2;
+  return o;
 }
 
 FfnActivation parse_ffn_activation(const std::string& s) {
@@ -554,10 +450,6 @@ FfnActivation parse_ffn_activation(const std::string& s) {
   if (s == "relu") return FfnActivation::relu;
   if (s == "gelu") return FfnActivation::gelu;
   fail("unknown FFN activation '{}' (expected silu, relu or gelu)", s);
-}
-
-const char* ffn_activation_name(FfnActivation a) {
-  return a == FfnActivation::relu ? "relu" : a == FfnActivation::gelu ? "gelu" : "silu";
 }
 
 void validate(const SynthOptions& o) {
@@ -574,30 +466,42 @@ void validate(const SynthOptions& o) {
               "synth: n_vocab must be between 260 (256 bytes + 4 control tokens) and {}, got {}",
               int64_t{1} << 21, o.n_vocab);
   const std::string& a = o.arch;
-  EMBER_CHECK(a == "llama" || a == "gemma3" || a == "bamboo" || a == "opt" || a == "qwen2" || a == "qwen3" || a == "phi3" ||
-                  a == "falcon" || a == "qwen3moe",
-              "synth: --arch must be llama, bamboo, opt, gemma3, qwen2, qwen3, qwen3moe, phi3 or falcon, got '{}'", a);
-  const bool swiglu_only = a == "qwen2" || a == "qwen3" || a == "phi3" || a == "qwen3moe";
-  EMBER_CHECK(o.act == FfnActivation::silu || !swiglu_only, "synth: {} is a SwiGLU architecture; use --act silu", a);
-  EMBER_CHECK(o.act == FfnActivation::relu || (a != "bamboo" && a != "opt"),
-              "synth: --arch {} is a ReLU architecture; use --act relu", a);
-  EMBER_CHECK(o.act != FfnActivation::gelu || a == "falcon", "synth: --act gelu is for falcon (gemma3 is GeGLU by itself)");
-  EMBER_CHECK(a != "falcon" || o.act != FfnActivation::silu, "synth: falcon's FFN is gelu (or relu, ReluFalcon); use --act gelu or relu");
-  EMBER_CHECK(!o.powerinfer || a == "llama" || a == "bamboo" || a == "opt" || a == "falcon",
-              "synth: PowerInfer's layout has no {} (llama, bamboo, opt, falcon)", a);
-  EMBER_CHECK(o.sparsity == 0.0f || a == "llama" || a == "bamboo" || a == "opt",
-              "synth: an activation profile (--sparsity) is built for llama, bamboo and opt, not {}", a);
-  EMBER_CHECK(o.gate_rank == 0 || a == "llama" || a == "bamboo", "synth: a predictable gate (--gate-rank) needs llama or bamboo");
-  EMBER_CHECK(!o.rope_freqs || a == "llama", "synth: --rope-freqs (Llama-3's RoPE scaling) is for llama");
+  const ArchSynth& arch = arch_of(o);
+  const auto takes = [&](FfnActivation act) { return std::find(arch.acts.begin(), arch.acts.end(), act) != arch.acts.end(); };
+  EMBER_CHECK(o.act != FfnActivation::gelu || takes(o.act), "synth: --act gelu is for {} (gemma3 is GeGLU by itself)",
+              architecture_list("or", [](const ArchSynth& s) {
+                return std::find(s.acts.begin(), s.acts.end(), FfnActivation::gelu) != s.acts.end();
+              }));
+  EMBER_CHECK(!o.powerinfer || arch.powerinfer, "synth: PowerInfer's layout has no {} ({})", a,
+              architecture_list("and", [](const ArchSynth& s) { return s.powerinfer; }, ", "));
+  if (!takes(o.act)) {
+    if (arch.acts.size() == 1) {
+      const FfnActivation only = arch.acts.front();
+      fail("synth: --arch {} is a {} architecture; use --act {}", a,
+           only == FfnActivation::relu ? "ReLU" : only == FfnActivation::gelu ? "GELU" : "SwiGLU", ffn_activation_name(only));
+    }
+    std::string acts;
+    for (size_t i = 0; i < arch.acts.size(); ++i)
+      acts += (i == 0 ? "" : i + 1 == arch.acts.size() ? " or " : ", ") + std::string(ffn_activation_name(arch.acts[i]));
+    fail("synth: {}'s FFN is {}; use --act {}", a, acts, acts);
+  }
+  EMBER_CHECK(o.sparsity == 0.0f || arch.profile != SynthProfile::none,
+              "synth: an activation profile (--sparsity) is built for {}, not {}",
+              architecture_list("and", [](const ArchSynth& s) { return s.profile != SynthProfile::none; }), a);
+  EMBER_CHECK(o.gate_rank == 0 || arch.gate_rank, "synth: a predictable gate (--gate-rank) needs {}",
+              architecture_list("or", [](const ArchSynth& s) { return s.gate_rank; }));
+  EMBER_CHECK(!o.rope_freqs || arch.rope_freqs, "synth: --rope-freqs (Llama-3's RoPE scaling) is for {}",
+              architecture_list("or", [](const ArchSynth& s) { return s.rope_freqs; }));
   EMBER_CHECK(o.n_expert >= 0 && o.n_expert <= 256 && o.n_expert_used >= 0 && o.n_expert_used <= o.n_expert,
               "synth: experts: {} used of {} (0 to 256, used at most all)", o.n_expert_used, o.n_expert);
   EMBER_CHECK((o.n_expert > 0) == (o.n_expert_used > 0), "synth: a mixture of experts needs both --n-expert and --n-expert-used");
-  EMBER_CHECK(o.n_expert == 0 || a == "llama" || a == "qwen3moe", "synth: experts are for llama (Mixtral) and qwen3moe, not {}", a);
-  EMBER_CHECK(a != "qwen3moe" || o.n_expert > 0, "synth: qwen3moe needs --n-expert and --n-expert-used");
+  EMBER_CHECK(o.n_expert == 0 || arch.experts != SynthExperts::none, "synth: experts are for {}, not {}",
+              architecture_list("and", [](const ArchSynth& s) { return s.experts != SynthExperts::none; }), a);
+  EMBER_CHECK(arch.experts != SynthExperts::required || o.n_expert > 0, "synth: {} needs --n-expert and --n-expert-used", a);
   EMBER_CHECK(o.n_expert == 0 || (o.act == FfnActivation::silu && !o.powerinfer && o.gate_rank == 0),
               "synth: experts are SwiGLU, in the plain layout, with a random gate");
-  EMBER_CHECK(o.arch != "opt" || o.n_head_kv == o.n_head, "synth: opt has no grouped-query attention (n_head_kv {} != n_head {})",
-              o.n_head_kv, o.n_head);
+  EMBER_CHECK(arch.grouped_kv || o.n_head_kv == o.n_head, "synth: {} has no grouped-query attention (n_head_kv {} != n_head {})",
+              a, o.n_head_kv, o.n_head);
   EMBER_CHECK(o.predictor_rank >= 0 && o.predictor_rank <= o.n_ff, "synth: predictor rank must be 0 (default) to n_ff, got {}",
               o.predictor_rank);
   EMBER_CHECK(std::isfinite(o.predictor_threshold), "synth: predictor threshold must be finite");
@@ -606,11 +510,11 @@ void validate(const SynthOptions& o) {
     EMBER_CHECK(synth_predictor_rank(o) % pbs == 0, "synth: predictor rank {} must be a multiple of {} ({} predictor)",
                 synth_predictor_rank(o), pbs, dtype_name(predictor_type(o.type)));
   }
-  EMBER_CHECK(o.head_dim == 0 || o.arch == "gemma3" || o.arch == "qwen3" || o.arch == "qwen3moe",
-              "synth: an explicit head size needs --arch gemma3, qwen3 or qwen3moe");
+  EMBER_CHECK(o.head_dim == 0 || arch.head_dim, "synth: an explicit head size needs --arch {}",
+              architecture_list("or", [](const ArchSynth& s) { return s.head_dim; }));
   EMBER_CHECK(o.head_dim > 0 || o.n_embd % o.n_head == 0, "synth: n_head ({}) must divide n_embd ({})", o.n_head, o.n_embd);
-  EMBER_CHECK(o.head_dim >= 0 && o.head_dim <= 4096 && head_dim_of(o) % 2 == 0, "synth: head size {} must be even",
-              head_dim_of(o));
+  EMBER_CHECK(o.head_dim >= 0 && o.head_dim <= 4096 && synth_head_dim(o) % 2 == 0, "synth: head size {} must be even",
+              synth_head_dim(o));
   EMBER_CHECK(o.sliding_window >= 1 && o.swa_period >= 1, "synth: sliding window and its period must be positive");
   EMBER_CHECK(o.n_head % o.n_head_kv == 0, "synth: n_head_kv ({}) must divide n_head ({})", o.n_head_kv, o.n_head);
 
@@ -621,7 +525,7 @@ void validate(const SynthOptions& o) {
               dtype_name(o.type), bs, o.n_embd);
   EMBER_CHECK(o.n_ff % bs == 0, "synth: type {} needs n_ff to be a multiple of its block size {}, got {}",
               dtype_name(o.type), bs, o.n_ff);
-  EMBER_CHECK(o.n_head * head_dim_of(o) % bs == 0, "synth: type {} needs n_head * head size to be a multiple of {}",
+  EMBER_CHECK(o.n_head * synth_head_dim(o) % bs == 0, "synth: type {} needs n_head * head size to be a multiple of {}",
               dtype_name(o.type), bs);
   EMBER_CHECK(std::isfinite(o.rope_base) && o.rope_base > 0, "synth: rope base must be positive, got {}", o.rope_base);
   EMBER_CHECK(std::isfinite(o.rms_eps) && o.rms_eps > 0, "synth: rms epsilon must be positive, got {}", o.rms_eps);
@@ -710,67 +614,24 @@ uint64_t synth_file_size(const SynthOptions& o) {
 
 gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   validate(o);
-  const int64_t head_dim = head_dim_of(o);
   gguf::Writer w;
   w.set_powerinfer_magic(o.powerinfer);
   using gguf::Value;
   auto u32 = [](int64_t x) { return Value::u32(static_cast<uint32_t>(x)); };
   const std::string a = o.arch;
+  const ArchSynth& arch = arch_of(o);
   w.set("general.architecture", Value::str(a));
   w.set("general.name", Value::str(o.name));
   w.set("general.file_type", Value::u32(file_type_of(o.type)));
   w.set("general.quantization_version", Value::u32(2));
   w.set(a + ".block_count", u32(o.n_layer));
-  // OPT: the rows of the position table, as PowerInfer's converter writes (2050 for 2048). Phi-3:
-  // a LongRoPE model trained to 4x its original context.
-  w.set(a + ".context_length", u32(a == "opt" ? o.n_ctx + 2 : a == "phi3" ? 4 * o.n_ctx : o.n_ctx));
+  w.set(a + ".context_length", u32(arch.context_length ? arch.context_length(o) : o.n_ctx));
   w.set(a + ".embedding_length", u32(o.n_embd));
   w.set(a + ".feed_forward_length", u32(o.n_ff));
   w.set(a + ".attention.head_count", u32(o.n_head));
-  if (a == "opt") {
-    w.set("opt.attention.layer_norm_epsilon", Value::f32(o.rms_eps));
-  } else if (a == "falcon") {
-    w.set("falcon.attention.head_count_kv", u32(o.n_head_kv));
-    w.set("falcon.attention.layer_norm_epsilon", Value::f32(o.rms_eps));
-    w.set("falcon.rope.freq_base", Value::f32(o.rope_base));
-  } else {
-    w.set(a + ".attention.head_count_kv", u32(o.n_head_kv));
-    w.set(a + ".rope.freq_base", Value::f32(o.rope_base));
-    w.set(a + ".attention.layer_norm_rms_epsilon", Value::f32(o.rms_eps));
-  }
+  (arch.attention_keys ? arch.attention_keys : rms_norm_keys)(w, o);
   if (o.powerinfer) w.set("powerinfer.sparse_threshold", Value::f32(o.predictor_threshold));
-  if (a == "bamboo") {
-    w.set("bamboo.rope.dimension_count", u32(head_dim));
-    w.set("bamboo.vocab_size", u32(o.n_vocab));
-  } else if (a == "opt") {
-    w.set("opt.vocab_size", u32(o.n_vocab));
-  } else if (a == "llama") {
-    w.set("llama.rope.dimension_count", u32(head_dim));
-    w.set("llama.vocab_size", u32(o.n_vocab));
-    // Ember's own key (llama.cpp has none): the FFN activation, "silu" (SwiGLU: down(silu(gate x)
-    // * up x), as in every llama) or "relu" (ReluLLaMA / ProSparse: down(relu(gate x) * up x)).
-    // Readers treat a missing key as "silu".
-    w.set("llama.ffn_activation", Value::str(ffn_activation_name(o.act)));
-  } else if (a == "qwen2") {
-    // llama.cpp's converter writes no rope.dimension_count or vocab_size for Qwen2 (whole heads
-    // rotate; the vocabulary is the token list's length).
-  } else if (a == "qwen3" || a == "qwen3moe") {
-    w.set(a + ".attention.key_length", u32(head_dim));
-    w.set(a + ".attention.value_length", u32(head_dim));
-    if (a == "qwen3moe") w.set("qwen3moe.expert_feed_forward_length", u32(o.n_ff));
-  } else if (a == "phi3") {
-    w.set("phi3.rope.dimension_count", u32(head_dim));
-    w.set("phi3.rope.scaling.original_context_length", u32(o.n_ctx));
-    w.set("phi3.rope.scaling.attn_factor", Value::f32(1.19f));
-  } else if (a == "falcon") {
-    w.set("falcon.ffn_activation", Value::str(ffn_activation_name(o.act)));
-  } else {  // gemma3, with the keys llama.cpp's converter writes
-    w.set("gemma3.attention.key_length", u32(head_dim));
-    w.set("gemma3.attention.value_length", u32(head_dim));
-    w.set("gemma3.attention.sliding_window", u32(o.sliding_window));
-    w.set("gemma3.attention.sliding_window_pattern", u32(o.swa_period));
-    if (o.final_softcap > 0) w.set("gemma3.final_logit_softcapping", Value::f32(o.final_softcap));
-  }
+  if (arch.keys) arch.keys(w, o);
   if (o.n_expert > 0) {
     w.set(a + ".expert_count", u32(o.n_expert));
     w.set(a + ".expert_used_count", u32(o.n_expert_used));
@@ -779,7 +640,7 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   if (profile_on(o)) {
     w.set("ember.synth.sparsity", Value::f32(o.sparsity));
     w.set("ember.synth.zipf", Value::f32(o.zipf));
-    if (a != "opt") w.set("ember.synth.bias_channel", Value::u32(static_cast<uint32_t>(o.n_embd - 1)));
+    if (arch.profile == SynthProfile::bias_channel) w.set("ember.synth.bias_channel", Value::u32(static_cast<uint32_t>(o.n_embd - 1)));
   }
   if (o.gate_rank > 0) {
     w.set("ember.synth.gate_rank", Value::u32(static_cast<uint32_t>(o.gate_rank)));

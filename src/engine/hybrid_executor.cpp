@@ -1,9 +1,8 @@
-#include "engine/hybrid_ffn.hpp"
+#include "engine/hybrid_executor.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include "core/error.hpp"
@@ -11,131 +10,11 @@
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
 #include "sparse/predictor.hpp"
-#ifdef EMBER_HAS_CUDA
-#include "engine/cuda_device.hpp"
-#include "ops/cuda/cuda_ops.hpp"
-#endif
+#include "device/make_device.hpp"
 
 namespace ember {
 
-namespace {
-
-std::string file_stamp(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) return path;
-  const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
-  return fmt::format("{}:{}:{}", std::filesystem::absolute(path).string(), size, ec ? 0 : time);
-}
-
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-}  // namespace
-
-std::string plan_cache_key(const Model& model, const std::string& profile_source, const HybridOptions& o,
-                           int64_t n_ctx) {
-  const DeviceDesc& d = o.device;
-  const PlanOptions& p = o.plan;
-  const std::string all =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
-                  file_stamp(profile_source), o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth,
-                  d.sync_seconds, p.group_size, p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance,
-                  plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type), o.predictor,
-                  static_cast<int>(o.down_type), o.n_seq);
-  return fmt::format("{:016x}", fnv1a64(all));
-}
-
-Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, PlanModel* pm_out, PlanOptions* popts) {
-  std::string source;
-  // A given plan needs the model's sizes to be checked, not its profile; a plan file's session
-  // still takes the profile where there is one (the CPU's down copy is chosen by it,
-  // hybrid_cpu_down_type), and without one counts every neuron as firing.
-  std::vector<std::vector<float>> prob;
-  if (!o.given) {
-    try {
-      prob = plan_probabilities(model, o.profile_path, &source);
-    } catch (const Error& e) {
-      if (o.plan_path.empty() || !o.profile_path.empty()) throw;  // a profile asked for must be read
-      log_info("hybrid: no activation profile ({}); the plan file's session counts every neuron as firing", e.what());
-    }
-  }
-  if (prob.empty()) prob.assign(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f));
-  *pm_out = plan_model_from(model, prob, n_ctx, o.kv_type, o.predictor, o.down_type, o.n_seq);
-  const PlanModel& pm = *pm_out;
-  *popts = o.plan;
-  if (o.given) {
-    validate_plan(pm, o.plan, *o.given, o.given->vram_budget);
-    Plan p = *o.given;
-    p.gpu_bytes = gpu_bytes(pm, o.plan, p);
-    return p;
-  }
-  if (!o.plan_path.empty()) {
-    Plan p = read_plan(o.plan_path, pm, popts);
-    log_info("hybrid: plan {} ({}, {:.1f} MiB on the device)", o.plan_path, plan_method_name(p.method),
-             p.gpu_bytes / 1048576.0);
-    return p;
-  }
-  EMBER_CHECK(o.vram_budget > 0, "hybrid: give --vram-budget (bytes or auto) or --plan");
-  DeviceDesc dev = o.device;
-  dev.vram_budget = o.vram_budget;
-  const std::string key = plan_cache_key(model, source, o, pm.n_ctx);
-  std::filesystem::path cache(model.file->path());
-  cache.replace_extension(".plan-" + key + ".gguf");
-  if (o.cache && std::filesystem::exists(cache)) {
-    try {
-      Plan p = read_plan(cache.string(), pm, popts);
-      if (p.key == key) {
-        log_info("hybrid: cached plan {} ({:.1f} MiB on the device)", cache.string(), p.gpu_bytes / 1048576.0);
-        return p;
-      }
-    } catch (const Error& e) {
-      log_warn("hybrid: ignoring cached plan {}: {}", cache.string(), e.what());
-    }
-  }
-  log_info("hybrid: planning {} for a {:.1f} MiB budget (profile: {})...", plan_method_name(o.method),
-           o.vram_budget / 1048576.0, source);
-  Plan p = make_plan(o.method, pm, dev, o.plan);
-  p.key = key;
-  log_info("hybrid: plan {} in {:.2f} s, {} GPU neurons, {:.1f} MiB, gap {}", p.status, p.solve_seconds,
-           p.n_gpu_neurons(), p.gpu_bytes / 1048576.0, p.gap < 0 ? std::string("-") : fmt::format("{:.2e}", p.gap));
-  if (o.cache) {
-    try {
-      write_plan(p, pm, o.plan, cache.string());
-      log_info("hybrid: cached the plan as {}", cache.string());
-    } catch (const Error& e) {
-      log_warn("hybrid: could not cache the plan ({}); it is computed again next time", e.what());
-    }
-  }
-  return p;
-}
-
-std::unique_ptr<Device> make_device(const HybridOptions& o) {
-  EMBER_CHECK(o.device_kind == "auto" || o.device_kind == "cuda" || o.device_kind == "cpu",
-              "unknown hybrid device '{}' (expected auto, cuda or cpu)", o.device_kind);
-#ifdef EMBER_HAS_CUDA
-  if (o.device_kind != "cpu") {
-    std::string why;
-    if (cuda::available(&why)) {
-      log_info("hybrid: device {} (CUDA)", cuda::device_name());
-      return std::make_unique<CudaDevice>();
-    }
-    EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: {}", why);
-    log_warn("hybrid: no CUDA device ({}): a second CPU device stands in for the GPU; this run measures no GPU", why);
-  }
-#else
-  EMBER_CHECK(o.device_kind != "cuda", "hybrid device cuda: this build has no CUDA backend (configure with a CUDA "
-              "toolkit, EMBER_CUDA=ON)");
-  if (o.device_kind == "auto")
-    log_warn("hybrid: built without CUDA: a second CPU device stands in for the GPU; this run measures no GPU");
-#endif
-  return std::make_unique<CpuDevice>(o.device_threads, o.standin_vram);
-}
-
-HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
+HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
                      std::unique_ptr<Device> device)
     : model_(model), threshold_(opts.threshold) {
   EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "hybrid: threshold must be >= 0, got {}",
@@ -143,7 +22,7 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
   Timer timer;
   // The device first: what it can hold decides what the planner may put there.
   const bool given_device = device != nullptr;
-  device_ = given_device ? std::move(device) : make_device(opts);
+  device_ = given_device ? std::move(device) : make_device(opts.device_kind, opts.device_threads, opts.standin_vram);
   HybridOptions o = opts;
   o.plan.attention = opts.plan.attention && device_->caps().attention;
   // Budgets of the real process: what the device has free now, less its runtime's own share.
@@ -254,16 +133,16 @@ HybridFfn::HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& 
            plan_.output_gpu ? " and the output head" : "", device_->bytes() / 1048576.0, timer.seconds());
 }
 
-std::string HybridFfn::refusal(const Model& model) const {
+std::string HybridExecutor::refusal(const Model& model) const {
   return device_refusal(device_->caps(), model, plan_);
 }
 
-HybridStats HybridFfn::stats() const {
+HybridStats HybridExecutor::stats() const {
   return {device_->fired(), cpu_fired_, device_calls_, cpu_predicted_, cpu_ffn_s_, wait_s_, device_block_s_,
           cpu_layer_s_};
 }
 
-void HybridFfn::reset_stats() {
+void HybridExecutor::reset_stats() {
   device_->reset_stats();
   cpu_fired_ = 0;
   device_calls_ = 0;
@@ -271,7 +150,7 @@ void HybridFfn::reset_stats() {
   cpu_ffn_s_ = wait_s_ = device_block_s_ = cpu_layer_s_ = 0;
 }
 
-size_t HybridFfn::cpu_bytes() const {
+size_t HybridExecutor::cpu_bytes() const {
   size_t b = 0;
   for (const auto& m : down_nm_) b += m.view.nbytes;
   for (const auto& r : cpu_rows_) b += r.size() * sizeof(int32_t);
@@ -280,7 +159,7 @@ size_t HybridFfn::cpu_bytes() const {
          allowed_.size();
 }
 
-ShareRule HybridFfn::share_rule(size_t l, cpu::Activation act, int64_t t0, const Workspace& ws) const {
+ShareRule HybridExecutor::share_rule(size_t l, cpu::Activation act, int64_t t0, const Workspace& ws) const {
   ShareRule r;
   r.act = act;
   r.threshold = threshold_;
@@ -301,7 +180,7 @@ ShareRule HybridFfn::share_rule(size_t l, cpu::Activation act, int64_t t0, const
   return r;
 }
 
-int64_t HybridFfn::cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0,
+int64_t HybridExecutor::cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int64_t n, int64_t t0,
                                 const Workspace& ws, bool device_predicts, const int32_t** rows,
                                 const uint8_t** allowed) {
   const auto& all = cpu_rows_[l];
@@ -347,7 +226,7 @@ int64_t HybridFfn::cpu_rows_for(ThreadPool& pool, size_t l, const float* x, int6
   return k;
 }
 
-void HybridFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+void HybridExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                     int64_t n, float* out, Workspace& ws) {
   const int64_t n_embd = w.n_embd();
   const size_t l = static_cast<size_t>(layer);
@@ -393,9 +272,9 @@ uint64_t run_key(int64_t first, int64_t end, int64_t n, std::span<const AttnSpan
 }
 }  // namespace
 
-bool HybridFfn::cpu_takes_part(size_t l) const { return !cpu_rows_[l].empty(); }
+bool HybridExecutor::cpu_takes_part(size_t l) const { return !cpu_rows_[l].empty(); }
 
-void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
+void HybridExecutor::run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
                            int64_t n) {
   const int64_t d = model.hp.n_embd;
   for (const SeqSpan& s : seqs)
@@ -469,12 +348,12 @@ void HybridFfn::run_layers(const Model& model, ThreadPool& pool, std::span<const
   }
 }
 
-void HybridFfn::sync_hidden() {
+void HybridExecutor::sync_hidden() {
   if (held_rows_ > 0) device_->sync();
   held_rows_ = 0;
 }
 
-bool HybridFfn::output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
+bool HybridExecutor::output(const Model& model, ThreadPool& pool, Workspace& ws, const int64_t* rows, int64_t n_rows,
                        float* logits) {
   if (!plan_.output_gpu) return false;
   const int64_t d = model.hp.n_embd, nv = model.hp.n_vocab;

@@ -1,10 +1,11 @@
-// Synthetic llama-architecture models: a valid GGUF with llama.cpp's metadata keys and tensor
-// names, random weights (deterministic for a seed) and a working byte-level BPE vocabulary.
-// They stand in for models that no registry ships (ReLU llamas) and give tests and benchmarks
-// models of real shapes (up to 7B) without a download.
+// What `ember synth` writes for an architecture, kept in the architecture's row of the table
+// (model/architectures.cpp) beside its loader, so that an architecture is described once: its
+// tensors with the names, shapes and spreads its converter writes, its metadata keys, and which
+// synth options it takes. The generator (synth/synth.cpp) reads the row and adds what is the same
+// for every architecture: the random values, the activation profile's edits (found by each
+// tensor's role, not its position), PowerInfer's layout and predictors, the vocabulary.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -84,54 +85,60 @@ struct SynthOptions {
   float gate_noise = 0.1f;
 };
 
-// The predictor rank synth writes for `opts` (predictor_rank, or its default).
-int64_t synth_predictor_rank(const SynthOptions& opts);
+// A tensor's part in a layer, for the edits synth makes whatever the architecture.
+enum class SynthRole { other, q, k, v, o, ffn_norm, gate, up, down, up_bias };
 
-// Presets: "tiny", "smollm2-135m", "1.1b" (TinyLlama shapes), "7b" (Llama-2-7B shapes),
-// "mistral-7b" (Mistral-7B / TurboSparse-Mistral-7B shapes: grouped-query attention, n_ff 14336).
-// Throws ember::Error naming the known presets for any other name.
-SynthOptions synth_preset(const std::string& name);
-const std::vector<std::string>& synth_preset_names();
-// The FFN activation an architecture has unless told otherwise: relu for bamboo and opt, gelu
-// for falcon, silu for the others (`ember synth` without --act).
-FfnActivation synth_default_activation(const std::string& arch);
-// Parses "silu" / "relu" / "gelu".
-FfnActivation parse_ffn_activation(const std::string& s);
-const char* ffn_activation_name(FfnActivation a);
-
-// Throws ember::Error naming the first invalid option (e.g. n_head not dividing n_embd, a row
-// length that is not a multiple of the type's block size).
-void validate(const SynthOptions& opts);
-
-// Called after each layer's tensors are generated: (layers done, n_layer).
-using SynthProgress = std::function<void(int64_t done, int64_t total)>;
-
-// Builds the model in a Writer (holding only the encoded tensor bytes). Weights are roughly
-// normal with standard deviation 1/sqrt(fan_in) (fan_in = ne[0]), norm weights near 1. Every
-// row has its own random stream, so the bytes depend on the seed only, not on the thread count.
-gguf::Writer synth_model(const SynthOptions& opts, const SynthProgress& progress = {});
-// synth_model, then written to `path`.
-void synth_write(const SynthOptions& opts, const std::string& path, const SynthProgress& progress = {});
-
-// The vocabulary `synth_model` writes: 256 byte tokens in GPT-2's byte-to-unicode spelling
-// (token id = byte value), the control tokens, then merged tokens up to n_vocab; `merges` holds
-// one "left right" entry per merged token, in rank order. With `symbol_merges` the letter merges are preceded by every pair of digits, spaces,
-// newlines, tabs and common punctuation, and space + each of them, so that where a
-// pre-tokenizer splits numbers, whitespace and punctuation shows in the token ids.
-struct SynthVocab {
-  std::vector<std::string> tokens;
-  std::vector<int32_t> token_types;  // 1 normal, 3 control
-  std::vector<std::string> merges;
-  int32_t bos_id = 0;
-  int32_t eos_id = 0;
+// One tensor as the architecture's converter writes it: values about N(mean, std^2).
+struct SynthTensor {
+  std::string name;
+  DType type;
+  int64_t ne0, ne1;  // ne1 == 0: a 1-D tensor
+  float mean, std;
+  SynthRole role = SynthRole::other;
+  int64_t ne2 = 0;   // a 3-D tensor of ne2 matrices [ne0, ne1 / ne2] (the experts of a mixture)
 };
-SynthVocab synth_vocab(int64_t n_vocab, bool symbol_merges = false);
 
-// The per-neuron firing probabilities of layer `il` under opts.sparsity / opts.zipf (empty when
-// the profile is off).
-std::vector<float> synth_firing_probabilities(const SynthOptions& opts, int64_t il);
+// How an architecture carries synth's activation profile (SynthOptions::sparsity; synth.cpp says
+// how): through a bias channel of the residual stream (a llama has no biases), or the up bias.
+enum class SynthProfile { none, bias_channel, up_bias };
+enum class SynthExperts { none, optional, required };
 
-// Bytes of the file synth_model would write (header estimate included).
-uint64_t synth_file_size(const SynthOptions& opts);
+struct ArchSynth {
+  std::vector<FfnActivation> acts;  // the FFN activations it takes (--act), its default first
+  SynthProfile profile = SynthProfile::none;
+  bool powerinfer = false;          // PowerInfer's layout exists for it (down_t, predictors)
+  bool gate_rank = false;           // a predictable gate (--gate-rank)
+  bool head_dim = false;            // a head size other than n_embd / n_head
+  bool rope_freqs = false;          // Llama-3.1's RoPE factors
+  bool grouped_kv = true;           // n_head_kv < n_head (`ember synth` sets n_head_kv = n_head without)
+  bool tied = false;                // its converter writes no output.weight (`ember synth` ties it)
+  SynthExperts experts = SynthExperts::none;
+  // The layer's tensors in file order (PowerInfer's predictor is synth's to add).
+  std::vector<SynthTensor> (*layer)(const SynthOptions& o, int64_t il) = nullptr;
+  // Tensors after token_embd, output_norm and output (null: none).
+  std::vector<SynthTensor> (*globals)(const SynthOptions& o) = nullptr;
+  // The metadata keys after "<arch>.attention.head_count" (null: rms_norm_keys), and after
+  // PowerInfer's threshold (rope dimensions, vocabulary size, what is the architecture's own).
+  void (*attention_keys)(gguf::Writer& w, const SynthOptions& o) = nullptr;
+  void (*keys)(gguf::Writer& w, const SynthOptions& o) = nullptr;
+  // "<arch>.context_length" (null: n_ctx).
+  int64_t (*context_length)(const SynthOptions& o) = nullptr;
+};
+
+// Helpers the architectures' descriptions share.
+int64_t synth_head_dim(const SynthOptions& o);  // head_dim, or n_embd / n_head
+// "blk.N.", and the spreads 1/sqrt(fan_in) of inputs of n_embd and n_ff.
+struct SynthLayerShape {
+  SynthLayerShape(const SynthOptions& o, int64_t il);
+  std::string prefix;
+  float s_embd, s_ff;
+  int64_t nkv;  // K/V width
+};
+// A llama layer (norm, Q, K, V, O, norm, gate, up, down; with o.n_expert a router and experts
+// instead of gate, up and down), which most architectures extend.
+std::vector<SynthTensor> llama_synth_layer(const SynthOptions& o, int64_t il);
+// head_count_kv, rope.freq_base, layer_norm_rms_epsilon under "<arch>.".
+void rms_norm_keys(gguf::Writer& w, const SynthOptions& o);
+const char* ffn_activation_name(FfnActivation a);
 
 }  // namespace ember

@@ -11,7 +11,7 @@
 #include "engine/generator.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
-#include "model/synth.hpp"
+#include "synth/synth.hpp"
 #include "tokenizer/tokenizer.hpp"
 #include "support/session_params.hpp"
 #include "support/synth_suite.hpp"

@@ -1,4 +1,4 @@
-// The hybrid executor (PowerInfer's hybrid GPU-CPU inference, on a Device, engine/device.hpp).
+// The hybrid executor (PowerInfer's hybrid GPU-CPU inference, on a Device, device/device.hpp).
 // Per layer, following the plan:
 //   - the FFN: the plan's device neurons run on the device while the CPU computes its own
 //     neurons concurrently; the two partial sums are added in a fixed order (CPU first, then
@@ -28,48 +28,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.hpp"
+#include "device/device.hpp"
+#include "engine/hybrid_plan.hpp"
 #include "model/ffn.hpp"
-#include "model/forward.hpp"
 #include "model/kv_cache.hpp"
-#include "sparse/plan.hpp"
+#include "model/workspace.hpp"
 
 namespace ember {
-
-struct HybridOptions {
-  // Device memory the process may take (its runtime's context included, DeviceMemory::reserve);
-  // the plan gets that less the reserve, checked against the free memory (device_plan_budget).
-  uint64_t vram_budget = 0;   // > 0 (or vram_auto, or plan_path set): run hybrid
-  bool vram_auto = false;     // the budget is the device's free memory less a margin
-  int64_t vram_reserve = -1;  // the runtime's reserve in bytes; -1: the device's own figure
-  uint64_t standin_vram = 0;  // the memory the CPU stand-in reports (0: the host's available memory)
-  std::string plan_path;      // a precomputed plan (`ember plan -o`); empty: computed at load
-  std::string profile_path;   // profile to plan with (empty: plan_probabilities' defaults)
-  bool cache = true;          // cache a computed plan beside the model (and reuse a cached one)
-  PlanMethod method = PlanMethod::ilp;
-  DeviceDesc device;          // throughputs of the cost model (vram_budget is taken from above)
-  PlanOptions plan;
-  float threshold = 0.0f;     // firing threshold on |act(gate)|
-  bool predictor = false;     // run the model's predictors (the plan counts and charges them)
-  std::string device_kind = "auto";  // "auto" (CUDA when built and a GPU is present, else the
-                                     // CPU stand-in), "cuda" or "cpu"
-  int device_threads = 1;     // threads of the CPU stand-in device
-  DType kv_type = DType::F16; // the session's KV cache values: the device's cache holds the same, the plan counts them
-  // The CPU's copy of a down without down_t (hybrid_cpu_down_type; the session's --sparse-down).
-  cpu::NeuronMajorType down_type = cpu::NeuronMajorType::exact;
-  int64_t n_seq = 1;          // sequences at once (the session's): a device holds a KV cache for each
-  const Plan* given = nullptr;  // tests: use this plan as is (validated)
-};
-
-// The plan for a hybrid session: given, read from plan_path, read from the cache, or computed
-// (and cached as <model>.plan-<key>.gguf). `pm` receives the plan's view of the model.
-Plan hybrid_plan(const Model& model, const HybridOptions& opts, int64_t n_ctx, PlanModel* pm, PlanOptions* popts);
-// The cache key of a computed plan: model and profile files (path, size, time), budget, device, options.
-std::string plan_cache_key(const Model& model, const std::string& profile_source, const HybridOptions& opts,
-                           int64_t n_ctx);
-
-// The device of HybridOptions::device_kind; throws naming why when "cuda" cannot be had.
-std::unique_ptr<Device> make_device(const HybridOptions& opts);
 
 struct HybridStats {
   uint64_t device_fired = 0, cpu_fired = 0;  // (token, neuron) pairs that fired on each side
@@ -83,15 +48,15 @@ struct HybridStats {
   double cpu_ffn_seconds = 0, wait_seconds = 0, device_block_seconds = 0, cpu_layer_seconds = 0;
 };
 
-class HybridFfn final : public FfnExecutor, public LayerExecutor {
+class HybridExecutor final : public FfnExecutor, public LayerExecutor {
  public:
   // Runs of device layers over at most this many rows (decode steps) are captured by the device
   // once per shape and replayed (Device::capture_begin).
   static constexpr int64_t kCaptureRows = 8;
   // n_batch: the most tokens a forward pass takes at once (the device's attention blocks take
   // them whole).
-  HybridFfn(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
-            std::unique_ptr<Device> device = nullptr);  // null: make_device(opts)
+  HybridExecutor(const Model& model, ThreadPool& pool, const HybridOptions& opts, int64_t n_ctx, int64_t n_batch,
+            std::unique_ptr<Device> device = nullptr);  // null: make_device(opts.device_kind, ...)
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;

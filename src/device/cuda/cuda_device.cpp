@@ -1,4 +1,4 @@
-#include "engine/cuda_device.hpp"
+#include "device/cuda/cuda_device.hpp"
 
 #include <algorithm>
 #include <cmath>

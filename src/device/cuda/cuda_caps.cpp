@@ -1,0 +1,19 @@
+// What the CUDA device runs, known in every build (a plan is checked against it anywhere).
+#include "device/device.hpp"
+
+namespace ember {
+
+DeviceCaps cuda_caps() {
+  // ops/cuda/cuda_ops.cu: act(gate) * up over F32, F16, Q8_0, Q4_0 and Q4_1 rows;
+  // ops/cuda/cuda_blocks.cu: the attention block (RMSNorm or LayerNorm, biases, q/k norms, RoPE,
+  // sliding windows, post-norms, an F16 or F32 cache) with heads of up to 256 values.
+  return {.name = "cuda",
+          .attention = true,
+          .parallel_residual = false,
+          .max_head_dim = 256,
+          .gatings = {FfnGating::par},
+          .up_bias = false,
+          .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1}};
+}
+
+}  // namespace ember

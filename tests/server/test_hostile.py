@@ -47,7 +47,7 @@ def wait_for(pred, timeout):
 
 
 with common.Server(ember, model, "--read-timeout", "3", ctx=2048, parallel=4, queue=4) as srv:
-    # 1. Four non-streaming requests whose clients leave after 1.5 s stop within a second.
+    # 1. Four non-streaming requests whose clients leave after 1.5 s stop at once (not after 3000 tokens).
     socks = [raw_request(srv.port, LONG) for _ in range(4)]
     c.check(wait_for(lambda: health(srv)[1]["slots_busy"] == 4, 10), "four requests generating")
     time.sleep(1.0)
@@ -56,7 +56,9 @@ with common.Server(ember, model, "--read-timeout", "3", ctx=2048, parallel=4, qu
         s.close()
     t0 = time.time()
     freed = wait_for(lambda: health(srv)[1]["slots_busy"] == 0, 10)
-    c.check(freed and time.time() - t0 < 2.0, f"hung-up requests freed their sequences in {time.time() - t0:.2f} s")
+    # Uncancelled, they would generate for many seconds more (3000 tokens); 3 s leaves room for a
+    # box whose two cores the other ctest job shares.
+    c.check(freed and time.time() - t0 < 3.0, f"hung-up requests freed their sequences in {time.time() - t0:.2f} s")
     c.check(health(srv)[1]["cancelled"] == before + 4, f"four cancelled: {health(srv)[1]}")
     c.check("generated 1900 (length)" not in srv.read_log(), "no hung-up request ran to its limit")
 
@@ -119,7 +121,8 @@ with common.Server(ember, model, "--read-timeout", "3", ctx=2048, parallel=4, qu
         status, h = health(srv)
         worst = max(worst, time.time() - t)
         time.sleep(0.5)
-    c.check(worst < 1.0, f"/health took up to {worst:.2f} s while 40 connections were held")
+    # Starved workers would hold /health until --read-timeout (3 s) frees one (as in test_load.py).
+    c.check(worst < 2.0, f"/health took up to {worst:.2f} s while 40 connections were held")
     stop.set()
     th.join()
     c.check(wait_for(lambda: health(srv)[1]["timed_out_connections"] >= 41, 6),

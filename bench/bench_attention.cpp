@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
-#include "ops/cpu/attention.hpp"
+#include "ops/cpu/attention/attention.hpp"
 #include "tensor/quant.hpp"
 #include "bench_support.hpp"
 

@@ -1,7 +1,7 @@
 // Micro-benchmarks of the CPU matmul: decode (n = 1, memory-bound: bytes/s of weights read) and
 // prompt processing (n = 512, compute-bound: also reports FLOP/s) at two Llama-1B-like shapes.
 //   ember-bench-micro --benchmark_filter=Matvec
-// Names ending in _R16: the same weights repacked 16 rows at a time (ops/cpu/r16.hpp), as the
+// Names ending in _R16: the same weights repacked 16 rows at a time (ops/cpu/r16/r16.hpp), as the
 // engine loads them where it can.
 // Thread count: EMBER_BENCH_THREADS (default 2); EMBER_BENCH_HOT=1: decode weights stay in cache.
 #include <benchmark/benchmark.h>
@@ -16,7 +16,7 @@
 #include "core/aligned_buffer.hpp"
 #include "ops/cpu/bandwidth.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "tensor/quant.hpp"
 #include "bench_support.hpp"
 

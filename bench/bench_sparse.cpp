@@ -1,4 +1,4 @@
-// Micro-benchmarks of the neuron-sparse decode kernels (ops/cpu/sparse.hpp) at the 1.1B FFN
+// Micro-benchmarks of the neuron-sparse decode kernels (ops/cpu/sparse/sparse.hpp) at the 1.1B FFN
 // shape (n_ff 5632, n_embd 2048): gather_matmul over a sorted random subset of gate/up rows and
 // sparse_axpy over the same subset of a neuron-major down, one token. Bytes/s counts the rows
 // read; compare with Matvec/<type>/5632x2048 (bench_matmul.cpp) for the dense rate.
@@ -16,8 +16,8 @@
 
 #include "bench_support.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cpu/nm4.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/nm4/nm4.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 
 using namespace ember;
 

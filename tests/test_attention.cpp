@@ -1,4 +1,4 @@
-#include "ops/cpu/attention.hpp"
+#include "ops/cpu/attention/attention.hpp"
 
 #include <gtest/gtest.h>
 

@@ -22,7 +22,7 @@
 #include "sparse/plan.hpp"
 #include "ops/cpu/activation.hpp"
 
-#include "ops/cpu/attention.hpp"
+#include "ops/cpu/attention/attention.hpp"
 #include "ops/cpu/norm.hpp"
 #include "ops/cpu/rope.hpp"
 #include "ops/cpu/vec.hpp"
@@ -672,14 +672,14 @@ static OnBothDevices on_both_devices(const Model& model, SessionParams p) {
   p.hybrid.device_kind = "cpu";
   Session s_cpu(model, p);
   r.cpu = test_support::session_logits(s_cpu);
-  r.cpu_crossings = s_cpu.hybrid_ffn()->device().crossings();
-  r.cpu_bytes = s_cpu.hybrid_ffn()->device().bytes();
+  r.cpu_crossings = s_cpu.hybrid()->device().crossings();
+  r.cpu_bytes = s_cpu.hybrid()->device().bytes();
   p.hybrid.device_kind = "cuda";
   Session s_gpu(model, p);
   r.gpu = test_support::session_logits(s_gpu);
-  r.gpu_stats = s_gpu.hybrid_ffn()->stats();
-  r.gpu_crossings = s_gpu.hybrid_ffn()->device().crossings();
-  r.gpu_bytes = s_gpu.hybrid_ffn()->device().bytes();
+  r.gpu_stats = s_gpu.hybrid()->stats();
+  r.gpu_crossings = s_gpu.hybrid()->device().crossings();
+  r.gpu_bytes = s_gpu.hybrid()->device().bytes();
   return r;
 }
 
@@ -717,7 +717,7 @@ TEST(CudaOps, SeveralSequencesOnCudaEqualTheStandIn) {
       Session s(*model, p);
       const test_support::Logits l = test_support::session_logits_seqs(s);
       (std::string(kind) == "cpu" ? cpu : gpu.empty() ? gpu : again) = l;
-      (std::string(kind) == "cpu" ? cpu_bytes : gpu_bytes) = s.hybrid_ffn()->device().bytes();
+      (std::string(kind) == "cpu" ? cpu_bytes : gpu_bytes) = s.hybrid()->device().bytes();
     }
     EXPECT_EQ(again, gpu) << "two CUDA runs differ";
     EXPECT_EQ(cpu_bytes, gpu_bytes);
@@ -900,9 +900,9 @@ TEST(CudaOps, AllGpuDecodeWaitsOnceAndGraphsChangeNoBit) {
       by_mode[graphs] = test_support::session_logits(s);  // a prompt, then decode tokens
       const int32_t next = 7;
       s.eval(&next, 1);  // (captures the step's graph where it was not yet)
-      s.hybrid_ffn()->reset_stats();
+      s.hybrid()->reset_stats();
       s.eval(&next, 1);
-      const DeviceCounters c = s.hybrid_ffn()->device().counters();
+      const DeviceCounters c = s.hybrid()->device().counters();
       EXPECT_EQ(c.host_waits, 1u) << "graphs " << graphs;
       EXPECT_EQ(c.graphs, static_cast<uint64_t>(graphs));
       if (graphs) {

@@ -20,7 +20,7 @@
 #include "model/ffn.hpp"
 #include "model/model.hpp"
 #include "synth/synth.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "support/synth_files.hpp"
 #include "support/errors.hpp"
 #include "support/session_logits.hpp"
@@ -166,9 +166,9 @@ TEST_P(FfnContract, EveryExecutorEqualsDenseOnBothLayouts) {
       Session s(*m, e.p);
       const double d = test_support::max_rel_diff(dense, test_support::session_logits(s));
       EXPECT_LT(d, 2e-5);
-      if (Session* hs = &s; hs->hybrid_ffn()) {
-        EXPECT_GT(hs->hybrid_ffn()->stats().device_fired, 0u);
-        EXPECT_GT(hs->hybrid_ffn()->stats().cpu_fired, 0u);
+      if (Session* hs = &s; hs->hybrid()) {
+        EXPECT_GT(hs->hybrid()->stats().device_fired, 0u);
+        EXPECT_GT(hs->hybrid()->stats().cpu_fired, 0u);
       }
     }
     // The profiler's executor runs the dense rule in steps: the dense logits, and counts for

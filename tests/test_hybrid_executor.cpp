@@ -55,7 +55,7 @@ using test_support::Logits;
 Logits run(const Model& m, const SessionParams& p, HybridStats* hs = nullptr, FfnSparsityStats* ss = nullptr) {
   Session s(m, p);
   Logits out = test_support::session_logits(s);
-  if (hs && s.hybrid_ffn()) *hs = s.hybrid_ffn()->stats();
+  if (hs && s.hybrid()) *hs = s.hybrid()->stats();
   if (ss && s.sparse_ffn()) *ss = s.sparse_ffn()->stats();
   return out;
 }
@@ -427,7 +427,7 @@ TEST(HybridExecutor, AttentionOnTheStandInChangesNoBit) {
         p.hybrid.plan.max_batch = max_batch;  // the device takes the 12-token prompt in chunks of this many
         Session s(*model, p);
         const Logits got = test_support::session_logits(s);  // 1 prompt pass + 6 decode passes
-        const CrossingStats c = s.hybrid_ffn()->device().crossings();
+        const CrossingStats c = s.hybrid()->device().crossings();
         // Chunks of a pass (the prompt's, then one per decode token), each run of device layers
         // taking the hidden state in and out once a chunk; the head takes its rows in once a
         // chunk, but where the last run was one chunk it reads them where they are.
@@ -482,7 +482,7 @@ TEST(HybridExecutor, SeveralSequencesKeepTheirCachesOnTheDevice) {
         const PlanModel pm = plan_model_from(*model, std::vector<std::vector<float>>(3, std::vector<float>(288, 1.0f)),
                                              s.n_ctx(), DType::F16, false, cpu::NeuronMajorType::exact, 3);
         PlanOptions po = p.hybrid.plan;
-        EXPECT_EQ(s.hybrid_ffn()->device().bytes(), gpu_bytes(pm, po, plan));
+        EXPECT_EQ(s.hybrid()->device().bytes(), gpu_bytes(pm, po, plan));
         if (placement == 0) {
           first = got;
           continue;
@@ -566,7 +566,7 @@ TEST(HybridExecutor, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
       Session s(*model, p);
       const Logits got = test_support::session_logits(s);
       EXPECT_LT(rel_diff(ref, got), 2e-5);
-      const HybridStats st = s.hybrid_ffn()->stats();
+      const HybridStats st = s.hybrid()->stats();
       EXPECT_GT(st.device_fired, 0u);
       EXPECT_GT(st.cpu_fired, 0u);
       EXPECT_GT(st.cpu_predicted, 0u);
@@ -574,7 +574,7 @@ TEST(HybridExecutor, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
       EXPECT_LT(st.cpu_predicted, predicted);
       // The device's bytes are the plan's: the predictors of layers 0 and 2 and their scratch in.
       PlanModel pm = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, true);
-      EXPECT_EQ(s.hybrid_ffn()->device().bytes(), gpu_bytes(pm, p.hybrid.plan, plan));
+      EXPECT_EQ(s.hybrid()->device().bytes(), gpu_bytes(pm, p.hybrid.plan, plan));
       PlanModel without = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, false);
       EXPECT_EQ(gpu_bytes(pm, p.hybrid.plan, plan) - gpu_bytes(without, p.hybrid.plan, plan),
                 pm.layers[0].predictor_bytes + pm.layers[2].predictor_bytes +
@@ -623,11 +623,11 @@ TEST(HybridExecutor, BudgetsOfTheRealProcess) {
   p.hybrid.vram_auto = true;
   {
     Session s(*model, p);
-    const Plan& plan = s.hybrid_ffn()->plan();
+    const Plan& plan = s.hybrid()->plan();
     EXPECT_EQ(plan.vram_budget, device_plan_budget({MiB, MiB, 0}, 0, "cpu-standin"));
     EXPECT_LE(plan.gpu_bytes, plan.vram_budget);
     EXPECT_GT(plan.n_gpu_neurons(), 0);
-    EXPECT_EQ(s.hybrid_ffn()->device().bytes(), plan.gpu_bytes);
+    EXPECT_EQ(s.hybrid()->device().bytes(), plan.gpu_bytes);
   }
   // A budget larger than the device has free is refused, naming the free memory.
   p.hybrid.vram_auto = false;
@@ -642,7 +642,7 @@ TEST(HybridExecutor, BudgetsOfTheRealProcess) {
   p.hybrid.vram_reserve = static_cast<int64_t>(3 * MiB / 2);
   {
     Session s(*model, p);
-    EXPECT_EQ(s.hybrid_ffn()->plan().vram_budget, MiB / 2);
+    EXPECT_EQ(s.hybrid()->plan().vram_budget, MiB / 2);
   }
   // A plan file larger than the free memory is refused too.
   Plan big;
@@ -698,18 +698,18 @@ TEST(HybridExecutor, DeviceCountsWhatADecodeTokenCrosses) {
     Session s(*model, p);
     const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
     s.eval(prompt.data(), static_cast<int64_t>(prompt.size()));
-    s.hybrid_ffn()->reset_stats();
+    s.hybrid()->reset_stats();
     const int32_t next = 6;
     s.eval(&next, 1);
-    const DeviceCounters c = s.hybrid_ffn()->device().counters();
+    const DeviceCounters c = s.hybrid()->device().counters();
     const uint64_t cpu_layers = all_on_device ? 0 : 3;
     EXPECT_EQ(c.launches, 0u);
     EXPECT_EQ(c.graphs, 0u);
     EXPECT_EQ(c.bytes_in, d * f + cpu_layers * d * f);
     EXPECT_EQ(c.bytes_out, d * f + vocab * f + cpu_layers * d * f);
     EXPECT_EQ(c.host_waits, 3u);
-    s.hybrid_ffn()->reset_stats();
-    EXPECT_EQ(s.hybrid_ffn()->device().counters().bytes_in, 0u);
+    s.hybrid()->reset_stats();
+    EXPECT_EQ(s.hybrid()->device().counters().bytes_in, 0u);
   }
   std::filesystem::remove(path);
 }

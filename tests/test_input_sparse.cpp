@@ -18,8 +18,8 @@
 #include "model/blocks.hpp"
 #include "model/repack.hpp"
 #include "synth/synth.hpp"
-#include "ops/cpu/nm4.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/nm4/nm4.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "sparse/input_allocation.hpp"
 #include "sparse/input_sparse.hpp"
 #include "sparse/sparsify.hpp"
@@ -208,7 +208,7 @@ TEST(InputSparse, ProductOverKeptInputsMatchesDoubles) {
             if (k > 0)
               cpu::sparse_axpy(pool, copy.view, ids.data(), k, vals.data(), 1, k, y.data(), sh.n_out, scratch.data());
             // Floats keep the file's values (only float rounding). Q4_0 / Q4_1 keep them too, but
-            // their kernel rounds the kept inputs to int8 per segment (ops/cpu/nm4.hpp): each moves
+            // their kernel rounds the kept inputs to int8 per segment (ops/cpu/nm4/nm4.hpp): each moves
             // by at most half a step, 1/254 of the largest kept |x|, times the rounded part of
             // the weight (d (q - 8); Q4_1: d q, the min m takes x unrounded). The other types (Q8_0
             // too) are requantized to Q8_0 along the input's row of outputs: each value moves by

@@ -20,8 +20,8 @@
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 #include "ops/cpu/bandwidth.hpp"
-#include "ops/cpu/gemm_table.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/gemm/gemm_table.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -29,7 +29,7 @@ using namespace ember;
 
 namespace {
 
-// Every file type with a kernel in the GEMM table (ops/cpu/gemm_table.hpp): a kernel added there
+// Every file type with a kernel in the GEMM table (ops/cpu/gemm/gemm_table.hpp): a kernel added there
 // is tested here at every level. (The 16-row layouts are tested in test_r16.cpp, repacked from these.)
 std::vector<DType> weight_types() {
   std::vector<DType> types;

@@ -1,10 +1,10 @@
-// Neuron-major 4-bit down projections with shared scales (ops/cpu/nm4.hpp): the copy holds the
+// Neuron-major 4-bit down projections with shared scales (ops/cpu/nm4/nm4.hpp): the copy holds the
 // file's values bit for bit (the narrow-table copy its codes, and each table value within half a
 // step of 255 of its group's range); the axpy kernels (fp16 and narrow tables) of every SIMD level give the scalar kernel's bits
 // for any list (unsorted, long runs in one block, zero factors), any column slice and thread
 // split; the scalar kernel equals a double-precision sum with the factors rounded as the header
 // says, and stays within the rounding's bound of the sum with unrounded factors.
-#include "ops/cpu/nm4.hpp"
+#include "ops/cpu/nm4/nm4.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "support/simd_levels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
@@ -78,6 +78,18 @@ std::vector<float> factors(size_t n, uint32_t seed) {
 // The copies the kernels take (fp16 and narrow tables), and the file type each is made from here.
 const DType kCopyTypes[] = {DType::Q4_0_NM, DType::Q4_1_NM, DType::Q4_0_NM8, DType::Q4_1_NM8};
 DType file_type(DType nt) { return cpu::nm4_has_min(nt) ? DType::Q4_1 : DType::Q4_0; }
+
+}  // namespace
+
+// The copy types the tests run are those of the kernel table (ops/cpu/nm4/nm4.hpp), every one with a
+// scalar kernel: a kernel added to it is tested at every level without a new test.
+TEST(Nm4, TableTypesAreTheTestedCopyTypes) {
+  const auto& t = cpu::detail::nm4_axpy_table();
+  EXPECT_EQ(t.types(), std::vector<DType>(std::begin(kCopyTypes), std::end(kCopyTypes)));
+  for (DType w : t.types()) EXPECT_TRUE(t.has_own(w, SimdLevel::scalar)) << dtype_name(w);
+}
+
+namespace {
 
 // n_embd, n_ff: every chunk width (128, 64, 32) and row ends of each.
 const int64_t kShapes[][2] = {{32, 32}, {96, 160}, {224, 96}, {2048, 64}, {576, 64}};

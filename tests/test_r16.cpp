@@ -12,7 +12,7 @@
 #include "core/error.hpp"
 #include "core/thread_pool.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "support/random_acts.hpp"
 #include "support/simd_levels.hpp"
 #include "tensor/fp16.hpp"

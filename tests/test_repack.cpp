@@ -11,7 +11,7 @@
 #include "engine/session.hpp"
 #include "core/cpu_features.hpp"
 #include "synth/synth.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "support/ffn_modes.hpp"
 #include "support/simd_levels.hpp"
 

@@ -1,7 +1,7 @@
-// Neuron-sparse kernels (ops/cpu/sparse.hpp) against dense computations restricted to the
+// Neuron-sparse kernels (ops/cpu/sparse/sparse.hpp) against dense computations restricted to the
 // active set, for every weight type, SIMD level and awkward shapes; thread counts must not
 // change the bits.
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include "core/aligned_buffer.hpp"
 #include "core/cpu_features.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/sparse/sparse_impl.hpp"
 #include "tensor/quant.hpp"
 
 using namespace ember;
@@ -103,6 +104,17 @@ double max_abs(const std::vector<double>& v) {
 }
 
 }  // namespace
+
+// The tests below run every type of kTypes at every level; so every kernel of the sparse tables
+// (ops/cpu/sparse/sparse_impl.hpp) is among them: a kernel added to a table is tested against the scalar
+// path without a new test.
+TEST(Sparse, EveryTableKernelIsTested) {
+  const auto& t = cpu::detail::sparse_tables();
+  for (const std::vector<DType>& types : {t.rows.types(), t.gather.types(), t.axpy_rows.types()})
+    for (DType w : types)
+      EXPECT_NE(std::find(std::begin(kTypes), std::end(kTypes), w), std::end(kTypes)) << dtype_name(w);
+  EXPECT_FALSE(t.rows.types().empty());
+}
 
 // gather_matmul == matmul over all rows, then the active rows picked: bit-exact, because both
 // run the same row kernel on the same quantized activations.

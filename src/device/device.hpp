@@ -37,7 +37,7 @@
 #include "model/workspace.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "sparse/placement.hpp"
 
 namespace ember {

@@ -3,24 +3,17 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 
 namespace ember {
 
-const char* pooling_name(Pooling p) {
-  switch (p) {
-    case Pooling::mean: return "mean";
-    case Pooling::last: return "last";
-    case Pooling::cls: return "cls";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<Pooling> kPoolings[] = {{Pooling::mean, "mean"}, {Pooling::last, "last"}, {Pooling::cls, "cls"}};
+}  // namespace
 
-std::optional<Pooling> parse_pooling(const std::string& name) {
-  for (Pooling p : {Pooling::mean, Pooling::last, Pooling::cls})
-    if (name == pooling_name(p)) return p;
-  return std::nullopt;
-}
+const char* pooling_name(Pooling p) { return enum_name(kPoolings, p); }
+std::optional<Pooling> parse_pooling(const std::string& name) { return find_enum(kPoolings, name); }
 
 Pooling default_pooling(const Model& model) {
   if (!model.file) return Pooling::mean;

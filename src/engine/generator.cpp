@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "engine/session.hpp"
@@ -52,14 +53,12 @@ std::string StopMatcher::flush() {
 }
 
 const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::length: return "length";
-    case FinishReason::context: return "context";
-    case FinishReason::eog: return "eog";
-    case FinishReason::stop: return "stop";
-    case FinishReason::cancelled: return "cancelled";
-  }
-  return "?";
+  static constexpr EnumName<FinishReason> kNames[] = {{FinishReason::length, "length"},
+                                                      {FinishReason::context, "context"},
+                                                      {FinishReason::eog, "eog"},
+                                                      {FinishReason::stop, "stop"},
+                                                      {FinishReason::cancelled, "cancelled"}};
+  return enum_name(kNames, r);
 }
 
 Generation::Generation(const Tokenizer& tok, int64_t n_vocab, const std::vector<int32_t>& prompt,

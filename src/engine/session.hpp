@@ -97,7 +97,7 @@ class Session {
   // session's do not.
   void set_dense(bool dense);
   // The hybrid FFN executor; null unless SessionParams::hybrid_on().
-  HybridExecutor* hybrid_ffn() { return hybrid_.get(); }
+  HybridExecutor* hybrid() { return hybrid_.get(); }
 
  private:
   FfnExecutor* own_ffn() {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/enum_names.hpp"
+
 namespace ember {
 
 int64_t synth_head_dim(const SynthOptions& o) { return o.head_dim > 0 ? o.head_dim : o.n_embd / o.n_head; }
@@ -19,8 +21,12 @@ void rms_norm_keys(gguf::Writer& w, const SynthOptions& o) {
   w.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::f32(o.rms_eps));
 }
 
-const char* ffn_activation_name(FfnActivation a) {
-  return a == FfnActivation::relu ? "relu" : a == FfnActivation::gelu ? "gelu" : "silu";
-}
+namespace {
+constexpr EnumName<FfnActivation> kFfnActivations[] = {
+    {FfnActivation::silu, "silu"}, {FfnActivation::relu, "relu"}, {FfnActivation::gelu, "gelu"}};
+}  // namespace
+
+const char* ffn_activation_name(FfnActivation a) { return enum_name(kFfnActivations, a); }
+FfnActivation parse_ffn_activation(const std::string& s) { return parse_enum(kFfnActivations, s, "FFN activation"); }
 
 }  // namespace ember

@@ -140,5 +140,6 @@ std::vector<SynthTensor> llama_synth_layer(const SynthOptions& o, int64_t il);
 // head_count_kv, rope.freq_base, layer_norm_rms_epsilon under "<arch>.".
 void rms_norm_keys(gguf::Writer& w, const SynthOptions& o);
 const char* ffn_activation_name(FfnActivation a);
+FfnActivation parse_ffn_activation(const std::string& s);  // "silu" / "relu" / "gelu"
 
 }  // namespace ember

@@ -7,7 +7,7 @@
 #include "model/ffn.hpp"
 #include "model/loader.hpp"
 #include "model/moe.hpp"
-#include "ops/cpu/attention.hpp"
+#include "ops/cpu/attention/attention.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/norm.hpp"
 #include "ops/cpu/vec.hpp"

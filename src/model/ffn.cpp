@@ -6,7 +6,7 @@
 #include "core/error.hpp"
 #include "model/workspace.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "ops/cpu/vec.hpp"
 
 namespace ember {

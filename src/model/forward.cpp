@@ -4,9 +4,9 @@
 
 #include "core/error.hpp"
 #include "model/blocks.hpp"
-#include "ops/cpu/attention.hpp"
+#include "ops/cpu/attention/attention.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 
 namespace ember {
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 
 namespace ember {
@@ -36,12 +37,10 @@ std::string model_moe_refusal(const Model& model, const std::string& what) {
 }
 
 const char* ffn_gating_name(FfnGating g) {
-  switch (g) {
-    case FfnGating::par: return "gated (act(gate) * up)";
-    case FfnGating::sym: return "symmetric (act(gate) * act(up), Bamboo)";
-    case FfnGating::none: return "ungated (act(up + bias), OPT)";
-  }
-  return "?";
+  static constexpr EnumName<FfnGating> kNames[] = {{FfnGating::par, "gated (act(gate) * up)"},
+                                                   {FfnGating::sym, "symmetric (act(gate) * act(up), Bamboo)"},
+                                                   {FfnGating::none, "ungated (act(up + bias), OPT)"}};
+  return enum_name(kNames, g);
 }
 
 bool predictor_reads_residual(const gguf::Reader& r) {

@@ -13,7 +13,7 @@
 #include "core/huge_pages.hpp"
 #include "core/mmap_file.hpp"
 #include "core/timer.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/r16/r16.hpp"
 
 namespace ember {
 namespace {

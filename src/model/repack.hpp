@@ -1,5 +1,5 @@
 // Repacking a loaded model's matrices into the layouts the dense kernels read fastest
-// (Q4_0 -> Q4_0_R16, ops/cpu/r16.hpp), as llama.cpp repacks Q4_0 at load, and optionally
+// (Q4_0 -> Q4_0_R16, ops/cpu/r16/r16.hpp), as llama.cpp repacks Q4_0 at load, and optionally
 // copying the other per-token matrices out of the file too. A repacked matrix
 // is copied out of the file into Model::owned_weights (its file pages are released), and its
 // rows are addressable only 16 at a time: only matrices that the forward pass multiplies whole

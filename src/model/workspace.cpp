@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "ops/cpu/attention.hpp"
+#include "ops/cpu/attention/attention.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 
 namespace ember {
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/enum_names.hpp"
 #include "jinja/json.hpp"
 #include "server/json_schema.hpp"
 #include "server/request_fields.hpp"
@@ -80,13 +81,11 @@ std::string tool_json_line(const Tool& t) {
 }  // namespace
 
 const char* tool_format_name(ToolFormat f) {
-  switch (f) {
-    case ToolFormat::hermes: return "hermes";
-    case ToolFormat::llama3: return "llama3";
-    case ToolFormat::mistral: return "mistral";
-    case ToolFormat::generic: return "generic";
-  }
-  return "?";
+  static constexpr EnumName<ToolFormat> kNames[] = {{ToolFormat::hermes, "hermes"},
+                                                    {ToolFormat::llama3, "llama3"},
+                                                    {ToolFormat::mistral, "mistral"},
+                                                    {ToolFormat::generic, "generic"}};
+  return enum_name(kNames, f);
 }
 
 ToolFormat tool_format(const std::string& src) {

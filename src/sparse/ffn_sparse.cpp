@@ -3,26 +3,28 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cpu/nm4.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/nm4/nm4.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "ops/cpu/vec.hpp"
 #include "sparse/predictor.hpp"
 
 namespace ember {
 
-FfnMode parse_ffn_mode(const std::string& s) {
-  if (s == "dense") return FfnMode::dense;
-  if (s == "oracle") return FfnMode::oracle;
-  if (s == "threshold") return FfnMode::threshold;
-  if (s == "predictor") return FfnMode::predictor;
-  if (s == "input") return FfnMode::input;
-  fail("unknown sparse mode '{}' (expected dense, oracle, threshold, predictor or input)", s);
-}
+namespace {
+constexpr EnumName<FfnMode> kFfnModes[] = {{FfnMode::dense, "dense"},
+                                          {FfnMode::oracle, "oracle"},
+                                          {FfnMode::threshold, "threshold"},
+                                          {FfnMode::predictor, "predictor"},
+                                          {FfnMode::input, "input"}};
+}  // namespace
+
+FfnMode parse_ffn_mode(const std::string& s) { return parse_enum(kFfnModes, s, "sparse mode"); }
 
 cpu::NeuronMajorType default_copy_type(FfnMode mode) {
   return mode == FfnMode::input ? cpu::NeuronMajorType::compact : cpu::NeuronMajorType::exact;
@@ -327,7 +329,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
                                  const float* x, float* out, Workspace& ws) {
   // The par rule of model/ffn.hpp (h = act(gate) * up, no up bias) computed inline by the fused
   // kernels; every other gating takes the separate steps. The gate may be repacked
-  // (ops/cpu/r16.hpp) while up stays gatherable: one quantization of x serves both as long as
+  // (ops/cpu/r16/r16.hpp) while up stays gatherable: one quantization of x serves both as long as
   // they come from the same file type.
   if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() ||
       cpu::r16_base(w.gate.type) != cpu::r16_base(w.up.type) ||

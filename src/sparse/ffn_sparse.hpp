@@ -38,7 +38,7 @@
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
 #include "model/workspace.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "sparse/input_site.hpp"
 
 namespace ember {

@@ -3,26 +3,21 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "sparse/input_allocation_steps.hpp"
 
 namespace ember {
 
-InputAllocation parse_input_allocation(const std::string& s) {
-  if (s == "greedy") return InputAllocation::greedy;
-  if (s == "uniform") return InputAllocation::uniform;
-  if (s == "block") return InputAllocation::block;
-  fail("unknown input-sparsity allocation '{}' (expected greedy, uniform or block)", s);
-}
+namespace {
+constexpr EnumName<InputAllocation> kAllocations[] = {
+    {InputAllocation::greedy, "greedy"}, {InputAllocation::uniform, "uniform"}, {InputAllocation::block, "block"}};
+}  // namespace
 
-const char* input_allocation_name(InputAllocation a) {
-  switch (a) {
-    case InputAllocation::greedy: return "greedy";
-    case InputAllocation::uniform: return "uniform";
-    case InputAllocation::block: return "block";
-  }
-  return "?";
+InputAllocation parse_input_allocation(const std::string& s) {
+  return parse_enum(kAllocations, s, "input-sparsity allocation");
 }
+const char* input_allocation_name(InputAllocation a) { return enum_name(kAllocations, a); }
 
 void check_allocation_inputs(const Profile& p, const Model& model, double target) {
   EMBER_CHECK(p.has_input_tables(), "the profile of '{}' has no input tables (made before input sparsity existed): "

@@ -15,8 +15,8 @@
 #include "core/mmap_file.hpp"
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
-#include "ops/cpu/nm4.hpp"
-#include "ops/cpu/r16.hpp"
+#include "ops/cpu/nm4/nm4.hpp"
+#include "ops/cpu/r16/r16.hpp"
 
 namespace ember {
 

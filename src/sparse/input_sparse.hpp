@@ -7,7 +7,7 @@
 //
 // A skipped input is a skipped row only when the matrix is stored input-channel-major: one row
 // of n_out values per input. The executor keeps such a copy of each matrix (built with the
-// neuron-major copies of ops/cpu/sparse.hpp: a Q4_0 / Q4_1 matrix keeps the file's codes and
+// neuron-major copies of ops/cpu/sparse/sparse.hpp: a Q4_0 / Q4_1 matrix keeps the file's codes and
 // scales bit for bit as Q4_0_NM / Q4_1_NM, F32 / F16 / BF16 are transposed exactly, other
 // quantized types become Q8_0; matrices that read one input, q / k / v and gate / up, share one
 // copy with their outputs side by side in each row), and one token (decode) runs
@@ -35,7 +35,7 @@
 #include "core/aligned_buffer.hpp"
 #include "model/ffn.hpp"
 #include "model/workspace.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "sparse/input_site.hpp"
 
 namespace ember {
@@ -99,7 +99,7 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
  public:
   // Builds the input-channel-major copies of every layer's matrices (threaded on `pool`), but
   // for the sites input_site_dense names (no copy: they decode with the dense kernels on their
-  // masked inputs). `copy_type` as SparseFfnOptions::down_type (ops/cpu/sparse.hpp's
+  // masked inputs). `copy_type` as SparseFfnOptions::down_type (ops/cpu/sparse/sparse.hpp's
   // NeuronMajorType). `by_cost`: a decode token reads a copy only where input_copy_max_kept
   // says it is faster, else always. `dropped` (per layer and site, the share of inputs the
   // thresholds drop on the profile's corpus; may be empty): with by_cost, a site that keeps on

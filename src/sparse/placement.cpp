@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "model/kv_cache.hpp"
 #include "ops/cuda/cuda_blocks.hpp"
@@ -10,21 +11,13 @@
 
 namespace ember {
 
-PlanMethod parse_plan_method(const std::string& s) {
-  if (s == "ilp") return PlanMethod::ilp;
-  if (s == "greedy") return PlanMethod::greedy;
-  if (s == "layer-split") return PlanMethod::layer_split;
-  fail("unknown placement method '{}' (expected ilp, greedy or layer-split)", s);
-}
+namespace {
+constexpr EnumName<PlanMethod> kPlanMethods[] = {
+    {PlanMethod::ilp, "ilp"}, {PlanMethod::greedy, "greedy"}, {PlanMethod::layer_split, "layer-split"}};
+}  // namespace
 
-const char* plan_method_name(PlanMethod m) {
-  switch (m) {
-    case PlanMethod::ilp: return "ilp";
-    case PlanMethod::greedy: return "greedy";
-    case PlanMethod::layer_split: return "layer-split";
-  }
-  return "?";
-}
+PlanMethod parse_plan_method(const std::string& s) { return parse_enum(kPlanMethods, s, "placement method"); }
+const char* plan_method_name(PlanMethod m) { return enum_name(kPlanMethods, m); }
 
 int64_t Plan::n_gpu_neurons() const {
   int64_t n = 0;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/model.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 
 namespace ember {
 

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "model/model.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "sparse/placement.hpp"
 
 namespace ember {
@@ -112,7 +112,7 @@ std::vector<std::vector<float>> plan_probabilities(const Model& model, const std
 // and for Q4_0_NM / Q4_1_NM the scale tables of every block of 32 neurons with one firing.
 double neuron_major_expected_bytes(DType t, int64_t n_embd, const std::vector<float>& p,
                                    const std::vector<int32_t>& ids);
-// The shared-scale axpy (ops/cpu/nm4.hpp) reads its bytes at about this share of the rate of the
+// The shared-scale axpy (ops/cpu/nm4/nm4.hpp) reads its bytes at about this share of the rate of the
 // row-wise axpy over Q8_0 rows: measured one thread, cold, Zen 4 (docs/benchmarks.md, twenty-second
 // session: SparseAxpy/Q4_0_NM/2048x5632 against SparseAxpy/Q8_0/5632x2048): 0.80-1.01 at 10 % of
 // the rows, 0.75-0.81 at 25 and 50 %.

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "ops/cpu/nm4.hpp"
+#include "ops/cpu/nm4/nm4.hpp"
 
 namespace ember {
 // ---- cost model ---------------------------------------------------------------------------

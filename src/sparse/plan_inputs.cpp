@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "model/kv_cache.hpp"
 #include "synth/synth.hpp"
-#include "ops/cpu/nm4.hpp"
+#include "ops/cpu/nm4/nm4.hpp"
 #include "sparse/predictor.hpp"
 
 namespace ember {

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
-#include "ops/cpu/sparse.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 
 namespace ember {
 

@@ -445,12 +445,6 @@ SynthOptions synth_options_for(SynthOptions o, const std::string& arch) {
   return o;
 }
 
-FfnActivation parse_ffn_activation(const std::string& s) {
-  if (s == "silu") return FfnActivation::silu;
-  if (s == "relu") return FfnActivation::relu;
-  if (s == "gelu") return FfnActivation::gelu;
-  fail("unknown FFN activation '{}' (expected silu, relu or gelu)", s);
-}
 
 void validate(const SynthOptions& o) {
   auto positive = [](const char* what, int64_t v, int64_t max) {

@@ -31,8 +31,7 @@ FfnActivation synth_default_activation(const std::string& arch);
 // grouped-query attention or output matrix of its own where it has none (OPT), experts where it
 // needs them (4, 2 used). What every test that loops over the architecture table starts from.
 SynthOptions synth_options_for(SynthOptions o, const std::string& arch);
-// Parses "silu" / "relu" / "gelu".
-FfnActivation parse_ffn_activation(const std::string& s);
+
 
 // Throws ember::Error naming the first invalid option (e.g. n_head not dividing n_embd, a row
 // length that is not a multiple of the type's block size).

@@ -15,10 +15,10 @@ enum class DType : uint32_t {
   TQ1_0 = 34, TQ2_0 = 35,
   // Ember's own in-memory layouts, never read from or written to a file (dtype_info() does not
   // know them): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K rows repacked 16 at a time for the dense
-  // kernels (ops/cpu/r16.hpp).
+  // kernels (ops/cpu/r16/r16.hpp).
   Q4_0_R16 = 0x10002, Q4_1_R16 = 0x10003, Q5_0_R16 = 0x10006, Q8_0_R16 = 0x10008, Q4_K_R16 = 0x1000c, Q5_K_R16 = 0x1000d, Q6_K_R16 = 0x1000e,
   // Q4_0 / Q4_1 down projections transposed to neuron-major rows without requantizing: 4-bit
-  // codes per row, the scales shared by 32 neurons in a table after the rows (ops/cpu/nm4.hpp);
+  // codes per row, the scales shared by 32 neurons in a table after the rows (ops/cpu/nm4/nm4.hpp);
   // the _NM8 forms hold those tables as u8 codes with an fp16 scale and base per 32 of them.
   Q4_0_NM = 0x20002, Q4_1_NM = 0x20003, Q4_0_NM8 = 0x20012, Q4_1_NM8 = 0x20013,
 };

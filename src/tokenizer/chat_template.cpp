@@ -1,5 +1,6 @@
 #include "tokenizer/chat_template.hpp"
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 
@@ -53,35 +54,19 @@ std::string find_default_system(const std::string& src) {
 
 }  // namespace
 
-const char* chat_style_name(ChatStyle style) {
-  switch (style) {
-    case ChatStyle::ChatML: return "chatml";
-    case ChatStyle::Llama3: return "llama3";
-    case ChatStyle::Llama2: return "llama2";
-    case ChatStyle::Gemma: return "gemma";
-    case ChatStyle::Phi3: return "phi3";
-    case ChatStyle::Mistral: return "mistral";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<ChatStyle> kChatStyles[] = {{ChatStyle::ChatML, "chatml"}, {ChatStyle::Llama3, "llama3"},
+                                               {ChatStyle::Llama2, "llama2"}, {ChatStyle::Gemma, "gemma"},
+                                               {ChatStyle::Phi3, "phi3"},     {ChatStyle::Mistral, "mistral"}};
+}  // namespace
+
+const char* chat_style_name(ChatStyle style) { return enum_name(kChatStyles, style); }
 
 ChatTemplate parse_chat_template(const std::string& src) {
   ChatTemplate t;
-  if (src.empty() || src == "chatml") return t;
-  if (src == "llama3") {
-    t.style = ChatStyle::Llama3;
-    return t;
-  }
-  if (src == "llama2") {
-    t.style = ChatStyle::Llama2;
-    return t;
-  }
-  if (src == "gemma") {
-    t.style = ChatStyle::Gemma;
-    return t;
-  }
-  if (src == "phi3") {
-    t.style = ChatStyle::Phi3;
+  if (src.empty()) return t;
+  if (const auto style = find_enum(kChatStyles, src); style && *style != ChatStyle::Mistral) {
+    t.style = *style;  // (Mistral's styles are named by version below)
     return t;
   }
   for (const auto& [name, v] : {std::pair{"mistral-v1", MistralVersion::v1}, std::pair{"mistral-v3", MistralVersion::v3},

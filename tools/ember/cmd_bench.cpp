@@ -88,7 +88,7 @@ void run_bench(const BenchFlags& f) {
   auto time_tg = [&] {
     start();
     for (int s = 0; s < f.seqs; ++s) toks[static_cast<size_t>(s)] = prompt[static_cast<size_t>(s) % prompt.size()];
-    if (HybridExecutor* hy = session.hybrid_ffn()) hy->reset_stats();  // its breakdown: of the last decode run
+    if (HybridExecutor* hy = session.hybrid()) hy->reset_stats();  // its breakdown: of the last decode run
     Timer t;
     for (int i = 0; i < f.n_gen; ++i) {
       for (int s = 0; s < f.seqs; ++s) items[static_cast<size_t>(s)] = {s, &toks[static_cast<size_t>(s)], 1};
@@ -207,7 +207,7 @@ void run_bench(const BenchFlags& f) {
     }
     log_ffn_sparsity(session);
   }
-  if (HybridExecutor* hy = session.hybrid_ffn(); hy && !tg.empty()) {
+  if (HybridExecutor* hy = session.hybrid(); hy && !tg.empty()) {
     // Where a decode token's time went, over the last decode run (HybridStats).
     const HybridStats st = hy->stats();
     const DeviceCounters dc = hy->device().counters();

@@ -185,7 +185,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
 }
 
 void log_ffn_sparsity(Session& session) {
-  if (const HybridExecutor* hy = session.hybrid_ffn()) {
+  if (const HybridExecutor* hy = session.hybrid()) {
     const HybridStats st = hy->stats();
     const uint64_t all = st.device_fired + st.cpu_fired;
     log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/enum_names.hpp"
 #include "core/cpu_features.hpp"
 #include "ops/cpu/activation_impl.hpp"
 
@@ -36,12 +37,9 @@ float exp_approx(float x) {
 }  // namespace
 
 const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::silu: return "silu";
-    case Activation::relu: return "relu";
-    case Activation::gelu_tanh: return "gelu_tanh";
-  }
-  return "?";
+  static constexpr EnumName<Activation> kNames[] = {
+      {Activation::silu, "silu"}, {Activation::relu, "relu"}, {Activation::gelu_tanh, "gelu_tanh"}};
+  return enum_name(kNames, a);
 }
 
 float activate(Activation a, float x) {

@@ -7,8 +7,8 @@
 #include "core/aligned_buffer.hpp"
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
-#include "ops/cpu/gemm_table.hpp"
-#include "ops/cpu/r16_kernels.hpp"
+#include "ops/cpu/gemm/gemm_table.hpp"
+#include "ops/cpu/r16/r16_kernels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -33,7 +33,7 @@ DType activation_type(DType w) {
   }
 }
 
-// The kernel for a weight type at the current SIMD level (gemm_table.hpp), and whether it takes
+// The kernel for a weight type at the current SIMD level (gemm/gemm_table.hpp), and whether it takes
 // its activations rearranged rather than as plain quantized rows.
 using Kernel = detail::GemmKernel;
 
@@ -44,7 +44,7 @@ const Kernel& gemm_for(DType w) {
 }
 
 // The rearranged activation layout of the kernels with Kernel::quads set: the quad layout
-// (kernels.hpp), or R16Act blocks for Q4_0_R16 / Q4_1_R16 / Q5_0_R16 / Q8_0_R16 (r16.hpp).
+// (gemm/gemm_kernels.hpp), or R16Act blocks for Q4_0_R16 / Q4_1_R16 / Q5_0_R16 / Q8_0_R16 (r16/r16.hpp).
 bool r16_act(DType w) {
   return w == DType::Q4_0_R16 || w == DType::Q4_1_R16 || w == DType::Q5_0_R16 || w == DType::Q8_0_R16;
 }

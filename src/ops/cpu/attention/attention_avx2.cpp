@@ -1,0 +1,153 @@
+// Attention on AVX2 + FMA + F16C (the portable path's fast case: head sizes a multiple of 8),
+// per token and head:
+//   scores: q.k_j four positions at a time (independent multiply-add chains over the head's
+//     8-value chunks, one horizontal-add tree for the four sums); the query stays in L1;
+//   softmax: an 8-lane exp (the approximation activation_impl.hpp describes);
+//   weighted sum of the value rows with up to 64 output columns held in registers.
+// The loop in attention/attention.cpp calls dot_f32 / axpy_f32 once per position and libm's exp once per
+// score, and widens F16 rows into a buffer first.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cpu/activation_impl.hpp"
+#include "ops/cpu/attention/attention.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+// Eight K or V elements as floats: the cache holds F32 (float) or F16 (uint16_t).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
+  x = _mm256_min_ps(x, _mm256_set1_ps(kExpMax));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+// The four lane sums of a, b, c, d.
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  const __m256 x = _mm256_hadd_ps(ab, cd);  // per 128-bit half: [a, b, c, d] partial sums
+  return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
+inline float hsum1(__m256 a) {
+  const __m256 z = _mm256_setzero_ps();
+  return _mm_cvtss_f32(hsum4(a, z, z, z));
+}
+
+// scores[j] = scale * q.k_j for j < n (k_j at k + j * stride), four positions at a time.
+template <class E>
+void scores8(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const E* k0 = k + j * stride;
+    __m256 acc[4];
+    const __m256 q0 = _mm256_loadu_ps(q);
+    for (int i = 0; i < 4; ++i) acc[i] = _mm256_mul_ps(q0, load8(k0 + i * stride));
+    for (int64_t c = 8; c < hd; c += 8) {
+      const __m256 qc = _mm256_loadu_ps(q + c);
+      for (int i = 0; i < 4; ++i) acc[i] = _mm256_fmadd_ps(qc, load8(k0 + i * stride + c), acc[i]);
+    }
+    _mm_storeu_ps(scores + j, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
+  }
+  for (; j < n; ++j) {
+    const E* kj = k + j * stride;
+    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), load8(kj));
+    for (int64_t c = 8; c < hd; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load8(kj + c), acc);
+    scores[j] = hsum1(acc) * scale;
+  }
+}
+
+// scores[0, n) = softmax(scores[0, n)) (after soft-capping when softcap > 0).
+void softmax8(float softcap, int64_t n, float* scores, float* stat) {
+  if (softcap > 0)
+    for (int64_t j = 0; j < n; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
+  float mx = -INFINITY;
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(scores + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  for (float l : lanes) mx = std::max(mx, l);
+  for (; j < n; ++j) mx = std::max(mx, scores[j]);
+  // p_j = e^(s_j - max); the tail through the same 8-lane exp.
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 sum = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vmx));
+    _mm256_storeu_ps(scores + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float total = hsum1(sum);
+  if (j < n) {
+    alignas(32) float t[8] = {};
+    for (int64_t i = j; i < n; ++i) t[i - j] = scores[i] - mx;
+    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+    for (int64_t i = j; i < n; ++i) scores[i] = t[i - j], total += t[i - j];
+  }
+  if (stat) stat[0] = mx, stat[1] = total;
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
+  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(scores + j, _mm256_mul_ps(_mm256_loadu_ps(scores + j), inv));
+  for (; j < n; ++j) scores[j] *= 1.0f / total;
+}
+
+// out[0, 8 R) = sum_j p[j] v_j[0, 8 R), the columns in R registers.
+template <int R, class E>
+void weighted_block(const float* p, const E* v, int64_t stride, int64_t n, float* out) {
+  __m256 acc[R];
+  for (int c = 0; c < R; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const E* vj = v + j * stride;
+    for (int c = 0; c < R; ++c) acc[c] = _mm256_fmadd_ps(pj, load8(vj + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < R; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+template <class E>
+void weighted_sum8(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+  for (int64_t c0 = 0; c0 < hd; c0 += 64) {
+    switch (std::min<int64_t>(8, (hd - c0) / 8)) {
+      case 1: weighted_block<1>(p, v + c0, stride, n, out + c0); break;
+      case 2: weighted_block<2>(p, v + c0, stride, n, out + c0); break;
+      case 3: weighted_block<3>(p, v + c0, stride, n, out + c0); break;
+      case 4: weighted_block<4>(p, v + c0, stride, n, out + c0); break;
+      case 5: weighted_block<5>(p, v + c0, stride, n, out + c0); break;
+      case 6: weighted_block<6>(p, v + c0, stride, n, out + c0); break;
+      case 7: weighted_block<7>(p, v + c0, stride, n, out + c0); break;
+      default: weighted_block<8>(p, v + c0, stride, n, out + c0);
+    }
+  }
+}
+
+template <class E>
+void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
+            float* outh, float* scores, float* stat) {
+  scores8(qh, k, kv_stride, n, s.head_dim, s.scale, scores);
+  softmax8(s.softcap, n, scores, stat);
+  weighted_sum8(scores, v, kv_stride, n, s.head_dim, outh);
+}
+
+}  // namespace
+
+void attend_one_avx2(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
+                     int64_t n, float* outh, float* scores, float* stat) {
+  if (s.kv_f16)
+    attend(s, qh, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), kv_stride, n, outh, scores, stat);
+  else
+    attend(s, qh, static_cast<const float*>(k), static_cast<const float*>(v), kv_stride, n, outh, scores, stat);
+}
+
+}  // namespace ember::cpu::detail

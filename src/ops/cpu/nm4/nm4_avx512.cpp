@@ -1,0 +1,157 @@
+// AVX-512 kernel of the neuron-major 4-bit axpy (ops/cpu/nm4/nm4.hpp). Per segment, 128 outputs (one
+// 64-byte line of each row) at a time: fours of rows' bytes interleaved so that each 32-bit lane
+// holds one output's four codes, multiplied by the four's int8 factors and summed with vpdpbusd
+// into eight 32-bit accumulators (outputs in order, by the copy's layout), then scaled into the
+// output once. 28 instructions per 512 weights, where pairs of rows with vpmaddubsw into 16-bit
+// sums took 32 and widened the sums before scaling them (in cache, one thread: 0.93-0.95x the
+// time at 25-50 % of the rows kept, 0.88x at all; docs/benchmarks.md, session 26). Chunks
+// narrower than 128 at a row's end take the 256-bit code (nm4/nm4_simd.hpp). The rows two segments on
+// are prefetched on the way, a line of each per chunk, as in the other grouped sparse kernels
+// (sparse/sparse_avx512.cpp), with their part of the scale table(s) (measured 0.93-0.96x the time,
+// docs/benchmarks.md). fp16 or narrow (8-bit) tables: a template parameter. Same operations per
+// output as the scalar kernel, so the same bits.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "ops/cpu/nm4/nm4.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+#include "ops/cpu/nm4/nm4_simd.hpp"
+
+constexpr int kPrefetchSegments = 2;  // measured best of 1-3 (bench_sparse, SparseAxpy/Q4_0_NM)
+
+// a_k += vpdpbusd(u_k, f) for eight accumulators, in place. (GCC 12 copies the intrinsic's
+// accumulators through other registers every iteration of the loop: 16 zmm moves per four rows with
+// _mm512_dpbusd_epi32, and still 4 with one asm statement per accumulator.)
+inline void dpbusd8(__m512i& a0, __m512i& a1, __m512i& a2, __m512i& a3, __m512i& a4, __m512i& a5, __m512i& a6,
+                    __m512i& a7, __m512i u0, __m512i u1, __m512i u2, __m512i u3, __m512i u4, __m512i u5, __m512i u6,
+                    __m512i u7, __m512i f) {
+  asm("vpdpbusd %16, %8, %0\n\tvpdpbusd %16, %9, %1\n\tvpdpbusd %16, %10, %2\n\tvpdpbusd %16, %11, %3\n\t"
+      "vpdpbusd %16, %12, %4\n\tvpdpbusd %16, %13, %5\n\tvpdpbusd %16, %14, %6\n\tvpdpbusd %16, %15, %7"
+      : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
+      : "v"(u0), "v"(u1), "v"(u2), "v"(u3), "v"(u4), "v"(u5), "v"(u6), "v"(u7), "v"(f));
+}
+
+// A table's entries at outputs [c, c + 16), as nm4_table8.
+template <bool kNarrow>
+inline __m512 table16(const uint16_t* half, const uint8_t* code, int64_t c) {
+  if constexpr (kNarrow)
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + c))));
+  else
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + c)));
+}
+
+// out[0 .. 16), as nm4_scale8.
+template <bool kMin, bool kNarrow>
+inline void scale16(float* o, const Nm4Tables& t, int64_t c, __m512i acc, const Nm4GroupFactors& f) {
+  __m512 v = _mm512_loadu_ps(o);
+  if constexpr (kMin) {
+    const __m512 m = table16<kNarrow>(t.m, t.mc, c);
+    if constexpr (kNarrow)
+      v = _mm512_add_ps(v, _mm512_fmadd_ps(m, _mm512_set1_ps(f.m_mul), _mm512_set1_ps(f.m_add)));
+    else
+      v = _mm512_fmadd_ps(m, _mm512_set1_ps(f.m_mul), v);
+  }
+  const __m512 d = table16<kNarrow>(t.d, t.dc, c);
+  const __m512 de = kNarrow ? _mm512_fmadd_ps(d, _mm512_set1_ps(f.d_mul), _mm512_set1_ps(f.d_add))
+                            : _mm512_mul_ps(d, _mm512_set1_ps(f.d_mul));
+  _mm512_storeu_ps(o, _mm512_fmadd_ps(de, _mm512_cvtepi32_ps(acc), v));
+}
+
+// The lines of a chunk of 128 outputs from j on in the tables (fp16: 4 lines a table; narrow: 2
+// of codes and the one holding the chunk's 4 scale and base pairs).
+template <bool kMin, bool kNarrow>
+inline void prefetch_tables(const Nm4Tables& t, int64_t j) {
+  const auto line = [](const void* p, int l) { _mm_prefetch(static_cast<const char*>(p) + 64 * l, _MM_HINT_T1); };
+  if constexpr (kNarrow) {
+    for (int l = 0; l < kNm4Chunk / 64; ++l) {
+      line(t.dc + j, l);
+      if constexpr (kMin) line(t.mc + j, l);
+    }
+    line(t.dsb + 2 * (j / kNm8Group), 0);
+    if constexpr (kMin) line(t.msb + 2 * (j / kNm8Group), 0);
+  } else {
+    for (int l = 0; l < kNm4Chunk * 2 / 64; ++l) {
+      line(t.d + j, l);
+      if constexpr (kMin) line(t.m + j, l);
+    }
+  }
+}
+
+// Segment s over the 128 outputs from j (o: their output); the next segment's rows and tables
+// (`next`, when there is one) prefetched on the way.
+template <bool kMin, bool kNarrow>
+void chunk128(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Rows* next, int next_rows, const Nm4Tables& next_t,
+              int64_t j, const Nm4Tables& t, float* o) {
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  const size_t at = static_cast<size_t>(j / 2);
+  const __m512i init = _mm512_set1_epi32(kMin ? 0 : -s.offset);  // Q4_0: the sums start at - 8 x sum(hq)
+  __m512i a0 = init, a1 = init, a2 = init, a3 = init, a4 = init, a5 = init, a6 = init, a7 = init;
+  if (next) {
+    for (int r = 0; r < next_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(next->p[r] + at), _MM_HINT_T1);
+    prefetch_tables<kMin, kNarrow>(next_t, j);
+  }
+  for (int q = 0; q < s.quads; ++q) {
+    const __m512i a = _mm512_loadu_si512(rows.p[4 * q] + at), b = _mm512_loadu_si512(rows.p[4 * q + 1] + at);
+    const __m512i c = _mm512_loadu_si512(rows.p[4 * q + 2] + at), d = _mm512_loadu_si512(rows.p[4 * q + 3] + at);
+    const __m512i f = _mm512_set1_epi32(s.quad_f[q]);
+    // Interleaved first, masked after: the same bytes as masking each row (the masks and shifts
+    // act within each byte of a 16-bit word), in fewer instructions.
+    const __m512i xl = _mm512_unpacklo_epi8(a, b), xh = _mm512_unpackhi_epi8(a, b);
+    const __m512i yl = _mm512_unpacklo_epi8(c, d), yh = _mm512_unpackhi_epi8(c, d);
+    // z m: outputs 16 m + [0, 16) (low nibbles: accumulator m), + 64 (high: accumulator 4 + m)
+    const __m512i z0 = _mm512_unpacklo_epi16(xl, yl), z1 = _mm512_unpackhi_epi16(xl, yl);
+    const __m512i z2 = _mm512_unpacklo_epi16(xh, yh), z3 = _mm512_unpackhi_epi16(xh, yh);
+    const __m512i u0 = _mm512_and_si512(z0, mask), u1 = _mm512_and_si512(z1, mask);
+    const __m512i u2 = _mm512_and_si512(z2, mask), u3 = _mm512_and_si512(z3, mask);
+    const __m512i u4 = _mm512_and_si512(_mm512_srli_epi16(z0, 4), mask);
+    const __m512i u5 = _mm512_and_si512(_mm512_srli_epi16(z1, 4), mask);
+    const __m512i u6 = _mm512_and_si512(_mm512_srli_epi16(z2, 4), mask);
+    const __m512i u7 = _mm512_and_si512(_mm512_srli_epi16(z3, 4), mask);
+    dpbusd8(a0, a1, a2, a3, a4, a5, a6, a7, u0, u1, u2, u3, u4, u5, u6, u7, f);
+  }
+  const __m512i acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+  const Nm4GroupFactors whole = nm4_group_factors<kMin, false>(t, j, s);  // fp16 tables: once (not reloaded)
+  for (int g = 0; g < 4; ++g) {  // accumulator k holds outputs 16 k (k / 4 * 64 + k % 4 * 16)
+    const int64_t c = j + 32 * g;  // a group of 32 outputs: accumulators 2 g and 2 g + 1
+    const Nm4GroupFactors f = kNarrow ? nm4_group_factors<kMin, kNarrow>(t, c, s) : whole;
+    scale16<kMin, kNarrow>(o + 32 * g, t, c, acc[2 * g], f);
+    scale16<kMin, kNarrow>(o + 32 * g + 16, t, c + 16, acc[2 * g + 1], f);
+  }
+}
+
+template <bool kMin, bool kNarrow>
+void axpy(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len, float* out) {
+  for (int64_t g = 0; g < n_segs; ++g) {
+    const Nm4Seg& s = segs[g];
+    const Nm4Rows rows = nm4_rows(D, s);
+    Nm4Rows next;
+    Nm4Tables next_t;
+    const bool ahead = g + kPrefetchSegments < n_segs;
+    if (ahead) {
+      next = nm4_rows(D, segs[g + kPrefetchSegments]);
+      next_t = nm4_tables(D, segs[g + kPrefetchSegments].block);
+    }
+    const int next_rows = ahead ? 4 * segs[g + kPrefetchSegments].quads : 0;  // the rows nm4_rows set
+    const Nm4Tables t = nm4_tables(D, s.block);
+    for (int64_t j = col0; j < col0 + len;) {
+      const Nm4Chunk c = nm4_chunk_at(D.cols(), j);
+      if (c.width == kNm4Chunk)
+        chunk128<kMin, kNarrow>(s, rows, ahead ? &next : nullptr, next_rows, next_t, j, t, out + (j - col0));
+      else
+        nm4_chunk256<kMin, kNarrow>(D, s, rows, c, col0, out);  // a row's end: 64 and / or 32 outputs
+      j += c.width;
+    }
+  }
+}
+
+}  // namespace
+
+void add_nm4_axpy_avx512(KernelTable<Nm4AxpyFn>& t) {
+  add_nm4_axpys(t, SimdLevel::avx512, {&axpy<false, false>, &axpy<true, false>, &axpy<false, true>, &axpy<true, true>});
+}
+
+}  // namespace ember::cpu::detail

@@ -1,0 +1,119 @@
+// Q4_K_R16 and Q5_K_R16 (layout in r16/r16.hpp): repacking and the scalar reference kernels.
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "core/error.hpp"
+#include "ops/cpu/r16/r16_kernels.hpp"
+#include "tensor/fp16.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu {
+namespace {
+
+// Where the parts of a group's super-block start: sub-block j's fifth bits (Q5_K) at
+// kQhAt + j kSubBlockBytes, its nibbles at kSubBlocksAt + j kSubBlockBytes (one stream).
+template <class B>
+struct Places {
+  static constexpr bool kQh = std::is_same_v<B, BlockQ5_K>;
+  static constexpr size_t kGroupBlockBytes = kR16Rows * sizeof(B);  // 2304 (Q4_K), 2816 (Q5_K)
+  static constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256;
+  static constexpr size_t kSubBlocksAt = kQh ? 256 + 64 : 256, kSubBlockBytes = kQh ? 320 : 256;
+};
+
+// The 256 elements of a Q4_K / Q5_K super-block (5 bits for Q5_K): each 32 bytes of qs hold two
+// sub-blocks, the low nibbles the first; Q5_K's bit 4 of element 32j + l is bit j of qh[l].
+template <class B>
+void k_values(const B& b, uint8_t w[kQK_K]) {
+  for (int n = 0; n < 4; ++n)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t byte = b.qs[32 * n + l];
+      int lo = byte & 15, hi = byte >> 4;
+      if constexpr (Places<B>::kQh) {
+        lo |= ((b.qh[l] >> (2 * n)) & 1) << 4;
+        hi |= ((b.qh[l] >> (2 * n + 1)) & 1) << 4;
+      }
+      w[64 * n + l] = static_cast<uint8_t>(lo);
+      w[64 * n + 32 + l] = static_cast<uint8_t>(hi);
+    }
+}
+
+template <class B>
+void repack(const char* name, const void* src, int64_t rows, int64_t k, void* dst) {
+  using P = Places<B>;
+  const auto* in = static_cast<const B*>(src);
+  detail::for_each_k_group_block(name, rows, k, [&](int64_t g, int64_t b, int64_t nb) {
+    uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * P::kGroupBlockBytes;
+    std::memset(o + P::kHiAt, 0, 64);
+    if constexpr (P::kQh)
+      for (int j = 0; j < 8; ++j) std::memset(o + P::kQhAt + P::kSubBlockBytes * j, 0, 64);
+    for (int r = 0; r < kR16Rows; ++r) {
+      const B& blk = in[(g * kR16Rows + r) * nb + b];
+      uint8_t v[kQK_K];
+      k_values(blk, v);
+      std::memcpy(o + 2 * r, &blk.d, 2);
+      std::memcpy(o + 32 + 2 * r, &blk.dmin, 2);
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        kquant_scale_min(blk.scales, j, sc, m);
+        o[P::kLoAt + 16 * j + r] = static_cast<uint8_t>((sc & 15) | (m & 15) << 4);
+        o[P::kHiAt + 16 * (j / 2) + r] |= static_cast<uint8_t>(((sc >> 4) | (m >> 4) << 2) << (4 * (j % 2)));
+        uint8_t* sb = o + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) {
+            const int lo = v[32 * j + 4 * c + i], hi = v[32 * j + 16 + 4 * c + i];
+            sb[64 * c + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
+            if constexpr (P::kQh)  // byte c of the lane: fifth bits of chunk c's low (0..3), high (4..7) nibbles
+              o[P::kQhAt + P::kSubBlockBytes * j + 4 * r + c] |= static_cast<uint8_t>((lo >> 4) << i | (hi >> 4) << (4 + i));
+          }
+      }
+    }
+  });
+}
+
+// The reference: the AVX-512 kernel does the same integer work and the same float operations
+// in the same order, so the two agree bit for bit.
+template <class B>
+void gemm_scalar(const detail::GemmArgs& a) {
+  using P = Places<B>;
+  detail::r16_scalar<BlockQ8_K, kQK_K, P::kGroupBlockBytes>(a, [](const uint8_t* p, const BlockQ8_K& x, int r, float acc) {
+    int32_t total = 0, mins = 0;
+    for (int j = 0; j < 8; ++j) {
+      const int lo = p[P::kLoAt + 16 * j + r], hi = p[P::kHiAt + 16 * (j / 2) + r] >> (4 * (j % 2));
+      const int sc = (lo & 15) | (hi & 3) << 4, m = (lo >> 4) | ((hi >> 2) & 3) << 4;
+      const uint8_t* sb = p + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
+      int32_t s = 0;
+      for (int c = 0; c < 4; ++c) {
+        const int h = P::kQh ? p[P::kQhAt + P::kSubBlockBytes * j + 4 * r + c] : 0;
+        for (int i = 0; i < 4; ++i) {
+          const int wl = (sb[64 * c + i] & 15) | ((h >> i) & 1) << 4;
+          const int wh = (sb[64 * c + i] >> 4) | ((h >> (4 + i)) & 1) << 4;
+          s += wl * x.qs[32 * j + 4 * c + i] + wh * x.qs[32 * j + 16 + 4 * c + i];
+        }
+      }
+      total += s * sc;
+      mins += m * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+    }
+    uint16_t h, hm;
+    std::memcpy(&h, p + 2 * r, 2);
+    std::memcpy(&hm, p + 32 + 2 * r, 2);
+    acc = std::fma(static_cast<float>(total), fp16_to_fp32(h) * x.d, acc);
+    return std::fma(-static_cast<float>(mins), fp16_to_fp32(hm) * x.d, acc);
+  });
+}
+
+}  // namespace
+
+namespace detail {
+
+void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
+  repack<BlockQ4_K>("Q4_K_R16", src, rows, k, dst);
+}
+void repack_q5_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
+  repack<BlockQ5_K>("Q5_K_R16", src, rows, k, dst);
+}
+void gemm_q4_k_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ4_K>(a); }
+void gemm_q5_k_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ5_K>(a); }
+
+}  // namespace detail
+}  // namespace ember::cpu

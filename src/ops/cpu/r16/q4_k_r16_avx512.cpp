@@ -1,0 +1,84 @@
+// The Q4_K_R16 / Q5_K_R16 kernels on AVX-512 VNNI (layout in r16/r16.hpp). Per sub-block of 32 elements of a
+// group: four 64-byte loads hold the 4-bit weights of 16 rows (one row per 32-bit lane) in the
+// order of the Q8_K activations; each chunk's low and high nibbles meet their 4 activation bytes
+// broadcast to all lanes in vpdpbusd, the 16 rows' integer sums are multiplied by their 6-bit
+// sub-block scales (vpmulld), and the mins by the activation's sub-block sums. Once per
+// super-block the integers become floats, scaled by the rows' d and dmin and the activation's
+// d. Q5_K adds each nibble's fifth bit as Q5_0_R16 does (add_fifth_bits). The decoded scales
+// serve up to four tokens.
+// GCC 12 warns falsely inside its own cvtph / cvtepi32 intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "ops/cpu/r16/r16_avx512.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256;
+
+inline __m512i bytes16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <bool kQh>
+struct Kernel {
+  static constexpr size_t kGroupBlockBytes = kQh ? 2816 : 2304, kSubBlocksAt = kQh ? 256 + 64 : 256,
+                          kSubBlockBytes = kQh ? 320 : 256;
+
+  template <int T>
+  static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), low4 = _mm512_set1_epi32(15), low2 = _mm512_set1_epi32(3);
+    const QhTables& qt = qh_tables();
+    r16_tile<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
+                                                                   int64_t b, __m512(&acc)[T]) {
+      __m512i total[T], mins[T];
+      for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        const __m512i lo = bytes16(p + kLoAt + 16 * j);
+        const __m512i hi = _mm512_srli_epi32(bytes16(p + kHiAt + 16 * (j / 2)), 4 * (j % 2));
+        const __m512i sc =
+            _mm512_or_si512(_mm512_and_si512(lo, low4), _mm512_slli_epi32(_mm512_and_si512(hi, low2), 4));
+        const __m512i m = _mm512_or_si512(_mm512_srli_epi32(lo, 4),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, 2), low2), 4));
+        const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
+        __m512i wl[4], wh[4];
+        [[maybe_unused]] __m512i H;
+        if constexpr (kQh) H = _mm512_loadu_si512(p + kQhAt + kSubBlockBytes * j);
+        for (int c = 0; c < 4; ++c) {
+          const __m512i v = _mm512_loadu_si512(q + 64 * c);
+          wl[c] = _mm512_and_si512(v, m4);
+          wh[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+          if constexpr (kQh) add_fifth_bits(qt, H, c, wl[c], wh[c]);
+        }
+        for (int t = 0; t < T; ++t) {
+          const int8_t* xq = x[t][b].qs + 32 * j;
+          __m512i s = _mm512_setzero_si512();
+          for (int c = 0; c < 4; ++c) {
+            s = _mm512_dpbusd_epi32(s, wl[c], bcast4(xq + 4 * c));
+            s = _mm512_dpbusd_epi32(s, wh[c], bcast4(xq + 16 + 4 * c));
+          }
+          total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(s, sc));
+          const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
+          mins[t] = _mm512_add_epi32(mins[t], _mm512_mullo_epi32(m, _mm512_set1_epi32(bs)));
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+      for (int t = 0; t < T; ++t) {
+        const __m512 dx = _mm512_set1_ps(x[t][b].d);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[t]), _mm512_mul_ps(dw, dx), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[t]), _mm512_mul_ps(dm, dx), acc[t]);
+      }
+    });
+  }
+};
+
+}  // namespace
+
+void gemm_q4_k_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<false>>(a); }
+void gemm_q5_k_r16_avx512(const GemmArgs& a) { run_r16_tiles<Kernel<true>>(a); }
+
+}  // namespace ember::cpu::detail

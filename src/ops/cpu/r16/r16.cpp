@@ -1,0 +1,97 @@
+// The 16-row repacked formats (r16.hpp), one row each: the file type, its repacked type, and the
+// functions that repack it and (where the layout allows) unpack it; and the R16Act activations
+// their kernels read.
+#include "ops/cpu/r16/r16.hpp"
+
+#include <cstring>
+
+#include "core/cpu_features.hpp"
+#include "core/error.hpp"
+#include "ops/cpu/r16/r16_kernels.hpp"
+#include "tensor/fp16.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu {
+namespace {
+
+using RepackFn = void (*)(const void* src, int64_t rows, int64_t k, void* dst);
+
+struct R16Format {
+  DType base, packed;
+  RepackFn repack;
+  RepackFn unpack;  // null: not unpackable
+};
+
+constexpr R16Format kFormats[] = {
+    {DType::Q4_0, DType::Q4_0_R16, &detail::repack_q4_0_r16, &detail::unpack_q4_0_r16},
+    {DType::Q4_1, DType::Q4_1_R16, &detail::repack_q4_1_r16, &detail::unpack_q4_1_r16},
+    {DType::Q5_0, DType::Q5_0_R16, &detail::repack_q5_0_r16, &detail::unpack_q5_0_r16},
+    {DType::Q8_0, DType::Q8_0_R16, &detail::repack_q8_0_r16, &detail::unpack_q8_0_r16},
+    {DType::Q4_K, DType::Q4_K_R16, &detail::repack_q4_k_r16, nullptr},
+    {DType::Q5_K, DType::Q5_K_R16, &detail::repack_q5_k_r16, nullptr},
+    {DType::Q6_K, DType::Q6_K_R16, &detail::repack_q6_k_r16, nullptr},
+};
+
+const R16Format* format_of(DType base) {
+  for (const R16Format& f : kFormats)
+    if (f.base == base) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+bool r16_fast() { return simd_level() == SimdLevel::avx512; }
+
+DType r16_type(DType t) {
+  const R16Format* f = format_of(t);
+  return f ? f->packed : t;
+}
+
+DType r16_base(DType t) {
+  for (const R16Format& f : kFormats)
+    if (f.packed == t) return f.base;
+  return t;
+}
+
+void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
+  const R16Format* f = format_of(t);
+  EMBER_CHECK(f != nullptr, "no 16-row repacked layout for {}", dtype_name(t));
+  f->repack(src, rows, k, dst);
+}
+
+bool r16_unpackable(DType t) {
+  const R16Format* f = format_of(t);
+  return f && f->unpack;
+}
+
+void unpack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {
+  const R16Format* f = format_of(t);
+  EMBER_CHECK(f && f->unpack, "unpack_r16: {} has no unpacking", dtype_name(t));
+  f->unpack(src, rows, k, dst);
+}
+
+namespace detail {
+
+void prepare_r16(DType weight_type, const void* q8_row, void* out, int64_t k) {
+  auto* o = static_cast<R16Act*>(out);
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    const int8_t* qs;
+    if (weight_type == DType::Q4_1_R16) {  // Q8_1 rows: s = d * sum(q) as ggml stores it (fp16)
+      const auto& in = static_cast<const BlockQ8_1*>(q8_row)[b];
+      o[b].d = fp16_to_fp32(in.d);
+      o[b].s = fp16_to_fp32(in.s);
+      qs = in.qs;
+    } else {
+      const auto& in = static_cast<const BlockQ8_0*>(q8_row)[b];
+      int32_t sum = 0;
+      for (int i = 0; i < kQK; ++i) sum += in.qs[i];
+      o[b].d = fp16_to_fp32(in.d);
+      o[b].c = (weight_type == DType::Q8_0_R16 ? -128 : weight_type == DType::Q5_0_R16 ? -16 : -8) * sum;
+      qs = in.qs;
+    }
+    std::memcpy(o[b].qs, qs, kQK);
+  }
+}
+
+}  // namespace detail
+}  // namespace ember::cpu

@@ -1,0 +1,90 @@
+// Internal: the kernels of the 16-row repacked types (r16/r16.hpp), called by
+// matmul.cpp. All take nrows a multiple of 16 (rows w_stride bytes apart, so group g starts at
+// w + 16 g w_stride). Q4_0_R16, Q4_1_R16, Q5_0_R16 and Q8_0_R16 take R16Act activation rows, the
+// K-quants plain Q8_K rows.
+#pragma once
+#include "core/error.hpp"
+#include "ops/cpu/gemm/gemm_kernels.hpp"
+#include "ops/cpu/r16/r16.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu::detail {
+
+// rows x k Q6_K (rows a multiple of 16, k of 256) into Q6_K_R16 (repack_r16 dispatches here).
+void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
+// The same for Q4_K into Q4_K_R16 and Q5_K into Q5_K_R16.
+void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void repack_q5_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
+// Q4_0, Q4_1 and Q5_0 into their 16-row types and back (q4_q5_r16.cpp).
+void repack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void repack_q4_1_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void repack_q5_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void unpack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void unpack_q4_1_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void unpack_q5_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+// Q8_0 into Q8_0_R16 and back.
+void repack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void unpack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
+
+void gemm_q4_0_r16_scalar(const GemmArgs& a);
+void gemm_q4_0_r16_avx512(const GemmArgs& a);
+void gemm_q4_1_r16_scalar(const GemmArgs& a);
+void gemm_q4_1_r16_avx512(const GemmArgs& a);
+void gemm_q5_0_r16_scalar(const GemmArgs& a);
+void gemm_q5_0_r16_avx512(const GemmArgs& a);
+void gemm_q8_0_r16_scalar(const GemmArgs& a);
+void gemm_q8_0_r16_avx512(const GemmArgs& a);
+void gemm_q6_k_r16_scalar(const GemmArgs& a);
+void gemm_q6_k_r16_avx512(const GemmArgs& a);
+void gemm_q4_k_r16_scalar(const GemmArgs& a);
+void gemm_q4_k_r16_avx512(const GemmArgs& a);
+void gemm_q5_k_r16_scalar(const GemmArgs& a);
+void gemm_q5_k_r16_avx512(const GemmArgs& a);
+
+// Runs K::tile<T>(a, group, first token) over every 16-row group and the tokens in tiles of
+// four (then one tile of the 1..3 left).
+template <class K>
+void run_r16_tiles(const GemmArgs& a) {
+  for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
+    int64_t t = 0;
+    for (; t + 4 <= a.ntok; t += 4) K::template tile<4>(a, g, t);
+    switch (a.ntok - t) {
+      case 3: K::template tile<3>(a, g, t); break;
+      case 2: K::template tile<2>(a, g, t); break;
+      case 1: K::template tile<1>(a, g, t); break;
+      default: break;
+    }
+  }
+}
+
+// Repacking a K-quant (`name`: its repacked type): checks the shape, then f(g, b, nb) for every
+// group g of 16 rows and super-block b of the nb per row.
+template <class F>
+void for_each_k_group_block(const char* name, int64_t rows, int64_t k, const F& f) {
+  EMBER_CHECK(rows > 0 && rows % kR16Rows == 0 && k > 0 && k % kQK_K == 0,
+              "{} repacking needs a multiple of 16 rows and of 256 columns, got {} x {}", name, rows, k);
+  const int64_t nb = k / kQK_K;
+  for (int64_t g = 0; g < rows / kR16Rows; ++g)
+    for (int64_t b = 0; b < nb; ++b) f(g, b, nb);
+}
+
+// The frame of the scalar reference kernels: y[t][16 g + r] = acc after acc = block(p, x, r, acc)
+// over the blocks of kBlock elements (p: the group's block, kGroupBytes bytes; x: the token's
+// activation block of type Act), starting from 0.
+template <class Act, int64_t kBlock, size_t kGroupBytes, class F>
+void r16_scalar(const GemmArgs& a, const F& block) {
+  const int64_t nb = a.k / kBlock;
+  for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
+    const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
+    for (int64_t t = 0; t < a.ntok; ++t) {
+      const auto* x = reinterpret_cast<const Act*>(a.x + t * a.x_stride);
+      for (int r = 0; r < kR16Rows; ++r) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) acc = block(wg + b * kGroupBytes, x[b], r, acc);
+        a.y[t * a.y_stride + g * kR16Rows + r] = acc;
+      }
+    }
+  }
+}
+
+}  // namespace ember::cpu::detail

@@ -472,7 +472,8 @@ void validate(const SynthOptions& o) {
     if (arch.acts.size() == 1) {
       const FfnActivation only = arch.acts.front();
       fail("synth: --arch {} is a {} architecture; use --act {}", a,
-           only == FfnActivation::relu ? "ReLU" : only == FfnActivation::gelu ? "GELU" : "SwiGLU", ffn_activation_name(only));
+           only == FfnActivation::relu ? "ReLU" : only == FfnActivation::gelu ? "GELU" : "gated (SwiGLU or GeGLU)",
+           ffn_activation_name(only));
     }
     std::string acts;
     for (size_t i = 0; i < arch.acts.size(); ++i)

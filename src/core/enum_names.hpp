@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -17,12 +18,18 @@ struct EnumName {
   const char* name;
 };
 
-// "a, b or c".
+// Names for a message: "a, b or c" (`last`: what goes before the last one).
+inline std::string name_list(const std::vector<std::string>& names, std::string_view last = " or ") {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? std::string(last) : ", ") + names[i];
+  return s;
+}
+
 template <class E, size_t N>
 std::string enum_name_list(const EnumName<E> (&table)[N]) {
-  std::string s;
-  for (size_t i = 0; i < N; ++i) s += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].name);
-  return s;
+  std::vector<std::string> names;
+  for (const auto& e : table) names.push_back(e.name);
+  return name_list(names);
 }
 
 template <class E, size_t N>

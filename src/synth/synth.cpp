@@ -6,6 +6,7 @@
 #include <numeric>
 #include <thread>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/utf8.hpp"
@@ -232,12 +233,7 @@ std::string architecture_list(const char* conj, bool (*keep)(const ArchSynth&) =
   std::vector<std::string> names;
   for (const Architecture& a : architectures())
     if (!keep || keep(*a.synth)) names.push_back(a.name);
-  std::string s;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) s += i + 1 < names.size() ? ", " : last ? std::string(last) : fmt::format(" {} ", conj);
-    s += names[i];
-  }
-  return s;
+  return name_list(names, last ? std::string(last) : fmt::format(" {} ", conj));
 }
 
 // The architecture's row (validate checked that there is one).
@@ -475,9 +471,9 @@ void validate(const SynthOptions& o) {
            only == FfnActivation::relu ? "ReLU" : only == FfnActivation::gelu ? "GELU" : "gated (SwiGLU or GeGLU)",
            ffn_activation_name(only));
     }
-    std::string acts;
-    for (size_t i = 0; i < arch.acts.size(); ++i)
-      acts += (i == 0 ? "" : i + 1 == arch.acts.size() ? " or " : ", ") + std::string(ffn_activation_name(arch.acts[i]));
+    std::vector<std::string> names;
+    for (FfnActivation act : arch.acts) names.push_back(ffn_activation_name(act));
+    const std::string acts = name_list(names);
     fail("synth: {}'s FFN is {}; use --act {}", a, acts, acts);
   }
   EMBER_CHECK(o.sparsity == 0.0f || arch.profile != SynthProfile::none,

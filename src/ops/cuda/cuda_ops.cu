@@ -168,6 +168,34 @@ __device__ __forceinline__ float act_value(cpu::Activation act, float x) {
   }
 }
 
+// Output value v of list row i (matrix row r) for token t through the epilogue: the one place
+// every product kernel (the matvec and the prompt tiles) writes its results. `fired` counts the
+// firing pairs (fire) or records a selected token (select) of the row.
+__device__ __forceinline__ void apply_epilogue(const MatvecOut& o, int64_t t, int64_t i, int64_t r, float v,
+                                               int& fired) {
+  if (o.bias) v += o.bias[r];
+  float* y = o.y + t * o.stride + i;
+  switch (o.kind) {
+    case Epilogue::store: *y = v; break;
+    case Epilogue::add: *y += v; break;
+    case Epilogue::relu: *y = fmaxf(v, 0.0f); break;
+    case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + o.pos[i]]; break;
+    case Epilogue::fire: {
+      float f = act_value(o.act, v);
+      if (fabsf(f) > o.threshold && (!o.allowed || o.allowed[t * o.allowed_stride + r])) ++fired;
+      else f = 0.0f;
+      *y = f;
+      break;
+    }
+    case Epilogue::select: {
+      const bool on = v >= o.threshold;
+      o.mask[t * o.mask_stride + i] = static_cast<uint8_t>(on);
+      fired |= on;
+      break;
+    }
+  }
+}
+
 struct MvArgs {
   const uint8_t* w;
   int64_t w_rows, cols;
@@ -192,7 +220,6 @@ __global__ void __launch_bounds__(kMvWarps * kWarp) matvec_kernel(MvArgs a) {
   const int64_t t_begin = static_cast<int64_t>(blockIdx.y) * a.tokens_per_block;
   const int64_t t_end = t_begin + a.tokens_per_block < a.n_tokens ? t_begin + a.tokens_per_block : a.n_tokens;
   const MatvecOut& o = a.out;
-  const int64_t stride = o.stride;
   int fired = 0;
   for (int64_t t0 = t_begin; t0 < t_end; t0 += kMvTokens) {
     const int ng = static_cast<int>(t_end - t0 < kMvTokens ? t_end - t0 : kMvTokens);
@@ -213,31 +240,7 @@ __global__ void __launch_bounds__(kMvWarps * kWarp) matvec_kernel(MvArgs a) {
 #pragma unroll
     for (int j = 0; j < kMvTokens; ++j) acc[j] = warp_sum(acc[j]);
     if (!valid || lane != 0) continue;
-    for (int j = 0; j < ng; ++j) {
-      const int64_t t = t0 + j;
-      float v = acc[j];
-      if (o.bias) v += o.bias[r];
-      float* y = o.y + t * stride + i;
-      switch (o.kind) {
-        case Epilogue::store: *y = v; break;
-        case Epilogue::add: *y += v; break;
-        case Epilogue::relu: *y = fmaxf(v, 0.0f); break;
-        case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + o.pos[i]]; break;
-        case Epilogue::fire: {
-          float f = act_value(o.act, v);
-          if (fabsf(f) > o.threshold && (!o.allowed || o.allowed[t * o.allowed_stride + r])) ++fired;
-          else f = 0.0f;
-          *y = f;
-          break;
-        }
-        case Epilogue::select: {
-          const bool on = v >= o.threshold;
-          o.mask[t * o.mask_stride + i] = static_cast<uint8_t>(on);
-          fired |= on;
-          break;
-        }
-      }
-    }
+    for (int j = 0; j < ng; ++j) apply_epilogue(o, t0 + j, i, r, acc[j], fired);
   }
   if (!valid || lane != 0) return;
   if (o.kind == Epilogue::fire) o.counts[i] = fired;
@@ -359,28 +362,7 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
     for (int q = 0; q < kGmSub; ++q) {
       const int64_t t = t0 + tc + q * (kGmTokens / kGmSub);
       if (t >= a.n_tokens) continue;
-      float v = acc[p][q];
-      if (o.bias) v += o.bias[r];
-      float* y = o.y + t * o.stride + i;
-      switch (o.kind) {
-        case Epilogue::store: *y = v; break;
-        case Epilogue::add: *y += v; break;
-        case Epilogue::relu: *y = fmaxf(v, 0.0f); break;
-        case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + o.pos[i]]; break;
-        case Epilogue::fire: {
-          float f = act_value(o.act, v);
-          if (fabsf(f) > o.threshold && (!o.allowed || o.allowed[t * o.allowed_stride + r])) ++fired;
-          else f = 0.0f;
-          *y = f;
-          break;
-        }
-        case Epilogue::select: {
-          const bool on = v >= o.threshold;
-          o.mask[t * o.mask_stride + i] = static_cast<uint8_t>(on);
-          fired |= on;
-          break;
-        }
-      }
+      apply_epilogue(o, t, i, r, acc[p][q], fired);
     }
     // Counts over the token tiles: integer sums, the same whatever the order (zeroed before).
     if (o.kind == Epilogue::fire && fired) atomicAdd(o.counts + i, fired);

@@ -8,7 +8,7 @@ namespace ember::cpu::detail {
 
 namespace {
 
-// The columns, filled once; lookups index a flat array (matmul asks on every call).
+// The table, filled once; lookups index a flat array of what it finds (matmul asks on every call).
 constexpr int kLevels = 3;  // SimdLevel::scalar, avx2, avx512
 constexpr size_t kSlots = 128;
 
@@ -21,7 +21,6 @@ size_t slot(DType w) {
 struct Table {
   GemmTable kernels;
   std::array<std::array<GemmKernel, kSlots>, kLevels> resolved;  // KernelTable::find, flat
-  std::array<std::array<bool, kSlots>, kLevels> own{};
 };
 
 Table build() {
@@ -38,10 +37,7 @@ Table build() {
     const size_t s = slot(w);
     EMBER_CHECK(t.kernels.has_own(w, SimdLevel::scalar) && s < kSlots, "gemm table: {} has no scalar kernel",
                 dtype_name(w));
-    for (int l = 0; l < kLevels; ++l) {
-      t.resolved[l][s] = t.kernels.find(w, static_cast<SimdLevel>(l));
-      t.own[l][s] = t.kernels.has_own(w, static_cast<SimdLevel>(l));
-    }
+    for (int l = 0; l < kLevels; ++l) t.resolved[l][s] = t.kernels.find(w, static_cast<SimdLevel>(l));
   }
   return t;
 }
@@ -57,11 +53,6 @@ const GemmKernel& gemm_kernel(DType w, SimdLevel level) {
   static const GemmKernel none;
   const size_t s = slot(w);
   return s < kSlots ? table().resolved[static_cast<int>(level)][s] : none;
-}
-
-bool gemm_has_own(DType w, SimdLevel level) {
-  const size_t s = slot(w);
-  return s < kSlots && table().own[static_cast<int>(level)][s];
 }
 
 std::vector<DType> gemm_weight_types() { return table().kernels.types(); }

@@ -36,8 +36,6 @@ void add_gemm_r16_avx512(GemmTable& t);      // r16/r16_gemm.cpp: the same
 // has every type AVX2 has, so that is the scalar one); fn is null when there is none at all. A
 // later filler of a level replaces an earlier one's entry (Q6_K).
 const GemmKernel& gemm_kernel(DType w, SimdLevel level);
-// Whether `level` has a kernel of its own for w (else it runs the scalar one).
-bool gemm_has_own(DType w, SimdLevel level);
 // Every weight type with a kernel (each has a scalar one), in the order added.
 std::vector<DType> gemm_weight_types();
 

@@ -28,8 +28,7 @@ namespace ember {
 void load_falcon(Model& m) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = "falcon";
-  read_common_hparams(r, hp);
+  read_common_hparams(r, hp, "falcon");
   hp.norm = NormKind::layer;
   hp.norm_eps = static_cast<float>(float_hparam(r, "falcon.attention.layer_norm_epsilon", 1e-5, 0.0, 1.0, true));
   EMBER_CHECK(hp.norm_eps > 0 && std::isfinite(hp.norm_eps), "{}: falcon.attention.layer_norm_epsilon must be positive",
@@ -49,11 +48,8 @@ void load_falcon(Model& m) {
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
   m.output_norm_b = b.norm("output_norm.bias", hp.n_embd);
-  m.layers.resize(hp.n_layer);
   const int64_t d = hp.n_embd;
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& L = m.layers[il];
-    auto name = [&](const char* t, const char* kind = "weight") { return fmt::format("blk.{}.{}.{}", il, t, kind); };
+  bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
     const TensorView norm = b.norm(name("attn_norm"), d), norm_b = b.norm(name("attn_norm", "bias"), d);
     if (b.optional(name("attn_norm_2")).valid()) {
       L.attn_norm = b.norm(name("attn_norm_2"), d);
@@ -62,11 +58,11 @@ void load_falcon(Model& m) {
     } else {
       L.attn_norm = norm, L.attn_norm_b = norm_b;
     }
-    bind_attention(b, hp, il, L, AttnBiases::none);
+    bind_attention(b, hp, name, L, AttnBiases::none);
     L.ffn.gating = FfnGating::none;
     L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
-    bind_ffn_down_and_predictor(b, hp, il, L.ffn);
-  }
+    bind_ffn_down_and_predictor(b, hp, name, L.ffn);
+  });
   read_sparse_metadata(m);
   build_rope(m);
 }

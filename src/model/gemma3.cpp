@@ -27,8 +27,7 @@ namespace ember {
 void load_gemma3(Model& m) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = "gemma3";
-  read_common_hparams(r, hp);
+  read_common_hparams(r, hp, "gemma3");
   if (!r.opt_float("gemma3.attention.layer_norm_rms_epsilon")) hp.norm_eps = 1e-6f;  // Gemma's default
   hp.act = cpu::Activation::gelu_tanh;
   hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
@@ -58,19 +57,16 @@ void load_gemma3(Model& m) {
 
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
-  m.layers.resize(hp.n_layer);
   const int64_t d = hp.n_embd, hd = hp.head_dim;
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& L = m.layers[il];
-    auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+  bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
     L.attn_norm = b.norm(name("attn_norm"), d);
-    bind_attention(b, hp, il, L, AttnBiases::none);
+    bind_attention(b, hp, name, L, AttnBiases::none);
     L.q_norm = b.norm(name("attn_q_norm"), hd);
     L.k_norm = b.norm(name("attn_k_norm"), hd);
     L.attn_post_norm = b.norm(name("post_attention_norm"), d);
-    bind_gated_ffn(b, hp, il, L.ffn, FfnGating::par);
+    bind_gated_ffn(b, hp, name, L.ffn, FfnGating::par);
     L.ffn_post_norm = b.norm(name("post_ffw_norm"), d);
-  }
+  });
   read_sparse_metadata(m);
   build_rope(m);
   m.rope_local = std::make_unique<cpu::RopeTable>(hp.rope_local);

@@ -23,8 +23,7 @@ namespace {
 void load_llama_family(Model& m, bool bamboo) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = bamboo ? "bamboo" : "llama";
-  read_common_hparams(r, hp);
+  read_common_hparams(r, hp, bamboo ? "bamboo" : "llama");
   // PowerInfer runs every llama in a PWRI file with ReLU (its sparse FFN knows no other
   // activation: ReluLLaMA, ProSparse), and a plain GGUF llama with SiLU; Ember's own key
   // llama.ffn_activation, when present, says which.
@@ -45,18 +44,15 @@ void load_llama_family(Model& m, bool bamboo) {
 
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
-  m.layers.resize(hp.n_layer);
   const int64_t d = hp.n_embd;
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& L = m.layers[il];
-    auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+  bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
     L.attn_norm = b.norm(name("attn_norm"), d);
-    bind_attention(b, hp, il, L, AttnBiases::none);
+    bind_attention(b, hp, name, L, AttnBiases::none);
     if (!bamboo && b.optional(name("ffn_gate_inp")).valid())  // Mixtral: a mixture of experts
-      bind_moe_ffn(b, hp, il, L, hp.n_ff);
+      bind_moe_ffn(b, hp, name, L, hp.n_ff);
     else
-      bind_gated_ffn(b, hp, il, L.ffn, bamboo ? FfnGating::sym : FfnGating::par);
-  }
+      bind_gated_ffn(b, hp, name, L.ffn, bamboo ? FfnGating::sym : FfnGating::par);
+  });
   read_sparse_metadata(m);
   build_rope(m);
 }

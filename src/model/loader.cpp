@@ -29,7 +29,12 @@ bool row_finite(const TensorView& t, int64_t r, std::vector<float>& buf) {
 }
 }  // namespace
 
-void read_common_hparams(const gguf::Reader& r, Hparams& hp) {
+std::string LayerNames::operator()(std::string_view t, std::string_view kind) const {
+  return fmt::format("blk.{}.{}.{}", il, t, kind);
+}
+
+void read_common_hparams(const gguf::Reader& r, Hparams& hp, std::string arch) {
+  hp.arch = std::move(arch);
   const std::string a = hp.arch;
   auto key = [&](const char* k) { return a + "." + k; };
   hp.n_layer = r.get_int(key("block_count"));
@@ -135,8 +140,7 @@ TensorView row_range(const TensorView& t, int64_t r0, int64_t r1) {
   return v;
 }
 
-void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, AttnBiases biases) {
-  auto name = [&](const char* t, const char* kind = "weight") { return fmt::format("blk.{}.{}.{}", il, t, kind); };
+void bind_attention(const TensorBinder& b, const Hparams& hp, const LayerNames& name, LayerWeights& L, AttnBiases biases) {
   const int64_t d = hp.n_embd, nq = hp.n_head * hp.head_dim, nkv = hp.n_head_kv * hp.head_dim;
   if (b.optional(name("attn_q")).valid() || !b.optional(name("attn_qkv")).valid()) {
     L.wq = b.matrix(name("attn_q"), d, nq);
@@ -163,17 +167,16 @@ void bind_attention(const TensorBinder& b, const Hparams& hp, int64_t il, LayerW
   if (biases == AttnBiases::all) L.bo = b.norm(name("attn_output", "bias"), d);
 }
 
-void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWeights& f, FfnGating gating) {
-  auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f, FfnGating gating) {
   f.norm = b.norm(name("ffn_norm"), hp.n_embd);
   f.gate = b.matrix(name("ffn_gate"), hp.n_embd, hp.n_ff);
   f.up = b.matrix(name("ffn_up"), hp.n_embd, hp.n_ff);
   f.gating = gating;
-  bind_ffn_down_and_predictor(b, hp, il, f);
+  bind_ffn_down_and_predictor(b, hp, name, f);
 }
 
-void bind_moe_ffn(const TensorBinder& b, const Hparams& hp, int64_t il, LayerWeights& L, int64_t n_ff_exp) {
-  auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+void bind_moe_ffn(const TensorBinder& b, const Hparams& hp, const LayerNames& name, LayerWeights& L, int64_t n_ff_exp) {
+  const int64_t il = name.il;
   const int64_t d = hp.n_embd, ne = hp.n_expert;
   EMBER_CHECK(ne >= 1, "{}: layer {} has {} but the file declares no {}.expert_count", b.path(), il,
               name("ffn_gate_inp"), hp.arch);
@@ -205,8 +208,8 @@ void bind_embeddings(const TensorBinder& b, Model& m) {
   m.output = b.optional("output.weight").valid() ? b.matrix("output.weight", hp.n_embd, hp.n_vocab) : m.tok_embd;
 }
 
-void bind_ffn_down_and_predictor(const TensorBinder& b, const Hparams& hp, int64_t il, FfnWeights& f) {
-  auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+void bind_ffn_down_and_predictor(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f) {
+  const int64_t il = name.il;
   const std::string path = b.path();
   const bool has_down = b.optional(name("ffn_down")).valid();
   const bool has_down_t = b.optional(name("ffn_down_t")).valid();

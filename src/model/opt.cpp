@@ -27,8 +27,7 @@ constexpr int64_t kOptPositionOffset = 2;  // HF OPTLearnedPositionalEmbedding
 void load_opt(Model& m) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = "opt";
-  read_common_hparams(r, hp);
+  read_common_hparams(r, hp, "opt");
   hp.norm_eps = static_cast<float>(float_hparam(r, "opt.attention.layer_norm_epsilon", 1e-5, 0.0, 1.0, true));
   EMBER_CHECK(hp.norm_eps > 0 && std::isfinite(hp.norm_eps), "{}: opt.attention.layer_norm_epsilon must be positive",
               r.path());
@@ -47,25 +46,22 @@ void load_opt(Model& m) {
   // The usable context: the table's rows less HF's offset.
   hp.n_ctx_train = std::min(hp.n_ctx_train, pos.rows() - kOptPositionOffset);
 
-  m.layers.resize(hp.n_layer);
   const int64_t d = hp.n_embd;
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& L = m.layers[il];
-    auto name = [&](const char* t, const char* kind = "weight") { return fmt::format("blk.{}.{}.{}", il, t, kind); };
+  bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
     L.attn_norm = b.norm(name("attn_norm"), d);
     L.attn_norm_b = b.norm(name("attn_norm", "bias"), d);
-    bind_attention(b, hp, il, L, AttnBiases::all);
+    bind_attention(b, hp, name, L, AttnBiases::all);
     L.ffn.norm = b.norm(name("ffn_norm"), d);
     L.ffn.norm_b = b.norm(name("ffn_norm", "bias"), d);
     L.ffn.gating = FfnGating::none;
     L.ffn.up = b.matrix(name("ffn_up"), d, hp.n_ff);
     L.ffn.up_b = b.norm(name("ffn_up", "bias"), hp.n_ff);
-    bind_ffn_down_and_predictor(b, hp, il, L.ffn);
+    bind_ffn_down_and_predictor(b, hp, name, L.ffn);
     // The down bias: ffn_down.bias, or ffn_down_t.bias in PowerInfer's files (the converter
     // renames every ffn_down tensor, the 1-D bias included).
     const std::string db = b.optional(name("ffn_down", "bias")).valid() ? name("ffn_down", "bias") : name("ffn_down_t", "bias");
     L.ffn.down_b = b.norm(db, d);
-  }
+  });
   read_sparse_metadata(m);
 }
 

@@ -37,8 +37,7 @@ std::vector<float> rope_factors(const gguf::Reader& r, const char* name, int64_t
 void load_phi3(Model& m) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = "phi3";
-  read_common_hparams(r, hp);
+  read_common_hparams(r, hp, "phi3");
   hp.act = cpu::Activation::silu;
   hp.rope.layout = cpu::RopeLayout::neox;
   EMBER_CHECK(hp.n_head * hp.head_dim == hp.n_embd, "{}: phi3 needs n_head * head size == n_embd", r.path());
@@ -49,15 +48,12 @@ void load_phi3(Model& m) {
 
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
-  m.layers.resize(hp.n_layer);
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& L = m.layers[il];
-    auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+  bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
     L.attn_norm = b.norm(name("attn_norm"), hp.n_embd);
-    bind_attention(b, hp, il, L, AttnBiases::none);
+    bind_attention(b, hp, name, L, AttnBiases::none);
     if (b.optional(name("ffn_gate")).valid()) {
-      bind_gated_ffn(b, hp, il, L.ffn, FfnGating::par);
-      continue;
+      bind_gated_ffn(b, hp, name, L.ffn, FfnGating::par);
+      return;
     }
     FfnWeights& f = L.ffn;
     f.norm = b.norm(name("ffn_norm"), hp.n_embd);
@@ -65,8 +61,8 @@ void load_phi3(Model& m) {
     f.gate = row_range(gate_up, 0, hp.n_ff);
     f.up = row_range(gate_up, hp.n_ff, 2 * hp.n_ff);
     f.gating = FfnGating::par;
-    bind_ffn_down_and_predictor(b, hp, il, f);
-  }
+    bind_ffn_down_and_predictor(b, hp, name, f);
+  });
   read_sparse_metadata(m);
   build_rope(m);
   if (!long_f.empty() && long_f != short_f) {

@@ -18,20 +18,17 @@ namespace ember {
 void load_qwen2(Model& m) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = "qwen2";
-  read_common_hparams(r, hp);
+  read_common_hparams(r, hp, "qwen2");
   hp.act = cpu::Activation::silu;
   hp.rope.layout = cpu::RopeLayout::neox;
 
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
-  m.layers.resize(hp.n_layer);
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& L = m.layers[il];
-    L.attn_norm = b.norm(fmt::format("blk.{}.attn_norm.weight", il), hp.n_embd);
-    bind_attention(b, hp, il, L, AttnBiases::qkv);
-    bind_gated_ffn(b, hp, il, L.ffn, FfnGating::par);
-  }
+  bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
+    L.attn_norm = b.norm(name("attn_norm"), hp.n_embd);
+    bind_attention(b, hp, name, L, AttnBiases::qkv);
+    bind_gated_ffn(b, hp, name, L.ffn, FfnGating::par);
+  });
   read_sparse_metadata(m);
   build_rope(m);
 }

@@ -27,8 +27,7 @@ namespace {
 void load_qwen3_family(Model& m, bool moe) {
   const gguf::Reader& r = *m.file;
   Hparams& hp = m.hp;
-  hp.arch = moe ? "qwen3moe" : "qwen3";
-  read_common_hparams(r, hp);
+  read_common_hparams(r, hp, moe ? "qwen3moe" : "qwen3");
   hp.act = cpu::Activation::silu;
   hp.rope.layout = cpu::RopeLayout::neox;
   EMBER_CHECK(hp.rope.n_rot == hp.head_dim, "{}: {} rotates whole heads, rope.dimension_count {} != head size {}",
@@ -44,19 +43,16 @@ void load_qwen3_family(Model& m, bool moe) {
 
   TensorBinder b(r, hp);
   bind_embeddings(b, m);
-  m.layers.resize(hp.n_layer);
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& L = m.layers[il];
-    auto name = [&](const char* t) { return fmt::format("blk.{}.{}.weight", il, t); };
+  bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
     L.attn_norm = b.norm(name("attn_norm"), hp.n_embd);
-    bind_attention(b, hp, il, L, AttnBiases::none);
+    bind_attention(b, hp, name, L, AttnBiases::none);
     L.q_norm = b.norm(name("attn_q_norm"), hp.head_dim);
     L.k_norm = b.norm(name("attn_k_norm"), hp.head_dim);
     if (moe)
-      bind_moe_ffn(b, hp, il, L, n_ff_exp);
+      bind_moe_ffn(b, hp, name, L, n_ff_exp);
     else
-      bind_gated_ffn(b, hp, il, L.ffn, FfnGating::par);
-  }
+      bind_gated_ffn(b, hp, name, L.ffn, FfnGating::par);
+  });
   read_sparse_metadata(m);
   build_rope(m);
 }

@@ -173,37 +173,7 @@ void dequant_q5_k(const BlockQ5_K* b, float* y, int64_t nb) {
 
 // ---- quantize ---------------------------------------------------------------------------
 
-void quant_q4_0(const float* x, BlockQ4_0* b, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    float amax = 0.f, max = 0.f;  // max keeps its sign: it maps to q = 0 (i.e. -8)
-    for (int j = 0; j < kQK; ++j)
-      if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
-    const float d = max / -8.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    b[i].d = fp32_to_fp16(d);
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int q0 = std::min(15, static_cast<int>(x[j] * id + 8.5f));
-      const int q1 = std::min(15, static_cast<int>(x[j + kQK / 2] * id + 8.5f));
-      b[i].qs[j] = static_cast<uint8_t>(q0 | q1 << 4);
-    }
-  }
-}
 
-void quant_q4_1(const float* x, BlockQ4_1* b, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    float lo = x[0], hi = x[0];
-    for (int j = 1; j < kQK; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
-    const float d = (hi - lo) / 15.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    b[i].d = fp32_to_fp16(d);
-    b[i].m = fp32_to_fp16(lo);
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int q0 = std::clamp(static_cast<int>((x[j] - lo) * id + 0.5f), 0, 15);
-      const int q1 = std::clamp(static_cast<int>((x[j + kQK / 2] - lo) * id + 0.5f), 0, 15);
-      b[i].qs[j] = static_cast<uint8_t>(q0 | q1 << 4);
-    }
-  }
-}
 
 // Symmetric 8-bit block: d = amax / 127, q = round(x / d). Returns d; writes qs.
 float quant_sym8(const float* x, int8_t* qs, int n) {
@@ -215,6 +185,80 @@ float quant_sym8(const float* x, int8_t* qs, int n) {
   const float id = amax != 0.f ? 127.f / amax : 0.f;
   for (int j = 0; j < n; ++j) qs[j] = static_cast<int8_t>(std::clamp(round_int(x[j] * id), -127, 127));
   return d;
+}
+
+// The 32-weight blocks: each weight's level q in [0, 2 half - 1] (Q4_0, Q5_0: half 8 or 16,
+// x = d (q - half), d from the value of largest magnitude, which keeps its sign and maps to
+// q = 0) or in [0, nmax] (Q4_1, Q5_1: x = d q + lo over the block's range [lo, hi]).
+float symmetric_levels(const float* x, int half, int* q) {
+  float amax = 0.f, max = 0.f;
+  for (int j = 0; j < kQK; ++j)
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+  const float d = max / static_cast<float>(-half);
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  const float offset = static_cast<float>(half) + 0.5f;
+  for (int j = 0; j < kQK; ++j) q[j] = std::min(2 * half - 1, static_cast<int>(x[j] * id + offset));
+  return d;
+}
+
+void affine_levels(const float* x, int nmax, int* q, float& d, float& lo) {
+  lo = x[0];
+  float hi = x[0];
+  for (int j = 1; j < kQK; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+  d = (hi - lo) / static_cast<float>(nmax);
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  for (int j = 0; j < kQK; ++j) q[j] = std::clamp(static_cast<int>((x[j] - lo) * id + 0.5f), 0, nmax);
+}
+
+// Low nibbles: weight j and j + 16 share byte j. Fifth bits (Q5_*): bit j of qh is weight j's.
+void pack_nibbles(const int* q, uint8_t* qs) {
+  for (int j = 0; j < kQK / 2; ++j) qs[j] = static_cast<uint8_t>((q[j] & 0x0F) | (q[j + kQK / 2] & 0x0F) << 4);
+}
+
+void pack_fifth_bits(const int* q, uint8_t* qh) {
+  uint32_t bits = 0;
+  for (int j = 0; j < kQK; ++j) bits |= static_cast<uint32_t>(q[j] >> 4) << j;
+  std::memcpy(qh, &bits, 4);
+}
+
+void quant_q4_0(const float* x, BlockQ4_0* b, int64_t nb) {
+  int q[kQK];
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    b[i].d = fp32_to_fp16(symmetric_levels(x, 8, q));
+    pack_nibbles(q, b[i].qs);
+  }
+}
+
+void quant_q5_0(const float* x, BlockQ5_0* b, int64_t nb) {
+  int q[kQK];
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    b[i].d = fp32_to_fp16(symmetric_levels(x, 16, q));
+    pack_nibbles(q, b[i].qs);
+    pack_fifth_bits(q, b[i].qh);
+  }
+}
+
+void quant_q4_1(const float* x, BlockQ4_1* b, int64_t nb) {
+  int q[kQK];
+  float d, lo;
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    affine_levels(x, 15, q, d, lo);
+    b[i].d = fp32_to_fp16(d);
+    b[i].m = fp32_to_fp16(lo);
+    pack_nibbles(q, b[i].qs);
+  }
+}
+
+void quant_q5_1(const float* x, BlockQ5_1* b, int64_t nb) {
+  int q[kQK];
+  float d, lo;
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    affine_levels(x, 31, q, d, lo);
+    b[i].d = fp32_to_fp16(d);
+    b[i].m = fp32_to_fp16(lo);
+    pack_nibbles(q, b[i].qs);
+    pack_fifth_bits(q, b[i].qh);
+  }
 }
 
 void quant_q8_0(const float* x, BlockQ8_0* b, int64_t nb) {
@@ -308,43 +352,7 @@ void quant_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
   }
 }
 
-void quant_q5_0(const float* x, BlockQ5_0* b, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    float amax = 0.f, max = 0.f;
-    for (int j = 0; j < kQK; ++j)
-      if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
-    const float d = max / -16.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    b[i].d = fp32_to_fp16(d);
-    uint32_t qh = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int q0 = std::min(31, static_cast<int>(x[j] * id + 16.5f));
-      const int q1 = std::min(31, static_cast<int>(x[j + kQK / 2] * id + 16.5f));
-      b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | (q1 & 0x0F) << 4);
-      qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
-    }
-    std::memcpy(b[i].qh, &qh, 4);
-  }
-}
 
-void quant_q5_1(const float* x, BlockQ5_1* b, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    float lo = x[0], hi = x[0];
-    for (int j = 1; j < kQK; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
-    const float d = (hi - lo) / 31.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    b[i].d = fp32_to_fp16(d);
-    b[i].m = fp32_to_fp16(lo);
-    uint32_t qh = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int q0 = std::clamp(static_cast<int>((x[j] - lo) * id + 0.5f), 0, 31);
-      const int q1 = std::clamp(static_cast<int>((x[j + kQK / 2] - lo) * id + 0.5f), 0, 31);
-      b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | (q1 & 0x0F) << 4);
-      qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
-    }
-    std::memcpy(b[i].qh, &qh, 4);
-  }
-}
 
 // Q4_K / Q5_K (nmax 15 or 31): per sub-block an affine map of [min(x, 0), max(x)] onto [0, nmax];
 // the sub-block scales and mins are then quantized to 6 bits against the super-block d, dmin.

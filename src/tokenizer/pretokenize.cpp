@@ -26,6 +26,38 @@ struct Span {
   uint16_t flags(size_t pos) const { return pos >= begin && pos < end ? unicode::flags(cpts[pos]) : 0; }
 };
 
+// Cuts a piece into consecutive pieces: each cut ends the piece begun at the previous one.
+struct Cutter {
+  Pieces& out;
+  size_t prev_end;
+  size_t operator()(size_t end) {  // the new piece's length (0 cuts nothing)
+    const size_t len = end - prev_end;
+    if (len > 0) out.push_back(len);
+    prev_end = end;
+    return len;
+  }
+};
+
+// 's|'t|'re|'ve|'m|'ll|'d at `pos` (ASCII case folded when `fold_case`): the match's length, or 0.
+size_t contraction_len(const Span& s, size_t pos, bool fold_case) {
+  auto at = [&](size_t i) {
+    const uint32_t c = s.cpt(i);
+    return fold_case && c >= 'A' && c <= 'Z' ? c + 32 : c;
+  };
+  if (s.cpt(pos) != '\'') return 0;
+  const uint32_t n1 = at(pos + 1), n2 = at(pos + 2);
+  if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') return 2;
+  if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) return 3;
+  return 0;
+}
+
+// \s+(?!\S)|\s+ over the `n_ws` white spaces at `pos`, else the code point alone: where the
+// match ends. A run followed by more text leaves its last space to the next word.
+size_t spaces_end(const Span& s, size_t pos, size_t n_ws) {
+  if (n_ws > 1 && s.cpt(pos + n_ws) != Span::kNone) return pos + n_ws - 1;
+  return pos + (n_ws > 0 ? n_ws : 1);
+}
+
 template <class F>
 Pieces for_each_piece(const std::vector<uint32_t>& cpts, const Pieces& in, F&& split) {
   Pieces out;
@@ -83,31 +115,14 @@ Pieces split_ascii_digit_triples(const std::vector<uint32_t>& cpts, const Pieces
 // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 Pieces split_gpt2(const std::vector<uint32_t>& cpts, const Pieces& in) {
   return for_each_piece(cpts, in, [&](const Span& s, Pieces& out) {
-    size_t prev_end = s.begin;
-    auto add = [&](size_t end) {
-      size_t len = end - prev_end;
-      if (len > 0) out.push_back(len);
-      prev_end = end;
-      return len;
-    };
+    Cutter cut{out, s.begin};
     for (size_t pos = s.begin; pos < s.end;) {
       const uint32_t c = s.cpt(pos);
       const uint16_t f = s.flags(pos);
 
-      // 's|'t|'re|'ve|'m|'ll|'d
-      if (c == '\'' && pos + 1 < s.end) {
-        const uint32_t n1 = s.cpt(pos + 1);
-        if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-          pos += add(pos + 2);
-          continue;
-        }
-        if (pos + 2 < s.end) {
-          const uint32_t n2 = s.cpt(pos + 2);
-          if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
-            pos += add(pos + 3);
-            continue;
-          }
-        }
+      if (const size_t n = contraction_len(s, pos, false)) {  // 's|'t|'re|'ve|'m|'ll|'d
+        pos += cut(pos + n);
+        continue;
       }
 
       uint16_t f2 = c == ' ' ? s.flags(pos + 1) : f;
@@ -115,7 +130,7 @@ Pieces split_gpt2(const std::vector<uint32_t>& cpts, const Pieces& in) {
       auto run = [&](auto&& in_class) {
         pos += (c == ' ');
         while (in_class(f2)) f2 = s.flags(++pos);
-        add(pos);
+        cut(pos);
       };
       if (f2 & kLetter) {
         run([](uint16_t x) { return (x & kLetter) != 0; });
@@ -133,52 +148,24 @@ Pieces split_gpt2(const std::vector<uint32_t>& cpts, const Pieces& in) {
 
       size_t n_ws = 0;
       while (s.flags(pos + n_ws) & kWhitespace) ++n_ws;
-      // \s+(?!\S): a run followed by more text leaves its last space to the next word
-      if (n_ws > 1 && s.cpt(pos + n_ws) != Span::kNone) {
-        pos += n_ws - 1;
-        add(pos);
-        continue;
-      }
-      if (n_ws > 0) {  // \s+
-        pos += n_ws;
-        add(pos);
-        continue;
-      }
-      add(++pos);  // no rule matched: the code point alone
+      pos = spaces_end(s, pos, n_ws);
+      cut(pos);
     }
   });
 }
-
-uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
 // Llama-3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 // Qwen2 is the same with \p{N} instead of \p{N}{1,3} (max_digits = 1).
 Pieces split_llama3(const std::vector<uint32_t>& cpts, const Pieces& in, size_t max_digits) {
   return for_each_piece(cpts, in, [&](const Span& s, Pieces& out) {
-    size_t prev_end = s.begin;
-    auto add = [&](size_t end) {
-      size_t len = end - prev_end;
-      if (len > 0) out.push_back(len);
-      prev_end = end;
-      return len;
-    };
+    Cutter cut{out, s.begin};
     for (size_t pos = s.begin; pos < s.end;) {
       const uint32_t c = s.cpt(pos);
       const uint16_t f = s.flags(pos);
 
-      if (c == '\'' && pos + 1 < s.end) {  // case-insensitive contractions
-        const uint32_t n1 = ascii_lower(s.cpt(pos + 1));
-        if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-          pos += add(pos + 2);
-          continue;
-        }
-        if (pos + 2 < s.end) {
-          const uint32_t n2 = ascii_lower(s.cpt(pos + 2));
-          if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
-            pos += add(pos + 3);
-            continue;
-          }
-        }
+      if (const size_t n = contraction_len(s, pos, true)) {  // case-insensitive contractions
+        pos += cut(pos + n);
+        continue;
       }
 
       // [^\r\n\p{L}\p{N}]?\p{L}+
@@ -186,7 +173,7 @@ Pieces split_llama3(const std::vector<uint32_t>& cpts, const Pieces& in, size_t 
         if ((f & kLetter) || (s.flags(pos + 1) & kLetter)) {
           ++pos;
           while (s.flags(pos) & kLetter) ++pos;
-          add(pos);
+          cut(pos);
           continue;
         }
       }
@@ -196,11 +183,11 @@ Pieces split_llama3(const std::vector<uint32_t>& cpts, const Pieces& in, size_t 
         size_t group_start = pos;
         while (s.flags(pos) & kNumber) {
           if (++pos - group_start >= max_digits) {
-            add(pos);
+            cut(pos);
             group_start = pos;
           }
         }
-        add(pos);
+        cut(pos);
         continue;
       }
 
@@ -211,7 +198,7 @@ Pieces split_llama3(const std::vector<uint32_t>& cpts, const Pieces& in, size_t 
         while (!(f2 & (kWhitespace | kLetter | kNumber)) && f2 != 0) f2 = s.flags(++pos);
         uint32_t c2 = s.cpt(pos);
         while (c2 == '\r' || c2 == '\n') c2 = s.cpt(++pos);
-        add(pos);
+        cut(pos);
         continue;
       }
 
@@ -224,20 +211,11 @@ Pieces split_llama3(const std::vector<uint32_t>& cpts, const Pieces& in, size_t 
       }
       if (last_newline_end > 0) {  // \s*[\r\n]+
         pos = last_newline_end;
-        add(pos);
+        cut(pos);
         continue;
       }
-      if (n_ws > 1 && s.cpt(pos + n_ws) != Span::kNone) {  // \s+(?!\S)
-        pos += n_ws - 1;
-        add(pos);
-        continue;
-      }
-      if (n_ws > 0) {  // \s+
-        pos += n_ws;
-        add(pos);
-        continue;
-      }
-      add(++pos);
+      pos = spaces_end(s, pos, n_ws);
+      cut(pos);
     }
   });
 }

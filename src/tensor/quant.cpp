@@ -221,43 +221,28 @@ void pack_fifth_bits(const int* q, uint8_t* qh) {
   std::memcpy(qh, &bits, 4);
 }
 
-void quant_q4_0(const float* x, BlockQ4_0* b, int64_t nb) {
+// Q4_0 (half 8) and Q5_0 (half 16); the fifth bits where the block has them.
+template <int half, class Block>
+void quant_symmetric(const float* x, Block* b, int64_t nb) {
   int q[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    b[i].d = fp32_to_fp16(symmetric_levels(x, 8, q));
+    b[i].d = fp32_to_fp16(symmetric_levels(x, half, q));
     pack_nibbles(q, b[i].qs);
+    if constexpr (half == 16) pack_fifth_bits(q, b[i].qh);
   }
 }
 
-void quant_q5_0(const float* x, BlockQ5_0* b, int64_t nb) {
-  int q[kQK];
-  for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    b[i].d = fp32_to_fp16(symmetric_levels(x, 16, q));
-    pack_nibbles(q, b[i].qs);
-    pack_fifth_bits(q, b[i].qh);
-  }
-}
-
-void quant_q4_1(const float* x, BlockQ4_1* b, int64_t nb) {
+// Q4_1 (nmax 15) and Q5_1 (nmax 31).
+template <int nmax, class Block>
+void quant_affine(const float* x, Block* b, int64_t nb) {
   int q[kQK];
   float d, lo;
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    affine_levels(x, 15, q, d, lo);
+    affine_levels(x, nmax, q, d, lo);
     b[i].d = fp32_to_fp16(d);
     b[i].m = fp32_to_fp16(lo);
     pack_nibbles(q, b[i].qs);
-  }
-}
-
-void quant_q5_1(const float* x, BlockQ5_1* b, int64_t nb) {
-  int q[kQK];
-  float d, lo;
-  for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    affine_levels(x, 31, q, d, lo);
-    b[i].d = fp32_to_fp16(d);
-    b[i].m = fp32_to_fp16(lo);
-    pack_nibbles(q, b[i].qs);
-    pack_fifth_bits(q, b[i].qh);
+    if constexpr (nmax == 31) pack_fifth_bits(q, b[i].qh);
   }
 }
 
@@ -534,12 +519,12 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
       return;
     }
-    case DType::Q4_0: quant_q4_0(src, static_cast<BlockQ4_0*>(dst), nb); return;
-    case DType::Q4_1: quant_q4_1(src, static_cast<BlockQ4_1*>(dst), nb); return;
+    case DType::Q4_0: quant_symmetric<8>(src, static_cast<BlockQ4_0*>(dst), nb); return;
+    case DType::Q4_1: quant_affine<15>(src, static_cast<BlockQ4_1*>(dst), nb); return;
     case DType::Q8_0: quant_q8_0(src, static_cast<BlockQ8_0*>(dst), nb); return;
     case DType::Q8_1: quant_q8_1(src, static_cast<BlockQ8_1*>(dst), nb); return;
-    case DType::Q5_0: quant_q5_0(src, static_cast<BlockQ5_0*>(dst), nb); return;
-    case DType::Q5_1: quant_q5_1(src, static_cast<BlockQ5_1*>(dst), nb); return;
+    case DType::Q5_0: quant_symmetric<16>(src, static_cast<BlockQ5_0*>(dst), nb); return;
+    case DType::Q5_1: quant_affine<31>(src, static_cast<BlockQ5_1*>(dst), nb); return;
     case DType::Q2_K: quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb); return;
     case DType::Q3_K: quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb); return;
     case DType::Q4_K: quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); return;

@@ -27,6 +27,20 @@ struct Symbol {
   uint32_t offset, length;  // bytes in the word; length 0 once merged into its left neighbour
 };
 
+// Merges symbol `right` into its left neighbour `left` (it leaves the list), then queues the
+// pairs the merged symbol now forms on either side.
+template <class AddBigram>
+void merge_symbols(std::vector<Symbol>& symbols, int32_t left, int32_t right, AddBigram&& add_bigram) {
+  Symbol& l = symbols[left];
+  Symbol& r = symbols[right];
+  l.length += r.length;
+  r.length = 0;
+  l.next = r.next;
+  if (r.next >= 0) symbols[r.next].prev = left;
+  add_bigram(l.prev, left);
+  add_bigram(left, l.next);
+}
+
 struct BpeBigram {
   int32_t rank;
   int32_t left, right;
@@ -299,12 +313,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
           // Stale entries: one side was merged away or grew since the pair was queued.
           if (l.length == 0 || r.length == 0 || l.id != bg.left_id || r.id != bg.right_id) continue;
           l.id = m.merges.at(pair_key(bg.left_id, bg.right_id)).result;
-          l.length += r.length;
-          r.length = 0;
-          l.next = r.next;
-          if (r.next >= 0) symbols[r.next].prev = bg.left;
-          add_bigram(l.prev, bg.left);
-          add_bigram(bg.left, l.next);
+          merge_symbols(symbols, bg.left, bg.right, add_bigram);
         }
         for (int32_t i = 0; i >= 0 && n_sym > 0; i = symbols[i].next) {
           const Symbol& s = symbols[i];
@@ -362,12 +371,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
         Symbol& l = symbols[bg.left];
         Symbol& r = symbols[bg.right];
         if (l.length == 0 || r.length == 0 || l.length + r.length != bg.size) continue;
-        l.length += r.length;
-        r.length = 0;
-        l.next = r.next;
-        if (r.next >= 0) symbols[r.next].prev = bg.left;
-        add_bigram(l.prev, bg.left);
-        add_bigram(bg.left, l.next);
+        merge_symbols(symbols, bg.left, bg.right, add_bigram);
       }
       for (int32_t i = 0; i >= 0 && !symbols.empty(); i = symbols[i].next) {
         const Symbol& s = symbols[i];

@@ -10,10 +10,12 @@
 
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/activation_impl.hpp"
-#include "ops/cpu/exp_avx512.hpp"
 
 namespace ember::cpu::detail {
 namespace {
+
+#include "ops/cpu/simd_f32.hpp"
+#include "ops/cpu/exp_simd.hpp"
 
 inline __m512 activate(Activation a, __m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);

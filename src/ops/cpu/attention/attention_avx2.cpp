@@ -2,7 +2,7 @@
 // per token and head:
 //   scores: q.k_j four positions at a time (independent multiply-add chains over the head's
 //     8-value chunks, one horizontal-add tree for the four sums); the query stays in L1;
-//   softmax: an 8-lane exp (the approximation activation_impl.hpp describes);
+//   softmax: the 8-lane exp of exp_simd.hpp (the approximation activation_impl.hpp describes);
 //   weighted sum of the value rows with up to 64 output columns held in registers.
 // The loop in attention/attention.cpp calls dot_f32 / axpy_f32 once per position and libm's exp once per
 // score, and widens F16 rows into a buffer first.
@@ -18,22 +18,12 @@
 namespace ember::cpu::detail {
 namespace {
 
+#include "ops/cpu/simd_f32.hpp"
+#include "ops/cpu/exp_simd.hpp"
+
 // Eight K or V elements as floats: the cache holds F32 (float) or F16 (uint16_t).
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
-  x = _mm256_min_ps(x, _mm256_set1_ps(kExpMax));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpP[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-}
 
 // The four lane sums of a, b, c, d.
 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -49,7 +39,7 @@ inline float hsum1(__m256 a) {
 
 // scores[j] = scale * q.k_j for j < n (k_j at k + j * stride), four positions at a time.
 template <class E>
-void scores8(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+void attend_scores(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     const E* k0 = k + j * stride;
@@ -71,7 +61,7 @@ void scores8(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, 
 }
 
 // scores[0, n) = softmax(scores[0, n)) (after soft-capping when softcap > 0).
-void softmax8(float softcap, int64_t n, float* scores, float* stat) {
+void attend_softmax(float softcap, int64_t n, float* scores, float* stat) {
   if (softcap > 0)
     for (int64_t j = 0; j < n; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
   float mx = -INFINITY;
@@ -86,7 +76,7 @@ void softmax8(float softcap, int64_t n, float* scores, float* stat) {
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 sum = _mm256_setzero_ps();
   for (j = 0; j + 8 <= n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vmx));
+    const __m256 e = exp_approx(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vmx));
     _mm256_storeu_ps(scores + j, e);
     sum = _mm256_add_ps(sum, e);
   }
@@ -94,7 +84,7 @@ void softmax8(float softcap, int64_t n, float* scores, float* stat) {
   if (j < n) {
     alignas(32) float t[8] = {};
     for (int64_t i = j; i < n; ++i) t[i - j] = scores[i] - mx;
-    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+    _mm256_store_ps(t, exp_approx(_mm256_load_ps(t)));
     for (int64_t i = j; i < n; ++i) scores[i] = t[i - j], total += t[i - j];
   }
   if (stat) stat[0] = mx, stat[1] = total;
@@ -117,7 +107,7 @@ void weighted_block(const float* p, const E* v, int64_t stride, int64_t n, float
 }
 
 template <class E>
-void weighted_sum8(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+void attend_weighted_sum(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
   for (int64_t c0 = 0; c0 < hd; c0 += 64) {
     switch (std::min<int64_t>(8, (hd - c0) / 8)) {
       case 1: weighted_block<1>(p, v + c0, stride, n, out + c0); break;
@@ -132,22 +122,13 @@ void weighted_sum8(const float* p, const E* v, int64_t stride, int64_t n, int64_
   }
 }
 
-template <class E>
-void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
-            float* outh, float* scores, float* stat) {
-  scores8(qh, k, kv_stride, n, s.head_dim, s.scale, scores);
-  softmax8(s.softcap, n, scores, stat);
-  weighted_sum8(scores, v, kv_stride, n, s.head_dim, outh);
-}
+#include "ops/cpu/attention/attend_head.hpp"
 
 }  // namespace
 
 void attend_one_avx2(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
                      int64_t n, float* outh, float* scores, float* stat) {
-  if (s.kv_f16)
-    attend(s, qh, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), kv_stride, n, outh, scores, stat);
-  else
-    attend(s, qh, static_cast<const float*>(k), static_cast<const float*>(v), kv_stride, n, outh, scores, stat);
+  attend_head(s, qh, k, v, kv_stride, n, outh, scores, stat);
 }
 
 }  // namespace ember::cpu::detail

@@ -1,7 +1,7 @@
 // Attention on AVX-512, per token over one head or over two to four heads that share a KV head:
 //   scores: q.k_j with the query in registers (head sizes up to 256), four positions at a time
 //     (independent multiply-add chains, one hsum4 tree for the four sums);
-//   softmax: the 16-lane exp of exp_avx512.hpp;
+//   softmax: the 16-lane exp of exp_simd.hpp;
 //   weighted sum of the value rows with the output columns held in registers.
 // The grouped kernel loads (and converts, from an F16 cache) each K and V chunk once for its
 // heads, and gives the one-head kernel's bits. The portable loop in attention/attention.cpp calls dot_f32 /
@@ -13,8 +13,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cpu/activation_impl.hpp"
 #include "ops/cpu/attention/attention.hpp"
-#include "ops/cpu/exp_avx512.hpp"
 
 // GCC 12 warns that _mm256_undefined_pd() (inside the lane extracts of _mm512_reduce_add_ps) "may
 // be used uninitialized" once these loops are unrolled; it is undefined by design.
@@ -23,6 +23,9 @@
 
 namespace ember::cpu::detail {
 namespace {
+
+#include "ops/cpu/simd_f32.hpp"
+#include "ops/cpu/exp_simd.hpp"
 
 constexpr int kMaxRegs = 16;  // head sizes up to 256 keep q / the output in registers
 
@@ -117,7 +120,7 @@ void weighted_sum_at(const float* p, const E* v, int64_t stride, int64_t n, int6
 
 // Any head size: up to 256 the query in registers, above it from memory.
 template <class E>
-void scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+void attend_scores(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
   if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, scores);
   for (int64_t j = 0; j < n; ++j) {
     const E* kj = k + j * stride;
@@ -132,14 +135,14 @@ void scores_any(const float* q, const E* k, int64_t stride, int64_t n, int64_t h
 
 // Head sizes above 256: the output columns in chunks of 256.
 template <class E>
-void weighted_sum_any(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+void attend_weighted_sum(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
   for (int64_t c0 = 0; c0 < hd; c0 += 16 * kMaxRegs)
     weighted_sum_at<kMaxRegs>(p, v + c0, stride, n, std::min<int64_t>(hd - c0, 16 * kMaxRegs), out + c0);
 }
 
 // scores[0, n) = softmax(scores[0, n)) (after soft-capping when softcap > 0); stat, when given,
 // receives the largest score and the sum of the exponentials (for merging chunks of positions).
-void softmax(float softcap, int64_t n, float* scores, float* stat) {
+void attend_softmax(float softcap, int64_t n, float* scores, float* stat) {
   if (softcap > 0)
     for (int64_t j = 0; j < n; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
   __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -165,13 +168,7 @@ void softmax(float softcap, int64_t n, float* scores, float* stat) {
   }
 }
 
-template <class E>
-void attend(const AttentionShape& s, const float* qh, const E* k, const E* v, int64_t kv_stride, int64_t n,
-            float* outh, float* scores, float* stat) {
-  scores_any(qh, k, kv_stride, n, s.head_dim, s.scale, scores);
-  softmax(s.softcap, n, scores, stat);
-  weighted_sum_any(scores, v, kv_stride, n, s.head_dim, outh);
-}
+#include "ops/cpu/attention/attend_head.hpp"
 
 // G (2 to 4) heads that share their K and V rows (grouped-query attention): each K and V value
 // is loaded (and converted from F16) once for the G instead of once per head. q and out hold
@@ -358,7 +355,7 @@ void attend_group(const AttentionShape& s, const float* q, const E* k, const E* 
       if (hd <= 16 * kMaxRegs) group_scores_wide<G>(q, k, stride, n, hd, s.scale, scores);
       else group_scores_any<G>(q, k, stride, n, hd, s.scale, scores);
   }
-  for (int g = 0; g < G; ++g) softmax(s.softcap, n, scores + g * n, stat ? stat + 2 * g : nullptr);
+  for (int g = 0; g < G; ++g) attend_softmax(s.softcap, n, scores + g * n, stat ? stat + 2 * g : nullptr);
   for (int64_t c0 = 0; c0 < hd; c0 += 64) {
     const int64_t left = hd - c0;
     switch (std::min<int64_t>(4, (left + 15) / 16)) {
@@ -370,20 +367,11 @@ void attend_group(const AttentionShape& s, const float* q, const E* k, const E* 
   }
 }
 
-// f(k, v) with the caches typed as they are stored: F16 (uint16_t) or float.
-template <class F>
-void with_cache_type(const AttentionShape& s, const void* k, const void* v, F&& f) {
-  if (s.kv_f16)
-    f(static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v));
-  else
-    f(static_cast<const float*>(k), static_cast<const float*>(v));
-}
-
 }  // namespace
 
 void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
                        int64_t n, float* outh, float* scores, float* stat) {
-  with_cache_type(s, k, v, [&](auto kt, auto vt) { attend(s, qh, kt, vt, kv_stride, n, outh, scores, stat); });
+  attend_head(s, qh, k, v, kv_stride, n, outh, scores, stat);
 }
 
 void attend_group_avx512(const AttentionShape& s, int heads, const float* q, const void* k, const void* v,

@@ -10,6 +10,7 @@
 namespace ember::cpu::detail {
 namespace {
 
+#include "ops/cpu/simd_f32.hpp"
 #include "ops/cpu/nm4/nm4_simd.hpp"
 
 template <bool kMin, bool kNarrow>

@@ -19,6 +19,7 @@
 namespace ember::cpu::detail {
 namespace {
 
+#include "ops/cpu/simd_f32.hpp"
 #include "ops/cpu/nm4/nm4_simd.hpp"
 
 constexpr int kPrefetchSegments = 2;  // measured best of 1-3 (bench_sparse, SparseAxpy/Q4_0_NM)
@@ -33,32 +34,6 @@ inline void dpbusd8(__m512i& a0, __m512i& a1, __m512i& a2, __m512i& a3, __m512i&
       "vpdpbusd %16, %12, %4\n\tvpdpbusd %16, %13, %5\n\tvpdpbusd %16, %14, %6\n\tvpdpbusd %16, %15, %7"
       : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
       : "v"(u0), "v"(u1), "v"(u2), "v"(u3), "v"(u4), "v"(u5), "v"(u6), "v"(u7), "v"(f));
-}
-
-// A table's entries at outputs [c, c + 16), as nm4_table8.
-template <bool kNarrow>
-inline __m512 table16(const uint16_t* half, const uint8_t* code, int64_t c) {
-  if constexpr (kNarrow)
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + c))));
-  else
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + c)));
-}
-
-// out[0 .. 16), as nm4_scale8.
-template <bool kMin, bool kNarrow>
-inline void scale16(float* o, const Nm4Tables& t, int64_t c, __m512i acc, const Nm4GroupFactors& f) {
-  __m512 v = _mm512_loadu_ps(o);
-  if constexpr (kMin) {
-    const __m512 m = table16<kNarrow>(t.m, t.mc, c);
-    if constexpr (kNarrow)
-      v = _mm512_add_ps(v, _mm512_fmadd_ps(m, _mm512_set1_ps(f.m_mul), _mm512_set1_ps(f.m_add)));
-    else
-      v = _mm512_fmadd_ps(m, _mm512_set1_ps(f.m_mul), v);
-  }
-  const __m512 d = table16<kNarrow>(t.d, t.dc, c);
-  const __m512 de = kNarrow ? _mm512_fmadd_ps(d, _mm512_set1_ps(f.d_mul), _mm512_set1_ps(f.d_add))
-                            : _mm512_mul_ps(d, _mm512_set1_ps(f.d_mul));
-  _mm512_storeu_ps(o, _mm512_fmadd_ps(de, _mm512_cvtepi32_ps(acc), v));
 }
 
 // The lines of a chunk of 128 outputs from j on in the tables (fp16: 4 lines a table; narrow: 2
@@ -118,8 +93,8 @@ void chunk128(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Rows* next, int nex
   for (int g = 0; g < 4; ++g) {  // accumulator k holds outputs 16 k (k / 4 * 64 + k % 4 * 16)
     const int64_t c = j + 32 * g;  // a group of 32 outputs: accumulators 2 g and 2 g + 1
     const Nm4GroupFactors f = kNarrow ? nm4_group_factors<kMin, kNarrow>(t, c, s) : whole;
-    scale16<kMin, kNarrow>(o + 32 * g, t, c, acc[2 * g], f);
-    scale16<kMin, kNarrow>(o + 32 * g + 16, t, c + 16, acc[2 * g + 1], f);
+    nm4_scale<__m512, kMin, kNarrow>(o + 32 * g, t, c, acc[2 * g], f);
+    nm4_scale<__m512, kMin, kNarrow>(o + 32 * g + 16, t, c + 16, acc[2 * g + 1], f);
   }
 }
 

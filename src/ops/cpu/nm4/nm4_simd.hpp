@@ -1,7 +1,7 @@
 // The neuron-major 4-bit axpy (ops/cpu/nm4/nm4.hpp) on 256-bit vectors: the AVX2 kernel, and the
 // AVX-512 kernel's chunks narrower than 128 outputs (a 32-wide chunk's 16 bytes in the low lane).
 // Include only inside an anonymous namespace of nm4/nm4_avx2.cpp / nm4/nm4_avx512.cpp: each ISA compiles
-// its own copy.
+// its own copy. Needs ops/cpu/simd_f32.hpp, included before it.
 //
 // Per segment and 32-byte piece of a chunk: for each four of the segment's rows, the rows' bytes
 // are interleaved (vpunpck{l,h}bw of two pairs, then vpunpck{l,h}wd), so that each 32-bit lane
@@ -64,31 +64,29 @@ inline Nm4GroupFactors nm4_group_factors(const Nm4Tables& t, int64_t c, const Nm
   return f;
 }
 
-// A table's entries at outputs [c, c + 8) as floats: the fp16 values, or a narrow table's codes.
-template <bool kNarrow>
-inline __m256 nm4_table8(const uint16_t* half, const uint8_t* code, int64_t c) {
-  if constexpr (kNarrow)
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + c))));
-  else
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half + c)));
+// A table's entries at outputs [c, c + lanes) as floats: the fp16 values, or a narrow table's codes.
+template <class V, bool kNarrow>
+inline V nm4_table(const uint16_t* half, const uint8_t* code, int64_t c) {
+  if constexpr (kNarrow) return F32<V>::from_u8(code + c);
+  else return F32<V>::from_f16(half + c);
 }
 
-// o[0 .. 8) = fma(d * e, float(acc), Q4_1: o + m * s), for outputs [c, c + 8) of the tables, as
-// nm4/nm4.hpp says for fp16 and narrow tables (f: nm4_group_factors').
-template <bool kMin, bool kNarrow>
-inline void nm4_scale8(float* o, const Nm4Tables& t, int64_t c, __m256i acc, const Nm4GroupFactors& f) {
-  __m256 v = _mm256_loadu_ps(o);
+// o[0 .. lanes) = fma(d * e, float(acc), Q4_1: o + m * s), for outputs [c, c + lanes) of the
+// tables, as nm4/nm4.hpp says for fp16 and narrow tables (f: nm4_group_factors').
+template <class V, bool kMin, bool kNarrow>
+inline void nm4_scale(float* o, const Nm4Tables& t, int64_t c, typename F32<V>::I acc, const Nm4GroupFactors& f) {
+  using S = F32<V>;
+  V v = S::load(o);
   if constexpr (kMin) {
-    const __m256 m = nm4_table8<kNarrow>(t.m, t.mc, c);
+    const V m = nm4_table<V, kNarrow>(t.m, t.mc, c);
     if constexpr (kNarrow)
-      v = _mm256_add_ps(v, _mm256_fmadd_ps(m, _mm256_set1_ps(f.m_mul), _mm256_set1_ps(f.m_add)));
+      v = S::add(v, S::fmadd(m, S::set1(f.m_mul), S::set1(f.m_add)));
     else
-      v = _mm256_fmadd_ps(m, _mm256_set1_ps(f.m_mul), v);
+      v = S::fmadd(m, S::set1(f.m_mul), v);
   }
-  const __m256 d = nm4_table8<kNarrow>(t.d, t.dc, c);
-  const __m256 de = kNarrow ? _mm256_fmadd_ps(d, _mm256_set1_ps(f.d_mul), _mm256_set1_ps(f.d_add))
-                            : _mm256_mul_ps(d, _mm256_set1_ps(f.d_mul));
-  _mm256_storeu_ps(o, _mm256_fmadd_ps(de, _mm256_cvtepi32_ps(acc), v));
+  const V d = nm4_table<V, kNarrow>(t.d, t.dc, c);
+  const V de = kNarrow ? S::fmadd(d, S::set1(f.d_mul), S::set1(f.d_add)) : S::mul(d, S::set1(f.d_mul));
+  S::store(o, S::fmadd(de, S::from_i32(acc), v));
 }
 
 // A segment's sums over bytes [at, at + 32) of its rows (kHalf: [at, at + 16), the upper lane
@@ -134,7 +132,7 @@ inline void nm4_piece32(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int64_t
       group = (start + c) / kNm8Group;
       f = nm4_group_factors<kMin, kNarrow>(t, start + c, s);
     }
-    nm4_scale8<kMin, kNarrow>(out + c, t, start + c, acc[k], f);
+    nm4_scale<__m256, kMin, kNarrow>(out + c, t, start + c, acc[k], f);
   }
 }
 
@@ -147,7 +145,7 @@ inline void nm4_piece16(const Nm4Seg& s, const Nm4Rows& rows, size_t at, float* 
   nm4_quad_sums<true>(s, rows, at, _mm256_set1_epi32(kMin ? 0 : -s.offset), acc);
   const Nm4GroupFactors f = nm4_group_factors<kMin, kNarrow>(t, start, s);  // the chunk is one group
   for (int k = 0; k < 4; ++k)  // outputs 8 k .. 8 k + 8: the low lanes of vectors 2 k and 2 k + 1
-    nm4_scale8<kMin, kNarrow>(
+    nm4_scale<__m256, kMin, kNarrow>(
         out + 8 * k, t, start + 8 * k,
         _mm256_set_m128i(_mm256_castsi256_si128(acc[2 * k + 1]), _mm256_castsi256_si128(acc[2 * k])), f);
 }

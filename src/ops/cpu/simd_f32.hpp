@@ -33,6 +33,13 @@ struct F32Lanes<8> {
   static V min(V a, V b) { return _mm256_min_ps(a, b); }
   static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V from_i32(I v) { return _mm256_cvtepi32_ps(v); }
+  // The lanes' sum: the two halves added, then within the 128-bit half.
+  static float reduce_add(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
   // 2^n for integral n in float range: n + 127 in the exponent field.
   static V pow2(V n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
@@ -61,6 +68,7 @@ struct F32Lanes<16> {
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
   static V round(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V from_i32(I v) { return _mm512_cvtepi32_ps(v); }
+  static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   static V pow2(V n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }

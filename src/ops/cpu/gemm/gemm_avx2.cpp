@@ -14,13 +14,6 @@ namespace {
 
 #include "ops/cpu/gemm/tile_driver.hpp"
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // ---- float weights ----------------------------------------------------------------------
 
 template <DType WT>
@@ -48,13 +41,8 @@ struct FloatKernel {
 
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
-    const uint8_t* w[R];
-    const float* x[T];
-    for (int r = 0; r < R; ++r) w[r] = a.w + (r0 + r) * a.w_stride;
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(a.x + (t0 + t) * a.x_stride);
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    TileOperands<uint8_t, float, 8, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     int64_t i = 0;
     for (; i + 8 <= a.k; i += 8) {
       __m256 wv[R];
@@ -64,12 +52,11 @@ struct FloatKernel {
         for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) {
-        float s = hsum(acc[r][t]);
-        for (int64_t j = i; j < a.k; ++j) s += load_w1(w[r], j) * x[t][j];
-        a.y[(t0 + t) * a.y_stride + r0 + r] = s;
-      }
+    tl.store(a, r0, t0, [&](__m256 v, int r, int t) {  // the elements after the last 8
+      float s = F32Lanes<8>::reduce_add(v);
+      for (int64_t j = i; j < a.k; ++j) s += load_w1(w[r], j) * x[t][j];
+      return s;
+    });
   }
 };
 
@@ -95,14 +82,9 @@ struct Block32Kernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK;
-    const WB* w[R];
-    const XB* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const XB*>(a.x + (t0 + t) * a.x_stride);
-    __m256 acc[R][T];
+    TileOperands<WB, XB, 8, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     [[maybe_unused]] float msum[R][T] = {};
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1), eights = _mm256_set1_epi8(8);
     for (int64_t b = 0; b < nb; ++b) {
       __m256i q[R];
@@ -135,12 +117,11 @@ struct Block32Kernel {
         }
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) {
-        float s = hsum(acc[r][t]);
-        if constexpr (WT == DType::Q4_1) s += msum[r][t];
-        a.y[(t0 + t) * a.y_stride + r0 + r] = s;
-      }
+    tl.store(a, r0, t0, [&](__m256 v, int r, int t) {
+      float s = F32Lanes<8>::reduce_add(v);
+      if constexpr (WT == DType::Q4_1) s += msum[r][t];
+      return s;
+    });
   }
 };
 
@@ -168,13 +149,8 @@ struct Q6KKernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK_K;
-    const BlockQ6_K* w[R];
-    const BlockQ8_K* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const BlockQ6_K*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a.x + (t0 + t) * a.x_stride);
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    TileOperands<BlockQ6_K, BlockQ8_K, 8, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     const __m256i k32 = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < nb; ++b) {
       __m256i isum[R][T];
@@ -201,8 +177,7 @@ struct Q6KKernel {
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(dw * x[t][b].d), acc[r][t]);
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = hsum(acc[r][t]);
+    tl.store(a, r0, t0);
   }
 };
 

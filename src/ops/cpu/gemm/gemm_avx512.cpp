@@ -60,13 +60,8 @@ struct FloatKernel {
 
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
-    const uint8_t* w[R];
-    const float* x[T];
-    for (int r = 0; r < R; ++r) w[r] = a.w + (r0 + r) * a.w_stride;
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(a.x + (t0 + t) * a.x_stride);
-    __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    TileOperands<uint8_t, float, 16, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     int64_t i = 0;
     for (; i + 16 <= a.k; i += 16) {
       __m512 wv[R];
@@ -85,8 +80,7 @@ struct FloatKernel {
         for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    tl.store(a, r0, t0);
   }
 };
 
@@ -122,13 +116,8 @@ struct Block32Kernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK;
-    const WB* w[R];
-    const XB* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const XB*>(a.x + (t0 + t) * a.x_stride);
-    __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    TileOperands<WB, XB, 16, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     const __m512i offset = _mm512_set1_epi8(static_cast<char>(WT == DType::Q8_0 ? 0x80 : 8));
     for (int64_t b = 0; b < nb; b += 2) {
       // An odd last block is paired with itself, its second copy weighted by 0.
@@ -167,8 +156,7 @@ struct Block32Kernel {
         }
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    tl.store(a, r0, t0);
   }
 };
 
@@ -244,18 +232,12 @@ struct Q4QuadKernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK, nfull = nb / 4;
-    const uint8_t* w[R];
-    const uint8_t* x[T];
-    for (int r = 0; r < R; ++r) w[r] = a.w + (r0 + r) * a.w_stride;
-    for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.x_stride;
-    __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    TileOperands<uint8_t, uint8_t, 16, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     const __m512i qidx = qs_index(), sidx = scale_index();
     for (int64_t q = 0; q < nfull; ++q) step<R, T, false>(w, x, q, 4, acc, qidx, sidx);
     if (nb % 4) step<R, T, true>(w, x, nfull, static_cast<int>(nb % 4), acc, qidx, sidx);
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    tl.store(a, r0, t0);
   }
 };
 
@@ -287,13 +269,8 @@ struct Q6KKernel {
       return idx;
     }();
     const int64_t nb = a.k / kQK_K;
-    const BlockQ6_K* w[R];
-    const BlockQ8_K* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const BlockQ6_K*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a.x + (t0 + t) * a.x_stride);
-    __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    TileOperands<BlockQ6_K, BlockQ8_K, 16, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     const __m512i k32 = _mm512_set1_epi8(32);
     for (int64_t b = 0; b < nb; ++b) {
       __m512i s16[R];
@@ -324,8 +301,7 @@ struct Q6KKernel {
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_set1_ps(dw * x[t][b].d), acc[r][t]);
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    tl.store(a, r0, t0);
   }
 };
 

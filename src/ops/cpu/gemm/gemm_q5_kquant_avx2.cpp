@@ -1,7 +1,4 @@
 // AVX2 + FMA + F16C kernels for Q5_0, Q5_1, Q4_K, Q5_K: see gemm/gemm_q5_kquant_simd.hpp.
-// Vector types as template arguments (TileOperands<..., __m256/__m512, ...>) lose their
-// alignment attribute there, harmlessly: the operands are locals, not arrays of the type.
-#pragma GCC diagnostic ignored "-Wignored-attributes"
 #include <immintrin.h>
 
 #include <array>

@@ -11,9 +11,6 @@
 // Every output element is computed with the same operations whatever tile it falls in.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Vector types as template arguments (TileOperands<..., __m256/__m512, ...>) lose their
-// alignment attribute there, harmlessly: the operands are locals, not arrays of the type.
-#pragma GCC diagnostic ignored "-Wignored-attributes"
 #include <immintrin.h>
 
 #include <array>
@@ -79,8 +76,7 @@ inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 template <class WB, int R, int T>
-using KTile = TileOperands<WB, BlockQ8_K, __m512, R, T>;
-inline float reduce512(__m512 v) { return _mm512_reduce_add_ps(v); }
+using KTile = TileOperands<WB, BlockQ8_K, 16, R, T>;
 
 // ---- Q5_0 / Q5_1 ------------------------------------------------------------------------
 // Steps of four blocks against activations in the quad layout (gemm/gemm_kernels.hpp), as the Q4_0 / Q4_1
@@ -164,11 +160,11 @@ struct Q5QuadKernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK, nfull = nb / 4;
-    TileOperands<uint8_t, uint8_t, __m512, R, T> tl(a, r0, t0);
+    TileOperands<uint8_t, uint8_t, 16, R, T> tl(a, r0, t0);
     const Indices ix{qs_index(), scale_index(), qh_index()};
     for (int64_t q = 0; q < nfull; ++q) step<R, T, false>(tl.w, tl.x, q, 4, tl.acc, ix);
     if (nb % 4) step<R, T, true>(tl.w, tl.x, nfull, static_cast<int>(nb % 4), tl.acc, ix);
-    tl.store(a, r0, t0, reduce512);
+    tl.store(a, r0, t0);
   }
 };
 
@@ -206,9 +202,7 @@ struct K45Kernel512 {
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK_K;
     KTile<WB, R, T> tl(a, r0, t0);
-    const auto& w = tl.w;
-    const auto& x = tl.x;
-    auto& acc = tl.acc;
+    auto& [w, x, acc] = tl;
     const __m256i min_ctl = _mm256_load_si256(reinterpret_cast<const __m256i*>(kK45MinCtl.data()));
     for (int64_t b = 0; b < nb; ++b) {
       __m512i sm[R];  // scales and mins broadcast to every 128-bit lane
@@ -259,7 +253,7 @@ struct K45Kernel512 {
         }
       }
     }
-    tl.store(a, r0, t0, reduce512);
+    tl.store(a, r0, t0);
   }
 };
 
@@ -340,9 +334,7 @@ struct G16Kernel512 {
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK_K;
     KTile<WB, R, T> tl(a, r0, t0);
-    const auto& w = tl.w;
-    const auto& x = tl.x;
-    auto& acc = tl.acc;
+    auto& [w, x, acc] = tl;
     for (int64_t b = 0; b < nb; ++b) {
       Prep p[R];
       for (int r = 0; r < R; ++r) p[r] = prepare(w[r][b]);
@@ -387,7 +379,7 @@ struct G16Kernel512 {
         }
       }
     }
-    tl.store(a, r0, t0, reduce512);
+    tl.store(a, r0, t0);
   }
 };
 

@@ -8,13 +8,6 @@
 // use the Q8_K group sums (bsums). Every output element is computed with the same operations
 // whatever tile it falls in.
 
-inline float hsum_ps(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // 32 bits -> 32 bytes of 0x10 where the bit is set (bit j -> byte j), else 0.
 inline __m256i bits_to_0x10(const uint8_t* p) {
   uint32_t bits;
@@ -34,26 +27,6 @@ inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
-// The weight rows, activation rows and vector accumulators (V: __m256 or __m512, zeroed) of one
-// R x T tile; store() writes the horizontal sums.
-template <class WB, class XB, class V, int R, int T>
-struct TileOperands {
-  const WB* w[R];
-  const XB* x[T];
-  V acc[R][T];
-  TileOperands(const GemmArgs& a, int64_t r0, int64_t t0) {
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const XB*>(a.x + (t0 + t) * a.x_stride);
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = V{};
-  }
-  template <class Reduce>
-  void store(const GemmArgs& a, int64_t r0, int64_t t0, Reduce reduce) const {
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = reduce(acc[r][t]);
-  }
-};
-
 // ---- Q5_0 / Q5_1 ------------------------------------------------------------------------
 
 template <DType WT>
@@ -71,14 +44,9 @@ struct Q5Kernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK;
-    const WB* w[R];
-    const XB* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const XB*>(a.x + (t0 + t) * a.x_stride);
-    __m256 acc[R][T];
+    TileOperands<WB, XB, 8, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     [[maybe_unused]] float msum[R][T] = {};
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const __m256i sixteen = _mm256_set1_epi8(16);
     for (int64_t b = 0; b < nb; ++b) {
       __m256i q[R];
@@ -99,12 +67,11 @@ struct Q5Kernel {
         }
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) {
-        float s = hsum_ps(acc[r][t]);
-        if constexpr (WT == DType::Q5_1) s += msum[r][t];
-        a.y[(t0 + t) * a.y_stride + r0 + r] = s;
-      }
+    tl.store(a, r0, t0, [&](__m256 v, int r, int t) {
+      float s = F32Lanes<8>::reduce_add(v);
+      if constexpr (WT == DType::Q5_1) s += msum[r][t];
+      return s;
+    });
   }
 };
 
@@ -118,14 +85,9 @@ struct K45Kernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK_K;
-    const WB* w[R];
-    const BlockQ8_K* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a.x + (t0 + t) * a.x_stride);
-    __m256 acc[R][T];
+    TileOperands<WB, BlockQ8_K, 8, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     float macc[R][T] = {};
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t sc[R][8], mn[R][8];
@@ -176,8 +138,7 @@ struct K45Kernel {
         }
       }
     }
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = hsum_ps(acc[r][t]) - macc[r][t];
+    tl.store(a, r0, t0, [&](__m256 v, int r, int t) { return F32Lanes<8>::reduce_add(v) - macc[r][t]; });
   }
 };
 
@@ -218,10 +179,8 @@ struct Q23Kernel {
   template <int R, int T>
   static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.k / kQK_K;
-    TileOperands<WB, BlockQ8_K, __m256, R, T> tl(a, r0, t0);
-    const auto& w = tl.w;
-    const auto& x = tl.x;
-    auto& acc = tl.acc;
+    TileOperands<WB, BlockQ8_K, 8, R, T> tl(a, r0, t0);
+    auto& [w, x, acc] = tl;
     const __m256i m3 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nb; ++b) {
       __m256i s16[R], shalf[R][2];
@@ -282,7 +241,7 @@ struct Q23Kernel {
         }
       }
     }
-    tl.store(a, r0, t0, hsum_ps);
+    tl.store(a, r0, t0);
   }
 };
 

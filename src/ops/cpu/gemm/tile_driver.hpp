@@ -6,7 +6,34 @@
 // computing rows [r0, r0+R) x tokens [t0, t0+T); gemm<K> covers any block with tiles of at most
 // kRows x kTokens, the remainders with smaller instantiations.
 
+#include "ops/cpu/simd_f32.hpp"
+
 using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
+
+// The weight rows, activation rows and float accumulators (kLanes wide: 8 for __m256, 16 for
+// __m512; zeroed) of one R x T tile; store() writes each output: the accumulator's lane sum, or
+// out(acc, r, t) where a kernel adds terms of its own.
+template <class WB, class XB, int kLanes, int R, int T>
+struct TileOperands {
+  using V = typename F32Lanes<kLanes>::V;
+  const WB* w[R];
+  const XB* x[T];
+  V acc[R][T];
+  TileOperands(const GemmArgs& a, int64_t r0, int64_t t0) {
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const WB*>(a.w + (r0 + r) * a.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const XB*>(a.x + (t0 + t) * a.x_stride);
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = F32Lanes<kLanes>::zero();
+  }
+  void store(const GemmArgs& a, int64_t r0, int64_t t0) const {
+    store(a, r0, t0, [](V v, int, int) { return F32Lanes<kLanes>::reduce_add(v); });
+  }
+  template <class Out>
+  void store(const GemmArgs& a, int64_t r0, int64_t t0, Out out) const {
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) a.y[(t0 + t) * a.y_stride + r0 + r] = out(acc[r][t], r, t);
+  }
+};
 
 template <class K, int R, int T>
 void tile_call(const GemmArgs& a, int64_t r0, int64_t t0) {

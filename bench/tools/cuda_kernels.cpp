@@ -194,12 +194,19 @@ int main(int argc, char** argv) {
       auto* q = static_cast<uint8_t*>(A.alloc(static_cast<size_t>(kPrompt * kEmbd / 32 * 36)));
       cuda::quantize_q8(xs, kPrompt, kEmbd, q, s);
       float* y = static_cast<float*>(A.alloc(static_cast<size_t>(kPrompt * kFf) * sizeof(float)));
-      const double us = time_us(s, std::max(1, reps / 8), [&](int i) {
-        cuda::matvec(type, mats[static_cast<size_t>(i) % mats.size()], kEmbd, kFf, {xs, q}, kPrompt, y, s);
-      });
-      add("matmul Q4_0 (prompt)", "gate/up 11008 x 4096, 512 tokens",
-          static_cast<double>(mbytes) + kPrompt * kEmbd * 36.0 / 32 + kPrompt * kFf * 4.0, us);
-      std::printf("|   (%.1f T multiply-adds/s) | | | | | |\n", static_cast<double>(kFf) * kEmbd * kPrompt / (us * 1e-6) / 1e12);
+      // Both ways of multiplying the tiles' codes (tensor cores where the card has them, and dp4a).
+      const cuda::TileMath chosen = cuda::tile_math();
+      for (cuda::TileMath m : {cuda::TileMath::mma, cuda::TileMath::dp4a}) {
+        cuda::set_tile_math(m);
+        const double us = time_us(s, std::max(1, reps / 8), [&](int i) {
+          cuda::matvec(type, mats[static_cast<size_t>(i) % mats.size()], kEmbd, kFf, {xs, q}, kPrompt, y, s);
+        });
+        add(fmt::format("matmul Q4_0 (prompt, {})", m == cuda::TileMath::mma ? "mma" : "dp4a"),
+            "gate/up 11008 x 4096, 512 tokens", static_cast<double>(mbytes) + kPrompt * kEmbd * 36.0 / 32 + kPrompt * kFf * 4.0,
+            us);
+        std::printf("|   (%.1f T multiply-adds/s) | | | | | |\n", static_cast<double>(kFf) * kEmbd * kPrompt / (us * 1e-6) / 1e12);
+      }
+      cuda::set_tile_math(chosen);
       // The down's partial sums over every row (a dense prompt's share), 512 tokens.
       const auto downs = matrices(A, type, kFf, kEmbd, copies_for(mbytes), rng);
       std::vector<int32_t> all(static_cast<size_t>(kFf));

@@ -3,6 +3,7 @@
 // chunk order; compaction by counting, no atomics on floats), and every kernel over many blocks.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -259,7 +260,47 @@ constexpr int kGmRows = 64, kGmTokens = 64, kGmBlocks = 4, kGmSub = 4;
 constexpr int kGmThreads = (kGmRows / kGmSub) * (kGmTokens / kGmSub);  // 256
 static_assert(kGmRows * kGmBlocks == kGmThreads && kGmTokens * kGmBlocks == kGmThreads, "one staged block a thread");
 
+// c += A B for a warp's fragments of mma.m16n8k32 with 8-bit signed integers (PTX ISA, "Matrix
+// fragments for mma.m16n8k32"): A is 16 rows x 32, B 32 x 8 columns, C 16 x 8 int32. With
+// g = lane / 4 and q = lane % 4, and words of four consecutive k:
+//   a[r]  row g + 8 (r % 2), word q + 4 (r / 2)      b[r]  column g, word q + 4 r
+//   c[e]  row g + 8 (e / 2), column 2 q + e % 2
+// Sums of products of integers: exact, so the tiles' results do not depend on this instruction
+// or the dp4a that stands in for it on cards without one (and on the HIP CPU runtime, where the
+// definition is written out with shuffles, so that the fragments the kernel loads are tested).
+__device__ __forceinline__ void mma_s8_16x8x32(const int (&a)[4], const int (&b)[2], int (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(EMBER_CUDA_ON_CPU)
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  const int lane = threadIdx.x % kWarp, g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {  // k word w: A's words from lane 4 g + w % 4, B's from 4 n + w % 4
+    const int a_lo = __shfl_sync(0xffffffffu, a[2 * (w / 4)], 4 * g + w % 4);
+    const int a_hi = __shfl_sync(0xffffffffu, a[2 * (w / 4) + 1], 4 * g + w % 4);
+    const int b0 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q) + w % 4);
+    const int b1 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q + 1) + w % 4);
+    c[0] = __dp4a(a_lo, b0, c[0]);
+    c[1] = __dp4a(a_lo, b1, c[1]);
+    c[2] = __dp4a(a_hi, b0, c[2]);
+    c[3] = __dp4a(a_hi, b1, c[3]);
+  }
+#endif
+}
+
+// The term a block adds to output (row, token) of a tile, from the integer sum of its codes'
+// products, as block_dot writes it: the same float operations whatever computed isum.
 template <int T>
+__device__ __forceinline__ float tile_term(int isum, float dw, float mw, uint32_t ds, int xsum) {
+  if constexpr (T == 8) return dw * half_lo(ds) * static_cast<float>(isum);
+  else if constexpr (T == 2) return dw * half_lo(ds) * static_cast<float>(isum - 8 * xsum);
+  else return dw * half_lo(ds) * static_cast<float>(isum) + mw * half_hi(ds);
+}
+
+template <int T, bool kMma>
 __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
   __shared__ int sw[kGmRows][kGmBlocks][9];  // codes as 8 words (+1: fewer bank conflicts)
   __shared__ float swd[kGmRows][kGmBlocks], swm[kGmRows][kGmBlocks];
@@ -272,7 +313,12 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
   const SplitRows<T> w(a.w, a.w_rows, a.cols);
   const Q8Acts x(a.x, a.n_tokens, a.cols);
   const int tid = threadIdx.x;
-  const int tr = tid % (kGmRows / kGmSub), tc = tid / (kGmRows / kGmSub);  // the thread's rows and tokens
+  // dp4a: the thread's rows tr + 16 p and tokens tc + 16 q (acc[p][q]); mma: its warp's 16 rows from mr
+  // and 32 tokens from mt, the lane's outputs of column tile p in acc[p][e] (mma_s8_16x8x32's c[e]).
+  const int tr = tid % (kGmRows / kGmSub), tc = tid / (kGmRows / kGmSub);
+  const int lane = tid % kWarp, g = lane / 4, q4 = lane % 4;
+  const int mr = 16 * (tid / kWarp % 4), mt = 32 * (tid / kWarp / 4);
+  static_assert(kGmThreads / kWarp == 8 && kGmRows == 4 * 16 && kGmTokens == 2 * 32, "mma: 4 x 2 warps of 16 x 32");
   float acc[kGmSub][kGmSub];
 #pragma unroll
   for (int p = 0; p < kGmSub; ++p)
@@ -330,43 +376,76 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
     __syncthreads();
     const int steps = w.nb - k0 < kGmBlocks ? static_cast<int>(w.nb - k0) : kGmBlocks;
     for (int kb = 0; kb < steps; ++kb) {
+      if constexpr (kMma) {
+        // Warp: rows mr .. mr + 15, tokens mt .. mt + 31 as four mma column tiles of 8.
+        int af[4];
 #pragma unroll
-      for (int p = 0; p < kGmSub; ++p) {
-        const int rr = tr + p * (kGmRows / kGmSub);
-        const float dw = swd[rr][kb], mw = swm[rr][kb];
+        for (int r = 0; r < 4; ++r) af[r] = sw[mr + g + 8 * (r % 2)][kb][q4 + 4 * (r / 2)];
 #pragma unroll
-        for (int q = 0; q < kGmSub; ++q) {
-          const int tt = tc + q * (kGmTokens / kGmSub);
-          int isum = 0;
+        for (int p = 0; p < kGmSub; ++p) {
+          const int tb = mt + 8 * p;
+          const int bf[2] = {sx[tb + g][kb][q4], sx[tb + g][kb][q4 + 4]};
+          int c[4] = {0, 0, 0, 0};
+          mma_s8_16x8x32(af, bf, c);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) isum = __dp4a(sw[rr][kb][e], sx[tt][kb][e], isum);
-          const uint32_t ds = sxds[tt][kb];
-          float v;  // the block's term, as block_dot writes it
-          if constexpr (T == 8) v = dw * half_lo(ds) * static_cast<float>(isum);
-          else if constexpr (T == 2) v = dw * half_lo(ds) * static_cast<float>(isum - 8 * sxsum[tt][kb]);
-          else v = dw * half_lo(ds) * static_cast<float>(isum) + mw * half_hi(ds);
-          acc[p][q] += v;
+          for (int e = 0; e < 4; ++e) {
+            const int rr = mr + g + 8 * (e / 2), tt = tb + 2 * q4 + e % 2;
+            acc[p][e] += tile_term<T>(c[e], swd[rr][kb], swm[rr][kb], sxds[tt][kb], sxsum[tt][kb]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int p = 0; p < kGmSub; ++p) {
+          const int rr = tr + p * (kGmRows / kGmSub);
+#pragma unroll
+          for (int q = 0; q < kGmSub; ++q) {
+            const int tt = tc + q * (kGmTokens / kGmSub);
+            int isum = 0;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) isum = __dp4a(sw[rr][kb][e], sx[tt][kb][e], isum);
+            acc[p][q] += tile_term<T>(isum, swd[rr][kb], swm[rr][kb], sxds[tt][kb], sxsum[tt][kb]);
+          }
         }
       }
     }
     __syncthreads();
   }
   const MatvecOut& o = a.out;
-#pragma unroll
-  for (int p = 0; p < kGmSub; ++p) {
-    const int64_t i = i0 + tr + p * (kGmRows / kGmSub);
-    if (i >= n) continue;
-    const int64_t r = a.ids ? a.ids[i] : i;
-    int fired = 0;
-#pragma unroll
-    for (int q = 0; q < kGmSub; ++q) {
-      const int64_t t = t0 + tc + q * (kGmTokens / kGmSub);
-      if (t >= a.n_tokens) continue;
-      apply_epilogue(o, t, i, r, acc[p][q], fired);
-    }
-    // Counts over the token tiles: integer sums, the same whatever the order (zeroed before).
+  // Counts over the token tiles: integer sums, the same whatever the order (zeroed before).
+  auto count = [&](int64_t i, int fired) {
     if (o.kind == Epilogue::fire && fired) atomicAdd(o.counts + i, fired);
     if (o.kind == Epilogue::select && fired && i < o.k) atomicOr(o.counts + i, 1);
+  };
+  if constexpr (kMma) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows g and g + 8 of the warp's 16
+      const int64_t i = i0 + mr + g + 8 * h;
+      if (i >= n) continue;
+      const int64_t r = a.ids ? a.ids[i] : i;
+      int fired = 0;
+#pragma unroll
+      for (int p = 0; p < kGmSub; ++p)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const int64_t t = t0 + mt + 8 * p + 2 * q4 + e % 2;
+          if (t < a.n_tokens) apply_epilogue(o, t, i, r, acc[p][e], fired);
+        }
+      count(i, fired);
+    }
+  } else {
+#pragma unroll
+    for (int p = 0; p < kGmSub; ++p) {
+      const int64_t i = i0 + tr + p * (kGmRows / kGmSub);
+      if (i >= n) continue;
+      const int64_t r = a.ids ? a.ids[i] : i;
+      int fired = 0;
+#pragma unroll
+      for (int q = 0; q < kGmSub; ++q) {
+        const int64_t t = t0 + tc + q * (kGmTokens / kGmSub);
+        if (t < a.n_tokens) apply_epilogue(o, t, i, r, acc[p][q], fired);
+      }
+      count(i, fired);
+    }
   }
 }
 
@@ -718,6 +797,35 @@ float event_elapsed_ms(void* a, void* b) {
 
 uint64_t launches() { return g_launches.load(std::memory_order_relaxed); }
 
+namespace {
+std::atomic<int> g_tile_math{-1};
+TileMath default_tile_math() {
+  if (const char* env = std::getenv("EMBER_CUDA_TILES")) {
+    if (std::strcmp(env, "dp4a") == 0) return TileMath::dp4a;
+    if (std::strcmp(env, "mma") == 0) return TileMath::mma;
+    fail("EMBER_CUDA_TILES='{}': dp4a or mma", env);
+  }
+#ifdef EMBER_CUDA_ON_CPU
+  return TileMath::dp4a;
+#else
+  int dev = 0, major = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  return major >= 8 ? TileMath::mma : TileMath::dp4a;
+#endif
+}
+}  // namespace
+
+TileMath tile_math() {
+  int m = g_tile_math.load(std::memory_order_relaxed);
+  if (m < 0) {
+    m = static_cast<int>(default_tile_math());
+    g_tile_math.store(m, std::memory_order_relaxed);
+  }
+  return static_cast<TileMath>(m);
+}
+void set_tile_math(TileMath m) { g_tile_math.store(static_cast<int>(m), std::memory_order_relaxed); }
+
 #ifdef EMBER_CUDA_ON_CPU
 bool graphs_supported() { return false; }
 void capture_begin(void*) { fail("CUDA graphs: the HIP CPU runtime has none"); }
@@ -819,9 +927,13 @@ void matvec(const Matrix& W, const RowSet& rs, Activations x, int64_t n_tokens, 
       if (n_counts > 0) detail::check(cudaMemsetAsync(out.counts, 0, sizeof(int32_t) * n_counts, s), "cudaMemsetAsync");
     }
     const dim3 grid(grid_of(max_rows, kGmRows), grid_of(n_tokens, kGmTokens));
+    const bool mma = tile_math() == TileMath::mma;
     by_type(W.type, [&](auto tag) {
       constexpr int T = decltype(tag)::value;
-      if constexpr (T >= 2) matmul_tiles_kernel<T><<<grid, kGmThreads, 0, s>>>(a);
+      if constexpr (T >= 2) {
+        if (mma) matmul_tiles_kernel<T, true><<<grid, kGmThreads, 0, s>>>(a);
+        else matmul_tiles_kernel<T, false><<<grid, kGmThreads, 0, s>>>(a);
+      }
     });
     launched("tiled matmul kernel");
     return;

@@ -149,6 +149,14 @@ constexpr int kMvTokens = 4;  // tokens a warp computes from one read of its row
 // in shared memory (each weight read once per 64 tokens), fire and select counting with integer
 // atomics: the same per-block terms, summed block after block.
 constexpr int64_t kGemmMinTokens = 16;
+// How the tiles multiply the 8-bit codes: tensor cores (mma.sync m16n8k32, a warp per 16 rows x 32
+// tokens) or dp4a (a thread per 4 x 4). The same integer sums either way, so the same bits. The
+// default: mma on a card of compute capability 8.0 or more, dp4a on others and on the HIP CPU
+// runtime (where mma is its definition written with shuffles, which the tests run);
+// EMBER_CUDA_TILES=dp4a or mma overrides it.
+enum class TileMath { dp4a, mma };
+TileMath tile_math();
+void set_tile_math(TileMath m);
 void matvec(const Matrix& W, const RowSet& rows, Activations x, int64_t n_tokens, const MatvecOut& out, void* stream);
 // The plain forms: y[t][r] = dot(W row r, x[t]) over all rows, and over the rows ids[i] for i <
 // *n_rows (n_rows null: i < max_rows) of a matrix of w_rows rows into y[t * y_stride + i].

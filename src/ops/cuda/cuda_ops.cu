@@ -260,6 +260,92 @@ constexpr int kGmRows = 64, kGmTokens = 64, kGmBlocks = 4, kGmSub = 4;
 constexpr int kGmThreads = (kGmRows / kGmSub) * (kGmTokens / kGmSub);  // 256
 static_assert(kGmRows * kGmBlocks == kGmThreads && kGmTokens * kGmBlocks == kGmThreads, "one staged block a thread");
 
+// A row's firing count (fire) or selection (select) over a tile's tokens, added to the counts
+// with integer atomics: the same totals whatever order the token tiles come in (zeroed before).
+__device__ __forceinline__ void tile_count(const MatvecOut& o, int64_t i, int fired) {
+  if (o.kind == Epilogue::fire && fired) atomicAdd(o.counts + i, fired);
+  if (o.kind == Epilogue::select && fired && i < o.k) atomicOr(o.counts + i, 1);
+}
+
+// A thread's kGmSub x kGmSub outputs of a tile, rows i + 16 p and tokens t + 16 q (acc[p][q]),
+// through the epilogue.
+__device__ __forceinline__ void tile_epilogue(const MvArgs& a, int64_t n, int64_t i, int64_t t,
+                                              const float (&acc)[kGmSub][kGmSub]) {
+#pragma unroll
+  for (int p = 0; p < kGmSub; ++p) {
+    const int64_t ip = i + p * (kGmRows / kGmSub);
+    if (ip >= n) continue;
+    const int64_t r = a.ids ? a.ids[ip] : ip;
+    int fired = 0;
+#pragma unroll
+    for (int q = 0; q < kGmSub; ++q) {
+      const int64_t tq = t + q * (kGmTokens / kGmSub);
+      if (tq < a.n_tokens) apply_epilogue(a.out, tq, ip, r, acc[p][q], fired);
+    }
+    tile_count(a.out, ip, fired);
+  }
+}
+
+// F32 and F16 rows against float activations, in the same tiles: each step stages kGfCols columns
+// of the tile's weights (F16 widened) and of its tokens' values in shared memory, and every thread
+// adds its 4 x 4 products column after column with fused multiply-adds. Each weight is read once
+// per 64 tokens; the sums run in another order than the matvec's lanes (the same values to
+// float rounding, not the same bits).
+constexpr int kGfCols = 32;
+static_assert(kGmRows * kGfCols == 8 * kGmThreads && kGmTokens * kGfCols == 8 * kGmThreads, "8 values a thread");
+
+template <int T>
+__global__ void __launch_bounds__(kGmThreads) matmul_tiles_f_kernel(MvArgs a) {
+  __shared__ float sw[kGmRows][kGfCols + 1];  // +1: rows in different banks
+  __shared__ float sx[kGmTokens][kGfCols + 1];
+  const int64_t n = a.count ? *a.count : a.max_rows;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kGmRows, t0 = static_cast<int64_t>(blockIdx.y) * kGmTokens;
+  if (i0 >= n) return;  // the whole block: no barrier is skipped by part of it
+  const int tid = threadIdx.x;
+  const int tr = tid % (kGmRows / kGmSub), tc = tid / (kGmRows / kGmSub);
+  float acc[kGmSub][kGmSub];
+#pragma unroll
+  for (int p = 0; p < kGmSub; ++p)
+#pragma unroll
+    for (int q = 0; q < kGmSub; ++q) acc[p][q] = 0.0f;
+  // What this thread stages: 8 consecutive columns of one row and of one token a step.
+  const int ls = tid / (kGfCols / 8), lc = 8 * (tid % (kGfCols / 8));
+  const int64_t li = i0 + ls, lt = t0 + ls;
+  const bool row_ok = li < n, tok_ok = lt < a.n_tokens;
+  const int64_t lr = row_ok ? (a.ids ? a.ids[li] : li) : 0;
+  using W = std::conditional_t<T == 0, float, __half>;
+  const W* wrow = reinterpret_cast<const W*>(a.w) + lr * a.cols;
+  const float* xrow = static_cast<const float*>(a.x) + lt * a.cols;
+  for (int64_t k0 = 0; k0 < a.cols; k0 += kGfCols) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t c = k0 + lc + j;
+      float v = 0.0f;
+      if (row_ok && c < a.cols) {
+        if constexpr (T == 0) v = wrow[c];
+        else v = __half2float(wrow[c]);
+      }
+      sw[ls][lc + j] = v;
+      sx[ls][lc + j] = tok_ok && c < a.cols ? xrow[c] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kGfCols; ++kk) {
+      float wv[kGmSub], xv[kGmSub];
+#pragma unroll
+      for (int p = 0; p < kGmSub; ++p) wv[p] = sw[tr + p * (kGmRows / kGmSub)][kk];
+#pragma unroll
+      for (int q = 0; q < kGmSub; ++q) xv[q] = sx[tc + q * (kGmTokens / kGmSub)][kk];
+#pragma unroll
+      for (int p = 0; p < kGmSub; ++p)
+#pragma unroll
+        for (int q = 0; q < kGmSub; ++q) acc[p][q] = fmaf(wv[p], xv[q], acc[p][q]);
+    }
+    __syncthreads();
+  }
+  tile_epilogue(a, n, i0 + tr, t0 + tc, acc);
+}
+
 // c += A B for a warp's fragments of mma.m16n8k32 with 8-bit signed integers (PTX ISA, "Matrix
 // fragments for mma.m16n8k32"): A is 16 rows x 32, B 32 x 8 columns, C 16 x 8 int32. With
 // g = lane / 4 and q = lane % 4, and words of four consecutive k:
@@ -411,11 +497,6 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
     __syncthreads();
   }
   const MatvecOut& o = a.out;
-  // Counts over the token tiles: integer sums, the same whatever the order (zeroed before).
-  auto count = [&](int64_t i, int fired) {
-    if (o.kind == Epilogue::fire && fired) atomicAdd(o.counts + i, fired);
-    if (o.kind == Epilogue::select && fired && i < o.k) atomicOr(o.counts + i, 1);
-  };
   if constexpr (kMma) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // rows g and g + 8 of the warp's 16
@@ -430,22 +511,10 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
           const int64_t t = t0 + mt + 8 * p + 2 * q4 + e % 2;
           if (t < a.n_tokens) apply_epilogue(o, t, i, r, acc[p][e], fired);
         }
-      count(i, fired);
+      tile_count(o, i, fired);
     }
   } else {
-#pragma unroll
-    for (int p = 0; p < kGmSub; ++p) {
-      const int64_t i = i0 + tr + p * (kGmRows / kGmSub);
-      if (i >= n) continue;
-      const int64_t r = a.ids ? a.ids[i] : i;
-      int fired = 0;
-#pragma unroll
-      for (int q = 0; q < kGmSub; ++q) {
-        const int64_t t = t0 + tc + q * (kGmTokens / kGmSub);
-        if (t < a.n_tokens) apply_epilogue(o, t, i, r, acc[p][q], fired);
-      }
-      count(i, fired);
-    }
+    tile_epilogue(a, n, i0 + tr, t0 + tc, acc);
   }
 }
 
@@ -921,7 +990,7 @@ void matvec(const Matrix& W, const RowSet& rs, Activations x, int64_t n_tokens, 
   MvArgs a{static_cast<const uint8_t*>(W.data), W.rows, W.cols, rs.ids, rs.count, max_rows, xp, n_tokens, n_tokens, out};
   if (a.out.stride == 0) a.out.stride = max_rows;
   cudaStream_t s = as_stream(stream);
-  if (takes_q8(W.type) && n_tokens >= kGemmMinTokens) {  // a prompt: tiles, each weight read once per 64 tokens
+  if (n_tokens >= kGemmMinTokens) {  // a prompt: tiles, each weight read once per 64 tokens
     if (out.kind == Epilogue::fire || out.kind == Epilogue::select) {
       const int64_t n_counts = out.kind == Epilogue::fire ? max_rows : std::min(out.k, max_rows);
       if (n_counts > 0) detail::check(cudaMemsetAsync(out.counts, 0, sizeof(int32_t) * n_counts, s), "cudaMemsetAsync");
@@ -933,6 +1002,8 @@ void matvec(const Matrix& W, const RowSet& rs, Activations x, int64_t n_tokens, 
       if constexpr (T >= 2) {
         if (mma) matmul_tiles_kernel<T, true><<<grid, kGmThreads, 0, s>>>(a);
         else matmul_tiles_kernel<T, false><<<grid, kGmThreads, 0, s>>>(a);
+      } else {
+        matmul_tiles_f_kernel<T><<<grid, kGmThreads, 0, s>>>(a);
       }
     });
     launched("tiled matmul kernel");

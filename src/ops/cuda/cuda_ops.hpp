@@ -21,8 +21,7 @@
 //                              the predictor's per-token verdict), counts[i] = 1 where some token's
 //                              is, for i < k (the share's positions, for compaction)
 //                  A warp per row reads the row once for up to kMvTokens tokens; prompts of
-//                  kGemmMinTokens or more (8-bit products) run as tiles (each weight read
-//                  once per 64 tokens).
+//                  kGemmMinTokens or more run as tiles (each weight read once per 64 tokens).
 //   compact:       the positions i < n (n = *n_valid, or max_n) with counts[i] > 0 in order:
 //                  out_ids (ids[i], or i), out_pos (i); totals[0] = their number, totals[1] = the
 //                  sum of the counts (the fired (token, neuron) pairs). Blocks of kCompactSpan
@@ -145,9 +144,10 @@ struct MatvecOut {
   const int32_t* pos = nullptr;
 };
 constexpr int kMvTokens = 4;  // tokens a warp computes from one read of its row's weights
-// From this many tokens on (prompts), 8-bit products run as tiles of 64 rows x 64 tokens staged
-// in shared memory (each weight read once per 64 tokens), fire and select counting with integer
-// atomics: the same per-block terms, summed block after block.
+// From this many tokens on (prompts), products run as tiles of 64 rows x 64 tokens staged in
+// shared memory (each weight read once per 64 tokens), fire and select counting with integer
+// atomics. 8-bit products: the matvec's per-block terms, summed block after block (the same
+// bits); F32 / F16: fused multiply-adds column after column (the same values to rounding).
 constexpr int64_t kGemmMinTokens = 16;
 // How the tiles multiply the 8-bit codes: tensor cores (mma.sync m16n8k32, a warp per 16 rows x 32
 // tokens) or dp4a (a thread per 4 x 4). The same integer sums either way, so the same bits. The

@@ -4,6 +4,7 @@
 // saying why, in a build without CUDA or on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -177,6 +178,23 @@ static double device_dot(const Weights& w, DType type, int64_t r, int64_t cols, 
 }
 #endif
 
+#ifdef EMBER_HAS_CUDA
+// The down's sum at (token t, column j) in double, with its magnitude: h[t * h_stride + k] times
+// row active[k] of D (dequantized) over the na active rows.
+static double axpy_ref(const std::vector<float>& h, int64_t h_stride, const Weights& D, const int32_t* active,
+                       int64_t na, int64_t cols, int64_t t, int64_t j, double* mag) {
+  double ref = 0;
+  *mag = 0;
+  for (int64_t k = 0; k < na; ++k) {
+    const double term = static_cast<double>(h[static_cast<size_t>(t * h_stride + k)]) *
+                        D.deq[static_cast<size_t>(active[k] * cols + j)];
+    ref += term;
+    *mag += std::fabs(term);
+  }
+  return ref;
+}
+#endif
+
 // Matvecs: float rows against float activations, quantized rows (in the device's split layout)
 // against the activations rounded to 8 bits on the device, which must be the CPU's Q8_1 blocks
 // byte for byte, multiplied in integers as the CPU multiplies them (so the only difference left
@@ -328,6 +346,58 @@ TEST(CudaOps, PromptTilesOnTensorCoresEqualDp4a) {
 #endif
 }
 
+// A long prompt's down on tensor cores (bf16 mma over the exact codes and h d in three bf16
+// parts; on the HIP CPU runtime the instruction's definition in shuffles) and the axpy it replaces,
+// both against the double-precision sums over the dequantized rows: every 8-bit weight type, a
+// column tile cut in half (160 = 2.5 tiles of 64), an active list in random order that ends
+// inside a step, tokens past the last full tile, h with zeros.
+TEST(CudaOps, PromptDownOnTensorCoresMatchesTheSums) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  std::mt19937 rng(11);
+  void* stream = cuda::stream_create();
+  const cuda::TileMath before = cuda::tile_math();
+  const float nan = std::nanf("");
+  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q4_1}) {
+    for (auto [n_rows, cols, nt, na] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{64, 64, 64, 64},
+                                        {300, 160, 70, 217}, {90, 96, 130, 9}}) {
+      SCOPED_TRACE(fmt::format("{} {} rows of {}, {} tokens, {} active", dtype_name(type), n_rows, cols, nt, na));
+      const DeviceMatrix D(type, n_rows, cols, rng);
+      std::vector<int32_t> order(static_cast<size_t>(n_rows));
+      for (int64_t r = 0; r < n_rows; ++r) order[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<int32_t> active(order.begin(), order.begin() + na);
+      active.push_back(static_cast<int32_t>(na));  // the count, on the device after the list
+      std::vector<float> h = random_floats(static_cast<size_t>(nt * na), rng);
+      for (size_t i = 0; i < h.size(); i += 7) h[i] = 0.0f;
+      DeviceVec<int32_t> dactive(active);
+      DeviceVec<float> dh(h);
+      std::vector<std::vector<float>> got;
+      for (cuda::TileMath m : {cuda::TileMath::dp4a, cuda::TileMath::mma}) {
+        cuda::set_tile_math(m);
+        DeviceVec<float> dpart(std::vector<float>(static_cast<size_t>(nt * cols), nan));
+        cuda::sparse_axpy_partial(type, D.m.data, n_rows, cols, dactive.p, dactive.p + na, dh.p, na, nt, dpart.p,
+                                  stream);
+        cuda::stream_sync(stream);
+        got.push_back(dpart.get());
+      }
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t j = 0; j < cols; ++j) {
+          double mag = 0;
+          const double ref = axpy_ref(h, na, D.w, active.data(), na, cols, t, j, &mag);
+          const size_t i = static_cast<size_t>(t * cols + j);
+          // Float sums of up to 217 terms (h d in parts of 24 bits): their rounding is below
+          // 217 x 2^-24 of the magnitude, a wrong or missing term 1/217 of it.
+          ASSERT_NEAR(got[0][i], ref, 1.5e-5 * mag + 1e-6) << "axpy, t " << t << " j " << j;
+          ASSERT_NEAR(got[1][i], ref, 1.5e-5 * mag + 1e-6) << "tensor cores, t " << t << " j " << j;
+        }
+    }
+  }
+  cuda::set_tile_math(before);
+  cuda::stream_destroy(stream);
+#endif
+}
+
 #ifdef EMBER_HAS_CUDA
 // The positions i < n with counts[i] > 0, in order, as cuda::compact lists them.
 static std::vector<int32_t> flagged(const std::vector<int32_t>& counts, int64_t n) {
@@ -449,13 +519,8 @@ TEST(CudaOps, FiringShareMatchesTheCpuRule) {
             }
           for (int64_t t = 0; t < nt; ++t)
             for (int64_t j = 0; j < cols; ++j) {
-              double ref_o = 0, mag = 0;
-              for (int64_t k = 0; k < na; ++k) {
-                const double term = static_cast<double>(h[static_cast<size_t>(t * n + k)]) *
-                                    down.w.deq[static_cast<size_t>(active[static_cast<size_t>(k)] * cols + j)];
-                ref_o += term;
-                mag += std::fabs(term);
-              }
+              double mag = 0;
+              const double ref_o = axpy_ref(h, n, down.w, active.data(), na, cols, t, j, &mag);
               ASSERT_NEAR(out[static_cast<size_t>(t * cols + j)], ref_o, 2e-5 * mag + 1e-6) << "t " << t << " j " << j;
             }
           // The FFN block's merge: x += cpu + the chunks + down_b, or o kept for a post-norm.

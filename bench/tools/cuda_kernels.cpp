@@ -217,13 +217,17 @@ int main(int argc, char** argv) {
       cuda::copy_to_device_sync(active + kFf, &nff, sizeof(int32_t));
       float* h = A.upload(random_floats(static_cast<size_t>(kPrompt * kFf), rng));
       float* partial = static_cast<float*>(A.alloc(static_cast<size_t>(kPrompt * kEmbd) * sizeof(float)));
-      const double ud = time_us(s, std::max(1, reps / 8), [&](int i) {
-        cuda::sparse_axpy_partial(type, downs[static_cast<size_t>(i) % downs.size()], kFf, kEmbd, active, active + kFf, h,
-                                  kFf, kPrompt, partial, s);
-      });
-      add("sparse_axpy Q4_0 (prompt)", "11008 rows of 4096, 512 tokens",
-          static_cast<double>(mbytes) + kPrompt * kFf * 4.0 + kPrompt * kEmbd * 4.0, ud);
-      std::printf("|   (%.1f T multiply-adds/s) | | | | | |\n", static_cast<double>(kFf) * kEmbd * kPrompt / (ud * 1e-6) / 1e12);
+      for (cuda::TileMath m : {cuda::TileMath::mma, cuda::TileMath::dp4a}) {  // tensor cores, or the axpy
+        cuda::set_tile_math(m);
+        const double ud = time_us(s, std::max(1, reps / 8), [&](int i) {
+          cuda::sparse_axpy_partial(type, downs[static_cast<size_t>(i) % downs.size()], kFf, kEmbd, active, active + kFf,
+                                    h, kFf, kPrompt, partial, s);
+        });
+        add(fmt::format("sparse_axpy Q4_0 (prompt, {})", m == cuda::TileMath::mma ? "mma" : "axpy"),
+            "11008 rows of 4096, 512 tokens", static_cast<double>(mbytes) + kPrompt * kFf * 4.0 + kPrompt * kEmbd * 4.0, ud);
+        std::printf("|   (%.1f T multiply-adds/s) | | | | | |\n", static_cast<double>(kFf) * kEmbd * kPrompt / (ud * 1e-6) / 1e12);
+      }
+      cuda::set_tile_math(chosen);
     }
 
     // The FFN share at 10 % firing: the gate with the firing test over all rows, the compaction,

@@ -44,6 +44,17 @@
 #define __shfl_sync(mask, v, lane) __shfl(v, lane, 32)
 #define __ballot_sync(mask, p) static_cast<unsigned>(__ballot(p))
 #include <cmath>
+#include <cstring>
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }  // nearest, ties even
 // The four signed byte products of a and b, summed, plus c (CUDA's __dp4a on int operands).
 inline int __dp4a(int a, int b, int c) {

@@ -377,6 +377,46 @@ __device__ __forceinline__ void mma_s8_16x8x32(const int (&a)[4], const int (&b)
 #endif
 }
 
+// bf16 as the upper 16 bits of a float: to it with rounding to nearest even (finite values), and back.
+__device__ __forceinline__ unsigned bf16_bits(float v) {
+  const unsigned u = __float_as_uint(v);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float bf16_value(unsigned b) { return __uint_as_float(b << 16); }
+// Two consecutive bf16 (k, k + 1) as one fragment word, k in the low half.
+__device__ __forceinline__ unsigned bf16_pair(const uint16_t* p) { return p[0] | static_cast<unsigned>(p[1]) << 16; }
+
+// c += A B for a warp's fragments of mma.m16n8k16 with bf16 inputs and float sums (PTX ISA,
+// "Matrix fragments for mma.m16n8k16 with floating point type"): the same layout as
+// mma_s8_16x8x32's with a word holding two consecutive k (the lower k in the low half). Products
+// of two bf16 values are exact in float; the sums' order is the instruction's (or, where it is
+// absent, the definition's written out as in mma_s8_16x8x32).
+__device__ __forceinline__ void mma_bf16_16x8x16(const unsigned (&a)[4], const unsigned (&b)[2], float (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(EMBER_CUDA_ON_CPU)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  const int lane = threadIdx.x % kWarp, g = lane / 4, q = lane % 4;
+  auto dot2 = [](unsigned x, unsigned y) {
+    return bf16_value(x & 0xffffu) * bf16_value(y & 0xffffu) + bf16_value(x >> 16) * bf16_value(y >> 16);
+  };
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    const unsigned a_lo = __shfl_sync(0xffffffffu, a[2 * (w / 4)], 4 * g + w % 4);
+    const unsigned a_hi = __shfl_sync(0xffffffffu, a[2 * (w / 4) + 1], 4 * g + w % 4);
+    const unsigned b0 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q) + w % 4);
+    const unsigned b1 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q + 1) + w % 4);
+    c[0] += dot2(a_lo, b0);
+    c[1] += dot2(a_lo, b1);
+    c[2] += dot2(a_hi, b0);
+    c[3] += dot2(a_hi, b1);
+  }
+#endif
+}
+
 // The term a block adds to output (row, token) of a tile, from the integer sum of its codes'
 // products, as block_dot writes it: the same float operations whatever computed isum.
 template <int T>
@@ -737,6 +777,145 @@ __global__ void __launch_bounds__(kAxpyThreads) axpy_tokens_kernel(const uint8_t
   }
 }
 
+// Prompts of kAxpyTilesMin tokens or more on tensor cores (TileMath::mma): the down's sums as a
+// matrix product out[t][j] = sum_k h[t][k] D[active[k]][j] in tiles of 64 tokens x 64 columns
+// (two blocks of 32), each step 16 active rows. The codes (exact in bf16) go in as they are;
+// h[t][k] times the row's block factor d, a float, goes in as three bf16 parts (hi + mid + lo: 24
+// bits of its 24), so each product is h d q to float rounding; Q4_1's h m is summed per (token,
+// block) on the side. A warp takes 16 tokens x one block (four 8-column mma tiles). The sums run in
+// the tensor cores' order: the same values as axpy_tokens_kernel to float rounding, not its bits.
+constexpr int64_t kAxpyTilesMin = 64;  // from here axpy_chunks is 1: one partial, written whole
+constexpr int kAtTokens = 64, kAtCols = 64, kAtRows = 16, kAtThreads = 256;
+
+template <int T>
+__global__ void __launch_bounds__(kAtThreads) axpy_tiles_kernel(const uint8_t* D, int64_t n_rows, int64_t cols,
+                                                                const int32_t* active, const int32_t* n_active,
+                                                                const float* h, int64_t h_stride, int64_t n_tokens,
+                                                                float* partial) {
+  __shared__ uint16_t sb[kAtCols][kAtRows + 8];             // codes [column][row] (+8: banks)
+  __shared__ uint16_t sa[3][2][kAtTokens][kAtRows + 8];     // h d parts [part][block][token][row]
+  __shared__ float sm[kAtRows][2];                          // Q4_1: the rows' m of the two blocks
+  __shared__ float shm[kAtTokens][2][kAtRows];              // Q4_1: h m, summed after the steps
+  const SplitRows<T> sr(D, n_rows, cols);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kAtCols, t0 = static_cast<int64_t>(blockIdx.y) * kAtTokens;
+  const int64_t nb0 = j0 / kQK;  // the tile's first block
+  const int nblk = cols - j0 >= kAtCols ? 2 : 1;
+  const int64_t na = *n_active;
+  const int tid = threadIdx.x, lane = tid % kWarp, wid = tid / kWarp, g = lane / 4, q = lane % 4;
+  const int wt = 16 * (wid % 4), wb = wid / 4;  // the warp's tokens and block
+  float acc[4][4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[p][e] = 0.0f;
+  float hm_own[4][2] = {};  // Q4_1: this thread's h m over its row position, 4 tokens x 2 blocks
+  // Staging: codes of row kr, columns 4 cc .. 4 cc + 3; h of row kk for tokens tt + 16 i.
+  const int kr = tid / 16, cc = tid % 16, kk = tid % 16, tt = tid / 16;
+  for (int64_t k0 = 0; k0 < na; k0 += kAtRows) {
+    {
+      const int64_t k = k0 + kr;
+      const int col = 4 * cc, blk = col / kQK, off = col % kQK;
+      unsigned v[4] = {0, 0, 0, 0};
+      if (k < na && blk < nblk) {
+        const uint8_t* codes = sr.row_codes(active[k]) + (nb0 + blk) * Split<T>::kCodeBytes;
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + (T == 8 ? off : off % 16));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const unsigned byte = (w >> (8 * i)) & 0xffu;
+          float code;
+          if constexpr (T == 8) code = static_cast<float>(static_cast<int8_t>(byte));
+          else code = static_cast<float>(off < 16 ? (byte & 15u) : (byte >> 4)) - (T == 2 ? 8.0f : 0.0f);
+          v[i] = bf16_bits(code);  // exact: a small integer
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sb[col + i][kr] = static_cast<uint16_t>(v[i]);
+      if constexpr (T == 3)
+        if (tid < 2 * kAtRows) {
+          const int64_t km = k0 + tid / 2;
+          const int bm = tid % 2;
+          sm[tid / 2][bm] = km < na && bm < nblk ? half_at(sr.row_factors(active[km]) + (nb0 + bm) * Split<T>::kFactorBytes + 2)
+                                                 : 0.0f;
+        }
+    }
+    {
+      const int64_t k = k0 + kk;
+      float d[2] = {0.0f, 0.0f};
+      if (k < na)
+        for (int b = 0; b < nblk; ++b) d[b] = half_at(sr.row_factors(active[k]) + (nb0 + b) * Split<T>::kFactorBytes);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = tt + 16 * i;
+        const float hv = k < na && t0 + t < n_tokens ? h[(t0 + t) * h_stride + k] : 0.0f;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const float v = hv * d[b];
+          const unsigned hi = bf16_bits(v);
+          const float r1 = v - bf16_value(hi);
+          const unsigned mid = bf16_bits(r1);
+          const unsigned lo = bf16_bits(r1 - bf16_value(mid));
+          sa[0][b][t][kk] = static_cast<uint16_t>(hi);
+          sa[1][b][t][kk] = static_cast<uint16_t>(mid);
+          sa[2][b][t][kk] = static_cast<uint16_t>(lo);
+        }
+      }
+    }
+    __syncthreads();
+    if constexpr (T == 3) {  // h m of this thread's row position, in step order
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = tt + 16 * i;
+        const int64_t k = k0 + kk;
+        const float hv = k < na && t0 + t < n_tokens ? h[(t0 + t) * h_stride + k] : 0.0f;
+        hm_own[i][0] += hv * sm[kk][0];
+        hm_own[i][1] += hv * sm[kk][1];
+      }
+    }
+    // Every warp, also one past a half tile's last block (zeros there): the HIP CPU runtime's
+    // shuffles, which stand in for the instruction, wait for the whole block.
+    {
+#pragma unroll
+      for (int part = 0; part < 3; ++part) {
+        unsigned af[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          af[r] = bf16_pair(&sa[part][wb][wt + g + 8 * (r % 2)][2 * (q + 4 * (r / 2))]);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const int n = 32 * wb + 8 * p + g;
+          const unsigned bfr[2] = {bf16_pair(&sb[n][2 * q]), bf16_pair(&sb[n][2 * (q + 4)])};
+          mma_bf16_16x8x16(af, bfr, acc[p]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if constexpr (T == 3) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      shm[tt + 16 * i][0][kk] = hm_own[i][0];
+      shm[tt + 16 * i][1][kk] = hm_own[i][1];
+    }
+    __syncthreads();
+  }
+  if (wb >= nblk) return;
+#pragma unroll
+  for (int p = 0; p < 4; ++p)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = wt + g + 8 * (e / 2);
+      const int64_t j = j0 + 32 * wb + 8 * p + 2 * q + e % 2;
+      if (t0 + t >= n_tokens) continue;
+      float v = acc[p][e];
+      if constexpr (T == 3) {
+        float hm = 0.0f;  // the row positions' h m in position order
+        for (int r = 0; r < kAtRows; ++r) hm += shm[t][wb][r];
+        v += hm;
+      }
+      partial[(t0 + t) * cols + j] = v;
+    }
+}
+
 // The chunks' partial sums of (token, column) i added in chunk order.
 __device__ __forceinline__ float chunk_sum(const float* partial, int64_t n_chunks, int64_t per_chunk, int64_t i) {
   float s = 0.0f;
@@ -1067,8 +1246,17 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
   const int64_t n_chunks = axpy_chunks(n_tokens);
   const auto* d = static_cast<const uint8_t*>(D);
   cudaStream_t s = as_stream(stream);
+  const bool tiles = n_tokens >= kAxpyTilesMin && takes_q8(type) && cols % kQK == 0 && tile_math() == TileMath::mma;
   by_type(type, [&](auto tag) {
     constexpr int T = decltype(tag)::value;
+    if constexpr (T >= 2) {
+      if (tiles) {  // a long prompt on tensor cores: each row read once per 64 tokens
+        const dim3 grid(grid_of(cols, kAtCols), grid_of(n_tokens, kAtTokens));
+        axpy_tiles_kernel<T><<<grid, kAtThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, n_tokens,
+                                                         partial);
+        return;
+      }
+    }
     if (n_tokens >= kAxpyBatchMin) {  // a prompt: each row read once per kAxpyTok tokens
       const dim3 grid(grid_of(cols / 8, kAxpyThreads), static_cast<unsigned>(n_chunks),
                       grid_of(n_tokens, kAxpyTok));

@@ -28,7 +28,9 @@
 //                  positions, each counting the positions before it (no atomics).
 //   sparse_axpy:   out[t][j] = sum_k h[t][k] * D row active[k] [j] (overwrites out): the active rows
 //                  in axpy_chunks(n_tokens) interleaved chunks, each block one chunk's partial sums
-//                  of a column tile into `partial`, then the chunks added in order (axpy_reduce)
+//                  of a column tile into `partial`, then the chunks added in order (axpy_reduce);
+//                  prompts of 64 tokens or more over 8-bit rows with TileMath::mma as a matrix
+//                  product on tensor cores (bf16: the exact codes, h d in three parts)
 //   ffn_merge:     the FFN block's end on the device: o = cpu + (the device's chunks added in
 //                  order) + down_b (each part optional, in that order, as the hybrid merges on the
 //                  host), then x += o, or o kept for a post-norm (the caller then norms and adds)
@@ -150,7 +152,8 @@ constexpr int kMvTokens = 4;  // tokens a warp computes from one read of its row
 // bits); F32 / F16: fused multiply-adds column after column (the same values to rounding).
 constexpr int64_t kGemmMinTokens = 16;
 // How the tiles multiply the 8-bit codes: tensor cores (mma.sync m16n8k32, a warp per 16 rows x 32
-// tokens) or dp4a (a thread per 4 x 4). The same integer sums either way, so the same bits. The
+// tokens) or dp4a (a thread per 4 x 4). The same integer sums either way, so the same bits. With
+// mma a long prompt's down (sparse_axpy) runs on tensor cores too (the same values to rounding). The
 // default: mma on a card of compute capability 8.0 or more, dp4a on others and on the HIP CPU
 // runtime (where mma is its definition written with shuffles, which the tests run);
 // EMBER_CUDA_TILES=dp4a or mma overrides it.

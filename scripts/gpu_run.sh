@@ -20,7 +20,8 @@
 #                  predictors: all-CPU, the hybrid at 25 / 50 / 75 % of the model's bytes (plus
 #                  CUDA's context: the budgets are of the process), the layer split at 50 %
 #                  (whole layers, as llama.cpp's -ngl), all-GPU (--vram-budget auto) for decode and
-#                  a 512-token prompt (pp512), all-GPU dense; with the oracle rule: all-CPU, hybrid
+#                  a 512-token prompt (pp512; also dense, with the tiles on tensor cores and with
+#                  EMBER_CUDA_TILES=dp4a), all-GPU dense; with the oracle rule: all-CPU, hybrid
 #                  and layer split at 50 %; each hybrid run's time breakdown and the device's counts
 #                  per decode step (kernel launches, graph replays, host waits, bytes each way)
 #   profile.txt    ncu's time of every kernel over two all-GPU decode tokens of the 7B shape, summed
@@ -299,9 +300,14 @@ else
   pp=(-p 512 -n 0)
   ((dry)) && pp=(-p 64 -n 0)
   gpu_pp=$(bench gpu-pp pp"${pp[1]}" "${pp[@]}" --sparse-mode predictor "${all[@]}")
+  # Dense prompts through the tiles, on tensor cores (the default from compute capability 8.0) and
+  # with dp4a: what mma gives.
+  gpu_pp_dense=$(bench gpu-pp-dense pp"${pp[1]}" "${pp[@]}" --sparse-mode dense "${all[@]}")
+  gpu_pp_dp4a=$(EMBER_CUDA_TILES=dp4a bench gpu-pp-dp4a pp"${pp[1]}" "${pp[@]}" --sparse-mode dense "${all[@]}")
   l_gpu=$(llamacpp "$bench_model" -ngl 99)
   l_split=$(llamacpp "$bench_model" -ngl 16)
   speeds="$speeds; all-GPU $gpu_tg with predictors ($(breakdown gpu)), $gpu_dense dense, pp${pp[1]} $gpu_pp"
+  speeds="$speeds (dense $gpu_pp_dense, dense with dp4a tiles $gpu_pp_dp4a: mma / dp4a $(ratio "$gpu_pp_dense" "$gpu_pp_dp4a")x)"
   [ "$l_gpu" != "-" ] && speeds="$speeds; llama.cpp all-GPU $l_gpu (Ember / llama.cpp $(ratio "$gpu_tg" "$l_gpu")x), -ngl 16 $l_split (hybrid 50 % / it $(ratio "$pred_h50" "$l_split")x)"
   speeds="$speeds (generation tok/s, medians of 3)"
   [ -n "$sampler" ] && kill "$sampler" 2>/dev/null

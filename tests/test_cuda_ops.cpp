@@ -740,12 +740,15 @@ TEST(CudaOps, AttentionBlockKernelsMatchTheCpu) {
   }
   // Attention over a filled cache: one chunk of positions, and several (kAttnChunk = 256) merged,
   // with sliding windows that leave early chunks empty; then over the whole context's chunks.
+  // Prompts of kAttnTilesMin (16) tokens or more take the tiles (16 tokens, 16 keys a step): from
+  // position 0 and after earlier tokens, windows shorter than a tile, a last tile cut short.
   for (bool f16 : {true, false}) {
     for (auto [n_head, n_head_kv, head_dim] :
          {std::tuple<int64_t, int64_t, int64_t>{4, 2, 40}, {8, 8, 64}, {6, 2, 128}, {2, 1, 256}}) {
       for (auto [n_ctx, pos0, n_tokens, window] :
            {std::tuple<int64_t, int64_t, int64_t, int64_t>{40, 17, 4, 0}, {40, 17, 4, 5}, {700, 500, 3, 0},
-            {700, 500, 3, 300}, {1100, 1024, 2, 5}, {1100, 30, 2, 0}}) {
+            {700, 500, 3, 300}, {1100, 1024, 2, 5}, {1100, 30, 2, 0}, {200, 0, 70, 0}, {300, 100, 40, 23},
+            {1100, 1000, 33, 0}, {90, 10, 16, 5}}) {
         SCOPED_TRACE(fmt::format("{} cache, {}/{} heads of {}, tokens {}..{}, window {}", f16 ? "F16" : "F32", n_head,
                                  n_head_kv, head_dim, pos0, pos0 + n_tokens - 1, window));
         const int64_t kvd = n_head_kv * head_dim, qd = n_head * head_dim;

@@ -211,6 +211,107 @@ __global__ void attention_merge_kernel(int64_t n_head, int64_t head_dim, int64_t
   }
 }
 
+// Prompts: block (head, tile of kAqTokens tokens) of kAqThreads threads, over the key positions
+// kAqKeys at a time, the keys' (and then the values') rows staged in shared memory once for the
+// tile's tokens (the per-token kernel reads them once a token). Scores q.k a thread per (token,
+// two keys) column after column, scaled; then per token the running softmax (the tile's max m,
+// the sum l of exp(score - m), the output rescaled when m grows: FlashAttention's order) and
+// out += exp(score - m) v, a thread per value column. The same values as attention_kernel to float
+// rounding: its sums run in another order.
+constexpr int kAqTokens = 16, kAqKeys = 16, kAqThreads = 128;
+
+template <bool F16>
+__global__ void __launch_bounds__(kAqThreads) attention_tiles_kernel(AttentionArgs a, const float* q,
+                                                                     const int32_t* pos0, int64_t n_tokens,
+                                                                     const void* k, const void* v, float* out) {
+  __shared__ float qs[kAqTokens][kMaxHeadDim + 1];   // +1: the tokens' rows in different banks
+  __shared__ float kv[kAqKeys][kMaxHeadDim + 1];     // the keys', then the values' rows
+  __shared__ float ps[kAqTokens][kAqKeys];           // scores, then exp(score - m)
+  __shared__ float row_scale[kAqTokens], row_l[kAqTokens], row_m[kAqTokens];
+  const int64_t h = blockIdx.x, t0 = static_cast<int64_t>(blockIdx.y) * kAqTokens, hd = a.head_dim;
+  const int64_t kvh = h / (a.n_head / a.n_head_kv), stride = a.n_head_kv * hd;
+  const int64_t p0 = *pos0;
+  const int nq = static_cast<int>(n_tokens - t0 < kAqTokens ? n_tokens - t0 : kAqTokens);
+  const int tid = threadIdx.x;
+  for (int i = tid; i < kAqTokens * hd; i += kAqThreads) {
+    const int r = i / static_cast<int>(hd), c = i % static_cast<int>(hd);
+    qs[r][c] = r < nq ? q[((t0 + r) * a.n_head + h) * hd + c] : 0.0f;
+  }
+  if (tid < kAqTokens) row_m[tid] = -INFINITY, row_l[tid] = 0.0f;
+  // Each thread's value columns (hd <= 256: at most two) of every token's output.
+  constexpr int kCols = kMaxHeadDim / kAqThreads;
+  float o[kAqTokens][kCols];
+#pragma unroll
+  for (int r = 0; r < kAqTokens; ++r)
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) o[r][j] = 0.0f;
+  // The keys the tile's tokens see: from the first token's window start to the last token.
+  const int64_t last = p0 + t0 + nq - 1;
+  const int64_t first = a.window > 0 && p0 + t0 - a.window + 1 > 0 ? p0 + t0 - a.window + 1 : 0;
+  const int sr = tid % kAqTokens, sc0 = tid / kAqTokens;  // scores: token sr, keys sc0 + 8 j
+  for (int64_t kb = first; kb <= last; kb += kAqKeys) {
+    __syncthreads();  // the previous tile's values are used
+    for (int i = tid; i < kAqKeys * hd; i += kAqThreads) {
+      const int r = i / static_cast<int>(hd), c = i % static_cast<int>(hd);
+      kv[r][c] = kb + r <= last ? cache_at<F16>(k, (kb + r) * stride + kvh * hd + c) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kAqKeys / (kAqThreads / kAqTokens); ++j) {
+      const int c = sc0 + (kAqThreads / kAqTokens) * j;  // keys sc0 and sc0 + 8
+      const int64_t pos = p0 + t0 + sr, key = kb + c;
+      const int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+      float d = -INFINITY;
+      if (sr < nq && key <= pos && key >= lo) {
+        d = 0.0f;
+        for (int64_t i = 0; i < hd; ++i) d += qs[sr][i] * kv[c][i];
+        d *= a.scale;
+      }
+      ps[sr][c] = d;
+    }
+    __syncthreads();
+    if (tid < kAqTokens) {  // the token's running softmax over this tile's keys
+      float m = row_m[tid];
+      for (int c = 0; c < kAqKeys; ++c) m = fmaxf(m, ps[tid][c]);
+      const float scale = m == -INFINITY ? 1.0f : expf(row_m[tid] - m);  // exp(-inf) = 0 on first keys
+      float l = row_l[tid] * scale;
+      for (int c = 0; c < kAqKeys; ++c) {
+        const float e = ps[tid][c] == -INFINITY ? 0.0f : expf(ps[tid][c] - m);
+        ps[tid][c] = e;
+        l += e;
+      }
+      row_m[tid] = m, row_l[tid] = l, row_scale[tid] = scale;
+    }
+    __syncthreads();
+    for (int i = tid; i < kAqKeys * hd; i += kAqThreads) {  // the values' rows in the keys' place
+      const int r = i / static_cast<int>(hd), c = i % static_cast<int>(hd);
+      kv[r][c] = kb + r <= last ? cache_at<F16>(v, (kb + r) * stride + kvh * hd + c) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = tid + j * kAqThreads;
+      if (c < hd) {
+#pragma unroll
+        for (int r = 0; r < kAqTokens; ++r) {
+          float acc = o[r][j] * row_scale[r];
+#pragma unroll
+          for (int key = 0; key < kAqKeys; ++key) acc += ps[r][key] * kv[key][c];
+          o[r][j] = acc;
+        }
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    const int c = tid + j * kAqThreads;
+#pragma unroll
+    for (int r = 0; r < kAqTokens; ++r)
+      if (c < hd && r < nq) out[((t0 + r) * a.n_head + h) * hd + c] = o[r][j] / row_l[r];
+  }
+}
+
 // Threads of an attention block: at least the head size, a multiple of 32, 128 or 256.
 int attn_threads(int64_t head_dim) { return head_dim <= 128 ? 128 : 256; }
 
@@ -269,12 +370,21 @@ void attention(const AttentionArgs& a, const float* q, int64_t n_tokens, const i
   EMBER_CHECK(max_positions >= n_tokens && max_positions <= a.n_ctx, "CUDA attention: {} positions in a cache of {}",
               max_positions, a.n_ctx);
   if (n_tokens == 0) return;
+  cudaStream_t s = as_stream(stream);
+  if (n_tokens >= kAttnTilesMin) {  // a prompt: each key and value row read once per kAqTokens tokens
+    const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>((n_tokens + kAqTokens - 1) / kAqTokens));
+    if (a.f16)
+      attention_tiles_kernel<true><<<grid, kAqThreads, 0, s>>>(a, q, pos0, n_tokens, k_cache, v_cache, out);
+    else
+      attention_tiles_kernel<false><<<grid, kAqThreads, 0, s>>>(a, q, pos0, n_tokens, k_cache, v_cache, out);
+    launched("attention tiles kernel");
+    return;
+  }
   // Chunks of kAttnChunk positions up to max_positions; those past a token's position are empty
   // and skipped by the merge, so the result is the same for any max_positions (deterministic).
   const int64_t n_chunks = attention_chunks(max_positions);
   const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_chunks));
   const int threads = attn_threads(a.head_dim);
-  cudaStream_t s = as_stream(stream);
   if (a.f16)
     attention_kernel<true><<<grid, threads, 0, s>>>(a, q, pos0, k_cache, v_cache, out, scores, partial);
   else

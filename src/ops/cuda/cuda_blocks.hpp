@@ -24,6 +24,9 @@
 //                 the chunks' results through `partial` (attention_partial_floats). Positions are
 //                 read on the device (a captured graph replays at any position); the launch takes
 //                 the chunks of `max_positions` (>= *pos0 + n), those past the token left empty.
+//                 Prompts (kAttnTilesMin tokens or more): one block per (head, 16 tokens), the key
+//                 and value rows staged once for the 16, a running softmax over 16 keys at a time
+//                 (the same values to float rounding; scores and partial unused).
 #pragma once
 #include <cstdint>
 
@@ -51,6 +54,7 @@ void rope_store(float* q, float* k, const float* v, int64_t n_tokens, int64_t n_
 // run in parallel, their partial softmaxes merged after), and the chunks for `positions` cached
 // positions.
 constexpr int64_t kAttnChunk = 256;
+constexpr int64_t kAttnTilesMin = 16;  // tokens from which a step's attention runs as tiles
 inline int64_t attention_chunks(int64_t positions) { return (positions + kAttnChunk - 1) / kAttnChunk; }
 // Floats of the partial results: per token and head, per chunk, (max, sum, head_dim values).
 inline int64_t attention_partial_floats(int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_ctx) {

@@ -125,6 +125,11 @@ __device__ __forceinline__ float cache_at(const void* c, int64_t i) {
 
 constexpr int kMaxHeadDim = 256;
 
+// The first position a token at `pos` sees: 0, or the start of its sliding window.
+__device__ __forceinline__ int64_t first_visible(int64_t pos, int64_t window) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 // Block (head, token, chunk) of attn_threads(head_dim) threads, over the token's visible
 // positions in chunk c ([c kAttnChunk, (c + 1) kAttnChunk)). Scores: a warp per position (lanes
 // over the head's dimensions, a fixed shuffle tree), into the token's scores at their positions;
@@ -141,7 +146,7 @@ __global__ void attention_kernel(AttentionArgs a, const float* q, const int32_t*
   const int64_t h = blockIdx.x, t = blockIdx.y, c = blockIdx.z, n_chunks = gridDim.z, hd = a.head_dim;
   const int64_t kvh = h / (a.n_head / a.n_head_kv), stride = a.n_head_kv * hd;
   const int64_t pos = *pos0 + t;
-  const int64_t first = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+  const int64_t first = first_visible(pos, a.window);
   const int64_t lo = first > c * kAttnChunk ? first : c * kAttnChunk;
   const int64_t hi = pos + 1 < (c + 1) * kAttnChunk ? pos + 1 : (c + 1) * kAttnChunk;
   const int64_t n_pos = hi > lo ? hi - lo : 0;
@@ -247,7 +252,7 @@ __global__ void __launch_bounds__(kAqThreads) attention_tiles_kernel(AttentionAr
     for (int j = 0; j < kCols; ++j) o[r][j] = 0.0f;
   // The keys the tile's tokens see: from the first token's window start to the last token.
   const int64_t last = p0 + t0 + nq - 1;
-  const int64_t first = a.window > 0 && p0 + t0 - a.window + 1 > 0 ? p0 + t0 - a.window + 1 : 0;
+  const int64_t first = first_visible(p0 + t0, a.window);
   const int sr = tid % kAqTokens, sc0 = tid / kAqTokens;  // scores: token sr, keys sc0 + 8 j
   for (int64_t kb = first; kb <= last; kb += kAqKeys) {
     __syncthreads();  // the previous tile's values are used
@@ -260,7 +265,7 @@ __global__ void __launch_bounds__(kAqThreads) attention_tiles_kernel(AttentionAr
     for (int j = 0; j < kAqKeys / (kAqThreads / kAqTokens); ++j) {
       const int c = sc0 + (kAqThreads / kAqTokens) * j;  // keys sc0 and sc0 + 8
       const int64_t pos = p0 + t0 + sr, key = kb + c;
-      const int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+      const int64_t lo = first_visible(pos, a.window);
       float d = -INFINITY;
       if (sr < nq && key <= pos && key >= lo) {
         d = 0.0f;

@@ -346,12 +346,30 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_f_kernel(MvArgs a) {
   tile_epilogue(a, n, i0 + tr, t0 + tc, acc);
 }
 
+// The m16n8 mma instructions' definition where they are absent (the HIP CPU runtime): with
+// g = lane / 4 and q = lane % 4, a[r] holds row g + 8 (r % 2), k word q + 4 (r / 2) of A, b[r]
+// column g, k word q + 4 r of B, c[e] row g + 8 (e / 2), column 2 q + e % 2 of C; each lane
+// gathers its rows' and columns' eight k words with shuffles and adds dot(a word, b word) for
+// each. Every lane shuffles alike (the runtime's shuffles wait for the whole block).
+template <class W, class C, class Dot>
+__device__ __forceinline__ void mma_by_shuffles(const W (&a)[4], const W (&b)[2], C (&c)[4], Dot dot) {
+  const int lane = threadIdx.x % kWarp, g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {  // k word w: A's words from lane 4 g + w % 4, B's from 4 n + w % 4
+    const W a_lo = __shfl_sync(0xffffffffu, a[2 * (w / 4)], 4 * g + w % 4);
+    const W a_hi = __shfl_sync(0xffffffffu, a[2 * (w / 4) + 1], 4 * g + w % 4);
+    const W b0 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q) + w % 4);
+    const W b1 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q + 1) + w % 4);
+    c[0] = dot(a_lo, b0, c[0]);
+    c[1] = dot(a_lo, b1, c[1]);
+    c[2] = dot(a_hi, b0, c[2]);
+    c[3] = dot(a_hi, b1, c[3]);
+  }
+}
+
 // c += A B for a warp's fragments of mma.m16n8k32 with 8-bit signed integers (PTX ISA, "Matrix
-// fragments for mma.m16n8k32"): A is 16 rows x 32, B 32 x 8 columns, C 16 x 8 int32. With
-// g = lane / 4 and q = lane % 4, and words of four consecutive k:
-//   a[r]  row g + 8 (r % 2), word q + 4 (r / 2)      b[r]  column g, word q + 4 r
-//   c[e]  row g + 8 (e / 2), column 2 q + e % 2
-// Sums of products of integers: exact, so the tiles' results do not depend on this instruction
+// fragments for mma.m16n8k32"): A is 16 rows x 32, B 32 x 8 columns, C 16 x 8 int32, in
+// mma_by_shuffles' layout with words of four consecutive k. Sums of products of integers: exact, so the tiles' results do not depend on this instruction
 // or the dp4a that stands in for it on cards without one (and on the HIP CPU runtime, where the
 // definition is written out with shuffles, so that the fragments the kernel loads are tested).
 __device__ __forceinline__ void mma_s8_16x8x32(const int (&a)[4], const int (&b)[2], int (&c)[4]) {
@@ -362,18 +380,7 @@ __device__ __forceinline__ void mma_s8_16x8x32(const int (&a)[4], const int (&b)
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
-  const int lane = threadIdx.x % kWarp, g = lane / 4, q = lane % 4;
-#pragma unroll
-  for (int w = 0; w < 8; ++w) {  // k word w: A's words from lane 4 g + w % 4, B's from 4 n + w % 4
-    const int a_lo = __shfl_sync(0xffffffffu, a[2 * (w / 4)], 4 * g + w % 4);
-    const int a_hi = __shfl_sync(0xffffffffu, a[2 * (w / 4) + 1], 4 * g + w % 4);
-    const int b0 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q) + w % 4);
-    const int b1 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q + 1) + w % 4);
-    c[0] = __dp4a(a_lo, b0, c[0]);
-    c[1] = __dp4a(a_lo, b1, c[1]);
-    c[2] = __dp4a(a_hi, b0, c[2]);
-    c[3] = __dp4a(a_hi, b1, c[3]);
-  }
+  mma_by_shuffles(a, b, c, [](int x, int y, int acc) { return __dp4a(x, y, acc); });
 #endif
 }
 
@@ -399,21 +406,9 @@ __device__ __forceinline__ void mma_bf16_16x8x16(const unsigned (&a)[4], const u
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
-  const int lane = threadIdx.x % kWarp, g = lane / 4, q = lane % 4;
-  auto dot2 = [](unsigned x, unsigned y) {
-    return bf16_value(x & 0xffffu) * bf16_value(y & 0xffffu) + bf16_value(x >> 16) * bf16_value(y >> 16);
-  };
-#pragma unroll
-  for (int w = 0; w < 8; ++w) {
-    const unsigned a_lo = __shfl_sync(0xffffffffu, a[2 * (w / 4)], 4 * g + w % 4);
-    const unsigned a_hi = __shfl_sync(0xffffffffu, a[2 * (w / 4) + 1], 4 * g + w % 4);
-    const unsigned b0 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q) + w % 4);
-    const unsigned b1 = __shfl_sync(0xffffffffu, b[w / 4], 4 * (2 * q + 1) + w % 4);
-    c[0] += dot2(a_lo, b0);
-    c[1] += dot2(a_lo, b1);
-    c[2] += dot2(a_hi, b0);
-    c[3] += dot2(a_hi, b1);
-  }
+  mma_by_shuffles(a, b, c, [](unsigned x, unsigned y, float acc) {
+    return acc + (bf16_value(x & 0xffffu) * bf16_value(y & 0xffffu) + bf16_value(x >> 16) * bf16_value(y >> 16));
+  });
 #endif
 }
 
@@ -794,7 +789,6 @@ __global__ void __launch_bounds__(kAtThreads) axpy_tiles_kernel(const uint8_t* D
                                                                 float* partial) {
   __shared__ uint16_t sb[kAtCols][kAtRows + 8];             // codes [column][row] (+8: banks)
   __shared__ uint16_t sa[3][2][kAtTokens][kAtRows + 8];     // h d parts [part][block][token][row]
-  __shared__ float sm[kAtRows][2];                          // Q4_1: the rows' m of the two blocks
   __shared__ float shm[kAtTokens][2][kAtRows];              // Q4_1: h m, summed after the steps
   const SplitRows<T> sr(D, n_rows, cols);
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kAtCols, t0 = static_cast<int64_t>(blockIdx.y) * kAtTokens;
@@ -830,25 +824,23 @@ __global__ void __launch_bounds__(kAtThreads) axpy_tiles_kernel(const uint8_t* D
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) sb[col + i][kr] = static_cast<uint16_t>(v[i]);
-      if constexpr (T == 3)
-        if (tid < 2 * kAtRows) {
-          const int64_t km = k0 + tid / 2;
-          const int bm = tid % 2;
-          sm[tid / 2][bm] = km < na && bm < nblk ? half_at(sr.row_factors(active[km]) + (nb0 + bm) * Split<T>::kFactorBytes + 2)
-                                                 : 0.0f;
-        }
     }
     {
       const int64_t k = k0 + kk;
-      float d[2] = {0.0f, 0.0f};
+      float d[2] = {0.0f, 0.0f}, m[2] = {0.0f, 0.0f};
       if (k < na)
-        for (int b = 0; b < nblk; ++b) d[b] = half_at(sr.row_factors(active[k]) + (nb0 + b) * Split<T>::kFactorBytes);
+        for (int b = 0; b < nblk; ++b) {
+          const uint8_t* f = sr.row_factors(active[k]) + (nb0 + b) * Split<T>::kFactorBytes;
+          d[b] = half_at(f);
+          if constexpr (T == 3) m[b] = half_at(f + 2);
+        }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int t = tt + 16 * i;
         const float hv = k < na && t0 + t < n_tokens ? h[(t0 + t) * h_stride + k] : 0.0f;
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
+          if constexpr (T == 3) hm_own[i][b] += hv * m[b];  // in step order
           const float v = hv * d[b];
           const unsigned hi = bf16_bits(v);
           const float r1 = v - bf16_value(hi);
@@ -861,16 +853,6 @@ __global__ void __launch_bounds__(kAtThreads) axpy_tiles_kernel(const uint8_t* D
       }
     }
     __syncthreads();
-    if constexpr (T == 3) {  // h m of this thread's row position, in step order
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int t = tt + 16 * i;
-        const int64_t k = k0 + kk;
-        const float hv = k < na && t0 + t < n_tokens ? h[(t0 + t) * h_stride + k] : 0.0f;
-        hm_own[i][0] += hv * sm[kk][0];
-        hm_own[i][1] += hv * sm[kk][1];
-      }
-    }
     // Every warp, also one past a half tile's last block (zeros there): the HIP CPU runtime's
     // shuffles, which stand in for the instruction, wait for the whole block.
     {
@@ -1246,7 +1228,7 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
   const int64_t n_chunks = axpy_chunks(n_tokens);
   const auto* d = static_cast<const uint8_t*>(D);
   cudaStream_t s = as_stream(stream);
-  const bool tiles = n_tokens >= kAxpyTilesMin && takes_q8(type) && cols % kQK == 0 && tile_math() == TileMath::mma;
+  const bool tiles = n_tokens >= kAxpyTilesMin && takes_q8(type) && tile_math() == TileMath::mma;
   by_type(type, [&](auto tag) {
     constexpr int T = decltype(tag)::value;
     if constexpr (T >= 2) {

@@ -266,6 +266,35 @@ TEST_F(BatchEngineTest, CancelEndsOneJob) {
   EXPECT_EQ(left->result().finish, FinishReason::cancelled);
 }
 
+// A job whose sampling fails (its grammar breaks a bound at the first byte it is asked about:
+// 5000 alternatives after "[") ends alone with the error, marked as the request's; the job beside
+// it goes on to the text it gives alone, and the engine takes the next job.
+TEST_F(BatchEngineTest, AFailingSampleEndsOnlyItsJob) {
+  auto g = std::make_shared<Grammar>();
+  const int root = g->add_rule("root"), each = g->add_rule("each");
+  g->add_alternative(root, {Grammar::Symbol::bytes(ByteSet::range(0, 255)), Grammar::Symbol::ref(each)});
+  for (int i = 0; i < 5000; ++i) {
+    Grammar::Sequence seq;
+    Grammar::append_literal(seq, "v" + std::to_string(i));
+    g->add_alternative(each, seq);
+  }
+  g->finish(root);
+  GenerateParams bad = greedy(20);
+  bad.grammar = g;
+  bad.grammar_vocab = std::make_shared<TokenGrammar>(*suite_.tok);
+  BatchEngine engine(*suite_.model, *suite_.tok, engine_params(2));
+  const int64_t nv = suite_.model->hp.n_vocab;
+  auto keep = engine.start(0, tokens_from(15, 4, nv), greedy(40));
+  auto fail = engine.start(1, tokens_from(16, 4, nv), bad);
+  EXPECT_EQ(drain(*fail), "");
+  EXPECT_NE(fail->error().find("more than 4096 readings"), std::string::npos) << fail->error();
+  EXPECT_TRUE(fail->request_error());
+  EXPECT_EQ(drain(*keep), alone(tokens_from(15, 4, nv), greedy(40)));
+  EXPECT_TRUE(keep->error().empty());
+  auto next = engine.start(1, tokens_from(17, 4, nv), greedy(10));
+  EXPECT_EQ(drain(*next), alone(tokens_from(17, 4, nv), greedy(10)));
+}
+
 TEST_F(BatchEngineTest, RefusesWhatItCannotRun) {
   EXPECT_THROW(BatchEngine(*suite_.model, *suite_.tok, engine_params(4, 2)), Error);  // 4 sequences, batch of 2
   BatchEngine engine(*suite_.model, *suite_.tok, engine_params(1));

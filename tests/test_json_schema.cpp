@@ -157,6 +157,70 @@ TEST(Grammar, RefusesBrokenGrammars) {
   right.finish(r2);
 }
 
+// An enum of thousands of values shares their prefixes: one reading of the text at a time, and
+// exactly the values match. The same alternatives written one by one are as many readings, which
+// past kMaxReadings is a GrammarError at the byte that makes them (not at the start).
+TEST(Grammar, AChoiceOfThousandsKeepsOneReading) {
+  std::vector<std::string> values;
+  for (int i = 0; i < 5000; ++i) values.push_back("v" + std::to_string(i));
+  auto g = std::make_shared<Grammar>();
+  g->finish(g->add_choice("enum", values));
+  for (const char* ok : {"v0", "v1", "v10", "v4999", "v123"}) EXPECT_TRUE(matches(g, ok)) << ok;
+  for (const char* bad : {"v", "v5000", "v01", "w1", "v49999"}) EXPECT_FALSE(matches(g, bad)) << bad;
+  GrammarMatcher m(g);
+  m.accept("v1");
+  EXPECT_TRUE(m.complete());
+  EXPECT_TRUE(m.can_continue());  // v10, v100, ...
+
+  auto flat = std::make_shared<Grammar>();
+  const int root = flat->add_rule("root"), each = flat->add_rule("each");
+  flat->add_alternative(root, {Grammar::Symbol::bytes(ByteSet::of("[")), Grammar::Symbol::ref(each)});
+  for (const std::string& v : values) {
+    Grammar::Sequence s;
+    Grammar::append_literal(s, v);
+    flat->add_alternative(each, s);
+  }
+  flat->finish(root);
+  GrammarMatcher f(flat);  // one reading: "[" first
+  EXPECT_FALSE(f.allows("x"));
+  try {
+    f.allows("[v");
+    ADD_FAILURE() << "5000 readings at once were kept";
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 4096 readings"), std::string::npos) << e.what();
+  }
+}
+
+// Every grammar is bounded in size as it is built: past kMaxGrammarSymbols a GrammarError, so that a
+// schema's maxItems cannot make gigabytes of rules.
+TEST(Grammar, SizeIsBoundedAsItIsBuilt) {
+  Grammar g;
+  const int r = g.add_rule("r");
+  Grammar::Sequence s;
+  Grammar::append_literal(s, std::string(1000, 'x'));
+  EXPECT_THROW(
+      for (size_t i = 0; i <= kMaxGrammarSymbols / 1000; ++i) g.add_alternative(r, s), GrammarError);
+  EXPECT_LE(g.n_symbols(), kMaxGrammarSymbols + 1001);
+}
+
+// A grammar's states are numbered and their transitions kept: checking every byte again from a
+// state the matcher has seen makes no new state.
+TEST(Grammar, SeenStatesAreLookups) {
+  const auto g = json_schema_grammar(kPerson);
+  GrammarMatcher m(g);
+  m.accept(R"({"name":"A)");
+  for (int b = 0; b < 256; ++b) (void)m.allows(std::string(1, static_cast<char>(b)));
+  const size_t known = m.n_states();
+  for (int b = 0; b < 256; ++b) (void)m.allows(std::string(1, static_cast<char>(b)));
+  m.accept("b");  // inside the string: the same readings as after "A", less one character of maxLength
+  m.accept("c");
+  for (int b = 0; b < 256; ++b) (void)m.allows(std::string(1, static_cast<char>(b)));
+  EXPECT_LE(m.n_states(), known + 40);  // two characters further: a few new states, not one per byte asked
+  const size_t now = m.n_states();
+  for (int b = 0; b < 256; ++b) (void)m.allows(std::string(1, static_cast<char>(b)));
+  EXPECT_EQ(m.n_states(), now);
+}
+
 // Valid documents (whitespace, escapes, UTF-8, recursion) are complete sentences; each broken
 // one is not.
 TEST(JsonSchema, AcceptsValidAndRejectsInvalidDocuments) {
@@ -228,6 +292,21 @@ TEST(JsonSchema, RefusesUnsupportedFeaturesByName) {
       {R"({"$ref":"#/$defs/a","$defs":{"a":{"$ref":"#/$defs/a"}}})", "left recursion), so no JSON text can match it (at #/$defs/a)"},
       {R"({"$defs":{"b":{"anyOf":[{"$ref":"#/$defs/b"},{"type":"string"}]}},"$ref":"#/$defs/b"})", "(at #/$defs/b)"},
   };
+  // Bounds: nesting (a client's anyOf 258 deep), and the grammar's size (300 arrays of up to
+  // 10,000 items each, which once took 3 GB and 18 s to compile), each refused at once by name.
+  ojson deep = {{"type", "string"}};
+  for (int i = 0; i < 258; ++i) deep = {{"anyOf", ojson::array({deep})}};
+  ojson wide = {{"anyOf", ojson::array()}};
+  for (int i = 0; i < 300; ++i) wide["anyOf"].push_back({{"type", "array"}, {"items", {{"type", "integer"}}}, {"maxItems", 9999 - i}});
+  for (const auto& [schema, want] : std::vector<std::pair<ojson, const char*>>{
+           {deep, "the schema nests deeper than 64 levels"}, {wide, "more than 262144 symbols"}}) {
+    try {
+      json_schema_grammar(schema);
+      ADD_FAILURE() << "accepted " << want;
+    } catch (const SchemaError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
   for (const auto& [schema, want] : cases) {
     try {
       json_schema_grammar(ojson::parse(schema));

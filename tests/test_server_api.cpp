@@ -4,6 +4,7 @@
 #include <string>
 
 #include "support/api_results.hpp"
+#include "core/json.hpp"
 #include "server/api.hpp"
 #include "support/paths.hpp"
 #include "model/model.hpp"
@@ -67,6 +68,29 @@ TEST(ServerApi, MalformedBodies) {
   }
   EXPECT_NE(err("[]").message.find("must be a JSON object"), std::string::npos);
   EXPECT_NE(err("42").message.find("must be a JSON object"), std::string::npos);
+  // Nesting past kMaxJsonDepth is refused before any value is built (copying, printing and
+  // comparing one recurse per level): 100,000 levels, as a hostile client sent, and 129; 128 is
+  // read (and then refused for what it holds, not for its depth).
+  for (int depth : {100000, kMaxJsonDepth + 1}) {
+    const std::string deep = R"({"messages": [{"role": "user", "content": "x"}], "stop": )" + std::string(depth - 1, '[') +
+                             std::string(depth - 1, ']') + "}";
+    const ApiError e = err(deep);
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.message, fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
+  }
+  const std::string ok128 = R"({"messages": [{"role": "user", "content": "x"}], "stop": )" +
+                            std::string(kMaxJsonDepth - 1, '[') + std::string(kMaxJsonDepth - 1, ']') + "}";
+  EXPECT_EQ(err(ok128).param, "stop");
+}
+
+// Brackets inside strings (escaped quotes too) are text, not nesting.
+TEST(ServerApi, JsonNestingCountsOnlyStructure) {
+  EXPECT_EQ(json_nesting(R"({"a": [1, {"b": []}]})"), 4);
+  EXPECT_EQ(json_nesting(R"(["[[[[", "\"[[[", {}])"), 2);
+  EXPECT_EQ(json_nesting("1"), 0);
+  EXPECT_EQ(json_nesting(std::string(1000, '['), 10), 10);  // counting stops at the bound
+  EXPECT_TRUE(parse_json(std::string(200, '[') + std::string(200, ']')).is_discarded());
+  EXPECT_EQ(parse_json("[[1]]").dump(), "[[1]]");
 }
 
 TEST(ServerApi, WrongTypesNameTheField) {

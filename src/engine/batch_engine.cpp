@@ -116,13 +116,13 @@ std::shared_ptr<BatchEngine::Job> BatchEngine::enqueue(std::shared_ptr<Job> job)
   return job;
 }
 
-void BatchEngine::abort(Job& job, const std::string& error) {
+void BatchEngine::abort(Job& job, const std::string& error, bool request_error) {
   if (job.gen_) job.gen_->cancel();
   job.embed_done_ = true;
-  end(job, error);
+  end(job, error, request_error);
 }
 
-void BatchEngine::end(Job& job, const std::string& error) {
+void BatchEngine::end(Job& job, const std::string& error, bool request_error) {
   const auto now = std::chrono::steady_clock::now();
   GenerateResult r;
   if (job.gen_) {
@@ -140,6 +140,7 @@ void BatchEngine::end(Job& job, const std::string& error) {
     if (!job.lp_pending_.empty()) job.out_.push_back({std::string(), std::move(job.lp_pending_)});
     job.result_ = r;
     job.error_ = error;
+    job.request_error_ = request_error;
     job.ended_ = true;
   }
   job.cv_.notify_all();
@@ -240,7 +241,15 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
       if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) continue;  // more of the prompt next step
       job.t_first_ = std::chrono::steady_clock::now();
     }
-    const int32_t t = job.gen_->next(session_.logits(job.seq_), session_.pos(job.seq_), session_.n_ctx());
+    // Sampling runs the request's own rules (its grammar, its callbacks): what fails there ends
+    // this job with the error and no other.
+    int32_t t = -1;
+    try {
+      t = job.gen_->next(session_.logits(job.seq_), session_.pos(job.seq_), session_.n_ctx());
+    } catch (const std::exception& e) {
+      abort(job, e.what(), dynamic_cast<const GrammarError*>(&e) != nullptr);
+      continue;
+    }
     job.cv_.notify_all();
     if (t < 0) end(job);
     else job.next_ = t;

@@ -57,9 +57,12 @@ class BatchEngine {
     // reports the end.
     void cancel();
     // After wait() returned false: the counts and why it ended; error() is nonempty when the
-    // engine failed to run the job (the message says why).
+    // engine failed to run the job (the message says why), and request_error() says whether the
+    // job's own parameters were at fault (its grammar broke a bound: GrammarError) rather than
+    // the engine.
     const GenerateResult& result() const { return result_; }
     const std::string& error() const { return error_; }
+    bool request_error() const { return request_error_; }
     // An embedding job's pooled vector (not normalized) once wait() returned false; empty when it
     // was cancelled or failed.
     const std::vector<float>& embedding() const { return embedding_; }
@@ -85,6 +88,7 @@ class BatchEngine {
     bool cancel_ = false, ended_ = false;
     GenerateResult result_;
     std::string error_;
+    bool request_error_ = false;
     std::vector<float> embedding_;
   };
 
@@ -125,9 +129,9 @@ class BatchEngine {
   void loop();
   // One forward pass over the jobs' next tokens and prompt chunks; then samples.
   void step(std::vector<std::shared_ptr<Job>>& jobs);
-  void end(Job& job, const std::string& error = {});
+  void end(Job& job, const std::string& error = {}, bool request_error = false);
   // Ends a job before its time (cancelled, failed, shutdown).
-  void abort(Job& job, const std::string& error = {});
+  void abort(Job& job, const std::string& error = {}, bool request_error = false);
   std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);
 
   const Model& model_;

@@ -8,13 +8,23 @@
 // expands references eagerly. The matcher keeps every way the text so far can be read as a set
 // of stacks (llama.cpp's grammar sampler keeps the same), each the symbols still to match with
 // the next on top; the text is complete when a stack is empty.
+//
+// Bounds, so that no grammar (a client's schema) can take unbounded memory or time: at most
+// kMaxGrammarSymbols symbols in all (checked as they are added), at most kMaxReadings readings
+// of the text at once, at most kMaxExpansionSteps rule expansions per byte. Past one, a
+// GrammarError names it. Stacks are shared (a stack is a node over its rest) and sets of
+// readings are numbered with their transitions cached, so the matcher becomes a lazily built
+// automaton: a byte it has seen from a state costs one table lookup.
 #pragma once
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
+
+#include "core/error.hpp"
 
 namespace ember {
 
@@ -44,6 +54,17 @@ struct ByteSet {
   static ByteSet range(uint8_t lo, uint8_t hi) { return ByteSet().add_range(lo, hi); }
 };
 
+// A grammar that breaks a bound (too large, too ambiguous) or cannot be matched (left recursion,
+// a rule without alternatives): the client's schema is at fault, not the server.
+class GrammarError : public Error {
+ public:
+  using Error::Error;
+};
+
+constexpr size_t kMaxGrammarSymbols = size_t{1} << 18;  // rules and the symbols of their alternatives
+constexpr size_t kMaxReadings = 4096;                   // readings of the text at once
+constexpr size_t kMaxExpansionSteps = size_t{1} << 18;  // rule expansions after one byte
+
 class Grammar {
  public:
   struct Symbol {
@@ -57,24 +78,31 @@ class Grammar {
   // A new rule without alternatives (add them with add_alternative, before finish()); `name`
   // appears in errors.
   int add_rule(std::string name);
+  // Throws GrammarError past kMaxGrammarSymbols.
   void add_alternative(int rule, const Sequence& seq);
   // A rule of one alternative: the bytes of `text` in order.
   int add_literal(std::string_view text);
+  // A rule matching exactly one of `texts` (nonempty), their common prefixes shared, so that
+  // thousands of them (a long enum) keep one reading of the text, not one each.
+  int add_choice(const std::string& name, std::vector<std::string> texts);
   // Appends the bytes of `text` to a sequence.
   static void append_literal(Sequence& seq, std::string_view text);
   int n_rules() const { return static_cast<int>(rules_.size()); }
+  size_t n_symbols() const { return n_symbols_; }
   const std::string& rule_name(int r) const { return rules_[static_cast<size_t>(r)].name; }
 
   // The name of a rule that can reach itself before consuming a byte (left recursion, which the
   // matcher cannot expand), or empty. Through references to rules that may match nothing too.
+  // Linear in the grammar's size.
   std::string left_recursive_rule() const;
-  // Fixes the root and flattens the rules for the matcher. Throws ember::Error for a rule
+  // Fixes the root and flattens the rules for the matcher. Throws GrammarError for a rule
   // without alternatives, a reference to no rule, or a left-recursive rule.
   void finish(int root);
   int root() const { return root_; }
 
  private:
   friend class GrammarMatcher;
+  [[noreturn]] static void too_large();
   struct Rule {
     std::string name;
     std::vector<Sequence> alts;
@@ -88,11 +116,13 @@ class Grammar {
   };
   std::vector<Rule> rules_;
   std::vector<Elem> elems_;
+  size_t n_symbols_ = 0;
   int root_ = -1;
 };
 
-// Where a generation stands in a grammar. Copyable; not safe to use from two threads at once
-// (allows() fills a cache).
+// Where a generation stands in a grammar. Copyable (a copy carries its own caches); not safe to
+// use from two threads at once (allows() fills the caches). Every call throws GrammarError when
+// the grammar breaks a bound at the text it is asked about.
 class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const Grammar> g);
@@ -104,26 +134,41 @@ class GrammarMatcher {
   bool complete() const;
   // Whether some byte may still follow (false: the text is complete and nothing may extend it).
   bool can_continue() const;
+  // States of the automaton built so far (sets of readings met), for tests of its caching.
+  size_t n_states() const { return states_.size(); }
 
  private:
-  using Stack = std::vector<int32_t>;  // indices into Grammar::elems_, the next to match last
-  // Pushes `s` into `out` with every rule reference on top expanded into its alternatives.
-  void expand(Stack s, std::vector<Stack>& out, int depth) const;
-  bool advance(const std::vector<Stack>& in, uint8_t byte, std::vector<Stack>& out) const;
+  static constexpr int32_t kEmpty = -1;    // the empty stack (a complete reading)
+  static constexpr int32_t kDead = -1;     // a transition to no reading
+  static constexpr int32_t kUnknown = -2;  // a transition not computed yet
+  // The caches' bounds: past them the automaton is rebuilt from the current readings.
+  static constexpr size_t kMaxNodes = size_t{1} << 20;
+  static constexpr size_t kMaxStates = 8192;
 
-  // The bytes some reading of `stacks` can take next: the union of their tops.
-  ByteSet next_bytes(const std::vector<Stack>& stacks) const;
-  // Refreshes first_ (most tokens are refused on their first byte without touching the stacks)
-  // and forgets second_.
-  void update_first();
+  // A stack: its top element over the rest (another node, or kEmpty). Equal stacks are one node.
+  int32_t node(int32_t elem, int32_t rest) const;
+  // Adds to scratch_ every stack `n` becomes with the rule references on top expanded.
+  void expand(int32_t n) const;
+  // The number of the set of readings in scratch_ (sorted here), made if new.
+  int32_t state_of_scratch() const;
+  // The state after `byte` from state `s`, or kDead.
+  int32_t step(int32_t s, uint8_t byte) const;
+  // Rebuilds the caches around the current readings when they grew past their bounds.
+  void compact_if_large() const;
 
   std::shared_ptr<const Grammar> g_;
-  std::vector<Stack> stacks_;
-  ByteSet first_;
-  // For each first byte b (computed when a token starting with b is first asked about): the
-  // bytes that may follow it, so most of the rest are refused on their second byte.
-  mutable ByteSet second_known_;
-  mutable std::array<ByteSet, 256> second_;
+  // The automaton: stack nodes, sets of readings (states) and their transitions, 256 a state.
+  mutable std::vector<int32_t> node_elem_, node_rest_;
+  mutable std::unordered_map<uint64_t, int32_t> node_index_;
+  mutable std::vector<std::vector<int32_t>> states_;  // sorted stacks (kEmpty first)
+  mutable std::unordered_map<std::string, int32_t> state_index_;
+  mutable std::vector<int32_t> trans_;
+  // Scratch of one expansion: marks by node (the epoch), the work list, the readings made.
+  mutable std::vector<uint32_t> mark_;
+  mutable uint32_t epoch_ = 0;
+  mutable std::vector<int32_t> work_, scratch_;
+  mutable bool scratch_complete_ = false;  // scratch_ holds kEmpty
+  mutable int32_t state_ = 0;
 };
 
 // The token-level view a sampler needs: which tokens a matcher allows next, given each token's

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "server/json_schema.hpp"
 #include "server/request_fields.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -14,7 +15,10 @@
 namespace ember::server {
 
 json error_json(const ApiError& e) {
-  json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  // A message quotes what the client sent at most this much of (a name, a value, a path).
+  constexpr size_t kMaxMessage = 1000;
+  const std::string message = e.message.size() > kMaxMessage ? e.message.substr(0, kMaxMessage) + "..." : e.message;
+  json err = {{"message", message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
   if (!e.code.empty()) err["code"] = e.code;
   return json{{"error", err}};
@@ -66,11 +70,9 @@ std::optional<ApiError> check_model_field(const json& j, const ServedModel& mode
 
 std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, bool chat,
                                                                    const ServedModel& model) {
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return bad("", "the request body is not valid JSON (expected an object such as {\"model\": ..., \"" +
-                       std::string(chat ? "messages" : "prompt") + "\": ...})");
-  if (!j.is_object()) return bad("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+  auto parsed = parse_body(body, chat ? R"({"model": ..., "messages": ...})" : R"({"model": ..., "prompt": ...})");
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
 
   CompletionRequest r;
   r.chat = chat;
@@ -190,7 +192,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
                    "'response_format.json_schema' must be an object with a 'schema' object");
       try {
         // Again, keeping the order of the properties: the model writes them in the schema's order.
-        const auto ordered = nlohmann::ordered_json::parse(body);
+        const auto ordered = parse_json<nlohmann::ordered_json>(body);
         r.grammar = json_schema_grammar(ordered.at("response_format").at("json_schema").at("schema"));
       } catch (const SchemaError& e) {
         return bad("response_format.json_schema.schema", fmt::format("unsupported JSON schema: {}", e.what()));
@@ -202,7 +204,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   }
   if (field(j, "tools") || field(j, "tool_choice") || field(j, "parallel_tool_calls")) {
     if (!chat) return bad("tools", "'tools' belong to /v1/chat/completions");
-    if (auto e = parse_tools(nlohmann::ordered_json::parse(body), r.tools)) return *e;  // (the schemas' key order)
+    if (auto e = parse_tools(parse_json<nlohmann::ordered_json>(body), r.tools)) return *e;  // (the schemas' key order)
     if (r.tools.forced() && r.grammar)
       return bad("tool_choice", "a forced 'tool_choice' and 'response_format' cannot both constrain the answer");
     if (r.tools.forced()) {
@@ -396,8 +398,9 @@ json models_json(const ServedModel& model) {
 }
 
 std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body) {
-  const json j = json::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return bad("", "the request body must be a JSON object {\"content\": ...}");
+  auto parsed = parse_body(body, R"({"content": ...})");
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   TokenizeRequest r;
   const json* c = field(j, "content");
   if (!c || !c->is_string()) return bad("content", "'content' must be a string");
@@ -428,14 +431,15 @@ json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok) {
 }
 
 std::variant<std::string, ApiError> parse_detokenize_request(std::string_view body, const Tokenizer& tok) {
-  const json j = json::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return bad("", "the request body must be a JSON object {\"tokens\": [...]}");
+  auto parsed = parse_body(body, R"({"tokens": [...]})");
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   const json* t = field(j, "tokens");
   if (!t || !t->is_array()) return bad("tokens", "'tokens' must be an array of token ids");
   std::vector<int32_t> ids;
   for (const json& v : *t) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok.n_vocab())
-      return bad("tokens", fmt::format("'tokens' must hold token ids from 0 to {}, got {}", tok.n_vocab() - 1, v.dump()));
+      return bad("tokens", fmt::format("'tokens' must hold token ids from 0 to {}, got {}", tok.n_vocab() - 1, brief(v)));
     ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
   return tok.decode(ids);

@@ -3,6 +3,9 @@
 // sent as null.
 #pragma once
 #include <string>
+#include <utility>
+
+#include "core/error.hpp"
 
 namespace ember::server {
 
@@ -12,6 +15,14 @@ struct ApiError {
   std::string type = "invalid_request_error";
   std::string param;
   std::string code;
+};
+
+// A request that failed after it was admitted, with the answer to give (Server::generate throws
+// it where the engine ended the job with an error: 400 where the request's own grammar broke a
+// bound, 500 where the engine failed).
+struct RequestFailed : Error {
+  explicit RequestFailed(ApiError e) : Error(e.message), api(std::move(e)) {}
+  ApiError api;
 };
 
 }  // namespace ember::server

@@ -85,10 +85,10 @@ std::string base64_floats(std::span<const float> v) {
 
 std::variant<EmbeddingRequest, ApiError> parse_embedding_request(std::string_view body, EmbeddingApi api,
                                                                   const ServedModel& model, const Tokenizer& tok) {
-  const json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   const char* key = api == EmbeddingApi::ollama_legacy ? "prompt" : "input";
-  if (j.is_discarded() || !j.is_object())
-    return bad("", fmt::format("the request body must be a JSON object such as {{\"model\": ..., \"{}\": ...}}", key));
+  auto parsed = parse_body(body, fmt::format(R"({{"model": ..., "{}": ...}})", key));
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   EmbeddingRequest r;
   r.api = api;
   bool truncate = false;

@@ -22,6 +22,7 @@ constexpr int kMaxIntDigits = 16;    // after the first
 constexpr int kMaxFracDigits = 16;
 constexpr int kMaxExpDigits = 3;
 constexpr int64_t kMaxBound = 10000;  // largest maxLength / maxItems / minItems taken
+constexpr int kMaxSchemaDepth = 64;   // schemas inside schemas
 
 // Keywords that only annotate a schema: they constrain nothing.
 const std::set<std::string>& annotations() {
@@ -58,10 +59,19 @@ class Compiler {
       throw SchemaError(fmt::format("the schema refers to itself before any value is written (left recursion), so no "
                                     "JSON text can match it (at {})", lr.rfind('#', 0) == 0 ? lr : "#" + lr));
     g_->finish(rule);
+    GrammarMatcher first(g_);  // the readings of the empty text: a bound broken at once is the schema's
     return g_;
   }
 
   int schema(const json& s, const std::string& at) {
+    // Nesting (through $refs too, whose targets are compiled where first used) is bounded, so
+    // that a client's schema cannot exhaust the stack.
+    if (depth_ >= kMaxSchemaDepth) fail(at, fmt::format("the schema nests deeper than {} levels", kMaxSchemaDepth));
+    ++depth_;
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     if (s.is_boolean()) {
       if (s.get<bool>()) return any_value();
       fail(at, "the schema 'false' admits no value");
@@ -78,13 +88,9 @@ class Compiler {
     if (auto c = s.find("const"); c != s.end()) return g_->add_literal(c->dump());
     if (auto e = s.find("enum"); e != s.end()) {
       if (!e->is_array() || e->empty()) fail(at + "/enum", "'enum' must be a nonempty array");
-      const int r = g_->add_rule(at + "/enum");
-      for (const json& v : *e) {
-        Seq q;
-        Grammar::append_literal(q, v.dump());
-        g_->add_alternative(r, q);
-      }
-      return r;
+      std::vector<std::string> texts;
+      for (const json& v : *e) texts.push_back(v.dump());
+      return g_->add_choice(at + "/enum", std::move(texts));
     }
     if (auto a = s.find("anyOf"); a != s.end()) {
       if (!a->is_array() || a->empty()) fail(at + "/anyOf", "'anyOf' must be a nonempty array");
@@ -124,7 +130,9 @@ class Compiler {
 
  private:
   [[noreturn]] static void fail(const std::string& at, const std::string& what) {
-    throw SchemaError(fmt::format("{} (at {})", what, at.empty() ? "#" : "#" + at));
+    constexpr size_t kMaxPath = 160;  // of a deep path, its end
+    const std::string path = at.size() > kMaxPath ? "..." + at.substr(at.size() - kMaxPath) : at;
+    throw SchemaError(fmt::format("{} (at {})", what, path.empty() ? "#" : "#" + path));
   }
 
   int typed(const std::string& type, const json& s, const std::string& at) {
@@ -401,14 +409,29 @@ class Compiler {
   std::shared_ptr<Grammar> g_;
   std::map<std::string, int> refs_;
   std::map<std::pair<int64_t, int64_t>, int> strings_;
+  int depth_ = 0;
   int ws_ = -1, char_ = -1, integer_ = -1, number_ = -1, any_value_ = -1, any_object_ = -1;
 };
 
 }  // namespace
 
+namespace {
+// Runs a step of compiling, a grammar's bounds broken in it reported as the schema's error.
+template <class F>
+auto as_schema_error(F&& f) {
+  try {
+    return f();
+  } catch (const GrammarError& e) {
+    throw SchemaError(e.what());
+  }
+}
+}  // namespace
+
 std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::ordered_json& schema) {
-  Compiler c(schema);
-  return c.finish(c.schema(schema, ""));
+  return as_schema_error([&] {
+    Compiler c(schema);
+    return c.finish(c.schema(schema, ""));
+  });
 }
 
 struct SchemaGrammarBuilder::Impl {
@@ -421,12 +444,14 @@ SchemaGrammarBuilder::~SchemaGrammarBuilder() = default;
 
 int SchemaGrammarBuilder::value(const nlohmann::ordered_json& schema) {
   schemas_.push_back(std::make_unique<const nlohmann::ordered_json>(schema));
-  return impl_->c.another(*schemas_.back());
+  return as_schema_error([&] { return impl_->c.another(*schemas_.back()); });
 }
 
 Grammar& SchemaGrammarBuilder::grammar() { return impl_->c.grammar(); }
 
-std::shared_ptr<const Grammar> SchemaGrammarBuilder::finish(int root) { return impl_->c.finish(root); }
+std::shared_ptr<const Grammar> SchemaGrammarBuilder::finish(int root) {
+  return as_schema_error([&] { return impl_->c.finish(root); });
+}
 
 std::shared_ptr<const Grammar> json_object_grammar() {
   static const std::shared_ptr<const Grammar> g = [] {  // the same for every request: built once

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/json.hpp"
 #include "server/json_schema.hpp"
 #include "server/request_fields.hpp"
 
@@ -72,10 +73,9 @@ std::optional<ApiError> check_model(const json& j, const ServedModel& model, con
 }
 
 std::variant<Request, ApiError> parse_request(std::string_view body, bool chat, const ServedModel& model) {
-  const json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return bad("", fmt::format("the request body must be a JSON object such as {{\"model\": ..., \"{}\": ...}}",
-                               chat ? "messages" : "prompt"));
+  auto parsed = parse_body(body, chat ? R"({"model": ..., "messages": ...})" : R"({"model": ..., "prompt": ...})");
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   if (auto e = check_model(j, model)) return *e;
   Request r;
   r.chat = chat;
@@ -146,7 +146,7 @@ std::variant<Request, ApiError> parse_request(std::string_view body, bool chat, 
       c.grammar = json_object_grammar();
     } else if (f->is_object()) {
       try {  // parsed again keeping the properties' order: the model writes them in the schema's order
-        c.grammar = json_schema_grammar(nlohmann::ordered_json::parse(body).at("format"));
+        c.grammar = json_schema_grammar(parse_json<nlohmann::ordered_json>(body).at("format"));
       } catch (const SchemaError& e) {
         return bad("format", fmt::format("unsupported JSON schema: {}", e.what()));
       }
@@ -260,8 +260,9 @@ json ps(const ServedModel& m, uint64_t device_bytes) {
 }
 
 std::optional<ApiError> check_show(std::string_view body, const ServedModel& m) {
-  const json j = json::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return bad("", "the request body must be a JSON object {\"model\": ...}");
+  auto parsed = parse_body(body, R"({"model": ...})");
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   return check_model(j, m, field(j, "model") ? "model" : "name");
 }
 

@@ -4,10 +4,32 @@
 
 #include <fmt/format.h>
 
+#include "core/json.hpp"
+
 namespace ember::server {
 
 ApiError bad(std::string param, std::string message, std::string code) {
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
+}
+
+template <class J>
+std::variant<J, ApiError> parse_body(std::string_view body, std::string_view example) {
+  bool deep = false;
+  J j = parse_json<J>(body, &deep);
+  if (deep)
+    return bad("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
+  if (j.is_discarded()) return bad("", fmt::format("the request body is not valid JSON (expected an object such as {})", example));
+  if (!j.is_object()) return bad("", fmt::format("the request body must be a JSON object such as {}", example));
+  return j;
+}
+template std::variant<json, ApiError> parse_body<json>(std::string_view, std::string_view);
+template std::variant<nlohmann::ordered_json, ApiError> parse_body<nlohmann::ordered_json>(std::string_view,
+                                                                                            std::string_view);
+
+std::string brief(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
 }
 
 const char* type_name(const json& v) {
@@ -37,7 +59,7 @@ std::optional<ApiError> get_number(const json& obj, const char* name, double lo,
   if (!v->is_number()) return bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
   double d = v->get<double>();
   if (!std::isfinite(d) || d < lo || d > hi)
-    return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, v->dump()));
+    return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, brief(*v)));
   out = static_cast<float>(d);
   return std::nullopt;
 }
@@ -58,7 +80,7 @@ std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, i
   } else if (v->is_number_float()) {
     double d = v->get<double>();
     if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9e15)
-      return bad(name, fmt::format("'{}' must be an integer, got {}", name, v->dump()));
+      return bad(name, fmt::format("'{}' must be an integer, got {}", name, brief(*v)));
     x = static_cast<int64_t>(d);
   } else {
     return bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));

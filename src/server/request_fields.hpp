@@ -5,12 +5,20 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 
 #include "server/api.hpp"
 
 namespace ember::server {
 
 ApiError bad(std::string param, std::string message, std::string code = "");
+// A request body as a JSON object, or a 400: not JSON, nested deeper than kMaxJsonDepth
+// (core/json.hpp), or not an object. `example` shows the expected object in the message.
+template <class J = json>
+std::variant<J, ApiError> parse_body(std::string_view body, std::string_view example);
+// A value as errors quote it: its JSON, cut to 40 bytes.
+std::string brief(const json& v);
 // "an object", "a string", ... (for messages)
 const char* type_name(const json& v);
 // The field, or null where it is absent or null.

@@ -43,7 +43,7 @@ void Server::embeddings(const httplib::Request& req, httplib::Response& res, Emb
     std::vector<BatchEngine::Piece> none;
     while (job->wait(none, std::chrono::milliseconds(200)))
       if (gone() || stopping_) job->cancel();
-    EMBER_CHECK(job->error().empty(), "{}", job->error());
+    if (!job->error().empty()) return fail(res, failed(Error(job->error())));
     if (job->embedding().empty()) {  // cancelled: the client left, or shutdown
       ++n_cancelled_;
       return fail(res, shutting_down_error());

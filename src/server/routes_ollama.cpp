@@ -33,7 +33,7 @@ void Server::ollama_completion(const httplib::Request& req, httplib::Response& r
   ++n_requests_;
   if (draining_ || stopping_) return send_ollama_error(res, shutting_down_error());
   auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
-  auto parsed = ollama::parse_request(req.body, chat, served_);
+  auto parsed = parse_gated([&] { return ollama::parse_request(req.body, chat, served_); });
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_ollama_error(res, *e);
   const ollama::Request& oreq = std::get<ollama::Request>(parsed);
   auto prepared = prepare_request(oreq.completion, tok_, served_, std::random_device{}());
@@ -53,14 +53,11 @@ void Server::ollama_completion(const httplib::Request& req, httplib::Response& r
       return send_ollama_error(res, shutting_down_error());
     }
     std::string text;
-    const GenerateResult r = generate(
-        slot, *prep, arrived,
-        [&](std::string_view piece) {
-          text.append(piece);
-          return !stopping_.load();
-        },
-        [](const TokenLogprobs&) {}, [&] { return hold->peer_closed(); });
+    const auto done =
+        generate_text(slot, *prep, arrived, text, [](const TokenLogprobs&) {}, [&] { return hold->peer_closed(); });
     ticket.reset();
+    if (const auto* e = std::get_if<ApiError>(&done)) return send_ollama_error(res, *e);
+    const GenerateResult& r = std::get<GenerateResult>(done);
     if (cut_by_shutdown(r)) return send_ollama_error(res, cut_off_error(r.n_generated));
     res.set_content(dump(ollama::final_chunk(served_, chat, text, r.finish, timings(r, arrived))), "application/json");
     return;
@@ -99,8 +96,9 @@ void Server::ollama_completion(const httplib::Request& req, httplib::Response& r
           if (ok) sink.done();
           return ok;
         } catch (const std::exception& e) {
-          write(line(json{{"error", stream_failed(e, *held)}}));
-          return false;
+          held->reset();
+          if (write(line(json{{"error", failed(e).message}}))) sink.done();
+          return true;
         }
       });
 }

@@ -21,7 +21,7 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
   // The request's connection, held while it is answered: the watchdog leaves it alone, and a
   // non-streaming request watches it for the client hanging up.
   auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
-  auto parsed = parse_completion_request(req.body, chat, served_);
+  auto parsed = parse_gated([&] { return parse_completion_request(req.body, chat, served_); });
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
   const CompletionRequest& creq = std::get<CompletionRequest>(parsed);
   auto prepared = prepare_request(creq, tok_, served_, std::random_device{}());
@@ -44,14 +44,11 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
     }
     std::string text;
     std::vector<TokenLogprobs> lps;
-    const GenerateResult r = generate(
-        slot, *prep, arrived,
-        [&](std::string_view piece) {
-          text.append(piece);
-          return !stopping_.load();
-        },
-        [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return hold->peer_closed(); });
+    const auto done = generate_text(
+        slot, *prep, arrived, text, [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return hold->peer_closed(); });
     ticket.reset();
+    if (const auto* e = std::get_if<ApiError>(&done)) return send_error(res, *e);
+    const GenerateResult& r = std::get<GenerateResult>(done);
     // Cut off by shutdown: an error, never a 200 that looks complete.
     if (cut_by_shutdown(r)) return send_error(res, cut_off_error(r.n_generated));
     const json lp = prep->gen.n_logprobs >= 0 ? logprobs_json(meta.chat, lps, tok_) : json(nullptr);
@@ -146,8 +143,9 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
           if (ok) sink.done();
           return ok;
         } catch (const std::exception& e) {
-          write(sse(error_body(ApiError{500, stream_failed(e, *held), "server_error", "", ""})));
-          return false;
+          held->reset();
+          if (write(sse(error_body(failed(e))))) sink.done();  // a whole response: its error
+          return true;
         }
       });
 }

@@ -258,11 +258,28 @@ int Server::wait_for_sequence(SlotQueue::Ticket& t, const std::function<bool()>&
   return t.wait([&] { return stopping_ || draining_ || (gone && gone()); }, poll);
 }
 
-std::string Server::stream_failed(const std::exception& e, std::unique_ptr<SlotQueue::Ticket>& held) {
+ApiError Server::failed(const std::exception& e) {
   ++n_errors_;
-  held.reset();
-  log_warn("streaming request failed: {}", e.what());
-  return e.what();
+  log_warn("request failed: {}", e.what());
+  if (const auto* r = dynamic_cast<const RequestFailed*>(&e)) return r->api;
+  return ApiError{500, e.what(), "server_error", "", ""};
+}
+
+std::variant<GenerateResult, ApiError> Server::generate_text(int slot, const PreparedRequest& prep,
+                                                             std::chrono::steady_clock::time_point arrived, std::string& text,
+                                                             const LogprobCallback& logprobs,
+                                                             const std::function<bool()>& gone) {
+  try {
+    return generate(
+        slot, prep, arrived,
+        [&](std::string_view piece) {
+          text.append(piece);
+          return !stopping_.load();
+        },
+        logprobs, gone);
+  } catch (const std::exception& e) {
+    return failed(e);
+  }
 }
 
 bool Server::cut_by_shutdown(const GenerateResult& r) const {
@@ -292,7 +309,10 @@ GenerateResult Server::generate(int slot, const PreparedRequest& prep, std::chro
     if (writing && more && gone && gone()) writing = false;
     if ((!writing || stopping_.load()) && more) job->cancel();  // the engine ends it at its next step
   }
-  EMBER_CHECK(job->error().empty(), "{}", job->error());
+  if (!job->error().empty()) {
+    if (job->request_error()) throw RequestFailed(ApiError{400, job->error(), "invalid_request_error", "", ""});
+    throw RequestFailed(ApiError{500, job->error(), "server_error", "", ""});
+  }
   GenerateResult r = job->result();
   if (!writing) r.finish = FinishReason::cancelled;
   log_info("slot {}: prompt {} tokens ({} cached), generated {} ({}), {:.0f} ms, {:.1f} tokens/s", slot, r.n_prompt,

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <semaphore>
 #include <string>
+#include <variant>
 
 #include "engine/batch_engine.hpp"
 #include "engine/session.hpp"
@@ -56,6 +58,7 @@ struct ServerOptions {
 
 class Server {
  public:
+  static constexpr std::ptrdiff_t kParallelParses = 4;
   Server(const Model& model, std::string model_path, const ServerOptions& options);
   ~Server();
 
@@ -80,21 +83,33 @@ class Server {
   // A place in the queue (the prompt cache's affinity), or null when the queue is full.
   std::unique_ptr<SlotQueue::Ticket> admit(const std::shared_ptr<const PreparedRequest>& prep);
   ApiError busy_error() const;  // 503 server_busy, with the queue's numbers
+  // Runs `parse` (a request's parsing, which compiles its grammars) while holding one of a few
+  // slots: a grammar may take tens of MB and milliseconds to compile, so at most
+  // kParallelParses compile at once whatever --parallel and --queue allow. A 503 where no slot
+  // frees within the read timeout.
+  template <class Parse>
+  auto parse_gated(Parse&& parse) -> decltype(parse());
   // Waits for a sequence: >= 0, or -1 when the server is shutting down or `gone` says the client
   // left (every `poll`).
   int wait_for_sequence(SlotQueue::Ticket& t, const std::function<bool()>& gone, std::chrono::milliseconds poll);
   // Runs the request on its sequence: `write` gets each piece of text and returns false to stop,
   // `logprobs` each sampled token's log-probabilities before the piece holding its text; `gone`
   // (where set) is asked every 200 ms whether the client left. Counts it (health, metrics: the
-  // time from `arrived` to the first text). Throws the engine's error.
+  // time from `arrived` to the first text). Throws RequestFailed where the engine ended the job
+  // with an error.
   GenerateResult generate(int slot, const PreparedRequest& prep, std::chrono::steady_clock::time_point arrived,
                           const PieceCallback& write, const LogprobCallback& logprobs,
                           const std::function<bool()>& gone);
+  // generate for a whole (not streamed) answer: its text appended to `text`; the engine's error
+  // as the answer to give (failed()).
+  std::variant<GenerateResult, ApiError> generate_text(int slot, const PreparedRequest& prep,
+                                                       std::chrono::steady_clock::time_point arrived, std::string& text,
+                                                       const LogprobCallback& logprobs, const std::function<bool()>& gone);
   // Whether a finished generation was cut off by shutdown.
   bool cut_by_shutdown(const GenerateResult& r) const;
-  // A streamed answer's engine error: counted, logged, its sequence freed. Returns the message
-  // the stream's error event carries.
-  std::string stream_failed(const std::exception& e, std::unique_ptr<SlotQueue::Ticket>& held);
+  // An admitted request's failure (generate's RequestFailed, or any other error: 500), counted
+  // and logged; the answer to give, as a response or a stream's error event.
+  ApiError failed(const std::exception& e);
 
   void install_routes();
   void install_openai_routes();  // routes_openai.cpp
@@ -114,10 +129,21 @@ class Server {
   std::atomic<bool> stopping_{false}, draining_{false};
   std::unique_ptr<Connections> conns_;  // made by bind(), when the port is known
   std::atomic<uint64_t> n_requests_{0}, n_completed_{0}, n_cancelled_{0}, n_errors_{0};
+  std::counting_semaphore<> parse_slots_{kParallelParses};
   std::atomic<uint64_t> next_id_{0};
   uint64_t id_salt_ = 0;
   Metrics metrics_;
 };
+
+template <class Parse>
+auto Server::parse_gated(Parse&& parse) -> decltype(parse()) {
+  if (!parse_slots_.try_acquire_for(std::chrono::seconds(opts_.read_timeout_s))) return busy_error();
+  struct Release {
+    std::counting_semaphore<>& s;
+    ~Release() { s.release(); }
+  } release{parse_slots_};
+  return parse();
+}
 
 // The built-in chat page served at "/" (HTML and JavaScript, no build step).
 extern const char* const kChatPageHtml;

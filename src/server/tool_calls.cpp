@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/enum_names.hpp"
+#include "core/json.hpp"
 #include "jinja/json.hpp"
 #include "server/json_schema.hpp"
 #include "server/request_fields.hpp"
@@ -32,27 +33,6 @@ const Tool* find_tool(const ToolRequest& r, const std::string& name) {
   return nullptr;
 }
 
-// The end of the JSON value (object or array) starting at text[b]: strings and nesting followed,
-// npos when it does not close.
-size_t json_end(std::string_view text, size_t b) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = b; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
-
 size_t skip_ws(std::string_view t, size_t i) {
   while (i < t.size() && (t[i] == ' ' || t[i] == '\n' || t[i] == '\t' || t[i] == '\r')) ++i;
   return i;
@@ -65,7 +45,7 @@ std::optional<ToolCall> call_of(const ojson& j, const ToolRequest& r) {
   if (!find_tool(r, name)) return std::nullopt;
   ojson args = j.contains("arguments") ? j["arguments"] : j.contains("parameters") ? j["parameters"] : ojson::object();
   if (args.is_string()) {  // some models write the arguments as a JSON string
-    ojson parsed = ojson::parse(args.get<std::string>(), nullptr, false);
+    ojson parsed = parse_json<ojson>(args.get<std::string>());
     if (!parsed.is_discarded()) args = parsed;
   }
   return ToolCall{"", name, args.dump()};
@@ -232,7 +212,7 @@ ToolPrompt tool_prompt(ToolFormat f, const ToolRequest& r, std::vector<ChatMessa
     if (!m.tool_calls.empty()) {
       ojson calls = ojson::array();
       for (const ToolCall& c : m.tool_calls) {
-        ojson args = ojson::parse(c.arguments, nullptr, false);
+        ojson args = parse_json<ojson>(c.arguments);
         calls.push_back({{"name", c.name}, {"arguments", args.is_discarded() ? ojson(c.arguments) : args}});
       }
       m.content += (m.content.empty() ? "" : "\n") + ojson{{"tool_calls", calls}}.dump();
@@ -310,9 +290,9 @@ ToolOutput parse_tool_output(ToolFormat f, const ToolRequest& r, std::string_vie
     return true;
   };
   const auto parse_at = [&](size_t b, size_t& end) -> ojson {
-    end = json_end(text, b);
+    end = json_value_end(text, b);
     if (end == std::string_view::npos) return ojson();
-    return ojson::parse(text.substr(b, end - b), nullptr, false);
+    return parse_json<ojson>(text.substr(b, end - b));
   };
   if (f == ToolFormat::hermes) {
     size_t pos = 0;

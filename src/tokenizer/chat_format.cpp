@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/log.hpp"
 #include "gguf/reader.hpp"
 #include "jinja/json.hpp"
@@ -35,7 +36,7 @@ jinja::Value messages_value(const std::vector<ChatMessage>& messages) {
       for (const ToolCall& c : m.tool_calls) {
         jinja::Value fn = jinja::Value::object();
         fn.as_object().set("name", jinja::Value(c.name));
-        const auto args = nlohmann::ordered_json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+        const auto args = parse_json<nlohmann::ordered_json>(c.arguments);
         fn.as_object().set("arguments", args.is_discarded() ? jinja::Value(c.arguments) : jinja::from_json(args));
         jinja::Value call = jinja::Value::object();
         call.as_object().set("id", jinja::Value(c.id));

@@ -1,0 +1,177 @@
+"""What a hostile client found in round two (issue 51), each probe as it was reported, against a
+real `ember serve` started with the defaults: one small request must neither kill nor hang the
+server, nor slow the others down. After every probe the server is alive and /health answers.
+  - schemas: errors while sampling (a grammar too ambiguous to follow) end that request with a
+    400 (or an error event ending its stream), never the process; bounds on nesting and size
+    answered at once by name, with little memory;
+  - JSON nested 100,000 deep (a body, a tool call's arguments, a schema's const): 400, no
+    value echoed back;
+  - a request under a forced tool with a deep schema does not slow a plain one beside it."""
+import http.client
+import json
+import socket
+import threading
+import time
+
+import common
+
+ember, model = common.args()
+c = common.Checks("hostile_requests")
+
+
+def chat(content, **kw):
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 20, **kw}
+
+
+def schema_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def alive(srv, what):
+    ok = srv.alive()
+    if ok:
+        try:
+            ok = srv.health()["status"] == "ok"
+        except OSError:
+            ok = False
+    c.check(ok, f"server alive and healthy after {what}")
+    return ok
+
+
+def post_raw(srv, path, text, timeout=60):
+    return common.post(srv.url + path, text.encode(), timeout=timeout)
+
+
+def stream_events(srv, path, body):
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    conn.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    text = r.read().decode()  # whole: the stream is ended, not cut
+    conn.close()
+    return r.status, text
+
+
+with common.Server(ember, model, ctx=2048, parallel=2) as srv:
+    # 1. A grammar that breaks a bound while sampling: 5000 alternatives that start alike after
+    # '{"a": '. The request gets a 400 naming the bound (an error event ending the stream, and
+    # an Ollama error); the process lives on.
+    ambiguous = {"type": "object", "properties": {"a": {"anyOf": [{"const": f"x{i}"} for i in range(5000)]}},
+                 "required": ["a"]}
+    status, resp = common.post(srv.url + "/v1/chat/completions", chat("hi", response_format=schema_format(ambiguous)))
+    c.check(status == 400 and "more than 4096 readings" in resp["error"]["message"], f"ambiguous schema: {status} {resp}")
+    alive(srv, "an ambiguous schema")
+    status, text = stream_events(srv, "/v1/chat/completions", chat("hi", response_format=schema_format(ambiguous)))
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    c.check(status == 200 and events and "more than 4096 readings" in events[-1] and "[DONE]" not in events,
+            f"ambiguous schema, streamed: {events[-1:]}")
+    status, resp = common.post(srv.url + "/api/chat", {"model": srv.health()["model"], "stream": False,
+                                                       "messages": [{"role": "user", "content": "hi"}], "format": ambiguous})
+    c.check(status == 400 and "more than 4096 readings" in resp["error"], f"ambiguous format (Ollama): {status} {resp}")
+    alive(srv, "an ambiguous format")
+    # An enum of 5000 values (once "more than 4096 readings" at sampling time) is followed.
+    enum = {"type": "object", "properties": {"a": {"enum": [f"v{i}" for i in range(5000)]}}, "required": ["a"]}
+    status, resp = common.post(srv.url + "/v1/chat/completions", chat("hi", response_format=schema_format(enum)))
+    c.check(status == 200 and json.loads(resp["choices"][0]["message"]["content"])["a"] in enum["properties"]["a"]["enum"],
+            f"enum of 5000: {status} {str(resp)[:200]}")
+    status, resp = common.post(srv.url + "/v1/chat/completions",
+                               chat("hi", response_format=schema_format({"enum": [f"v{i}" for i in range(5000)]})))
+    c.check(status == 200, f"top-level enum of 5000: {status} {str(resp)[:200]}")
+    # Nesting: anyOf 258 deep is JSON 516 deep (refused as a body); a chain of 100 $refs is 100
+    # schema levels (refused at 64). Both at once, by name, with a short message.
+    deep = {"type": "string"}
+    for _ in range(258):
+        deep = {"anyOf": [deep]}
+    chain = {"$ref": "#/$defs/d0", "$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(100)}}
+    chain["$defs"]["d100"] = {"type": "string"}
+    for name, schema, want in [("anyOf 258 deep", deep, "deeper than 128 levels"),
+                               ("100 chained $refs", chain, "nests deeper than 64 levels")]:
+        for path, body in [("/v1/chat/completions", chat("hi", response_format=schema_format(schema))),
+                           ("/v1/chat/completions", chat("call f", tools=[{"type": "function", "function": {
+                               "name": "f", "parameters": schema}}], tool_choice={"type": "function", "function": {"name": "f"}})),
+                           ("/api/chat", {"model": srv.health()["model"], "messages": [{"role": "user", "content": "hi"}],
+                                          "stream": False, "format": schema})]:
+            status, resp = common.post(srv.url + path, body)
+            text = json.dumps(resp)
+            c.check(status == 400 and want in text and len(text) < 600, f"{name} to {path}: {status} {text[:300]}")
+    alive(srv, "the schema probes")
+
+    # 2. JSON nested 60,000-100,000 deep: a body, a tool call's arguments, a schema's const, a
+    # /detokenize body. 400 naming the bound; nothing echoed back.
+    nest = "[" * 60000 + "]" * 60000
+    probes = {
+        "/detokenize": '{"tokens": ' + nest + '}',
+        "/v1/chat/completions": '{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": '
+                                '"json_schema", "json_schema": {"name": "x", "schema": {"const": ' + nest + '}}}}',
+        "/api/chat": '{"messages": [{"role": "user", "content": "hi"}], "stream": false, "format": ' + nest + '}',
+        "/v1/embeddings": '{"input": ' + nest + '}',
+    }
+    for path, body in probes.items():
+        status, resp = post_raw(srv, path, body)
+        text = json.dumps(resp)
+        c.check(status == 400 and "deeper than 128 levels" in text and len(text) < 1000, f"{path} nested 60,000 deep: {status} {text[:200]}")
+    # Deep tool-call arguments (a string, parsed for the template) and tool parameters: no crash.
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                                   "function": {"name": "f", "arguments": nest}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "x"}]
+    status, resp = common.post(srv.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+    c.check(status in (200, 400), f"deep tool-call arguments: {status} {str(resp)[:200]}")
+    alive(srv, "the nesting probes")
+
+    # 3. A 20 KB schema of 300 arrays of up to 10,000 items: refused at once (the grammar's size
+    # bound), with little memory; ten of them at once too.
+    wide = {"anyOf": [{"type": "array", "items": {"type": "integer"}, "maxItems": 9999 - i} for i in range(300)]}
+    status, resp = common.post(srv.url + "/v1/chat/completions", chat("call f", tools=[{"type": "function", "function": {
+        "name": "f", "parameters": wide}}], tool_choice={"type": "function", "function": {"name": "f"}}))
+    c.check(status == 400 and "more than 262144 symbols" in resp["error"]["message"], f"large forced tool: {status} {resp}")
+    rss0 = srv.rss_kib()
+    t = time.time()
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(common.post(
+        srv.url + "/v1/chat/completions", chat("hi", response_format=schema_format(wide))))) for _ in range(10)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    took = time.time() - t
+    c.check(all(s == 400 and "more than 262144 symbols" in r["error"]["message"] for s, r in results),
+            f"300 arrays of 10,000 items: {[(s, str(r)[:100]) for s, r in results[:2]]}")
+    grown = (srv.rss_kib() - rss0) / 1024
+    c.check(took < 10 and grown < 300, f"ten large schemas took {took:.1f} s and {grown:.0f} MB (once 18 s and 3 GB each)")
+    alive(srv, "the large schemas")
+
+# 6. A request constrained by a forced tool whose schema nests 60 objects deep does not slow a
+# plain request beside it more than an unconstrained request of the same prompt does (once
+# 19.4 s instead of 1.0 s). Prompts cached first, so that only the generation is compared.
+with common.Server(ember, model, ctx=2048, parallel=2, threads=2) as srv:
+    nested = {"type": "string"}
+    for _ in range(60):
+        nested = {"type": "object", "properties": {"k": nested}, "required": ["k"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": nested}}]
+    plain = {"messages": [{"role": "user", "content": "Count from 1 to 100."}], "max_tokens": 60, "temperature": 0}
+
+    def beside(forced):
+        other = {"messages": [{"role": "user", "content": "call f"}], "max_tokens": 300, "tools": tools, "temperature": 0}
+        if forced:
+            other["tool_choice"] = {"type": "function", "function": {"name": "f"}}
+        res = {}
+        th = threading.Thread(target=lambda: res.update(r=common.post(srv.url + "/v1/chat/completions", other)))
+        th.start()
+        time.sleep(0.3)
+        t = time.time()
+        status, _ = common.post(srv.url + "/v1/chat/completions", plain)
+        took = time.time() - t
+        th.join()
+        c.check(status == 200 and res["r"][0] == 200, f"plain beside {'forced' if forced else 'free'}: {status} {res['r'][0]}")
+        return took
+
+    beside(False), beside(True)  # the prompts cached
+    free = sorted(beside(False) for _ in range(3))[1]
+    forced = sorted(beside(True) for _ in range(3))[1]
+    c.check(forced < 2.5 * free + 0.3, f"plain beside a forced deep tool {forced:.2f} s, beside a free one {free:.2f} s")
+    status, resp = common.post(srv.url + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "A JSON object about a cat."}], "max_tokens": 38, "top_k": 0,
+        "temperature": 1, "response_format": {"type": "json_object"}})
+    c.check(status == 200, f"json_object at top_k 0: {status}")
+    alive(srv, "the constrained requests")
+c.done()

@@ -7,6 +7,7 @@
 // no template runs past its bounds or crashes, mutated at random.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <random>
 #include <string>
@@ -164,6 +165,78 @@ TEST(Jinja, RunsWithinItsBounds) {
   EXPECT_THROW(render("{{ 'ab' * 100000000 }}"), jinja::Error);
   // Within the bounds, the same templates render.
   EXPECT_EQ(render("{% macro f(n) %}{% if n < 5 %}{{ n }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}"), "01234");
+}
+
+// What a hostile template (in a model file or --chat-template-file) tried, each ending in a
+// jinja::Error naming the bound, quickly and with little memory: chains as deep as they are long,
+// integer arithmetic past 64 bits, empty loops of 10^12 iterations, values that grow by
+// doubling, outputs that amplify their input, values nested in themselves.
+TEST(Jinja, HostileTemplatesEndWithAnError) {
+  const auto fails = [](const std::string& src, const std::string& want, const Limits& l = {}) {
+    try {
+      const std::string out = render(src, {}, l);
+      ADD_FAILURE() << src.substr(0, 80) << " rendered " << out.size() << " bytes";
+    } catch (const jinja::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << src.substr(0, 80) << ": " << e.what();
+    }
+  };
+  std::string filters = "{{ x", terms = "{{ 1";
+  for (int i = 0; i < 100000; ++i) filters += "|default(1)";
+  for (int i = 0; i < 200000; ++i) terms += " + 1";
+  fails(filters + " }}", "more than 1048576");  // 1.1 MB: past kMaxTemplateBytes
+  fails(filters.substr(0, 500000) + " }}", "nested deeper than 200 levels");
+  fails(terms + " }}", "nested deeper than 200 levels");
+  std::string ok = "{{ 1";
+  for (int i = 0; i < 150; ++i) ok += " + 1";
+  EXPECT_EQ(render(ok + " }}"), "151");
+  // 64-bit integers as Python's where they fit; an error where Python's would grow.
+  EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }}"), "0");
+  EXPECT_EQ(render("{{ 7 // -1 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** 62 }} {{ (-1) ** 3 }} {{ 0 ** 0 }}"),
+            "-7 -4 2 4611686018427387904 -1 1");
+  for (const char* overflow : {"{{ (-9223372036854775807 - 1) // -1 }}", "{{ 9223372036854775807 + 1 }}",
+                               "{{ -(-9223372036854775807 - 1) }}", "{{ 2 ** 64 }}", "{{ 4294967296 * 4294967296 }}",
+                               "{{ (-9223372036854775807 - 1) | abs }}", "{{ [9223372036854775807, 1] | sum }}"})
+    fails(overflow, "overflow");
+  EXPECT_EQ(render("{{ range(0, 9223372036854775807, 4611686018427387904) | list }}"),
+            "[0, 4611686018427387904]");  // (the next step passes the 64-bit range and the stop)
+  // Loop iterations are steps, their bodies empty or not.
+  Limits quick;
+  quick.max_steps = 100'000;
+  fails("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "more than 100000 steps", quick);
+  fails("{% for i in range(60000) if false %}{% endfor %}{% for i in range(60000) if false %}{% endfor %}",
+        "more than 100000 steps", quick);
+  // Growth: strings and lists made count against max_made before they are made.
+  Limits small;
+  small.max_made = 16u << 20;
+  fails("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "made more than 16777216", small);
+  fails("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", "made more than 16777216", small);
+  fails("{% set s = 'a' * 1000000 %}{{ s | replace('a', 'b' * 1000) }}", "made more than 16777216", small);
+  fails("{% set s = 'a' * 1000000 %}{{ s.replace('a', 'b' * 1000) }}", "made more than 16777216", small);
+  fails("{{ {'a': [[1, 2], [3]]} | tojson(indent=2000000000) }}", "made more than 16777216", small);
+  fails("{{ 'a\nb' | indent(1000000000) }}", "made more than 16777216", small);
+  fails("{{ range(100000) | join('x' * 100000) }}", "made more than 16777216", small);
+  fails("{{ ('x' * 100000).join(range(100000) | map('string')) }}", "made more than 16777216", small);
+  fails("{{ ('{0}' * 100000).format('y' * 100000) }}", "made more than 16777216", small);
+  fails("{{ ('ab' * 10000000) | list | length }}", "made more than 16777216", small);
+  fails("{{ 'ab' * 10000000000000 }}", "too long");
+  // A list nested in itself five thousand times prints to an error, and frees without
+  // recursion; a namespace inside itself too.
+  fails("{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
+        "nested more than 512 levels");
+  fails("{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l | tojson }}",
+        "nested more than 512 levels");
+  fails("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns == ns.me }}{{ ns }}", "nested more than 512 levels");
+  EXPECT_EQ(render("{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}ok"), "ok");
+  // A template larger than kMaxTemplateBytes is refused whole.
+  EXPECT_THROW(Template(std::string(kMaxTemplateBytes + 1, 'a')), jinja::Error);
+  // Time and cancellation.
+  Limits slow;
+  slow.max_seconds = 0.05;
+  fails("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "longer than 0.05 s", slow);
+  std::atomic<bool> stop{true};
+  Limits cancelled;
+  cancelled.cancel = &stop;
+  fails("{% for i in range(100000) %}{{ i }}{% endfor %}", "cancelled", cancelled);
 }
 
 // Sandboxed: a template sees the values it is given and the builtins, nothing of the process.

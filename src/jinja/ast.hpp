@@ -17,6 +17,7 @@ struct Expr {
   virtual ~Expr() = default;
   virtual Value eval(Context& ctx) const = 0;
   int line = 0;
+  int height = 1;  // of the tree below (the parser bounds it: evaluating and freeing it recurse)
 };
 using ExprPtr = std::unique_ptr<Expr>;
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <ctime>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -72,6 +73,15 @@ std::string capitalize(const std::string& s) {
 }
 
 std::string replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+  // The result's size first: a short text with many matches may grow past the render's bound.
+  size_t matches = 0;
+  if (from.empty()) {
+    matches = static_cast<size_t>(Value(s).length()) + 1;
+  } else {
+    for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + from.size())) ++matches;
+  }
+  if (count >= 0) matches = std::min(matches, static_cast<size_t>(count));
+  if (to.size() > from.size() && matches > 0) need_room(s.size() + matches * (to.size() - from.size()));
   if (from.empty()) {
     std::string out;
     int64_t n = 0;
@@ -95,6 +105,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
 
 Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
   Value::Array parts;
+  need_room((s.size() / std::max<size_t>(sep.is_string() ? sep.as_string().size() : 1, 1) + 1) * sizeof(Value));
   if (!sep.is_string() || sep.as_string().empty()) {
     if (sep.is_string()) throw Error("split: empty separator");
     size_t i = 0;
@@ -155,10 +166,13 @@ std::string format(const std::string& f, const Args& a) {
       if (field.find_first_of(":!") != std::string::npos) throw Unsupported("format specs in str.format are not supported");
       Value v;
       if (field.empty()) v = arg(a, next++, "");
-      else if (std::all_of(field.begin(), field.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+      else if (field.size() < 9 &&
+               std::all_of(field.begin(), field.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
         v = arg(a, std::stoul(field), "");
       else v = arg(a, SIZE_MAX, field.c_str());
-      out += v.str();
+      const std::string piece = v.str();
+      need_room(out.size() + piece.size());
+      out += piece;
       i = e;
     } else {
       out += f[i];
@@ -214,7 +228,11 @@ Value string_method(const std::string& s, const std::string& name) {
       const Value items = arg(a, 0, "iterable");
       if (!items.is_array()) throw Error("join needs a list");
       std::string out;
-      for (size_t i = 0; i < items.as_array().size(); ++i) out += (i ? s : "") + need_string(items.as_array()[i], "join");
+      for (size_t i = 0; i < items.as_array().size(); ++i) {
+        const std::string& x = need_string(items.as_array()[i], "join");
+        need_room(out.size() + s.size() + x.size());
+        out += (i ? s : "") + x;
+      }
       return Value(out);
     });
   if (name == "format") return method(name, [s](Args& a) { return Value(format(s, a)); });
@@ -315,6 +333,8 @@ Value select(const Value& v, const Args& a, bool keep, bool by_attr) {
 }
 
 std::string indent_text(const std::string& s, const Value& width, bool first, bool blank) {
+  if (width.is_int() && width.as_int() < 0) throw Error("indent: the width must not be negative");
+  if (width.is_int()) need_room(static_cast<size_t>(width.as_int()));
   const std::string pad = width.is_string() ? width.as_string() : std::string(width.is_int() ? static_cast<size_t>(width.as_int()) : 4, ' ');
   std::string out;
   size_t pos = 0;
@@ -324,6 +344,7 @@ std::string indent_text(const std::string& s, const Value& width, bool first, bo
     const bool last = e == std::string::npos;
     if (last) e = s.size();
     const std::string line = s.substr(pos, e - pos);
+    need_room(out.size() + pad.size() + line.size() + 1);
     if (!first_line) out += '\n';
     if ((first || !first_line) && (blank || !line.empty())) out += pad;
     out += line;
@@ -377,9 +398,15 @@ struct JsonStyle {
 };
 
 void json(std::string& out, const Value& v, const JsonStyle& st, int level) {
+  const NestingGuard nesting;
   const auto newline = [&](int l) {
-    if (st.indent >= 0) out += '\n' + std::string(static_cast<size_t>(st.indent * l), ' ');
+    if (st.indent < 0) return;
+    const size_t width = static_cast<size_t>(st.indent) * static_cast<size_t>(l);
+    need_room(out.size() + width + 1);
+    out += '\n';
+    out.append(width, ' ');
   };
+  need_room(out.size() + st.item_sep.size() + st.key_sep.size());
   switch (v.kind()) {
     case Value::Kind::undefined:
     case Value::Kind::none: out += "null"; return;
@@ -466,6 +493,7 @@ Value::Array items_of(const Value& v, int line) {
     return keys;
   }
   if (v.is_string()) {
+    need_room(static_cast<size_t>(v.length()) * sizeof(Value));
     Value::Array chars;
     for (std::string_view c : code_points(v.as_string())) chars.push_back(Value(std::string(c)));
     return chars;
@@ -667,10 +695,13 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, Context& ct
     const Value sep = arg(a, 0, "d");
     const Value attr = arg(a, 1, "attribute");
     std::string out;
+    const std::string between = sep.is_undefined() ? "" : sep.str();
     bool first = true;
     for (const Value& x : items_of(v)) {
-      if (!first) out += sep.is_undefined() ? "" : sep.str();
-      out += (attr.is_undefined() ? x : attribute(x, attr)).str();
+      const std::string piece = (attr.is_undefined() ? x : attribute(x, attr)).str();
+      need_room(out.size() + between.size() + piece.size());
+      if (!first) out += between;
+      out += piece;
       first = false;
     }
     return Value(out);
@@ -683,7 +714,12 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, Context& ct
     return Value(indent_text(v.str(), arg(a, 0, "width"), arg(a, 1, "first").truthy(), arg(a, 2, "blank").truthy()));
   if (name == "int") {
     if (v.is_int()) return v;
-    if (v.is_float()) return Value(static_cast<int64_t>(v.as_number()));
+    if (v.is_float()) {  // (outside the 64-bit range, as a string that is no integer: the default)
+      const double x = v.as_number();
+      if (x > -9.2e18 && x < 9.2e18) return Value(static_cast<int64_t>(x));
+      const Value d = arg(a, 0, "default");
+      return d.is_undefined() ? Value(int64_t{0}) : d;
+    }
     if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
     if (v.is_string()) {
       try {
@@ -712,7 +748,10 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, Context& ct
     return d.is_undefined() ? Value(0.0) : d;
   }
   if (name == "abs") {
-    if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+    if (v.is_int()) {
+      if (v.as_int() == std::numeric_limits<int64_t>::min()) throw Error("abs: integer overflow");
+      return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+    }
     if (v.is_float()) return Value(std::fabs(v.as_number()));
     throw Error(fmt::format("abs needs a number, got {}", v.type_name()));
   }
@@ -784,7 +823,10 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, Context& ct
     for (const Value& x : items_of(v)) {
       const Value y = attr.is_undefined() ? x : attribute(x, attr);
       if (!y.is_number() || !total.is_number()) throw Error("sum needs numbers");
-      total = total.is_int() && y.is_int() ? Value(total.as_int() + y.as_int()) : Value(total.as_number() + y.as_number());
+      int64_t r = 0;
+      if (total.is_int() && y.is_int() && __builtin_add_overflow(total.as_int(), y.as_int(), &r))
+        throw Error("sum: integer overflow");
+      total = total.is_int() && y.is_int() ? Value(r) : Value(total.as_number() + y.as_number());
     }
     return total;
   }
@@ -803,9 +845,10 @@ Context::Scope global_functions(const Limits& limits) {
     const int64_t step = n == 3 ? a.positional[2].as_int() : 1;
     if (step == 0) throw Error("range step must not be zero");
     Value::Array out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       if (static_cast<int64_t>(out.size()) >= max_range) throw Error(fmt::format("range of more than {} items", max_range));
       out.push_back(Value(i));
+      if (__builtin_add_overflow(i, step, &i)) break;  // past the 64-bit range: past stop too
     }
     return Value::array(std::move(out));
   });

@@ -19,9 +19,11 @@ namespace ember::jinja {
 
 struct Stmt;
 
+constexpr size_t kMaxTemplateBytes = size_t{1} << 20;  // real chat templates are under 50 KB
+
 class Template {
  public:
-  // Throws SyntaxError or Unsupported (see error.hpp).
+  // Throws SyntaxError or Unsupported (see error.hpp), Error for a source over kMaxTemplateBytes.
   explicit Template(std::string_view source);
   ~Template();
   Template(Template&&) noexcept;

@@ -1,5 +1,6 @@
 #include "jinja/parser.hpp"
 
+#include <algorithm>
 #include <initializer_list>
 
 #include <fmt/format.h>
@@ -11,13 +12,43 @@ namespace ember::jinja {
 
 namespace {
 
-constexpr int kMaxDepth = 200;  // nesting of expressions and of blocks (a hostile file's "((((...")
+// Nesting of blocks, and the height of an expression's tree: "((((...", and as much through chains
+// ("x|default(y)|default(y)..." 100,000 times, "1 + 1 + ..." of 200,000 terms), whose trees
+// are as deep as they are long and would exhaust the stack when evaluated or freed.
+constexpr int kMaxDepth = 200;
 
 template <class T>
 std::unique_ptr<T> node(int line) {
   auto n = std::make_unique<T>();
   n->line = line;
   return n;
+}
+
+// The heights of an expression's parts.
+int height(const ExprPtr& e) { return e ? e->height : 0; }
+int height(const std::vector<ExprPtr>& v) {
+  int h = 0;
+  for (const ExprPtr& e : v) h = std::max(h, height(e));
+  return h;
+}
+int height(const std::vector<std::pair<ExprPtr, ExprPtr>>& v) {
+  int h = 0;
+  for (const auto& [a, b] : v) h = std::max({h, height(a), height(b)});
+  return h;
+}
+int height(const ArgExprs& a) {
+  int h = height(a.positional);
+  for (const auto& [k, e] : a.keyword) h = std::max(h, height(e));
+  return h;
+}
+
+// Sets a new node's height over its parts; refuses a tree taller than kMaxDepth.
+template <class T, class... Parts>
+std::unique_ptr<T> sealed(std::unique_ptr<T>& n, const Parts&... parts) {
+  n->height = 1 + std::max({0, height(parts)...});
+  if (n->height > kMaxDepth)
+    throw SyntaxError(fmt::format("line {}: an expression nested deeper than {} levels", n->line, kMaxDepth));
+  return std::move(n);
 }
 
 class Parser {
@@ -170,7 +201,7 @@ class Parser {
         l->tuple = true;
         l->items.push_back(std::move(s->value));
         while (accept(",")) l->items.push_back(parse_expr());
-        s->value = std::move(l);
+        s->value = sealed(l, l->items);
       }
       expect_end();
       ++seg_;
@@ -230,7 +261,7 @@ class Parser {
       c->then = std::move(e);
       c->cond = parse_or();
       if (accept_name("else")) c->otherwise = parse_expr();
-      e = std::move(c);
+      e = sealed(c, c->then, c->cond, c->otherwise);
     }
     --depth_;
     return e;
@@ -241,7 +272,7 @@ class Parser {
     b->op = std::move(op);
     b->lhs = std::move(lhs);
     b->rhs = std::move(rhs);
-    return b;
+    return sealed(b, b->lhs, b->rhs);
   }
 
   ExprPtr parse_or() {
@@ -271,7 +302,7 @@ class Parser {
       auto u = node<Unary>(ln);
       u->op = "not";
       u->operand = parse_not();
-      return u;
+      return sealed(u, u->operand);
     }
     return parse_compare();
   }
@@ -349,7 +380,7 @@ class Parser {
       u->op = cur().text;
       ++tok_;
       u->operand = parse_unary(false);
-      e = std::move(u);
+      e = sealed(u, u->operand);
     } else {
       e = parse_postfix(parse_primary());
     }
@@ -400,7 +431,7 @@ class Parser {
         l->tuple = true;
         l->items.push_back(std::move(e));
         while (accept(",") && !peek_op(")")) l->items.push_back(parse_expr());
-        e = std::move(l);
+        e = sealed(l, l->items);
       }
       expect(")");
       return e;
@@ -412,7 +443,7 @@ class Parser {
         if (!accept(",")) break;
       }
       expect("]");
-      return l;
+      return sealed(l, l->items);
     }
     if (accept("{")) {
       auto d = node<DictExpr>(ln);
@@ -423,7 +454,7 @@ class Parser {
         if (!accept(",")) break;
       }
       expect("}");
-      return d;
+      return sealed(d, d->items);
     }
     throw SyntaxError(fmt::format("line {}: unexpected '{}'", ln, t.text));
   }
@@ -441,11 +472,11 @@ class Parser {
           idx->value = Value(cur().i);
           ++tok_;
           gi->index = std::move(idx);
-          e = std::move(gi);
+          e = sealed(gi, gi->obj);
           continue;
         }
         g->name = expect_name();
-        e = std::move(g);
+        e = sealed(g, g->obj);
       } else if (accept("[")) {
         ExprPtr a, b, c;
         bool slice = false;
@@ -462,18 +493,18 @@ class Parser {
           s->start = std::move(a);
           s->stop = std::move(b);
           s->step = std::move(c);
-          e = std::move(s);
+          e = sealed(s, s->obj, s->start, s->stop, s->step);
         } else {
           auto g = node<GetItem>(ln);
           g->obj = std::move(e);
           g->index = std::move(a);
-          e = std::move(g);
+          e = sealed(g, g->obj, g->index);
         }
       } else if (accept("(")) {
         auto c = node<Call>(ln);
         c->callee = std::move(e);
         c->args = call_args();
-        e = std::move(c);
+        e = sealed(c, c->callee, c->args);
       } else {
         return e;
       }
@@ -489,7 +520,7 @@ class Parser {
         f->name = expect_name();
         if (!known_filter(f->name)) throw Unsupported(fmt::format("line {}: the filter '{}' is not supported", ln, f->name));
         if (accept("(")) f->args = call_args();
-        e = std::move(f);
+        e = sealed(f, f->operand, f->args);
       } else if (peek_name("is")) {
         ++tok_;
         auto t = node<TestExpr>(ln);
@@ -503,7 +534,7 @@ class Parser {
                    !peek_name("if") && (cur().type != Token::Type::op || peek_op("[") || peek_op("{"))) {
           t->args.positional.push_back(parse_postfix(parse_primary()));  // `is divisibleby 3`
         }
-        e = std::move(t);
+        e = sealed(t, t->operand, t->args);
       } else if (peek_op("(")) {
         return parse_postfix(std::move(e));
       } else {

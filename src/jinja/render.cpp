@@ -11,9 +11,45 @@
 
 namespace ember::jinja {
 
+// ---- the bounds of the render on this thread ------------------------------------------------------
+
+namespace {
+struct Budget {
+  size_t made = 0, max = 0;
+  int nesting = 0;
+};
+thread_local Budget* t_budget = nullptr;
+}  // namespace
+
+void count_made(size_t bytes) {
+  if (!t_budget) return;
+  need_room(bytes);
+  t_budget->made += bytes;
+}
+
+void need_room(size_t bytes) {
+  if (t_budget && bytes > t_budget->max - t_budget->made)
+    throw Error(fmt::format("the template made more than {} bytes of strings and lists", t_budget->max));
+}
+
+NestingGuard::NestingGuard() {
+  if (t_budget && ++t_budget->nesting > kMaxValueDepth) {
+    --t_budget->nesting;
+    throw Error(fmt::format("a value nested more than {} levels deep (or inside itself)", kMaxValueDepth));
+  }
+}
+
+NestingGuard::~NestingGuard() {
+  if (t_budget) --t_budget->nesting;
+}
+
 // ---- Context ----------------------------------------------------------------------------------
 
-Context::Context(const Value& variables, const Limits& limits) : limits_(limits) {
+Context::Context(const Value& variables, const Limits& limits)
+    : limits_(limits),
+      deadline_(std::chrono::steady_clock::now() +
+                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                    std::chrono::duration<double>(limits.max_seconds))) {
   scopes_.push_back(global_functions(limits));
   Scope given;
   if (variables.is_object())
@@ -40,6 +76,11 @@ std::vector<Context::Scope> Context::enter_macro() {
 void Context::tick(int line) {
   if (++steps_ > limits_.max_steps)
     throw Error(fmt::format("line {}: the template ran more than {} steps", line, limits_.max_steps));
+  if (steps_ % 1024 != 0) return;
+  if (limits_.cancel && limits_.cancel->load())
+    throw Error(fmt::format("line {}: the render was cancelled", line));
+  if (std::chrono::steady_clock::now() > deadline_)
+    throw Error(fmt::format("line {}: the template ran longer than {} s", line, limits_.max_seconds));
 }
 
 void Context::wrote(const std::string& out) const {
@@ -76,9 +117,23 @@ Value contains(const Value& container, const Value& item, int line) {
   throw Error(fmt::format("line {}: argument of type '{}' is not iterable", line, container.type_name()));
 }
 
+// Integer arithmetic as Python's on the 64-bit range; a result outside it is an error (Python's
+// integers would grow).
+template <class Op>
+int64_t checked(Op op, int64_t a, int64_t b, int line) {
+  int64_t r = 0;
+  if (op(a, b, &r)) throw Error(fmt::format("line {}: integer overflow", line));
+  return r;
+}
+constexpr auto kAdd = [](int64_t a, int64_t b, int64_t* r) { return __builtin_add_overflow(a, b, r); };
+constexpr auto kSub = [](int64_t a, int64_t b, int64_t* r) { return __builtin_sub_overflow(a, b, r); };
+constexpr auto kMul = [](int64_t a, int64_t b, int64_t* r) { return __builtin_mul_overflow(a, b, r); };
+
 Value arithmetic(const std::string& op, const Value& a, const Value& b, int line) {
   if (op == "+") {
-    if (numeric(a) && numeric(b)) return both_int(a, b) ? Value(integer(a) + integer(b)) : Value(number(a) + number(b));
+    if (numeric(a) && numeric(b))
+      return both_int(a, b) ? Value(checked(kAdd, integer(a), integer(b), line))
+                            : Value(number(a) + number(b));
     if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
     if (a.is_array() && b.is_array()) {
       Value::Array r = a.as_array();
@@ -90,19 +145,29 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
   if (op == "*" && (a.is_string() || b.is_string()) && (a.is_int() || b.is_int())) {
     const std::string& s = a.is_string() ? a.as_string() : b.as_string();
     const int64_t n = a.is_int() ? a.as_int() : b.as_int();
-    if (n > 0 && s.size() * static_cast<size_t>(n) > (64u << 20)) throw Error(fmt::format("line {}: a string too long", line));
-    std::string r;
-    for (int64_t i = 0; i < n; ++i) r += s;
-    return Value(std::move(r));
+    if (n <= 0 || s.empty()) return Value("");
+    if (static_cast<uint64_t>(n) > (uint64_t{1} << 40) / s.size()) throw Error(fmt::format("line {}: a string too long", line));
+    need_room(s.size() * static_cast<size_t>(n));
+    std::string out;
+    out.reserve(s.size() * static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) out += s;
+    return Value(std::move(out));
   }
   if (!numeric(a) || !numeric(b)) type_error(line, op, a, b);
-  if (op == "-") return both_int(a, b) ? Value(integer(a) - integer(b)) : Value(number(a) - number(b));
-  if (op == "*") return both_int(a, b) ? Value(integer(a) * integer(b)) : Value(number(a) * number(b));
+  if (op == "-")
+    return both_int(a, b) ? Value(checked(kSub, integer(a), integer(b), line))
+                          : Value(number(a) - number(b));
+  if (op == "*")
+    return both_int(a, b) ? Value(checked(kMul, integer(a), integer(b), line))
+                          : Value(number(a) * number(b));
   if (op == "**") {
     if (both_int(a, b) && integer(b) >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < integer(b) && i < 64; ++i) r *= integer(a);
-      return Value(r);
+      const int64_t base = integer(a), e = integer(b);
+      if (base == 0 || base == 1) return Value(e == 0 ? int64_t{1} : base);
+      if (base == -1) return Value(e % 2 == 0 ? int64_t{1} : int64_t{-1});
+      int64_t p = 1;  // |base| >= 2: past 63 factors it overflows
+      for (int64_t i = 0; i < e; ++i) p = checked(kMul, p, base, line);
+      return Value(p);
     }
     return Value(std::pow(number(a), number(b)));
   }
@@ -111,17 +176,21 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
   if (op == "/") return Value(number(a) / number(b));
   if (op == "//") {
     if (both_int(a, b)) {
-      const int64_t x = integer(a), y = integer(b), q = x / y;
+      const int64_t x = integer(a), y = integer(b);
+      if (y == -1) return Value(checked(kSub, int64_t{0}, x, line));  // (INT64_MIN // -1)
+      const int64_t q = x / y;
       return Value((x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q);
     }
     return Value(std::floor(number(a) / number(b)));
   }
   if (both_int(a, b)) {  // Python's %: the sign of the divisor
-    const int64_t x = integer(a), y = integer(b), r = x % y;
-    return Value(r != 0 && ((r < 0) != (y < 0)) ? r + y : r);
+    const int64_t x = integer(a), y = integer(b);
+    if (y == -1) return Value(int64_t{0});  // (INT64_MIN % -1 traps in C++)
+    const int64_t m = x % y;
+    return Value(m != 0 && ((m < 0) != (y < 0)) ? m + y : m);
   }
-  const double r = std::fmod(number(a), number(b));
-  return Value(r != 0 && ((r < 0) != (number(b) < 0)) ? r + number(b) : r);
+  const double m = std::fmod(number(a), number(b));
+  return Value(m != 0 && ((m < 0) != (number(b) < 0)) ? m + number(b) : m);
 }
 
 }  // namespace
@@ -217,7 +286,7 @@ Value Unary::eval(Context& ctx) const {
   if (op == "not") return Value(!v.truthy());
   if (!numeric(v)) throw Error(fmt::format("line {}: bad operand type for unary {}: '{}'", line, op, v.type_name()));
   if (op == "+") return v.is_bool() ? Value(integer(v)) : v;
-  return v.is_float() ? Value(-v.as_number()) : Value(-integer(v));
+  return v.is_float() ? Value(-v.as_number()) : Value(checked(kSub, int64_t{0}, integer(v), line));
 }
 
 Value Binary::eval(Context& ctx) const {
@@ -294,6 +363,7 @@ void ForStmt::render(Context& ctx, std::string& out) const {
   Value::Array items;
   if (filter) {
     for (const Value& v : all) {
+      ctx.tick(line);
       ctx.push();
       bind_targets(ctx, targets, v, line);
       const bool keep = filter->eval(ctx).truthy();
@@ -305,25 +375,33 @@ void ForStmt::render(Context& ctx, std::string& out) const {
   }
   if (items.empty()) return render_body(otherwise, ctx, out);
   const auto n = static_cast<int64_t>(items.size());
+  // One `loop` for the whole loop, its fields changed as it goes (as Jinja2's LoopContext).
+  Value loop = Value::object();
+  Value::Object& l = loop.as_object();
+  for (const char* k : {"index", "index0", "revindex", "revindex0", "first", "last", "previtem", "nextitem"})
+    l.set(k, Value());
+  l.set("length", Value(n));
+  l.set("depth", Value(int64_t{1}));
+  l.set("depth0", Value(int64_t{0}));
+  auto at = std::make_shared<int64_t>(0);
+  l.set("cycle", Value::function("loop.cycle", [at](Args& a) {
+          if (a.positional.empty()) throw Error("loop.cycle() takes at least one value");
+          return a.positional[static_cast<size_t>(*at) % a.positional.size()];
+        }));
+  Value* const fields[] = {l.find("index"), l.find("index0"), l.find("revindex"), l.find("revindex0"),
+                           l.find("first"), l.find("last"), l.find("previtem"), l.find("nextitem")};
   for (int64_t i = 0; i < n; ++i) {
+    ctx.tick(line);  // an iteration is a step, its body empty or not
+    *at = i;
+    *fields[0] = Value(i + 1);
+    *fields[1] = Value(i);
+    *fields[2] = Value(n - i);
+    *fields[3] = Value(n - i - 1);
+    *fields[4] = Value(i == 0);
+    *fields[5] = Value(i == n - 1);
+    *fields[6] = i > 0 ? items[static_cast<size_t>(i - 1)] : Value();
+    *fields[7] = i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value();
     ctx.push();
-    Value loop = Value::object();
-    Value::Object& l = loop.as_object();
-    l.set("index", Value(i + 1));
-    l.set("index0", Value(i));
-    l.set("revindex", Value(n - i));
-    l.set("revindex0", Value(n - i - 1));
-    l.set("first", Value(i == 0));
-    l.set("last", Value(i == n - 1));
-    l.set("length", Value(n));
-    l.set("depth", Value(int64_t{1}));
-    l.set("depth0", Value(int64_t{0}));
-    l.set("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value());
-    l.set("nextitem", i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value());
-    l.set("cycle", Value::function("loop.cycle", [i](Args& a) {
-            if (a.positional.empty()) throw Error("loop.cycle() takes at least one value");
-            return a.positional[static_cast<size_t>(i) % a.positional.size()];
-          }));
     ctx.set("loop", loop);
     bind_targets(ctx, targets, items[static_cast<size_t>(i)], line);
     render_body(body, ctx, out);
@@ -416,12 +494,22 @@ struct Template::Impl {
   Body body;
 };
 
-Template::Template(std::string_view source) : impl_(std::make_unique<Impl>()) { impl_->body = parse(source); }
+Template::Template(std::string_view source) : impl_(std::make_unique<Impl>()) {
+  if (source.size() > kMaxTemplateBytes)
+    throw Error(fmt::format("the template has {} bytes, more than {}", source.size(), kMaxTemplateBytes));
+  impl_->body = parse(source);
+}
 Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
 std::string Template::render(const Value& variables, const Limits& limits) const {
+  Budget budget{0, limits.max_made, 0};
+  struct Scope {
+    Budget* outer;
+    explicit Scope(Budget* b) : outer(t_budget) { t_budget = b; }
+    ~Scope() { t_budget = outer; }
+  } scope(&budget);
   Context ctx(variables, limits);
   std::string out;
   render_body(impl_->body, ctx, out);

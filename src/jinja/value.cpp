@@ -38,9 +38,42 @@ Value Value::none() {
 Value::Value(bool b) : kind_(Kind::boolean), b_(b) {}
 Value::Value(int64_t v) : kind_(Kind::integer), i_(v) {}
 Value::Value(double v) : kind_(Kind::floating), f_(v) {}
-Value::Value(std::string s) : kind_(Kind::string), s_(std::make_shared<const std::string>(std::move(s))) {}
+Value::Value(std::string s) : kind_(Kind::string) {
+  count_made(s.size());
+  s_ = std::make_shared<const std::string>(std::move(s));
+}
+
+Value::~Value() {
+  if ((a_ && !a_->empty() && a_.use_count() == 1) || (o_ && o_->size() != 0 && o_.use_count() == 1)) release_contents();
+}
+
+void Value::release_contents() {
+  // The outermost release frees a work list one value at a time; a value freed meanwhile (inside
+  // the loop below) adds what it holds to that list instead of freeing it recursively.
+  thread_local std::vector<Value>* pending = nullptr;
+  const auto take = [this](std::vector<Value>& into) {
+    if (a_) {
+      for (Value& x : *a_) into.push_back(std::move(x));
+      a_->clear();
+    } else {
+      for (auto& item : o_->items_) into.push_back(std::move(item.second));
+      o_->items_.clear();
+      o_->index_.clear();
+    }
+  };
+  if (pending) return take(*pending);
+  std::vector<Value> work;
+  pending = &work;
+  take(work);
+  while (!work.empty()) {
+    Value v = std::move(work.back());
+    work.pop_back();
+  }
+  pending = nullptr;
+}
 
 Value Value::array(Array items) {
+  count_made(items.size() * sizeof(Value));
   Value v;
   v.kind_ = Kind::array;
   v.a_ = std::make_shared<Array>(std::move(items));
@@ -164,6 +197,7 @@ std::string Value::str() const {
 }
 
 std::string Value::repr() const {
+  const NestingGuard level;
   switch (kind_) {
     case Kind::undefined: return "";
     case Kind::none: return "None";
@@ -192,6 +226,7 @@ std::string Value::repr() const {
 }
 
 bool Value::operator==(const Value& o) const {
+  const NestingGuard level;
   if (is_number() && o.is_number()) {
     if (is_int() && o.is_int()) return i_ == o.i_;
     return as_number() == o.as_number();
@@ -223,6 +258,7 @@ bool Value::operator==(const Value& o) const {
 }
 
 bool Value::less(const Value& o) const {
+  const NestingGuard level;
   if ((is_number() || is_bool()) && (o.is_number() || o.is_bool())) {
     const double a = is_bool() ? b_ : as_number(), b = o.is_bool() ? o.b_ : o.as_number();
     if (is_int() && o.is_int()) return i_ < o.i_;

@@ -17,6 +17,22 @@ namespace ember::jinja {
 
 class Value;
 
+// The bounds of the render running on this thread (render.cpp sets them; outside a render they
+// are off): the bytes of strings and of list items made count against Limits::max_made (a
+// Value's constructor counts them; need_room checks before a builtin makes a large result),
+// and a walk of nested values (printing, comparing, JSON) may go kMaxValueDepth levels deep
+// (a template can nest a list in itself a million times, or put a namespace inside itself).
+void count_made(size_t bytes);  // throws jinja::Error past the bound
+void need_room(size_t bytes);   // throws where `bytes` more would pass it
+constexpr int kMaxValueDepth = 512;
+class NestingGuard {  // one level of a walk; throws past kMaxValueDepth
+ public:
+  NestingGuard();
+  ~NestingGuard();
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+};
+
 // A call's arguments: positional, then keyword.
 struct Args {
   std::vector<Value> positional;
@@ -38,12 +54,19 @@ class Value {
     bool is_namespace = false;  // namespace(): `set ns.attr = ...` may assign
 
    private:
+    friend class Value;
     std::vector<std::pair<std::string, Value>> items_;
     std::unordered_map<std::string, size_t> index_;
   };
   using Function = std::function<Value(Args&)>;
 
   Value() = default;  // undefined
+  // Freeing a list or dict frees what it holds without recursion (a value may nest deeply).
+  ~Value();
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
   static Value none();
   Value(bool b);
   Value(int v) : Value(static_cast<int64_t>(v)) {}
@@ -94,6 +117,8 @@ class Value {
   const char* type_name() const;  // Python's name of the type ("str", "int", "dict", ...)
 
  private:
+  // Moves what the last holder of a list or dict holds out of it, to be freed one by one.
+  void release_contents();
   Kind kind_ = Kind::undefined;
   bool b_ = false;  // boolean; for an array: a tuple
   int64_t i_ = 0;

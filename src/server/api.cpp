@@ -233,7 +233,9 @@ std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest&
       if (!model.chat) own.emplace(model.chat_template, "", "");
       p.tool_format = served_tool_format(model);
       ToolPrompt tp = tool_prompt(p.tool_format, req.tools, req.messages);
-      text = (model.chat ? *model.chat : *own).render(tp.messages, /*add_generation_prompt=*/true, tp.tools);
+      jinja::Limits limits;
+      limits.cancel = model.stopping;
+      text = (model.chat ? *model.chat : *own).render(tp.messages, /*add_generation_prompt=*/true, tp.tools, limits);
       if (req.tools.active()) p.tools = std::make_shared<const ToolRequest>(req.tools);
     } catch (const jinja::Raised& e) {
       return ApiError{400, fmt::format("the model's chat template refuses this conversation: {}", e.what()),

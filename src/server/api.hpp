@@ -2,6 +2,7 @@
 // errors in OpenAI's shape, and the JSON of responses and stream chunks. No sockets here, so
 // all of it is unit-tested directly.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -58,6 +59,8 @@ struct ServedModel {
   ModelFileInfo file;
   int64_t n_embd = 0;                 // an embedding's dimensions
   Pooling pooling = Pooling::mean;    // how embeddings pool the tokens' states (--pooling)
+  // Set while the server stops: a chat template rendering then ends (jinja::Limits::cancel).
+  const std::atomic<bool>* stopping = nullptr;
 };
 
 // OpenAI's "model" field: optional, but where given the served model's name (else 404).

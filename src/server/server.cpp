@@ -171,6 +171,7 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
   served_.file = model_file_info(model_);
   served_.n_embd = model_.hp.n_embd;
   served_.pooling = opts_.pooling ? *opts_.pooling : default_pooling(model_);
+  served_.stopping = &stopping_;
   id_salt_ = std::random_device{}();
 
   http_ = std::make_unique<httplib::Server>();

@@ -93,10 +93,10 @@ std::string ChatFormatter::render_style(const std::vector<ChatMessage>& messages
 }
 
 std::string ChatFormatter::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                  const jinja::Value& tools) const {
+                                  const jinja::Value& tools, const jinja::Limits& limits) const {
   if (!jinja_) return render_style(messages, add_generation_prompt);
   try {
-    return render_jinja(messages, add_generation_prompt, tools);
+    return render_jinja(messages, add_generation_prompt, tools, limits);
   } catch (const jinja::Unsupported& e) {  // this conversation needs what the engine lacks
     if (!style_) throw;
     log_warn("the chat template cannot render this conversation ({}); using the built-in {} style", e.what(),
@@ -106,7 +106,7 @@ std::string ChatFormatter::render(const std::vector<ChatMessage>& messages, bool
 }
 
 std::string ChatFormatter::render_jinja(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                        const jinja::Value& tools) const {
+                                        const jinja::Value& tools, const jinja::Limits& limits) const {
   jinja::Value vars = jinja::Value::object();
   jinja::Value::Object& v = vars.as_object();
   v.set("messages", messages_value(messages));
@@ -114,7 +114,7 @@ std::string ChatFormatter::render_jinja(const std::vector<ChatMessage>& messages
   v.set("bos_token", jinja::Value(bos_));
   v.set("eos_token", jinja::Value(eos_));
   if (tools.is_array() && !tools.as_array().empty()) v.set("tools", tools);
-  std::string out = jinja_->render(vars);
+  std::string out = jinja_->render(vars, limits);
   if (strip_bos_ && !bos_.empty() && out.starts_with(bos_)) out.erase(0, bos_.size());
   if (strip_eos_ && !eos_.empty() && out.ends_with(eos_)) out.resize(out.size() - eos_.size());
   return out;
@@ -132,8 +132,13 @@ ChatFormatter model_chat_formatter(const gguf::Reader& file, const Tokenizer& to
   if (override_file.empty()) return chat_formatter_for(model_chat_template(file), tok, file.path());
   std::ifstream in(override_file, std::ios::binary);
   EMBER_CHECK(in.good(), "cannot read the chat template file {}", override_file);
-  std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EMBER_CHECK(in.good() || in.eof(), "cannot read the chat template file {}", override_file);
+  // At most one byte past the bound (a device such as /dev/zero never ends).
+  std::string source(jinja::kMaxTemplateBytes + 1, '\0');
+  in.read(source.data(), static_cast<std::streamsize>(source.size()));
+  EMBER_CHECK(!in.bad(), "cannot read the chat template file {}", override_file);
+  source.resize(static_cast<size_t>(in.gcount()));
+  EMBER_CHECK(source.size() <= jinja::kMaxTemplateBytes, "the chat template file {} is larger than {} bytes: a chat "
+              "template is a few KB", override_file, jinja::kMaxTemplateBytes);
   return chat_formatter_for(std::move(source), tok, override_file);
 }
 

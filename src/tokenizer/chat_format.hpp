@@ -31,9 +31,10 @@ class ChatFormatter {
 
   // The prompt for `messages`; `tools` (a list of {"type": "function", "function": {...}}, or
   // undefined) goes to the template as `tools`. Throws jinja::Raised where the template refuses
-  // the conversation (its raise_exception), ember::Error where it fails to render it.
+  // the conversation (its raise_exception), ember::Error where it fails to render it or breaks
+  // `limits` (jinja::Limits: steps, time, memory; its cancel flag).
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                     const jinja::Value& tools = {}) const;
+                     const jinja::Value& tools = {}, const jinja::Limits& limits = {}) const;
 
   bool uses_jinja() const { return jinja_ != nullptr; }
   // Why the file's template is not rendered as Jinja ("" when it is, or when it is a style name).
@@ -45,7 +46,7 @@ class ChatFormatter {
  private:
   std::string render_style(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
   std::string render_jinja(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                           const jinja::Value& tools) const;
+                           const jinja::Value& tools, const jinja::Limits& limits = {}) const;
 
   std::string source_, bos_, eos_, fallback_;
   bool strip_bos_ = false, strip_eos_ = false;

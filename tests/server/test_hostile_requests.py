@@ -6,10 +6,16 @@ server, nor slow the others down. After every probe the server is alive and /hea
     answered at once by name, with little memory;
   - JSON nested 100,000 deep (a body, a tool call's arguments, a schema's const): 400, no
     value echoed back;
-  - a request under a forced tool with a deep schema does not slow a plain one beside it."""
+  - a request under a forced tool with a deep schema does not slow a plain one beside it;
+  - chat templates (--chat-template-file, as a model file's would be) that crash, trap, spin or
+    grow: `serve` starts or refuses with a message, a request they spin on ends with an error
+    within the render's bounds, and SIGTERM stops the server meanwhile."""
 import http.client
 import json
-import socket
+import os
+import signal
+import subprocess
+import tempfile
 import threading
 import time
 
@@ -174,4 +180,74 @@ with common.Server(ember, model, ctx=2048, parallel=2, threads=2) as srv:
         "temperature": 1, "response_format": {"type": "json_object"}})
     c.check(status == 200, f"json_object at top_k 0: {status}")
     alive(srv, "the constrained requests")
+
+# 4, 5. Hostile chat templates. Each either serves (a request it breaks on gets a 500 naming the
+# bound) or `serve` exits at once with a message: never a signal, never a hang.
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPIN = ("{% set r = range(3000) %}{% for i in r %}{% for j in r %}{% for k in r %}{% endfor %}{% endfor %}{% endfor %}")
+templates = {
+    "100k default filters": "{{ x" + "|default(1)" * 100000 + " }}" + CHATML,
+    "50k default filters": "{{ x" + "|default(1)" * 50000 + " }}" + CHATML,
+    "200k terms": "{{ 1" + " + 1" * 200000 + " }}" + CHATML,
+    "INT64_MIN % -1": "{{ (-9223372036854775807 - 1) % -1 }}{{ (-9223372036854775807 - 1) // -1 }}" + CHATML,
+    "empty loops": SPIN + CHATML,
+    "large empty loops": "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}" + CHATML,
+    "string doubling": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}" + CHATML,
+    "list doubling": "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}" + CHATML,
+    "replace": "{% set s = 'a' * 1000000 %}{{ s.replace('a', 'b' * 100000) | length }}" + CHATML,
+    "tojson indent": "{{ messages | tojson(indent=2000000000) | length }}" + CHATML,
+    "indent": "{{ ('a\n' * 1000) | indent(100000000) | length }}" + CHATML,
+    "join": "{{ range(100000) | join('x' * 1000000) | length }}" + CHATML,
+}
+tmp = tempfile.mkdtemp(prefix="ember-hostile-")
+for name, source in templates.items():
+    path = os.path.join(tmp, "t.jinja")
+    with open(path, "w") as f:
+        f.write(source)
+    t = time.time()
+    try:
+        with common.Server(ember, model, "--chat-template-file", path, ctx=512, parallel=1) as srv:
+            status, resp = common.post(srv.url + "/v1/chat/completions", chat("hi", max_tokens=2), timeout=30)
+            c.check(status in (200, 500) and srv.alive(), f"template '{name}': {status} {str(resp)[:200]}")
+            alive(srv, f"template '{name}'")
+    except RuntimeError as e:  # `serve` refused the template: at once, with a message, by its exit code
+        log = str(e)
+        c.check("exited with 1" in log and "chat template" in log and time.time() - t < 20,
+                f"template '{name}' refused: {log[-300:]}")
+# --chat-template-file /dev/zero: refused at once (it never ends).
+t = time.time()
+r = subprocess.run([ember, "serve", "-m", model, "--port", "0", "-t", "1", "--chat-template-file", "/dev/zero"],
+                   capture_output=True, text=True, timeout=60)
+c.check(r.returncode == 1 and "larger than 1048576 bytes" in r.stderr and time.time() - t < 20,
+        f"/dev/zero as the template: {r.returncode} {r.stderr[-300:]}")
+
+# A template that spins on some conversations (a fourth message): that request ends with a 500
+# naming the bound within seconds, the others are answered meanwhile, and SIGTERM during such a
+# render stops the server at once.
+path = os.path.join(tmp, "t.jinja")
+with open(path, "w") as f:
+    f.write("{% if messages | length > 3 %}" + SPIN + "{% endif %}" + CHATML)
+four = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                     {"role": "user", "content": "c"}, {"role": "user", "content": "d"}], "max_tokens": 2}
+with common.Server(ember, model, "--chat-template-file", path, ctx=512, parallel=2) as srv:
+    t = time.time()
+    status, resp = common.post(srv.url + "/v1/chat/completions", four, timeout=60)
+    took = time.time() - t
+    c.check(status == 500 and ("steps" in resp["error"]["message"] or "longer than" in resp["error"]["message"]) and took < 15,
+            f"spinning template: {status} after {took:.1f} s: {str(resp)[:200]}")
+    res = {}
+    th = threading.Thread(target=lambda: res.update(r=common.post(srv.url + "/v1/chat/completions", four, timeout=60)))
+    th.start()
+    time.sleep(0.5)
+    status, _ = common.post(srv.url + "/v1/chat/completions", chat("hi", max_tokens=2))
+    c.check(status == 200, f"a plain request beside the spinning render: {status}")
+    t = time.time()
+    srv.proc.send_signal(signal.SIGTERM)
+    try:
+        srv.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pass
+    c.check(srv.proc.poll() is not None and time.time() - t < 12, f"SIGTERM during the spin: exited after {time.time() - t:.1f} s")
+    th.join()
 c.done()

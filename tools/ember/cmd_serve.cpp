@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <thread>
@@ -52,6 +54,7 @@ void run_serve(ServeFlags& f) {
   // The first signal drains: no new requests (503), the running ones finish for up to
   // --shutdown-grace seconds; a second signal, or the grace's end, stops at once (answers cut
   // off then say so).
+  std::atomic<bool> listened{false};
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -72,8 +75,23 @@ void run_serve(ServeFlags& f) {
       if (!srv.idle()) log_warn("stopping with requests still running: their answers end with an error");
     }
     srv.stop();
+    // listen() returns once every handler has; one that does not (nothing should run for long
+    // after stop(), but a process must always be stoppable) is left behind after kStopWait or at
+    // a further signal.
+    constexpr int kStopWait = 10;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(kStopWait);
+    while (!listened && std::chrono::steady_clock::now() < until) {
+      timespec tick{0, 100 * 1000 * 1000};
+      if (sigtimedwait(&sigs, nullptr, &tick) > 0) break;
+    }
+    if (!listened) {
+      log_warn("a request is still being handled {} s after the stop; exiting without it", kStopWait);
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
   });
   srv.listen();
+  listened = true;
   kill(getpid(), SIGTERM);  // wakes the signal thread when listen() returned on its own
   signal_thread.join();
 }

@@ -28,6 +28,52 @@ TEST(Sampler, RepeatPenaltyChangesGreedyChoice) {
   EXPECT_EQ(s.sample(l.data()), 1);  // 3 / 1.5 = 2 < 2.5
 }
 
+// OpenAI's logit_bias adds to the raw logits: -100 bans the argmax, +100 forces another.
+TEST(Sampler, LogitBiasMovesTheChoice) {
+  std::vector<float> l = {0.1f, 3.f, -1.f, 2.9f, 0.f};
+  SamplerParams p;
+  p.temperature = 0;
+  p.logit_bias = {{1, -100.f}};
+  EXPECT_EQ(Sampler(p, 5).sample(l.data()), 3);
+  p.logit_bias = {{2, 100.f}};
+  EXPECT_EQ(Sampler(p, 5).sample(l.data()), 2);
+  p.temperature = 1.0f;  // sampled: a banned token never comes
+  p.logit_bias = {{1, -100.f}, {3, -100.f}};
+  Sampler s(p, 5);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = s.sample(l.data());
+    EXPECT_NE(t, 1);
+    EXPECT_NE(t, 3);
+  }
+  p.logit_bias = {{5, 1.f}};
+  EXPECT_THROW(Sampler(p, 5), Error);
+}
+
+// OpenAI's penalties count generated tokens only: frequency_penalty per time, presence_penalty once.
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  std::vector<float> l = {3.f, 2.5f, 0.f};
+  SamplerParams p;
+  p.temperature = 0;
+  p.frequency_penalty = 0.2f;
+  Sampler f(p, 3);
+  f.accept(0);  // a prompt token: no penalty
+  EXPECT_EQ(f.sample(l.data()), 0);
+  f.accept(0, true);
+  f.accept(0, true);
+  EXPECT_EQ(f.sample(l.data()), 0);  // 3 - 2 x 0.2 = 2.6 > 2.5
+  f.accept(0, true);
+  EXPECT_EQ(f.sample(l.data()), 1);  // 3 - 3 x 0.2 = 2.4 < 2.5
+  p.frequency_penalty = 0;
+  p.presence_penalty = 0.4f;
+  Sampler pr(p, 3);
+  for (int i = 0; i < 3; ++i) pr.accept(0, true);
+  EXPECT_EQ(pr.sample(l.data()), 0);  // 3 - 0.4, once however often = 2.6 > 2.5
+  p.presence_penalty = 0.6f;
+  Sampler pr2(p, 3);
+  pr2.accept(0, true);
+  EXPECT_EQ(pr2.sample(l.data()), 1);  // 2.4 < 2.5
+}
+
 TEST(Sampler, TopKOneIsGreedyAndSeedIsDeterministic) {
   std::vector<float> l(100);
   for (int i = 0; i < 100; ++i) l[i] = std::sin(i * 1.3f);

@@ -146,6 +146,35 @@ TEST(ServerApi, WrongTypesNameTheField) {
 
 // Log-probabilities as OpenAI asks for them: chat logprobs (bool) + top_logprobs (0-20),
 // completions logprobs (0-5); off by default.
+// OpenAI's logit_bias, presence_penalty and frequency_penalty reach the sampler; a value of the
+// wrong type or range is a 400 naming the field.
+TEST(ServerApi, PenaltiesAndLogitBias) {
+  ServedModel m = served();
+  m.n_vocab = 1000;
+  const auto parse = [&](const std::string& extra) {
+    return parse_completion_request(R"({"messages":[{"role":"user","content":"x"}])" + extra + "}", true, m);
+  };
+  const CompletionRequest r = test_support::expect_value(
+      parse(R"(,"logit_bias":{"5":-100,"999":2.5},"presence_penalty":0.5,"frequency_penalty":-1)"), "penalties");
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{5, -100.f}, {999, 2.5f}}));
+  EXPECT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(r.sampling.frequency_penalty, -1.f);
+  for (const auto& [extra, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"(,"logit_bias":"x")", "logit_bias"},
+           {R"(,"logit_bias":[1])", "logit_bias"},
+           {R"(,"logit_bias":{"a":1})", "logit_bias"},
+           {R"(,"logit_bias":{"1000":1})", "logit_bias"},
+           {R"(,"logit_bias":{"-1":1})", "logit_bias"},
+           {R"(,"logit_bias":{"1":101})", "logit_bias"},
+           {R"(,"logit_bias":{"1":"1"})", "logit_bias"},
+           {R"(,"presence_penalty":2.5)", "presence_penalty"},
+           {R"(,"frequency_penalty":"1")", "frequency_penalty"}}) {
+    const ApiError e = test_support::expect_error(parse(extra), extra);
+    EXPECT_EQ(e.status, 400) << extra;
+    EXPECT_EQ(e.param, param) << extra << ": " << e.message;
+  }
+}
+
 TEST(ServerApi, LogprobsFields) {
   EXPECT_EQ(ok(R"({"messages":[{"role":"user","content":"x"}]})").logprobs, -1);
   EXPECT_EQ(ok(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false})").logprobs, -1);

@@ -113,7 +113,7 @@ int32_t Generation::next(const float* logits, int64_t pos, int64_t n_ctx) {
   } else {
     t = sampler_.sample(logits);
   }
-  sampler_.accept(t);
+  sampler_.accept(t, /*generated=*/true);
   ++res_.n_generated;
   if (tok_.is_eog(t) && (!params_.ignore_eos || matcher_)) return finish(FinishReason::eog), -1;
   if (params_.n_logprobs >= 0 && on_logprobs_) on_logprobs_(token_logprobs(logits, n_vocab_, t, params_.n_logprobs));

@@ -33,28 +33,36 @@ Sampler::Sampler(const SamplerParams& p, int64_t n_vocab) : params_(p), n_vocab_
   EMBER_CHECK(p.min_p >= 0 && p.min_p <= 1, "--min-p must be in [0, 1], got {}", p.min_p);
   EMBER_CHECK(p.repeat_penalty > 0, "--repeat-penalty must be positive, got {}", p.repeat_penalty);
   EMBER_CHECK(p.repeat_last_n >= 0, "--repeat-last-n must be >= 0");
+  EMBER_CHECK(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty), "the penalties must be finite");
+  for (const auto& [id, bias] : p.logit_bias)
+    EMBER_CHECK(id >= 0 && id < n_vocab && std::isfinite(bias), "a logit bias for token {} ({}): tokens are 0 to {}, "
+                "biases finite", id, bias, n_vocab - 1);
+  plain_ = p.repeat_penalty == 1.0f && p.presence_penalty == 0 && p.frequency_penalty == 0 && p.logit_bias.empty();
   cand_.reserve(n_vocab);
   probs_.reserve(n_vocab);
 }
 
 void Sampler::reset() {
   recent_.clear();
+  generated_.clear();
   rng_.seed(params_.seed);
 }
 
-void Sampler::accept(int32_t token) {
+void Sampler::accept(int32_t token, bool generated) {
+  if (generated && (params_.presence_penalty != 0 || params_.frequency_penalty != 0)) ++generated_[token];
   if (params_.repeat_last_n <= 0) return;
   recent_.push_back(token);
   while (static_cast<int>(recent_.size()) > params_.repeat_last_n) recent_.pop_front();
 }
 
 int32_t Sampler::sample(const float* logits, const TokenFilter& allowed) {
-  if (params_.temperature <= 0 && params_.repeat_penalty == 1.0f) {
+  if (params_.temperature <= 0 && plain_) {
     const auto best = static_cast<int32_t>(cpu::argmax_f32(logits, n_vocab_));  // greedy: no candidate list
     if (!allowed || allowed(best)) return best;
   }
   cand_.clear();
   for (int64_t i = 0; i < n_vocab_; ++i) cand_.push_back({static_cast<int32_t>(i), logits[i]});
+  for (const auto& [id, bias] : params_.logit_bias) cand_[static_cast<size_t>(id)].logit += bias;
 
   // Repetition penalty (as in CTRL / llama.cpp): divide positive logits, multiply negative ones,
   // once per distinct recent token.
@@ -67,6 +75,9 @@ int32_t Sampler::sample(const float* logits, const TokenFilter& allowed) {
       l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
     }
   }
+  for (const auto& [id, n] : generated_)
+    if (id >= 0 && id < n_vocab_)
+      cand_[static_cast<size_t>(id)].logit -= static_cast<float>(n) * params_.frequency_penalty + params_.presence_penalty;
 
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);

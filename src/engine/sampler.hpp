@@ -1,12 +1,15 @@
-// Token sampling as llama.cpp's default chain does it: repetition penalty, top-k, top-p,
-// min-p, temperature, then a draw from the distribution. Greedy when temperature <= 0.
-// Deterministic for a seed. Buffers are sized once for the vocabulary.
+// Token sampling as llama.cpp's default chain does it: logit biases, penalties (repetition;
+// OpenAI's presence and frequency), top-k, top-p, min-p, temperature, then a draw from the
+// distribution. Greedy when temperature <= 0. Deterministic for a seed. Buffers are sized once
+// for the vocabulary.
 #pragma once
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <optional>
 #include <random>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace ember {
@@ -18,6 +21,12 @@ struct SamplerParams {
   float min_p = 0.05f;     // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off
   int repeat_last_n = 64;
+  // OpenAI's penalties over the tokens generated so far (not the prompt's): a token's logit less
+  // frequency_penalty for each time it was generated and presence_penalty once if it was.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Added to the logits of these tokens (OpenAI's logit_bias; -100 bans a token in practice).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
 };
 
@@ -37,8 +46,9 @@ class Sampler {
   // Picks the next token from logits (n_vocab floats): the chain over the tokens `allowed`
   // accepts (top-k: the k most likely allowed ones). Returns -1 when no token is allowed.
   int32_t sample(const float* logits, const TokenFilter& allowed = {});
-  // Records a token (prompt or generated) for the repetition penalty.
-  void accept(int32_t token);
+  // Records a token for the repetition penalty, and a generated one for the presence and frequency
+  // penalties too.
+  void accept(int32_t token, bool generated = false);
   void reset();
   const SamplerParams& params() const { return params_; }
 
@@ -53,6 +63,8 @@ class Sampler {
   std::vector<Candidate> cand_;
   std::vector<float> probs_;
   std::deque<int32_t> recent_;
+  std::unordered_map<int32_t, int32_t> generated_;  // token -> times generated
+  bool plain_ = true;  // no bias, no penalty: greedy is an argmax of the raw logits
 };
 
 }  // namespace ember

@@ -129,6 +129,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   if (auto e = get_number(j, "temperature", 0.0, 2.0, r.sampling.temperature)) return *e;
   if (auto e = get_number(j, "top_p", 0.0, 1.0, r.sampling.top_p)) return *e;
   if (auto e = get_number(j, "min_p", 0.0, 1.0, r.sampling.min_p)) return *e;  // llama.cpp extension
+  if (auto e = get_penalties(j, model, r.sampling)) return *e;
   std::optional<int64_t> top_k;
   if (auto e = get_int(j, "top_k", 0, 1 << 24, top_k)) return *e;  // llama.cpp extension
   if (top_k) r.sampling.top_k = static_cast<int>(*top_k);

@@ -47,6 +47,7 @@ struct ModelFileInfo {
 struct ServedModel {
   std::string id;           // the name clients pass as "model"
   int64_t n_ctx = 0;        // context of each session, tokens
+  int64_t n_vocab = 0;      // tokens of the vocabulary (logit_bias's ids are below it; 0: unchecked)
   std::string chat_template;  // model_chat_template(): the file's source or a style name ("" = ChatML)
   // Renders chats: the file's template (Jinja) or its family style. Null: chat_template's style
   // with no BOS / EOS text (the parsers' tests).

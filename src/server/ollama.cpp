@@ -121,6 +121,7 @@ std::variant<Request, ApiError> parse_request(std::string_view body, bool chat, 
     if (auto e = get_number(*opts, "top_p", 0.0, 1.0, s.top_p)) return named(*e);
     if (auto e = get_number(*opts, "min_p", 0.0, 1.0, s.min_p)) return named(*e);
     if (auto e = get_number(*opts, "repeat_penalty", 0.01, 100.0, s.repeat_penalty)) return named(*e);
+    if (auto e = get_penalties(*opts, model, s)) return named(*e);
     std::optional<int64_t> v;
     if (auto e = get_int(*opts, "top_k", 0, 1 << 24, v)) return named(*e);
     if (v) s.top_k = static_cast<int>(*v);

@@ -1,5 +1,6 @@
 #include "server/request_fields.hpp"
 
+#include <charconv>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -95,6 +96,30 @@ std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out) {
   if (!v) return std::nullopt;
   if (!v->is_boolean()) return bad(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
   out = v->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_penalties(const json& obj, const ServedModel& model, SamplerParams& out) {
+  if (auto e = get_number(obj, "presence_penalty", -2.0, 2.0, out.presence_penalty)) return e;
+  if (auto e = get_number(obj, "frequency_penalty", -2.0, 2.0, out.frequency_penalty)) return e;
+  const json* bias = field(obj, "logit_bias");
+  if (!bias) return std::nullopt;
+  if (!bias->is_object())
+    return bad("logit_bias", fmt::format("'logit_bias' must be an object of token ids to biases, got {}", type_name(*bias)));
+  out.logit_bias.clear();
+  for (const auto& [key, value] : bias->items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || (model.n_vocab > 0 && id >= model.n_vocab))
+      return bad("logit_bias", fmt::format("'logit_bias' keys must be token ids from 0 to {}, got {}", model.n_vocab - 1,
+                                           brief(json(key))));
+    if (!value.is_number())
+      return bad("logit_bias", fmt::format("'logit_bias' values must be numbers, got {}", type_name(value)));
+    const double b = value.get<double>();
+    if (!(b >= -100 && b <= 100))
+      return bad("logit_bias", fmt::format("'logit_bias' values must be between -100 and 100, got {}", brief(value)));
+    out.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  }
   return std::nullopt;
 }
 

@@ -29,5 +29,8 @@ std::optional<ApiError> get_number(const json& obj, const char* name, double lo,
 std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out,
                                 const std::string& why = "");
 std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out);
+// OpenAI's presence_penalty and frequency_penalty (-2 to 2) and logit_bias ({"token id": bias},
+// biases -100 to 100, ids below model.n_vocab), into the sampling parameters.
+std::optional<ApiError> get_penalties(const json& obj, const ServedModel& model, SamplerParams& out);
 
 }  // namespace ember::server

@@ -163,6 +163,7 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
     if (served_.id.size() > 5 && served_.id.ends_with(".gguf")) served_.id.resize(served_.id.size() - 5);
   }
   served_.n_ctx = engine_->n_ctx();
+  served_.n_vocab = model_.hp.n_vocab;
   served_.chat = std::make_shared<const ChatFormatter>(model_chat_formatter(*model_.file, tok_, opts_.chat_template_file));
   served_.chat_template = served_.chat->source();
   served_.created = unix_now();

@@ -146,6 +146,41 @@ with common.Server(ember, model, ctx=2048, parallel=2) as srv:
     c.check(took < 10 and grown < 300, f"ten large schemas took {took:.1f} s and {grown:.0f} MB (once 18 s and 3 GB each)")
     alive(srv, "the large schemas")
 
+# 7. logit_bias, presence_penalty and frequency_penalty as OpenAI defines them (once ignored).
+with common.Server(ember, model, ctx=1024, parallel=1) as srv:
+    def answer(**kw):
+        status, resp = common.post(srv.url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Write the word hello ten times."}], "max_tokens": 24,
+            "temperature": 0, **kw})
+        c.check(status == 200, f"penalties {kw}: {status} {str(resp)[:200]}")
+        return resp["choices"][0]["message"]["content"] if status == 200 else ""
+
+    plain = answer()
+    status, toks = common.post(srv.url + "/tokenize", {"content": plain})
+    banned = answer(logit_bias={str(t): -100 for t in toks["tokens"]})
+    _, toks_b = common.post(srv.url + "/tokenize", {"content": banned})
+    c.check(banned and not set(toks["tokens"][:3]) & set(toks_b["tokens"][:3]),
+            f"logit_bias -100 on the plain answer's tokens: {plain!r} -> {banned!r}")
+    forced = answer(logit_bias={str(toks["tokens"][0]): 100}, max_tokens=3)
+    c.check(forced.startswith(plain[:len(forced)]) or forced, f"logit_bias +100: {forced!r}")
+    def complete(**kw):  # greedy, this model repeats the word
+        status, resp = common.post(srv.url + "/v1/completions", {"prompt": "hello hello hello hello hello hello",
+                                                                  "max_tokens": 24, "temperature": 0, **kw})
+        return resp["choices"][0]["text"] if status == 200 else ""
+
+    hellos = complete().count("hello")
+    for kw in [{"frequency_penalty": 2.0}, {"presence_penalty": 2.0}]:
+        penalized = complete(**kw).count("hello")
+        c.check(hellos >= 4 and penalized < hellos, f"{kw}: {penalized} hellos, without it {hellos}")
+    for bad in [{"logit_bias": "x"}, {"logit_bias": {"x": 1}}, {"logit_bias": {"1": 500}}, {"presence_penalty": 3},
+                {"frequency_penalty": "1"}]:
+        status, resp = common.post(srv.url + "/v1/chat/completions", chat("hi", **bad))
+        c.check(status == 400 and resp["error"]["param"] == next(iter(bad)), f"{bad}: {status} {resp}")
+    status, resp = common.post(srv.url + "/api/chat", {"model": srv.health()["model"], "stream": False,
+                                                       "messages": [{"role": "user", "content": "hi"}],
+                                                       "options": {"presence_penalty": "x"}})
+    c.check(status == 400 and "presence_penalty" in resp["error"], f"Ollama's presence_penalty 'x': {status} {resp}")
+
 # 6. A request constrained by a forced tool whose schema nests 60 objects deep does not slow a
 # plain request beside it more than an unconstrained request of the same prompt does (once
 # 19.4 s instead of 1.0 s). Prompts cached first, so that only the generation is compared.

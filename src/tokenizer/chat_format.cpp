@@ -92,8 +92,37 @@ std::string ChatFormatter::render_style(const std::vector<ChatMessage>& messages
   return render_chat(*style_, messages, add_generation_prompt);
 }
 
-std::string ChatFormatter::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                  const jinja::Value& tools, const jinja::Limits& limits) const {
+namespace {
+
+ChatMessage marked(ChatMessage m, const ChatFormatter::TextMarker& mark) {
+  for (std::string* s : {&m.content, &m.tool_call_id, &m.name}) *s = mark(*s);
+  for (ToolCall& c : m.tool_calls)
+    for (std::string* s : {&c.id, &c.name, &c.arguments}) *s = mark(*s);
+  return m;
+}
+
+jinja::Value marked(const jinja::Value& v, const ChatFormatter::TextMarker& mark) {
+  if (v.is_string()) return jinja::Value(mark(v.as_string()));
+  if (v.is_array()) {
+    jinja::Value::Array out;
+    for (const jinja::Value& x : v.as_array()) out.push_back(marked(x, mark));
+    return jinja::Value::array(std::move(out));
+  }
+  if (v.is_object()) {
+    jinja::Value out = jinja::Value::object();
+    for (const auto& [k, x] : v.as_object().items()) out.as_object().set(mark(k), marked(x, mark));
+    return out;
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string ChatFormatter::render(const std::vector<ChatMessage>& given, bool add_generation_prompt,
+                                  const jinja::Value& given_tools, const jinja::Limits& limits) const {
+  std::vector<ChatMessage> messages;
+  for (const ChatMessage& m : given) messages.push_back(mark_ ? marked(m, mark_) : m);
+  const jinja::Value tools = mark_ ? marked(given_tools, mark_) : given_tools;
   if (!jinja_) return render_style(messages, add_generation_prompt);
   try {
     return render_jinja(messages, add_generation_prompt, tools, limits);
@@ -123,6 +152,7 @@ std::string ChatFormatter::render_jinja(const std::vector<ChatMessage>& messages
 ChatFormatter chat_formatter_for(std::string source, const Tokenizer& tok, const std::string& what) {
   const auto piece = [&](int32_t id) { return id >= 0 && id < tok.n_vocab() ? tok.token_to_piece(id, true) : std::string(); };
   ChatFormatter f(std::move(source), piece(tok.bos()), piece(tok.eos()), tok.vocab().add_bos, tok.vocab().add_eos);
+  f.set_text_marker([&tok](std::string_view text) { return tok.mark_as_text(text); });
   if (!f.fallback_reason().empty())
     log_warn("{}: the chat template is rendered in the built-in {} style: {}", what, f.style_name(), f.fallback_reason());
   return f;

@@ -9,8 +9,10 @@
 // the tokenizer adds EOS: no token twice. (SmolLM2's BOS is <|im_start|>, which its tokenizer does
 // not add: there it stays.)
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "jinja/jinja.hpp"
@@ -36,6 +38,13 @@ class ChatFormatter {
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                      const jinja::Value& tools = {}, const jinja::Limits& limits = {}) const;
 
+  // The client's text (every string of the messages and tools) goes through `mark` before it
+  // is rendered: Tokenizer::mark_as_text, so that a control token's text typed by a user (an
+  // "<|im_end|>" closing its turn, a forged system turn) stays text and only the template's own
+  // markup makes control tokens. chat_formatter_for sets it.
+  using TextMarker = std::function<std::string(std::string_view)>;
+  void set_text_marker(TextMarker mark) { mark_ = std::move(mark); }
+
   bool uses_jinja() const { return jinja_ != nullptr; }
   // Why the file's template is not rendered as Jinja ("" when it is, or when it is a style name).
   const std::string& fallback_reason() const { return fallback_; }
@@ -49,13 +58,14 @@ class ChatFormatter {
                            const jinja::Value& tools, const jinja::Limits& limits = {}) const;
 
   std::string source_, bos_, eos_, fallback_;
+  TextMarker mark_;
   bool strip_bos_ = false, strip_eos_ = false;
   std::shared_ptr<const jinja::Template> jinja_;
   std::unique_ptr<ChatTemplate> style_;
 };
 
-// The formatter of a template source for a tokenizer: its BOS and EOS texts and whether it adds
-// them. Logs a warning when the template falls back to its family style (`what` names it).
+// The formatter of a template source for a tokenizer (which must outlive it): its BOS and EOS
+// texts, whether it adds them, and its marker of the client's text (set_text_marker). Logs a warning when the template falls back to its family style (`what` names it).
 ChatFormatter chat_formatter_for(std::string source, const Tokenizer& tok, const std::string& what);
 // The formatter of a model's own template (model_chat_template), or of a template file given
 // instead (`override_file`, non-empty: --chat-template-file).

@@ -252,10 +252,41 @@ std::vector<Fragment> partition(std::string_view text, const Vocab& vocab, const
 
 }  // namespace
 
+std::string Tokenizer::mark_as_text(std::string_view text) const {
+  const Impl& m = *impl_;
+  std::string out(text);
+  for (int32_t id : m.special) {
+    const TokenType t = vocab_.types[id];
+    const std::string& tok = vocab_.tokens[id];
+    if ((t != TokenType::Control && t != TokenType::Unknown) || tok.size() < 2) continue;
+    for (size_t at = out.find(tok); at != std::string::npos; at = out.find(tok, at + tok.size() + kTextMark.size()))
+      out.insert(at + 1, kTextMark);
+  }
+  return out;
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   const Impl& m = *impl_;
   std::vector<int32_t> out;
-  const std::vector<Fragment> frags = partition(text, vocab_, m.special, parse_special);
+  std::vector<Fragment> frags = partition(text, vocab_, m.special, parse_special);
+  // Plain text without the marks of mark_as_text (after the control tokens were found: a marked
+  // one is not), fragments pointing into the copy.
+  std::string unmarked;
+  if (parse_special && text.find(kTextMark) != std::string_view::npos) {
+    for (Fragment& f : frags) {
+      if (f.token != kNoToken) continue;
+      const std::string_view raw = text.substr(f.offset, f.length);
+      f.offset = unmarked.size();
+      for (size_t at = 0; at < raw.size();) {
+        const size_t mark = std::min(raw.find(kTextMark, at), raw.size());
+        unmarked.append(raw.substr(at, mark - at));
+        at = mark + kTextMark.size();
+      }
+      f.length = unmarked.size() - f.offset;
+    }
+    std::erase_if(frags, [](const Fragment& f) { return f.token == kNoToken && f.length == 0; });
+    text = unmarked;
+  }
   if (add_special && vocab_.add_bos) out.push_back(vocab_.bos);
 
   if (vocab_.type == VocabType::Bpe) {

@@ -33,6 +33,14 @@ class Tokenizer {
   // is read as U+FFFD, as llama.cpp does).
   std::vector<int32_t> encode(std::string_view text, bool add_special = true, bool parse_special = false) const;
 
+  // A user's text that goes into a prompt encoded with parse_special (a chat message inside the
+  // template's markup) stays text: each control token's text in it gets kTextMark after its
+  // first byte, so encode finds no control token there, and drops the marks from plain text (the
+  // same ids as the text alone). Marks already in `text` are kept: dropped the same way, they
+  // make no control token either.
+  std::string mark_as_text(std::string_view text) const;
+  static constexpr std::string_view kTextMark = "\xEF\xB7\x90";  // U+FDD0, a noncharacter
+
   // The bytes a token stands for: byte-level decoding for BPE; for SPM U+2581 becomes a space
   // and <0xAB> tokens the raw byte. May be part of a UTF-8 sequence (see Utf8Streamer).
   // Control and unknown tokens give their text when `special` is true, nothing otherwise.

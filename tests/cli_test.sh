@@ -53,6 +53,28 @@ python3 -c "import json; d=json.load(open('$tmp/bench_d.json')); assert d['tg4@d
 "$ember" generate -m "$tmp/tiny.gguf" -p "abc" -n 12 --temp 0.9 --seed 3 >"$tmp/b" 2>/dev/null
 cmp -s "$tmp/a" "$tmp/b" && pass || fail "same seed gave different output"
 
+# inspect --verify reads every value: a clean file passes; a NaN written into a middle row of a
+# Q4_0 matrix (its block's scale, which loading does not read) is named with its row, exit 1,
+# and generation stops with an error that points to it.
+expect_ok "inspect --verify" "$ember" inspect --verify "$tmp/tiny.gguf"
+contains "verify: all finite" "$tmp/out" "every value of [0-9]+ tensors .* is finite"
+"$ember" inspect --json "$tmp/tiny.gguf" >"$tmp/tiny.json"
+python3 - "$tmp/tiny.gguf" "$tmp/tiny.json" "$tmp/nan.gguf" <<'EOF' && pass || fail "could not write the NaN file"
+import json, shutil, struct, sys
+src, meta, out = sys.argv[1:]
+d = json.load(open(meta))
+t = next(t for t in d["tensors"] if t["name"] == "blk.0.ffn_up.weight")
+rows, cols = t["shape"][1], t["shape"][0]
+row_bytes = cols // 32 * 18  # Q4_0: a block of 32 values is an f16 scale and 16 bytes
+shutil.copy(src, out)
+with open(out, "r+b") as f:
+    f.seek(t["file_offset"] + (rows // 2) * row_bytes)
+    f.write(struct.pack("<H", 0x7E00))  # an f16 NaN as the first block's scale
+EOF
+expect_error "inspect --verify finds the NaN" "1 of [0-9]+ tensors hold values that are not finite" "$ember" inspect --verify "$tmp/nan.gguf"
+contains "verify names the tensor and row" "$tmp/out" "blk\.0\.ffn_up\.weight: 1 of [0-9]+ rows .* the first is row [0-9]+"
+expect_error "NaN logits stop generation" "not finite .* ember inspect --verify" "$ember" generate -m "$tmp/nan.gguf" -p "hello" -n 4 --temp 0
+
 # Bad input: clear errors, no crashes.
 expect_error "missing file" "cannot open" "$ember" inspect "$tmp/nope.gguf"
 head -c 1000 "$tmp/tiny.gguf" >"$tmp/trunc.gguf"

@@ -13,10 +13,15 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "engine/generator.hpp"
+#include "engine/session.hpp"
 #include "gguf/reader.hpp"
 #include "model/model.hpp"
 #include "synth/synth.hpp"
+#include "tokenizer/tokenizer.hpp"
 #include "support/errors.hpp"
+#include "support/session_params.hpp"
+#include "support/synth_suite.hpp"
 #include "support/synth_files.hpp"
 
 using namespace ember;
@@ -91,4 +96,29 @@ TEST(Loader, RefusesMatricesAndNormsThatAreNotFinite) {
                    std::to_string(n_embd / 2) + ")"), std::string::npos) << e;
   // A NaN in a middle row is not looked for (the cheap check reads two rows a matrix).
   EXPECT_EQ(load_error(with_value(o, "blk.0.ffn_up.weight", n_embd * (n_ff / 2), nan), "middle"), "");
+}
+
+// ... but it shows at run time: generation and perplexity stop with an error that says what to
+// do (`ember inspect --verify` names the tensor), instead of sampling from NaN logits.
+TEST(Loader, ANanInAMiddleRowStopsTheRunWithItsCause) {
+  const SynthOptions o = tiny();
+  const std::vector<uint8_t> bytes =
+      with_value(o, "blk.0.ffn_up.weight", o.n_embd * (o.n_ff / 2), std::numeric_limits<float>::quiet_NaN());
+  const std::string path = ::testing::TempDir() + "ember_loader_middle_nan.gguf";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  auto model = load_model(path);
+  Tokenizer tok(*model->file);
+  Session s(*model, test_support::session_params(1, 64, 16));
+  try {
+    generate(s, tok, {1, 2, 3}, test_support::greedy(4), [](std::string_view) { return true; });
+    ADD_FAILURE() << "generated from NaN logits";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("logits that are not finite (NaN or infinity) at position 2"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("ember inspect --verify"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
 }

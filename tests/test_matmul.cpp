@@ -321,6 +321,17 @@ TEST(Bandwidth, ScatteredProbeReturnsPositiveFiniteAndRefusesBadRows) {
   EXPECT_THROW(cpu::measure_scattered_read_bandwidth(pool, size_t{1} << 20, 2048, 0.0), std::exception);
 }
 
+// At `level` (left set), quantize_activations gives n rows of X the bytes quantize_row gives.
+void expect_quantized_as_quantize_row(DType w, SimdLevel level, const std::vector<float>& X, int64_t n, int64_t k) {
+  const DType at = act_type(w);
+  std::vector<uint8_t> want(row_bytes(at, k) * n);
+  for (int64_t t = 0; t < n; ++t) quantize_row(at, X.data() + t * k, want.data() + t * row_bytes(at, k), k);
+  set_simd_level(level);
+  std::vector<uint8_t> got(want.size());
+  cpu::quantize_activations(w, X.data(), n, k, got.data());
+  EXPECT_EQ(got, want) << dtype_name(w) << " " << simd_level_name(level);
+}
+
 // quantize_activations may use SIMD; it must give the bytes quantize_row gives.
 TEST(Matmul, QuantizeActivationsMatchesQuantizeRow) {
   SimdGuard guard;
@@ -329,15 +340,28 @@ TEST(Matmul, QuantizeActivationsMatchesQuantizeRow) {
   for (int i = 0; i < 32; ++i) X[32 + i] = 0.f;           // an all-zero block
   for (int i = 0; i < 32; ++i) X[96 + i] = (i - 16) * 0.5f;  // exact multiples: rounding ties
   for (int i = 0; i < 256; ++i) X[512 + i] = 0.f;         // an all-zero Q8_K block
-  for (DType w : {DType::Q4_0, DType::Q4_1, DType::Q4_K}) {
-    const DType at = act_type(w);
-    std::vector<uint8_t> want(row_bytes(at, k) * n);
-    for (int64_t t = 0; t < n; ++t) quantize_row(at, X.data() + t * k, want.data() + t * row_bytes(at, k), k);
+  for (DType w : {DType::Q4_0, DType::Q4_1, DType::Q4_K})
+    for (SimdLevel level : levels()) expect_quantized_as_quantize_row(w, level, X, n, k);
+}
+
+// An activation holding a NaN or infinity (a corrupt weight upstream) is quantized to a NaN scale
+// (zero levels), the same bytes at every level, so that every product it enters is NaN and the run
+// reports it, instead of reading the value as a finite level; the other blocks are untouched.
+TEST(Matmul, ANonFiniteActivationMakesItsProductsNaN) {
+  SimdGuard guard;
+  ThreadPool pool(2);
+  const int64_t k = 512, n = 3;
+  auto X = random_acts(n, k, 78);
+  X[k + 37] = NAN;                 // token 1, block 1
+  X[2 * k + 300] = -INFINITY;     // token 2, block 9 (Q8_K: block 1)
+  for (DType w : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    const Matrix m = random_matrix(w, 40, k, 5);
     for (SimdLevel level : levels()) {
-      set_simd_level(level);
-      std::vector<uint8_t> got(want.size());
-      cpu::quantize_activations(w, X.data(), n, k, got.data());
-      EXPECT_EQ(got, want) << dtype_name(w) << " " << simd_level_name(level);
+      expect_quantized_as_quantize_row(w, level, X, n, k);
+      const std::vector<float> y = run_matmul(pool, m, X, n);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < 40; ++r)
+          EXPECT_EQ(std::isnan(y[t * 40 + r]), t > 0) << dtype_name(w) << " " << simd_level_name(level) << " t" << t;
     }
   }
 }

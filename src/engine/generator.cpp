@@ -105,6 +105,7 @@ int32_t Generation::next(const float* logits, int64_t pos, int64_t n_ctx) {
   if (done_) return -1;
   if (res_.n_generated >= limit_) return finish(FinishReason::length), -1;
   if (pos >= n_ctx) return finish(FinishReason::context), -1;
+  check_logits(logits, n_vocab_, pos - 1);
   int32_t t;
   if (matcher_) {
     const TokenGrammar& vocab = *params_.grammar_vocab;

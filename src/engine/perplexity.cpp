@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/mmap_file.hpp"
+#include "engine/sampler.hpp"
 
 namespace ember {
 
@@ -227,6 +228,7 @@ PerplexityReport compute_perplexity(Session& session, const std::vector<int32_t>
     session.eval_all_logits(in + first, n_ctx - first, logits.data());
     for (int64_t j = 0; j < n_scored_chunk; ++j) {
       const int32_t truth = in[first + j + 1];
+      check_logits(logits.data() + j * nv, nv, first + j);
       log_softmax(logits.data() + j * nv, nv, lp);
       const double l = -lp[static_cast<size_t>(truth)];
       nll += l;

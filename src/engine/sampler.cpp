@@ -9,6 +9,13 @@
 
 namespace ember {
 
+void check_logits(const float* logits, int64_t n_vocab, int64_t pos) {
+  float sum = 0;  // NaN or infinity in any logit makes the sum not finite
+  for (int64_t i = 0; i < n_vocab; ++i) sum += logits[i] * 0.0f;
+  EMBER_CHECK(std::isfinite(sum), "the model computed logits that are not finite (NaN or infinity) at position {}: a "
+              "weight of the file is likely corrupt (`ember inspect --verify MODEL` names the tensor)", pos);
+}
+
 std::optional<SamplerParams> recommended_sampling(const Model& model) {
   const std::string base = model.file->opt_string("general.basename").value_or("");
   SamplerParams p;

@@ -30,6 +30,11 @@ struct SamplerParams {
   uint64_t seed = 0;
 };
 
+// Throws ember::Error when the logits of the token at position `pos` hold a value that is not
+// finite: a NaN from a corrupt weight (a NaN scale in a middle row, which loading does not read)
+// must stop the run with its cause, not sample garbage silently.
+void check_logits(const float* logits, int64_t n_vocab, int64_t pos);
+
 struct Model;
 // The sampling a model's authors recommend, by general.basename (SmolLM2: temperature 0.2,
 // top-p 0.9; Gemma 3: temperature 1.0, top-k 64, top-p 0.95, no min-p); nullopt when unknown.

@@ -18,17 +18,6 @@ double float_hparam(const gguf::Reader& r, const std::string& key, double fallba
   return *v;
 }
 
-namespace {
-// Whether every value of row r of t (any type) is finite.
-bool row_finite(const TensorView& t, int64_t r, std::vector<float>& buf) {
-  buf.resize(static_cast<size_t>(t.cols()));
-  dequantize_row(t.type, t.row(r), buf.data(), t.cols());
-  for (float v : buf)
-    if (!std::isfinite(v)) return false;
-  return true;
-}
-}  // namespace
-
 std::string LayerNames::operator()(std::string_view t, std::string_view kind) const {
   return fmt::format("blk.{}.{}.{}", il, t, kind);
 }
@@ -95,8 +84,8 @@ TensorView TensorBinder::matrix(const std::string& name, int64_t in, int64_t out
               name, dtype_name(t.type));
   std::vector<float> buf;
   for (int64_t row : {int64_t{0}, t.rows() - 1})
-    EMBER_CHECK(row_finite(t, row, buf), "{}: tensor '{}' holds a value that is not finite (NaN or infinity) in row {} "
-                "of {}; the file is corrupt", r_.path(), name, row, t.rows());
+    EMBER_CHECK(row_finite(t.type, t.row(row), t.cols(), buf), "{}: tensor '{}' holds a value that is not finite (NaN or "
+                "infinity) in row {} of {}; the file is corrupt", r_.path(), name, row, t.rows());
   return t;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/error.hpp"
 #include "tensor/fp16.hpp"
@@ -177,8 +178,15 @@ void dequant_q5_k(const BlockQ5_K* b, float* y, int64_t nb) {
 
 // Symmetric 8-bit block: d = amax / 127, q = round(x / d). Returns d; writes qs.
 float quant_sym8(const float* x, int8_t* qs, int n) {
-  float amax = 0.f;
-  for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
+  float amax = 0.f, probe = 0.f;
+  for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j])), probe += x[j] - x[j];
+  // A NaN or infinity in the block (from a corrupt weight upstream): a NaN scale and zero
+  // levels, so that the products it enters are NaN and the run reports it (check_logits)
+  // instead of reading the value as some finite level.
+  if (probe != 0.f) {
+    std::fill(qs, qs + n, int8_t{0});
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   // id = 127 / amax (not 1 / d) as ggml's activation quantizers compute it, so that Ember's
   // activations round exactly as llama.cpp's do.
   const float d = amax / 127.f;
@@ -533,6 +541,14 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
     case DType::Q8_K: quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb); return;
     default: fail("quantize: type {} is not supported", dtype_name(type));
   }
+}
+
+bool row_finite(DType type, const void* src, int64_t n, std::vector<float>& scratch) {
+  scratch.resize(static_cast<size_t>(n));
+  dequantize_row(type, src, scratch.data(), n);
+  for (float v : scratch)
+    if (!std::isfinite(v)) return false;
+  return true;
 }
 
 }  // namespace ember

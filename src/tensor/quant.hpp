@@ -2,6 +2,7 @@
 // conversions between them and float. All sizes n are multiples of the type's block size.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "tensor/dtype.hpp"
 
@@ -110,5 +111,8 @@ inline int q3_k_scale(const uint8_t* q, int j) {
 // Ember quantizes weights only for tests and synthetic models; dequantization is bit-exact.)
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 void quantize_row(DType type, const float* src, void* dst, int64_t n);
+// Whether every value of a row of n values (any type dequantize_row reads) is finite; `scratch`
+// holds its dequantized values.
+bool row_finite(DType type, const void* src, int64_t n, std::vector<float>& scratch);
 
 }  // namespace ember

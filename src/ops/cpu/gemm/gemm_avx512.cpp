@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "ops/cpu/gemm/gemm_table.hpp"
@@ -307,10 +308,19 @@ struct Q6KKernel {
 
 // ---- activation quantizers (bit-identical to the scalar quantize_row) ---------------------
 
-// One 32-element block: q0, q1 (elements 0..15, 16..31 as int32) and the scale d.
+// Whether a sum of (v - v) terms shows a NaN or infinity among the v (quant_sym8's probe).
+inline bool not_finite(__m512 probe) { return _mm512_cmp_ps_mask(probe, probe, _CMP_UNORD_Q) != 0; }
+
+// One 32-element block: q0, q1 (elements 0..15, 16..31 as int32) and the scale d (NaN, with zero
+// levels, for a block holding a NaN or infinity, as quant_sym8).
 inline void quantize_block(const float* x, __m512i& q0, __m512i& q1, float& d) {
   const __m512 sign = _mm512_set1_ps(-0.f);
   const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  if (not_finite(_mm512_add_ps(_mm512_sub_ps(v0, v0), _mm512_sub_ps(v1, v1)))) {
+    q0 = q1 = _mm512_setzero_si512();
+    d = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
   d = amax / 127.f;
   const float id = amax != 0.f ? 127.f / amax : 0.f;
@@ -344,8 +354,18 @@ void quantize_q8_k(const float* x, void* out, int64_t k) {
   auto* b = static_cast<BlockQ8_K*>(out);
   const __m512 sign = _mm512_set1_ps(-0.f);
   for (int64_t i = 0; i < k / kQK_K; ++i, x += kQK_K) {
-    __m512 m = _mm512_setzero_ps();
-    for (int j = 0; j < 16; ++j) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + 16 * j)));
+    __m512 m = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
+    for (int j = 0; j < 16; ++j) {
+      const __m512 v = _mm512_loadu_ps(x + 16 * j);
+      m = _mm512_max_ps(m, _mm512_andnot_ps(sign, v));
+      probe = _mm512_add_ps(probe, _mm512_sub_ps(v, v));
+    }
+    if (not_finite(probe)) {  // as quant_sym8: a NaN scale, zero levels and sums
+      b[i].d = std::numeric_limits<float>::quiet_NaN();
+      std::memset(b[i].qs, 0, sizeof b[i].qs);
+      std::memset(b[i].bsums, 0, sizeof b[i].bsums);
+      continue;
+    }
     const float amax = _mm512_reduce_max_ps(m);
     b[i].d = amax / 127.f;
     const __m512 id = _mm512_set1_ps(amax != 0.f ? 127.f / amax : 0.f);

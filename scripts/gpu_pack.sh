@@ -2,7 +2,7 @@
 # Packs Ember for a bare GPU machine (NVIDIA driver, CUDA toolkit, CMake and ninja; none of the
 # project's libraries, no network): builds `ember`, `ember-tests` and `ember-cuda-kernels` with CUDA for sm_90 in
 # build-cuda/, then copies them (stripped) with every shared library they load that is not part
-# of the C library itself (fmt, CBC and its COIN-OR libraries, cpp-httplib, OpenSSL, BLAS/LAPACK,
+# of the C library itself (fmt, CBC and its COIN-OR libraries, BLAS/LAPACK,
 # gfortran, libstdc++, cudart, ...) into gpu-pack/ (git-ignored), with a MANIFEST (file, bytes,
 # SHA-256, where it came from). The whole must stay under 60 MiB: the device tool carries at most
 # 64 MiB with the working tree.

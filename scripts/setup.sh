@@ -22,7 +22,7 @@ done
 
 packages=(build-essential cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev
           libgmock-dev libbenchmark-dev python3 python3-pip python3-venv unzip
-          libcpp-httplib-dev curl chromium chromium-driver coinor-libcbc-dev tmux)
+          curl chromium chromium-driver coinor-libcbc-dev tmux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,10 @@
 #include "server/api.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -58,6 +61,36 @@ std::optional<ApiError> get_content(const json& msg, size_t i, std::string& out)
 
 }  // namespace
 
+bool origin_allowed(const std::vector<std::string>& listed, std::string_view origin, std::string_view host) {
+  const auto same = [](std::string_view a, std::string_view b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+           });
+  };
+  for (const std::string& o : listed)
+    if (o == "*" || same(o, origin)) return true;
+  const size_t scheme = origin.find("://");
+  if (scheme == std::string_view::npos) return false;
+  const std::string_view authority = origin.substr(scheme + 3);
+  if (!host.empty() && same(authority, host)) return true;
+  std::string_view name = authority;
+  if (name.starts_with("[")) name = name.substr(0, name.find(']') + 1);
+  else name = name.substr(0, name.find(':'));
+  if (same(name, "localhost") || name == "[::1]") return true;
+  if (!name.starts_with("127.")) return false;  // 127.0.0.0/8, written as four numbers
+  int dots = 0;
+  for (char c : name) {
+    if (c == '.') ++dots;
+    else if (c < '0' || c > '9') return false;
+  }
+  return dots == 3;
+}
+
+std::string unguessable_id() {
+  std::random_device rd;  // getrandom(2) on Linux
+  return fmt::format("{:08x}{:08x}{:08x}", rd(), rd(), rd());
+}
+
 std::optional<ApiError> check_model_field(const json& j, const ServedModel& model) {
   const json* m = field(j, "model");
   if (!m) return std::nullopt;
@@ -101,6 +134,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
       if (auto e = parse_message_tools(msg, fmt::format("messages[{}]", i), cm)) return *e;
       r.messages.push_back(std::move(cm));
     }
+    if (auto e = check_tool_results(r.messages)) return *e;
   } else {
     const json* p = field(j, "prompt");
     if (!p) return bad("prompt", "'prompt' is required");

@@ -64,6 +64,15 @@ struct ServedModel {
   const std::atomic<bool>* stopping = nullptr;
 };
 
+// Whether a browser page of `origin` ("http://host:port", the Origin header) may call the server:
+// a local page (localhost, 127.0.0.0/8, [::1]), the server's own origin (its authority equals
+// the request's Host), or one of `listed` ("*": any). Anything else, "null" included, may not.
+bool origin_allowed(const std::vector<std::string>& listed, std::string_view origin, std::string_view host);
+
+// A new response or call id's random part: 24 hex digits from the system's random source, so
+// that no client can guess another's.
+std::string unguessable_id();
+
 // OpenAI's "model" field: optional, but where given the served model's name (else 404).
 std::optional<ApiError> check_model_field(const json& j, const ServedModel& model);
 

@@ -1,7 +1,7 @@
 // Embedding routes (server/embeddings.hpp): OpenAI's /v1/embeddings, Ollama's /api/embed and
 // /api/embeddings. A request waits for a sequence as a generation does; its inputs run on it one
 // after another, each evaluated in chunks beside the other sequences' steps (BatchEngine::embed).
-#include <httplib.h>
+#include "server/http_server.hpp"
 
 #include "core/log.hpp"
 #include "core/timer.hpp"
@@ -10,7 +10,7 @@
 
 namespace ember::server {
 
-void Server::embeddings(const httplib::Request& req, httplib::Response& res, EmbeddingApi api) {
+void Server::embeddings(const http::Request& req, http::Response& res, EmbeddingApi api) {
   const auto arrived = std::chrono::steady_clock::now();
   ++n_requests_;
   const auto fail = api == EmbeddingApi::openai ? send_error : send_ollama_error;
@@ -18,7 +18,7 @@ void Server::embeddings(const httplib::Request& req, httplib::Response& res, Emb
     set_retry_after(res, shutting_down_error());
     return fail(res, shutting_down_error());
   }
-  auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
+  const int fd = req.fd;  // the request's connection: a client that hangs up is seen there
   auto parsed = parse_embedding_request(req.body, api, served_, tok_);
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(res, *e);
   const EmbeddingRequest& r = std::get<EmbeddingRequest>(parsed);
@@ -28,7 +28,7 @@ void Server::embeddings(const httplib::Request& req, httplib::Response& res, Emb
     set_retry_after(res, busy_error());
     return fail(res, busy_error());
   }
-  const auto gone = [&] { return hold->peer_closed(); };
+  const auto gone = [&] { return http::peer_closed(fd); };
   const int slot = wait_for_sequence(*ticket, gone, std::chrono::milliseconds(250));
   if (slot < 0) {
     if (gone()) ++n_cancelled_;
@@ -62,15 +62,15 @@ void Server::embeddings(const httplib::Request& req, httplib::Response& res, Emb
 }
 
 void Server::install_embedding_routes() {
-  httplib::Server& s = *http_;
+  http::HttpServer& s = *http_;
   for (const char* path : {"/v1/embeddings", "/embeddings"})
-    s.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
+    s.Post(path, [this](const http::Request& req, http::Response& res) {
       embeddings(req, res, EmbeddingApi::openai);
     });
-  s.Post("/api/embed", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/api/embed", [this](const http::Request& req, http::Response& res) {
     embeddings(req, res, EmbeddingApi::ollama);
   });
-  s.Post("/api/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/api/embeddings", [this](const http::Request& req, http::Response& res) {
     embeddings(req, res, EmbeddingApi::ollama_legacy);
   });
 }

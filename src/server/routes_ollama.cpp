@@ -1,7 +1,7 @@
 // Ollama's routes (server/ollama.hpp): /api/chat and /api/generate (NDJSON streams unless
 // "stream": false), /api/tags, /api/show, /api/ps, /api/version, on the same engine steps as
 // OpenAI's (server.hpp).
-#include <httplib.h>
+#include "server/http_server.hpp"
 
 #include <random>
 
@@ -28,11 +28,11 @@ ollama::Timings timings(const GenerateResult& r, std::chrono::steady_clock::time
 
 }  // namespace
 
-void Server::ollama_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+void Server::ollama_completion(const http::Request& req, http::Response& res, bool chat) {
   const auto arrived = std::chrono::steady_clock::now();
   ++n_requests_;
   if (draining_ || stopping_) return send_ollama_error(res, shutting_down_error());
-  auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
+  const int fd = req.fd;  // the request's connection: a client that hangs up is seen there
   auto parsed = parse_gated([&] { return ollama::parse_request(req.body, chat, served_); });
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_ollama_error(res, *e);
   const ollama::Request& oreq = std::get<ollama::Request>(parsed);
@@ -47,14 +47,14 @@ void Server::ollama_completion(const httplib::Request& req, httplib::Response& r
   if (!ticket) return send_ollama_error(res, busy_error());
 
   if (!oreq.completion.stream) {
-    const int slot = wait_for_sequence(*ticket, [&] { return hold->peer_closed(); }, std::chrono::milliseconds(250));
+    const int slot = wait_for_sequence(*ticket, [&] { return http::peer_closed(fd); }, std::chrono::milliseconds(250));
     if (slot < 0) {
-      if (hold->peer_closed()) ++n_cancelled_;
+      if (http::peer_closed(fd)) ++n_cancelled_;
       return send_ollama_error(res, shutting_down_error());
     }
     std::string text;
     const auto done =
-        generate_text(slot, *prep, arrived, text, [](const TokenLogprobs&) {}, [&] { return hold->peer_closed(); });
+        generate_text(slot, *prep, arrived, text, [](const TokenLogprobs&) {}, [&] { return http::peer_closed(fd); });
     ticket.reset();
     if (const auto* e = std::get_if<ApiError>(&done)) return send_ollama_error(res, *e);
     const GenerateResult& r = std::get<GenerateResult>(done);
@@ -65,11 +65,11 @@ void Server::ollama_completion(const httplib::Request& req, httplib::Response& r
 
   auto held = std::make_shared<std::unique_ptr<SlotQueue::Ticket>>(std::move(ticket));
   res.set_chunked_content_provider(
-      "application/x-ndjson", [this, held, prep, chat, arrived, hold](size_t, httplib::DataSink& sink) {
+      "application/x-ndjson", [this, held, prep, chat, arrived, fd](size_t, http::DataSink& sink) {
         if (!*held) return false;
         auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
         // Waiting: NDJSON has no comments, so the client's hang-up is found by its socket.
-        const int slot = wait_for_sequence(**held, [&] { return hold->peer_closed(); }, std::chrono::milliseconds(500));
+        const int slot = wait_for_sequence(**held, [&] { return http::peer_closed(fd); }, std::chrono::milliseconds(500));
         if (slot < 0) {
           held->reset();
           if (!(stopping_ || draining_)) {
@@ -104,20 +104,20 @@ void Server::ollama_completion(const httplib::Request& req, httplib::Response& r
 }
 
 void Server::install_ollama_routes() {
-  httplib::Server& s = *http_;
-  s.Post("/api/chat", [this](const httplib::Request& req, httplib::Response& res) { ollama_completion(req, res, true); });
+  http::HttpServer& s = *http_;
+  s.Post("/api/chat", [this](const http::Request& req, http::Response& res) { ollama_completion(req, res, true); });
   s.Post("/api/generate",
-         [this](const httplib::Request& req, httplib::Response& res) { ollama_completion(req, res, false); });
-  s.Get("/api/version", [](const httplib::Request&, httplib::Response& res) {
+         [this](const http::Request& req, http::Response& res) { ollama_completion(req, res, false); });
+  s.Get("/api/version", [](const http::Request&, http::Response& res) {
     res.set_content(dump(ollama::version()), "application/json");
   });
-  s.Get("/api/tags", [this](const httplib::Request&, httplib::Response& res) {
+  s.Get("/api/tags", [this](const http::Request&, http::Response& res) {
     res.set_content(dump(ollama::tags(served_)), "application/json");
   });
-  s.Get("/api/ps", [this](const httplib::Request&, httplib::Response& res) {
+  s.Get("/api/ps", [this](const http::Request&, http::Response& res) {
     res.set_content(dump(ollama::ps(served_, 0)), "application/json");
   });
-  s.Post("/api/show", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/api/show", [this](const http::Request& req, http::Response& res) {
     if (auto e = ollama::check_show(req.body, served_)) return send_ollama_error(res, *e);
     res.set_content(dump(ollama::show(served_)), "application/json");
   });

@@ -1,6 +1,6 @@
 // OpenAI's routes (server.hpp): /v1/chat/completions and /v1/completions (and without /v1), their
 // streams as server-sent events; /v1/models; and llama.cpp's /tokenize, /detokenize and /props.
-#include <httplib.h>
+#include "server/http_server.hpp"
 
 #include <random>
 
@@ -11,7 +11,7 @@
 
 namespace ember::server {
 
-void Server::openai_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+void Server::openai_completion(const http::Request& req, http::Response& res, bool chat) {
   const auto arrived = std::chrono::steady_clock::now();
   ++n_requests_;
   if (draining_ || stopping_) {
@@ -20,7 +20,7 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
   }
   // The request's connection, held while it is answered: the watchdog leaves it alone, and a
   // non-streaming request watches it for the client hanging up.
-  auto hold = std::make_shared<Connections::Hold>(*conns_, t_request_fd);
+  const int fd = req.fd;  // the request's connection: a client that hangs up is seen there
   auto parsed = parse_gated([&] { return parse_completion_request(req.body, chat, served_); });
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
   const CompletionRequest& creq = std::get<CompletionRequest>(parsed);
@@ -32,20 +32,20 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
     set_retry_after(res, busy_error());
     return send_error(res, busy_error());
   }
-  ResponseMeta meta{fmt::format("{}{:08x}{:08x}", chat ? "chatcmpl-" : "cmpl-", id_salt_ & 0xffffffff, next_id_++),
+  ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + unguessable_id(),
                     unix_now(), served_.id, chat};
 
   if (!creq.stream) {
-    const int slot = wait_for_sequence(*ticket, [&] { return hold->peer_closed(); }, std::chrono::milliseconds(250));
+    const int slot = wait_for_sequence(*ticket, [&] { return http::peer_closed(fd); }, std::chrono::milliseconds(250));
     if (slot < 0) {
-      if (hold->peer_closed()) ++n_cancelled_;  // (a client that left reads nothing)
+      if (http::peer_closed(fd)) ++n_cancelled_;  // (a client that left reads nothing)
       set_retry_after(res, shutting_down_error());
       return send_error(res, shutting_down_error());
     }
     std::string text;
     std::vector<TokenLogprobs> lps;
     const auto done = generate_text(
-        slot, *prep, arrived, text, [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return hold->peer_closed(); });
+        slot, *prep, arrived, text, [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return http::peer_closed(fd); });
     ticket.reset();
     if (const auto* e = std::get_if<ApiError>(&done)) return send_error(res, *e);
     const GenerateResult& r = std::get<GenerateResult>(done);
@@ -61,13 +61,13 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
   }
 
   const bool include_usage = creq.include_usage;
-  // httplib may copy the provider; the ticket lives in one shared place so that releasing it
+  // The provider may be copied; the ticket lives in one shared place so that releasing it
   // from any copy frees the sequence.
   auto held = std::make_shared<std::unique_ptr<SlotQueue::Ticket>>(std::move(ticket));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, held, meta, include_usage, prep, hold, arrived](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, held, meta, include_usage, prep, arrived](size_t, http::DataSink& sink) {
         if (!*held) return false;  // already ran
         auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
         // While waiting, an SSE comment every half second finds clients that went away (a write
@@ -151,33 +151,33 @@ void Server::openai_completion(const httplib::Request& req, httplib::Response& r
 }
 
 void Server::install_openai_routes() {
-  httplib::Server& s = *http_;
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  http::HttpServer& s = *http_;
+  s.Get("/v1/models", [this](const http::Request&, http::Response& res) {
     res.set_content(dump(models_json(served_)), "application/json");
   });
-  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Get(R"(/v1/models/(.+))", [this](const http::Request& req, http::Response& res) {
     if (req.matches[1] != served_.id)
-      return send_error(res, ApiError{404, fmt::format("The model '{}' does not exist", req.matches[1].str()),
+      return send_error(res, ApiError{404, fmt::format("The model '{}' does not exist", req.matches[1]),
                                       "invalid_request_error", "model", "model_not_found"});
     res.set_content(dump(models_json(served_)["data"][0]), "application/json");
   });
   for (const char* path : {"/v1/chat/completions", "/chat/completions"})  // (clients set up without /v1)
-    s.Post(path, [this](const httplib::Request& req, httplib::Response& res) { openai_completion(req, res, true); });
+    s.Post(path, [this](const http::Request& req, http::Response& res) { openai_completion(req, res, true); });
   for (const char* path : {"/v1/completions", "/completions"})
-    s.Post(path, [this](const httplib::Request& req, httplib::Response& res) { openai_completion(req, res, false); });
+    s.Post(path, [this](const http::Request& req, http::Response& res) { openai_completion(req, res, false); });
 
   // llama.cpp's: text to token ids and back, and the server's defaults.
-  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/tokenize", [this](const http::Request& req, http::Response& res) {
     auto parsed = parse_tokenize_request(req.body);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
     res.set_content(dump(tokenize_json(std::get<TokenizeRequest>(parsed), tok_)), "application/json");
   });
-  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/detokenize", [this](const http::Request& req, http::Response& res) {
     auto parsed = parse_detokenize_request(req.body, tok_);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
     res.set_content(dump(json{{"content", std::get<std::string>(parsed)}}), "application/json");
   });
-  s.Get("/props", [this](const httplib::Request&, httplib::Response& res) {
+  s.Get("/props", [this](const http::Request&, http::Response& res) {
     res.set_content(dump(props_json(served_, static_cast<int64_t>(opts_.parallel))), "application/json");
   });
 }

@@ -1,6 +1,6 @@
 #include "server/server.hpp"
 
-#include <httplib.h>
+#include "server/http_server.hpp"
 #include <malloc.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -25,19 +25,17 @@
 
 namespace ember::server {
 
-thread_local int t_request_fd = -1;
-
 int64_t unix_now() {
   using namespace std::chrono;
   return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(http::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(error_body(e), "application/json");
 }
 
-void send_ollama_error(httplib::Response& res, const ApiError& e) {
+void send_ollama_error(http::Response& res, const ApiError& e) {
   res.status = e.status;
   set_retry_after(res, e);
   res.set_content(ollama::error_body(e), "application/json");
@@ -55,7 +53,7 @@ ApiError cut_off_error(int64_t n) {
           "server_error", "", "server_shutting_down"};
 }
 
-void set_retry_after(httplib::Response& res, const ApiError& e) {
+void set_retry_after(http::Response& res, const ApiError& e) {
   if (e.code == "server_busy") res.set_header("Retry-After", "1");
   if (e.code == "server_shutting_down") res.set_header("Retry-After", "5");
 }
@@ -74,32 +72,13 @@ const char* status_error_type(int status) {
 // The routes' methods, for 405's Allow; null for a path that is no route.
 const char* allowed_methods(const std::string& path) {
   for (const char* p : {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions", "/tokenize",
-                        "/detokenize", "/api/chat", "/api/generate", "/api/show"})
+                        "/detokenize", "/api/chat", "/api/generate", "/api/show", "/v1/embeddings", "/embeddings",
+                        "/api/embed", "/api/embeddings"})
     if (path == p) return "POST";
   for (const char* p : {"/", "/health", "/v1/models", "/metrics", "/props", "/api/tags", "/api/ps", "/api/version"})
     if (path == p) return "GET, HEAD";
   if (path.rfind("/v1/models/", 0) == 0) return "GET, HEAD";
   return nullptr;
-}
-
-// Whether binding host:port fails because something listens there (EADDRINUSE), tried with a
-// socket of our own (httplib's bind does not say why it failed).
-bool port_in_use(const std::string& host, int port) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return false;
-  bool in_use = false;
-  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd >= 0) {
-    int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    in_use = ::bind(fd, res->ai_addr, res->ai_addrlen) != 0 && errno == EADDRINUSE;
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return in_use;
 }
 
 // A constant-time comparison (an API key must not leak through timing).
@@ -173,49 +152,24 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
   served_.n_embd = model_.hp.n_embd;
   served_.pooling = opts_.pooling ? *opts_.pooling : default_pooling(model_);
   served_.stopping = &stopping_;
-  id_salt_ = std::random_device{}();
 
-  http_ = std::make_unique<httplib::Server>();
-  // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and the
-  // kernel split the connections between the two: SO_REUSEADDR only, so a busy port is an error
-  // (a restart still binds at once over connections in TIME_WAIT).
-  http_->set_socket_options([](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
+  http::ServerOptions h;
+  h.max_body = opts_.max_body_bytes;
+  h.read_timeout = std::chrono::seconds(opts_.read_timeout_s);
   // Worker threads: enough for every admitted request (running + queued) plus headroom for
   // /health, /v1/models, the page, turning requests away with 503 and idle keep-alive
-  // connections. httplib's own queue behind these threads is unbounded, so admission control
-  // must happen in our handlers, which needs a thread free to run them. Beyond them a
-  // connection gets a thread of its own while every worker is busy (WorkerPool), up to
-  // kMaxExtraWorkers more: slow readers (closed after --read-timeout) take those.
-  const size_t n_workers = opts_.parallel + opts_.queue + 16;
-  http_->new_task_queue = [n_workers] { return new WorkerPool(n_workers, n_workers + kMaxExtraWorkers); };
-  http_->set_payload_max_length(opts_.max_body_bytes);
-  // httplib's own timeout is per read; the whole request's deadline is the watchdog's (bind():
-  // Connections), which answers 408 first, so httplib's comes a little later.
-  http_->set_read_timeout(opts_.read_timeout_s + 5, 0);
-  http_->set_write_timeout(10, 0);
-  http_->set_keep_alive_timeout(5);
-  // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm and delayed ACKs
-  // hold them (and small keep-alive responses) back by up to 40 ms.
-  http_->set_tcp_nodelay(true);
+  // connections; beyond them a connection gets a thread of its own while every worker is busy,
+  // up to kMaxExtraWorkers more: slow readers (closed after --read-timeout) take those.
+  h.base_threads = opts_.parallel + opts_.queue + 16;
+  h.max_threads = h.base_threads + kMaxExtraWorkers;
+  http_ = std::make_unique<http::HttpServer>(h);
   install_routes();
 }
 
 Server::~Server() { stop(); }
 
 int Server::bind() {
-  if (opts_.port == 0) {
-    int port = http_->bind_to_any_port(opts_.host);
-    EMBER_CHECK(port > 0, "cannot listen on {}: no free port", opts_.host);
-    opts_.port = port;
-  } else if (!http_->bind_to_port(opts_.host, opts_.port)) {
-    EMBER_CHECK(!port_in_use(opts_.host, opts_.port), "cannot listen on {}:{}: the port is in use (another server, "
-                "an `ember serve` perhaps, holds it); stop it or choose another with --port", opts_.host, opts_.port);
-    fail("cannot listen on {}:{} (is the host an address of this machine?)", opts_.host, opts_.port);
-  }
-  conns_ = std::make_unique<Connections>(opts_.port, std::chrono::seconds(opts_.read_timeout_s));
+  opts_.port = http_->bind(opts_.host, opts_.port);
   return opts_.port;
 }
 
@@ -224,7 +178,7 @@ void Server::listen() {
            "{}", served_.id, opts_.host, opts_.port, opts_.parallel, served_.n_ctx, engine_->n_threads(),
            static_cast<double>(engine_->kv_bytes()) / (1 << 20), opts_.queue,
            opts_.api_key.empty() ? "" : "; an API key is required");
-  http_->listen_after_bind();
+  http_->listen();
 }
 
 void Server::stop() {
@@ -329,9 +283,9 @@ GenerateResult Server::generate(int slot, const PreparedRequest& prep, std::chro
 // ---- routes: operations ---------------------------------------------------------------------------
 
 void Server::install_routes() {
-  httplib::Server& s = *http_;
+  http::HttpServer& s = *http_;
 
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.set_error_handler([](const http::Request& req, http::Response& res) {
     if (!res.body.empty()) return;
     std::string msg;
     // A path that exists under another method: 405 with the methods it takes.
@@ -341,16 +295,14 @@ void Server::install_routes() {
       msg = fmt::format("{} takes {}, not {}", req.path, allow, req.method);
     } else if (res.status == 404) {
       msg = fmt::format("no such endpoint: {} {}", req.method, req.path);
-    } else if (res.status == 413) {
-      msg = "the request body is too large (see --max-body)";
-    } else if (res.status == 400) {
-      msg = "malformed HTTP request";
+    } else if (!res.reason.empty()) {  // what the HTTP layer refused, and why
+      msg = res.reason;
     } else {
       msg = fmt::format("HTTP error {}", res.status);
     }
-    send_error(res, ApiError{res.status, msg, status_error_type(res.status), "", ""});
+    send_error(res, ApiError{res.status, msg, status_error_type(res.status), "", res.status == 408 ? "timeout" : ""});
   });
-  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  s.set_exception_handler([this](const http::Request&, http::Response& res, std::exception_ptr ep) {
     ++n_errors_;
     std::string msg = "internal error";
     try {
@@ -365,42 +317,47 @@ void Server::install_routes() {
     send_error(res, ApiError{500, msg, "server_error", "", ""});
   });
 
-  // Before every route: the request's socket (found once: the handler and the answer's end run
-  // on this thread too, t_request_fd), whose watchdog clock restarts (server/connections.hpp),
-  // and the API key where one is required (all but /health and the page; a browser's CORS
-  // preflight carries none).
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    t_request_fd = Connections::find(req.local_port, req.remote_addr, req.remote_port);
-    if (conns_) conns_->request_begins(t_request_fd);
+  // Before every route: a browser page's origin (one that may not call the server is 403, so
+  // that no web page drives it: a "simple" cross-origin POST runs without a preflight), and the
+  // API key where one is required (all but /health and the page; a browser's CORS preflight
+  // carries none).
+  s.set_pre_routing_handler([this](const http::Request& req, http::Response& res) {
+    if (const std::string* origin = req.header("origin"); origin && !origin_allowed(opts_.cors_origins, *origin, req.get_header_value("host"))) {
+      send_error(res, ApiError{403, fmt::format("pages of the origin '{}' may not call this server (local pages may; "
+                                                "others with --cors ORIGIN)", origin->substr(0, 100)),
+                               "permission_error", "", "origin_not_allowed"});
+      return http::HttpServer::Routing::handled;
+    }
     if (opts_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" || req.path == "/") {
-      return httplib::Server::HandlerResponse::Unhandled;
+      return http::HttpServer::Routing::unhandled;
     }
     const std::string auth = req.get_header_value("Authorization");
     if (auth.rfind("Bearer ", 0) == 0 && same_secret(auth.substr(7), opts_.api_key))
-      return httplib::Server::HandlerResponse::Unhandled;
+      return http::HttpServer::Routing::unhandled;
     send_error(res, ApiError{401,
                              auth.empty() ? "an API key is required: send the header 'Authorization: Bearer <key>'"
                                           : "the API key is not valid",
                              "authentication_error", "", "invalid_api_key"});
-    return httplib::Server::HandlerResponse::Handled;
+    return http::HttpServer::Routing::handled;
   });
-  // After every route: CORS headers, the connection's clock, the metrics' count by status.
-  s.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
-    if (!opts_.cors_origin.empty() && !res.has_header("Access-Control-Allow-Origin"))
-      res.set_header("Access-Control-Allow-Origin", opts_.cors_origin);
-    if (conns_) conns_->request_ends(t_request_fd);
+  // After every route: CORS headers for an allowed page's origin, the metrics' count by status.
+  s.set_post_routing_handler([this](const http::Request& req, http::Response& res) {
+    if (const std::string* origin = req.header("origin"); origin && origin_allowed(opts_.cors_origins, *origin, req.get_header_value("host"))) {
+      res.set_header("Access-Control-Allow-Origin", *origin);
+      res.set_header("Vary", "Origin");
+    }
     metrics_.request(res.status);
   });
-  // CORS preflight: every route takes these methods and headers.
-  s.Options(R"(.*)", [this](const httplib::Request&, httplib::Response& res) {
+  // CORS preflight (of an allowed origin: others were refused before): every route takes these
+  // methods and headers.
+  s.Options(R"(.*)", [](const http::Request&, http::Response& res) {
     res.status = 204;
-    if (opts_.cors_origin.empty()) return;
     res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     res.set_header("Access-Control-Allow-Headers", "Content-Type, Authorization");
     res.set_header("Access-Control-Max-Age", "86400");
   });
 
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  s.Get("/health", [this](const http::Request&, http::Response& res) {
     SlotQueue::Stats q = queue_.stats();
     // Shutting down: 503, so that a load balancer sends no more.
     if (draining_ || stopping_) res.status = 503;
@@ -414,7 +371,7 @@ void Server::install_routes() {
               {"completed", n_completed_.load()},
               {"cancelled", n_cancelled_.load()},
               {"rejected", q.rejected},
-              {"timed_out_connections", conns_ ? conns_->timed_out() : 0},
+              {"timed_out_connections", http_->timed_out()},
               // Forward passes and the tokens they held: their ratio is the mean batch.
               {"engine_steps", engine_->steps()},
               {"engine_rows", engine_->step_rows()},
@@ -423,17 +380,17 @@ void Server::install_routes() {
               {"heap_in_use", mallinfo2().uordblks}};
     res.set_content(dump(j), "application/json");
   });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  s.Get("/metrics", [this](const http::Request&, http::Response& res) {
     const SlotQueue::Stats q = queue_.stats();
     MetricsGauges g;
     g.slots_total = q.n_slots, g.slots_busy = q.busy, g.queued = q.waiting, g.queue_limit = q.max_waiting;
     g.rejected = q.rejected;
-    g.timed_out = conns_ ? conns_->timed_out() : 0;
+    g.timed_out = http_->timed_out();
     g.kv_tokens = static_cast<uint64_t>(engine_->kv_tokens());
     g.kv_capacity = static_cast<uint64_t>(engine_->n_ctx()) * static_cast<uint64_t>(engine_->n_seq());
     res.set_content(metrics_.prometheus(g, served_.id), "text/plain; version=0.0.4; charset=utf-8");
   });
-  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+  s.Get("/", [](const http::Request&, http::Response& res) {
     res.set_content(kChatPageHtml, "text/html; charset=utf-8");
   });
   install_openai_routes();

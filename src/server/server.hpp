@@ -1,4 +1,4 @@
-// The HTTP server over cpp-httplib: OpenAI's API (routes_openai.cpp) and Ollama's
+// The HTTP server (over server/http_server.hpp): OpenAI's API (routes_openai.cpp) and Ollama's
 // (routes_ollama.cpp) on one engine, operations in server.cpp (health, metrics, the chat page, an
 // API key, CORS). One Model is shared by all requests, and one BatchEngine
 // (engine/batch_engine.hpp) generates for up to `parallel` of them at once: continuous batching,
@@ -16,19 +16,19 @@
 #include <semaphore>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "engine/batch_engine.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "server/api.hpp"
-#include "server/connections.hpp"
 #include "server/embeddings.hpp"
 #include "server/metrics.hpp"
 #include "server/slot_queue.hpp"
 #include "tokenizer/tokenizer.hpp"
 
-namespace httplib {
-class Server;
+namespace ember::server::http {
+class HttpServer;
 struct Request;
 struct Response;
 }
@@ -41,14 +41,15 @@ struct ServerOptions {
   size_t parallel = 2;              // sequences (KV caches) generating at once, batched
   size_t queue = 16;                // requests that may wait for a session
   size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
-  // A connection gets this long to deliver a whole request (its header and body) after it
-  // opens or after its last answer; then 408 and closed (server/connections.hpp).
+  // A connection gets this long to deliver a whole request (its head and body) from its first
+  // byte; then 408 and closed (server/http_server.hpp).
   int read_timeout_s = 10;
   // Requests must carry "Authorization: Bearer <api_key>" (all but GET /health and the page);
   // empty: none needed.
   std::string api_key;
-  // Access-Control-Allow-Origin of every answer (browser clients on other origins); empty: none.
-  std::string cors_origin = "*";
+  // Browser pages of these origins may call the server (CORS) besides the local ones (localhost,
+  // 127.0.0.0/8, [::1]) and the server's own; "*": any. A request from any other origin is 403.
+  std::vector<std::string> cors_origins;
   SessionParams session;  // its n_seq is set to `parallel`
   BatchEngineOptions batch;
   std::string model_id;  // the name clients use; default: the file name without .gguf
@@ -115,9 +116,9 @@ class Server {
   void install_openai_routes();  // routes_openai.cpp
   void install_ollama_routes();  // routes_ollama.cpp
   void install_embedding_routes();  // routes_embeddings.cpp
-  void embeddings(const httplib::Request& req, httplib::Response& res, EmbeddingApi api);
-  void openai_completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  void ollama_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void embeddings(const http::Request& req, http::Response& res, EmbeddingApi api);
+  void openai_completion(const http::Request& req, http::Response& res, bool chat);
+  void ollama_completion(const http::Request& req, http::Response& res, bool chat);
 
   const Model& model_;
   ServerOptions opts_;
@@ -125,13 +126,10 @@ class Server {
   Tokenizer tok_;
   std::unique_ptr<BatchEngine> engine_;
   SlotQueue queue_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<http::HttpServer> http_;
   std::atomic<bool> stopping_{false}, draining_{false};
-  std::unique_ptr<Connections> conns_;  // made by bind(), when the port is known
   std::atomic<uint64_t> n_requests_{0}, n_completed_{0}, n_cancelled_{0}, n_errors_{0};
   std::counting_semaphore<> parse_slots_{kParallelParses};
-  std::atomic<uint64_t> next_id_{0};
-  uint64_t id_salt_ = 0;
   Metrics metrics_;
 };
 

@@ -168,6 +168,20 @@ std::optional<ApiError> parse_message_tools(const nlohmann::json& msg, const std
   return std::nullopt;
 }
 
+std::optional<ApiError> check_tool_results(const std::vector<ChatMessage>& messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role != "tool") continue;
+    bool answered = false;
+    for (size_t k = 0; k < i && !answered; ++k)
+      for (const ToolCall& c : messages[k].tool_calls) answered = answered || c.id == messages[i].tool_call_id;
+    if (!answered)
+      return bad(fmt::format("messages[{}].tool_call_id", i),
+                 fmt::format("messages[{}] (a tool message) answers no call: no earlier assistant message has a tool "
+                             "call with the id '{}'", i, messages[i].tool_call_id.substr(0, 64)));
+  }
+  return std::nullopt;
+}
+
 ToolPrompt tool_prompt(ToolFormat f, const ToolRequest& r, std::vector<ChatMessage> messages) {
   ToolPrompt p;
   // A tool message's function name, where the client left it out: the call's.

@@ -64,6 +64,9 @@ std::optional<ApiError> parse_tools(const nlohmann::ordered_json& body, ToolRequ
 // arguments a JSON string) and a tool message's `tool_call_id` and `name`, into `m`. `at` names
 // the message ("messages[3]").
 std::optional<ApiError> parse_message_tools(const nlohmann::json& msg, const std::string& at, ChatMessage& m);
+// Every tool message answers a call an earlier assistant message made (its tool_call_id among
+// their ids), as OpenAI requires; else a 400 naming the message.
+std::optional<ApiError> check_tool_results(const std::vector<ChatMessage>& messages);
 
 // What the template renders for a request: the messages (the generic format's tool
 // description, calls and results folded in) and its `tools` variable (native formats).

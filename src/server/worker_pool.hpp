@@ -1,9 +1,8 @@
-// The HTTP server's worker threads (a cpp-httplib TaskQueue; a task is one connection: reading
-// its requests, handling them, writing the answers). `base` threads always run; when every one
+// The HTTP server's worker threads (a task is one connection: reading its requests, handling
+// them, writing the answers; server/http_server.hpp). `base` threads always run; when every one
 // is busy a connection gets a thread of its own, up to `max` in all, which ends after a few idle
-// seconds. Connections that read slowly (server/connections.hpp closes them after the read
-// timeout) then take extra threads, not the ones /health, the queue's 503 and the generating
-// requests need.
+// seconds. Connections that read slowly (closed after the read timeout) then take extra
+// threads, not the ones /health, the queue's 503 and the generating requests need.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -12,16 +11,15 @@
 #include <mutex>
 #include <thread>
 
-#include <httplib.h>
-
 namespace ember::server {
 
-class WorkerPool final : public httplib::TaskQueue {
+class WorkerPool {
  public:
   WorkerPool(size_t base, size_t max);
-  ~WorkerPool() override;
-  void enqueue(std::function<void()> fn) override;
-  void shutdown() override;
+  ~WorkerPool();
+  void enqueue(std::function<void()> fn);
+  // Runs what is queued, then ends every thread; returns when all have ended.
+  void shutdown();
   size_t threads() const;  // running now
 
  private:

@@ -7,13 +7,19 @@ server, nor slow the others down. After every probe the server is alive and /hea
   - JSON nested 100,000 deep (a body, a tool call's arguments, a schema's const): 400, no
     value echoed back;
   - a request under a forced tool with a deep schema does not slow a plain one beside it;
+  - HTTP as RFC 9112 says: 405 for a GET on a POST route, 411 for a body without a length, 400
+    for a malformed or doubled Content-Length, no 206 for a Range on a POST, pipelined requests
+    answered in order, a form-encoded JSON body read as JSON past 8 KB; unguessable ids; a tool
+    message that answers no call is 400;
   - chat templates (--chat-template-file, as a model file's would be) that crash, trap, spin or
     grow: `serve` starts or refuses with a message, a request they spin on ends with an error
     within the render's bounds, and SIGTERM stops the server meanwhile."""
 import http.client
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -145,6 +151,86 @@ with common.Server(ember, model, ctx=2048, parallel=2) as srv:
     grown = (srv.rss_kib() - rss0) / 1024
     c.check(took < 10 and grown < 300, f"ten large schemas took {took:.1f} s and {grown:.0f} MB (once 18 s and 3 GB each)")
     alive(srv, "the large schemas")
+
+# 9. HTTP.
+def exchange(port, data, timeout=5, wait_close=True):
+    """Sends raw bytes; returns what comes back until the server closes or `timeout` passes."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(data)
+    out, t = b"", time.time()
+    try:
+        while time.time() - t < timeout:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+            if not wait_close and out.count(b"\r\n\r\n") >= 1 and b"Content-Length" in out:
+                break
+    except socket.timeout:
+        pass
+    s.close()
+    return out, time.time() - t
+
+
+with common.Server(ember, model, ctx=512, parallel=2) as srv:
+    for path in ("/v1/embeddings", "/api/embed", "/api/embeddings", "/embeddings"):
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        conn.request("GET", path)
+        r = conn.getresponse()
+        r.read()
+        c.check(r.status == 405 and r.getheader("Allow") == "POST", f"GET {path}: {r.status} {r.getheader('Allow')}")
+        conn.close()
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for name, data, want in [
+            ("no Content-Length", head + b"\r\n" + body, b"HTTP/1.1 411"),
+            ("Content-Length -1", head + b"Content-Length: -1\r\n\r\n" + body, b"HTTP/1.1 400"),
+            ("a 20-digit Content-Length", head + b"Content-Length: 12345678901234567890\r\n\r\n" + body, b"HTTP/1.1 400"),
+            ("two Content-Lengths", head + b"Content-Length: %d\r\nContent-Length: 5\r\n\r\n" % len(body) + body,
+             b"HTTP/1.1 400"),
+            ("Content-Length and chunked", head + b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(body)
+             + body, b"HTTP/1.1 400")]:
+        got, took = exchange(srv.port, data)
+        c.check(got.startswith(want) and took < 3, f"{name}: {got[:60]!r} after {took:.1f} s")
+    # A Range header on a POST is ignored (no 206).
+    got, _ = exchange(srv.port, head + b"Range: bytes=0-5\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.check(got.startswith(b"HTTP/1.1 200") and b'"choices"' in got, f"Range on a POST: {got[:80]!r}")
+    # Three pipelined requests on one connection, answered in order.
+    one = lambda i: (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(b'{"content": "w%d"}' % i)
+                     + b'{"content": "w%d"}' % i)
+    got, _ = exchange(srv.port, one(1) + one(2) + one(3) + b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    c.check(got.count(b"HTTP/1.1 200") == 4 and got.rstrip().endswith(b"}"), f"pipelined: {got.count(b'HTTP/1.1 200')} answers")
+    # curl -d sends application/x-www-form-urlencoded: the JSON body is read as JSON past 8 KB.
+    big = json.dumps({"content": "x" * 9000}).encode()
+    status, resp = common.post(srv.url + "/tokenize", big, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    c.check(status == 200 and resp["tokens"], f"a 9 KB form-encoded JSON body: {status} {str(resp)[:120]}")
+    # Chunked request bodies and Expect: 100-continue (curl sends it past 1 KB).
+    parts = [b'{"content"', b': "abc"}']
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    got, _ = exchange(srv.port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                      + chunked)
+    c.check(got.startswith(b"HTTP/1.1 200") and b'"tokens"' in got, f"a chunked body: {got[:80]!r}")
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    s.sendall(head + b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
+    interim = s.recv(100)
+    s.sendall(body)
+    rest = b""
+    while chunk := s.recv(65536):
+        rest += chunk
+    s.close()
+    c.check(interim.startswith(b"HTTP/1.1 100 Continue") and rest.startswith(b"HTTP/1.1 200"), f"100-continue: {interim!r}")
+    # Ids: random, not a counter.
+    ids = []
+    for _ in range(3):
+        _, resp = common.post(srv.url + "/v1/chat/completions", chat("hi", max_tokens=1))
+        ids.append(resp["id"])
+    suffixes = [re.sub(r"^chatcmpl-", "", i) for i in ids]
+    c.check(all(len(x) >= 24 for x in suffixes) and len({x[:16] for x in suffixes}) == 3, f"ids {ids}")
+    # A tool message that answers no call.
+    status, resp = common.post(srv.url + "/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "nope", "content": "42"}]})
+    c.check(status == 400 and resp["error"]["param"] == "messages[1].tool_call_id", f"an unanswered tool result: {status} {resp}")
+    alive(srv, "the HTTP probes")
 
 # 7. logit_bias, presence_penalty and frequency_penalty as OpenAI defines them (once ignored).
 with common.Server(ember, model, ctx=1024, parallel=1) as srv:

@@ -107,14 +107,38 @@ with common.Server(ember, model, ctx=1024) as srv:
     c.check(samples.get(f'ember_generated_tokens_total{{model="{M}"}}', 0) > 50, "tokens counted")
     c.check(0 < samples.get(f'ember_kv_cache_usage_ratio{{model="{M}"}}', 0) <= 1, "KV cache use")
 
-    # CORS: a browser's preflight and the header on answers.
-    req = urllib.request.Request(srv.url + "/v1/chat/completions", method="OPTIONS",
-                                 headers={"Origin": "http://example.com", "Access-Control-Request-Method": "POST"})
+    # CORS, as Ollama allows it by default: a local page's preflight and the header on answers;
+    # a page of another origin is refused (--cors names more, below).
+    def cors(origin, method="OPTIONS", url="/v1/chat/completions"):
+        req = urllib.request.Request(srv.url + url, method=method,
+                                     headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers)
+
+    status, h = cors("http://localhost:3000")
+    c.check(status == 204 and "POST" in h.get("Access-Control-Allow-Methods", "") and
+            "Authorization" in h.get("Access-Control-Allow-Headers", "") and
+            h.get("Access-Control-Allow-Origin") == "http://localhost:3000", f"local preflight {status} {h}")
+    status, h = cors("http://127.0.0.1:5173", "GET", "/v1/models")
+    c.check(status == 200 and h.get("Access-Control-Allow-Origin") == "http://127.0.0.1:5173", f"CORS header on answers {h}")
+    status, h = cors(srv.url, "GET", "/v1/models")
+    c.check(status == 200, f"the server's own origin {status}")
+    for origin in ("http://example.com", "null", "http://127.0.0.1.example.com"):
+        status, h = cors(origin)
+        c.check(status == 403 and "Access-Control-Allow-Origin" not in h, f"preflight from {origin}: {status} {h}")
+        status, _ = cors(origin, "GET", "/v1/models")
+        c.check(status == 403, f"GET from {origin}: {status}")
+    status, resp = common.post(srv.url + "/v1/completions", b'{"prompt": "x", "max_tokens": 1}',
+                               headers={"Origin": "http://example.com", "Content-Type": "text/plain"})
+    c.check(status == 403 and resp["error"]["code"] == "origin_not_allowed", f"a simple cross-origin POST: {status} {resp}")
+
+with common.Server(ember, model, "--cors", "http://example.com", ctx=512) as srv:
+    req = urllib.request.Request(srv.url + "/v1/models", headers={"Origin": "http://example.com"})
     with urllib.request.urlopen(req) as r:
-        c.check(r.status == 204 and "POST" in r.headers["Access-Control-Allow-Methods"] and
-                "Authorization" in r.headers["Access-Control-Allow-Headers"], f"preflight {dict(r.headers)}")
-    with urllib.request.urlopen(srv.url + "/v1/models") as r:
-        c.check(r.headers["Access-Control-Allow-Origin"] == "*", "CORS header on answers")
+        c.check(r.headers["Access-Control-Allow-Origin"] == "http://example.com", "--cors names an origin")
 
 # An API key: everything but /health and the page needs it, as a Bearer token.
 with common.Server(ember, model, "--api-key", "s3cret", ctx=512) as srv:

@@ -133,9 +133,9 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--api-key", f->server.api_key,
                   "require 'Authorization: Bearer KEY' on every route but GET /health and the chat page (also "
                   "EMBER_API_KEY)");
-  cmd->add_option("--cors", f->server.cors_origin,
-                  "Access-Control-Allow-Origin of every answer, for browser clients on other origins ('' for none)")
-      ->capture_default_str();
+  cmd->add_option("--cors", f->server.cors_origins,
+                  "origins whose browser pages may call the server besides local ones (http://localhost:*, "
+                  "127.0.0.0/8, [::1]) and its own: repeat it or give a list; '*' for any. Pages of other origins get 403");
   cmd->add_option("--chat-template-file", f->server.chat_template_file,
                   "a Jinja chat template to use instead of the model's (as llama.cpp's --chat-template-file)")
       ->check(CLI::ExistingFile);

@@ -186,7 +186,10 @@ with common.Server(ember, model, "--read-timeout", "3", parallel=4, queue=16) as
         time.sleep(0.3)
         srv.proc.send_signal(15)
         results = [f.result() for f in futures]
-    c.check(all(st == 200 and r["usage"]["completion_tokens"] == 40 for st, r in results),
+    # Whole: 200, no error, ended by the limit or by the model itself (where greedy text ends
+    # depends on the ISA's rounding: with AVX2, "Line 2:" stops after a few tokens).
+    c.check(all(st == 200 and "error" not in r and r["choices"][0]["finish_reason"] in ("length", "stop") and
+                1 <= r["usage"]["completion_tokens"] <= 40 for st, r in results),
             f"requests running at SIGTERM finished: {[(st, str(r)[:120]) for st, r in results]}")
     deadline = time.time() + 15
     while time.time() < deadline and srv.alive():

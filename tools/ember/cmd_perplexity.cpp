@@ -33,6 +33,10 @@ void run_perplexity(PerplexityFlags& f) {
   log_info("perplexity: {} tokens, {} chunks of {} (using {}), {} threads, FFN {}", tokens.size(), n_chunk_all,
            f.opts.n_ctx, f.opts.max_chunks > 0 ? std::min(n_chunk_all, f.opts.max_chunks) : n_chunk_all,
            session.n_threads(), ffn_mode_name(sp.sparse.mode));
+  if (sp.sparse.mode != FfnMode::dense && session.max_batch() > 1)
+    log_info("perplexity: in sparse mode {} a batch computes what its tokens decode up to the order of float sums; "
+             "a prediction or firing test at its threshold can flip on that rounding, so the measure may differ "
+             "slightly from -b 1's, which is exactly what decode computes (at the same -t)", ffn_mode_name(sp.sparse.mode));
   Timer timer;
   auto rep = compute_perplexity(session, tokens, add_bos ? tok.bos() : -1, f.opts,
                                 [&](int64_t c, int64_t n, double ppl) {

@@ -73,7 +73,7 @@ with open(out, "r+b") as f:
 EOF
 expect_error "inspect --verify finds the NaN" "1 of [0-9]+ tensors hold values that are not finite" "$ember" inspect --verify "$tmp/nan.gguf"
 contains "verify names the tensor and row" "$tmp/out" "blk\.0\.ffn_up\.weight: 1 of [0-9]+ rows .* the first is row [0-9]+"
-expect_error "NaN logits stop generation" "not finite .* ember inspect --verify" "$ember" generate -m "$tmp/nan.gguf" -p "hello" -n 4 --temp 0
+expect_error "NaN logits stop generation" "not finite .*ember inspect --verify" "$ember" generate -m "$tmp/nan.gguf" -p "hello" -n 4 --temp 0
 
 # Bad input: clear errors, no crashes.
 expect_error "missing file" "cannot open" "$ember" inspect "$tmp/nope.gguf"

@@ -400,8 +400,10 @@ bool HttpServer::respond(int fd, const Request& req, Response& res, bool keep_al
   if (!send_all(fd, out, opts_.write_timeout)) return false;
   if (!stream) return true;
   ChunkSink sink(fd, chunked, opts_.write_timeout);
-  while (!sink.is_done() && !sink.failed())
-    if (!res.provider(sink.written(), sink)) break;
+  while (!sink.is_done() && !sink.failed()) {
+    const size_t before = sink.written();
+    if (!res.provider(before, sink) || sink.written() == before) break;  // (a provider that writes nothing: cut)
+  }
   return sink.is_done() && !sink.failed() && keep_alive;
 }
 

@@ -412,6 +412,22 @@ void ForStmt::render(Context& ctx, std::string& out) const {
   }
 }
 
+namespace {
+// Whether `v` is or holds (at any depth) the same dict as `target`: a namespace that held itself
+// would never be freed.
+bool holds(const Value& v, const Value& target) {
+  if (v.same_as(target)) return true;
+  const NestingGuard level;
+  if (v.is_array())
+    for (const Value& x : v.as_array())
+      if ((x.is_array() || x.is_object()) && holds(x, target)) return true;
+  if (v.is_object())
+    for (const auto& [k, x] : v.as_object().items())
+      if ((x.is_array() || x.is_object()) && holds(x, target)) return true;
+  return false;
+}
+}  // namespace
+
 void SetStmt::render(Context& ctx, std::string& out) const {
   ctx.tick(line);
   Value v;
@@ -427,6 +443,8 @@ void SetStmt::render(Context& ctx, std::string& out) const {
     if (!target.is_object() || !target.as_object().is_namespace)
       throw Error(fmt::format("line {}: cannot assign the attribute '{}' of a {} (only of a namespace())", line, attr,
                               target.type_name()));
+    if ((v.is_array() || v.is_object()) && holds(v, target))
+      throw Error(fmt::format("line {}: a namespace cannot hold itself (set {})", line, attr));
     target.as_object().set(attr, std::move(v));
     return;
   }

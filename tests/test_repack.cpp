@@ -74,7 +74,7 @@ bool owned(const Model& m, const TensorView& w) {
 }  // namespace
 
 TEST(Repack, DenseScopeRepacksEveryMultipliedMatrixAndKeepsLogits) {
-  if (!cpu::r16_fast()) GTEST_SKIP() << "no AVX-512 VNNI: nothing is repacked";
+  if (!cpu::r16_pays(DType::Q4_0)) GTEST_SKIP() << "Q4_0 is not repacked at this SIMD level";
   const std::string path = synth_path(q4_0_model(FfnActivation::silu, false), "untied");
   auto plain = load_model(path);
   auto packed = load_model(path);
@@ -96,7 +96,7 @@ TEST(Repack, DenseScopeRepacksEveryMultipliedMatrixAndKeepsLogits) {
 }
 
 TEST(Repack, SparseScopeLeavesTheFfnAndTiedOutputAddressable) {
-  if (!cpu::r16_fast()) GTEST_SKIP() << "no AVX-512 VNNI: nothing is repacked";
+  if (!cpu::r16_pays(DType::Q4_0)) GTEST_SKIP() << "Q4_0 is not repacked at this SIMD level";
   const std::string path = synth_path(q4_0_model(FfnActivation::relu, true), "tied_relu");
   auto plain = load_model(path);
   auto packed = load_model(path);
@@ -137,7 +137,7 @@ TEST(Repack, OnlyMatricesWithWholeGroupsOfRowsAndNothingForOtherTypes) {
   auto m = load_model(path);
   const RepackStats st = repack_for_dense_kernels(*m, RepackScope::all);
   EXPECT_EQ(m->output.type, DType::Q4_0);
-  EXPECT_EQ(st.tensors, cpu::r16_fast() ? 7 * m->hp.n_layer : 0);
+  EXPECT_EQ(st.tensors, cpu::r16_pays(DType::Q4_0) ? 7 * m->hp.n_layer : 0);
   std::filesystem::remove(path);
 
   o.type = DType::F16;
@@ -148,8 +148,8 @@ TEST(Repack, OnlyMatricesWithWholeGroupsOfRowsAndNothingForOtherTypes) {
 }
 
 TEST(Repack, Q4_1Q5_0Q8_0AndKQuantModelsKeepTheirLogits) {
-  if (!cpu::r16_fast()) GTEST_SKIP() << "no AVX-512 VNNI: nothing is repacked";
   for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    if (!cpu::r16_pays(type)) continue;  // not repacked at this SIMD level
     SynthOptions o = q4_0_model(FfnActivation::silu, false);
     o.type = type;
     o.n_embd = 256;  // K-quant rows are multiples of 256
@@ -174,7 +174,7 @@ TEST(Repack, ResidentCopyTakesEveryOtherPerTokenMatrixOutOfTheFileWithItsBytes) 
   auto copied = load_model(path);
   const RepackStats st = repack_for_dense_kernels(*copied, RepackScope::attention_output, ResidentWeights::copy);
   const int64_t nl = copied->hp.n_layer;
-  const bool packs = cpu::r16_fast();
+  const bool packs = cpu::r16_pays(DType::Q4_0);
   EXPECT_EQ(st.tensors, packs ? 4 * nl + 1 : 0);
   EXPECT_EQ(st.copied_tensors, (packs ? 5 : 9) * nl + (packs ? 0 : 1));  // gate, up, down_t, fc1, fc2 (+ attention, output)
   EXPECT_EQ(copied->owned_weights.size(), 1u);
@@ -285,7 +285,7 @@ TEST(Repack, CopiesStayInTheFileWhenMemoryIsShort) {
   EXPECT_EQ(st.copied_tensors, 0);
   EXPECT_GT(st.copy_skipped_bytes, 0u);
   EXPECT_EQ(m->layers[0].ffn.up.data, up);
-  EXPECT_EQ(st.tensors, cpu::r16_fast() ? 4 * m->hp.n_layer + 1 : 0);
+  EXPECT_EQ(st.tensors, cpu::r16_pays(DType::Q4_0) ? 4 * m->hp.n_layer + 1 : 0);
   // A budget that holds everything: copied.
   auto m2 = load_model(path);
   const RepackStats st2 =

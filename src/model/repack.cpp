@@ -19,7 +19,7 @@ namespace ember {
 namespace {
 
 bool repackable(const TensorView& w) {
-  return w.valid() && cpu::r16_type(w.type) != w.type && w.n_dims == 2 && w.rows() % cpu::kR16Rows == 0 &&
+  return w.valid() && cpu::r16_pays(w.type) && w.n_dims == 2 && w.rows() % cpu::kR16Rows == 0 &&
          w.cols() % info(w.type).block_size == 0;
 }
 

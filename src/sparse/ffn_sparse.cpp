@@ -244,7 +244,7 @@ void SparseFfn::repack_for_decode(TensorView& fc2) {
   // row's horizontal sum; repacked 16 rows at a time they cost a quarter of it. Decode computes
   // it in blocks of kNeuronBlock rows, batches whole (both multiples of 16).
   const DType r16 = cpu::r16_type(fc2.type);
-  if (!cpu::r16_fast() || r16 == fc2.type || fc2.rows() % cpu::kR16Rows != 0 ||
+  if (!cpu::r16_pays(fc2.type) || fc2.rows() % cpu::kR16Rows != 0 ||
       fc2.cols() % info(fc2.type).block_size != 0)
     return;
   std::vector<uint8_t> plain(fc2.data, fc2.data + fc2.nbytes);

@@ -30,6 +30,7 @@ Table build() {
   add_gemm_r16_scalar(t.kernels);
   add_gemm_avx2(t.kernels);
   add_gemm_q5_kquant_avx2(t.kernels);
+  add_gemm_r16_avx2(t.kernels);
   add_gemm_avx512(t.kernels);
   add_gemm_q5_kquant_avx512(t.kernels);
   add_gemm_r16_avx512(t.kernels);
@@ -54,6 +55,8 @@ const GemmKernel& gemm_kernel(DType w, SimdLevel level) {
   const size_t s = slot(w);
   return s < kSlots ? table().resolved[static_cast<int>(level)][s] : none;
 }
+
+bool gemm_has_own(DType w, SimdLevel level) { return table().kernels.has_own(w, level); }
 
 std::vector<DType> gemm_weight_types() { return table().kernels.types(); }
 

@@ -30,12 +30,15 @@ void add_gemm_q5_kquant_scalar(GemmTable& t);  // gemm/gemm_q5_kquant_scalar.cpp
 void add_gemm_q5_kquant_avx2(GemmTable& t);    // gemm/gemm_q5_kquant_avx2.cpp: the same
 void add_gemm_q5_kquant_avx512(GemmTable& t);  // gemm/gemm_q5_kquant_avx512.cpp: the same and Q6_K (Q5_0 / Q5_1 on quads)
 void add_gemm_r16_scalar(GemmTable& t);      // r16/r16_gemm.cpp: the 16-row types (r16/r16.hpp)
-void add_gemm_r16_avx512(GemmTable& t);      // r16/r16_gemm.cpp: the same
+void add_gemm_r16_avx2(GemmTable& t);        // r16/r16_gemm.cpp: the same
+void add_gemm_r16_avx512(GemmTable& t);      // r16/r16_gemm.cpp: every one
 
 // The kernel for weight type w at `level`: the level's own, else the next lower level's (AVX-512
 // has every type AVX2 has, so that is the scalar one); fn is null when there is none at all. A
 // later filler of a level replaces an earlier one's entry (Q6_K).
 const GemmKernel& gemm_kernel(DType w, SimdLevel level);
+// Whether `level` has a kernel of its own for w (not the next lower level's).
+bool gemm_has_own(DType w, SimdLevel level);
 // Every weight type with a kernel (each has a scalar one), in the order added.
 std::vector<DType> gemm_weight_types();
 

@@ -17,7 +17,7 @@
 namespace ember::cpu::detail {
 namespace {
 
-constexpr size_t kLoAt = 64, kHiAt = 64 + 128, kQhAt = 256;
+constexpr size_t kLoAt = kR16Q4KLoAt, kHiAt = kR16Q4KHiAt, kQhAt = kR16Q4KQhAt;
 
 inline __m512i bytes16(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -25,8 +25,8 @@ inline __m512i bytes16(const uint8_t* p) {
 
 template <bool kQh>
 struct Kernel {
-  static constexpr size_t kGroupBlockBytes = kQh ? 2816 : 2304, kSubBlocksAt = kQh ? 256 + 64 : 256,
-                          kSubBlockBytes = kQh ? 320 : 256;
+  static constexpr size_t kGroupBlockBytes = r16_q4k_block_bytes(kQh), kSubBlocksAt = r16_q4k_sub_blocks_at(kQh),
+                          kSubBlockBytes = r16_q4k_sub_block_bytes(kQh);
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {

@@ -18,7 +18,7 @@ namespace {
 
 template <bool kHasMin, bool kHasQh = false>
 struct Kernel {
-  static constexpr size_t kGroupBlockBytes = kHasMin ? 320 : kHasQh ? 352 : 288, kQsAt = kGroupBlockBytes - 256;
+  static constexpr size_t kGroupBlockBytes = r16_q4_block_bytes(kHasMin, kHasQh), kQsAt = kGroupBlockBytes - 256;
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {

@@ -16,7 +16,8 @@
 namespace ember::cpu::detail {
 namespace {
 
-constexpr size_t kGroupBlockBytes = 3360, kScalesAt = 32, kSubBlocksAt = 288, kSubBlockBytes = 192;
+constexpr size_t kGroupBlockBytes = kR16Q6KBlockBytes, kScalesAt = kR16Q6KScalesAt, kSubBlocksAt = kR16Q6KSubBlocksAt,
+                 kSubBlockBytes = kR16Q6KSubBlockBytes;
 
 struct Kernel {
   template <int T>

@@ -15,7 +15,7 @@ namespace ember::cpu::detail {
 namespace {
 
 struct Q8Kernel {
-  static constexpr size_t kGroupBlockBytes = 544, kQsAt = 32;
+  static constexpr size_t kGroupBlockBytes = kR16Q8BlockBytes, kQsAt = kR16Q8QsAt;
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {

@@ -7,6 +7,7 @@
 
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
+#include "ops/cpu/gemm/gemm_table.hpp"
 #include "ops/cpu/r16/r16_kernels.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
@@ -40,7 +41,16 @@ const R16Format* format_of(DType base) {
 
 }  // namespace
 
-bool r16_fast() { return simd_level() == SimdLevel::avx512; }
+bool r16_pays(DType t) {
+  const R16Format* f = format_of(t);
+  return f && simd_level() != SimdLevel::scalar && detail::gemm_has_own(f->packed, simd_level());
+}
+
+bool r16_fast() {
+  for (const R16Format& f : kFormats)
+    if (r16_pays(f.base)) return true;
+  return false;
+}
 
 DType r16_type(DType t) {
   const R16Format* f = format_of(t);

@@ -57,8 +57,11 @@ namespace ember::cpu {
 
 constexpr int64_t kR16Rows = 16;
 
-// Whether the repacked layouts (the *_R16 types) have fast kernels at the current SIMD level
-// (AVX-512 VNNI); where they have none, repacking would only cost time.
+// Whether repacking file type t pays at the current SIMD level: its repacked type has a kernel
+// of that level's own (AVX-512 VNNI and AVX2: every one; scalar: none). Where it has none, the
+// product would run the scalar reference: repacking would only cost time.
+bool r16_pays(DType t);
+// Whether some type's repacking pays at the current level.
 bool r16_fast();
 // The repacked type of a file type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K -> *_R16); the type
 // itself if none.

@@ -9,24 +9,29 @@ namespace {
 
 struct R16Gemm {
   DType w;
-  GemmFn scalar, avx512;
+  GemmFn scalar, avx2, avx512;
   bool r16_act;
 };
 
 constexpr R16Gemm kR16Gemms[] = {
-    {DType::Q4_0_R16, &gemm_q4_0_r16_scalar, &gemm_q4_0_r16_avx512, true},
-    {DType::Q4_1_R16, &gemm_q4_1_r16_scalar, &gemm_q4_1_r16_avx512, true},
-    {DType::Q5_0_R16, &gemm_q5_0_r16_scalar, &gemm_q5_0_r16_avx512, true},
-    {DType::Q8_0_R16, &gemm_q8_0_r16_scalar, &gemm_q8_0_r16_avx512, true},
-    {DType::Q6_K_R16, &gemm_q6_k_r16_scalar, &gemm_q6_k_r16_avx512, false},
-    {DType::Q4_K_R16, &gemm_q4_k_r16_scalar, &gemm_q4_k_r16_avx512, false},
-    {DType::Q5_K_R16, &gemm_q5_k_r16_scalar, &gemm_q5_k_r16_avx512, false},
+    {DType::Q4_0_R16, &gemm_q4_0_r16_scalar, &gemm_q4_0_r16_avx2, &gemm_q4_0_r16_avx512, true},
+    {DType::Q4_1_R16, &gemm_q4_1_r16_scalar, &gemm_q4_1_r16_avx2, &gemm_q4_1_r16_avx512, true},
+    {DType::Q5_0_R16, &gemm_q5_0_r16_scalar, &gemm_q5_0_r16_avx2, &gemm_q5_0_r16_avx512, true},
+    {DType::Q8_0_R16, &gemm_q8_0_r16_scalar, &gemm_q8_0_r16_avx2, &gemm_q8_0_r16_avx512, true},
+    {DType::Q6_K_R16, &gemm_q6_k_r16_scalar, &gemm_q6_k_r16_avx2, &gemm_q6_k_r16_avx512, false},
+    {DType::Q4_K_R16, &gemm_q4_k_r16_scalar, &gemm_q4_k_r16_avx2, &gemm_q4_k_r16_avx512, false},
+    {DType::Q5_K_R16, &gemm_q5_k_r16_scalar, &gemm_q5_k_r16_avx2, &gemm_q5_k_r16_avx512, false},
 };
 
 }  // namespace
 
 void add_gemm_r16_scalar(GemmTable& t) {
   for (const R16Gemm& g : kR16Gemms) t.add(SimdLevel::scalar, g.w, {g.scalar, g.r16_act});
+}
+
+void add_gemm_r16_avx2(GemmTable& t) {
+  for (const R16Gemm& g : kR16Gemms)
+    if (g.avx2) t.add(SimdLevel::avx2, g.w, {g.avx2, g.r16_act});
 }
 
 void add_gemm_r16_avx512(GemmTable& t) {

@@ -10,6 +10,20 @@
 
 namespace ember::cpu::detail {
 
+// Where things are in a group's block of each 16-row layout (r16/r16.hpp), for every ISA's kernels.
+// Q4_0_R16 / Q4_1_R16 / Q5_0_R16: d[16] (then m[16] or qh[16][4]), then qs[4][64].
+constexpr size_t r16_q4_block_bytes(bool min, bool qh) { return min ? 320 : qh ? 352 : 288; }
+// Q8_0_R16: d[16], then qs[8][64].
+constexpr size_t kR16Q8BlockBytes = 544, kR16Q8QsAt = 32;
+// Q6_K_R16: d[16], sc[16][16], then 16 sub-blocks of 192 bytes.
+constexpr size_t kR16Q6KBlockBytes = 3360, kR16Q6KScalesAt = 32, kR16Q6KSubBlocksAt = 288, kR16Q6KSubBlockBytes = 192;
+// Q4_K_R16 / Q5_K_R16: d[16], dmin[16], lo[8][16], hi[4][16], then 8 sub-blocks (Q5_K: each its qh
+// in front of its nibbles).
+constexpr size_t kR16Q4KLoAt = 64, kR16Q4KHiAt = 64 + 128, kR16Q4KQhAt = 256;
+constexpr size_t r16_q4k_block_bytes(bool qh) { return qh ? 2816 : 2304; }
+constexpr size_t r16_q4k_sub_blocks_at(bool qh) { return qh ? 256 + 64 : 256; }
+constexpr size_t r16_q4k_sub_block_bytes(bool qh) { return qh ? 320 : 256; }
+
 // rows x k Q6_K (rows a multiple of 16, k of 256) into Q6_K_R16 (repack_r16 dispatches here).
 void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 // The same for Q4_K into Q4_K_R16 and Q5_K into Q5_K_R16.
@@ -27,18 +41,25 @@ void repack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
 void unpack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
 
 void gemm_q4_0_r16_scalar(const GemmArgs& a);
+void gemm_q4_0_r16_avx2(const GemmArgs& a);
 void gemm_q4_0_r16_avx512(const GemmArgs& a);
 void gemm_q4_1_r16_scalar(const GemmArgs& a);
+void gemm_q4_1_r16_avx2(const GemmArgs& a);
 void gemm_q4_1_r16_avx512(const GemmArgs& a);
 void gemm_q5_0_r16_scalar(const GemmArgs& a);
+void gemm_q5_0_r16_avx2(const GemmArgs& a);
 void gemm_q5_0_r16_avx512(const GemmArgs& a);
 void gemm_q8_0_r16_scalar(const GemmArgs& a);
+void gemm_q8_0_r16_avx2(const GemmArgs& a);
 void gemm_q8_0_r16_avx512(const GemmArgs& a);
 void gemm_q6_k_r16_scalar(const GemmArgs& a);
+void gemm_q6_k_r16_avx2(const GemmArgs& a);
 void gemm_q6_k_r16_avx512(const GemmArgs& a);
 void gemm_q4_k_r16_scalar(const GemmArgs& a);
+void gemm_q4_k_r16_avx2(const GemmArgs& a);
 void gemm_q4_k_r16_avx512(const GemmArgs& a);
 void gemm_q5_k_r16_scalar(const GemmArgs& a);
+void gemm_q5_k_r16_avx2(const GemmArgs& a);
 void gemm_q5_k_r16_avx512(const GemmArgs& a);
 
 // Runs K::tile<T>(a, group, first token) over every 16-row group and the tokens in tiles of

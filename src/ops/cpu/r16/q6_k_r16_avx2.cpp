@@ -1,0 +1,65 @@
+// The Q6_K_R16 kernel on AVX2 (layout in r16/r16.hpp; the AVX-512 kernel's steps,
+// q6_k_r16_avx512.cpp, on the two 8-row halves of each register, r16/r16_avx2.hpp). Per sub-block
+// of 16 elements and half: three 32-byte loads unpack into four registers of 6-bit weights of 8
+// rows; each meets its 4 activation bytes broadcast in vpmaddubsw, two pair sums added in 16 bits
+// (at most 2 x 2 x 63 x 127 = 32004) and widened by vpmaddwd, from -32 x the sub-block's
+// activation sum (the offset); the integer sums times the sub-block scales, once per super-block
+// the floats.
+#include <immintrin.h>
+
+#include "ops/cpu/r16/r16_avx2.hpp"
+#include "tensor/quant.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+constexpr size_t kGroupBlockBytes = kR16Q6KBlockBytes, kScalesAt = kR16Q6KScalesAt, kSubBlocksAt = kR16Q6KSubBlocksAt,
+                 kSubBlockBytes = kR16Q6KSubBlockBytes;
+
+struct Kernel {
+  template <int T>
+  static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    r16_tile_avx2<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
+                                                                        int64_t b, __m256(&acc)[T][2]) {
+      for (int h = 0; h < 2; ++h) {
+        __m256i total[T];
+        for (int t = 0; t < T; ++t) total[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 16; ++j) {
+          const __m256i sc = _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j + 8 * h)));
+          const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j + 32 * h;
+          const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+          const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64));
+          const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 128));
+          const __m256i w0 = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+          const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+          const __m256i w2 = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(H, m30));
+          const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+          for (int t = 0; t < T; ++t) {
+            const BlockQ8_K& xb = x[t][b];
+            const int8_t* xq = xb.qs + 16 * j;
+            const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4_256(xq)),
+                                                 _mm256_maddubs_epi16(w1, bcast4_256(xq + 4)));
+            const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(w2, bcast4_256(xq + 8)),
+                                                 _mm256_maddubs_epi16(w3, bcast4_256(xq + 12)));
+            const __m256i s = _mm256_add_epi32(_mm256_set1_epi32(-32 * xb.bsums[j]),
+                                               _mm256_add_epi32(lane_sums(s01), lane_sums(s23)));
+            total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(s, sc));
+          }
+        }
+        const __m256 dw = half_ph(p, h);
+        for (int t = 0; t < T; ++t)
+          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x[t][b].d)), acc[t][h]);
+      }
+    });
+  }
+};
+
+}  // namespace
+
+void gemm_q6_k_r16_avx2(const GemmArgs& a) { run_r16_tiles<Kernel>(a); }
+
+}  // namespace ember::cpu::detail

@@ -1,0 +1,91 @@
+// Shared parts of the AVX2 kernels of the 16-row repacked types (r16/r16.hpp): the layouts are the
+// AVX-512 ones, read as two 256-bit halves (rows 0..7 in the first 32 bytes of every 64-byte
+// chunk, rows 8..15 in the second; a group's 16-entry tables likewise), and the dot products are
+// vpmaddubsw then vpmaddwd (AVX2 has no vpdpbusd): the same exact integer sums, so the same float
+// steps give the AVX-512 kernels' results bit for bit. For AVX2 translation units only.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/cpu_features.hpp"
+#include "ops/cpu/r16/r16_kernels.hpp"
+
+namespace ember::cpu::detail {
+
+// 4 activation bytes broadcast to every 32-bit lane (the lanes are 8 of the rows).
+inline __m256i bcast4_256(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// 32-bit lane sums of a vpmaddubsw result (pairs of 16-bit products added).
+inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+// Software prefetch as the AVX-512 kernels do it (r16_avx512.hpp): on Intel, 3 KB ahead.
+constexpr size_t kR16PrefetchAhead256 = 3072;
+inline bool r16_prefetch_avx2() {
+  static const bool on = cpu_features().intel;
+  return on;
+}
+
+// Group g of a.w against tokens t0 .. t0 + T - 1, as r16_tile (r16_avx512.hpp) with the 16 rows'
+// sums in two registers a token: acc[t][h] holds rows 8h .. 8h + 7.
+template <class Act, int64_t kBlock, size_t kGroupBytes, int T, class F>
+inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
+  const int64_t nb = a.k / kBlock;
+  const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
+  const Act* x[T];
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) {
+    x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
+    acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  }
+  const bool prefetch = r16_prefetch_avx2();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = wg + b * kGroupBytes;
+    if (prefetch)
+      for (size_t o = 0; o < kGroupBytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + kR16PrefetchAhead256 + o), _MM_HINT_T1);
+    block(p, x, b, acc);
+  }
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows + 8 * h, acc[t][h]);
+}
+
+// 8 fp16 values (half h of a 16-entry table at p) as floats.
+inline __m256 half_ph(const uint8_t* p, int h) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+}
+
+// Q5_0_R16 / Q5_K_R16's fifth bits on 256 bits (add_fifth_bits of r16_avx512.hpp): the vpshufb
+// indices that copy byte c of each 32-bit lane to its four bytes, and each byte's bit.
+struct QhTables256 {
+  __m256i copy[4], low_bit, high_bit;
+  QhTables256() {
+    alignas(32) uint8_t idx[4][32], lb[32], hb[32];
+    for (int p = 0; p < 32; ++p) {
+      for (int c = 0; c < 4; ++c) idx[c][p] = static_cast<uint8_t>(4 * ((p % 16) / 4) + c);
+      lb[p] = static_cast<uint8_t>(1 << (p % 4));
+      hb[p] = static_cast<uint8_t>(16 << (p % 4));
+    }
+    for (int c = 0; c < 4; ++c) copy[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx[c]));
+    low_bit = _mm256_load_si256(reinterpret_cast<const __m256i*>(lb));
+    high_bit = _mm256_load_si256(reinterpret_cast<const __m256i*>(hb));
+  }
+};
+inline const QhTables256& qh_tables256() {
+  static const QhTables256 qt;
+  return qt;
+}
+// Adds 16 to the nibbles of chunk c whose fifth bit is set (H: 8 lanes' 4-byte qh words).
+inline void add_fifth_bits256(const QhTables256& qt, __m256i H, int c, __m256i& lo, __m256i& hi) {
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  const __m256i h = _mm256_shuffle_epi8(H, qt.copy[c]);
+  lo = _mm256_add_epi8(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, qt.low_bit), qt.low_bit), sixteen));
+  hi = _mm256_add_epi8(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, qt.high_bit), qt.high_bit), sixteen));
+}
+
+}  // namespace ember::cpu::detail

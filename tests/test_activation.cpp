@@ -1,5 +1,5 @@
 // FFN activations (ops/cpu/activation.hpp): the scalar function against double precision, and
-// the array forms (AVX-512 where the CPU has it) bit for bit against the scalar function, on
+// the array forms at every SIMD level the CPU has bit for bit against the scalar function, on
 // awkward lengths and on the edges of exp's range.
 #include <gtest/gtest.h>
 
@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "ops/cpu/activation.hpp"
+#include "support/simd_levels.hpp"
 
 using namespace ember;
 using cpu::Activation;
+using test_support::SimdGuard;
 
 namespace {
 
@@ -55,17 +57,22 @@ TEST(Activation, ScalarMatchesDoublePrecision) {
 }
 
 TEST(Activation, ArrayFormsEqualTheScalarFunctionBitForBit) {
+  SimdGuard guard;
   const std::vector<float> v = test_values();
-  for (Activation a : {Activation::silu, Activation::gelu_tanh, Activation::relu}) {
-    for (int64_t n : std::vector<int64_t>{1, 7, 15, 16, 17, 33, 67, static_cast<int64_t>(v.size())}) {
-      std::vector<float> x(v.begin(), v.begin() + n), up(static_cast<size_t>(n)), out(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) up[i] = 0.25f * static_cast<float>(i % 9) - 1.0f;
-      cpu::gated_activation(a, x.data(), up.data(), out.data(), n);
-      cpu::activation_inplace(a, x.data(), n);
-      for (int64_t i = 0; i < n; ++i) {
-        const float want = cpu::activate(a, v[i]);
-        ASSERT_EQ(x[i], want) << cpu::activation_name(a) << " n " << n << " i " << i << " x " << v[i];
-        ASSERT_EQ(out[i], want * up[i]) << cpu::activation_name(a) << " n " << n << " i " << i;
+  for (SimdLevel level : test_support::simd_levels()) {
+    set_simd_level(level);
+    SCOPED_TRACE(simd_level_name(level));
+    for (Activation a : {Activation::silu, Activation::gelu_tanh, Activation::relu}) {
+      for (int64_t n : std::vector<int64_t>{1, 7, 8, 9, 15, 16, 17, 33, 67, static_cast<int64_t>(v.size())}) {
+        std::vector<float> x(v.begin(), v.begin() + n), up(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) up[i] = 0.25f * static_cast<float>(i % 9) - 1.0f;
+        cpu::gated_activation(a, x.data(), up.data(), out.data(), n);
+        cpu::activation_inplace(a, x.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float want = cpu::activate(a, v[i]);
+          ASSERT_EQ(x[i], want) << cpu::activation_name(a) << " n " << n << " i " << i << " x " << v[i];
+          ASSERT_EQ(out[i], want * up[i]) << cpu::activation_name(a) << " n " << n << " i " << i;
+        }
       }
     }
   }

@@ -10,9 +10,10 @@
 
 namespace ember::cpu {
 namespace detail {
-// activation_avx512.cpp
-void activation_inplace_avx512(Activation a, float* x, int64_t n);
-void gated_activation_avx512(Activation a, const float* gate, const float* up, float* out, int64_t n);
+// activation_avx2.cpp, activation_avx512.cpp: out[i] = act(gate[i]) * up[i], or act(gate[i]) where
+// up is null; out may be gate.
+void activate_avx2(Activation a, const float* gate, const float* up, float* out, int64_t n);
+void activate_avx512(Activation a, const float* gate, const float* up, float* out, int64_t n);
 }  // namespace detail
 
 namespace {
@@ -57,12 +58,14 @@ float activate(Activation a, float x) {
 }
 
 void gated_activation(Activation a, const float* gate, const float* up, float* out, int64_t n) {
-  if (simd_level() == SimdLevel::avx512) return detail::gated_activation_avx512(a, gate, up, out, n);
+  if (simd_level() == SimdLevel::avx512) return detail::activate_avx512(a, gate, up, out, n);
+  if (simd_level() == SimdLevel::avx2) return detail::activate_avx2(a, gate, up, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = activate(a, gate[i]) * up[i];
 }
 
 void activation_inplace(Activation a, float* x, int64_t n) {
-  if (simd_level() == SimdLevel::avx512) return detail::activation_inplace_avx512(a, x, n);
+  if (simd_level() == SimdLevel::avx512) return detail::activate_avx512(a, x, nullptr, x, n);
+  if (simd_level() == SimdLevel::avx2) return detail::activate_avx2(a, x, nullptr, x, n);
   for (int64_t i = 0; i < n; ++i) x[i] = activate(a, x[i]);
 }
 

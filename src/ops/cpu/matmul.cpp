@@ -140,15 +140,25 @@ size_t matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_tokens) {
   return bytes;
 }
 
+namespace detail {
+const ActQuantizers& act_quantizers() {
+  static const ActQuantizers none;
+  switch (simd_level()) {
+    case SimdLevel::avx512: return act_quantizers_avx512();
+    case SimdLevel::avx2: return act_quantizers_avx2();
+    case SimdLevel::scalar: break;
+  }
+  return none;
+}
+}  // namespace detail
+
 void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, int64_t k, void* out) {
   check_k(weight_type, k);
   const DType at = activation_type(weight_type);
   const size_t stride = row_bytes(at, k);
-  void (*fast)(const float*, void*, int64_t) = nullptr;
-  if (simd_level() == SimdLevel::avx512) {
-    const detail::ActQuantizers& q = detail::act_quantizers_avx512();
-    fast = at == DType::Q8_0 ? q.q8_0 : at == DType::Q8_1 ? q.q8_1 : at == DType::Q8_K ? q.q8_k : nullptr;
-  }
+  const detail::ActQuantizers& q = detail::act_quantizers();
+  void (*fast)(const float*, void*, int64_t) =
+      at == DType::Q8_0 ? q.q8_0 : at == DType::Q8_1 ? q.q8_1 : at == DType::Q8_K ? q.q8_k : nullptr;
   for (int64_t t = 0; t < n_tokens; ++t) {
     uint8_t* dst = static_cast<uint8_t*>(out) + t * stride;
     if (fast) fast(X + t * k, dst, k);
@@ -230,11 +240,10 @@ Prepared prepare_activations(ThreadPool& pool, const Kernel& kern, DType w, cons
   // rearranging), else through the quantized rows in the scratch.
   uint8_t* quads = align64(out + x_stride * n_tokens);
   const size_t qstride = rearranged_row_bytes(w, k);
-  const detail::ActQuantizers& q = detail::act_quantizers_avx512();
-  void (*direct)(const float*, void*, int64_t) =
-      simd_level() != SimdLevel::avx512 || (w != DType::Q4_0 && w != DType::Q4_1)  // Q5_0/Q5_1 quads differ
-          ? nullptr
-          : at == DType::Q8_0 ? q.quads_q8_0 : q.quads_q8_1;
+  const detail::ActQuantizers& q = detail::act_quantizers();
+  void (*direct)(const float*, void*, int64_t) = w != DType::Q4_0 && w != DType::Q4_1  // Q5_0/Q5_1 quads differ
+                                                     ? nullptr
+                                                     : at == DType::Q8_0 ? q.quads_q8_0 : q.quads_q8_1;
   const auto prepare = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (direct) {

@@ -27,17 +27,22 @@ struct F32Lanes<8> {
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
   static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static V min(V a, V b) { return _mm256_min_ps(a, b); }
   static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V from_i32(I v) { return _mm256_cvtepi32_ps(v); }
-  // The lanes' sum: the two halves added, then within the 128-bit half.
-  static float reduce_add(V v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  // The lanes' sum: the two halves added, then within the 128-bit half; their max the same way.
+  static float reduce_add(V v) { return fold<_mm_add_ps, _mm_add_ss>(v); }
+  static float reduce_max(V v) { return fold<_mm_max_ps, _mm_max_ss>(v); }
+  template <__m128 (*op)(__m128, __m128), __m128 (*op_ss)(__m128, __m128)>
+  static float fold(V v) {
+    __m128 s = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = op(s, _mm_movehl_ps(s, s));
+    s = op_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
   // 2^n for integral n in float range: n + 127 in the exponent field.
@@ -62,13 +67,16 @@ struct F32Lanes<16> {
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
   static V round(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V from_i32(I v) { return _mm512_cvtepi32_ps(v); }
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   static V pow2(V n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }

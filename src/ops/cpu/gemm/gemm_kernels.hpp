@@ -46,7 +46,10 @@ struct ActQuantizers {
   void (*quads_q8_0)(const float* x, void* out, int64_t k) = nullptr;
   void (*quads_q8_1)(const float* x, void* out, int64_t k) = nullptr;
 };
-const ActQuantizers& act_quantizers_avx512();  // gemm/gemm_avx512.cpp (the other levels have none)
+const ActQuantizers& act_quantizers_avx2();    // gemm/act_quant_avx2.cpp (rows only: no quad kernels)
+const ActQuantizers& act_quantizers_avx512();  // gemm/gemm_avx512.cpp
+// Those of the current SIMD level (all null at the scalar level).
+const ActQuantizers& act_quantizers();
 
 // Quad layout of one activation row for the 4-bit kernels: the row's 32-element blocks in groups
 // of four ("quads", the last one zero-padded), kQuadBytes each, 64-byte aligned:

@@ -1,0 +1,27 @@
+// AVX2 activations: every lane computes what activate() computes for its value, bit for bit
+// (activation_impl.hpp; this file is built without floating-point contraction so that no
+// multiply-add is fused that the scalar code rounds twice).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "ops/cpu/activation.hpp"
+#include "ops/cpu/activation_impl.hpp"
+
+namespace ember::cpu::detail {
+namespace {
+
+// In this order: the vector types, exp on them, the activations.
+#include "ops/cpu/simd_f32.hpp"
+
+#include "ops/cpu/exp_simd.hpp"
+
+#include "ops/cpu/activation_simd.hpp"
+
+}  // namespace
+
+void activate_avx2(Activation a, const float* gate, const float* up, float* out, int64_t n) {
+  activate_span<__m256>(a, gate, up, out, n);
+}
+
+}  // namespace ember::cpu::detail

@@ -3,9 +3,9 @@
 // of 32 elements and half: four 32-byte loads hold the 4-bit weights of 8 rows; each chunk's low
 // and high nibbles meet their 4 activation bytes broadcast in vpmaddubsw, the 16-bit pair sums
 // added in 16 bits (at most 8 x 2 x 15 x 127 = 30480 for four chunks; Q5_K: 4 x 2 x 31 x 127 =
-// 31496 for two) and widened by vpmaddwd; then as on AVX-512 the integer sums times the
-// 6-bit sub-block scales, the mins times the activation's sub-block sums, and once per
-// super-block the floats.
+// 31496 for two) and widened by vpmaddwd against the 6-bit sub-block scale (in place of the
+// AVX-512 kernel's multiply after the sum: the same integers); the mins times the activation's
+// sub-block sums, and once per super-block the floats.
 #include <immintrin.h>
 
 #include "ops/cpu/r16/r16_avx2.hpp"
@@ -52,22 +52,24 @@ struct Kernel {
             wh[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             if constexpr (kQh) add_fifth_bits256(qt, H, c, wl[c], wh[c]);
           }
+          // The scale in both 16-bit halves of its lane: vpmaddwd of the 16-bit pair sums with it
+          // gives their 32-bit sum times the scale (exact: at most 2 x 31496 x 63).
+          const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
           for (int t = 0; t < T; ++t) {
             const int8_t* xq = x[t][b].qs + 32 * j;
-            // 16-bit sums of kPerSum chunks (their low and high nibbles), widened once each.
+            // 16-bit sums of kPerSum chunks (their low and high nibbles), widened and scaled once each.
             constexpr int kPerSum = kQh ? 2 : 4;
-            __m256i s = _mm256_setzero_si256();
             for (int c0 = 0; c0 < 4; c0 += kPerSum) {
               __m256i s16 = _mm256_setzero_si256();
               for (int c = c0; c < c0 + kPerSum; ++c) {
                 s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wl[c], bcast4_256(xq + 4 * c)));
                 s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wh[c], bcast4_256(xq + 16 + 4 * c)));
               }
-              s = _mm256_add_epi32(s, lane_sums(s16));
+              total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(s16, sc2));
             }
-            total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(s, sc));
+            // m (< 64, high half zero) times the sub-block's activation sum (|bs| <= 4064: 16 bits).
             const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
-            mins[t] = _mm256_add_epi32(mins[t], _mm256_mullo_epi32(m, _mm256_set1_epi32(bs)));
+            mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(bs))));
           }
         }
         const __m256 dw = half_ph(p, h), dm = half_ph(p + 32, h);

@@ -43,9 +43,13 @@ expect_ok "inspect json" "$ember" inspect --json "$tmp/tiny.gguf"
 python3 -c "import json,sys; d=json.load(open('$tmp/out')); assert len(d['tensors']) > 10" && pass || fail "inspect --json is not valid JSON with tensors"
 expect_ok "generate on synth" "$ember" generate -m "$tmp/tiny.gguf" -p "hello world" -n 8 --temp 0
 contains "timing line" "$tmp/err" "generation: [0-9]+ tokens"
-expect_ok "bench on synth" "$ember" bench -m "$tmp/tiny.gguf" -p 16 -n 8 -r 2 --json "$tmp/bench.json"
+expect_ok "bench on synth" "$ember" bench -m "$tmp/tiny.gguf" -p 16 -n 8 -r 2 --bandwidth --json "$tmp/bench.json"
 python3 -c "import json; d=json.load(open('$tmp/bench.json')); assert d['tg8']['median'] > 0 and d['pp16']['median'] > 0" \
   && pass || fail "bench JSON lacks pp16/tg8 medians"
+contains "bench names its kernels' level" "$tmp/out" "^kernels: (scalar|avx2|avx512)"
+python3 -c "import json; d=json.load(open('$tmp/bench.json')); assert len(d['read_bandwidth_samples']) == 2 and d['tg_bandwidth_fraction'] > 0" \
+  && pass || fail "bench --bandwidth JSON lacks a bandwidth measure per repetition and the decode's fraction"
+contains "bench prints the decode's share of the bandwidth" "$tmp/out" "of the measured read bandwidth \(median of 2 repetitions"
 expect_ok "bench at a depth, F32 cache" "$ember" bench -m "$tmp/tiny.gguf" -p 8 -n 4 -d 20 --kv-type f32 -r 1 --json "$tmp/bench_d.json"
 python3 -c "import json; d=json.load(open('$tmp/bench_d.json')); assert d['tg4@d20']['median'] > 0 and d['depth'] == 20 and d['kv_type'] == 'f32'" \
   && pass || fail "bench -d 20 JSON lacks tg4@d20 / depth / kv_type"

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -103,7 +104,7 @@ void run_bench(const BenchFlags& f) {
   // each repetition runs input sparsity's path and the dense path, input first in even
   // repetitions and dense first in odd ones, so that a drift of the machine falls on both alike.
   const int paths = f.versus_dense ? 2 : 1;
-  std::vector<double> pp, tg, pp_dense, tg_dense;
+  std::vector<double> pp, tg, pp_dense, tg_dense, bws;
   for (int r = -1; r < f.reps; ++r) {
     for (int k = 0; k < paths; ++k) {
       const bool dense = f.versus_dense && (k == 1) == (r % 2 == 0 || r < 0);
@@ -113,11 +114,13 @@ void run_bench(const BenchFlags& f) {
       if (f.n_prompt > 0) (dense ? pp_dense : pp).push_back(p);
       if (f.n_gen > 0) (dense ? tg_dense : tg).push_back(g);
     }
+    // The box's read bandwidth beside each repetition: it drifts within minutes on shared machines.
+    if (r >= 0 && f.bandwidth) bws.push_back(cpu::measure_read_bandwidth(session.pool(), size_t{1} << 30));
     if (r >= 0) log_info("repetition {}/{} done", r + 1, f.reps);
   }
   if (f.versus_dense) session.set_dense(false);
 
-  double bw = f.bandwidth ? cpu::measure_read_bandwidth(session.pool(), size_t{1} << 30) : 0.0;
+  const double bw = bws.empty() ? 0.0 : stats_of(bws).median;
   const double bytes_per_token = static_cast<double>(model->weight_bytes_per_token());
   nlohmann::json out;
   out["model"] = f.engine.model_path;
@@ -129,6 +132,7 @@ void run_bench(const BenchFlags& f) {
   out["kv_type"] = f.engine.kv_type;
   out["depth"] = f.depth;
   out["seqs"] = f.seqs;
+  std::printf("kernels: %s%s\n", simd_level_name(simd_level()), std::getenv("EMBER_SIMD") ? " (set by EMBER_SIMD)" : "");
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
   auto row = [&](const char* name, int n, const std::vector<double>& v) {
@@ -173,9 +177,15 @@ void run_bench(const BenchFlags& f) {
     out["tg_weight_bytes_per_s"] = achieved;
     std::printf("\ngeneration reads %.2f GB/s of weights", achieved / 1e9);
     if (bw > 0) {
+      // Repetition by repetition (each beside its own bandwidth measure), then the median.
+      std::vector<double> fractions;
+      for (size_t i = 0; i < tg.size() && i < bws.size(); ++i) fractions.push_back(tg[i] / f.seqs * bytes_per_token / bws[i]);
+      const double fraction = stats_of(fractions).median;
       out["read_bandwidth_bytes_per_s"] = bw;
-      out["tg_bandwidth_fraction"] = achieved / bw;
-      std::printf(" = %.1f%% of the measured read bandwidth (%.2f GB/s)", 100 * achieved / bw, bw / 1e9);
+      out["read_bandwidth_samples"] = bws;
+      out["tg_bandwidth_fraction"] = fraction;
+      std::printf(" = %.1f%% of the measured read bandwidth (median of %zu repetitions, each beside its own measure; "
+                  "bandwidth median %.2f GB/s)", 100 * fraction, fractions.size(), bw / 1e9);
     }
     std::printf("\n");
   }

@@ -7,20 +7,34 @@
 namespace ember {
 namespace {
 
-SimdLevel best_supported() {
+bool level_supported(SimdLevel level, const CpuFeatures& f) {
+  switch (level) {
+    case SimdLevel::scalar: return true;
+    case SimdLevel::avx2: return f.avx2;
+    case SimdLevel::avx_vnni: return f.avx2 && f.avx_vnni;
+    case SimdLevel::avx512: return f.avx2 && f.avx512 && f.avx512_vnni;
+  }
+  return false;
+}
+
+// The highest level at or below `level` that this CPU runs (a box may have AVX-512 but not
+// AVX-VNNI, as AMD Zen 4).
+SimdLevel supported_at_most(SimdLevel level) {
   const CpuFeatures& f = cpu_features();
-  if (f.avx512 && f.avx512_vnni && f.avx2) return SimdLevel::avx512;
-  if (f.avx2) return SimdLevel::avx2;
+  for (int l = static_cast<int>(level); l > 0; --l) {
+    const SimdLevel s = static_cast<SimdLevel>(l);
+    if (level_supported(s, f)) return s;
+  }
   return SimdLevel::scalar;
 }
 
 SimdLevel initial_level() {
-  SimdLevel level = best_supported();
+  SimdLevel level = SimdLevel::avx512;
   if (const char* env = std::getenv("EMBER_SIMD")) {
-    if (std::strcmp(env, "scalar") == 0) level = SimdLevel::scalar;
-    else if (std::strcmp(env, "avx2") == 0 && level >= SimdLevel::avx2) level = SimdLevel::avx2;
+    for (int l = 0; l < kSimdLevels; ++l)
+      if (std::strcmp(env, simd_level_name(static_cast<SimdLevel>(l))) == 0) level = static_cast<SimdLevel>(l);
   }
-  return level;
+  return supported_at_most(level);
 }
 
 std::atomic<int> g_level{-1};
@@ -35,6 +49,7 @@ const CpuFeatures& cpu_features() {
     f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     f.avx512_vnni = __builtin_cpu_supports("avx512vnni");
+    f.avx_vnni = __builtin_cpu_supports("avxvnni");
     f.intel = __builtin_cpu_is("intel");
     return f;
   }();
@@ -50,16 +65,15 @@ SimdLevel simd_level() {
   return static_cast<SimdLevel>(v);
 }
 
-void set_simd_level(SimdLevel level) {
-  SimdLevel best = best_supported();
-  if (level > best) level = best;
-  g_level.store(static_cast<int>(level), std::memory_order_relaxed);
-}
+void set_simd_level(SimdLevel level) { g_level.store(static_cast<int>(supported_at_most(level)), std::memory_order_relaxed); }
+
+bool simd_level_supported(SimdLevel level) { return level_supported(level, cpu_features()); }
 
 const char* simd_level_name(SimdLevel level) {
   switch (level) {
     case SimdLevel::avx512: return "avx512";
     case SimdLevel::avx2: return "avx2";
+    case SimdLevel::avx_vnni: return "avx_vnni";
     default: return "scalar";
   }
 }

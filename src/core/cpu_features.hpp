@@ -8,16 +8,27 @@ struct CpuFeatures {
   bool avx2 = false;      // with FMA and F16C
   bool avx512 = false;    // F, BW, VL, DQ
   bool avx512_vnni = false;
+  bool avx_vnni = false;  // vpdpbusd on 256-bit registers without AVX-512 (Intel Alder Lake and later)
   bool intel = false;     // the vendor, where kernels tune for it (the sparse kernels' prefetch hint)
 };
 
-enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2 };
+// avx_vnni is AVX2 with vpdpbusd on 256 bits: only 8-bit dot products have kernels of their own
+// there; everything else runs its AVX2 kernels (vector_level()).
+enum class SimdLevel { scalar = 0, avx2 = 1, avx_vnni = 2, avx512 = 3 };
+constexpr int kSimdLevels = 4;
 
 const CpuFeatures& cpu_features();
-// The best level this CPU supports, capped by EMBER_SIMD=scalar|avx2|avx512 when set.
+// The best level this CPU supports, capped by EMBER_SIMD=scalar|avx2|avx_vnni|avx512 when set.
 SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);
-// Overrides the level (tests use it to run every variant); clamps to what the CPU supports.
+// The level of the float and quantizing kernels: simd_level(), with avx_vnni read as avx2.
+inline SimdLevel vector_level() {
+  const SimdLevel l = simd_level();
+  return l == SimdLevel::avx_vnni ? SimdLevel::avx2 : l;
+}
+// Overrides the level (tests use it to run every variant): the highest level at or below it that
+// the CPU supports.
 void set_simd_level(SimdLevel level);
+bool simd_level_supported(SimdLevel level);
 
 }  // namespace ember

@@ -12,11 +12,11 @@ struct SimdGuard {
   ~SimdGuard() { set_simd_level(saved); }
 };
 
-// scalar, then avx2 and avx512 where supported.
+// scalar, then avx2, avx_vnni and avx512 where supported.
 inline std::vector<SimdLevel> simd_levels() {
-  std::vector<SimdLevel> v{SimdLevel::scalar};
-  if (cpu_features().avx2) v.push_back(SimdLevel::avx2);
-  if (cpu_features().avx512 && cpu_features().avx512_vnni) v.push_back(SimdLevel::avx512);
+  std::vector<SimdLevel> v;
+  for (int l = 0; l < kSimdLevels; ++l)
+    if (simd_level_supported(static_cast<SimdLevel>(l))) v.push_back(static_cast<SimdLevel>(l));
   return v;
 }
 

@@ -58,14 +58,14 @@ float activate(Activation a, float x) {
 }
 
 void gated_activation(Activation a, const float* gate, const float* up, float* out, int64_t n) {
-  if (simd_level() == SimdLevel::avx512) return detail::activate_avx512(a, gate, up, out, n);
-  if (simd_level() == SimdLevel::avx2) return detail::activate_avx2(a, gate, up, out, n);
+  if (vector_level() == SimdLevel::avx512) return detail::activate_avx512(a, gate, up, out, n);
+  if (vector_level() == SimdLevel::avx2) return detail::activate_avx2(a, gate, up, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = activate(a, gate[i]) * up[i];
 }
 
 void activation_inplace(Activation a, float* x, int64_t n) {
-  if (simd_level() == SimdLevel::avx512) return detail::activate_avx512(a, x, nullptr, x, n);
-  if (simd_level() == SimdLevel::avx2) return detail::activate_avx2(a, x, nullptr, x, n);
+  if (vector_level() == SimdLevel::avx512) return detail::activate_avx512(a, x, nullptr, x, n);
+  if (vector_level() == SimdLevel::avx2) return detail::activate_avx2(a, x, nullptr, x, n);
   for (int64_t i = 0; i < n; ++i) x[i] = activate(a, x[i]);
 }
 

@@ -44,7 +44,7 @@ class KernelTable {
   }
 
  private:
-  static constexpr size_t kLevels = 3;  // SimdLevel::scalar, avx2, avx512
+  static constexpr size_t kLevels = kSimdLevels;
   std::array<Entry, kLevels>& row_of(DType w) {
     for (auto& r : rows_)
       if (r.first == w) return r.second;

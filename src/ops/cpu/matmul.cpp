@@ -143,10 +143,10 @@ size_t matmul_scratch_bytes(DType weight_type, int64_t k, int64_t n_tokens) {
 namespace detail {
 const ActQuantizers& act_quantizers() {
   static const ActQuantizers none;
-  switch (simd_level()) {
+  switch (vector_level()) {
     case SimdLevel::avx512: return act_quantizers_avx512();
     case SimdLevel::avx2: return act_quantizers_avx2();
-    case SimdLevel::scalar: break;
+    default: break;
   }
   return none;
 }

@@ -17,7 +17,7 @@ namespace ember::cpu {
 namespace {
 
 const detail::VecKernels& kernels() {
-  switch (simd_level()) {
+  switch (vector_level()) {
     case SimdLevel::avx512: return detail::vec_kernels_avx512();
     case SimdLevel::avx2: return detail::vec_kernels_avx2();
     default: return detail::vec_kernels_baseline();
@@ -54,7 +54,7 @@ int64_t argmax_f32(const float* x, int64_t n) {
 template <class From, class To>
 void convert(const From* x, To* y, int64_t n, void (*avx512)(const From*, To*, int64_t),
              void (*avx2)(const From*, To*, int64_t), To (*one)(From)) {
-  switch (simd_level()) {
+  switch (vector_level()) {
     case SimdLevel::avx512: return avx512(x, y, n);
     case SimdLevel::avx2: return avx2(x, y, n);
     default:

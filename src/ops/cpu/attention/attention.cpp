@@ -68,7 +68,7 @@ void attend_heads(const AttentionShape& s, const float* qh, int heads, int64_t f
     if (heads > 1) return detail::attend_group_avx512(s, heads, qh, kb, vb, kv_stride, n, outh, scores, stat);
     return detail::attend_one_avx512(s, qh, kb, vb, kv_stride, n, outh, scores, stat);
   }
-  if (simd_level() == SimdLevel::avx2 && hd % 8 == 0)
+  if (vector_level() == SimdLevel::avx2 && hd % 8 == 0)
     return detail::attend_one_avx2(s, qh, kb, vb, kv_stride, n, outh, scores, stat);
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {

@@ -9,7 +9,7 @@ namespace ember::cpu::detail {
 namespace {
 
 // The table, filled once; lookups index a flat array of what it finds (matmul asks on every call).
-constexpr int kLevels = 3;  // SimdLevel::scalar, avx2, avx512
+constexpr int kLevels = kSimdLevels;
 constexpr size_t kSlots = 128;
 
 // The slot of a weight type: file types (ids below 64) and their 16-row forms (0x1xxxx); kSlots for others.
@@ -31,6 +31,7 @@ Table build() {
   add_gemm_avx2(t.kernels);
   add_gemm_q5_kquant_avx2(t.kernels);
   add_gemm_r16_avx2(t.kernels);
+  add_gemm_r16_avx_vnni(t.kernels);
   add_gemm_avx512(t.kernels);
   add_gemm_q5_kquant_avx512(t.kernels);
   add_gemm_r16_avx512(t.kernels);

@@ -31,6 +31,7 @@ void add_gemm_q5_kquant_avx2(GemmTable& t);    // gemm/gemm_q5_kquant_avx2.cpp: 
 void add_gemm_q5_kquant_avx512(GemmTable& t);  // gemm/gemm_q5_kquant_avx512.cpp: the same and Q6_K (Q5_0 / Q5_1 on quads)
 void add_gemm_r16_scalar(GemmTable& t);      // r16/r16_gemm.cpp: the 16-row types (r16/r16.hpp)
 void add_gemm_r16_avx2(GemmTable& t);        // r16/r16_gemm.cpp: the same
+void add_gemm_r16_avx_vnni(GemmTable& t);    // r16/r16_gemm.cpp: the types with vpdpbusd kernels on 256 bits
 void add_gemm_r16_avx512(GemmTable& t);      // r16/r16_gemm.cpp: every one
 
 // The kernel for weight type w at `level`: the level's own, else the next lower level's (AVX-512

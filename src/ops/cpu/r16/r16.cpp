@@ -43,7 +43,10 @@ const R16Format* format_of(DType base) {
 
 bool r16_pays(DType t) {
   const R16Format* f = format_of(t);
-  return f && simd_level() != SimdLevel::scalar && detail::gemm_has_own(f->packed, simd_level());
+  if (!f) return false;
+  for (int l = static_cast<int>(simd_level()); l > 0; --l)  // a SIMD kernel at this level or one it falls back to
+    if (detail::gemm_has_own(f->packed, static_cast<SimdLevel>(l))) return true;
+  return false;
 }
 
 bool r16_fast() {

@@ -57,9 +57,10 @@ namespace ember::cpu {
 
 constexpr int64_t kR16Rows = 16;
 
-// Whether repacking file type t pays at the current SIMD level: its repacked type has a kernel
-// of that level's own (AVX-512 VNNI and AVX2: every one; scalar: none). Where it has none, the
-// product would run the scalar reference: repacking would only cost time.
+// Whether repacking file type t pays at the current SIMD level: its repacked type has a SIMD
+// kernel at that level or one it falls back to (AVX-512 VNNI, AVX-VNNI and AVX2: every one;
+// scalar: none). Where it has none, the product would run the scalar reference: repacking would
+// only cost time.
 bool r16_pays(DType t);
 // Whether some type's repacking pays at the current level.
 bool r16_fast();

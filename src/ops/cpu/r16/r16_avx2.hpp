@@ -1,8 +1,10 @@
-// Shared parts of the AVX2 kernels of the 16-row repacked types (r16/r16.hpp): the layouts are the
-// AVX-512 ones, read as two 256-bit halves (rows 0..7 in the first 32 bytes of every 64-byte
-// chunk, rows 8..15 in the second; a group's 16-entry tables likewise), and the dot products are
-// vpmaddubsw then vpmaddwd (AVX2 has no vpdpbusd): the same exact integer sums, so the same float
-// steps give the AVX-512 kernels' results bit for bit. For AVX2 translation units only.
+// Shared parts of the AVX2 and AVX-VNNI kernels of the 16-row repacked types (r16/r16.hpp): the
+// layouts are the AVX-512 ones, read as two 256-bit halves (rows 0..7 in the first 32 bytes of
+// every 64-byte chunk, rows 8..15 in the second; a group's 16-entry tables likewise). The 8-bit dot
+// products are vpmaddubsw then vpmaddwd on AVX2 and vpdpbusd where the translation unit is built
+// for AVX-VNNI (*_avxvnni.cpp): the same exact integer sums either way, so the same float steps
+// give the AVX-512 kernels' results bit for bit. Everything here is in an anonymous namespace:
+// each translation unit keeps its own copy, compiled for its own target.
 #pragma once
 #include <immintrin.h>
 
@@ -13,6 +15,7 @@
 #include "ops/cpu/r16/r16_kernels.hpp"
 
 namespace ember::cpu::detail {
+namespace {
 
 // 4 activation bytes broadcast to every 32-bit lane (the lanes are 8 of the rows).
 inline __m256i bcast4_256(const int8_t* p) {
@@ -23,6 +26,49 @@ inline __m256i bcast4_256(const int8_t* p) {
 
 // 32-bit lane sums of a vpmaddubsw result (pairs of 16-bit products added).
 inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+// The 16-bit pair sums of chunks c0 .. c0 + n - 1 of a block's nibbles: lo[c] (unsigned bytes)
+// against activation bytes 4c .. 4c + 3 broadcast to every lane, hi[c] against 16 + 4c .. 16 + 4c + 3.
+// The caller keeps n within int16: n x 2 x 2 x (largest weight) x 127 <= 32767.
+inline __m256i pair_sums16(const __m256i* lo, const __m256i* hi, const int8_t* xq, int c0, int n) {
+  __m256i s16 = _mm256_setzero_si256();
+  for (int c = c0; c < c0 + n; ++c) {
+    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[c], bcast4_256(xq + 4 * c)));
+    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[c], bcast4_256(xq + 16 + 4 * c)));
+  }
+  return s16;
+}
+
+// acc plus the 32-bit lane dot products of all four chunks (as pair_sums16), kPerSum chunks to a
+// 16-bit sum on AVX2; scaled_: times the lane's scale (sc: the scale, < 2^15; sc2: the same in
+// both 16-bit halves of the lane, which vpmaddwd multiplies by while it widens).
+template <int kPerSum, bool kScaled>
+inline __m256i nibble_dots_impl(__m256i acc, const __m256i* lo, const __m256i* hi, const int8_t* xq,
+                                [[maybe_unused]] __m256i sc, [[maybe_unused]] __m256i sc2) {
+#ifdef __AVXVNNI__
+  __m256i s = kScaled ? _mm256_setzero_si256() : acc;
+  for (int c = 0; c < 4; ++c) {
+    s = _mm256_dpbusd_avx_epi32(s, lo[c], bcast4_256(xq + 4 * c));
+    s = _mm256_dpbusd_avx_epi32(s, hi[c], bcast4_256(xq + 16 + 4 * c));
+  }
+  return kScaled ? _mm256_add_epi32(acc, _mm256_mullo_epi32(s, sc)) : s;
+#else
+  for (int c0 = 0; c0 < 4; c0 += kPerSum) {
+    const __m256i s16 = pair_sums16(lo, hi, xq, c0, kPerSum);
+    acc = _mm256_add_epi32(acc, kScaled ? _mm256_madd_epi16(s16, sc2) : lane_sums(s16));
+  }
+  return acc;
+#endif
+}
+template <int kPerSum>
+inline __m256i nibble_dots(__m256i acc, const __m256i* lo, const __m256i* hi, const int8_t* xq) {
+  return nibble_dots_impl<kPerSum, false>(acc, lo, hi, xq, _mm256_setzero_si256(), _mm256_setzero_si256());
+}
+template <int kPerSum>
+inline __m256i scaled_nibble_dots(__m256i acc, const __m256i* lo, const __m256i* hi, const int8_t* xq, __m256i sc,
+                                  __m256i sc2) {
+  return nibble_dots_impl<kPerSum, true>(acc, lo, hi, xq, sc, sc2);
+}
 
 // Software prefetch as the AVX-512 kernels do it (r16_avx512.hpp): on Intel, 3 KB ahead.
 constexpr size_t kR16PrefetchAhead256 = 3072;
@@ -88,4 +134,5 @@ inline void add_fifth_bits256(const QhTables256& qt, __m256i H, int c, __m256i& 
   hi = _mm256_add_epi8(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, qt.high_bit), qt.high_bit), sixteen));
 }
 
+}  // namespace
 }  // namespace ember::cpu::detail

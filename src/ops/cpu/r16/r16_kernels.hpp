@@ -42,12 +42,15 @@ void unpack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
 
 void gemm_q4_0_r16_scalar(const GemmArgs& a);
 void gemm_q4_0_r16_avx2(const GemmArgs& a);
+void gemm_q4_0_r16_avxvnni(const GemmArgs& a);
 void gemm_q4_0_r16_avx512(const GemmArgs& a);
 void gemm_q4_1_r16_scalar(const GemmArgs& a);
 void gemm_q4_1_r16_avx2(const GemmArgs& a);
+void gemm_q4_1_r16_avxvnni(const GemmArgs& a);
 void gemm_q4_1_r16_avx512(const GemmArgs& a);
 void gemm_q5_0_r16_scalar(const GemmArgs& a);
 void gemm_q5_0_r16_avx2(const GemmArgs& a);
+void gemm_q5_0_r16_avxvnni(const GemmArgs& a);
 void gemm_q5_0_r16_avx512(const GemmArgs& a);
 void gemm_q8_0_r16_scalar(const GemmArgs& a);
 void gemm_q8_0_r16_avx2(const GemmArgs& a);
@@ -57,9 +60,11 @@ void gemm_q6_k_r16_avx2(const GemmArgs& a);
 void gemm_q6_k_r16_avx512(const GemmArgs& a);
 void gemm_q4_k_r16_scalar(const GemmArgs& a);
 void gemm_q4_k_r16_avx2(const GemmArgs& a);
+void gemm_q4_k_r16_avxvnni(const GemmArgs& a);
 void gemm_q4_k_r16_avx512(const GemmArgs& a);
 void gemm_q5_k_r16_scalar(const GemmArgs& a);
 void gemm_q5_k_r16_avx2(const GemmArgs& a);
+void gemm_q5_k_r16_avxvnni(const GemmArgs& a);
 void gemm_q5_k_r16_avx512(const GemmArgs& a);
 
 // Runs K::tile<T>(a, group, first token) over every 16-row group and the tokens in tiles of

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Side-by-side speed of Ember and llama.cpp on the same GGUF files and thread count.
+"""Side-by-side speed of Ember and its peers (llama.cpp, ik_llama.cpp) on the same GGUF files and threads.
 
 Runs `ember bench` and `llama-bench` alternately for several rounds (so machine noise hits both
 alike) and prints, per model and test, the median tokens/s of each and their ratio, as a
 markdown table. llama.cpp is not part of Ember: point --llama-bench at a build of your own.
 
   bench/compare_llamacpp.py --ember build/ember --llama-bench /path/to/llama-bench \
-      --threads 2 --rounds 3 --pp 512 --tg 128 MODEL.gguf [MODEL.gguf ...]
+      [--ik-llama-bench /path/to/ik/llama-bench] --threads 2 --rounds 3 --pp 512 --tg 128 \
+      MODEL.gguf [MODEL.gguf ...]
+
+Either peer may be left out. Ratios are per round (each tool's median of its repetitions in that
+round), reported as their median and range. --ember-simd runs Ember at a lower SIMD level, to
+compare with peers built for that level (GGML_NATIVE=OFF GGML_AVX2=ON GGML_FMA=ON GGML_F16C=ON).
 
 PowerInfer's llama-bench (a llama.cpp fork) works the same way on PowerInfer-layout files; its
 CPU build needs `--llama-args="-ngl 0"`, and `--ember-args="--sparse-mode oracle"` picks
@@ -14,6 +19,7 @@ Ember's sparse FFN.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,32 +49,57 @@ def run_llama(llama_bench, model, threads, pp, tg, reps, extra=()):
     return res
 
 
+def spread(values):
+    """median [min-max] of a list of ratios"""
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ember", default="build/ember")
-    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench")
+    ap.add_argument("--ik-llama-bench", help="ik_llama.cpp's llama-bench (run with --ik-args)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3, help="repetitions inside each tool run")
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--ember-args", default="", help="extra ember bench flags, e.g. '--sparse-mode oracle'")
+    ap.add_argument("--ember-simd", default="", help="EMBER_SIMD for Ember's runs (scalar, avx2, avx_vnni): "
+                    "compare with peers built for that level")
     ap.add_argument("--llama-args", default="", help="extra llama-bench flags, e.g. '-ngl 0' for PowerInfer")
+    ap.add_argument("--ik-args", default="-rtr 1", help="ik_llama.cpp's flags (default: its run-time repacking)")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
-    print("| model | test | llama.cpp tok/s (median) | Ember tok/s (median) | Ember / llama.cpp |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    peers = [(name, path, args.split()) for name, path, args in
+             (("llama.cpp", a.llama_bench, a.llama_args), ("ik_llama.cpp", a.ik_llama_bench, a.ik_args)) if path]
+    if not peers:
+        ap.error("give --llama-bench, --ik-llama-bench or both")
+    if a.ember_simd:
+        os.environ["EMBER_SIMD"] = a.ember_simd
+    # Each round runs every tool once (reps inside); a round's ratio is of the tools' medians in
+    # that round, so a drift of the machine between rounds falls on both sides of it alike.
+    head = "| model | test | Ember tok/s |" + "".join(f" {n} tok/s | Ember / {n} |" for n, _, _ in peers)
+    print(head)
+    print("| --- | --- | ---: |" + " ---: | ---: |" * len(peers))
     for model in a.models:
-        ember, llama = {}, {}
+        rounds = []  # per round: {tool: {test: median}}
         for r in range(a.rounds):
-            for k, v in run_llama(a.llama_bench, model, a.threads, a.pp, a.tg, a.reps, a.llama_args.split()).items():
-                llama.setdefault(k, []).extend(v)
-            for k, v in run_ember(a.ember, model, a.threads, a.pp, a.tg, a.reps, a.ember_args.split()).items():
-                ember.setdefault(k, []).extend(v)
+            got = {}
+            for name, path, args in peers:
+                got[name] = {k: statistics.median(v) for k, v in
+                             run_llama(path, model, a.threads, a.pp, a.tg, a.reps, args).items()}
+            got["Ember"] = {k: statistics.median(v) for k, v in
+                            run_ember(a.ember, model, a.threads, a.pp, a.tg, a.reps, a.ember_args.split()).items()}
+            rounds.append(got)
             print(f"round {r + 1}/{a.rounds} done for {model}", file=sys.stderr)
-        for test in llama:
-            lm, em = statistics.median(llama[test]), statistics.median(ember[test])
-            print(f"| {model.split('/')[-1]} | {test} | {lm:.2f} | {em:.2f} | {em / lm:.2f}x |", flush=True)
+        for test in rounds[0]["Ember"]:
+            ember = statistics.median(g["Ember"][test] for g in rounds)
+            row = f"| {model.split('/')[-1]} | {test} | {ember:.2f} |"
+            for name, _, _ in peers:
+                peer = statistics.median(g[name][test] for g in rounds)
+                row += f" {peer:.2f} | {spread([g['Ember'][test] / g[name][test] for g in rounds])} |"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ contains "timing line" "$tmp/err" "generation: [0-9]+ tokens"
 expect_ok "bench on synth" "$ember" bench -m "$tmp/tiny.gguf" -p 16 -n 8 -r 2 --bandwidth --json "$tmp/bench.json"
 python3 -c "import json; d=json.load(open('$tmp/bench.json')); assert d['tg8']['median'] > 0 and d['pp16']['median'] > 0" \
   && pass || fail "bench JSON lacks pp16/tg8 medians"
-contains "bench names its kernels' level" "$tmp/out" "^kernels: (scalar|avx2|avx512)"
+contains "bench names its kernels' level" "$tmp/out" "^kernels: (scalar|avx2|avx_vnni|avx512)"
 python3 -c "import json; d=json.load(open('$tmp/bench.json')); assert len(d['read_bandwidth_samples']) == 2 and d['tg_bandwidth_fraction'] > 0" \
   && pass || fail "bench --bandwidth JSON lacks a bandwidth measure per repetition and the decode's fraction"
 contains "bench prints the decode's share of the bandwidth" "$tmp/out" "of the measured read bandwidth \(median of 2 repetitions"

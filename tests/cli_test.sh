@@ -50,6 +50,8 @@ contains "bench names its kernels' level" "$tmp/out" "^kernels: (scalar|avx2|avx
 python3 -c "import json; d=json.load(open('$tmp/bench.json')); assert len(d['read_bandwidth_samples']) == 2 and d['tg_bandwidth_fraction'] > 0" \
   && pass || fail "bench --bandwidth JSON lacks a bandwidth measure per repetition and the decode's fraction"
 contains "bench prints the decode's share of the bandwidth" "$tmp/out" "of the measured read bandwidth \(median of 2 repetitions"
+expect_ok "bench with an unknown EMBER_SIMD" env EMBER_SIMD=avx9 "$ember" bench -m "$tmp/tiny.gguf" -p 4 -n 2 -r 1
+contains "an unknown EMBER_SIMD is named, not ignored" "$tmp/err" "EMBER_SIMD=avx9 is not a SIMD level"
 expect_ok "bench at a depth, F32 cache" "$ember" bench -m "$tmp/tiny.gguf" -p 8 -n 4 -d 20 --kv-type f32 -r 1 --json "$tmp/bench_d.json"
 python3 -c "import json; d=json.load(open('$tmp/bench_d.json')); assert d['tg4@d20']['median'] > 0 and d['depth'] == 20 and d['kv_type'] == 'f32'" \
   && pass || fail "bench -d 20 JSON lacks tg4@d20 / depth / kv_type"

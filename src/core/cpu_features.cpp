@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/log.hpp"
+
 namespace ember {
 namespace {
 
@@ -31,8 +33,11 @@ SimdLevel supported_at_most(SimdLevel level) {
 SimdLevel initial_level() {
   SimdLevel level = SimdLevel::avx512;
   if (const char* env = std::getenv("EMBER_SIMD")) {
+    bool known = false;
     for (int l = 0; l < kSimdLevels; ++l)
-      if (std::strcmp(env, simd_level_name(static_cast<SimdLevel>(l))) == 0) level = static_cast<SimdLevel>(l);
+      if (std::strcmp(env, simd_level_name(static_cast<SimdLevel>(l))) == 0) level = static_cast<SimdLevel>(l), known = true;
+    if (!known)
+      log_warn("EMBER_SIMD={} is not a SIMD level (scalar, avx2, avx_vnni, avx512): using the best this CPU runs", env);
   }
   return supported_at_most(level);
 }

@@ -115,7 +115,7 @@ void run_bench(const BenchFlags& f) {
       if (f.n_gen > 0) (dense ? tg_dense : tg).push_back(g);
     }
     // The box's read bandwidth beside each repetition: it drifts within minutes on shared machines.
-    if (r >= 0 && f.bandwidth) bws.push_back(cpu::measure_read_bandwidth(session.pool(), size_t{1} << 30));
+    if (r >= 0 && f.bandwidth && f.n_gen > 0) bws.push_back(cpu::measure_read_bandwidth(session.pool(), size_t{1} << 30));
     if (r >= 0) log_info("repetition {}/{} done", r + 1, f.reps);
   }
   if (f.versus_dense) session.set_dense(false);
@@ -173,13 +173,14 @@ void run_bench(const BenchFlags& f) {
     for (const std::string& l : versus_lines) std::printf("%s\n", l.c_str());
   }
   if (!tg.empty()) {
-    double achieved = stats_of(tg).median / f.seqs * bytes_per_token;  // one read of the weights per step
+    const auto reads = [&](double tok_s) { return tok_s / f.seqs * bytes_per_token; };  // one read of the weights per step
+    const double achieved = reads(stats_of(tg).median);
     out["tg_weight_bytes_per_s"] = achieved;
     std::printf("\ngeneration reads %.2f GB/s of weights", achieved / 1e9);
     if (bw > 0) {
       // Repetition by repetition (each beside its own bandwidth measure), then the median.
       std::vector<double> fractions;
-      for (size_t i = 0; i < tg.size() && i < bws.size(); ++i) fractions.push_back(tg[i] / f.seqs * bytes_per_token / bws[i]);
+      for (size_t i = 0; i < tg.size() && i < bws.size(); ++i) fractions.push_back(reads(tg[i]) / bws[i]);
       const double fraction = stats_of(fractions).median;
       out["read_bandwidth_bytes_per_s"] = bw;
       out["read_bandwidth_samples"] = bws;

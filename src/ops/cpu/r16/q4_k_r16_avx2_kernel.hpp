@@ -1,12 +1,12 @@
 // The Q4_K_R16 / Q5_K_R16 kernels on AVX2 and AVX-VNNI (layout in r16/r16.hpp; the AVX-512
-// kernel's steps, q4_k_r16_avx512.cpp, on the two 8-row halves of each register,
-// r16/r16_avx2.hpp). Per sub-block of 32 elements and half: four 32-byte loads hold the 4-bit
+// kernel's integers, q4_k_r16_avx512.cpp, one 8-row half of each register at a time,
+// r16/r16_avx2.hpp). Per half and sub-block of 32 elements: four 32-byte loads hold the 4-bit
 // weights of 8 rows; each chunk's low and high nibbles meet their 4 activation bytes broadcast
-// (nibble_dots: on AVX2 vpmaddubsw, the pair sums added in 16 bits, at most 8 x 2 x 15 x 127 =
-// 30480 for four chunks, Q5_K: 4 x 2 x 31 x 127 = 31496 for two, and widened by vpmaddwd against
-// the 6-bit sub-block scale; on AVX-VNNI vpdpbusd, then times the scale: the same integers as
-// the AVX-512 kernel); the mins times the activation's sub-block sums, and once per super-block
-// the floats. Include it inside an anonymous namespace of ember::cpu::detail, after
+// (scaled_nibble_dots: on AVX2 vpmaddubsw, the pair sums added in 16 bits, at most 8 x 2 x 15 x
+// 127 = 30480 for four chunks, Q5_K: 4 x 2 x 31 x 127 = 31496 for two, and widened by vpmaddwd
+// against the 6-bit sub-block scale; on AVX-VNNI vpdpbusd, then times the scale); the mins times
+// the activation's sub-block sums, and once per super-block the floats, in the order of the
+// scalar reference. Include it inside an anonymous namespace of ember::cpu::detail, after
 // r16/r16_avx2.hpp (q4_k_r16_avx2.cpp, q4_k_r16_avxvnni.cpp).
 #pragma once
 
@@ -17,6 +17,15 @@ inline __m256i bytes8(const uint8_t* p, int h) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h)));
 }
 
+// Sub-block j's 6-bit scales and mins of half h's 8 rows (r16/r16.hpp: their low 4 bits in the
+// low and high nibble of lo[j], their high 2 bits in bits 4 (j % 2) .. +1 and +2 .. +3 of hi[j / 2]).
+inline void k_scales_mins(const uint8_t* p, int j, int h, __m256i& sc, __m256i& m) {
+  const __m256i lo = bytes8(p + kLoAt + 16 * j, h), hi = _mm256_srli_epi32(bytes8(p + kHiAt + 16 * (j / 2), h), 4 * (j % 2));
+  const __m256i three = _mm256_set1_epi32(3);
+  sc = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(15)), _mm256_slli_epi32(_mm256_and_si256(hi, three), 4));
+  m = _mm256_or_si256(_mm256_srli_epi32(lo, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hi, 2), three), 4));
+}
+
 template <bool kQh>
 struct Kernel {
   static constexpr size_t kGroupBlockBytes = r16_q4k_block_bytes(kQh), kSubBlocksAt = r16_q4k_sub_blocks_at(kQh),
@@ -24,45 +33,39 @@ struct Kernel {
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     const QhTables256& qt = qh_tables256();
     r16_tile_avx2<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
-                                                                        int64_t b, __m256(&acc)[T][2]) {
-      for (int h = 0; h < 2; ++h) {
-        __m256i total[T], mins[T];
-        for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; ++j) {
-          const __m256i lo = bytes8(p + kLoAt + 16 * j, h);
-          const __m256i hi = _mm256_srli_epi32(bytes8(p + kHiAt + 16 * (j / 2), h), 4 * (j % 2));
-          const __m256i sc =
-              _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_slli_epi32(_mm256_and_si256(hi, low2), 4));
-          const __m256i m = _mm256_or_si256(_mm256_srli_epi32(lo, 4),
-                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hi, 2), low2), 4));
-          const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
-          __m256i wl[4], wh[4];
-          [[maybe_unused]] __m256i H;
-          if constexpr (kQh) H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQhAt + kSubBlockBytes * j + 32 * h));
-          for (int c = 0; c < 4; ++c) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
-            wl[c] = _mm256_and_si256(v, m4);
-            wh[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if constexpr (kQh) add_fifth_bits256(qt, H, c, wl[c], wh[c]);
-          }
-          // The scale in both 16-bit halves of its lane (scaled_nibble_dots; exact: at most 2 x 31496 x 63).
-          const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
-          for (int t = 0; t < T; ++t) {
-            total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, x[t][b].qs + 32 * j, sc, sc2);
-            // m (< 64, high half zero) times the sub-block's activation sum (|bs| <= 4064: 16 bits).
-            const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
-            mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(bs))));
-          }
+                                                                        int64_t b, int h, __m256(&acc)[T]) {
+      __m256i total[T], mins[T];
+      for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        __m256i sc, m;
+        k_scales_mins(p, j, h, sc, m);
+        // The scale in both 16-bit halves of its lane (scaled_lane_sums; exact: at most 2 x 31496 x 63).
+        const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+        const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
+        [[maybe_unused]] __m256i H;
+        if constexpr (kQh) H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQhAt + kSubBlockBytes * j + 32 * h));
+        __m256i wl[4], wh[4];
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
+          wl[c] = _mm256_and_si256(v, m4);
+          wh[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          if constexpr (kQh) add_fifth_bits256(qt, H, c, wl[c], wh[c]);
         }
-        const __m256 dw = half_ph(p, h), dm = half_ph(p + 32, h);
         for (int t = 0; t < T; ++t) {
-          const __m256 dx = _mm256_set1_ps(x[t][b].d);
-          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t][h]);
-          acc[t][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[t]), _mm256_mul_ps(dm, dx), acc[t][h]);
+          total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, x[t][b].qs + 32 * j, sc, sc2);
+          // m (< 64, high half zero) times the sub-block's activation sum (|bs| <= 4096: 16 bits).
+          const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
+          mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(bs))));
         }
+      }
+      const __m256 dw = half_ph(p, h), dm = half_ph(p + 32, h);
+      for (int t = 0; t < T; ++t) {
+        const __m256 dx = _mm256_set1_ps(x[t][b].d);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[t]), _mm256_mul_ps(dm, dx), acc[t]);
       }
     });
   }

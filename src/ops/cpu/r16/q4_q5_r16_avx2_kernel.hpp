@@ -17,28 +17,26 @@ struct Kernel {
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const QhTables256& qt = qh_tables256();
-    r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b,
-                                                                  __m256(&acc)[T][2]) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256 dw = half_ph(p, h);
-        [[maybe_unused]] __m256 mw;
-        if constexpr (kHasMin) mw = half_ph(p + 32, h);
-        __m256i lo[4], hi[4];
-        [[maybe_unused]] __m256i H;
-        if constexpr (kHasQh) H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * h));
-        for (int c = 0; c < 4; ++c) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQsAt + 64 * c + 32 * h));
-          lo[c] = _mm256_and_si256(v, m4);
-          hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-          if constexpr (kHasQh) add_fifth_bits256(qt, H, c, lo[c], hi[c]);
-        }
-        for (int t = 0; t < T; ++t) {
-          const R16Act& xa = x[t][b];
-          const __m256i s = nibble_dots<kHasQh ? 2 : 4>(
-              kHasMin ? _mm256_setzero_si256() : _mm256_set1_epi32(xa.c), lo, hi, xa.qs);
-          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t][h]);
-          if constexpr (kHasMin) acc[t][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xa.s), acc[t][h]);
-        }
+    r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b, int h,
+                                                                  __m256(&acc)[T]) {
+      const __m256 dw = half_ph(p, h);
+      [[maybe_unused]] __m256 mw;
+      if constexpr (kHasMin) mw = half_ph(p + 32, h);
+      __m256i lo[4], hi[4];
+      [[maybe_unused]] __m256i H;
+      if constexpr (kHasQh) H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * h));
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQsAt + 64 * c + 32 * h));
+        lo[c] = _mm256_and_si256(v, m4);
+        hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if constexpr (kHasQh) add_fifth_bits256(qt, H, c, lo[c], hi[c]);
+      }
+      for (int t = 0; t < T; ++t) {
+        const R16Act& xa = x[t][b];
+        const __m256i s = nibble_dots<kHasQh ? 2 : 4>(
+            kHasMin ? _mm256_setzero_si256() : _mm256_set1_epi32(xa.c), lo, hi, xa.qs);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t]);
+        if constexpr (kHasMin) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xa.s), acc[t]);
       }
     });
   }

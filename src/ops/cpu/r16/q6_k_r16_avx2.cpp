@@ -20,44 +20,42 @@ struct Kernel {
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     r16_tile_avx2<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
-                                                                        int64_t b, __m256(&acc)[T][2]) {
-      for (int h = 0; h < 2; ++h) {
-        __m256i total[T];
-        for (int t = 0; t < T; ++t) total[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 16; ++j) {
-          const __m256i sc = _mm256_cvtepi8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j + 8 * h)));
-          // The signed scale in both 16-bit halves of its lane, and in the low half only: vpmaddwd
-          // with the 16-bit pair sums gives their sum times the scale, with a broadcast 16-bit
-          // value that value times the scale (exact: at most 2 x 32004 x 128).
-          const __m256i sc2 = _mm256_blend_epi16(sc, _mm256_slli_epi32(sc, 16), 0xAA);
-          const __m256i sc_lo = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
-          const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j + 32 * h;
-          const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-          const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64));
-          const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 128));
-          const __m256i w0 = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-          const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
-                                             _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-          const __m256i w2 = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(H, m30));
-          const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
-                                             _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-          for (int t = 0; t < T; ++t) {
-            const BlockQ8_K& xb = x[t][b];
-            const int8_t* xq = xb.qs + 16 * j;
-            const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4_256(xq)),
-                                                 _mm256_maddubs_epi16(w1, bcast4_256(xq + 4)));
-            const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(w2, bcast4_256(xq + 8)),
-                                                 _mm256_maddubs_epi16(w3, bcast4_256(xq + 12)));
-            const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc_lo, _mm256_set1_epi16(xb.bsums[j])), 5);
-            const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(s01, sc2), _mm256_madd_epi16(s23, sc2));
-            total[t] = _mm256_add_epi32(total[t], _mm256_sub_epi32(s, offset));
-          }
+                                                                        int64_t b, int h, __m256(&acc)[T]) {
+      __m256i total[T];
+      for (int t = 0; t < T; ++t) total[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 16; ++j) {
+        const __m256i sc = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j + 8 * h)));
+        // The signed scale in both 16-bit halves of its lane, and in the low half only: vpmaddwd
+        // with the 16-bit pair sums gives their sum times the scale, with a broadcast 16-bit
+        // value that value times the scale (exact: at most 2 x 32004 x 128).
+        const __m256i sc2 = _mm256_blend_epi16(sc, _mm256_slli_epi32(sc, 16), 0xAA);
+        const __m256i sc_lo = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
+        const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j + 32 * h;
+        const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+        const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64));
+        const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 128));
+        const __m256i w0 = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+        const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+        const __m256i w2 = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(H, m30));
+        const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+        for (int t = 0; t < T; ++t) {
+          const BlockQ8_K& xb = x[t][b];
+          const int8_t* xq = xb.qs + 16 * j;
+          const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4_256(xq)),
+                                               _mm256_maddubs_epi16(w1, bcast4_256(xq + 4)));
+          const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(w2, bcast4_256(xq + 8)),
+                                               _mm256_maddubs_epi16(w3, bcast4_256(xq + 12)));
+          const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc_lo, _mm256_set1_epi16(xb.bsums[j])), 5);
+          const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(s01, sc2), _mm256_madd_epi16(s23, sc2));
+          total[t] = _mm256_add_epi32(total[t], _mm256_sub_epi32(s, offset));
         }
-        const __m256 dw = half_ph(p, h);
-        for (int t = 0; t < T; ++t)
-          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x[t][b].d)), acc[t][h]);
       }
+      const __m256 dw = half_ph(p, h);
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x[t][b].d)), acc[t]);
     });
   }
 };

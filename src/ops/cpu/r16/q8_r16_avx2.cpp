@@ -18,22 +18,20 @@ struct Q8Kernel {
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-    r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b,
-                                                                  __m256(&acc)[T][2]) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256 dw = half_ph(p, h);
-        __m256i w[8];
-        for (int c = 0; c < 8; ++c)
-          w[c] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQsAt + 64 * c + 32 * h)), bias);
-        for (int t = 0; t < T; ++t) {
-          const R16Act& xa = x[t][b];
-          __m256i s = _mm256_setzero_si256();
-          for (int c = 0; c < 8; ++c) {
-            const __m256i xv = bcast4_256(xa.qs + 4 * (c % 4) + 16 * (c / 4));
-            s = _mm256_add_epi32(s, lane_sums(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w[c], xv))));
-          }
-          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t][h]);
+    r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b, int h,
+                                                                  __m256(&acc)[T]) {
+      const __m256 dw = half_ph(p, h);
+      __m256i w[8];
+      for (int c = 0; c < 8; ++c)
+        w[c] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQsAt + 64 * c + 32 * h)), bias);
+      for (int t = 0; t < T; ++t) {
+        const R16Act& xa = x[t][b];
+        __m256i s = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+          const __m256i xv = bcast4_256(xa.qs + 4 * (c % 4) + 16 * (c / 4));
+          s = _mm256_add_epi32(s, lane_sums(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w[c], xv))));
         }
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t]);
       }
     });
   }

@@ -27,47 +27,62 @@ inline __m256i bcast4_256(const int8_t* p) {
 // 32-bit lane sums of a vpmaddubsw result (pairs of 16-bit products added).
 inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
-// The 16-bit pair sums of chunks c0 .. c0 + n - 1 of a block's nibbles: lo[c] (unsigned bytes)
-// against activation bytes 4c .. 4c + 3 broadcast to every lane, hi[c] against 16 + 4c .. 16 + 4c + 3.
-// The caller keeps n within int16: n x 2 x 2 x (largest weight) x 127 <= 32767.
-inline __m256i pair_sums16(const __m256i* lo, const __m256i* hi, const int8_t* xq, int c0, int n) {
-  __m256i s16 = _mm256_setzero_si256();
-  for (int c = c0; c < c0 + n; ++c) {
-    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[c], bcast4_256(xq + 4 * c)));
-    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[c], bcast4_256(xq + 16 + 4 * c)));
-  }
-  return s16;
-}
-
-// acc plus the 32-bit lane dot products of all four chunks (as pair_sums16), kPerSum chunks to a
-// 16-bit sum on AVX2; scaled_: times the lane's scale (sc: the scale, < 2^15; sc2: the same in
-// both 16-bit halves of the lane, which vpmaddwd multiplies by while it widens).
-template <int kPerSum, bool kScaled>
-inline __m256i nibble_dots_impl(__m256i acc, const __m256i* lo, const __m256i* hi, const int8_t* xq,
-                                [[maybe_unused]] __m256i sc, [[maybe_unused]] __m256i sc2) {
+// One chunk c of a block's nibbles: lo (unsigned bytes) against activation bytes 4c .. 4c + 3
+// broadcast to every lane, hi against 16 + 4c .. 16 + 4c + 3, added to s: on AVX2 as 16-bit
+// vpmaddubsw pair sums (the caller keeps the chunks summed into one s within int16: n x 2 x 2 x
+// (largest weight) x 127 <= 32767), on AVX-VNNI as 32-bit lane sums (vpdpbusd).
+inline __m256i chunk_dots(__m256i s, __m256i lo, __m256i hi, const int8_t* xq, int c) {
 #ifdef __AVXVNNI__
-  __m256i s = kScaled ? _mm256_setzero_si256() : acc;
-  for (int c = 0; c < 4; ++c) {
-    s = _mm256_dpbusd_avx_epi32(s, lo[c], bcast4_256(xq + 4 * c));
-    s = _mm256_dpbusd_avx_epi32(s, hi[c], bcast4_256(xq + 16 + 4 * c));
-  }
-  return kScaled ? _mm256_add_epi32(acc, _mm256_mullo_epi32(s, sc)) : s;
+  s = _mm256_dpbusd_avx_epi32(s, lo, bcast4_256(xq + 4 * c));
+  return _mm256_dpbusd_avx_epi32(s, hi, bcast4_256(xq + 16 + 4 * c));
 #else
-  for (int c0 = 0; c0 < 4; c0 += kPerSum) {
-    const __m256i s16 = pair_sums16(lo, hi, xq, c0, kPerSum);
-    acc = _mm256_add_epi32(acc, kScaled ? _mm256_madd_epi16(s16, sc2) : lane_sums(s16));
-  }
-  return acc;
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo, bcast4_256(xq + 4 * c)));
+  return _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, bcast4_256(xq + 16 + 4 * c)));
 #endif
 }
+#ifdef __AVXVNNI__
+constexpr bool kDots32 = true;  // chunk_dots' sums are 32-bit: no flush, no widening
+#else
+constexpr bool kDots32 = false;
+#endif
+// chunk_dots' sums s as 32-bit lane sums times the lane's scale (sc: the scale, < 2^15; sc2: the
+// same in both 16-bit halves of the lane, which vpmaddwd multiplies by while it widens).
+inline __m256i scaled_lane_sums([[maybe_unused]] __m256i s, [[maybe_unused]] __m256i sc, [[maybe_unused]] __m256i sc2) {
+#ifdef __AVXVNNI__
+  return _mm256_mullo_epi32(s, sc);
+#else
+  return _mm256_madd_epi16(s, sc2);
+#endif
+}
+
+// acc plus the 32-bit lane dot products of all four chunks (chunk_dots), kPerSum chunks to a
+// 16-bit sum on AVX2.
 template <int kPerSum>
 inline __m256i nibble_dots(__m256i acc, const __m256i* lo, const __m256i* hi, const int8_t* xq) {
-  return nibble_dots_impl<kPerSum, false>(acc, lo, hi, xq, _mm256_setzero_si256(), _mm256_setzero_si256());
+  if constexpr (kDots32) {
+    for (int c = 0; c < 4; ++c) acc = chunk_dots(acc, lo[c], hi[c], xq, c);
+  } else {
+    for (int c0 = 0; c0 < 4; c0 += kPerSum) {
+      __m256i s = _mm256_setzero_si256();
+      for (int c = c0; c < c0 + kPerSum; ++c) s = chunk_dots(s, lo[c], hi[c], xq, c);
+      acc = _mm256_add_epi32(acc, lane_sums(s));
+    }
+  }
+  return acc;
 }
+
+// acc plus the four chunks' lane dot products times the lane's scale (scaled_lane_sums), kPerSum
+// chunks to a 16-bit sum on AVX2.
 template <int kPerSum>
 inline __m256i scaled_nibble_dots(__m256i acc, const __m256i* lo, const __m256i* hi, const int8_t* xq, __m256i sc,
                                   __m256i sc2) {
-  return nibble_dots_impl<kPerSum, true>(acc, lo, hi, xq, sc, sc2);
+  constexpr int kStep = kDots32 ? 4 : kPerSum;
+  for (int c0 = 0; c0 < 4; c0 += kStep) {
+    __m256i s = _mm256_setzero_si256();
+    for (int c = c0; c < c0 + kStep; ++c) s = chunk_dots(s, lo[c], hi[c], xq, c);
+    acc = _mm256_add_epi32(acc, scaled_lane_sums(s, sc, sc2));
+  }
+  return acc;
 }
 
 // Software prefetch as the AVX-512 kernels do it (r16_avx512.hpp): on Intel, 3 KB ahead.
@@ -77,28 +92,30 @@ inline bool r16_prefetch_avx2() {
   return on;
 }
 
-// Group g of a.w against tokens t0 .. t0 + T - 1, as r16_tile (r16_avx512.hpp) with the 16 rows'
-// sums in two registers a token: acc[t][h] holds rows 8h .. 8h + 7.
+// Group g of a.w against tokens t0 .. t0 + T - 1, as r16_tile (r16_avx512.hpp), one 8-row half
+// at a time: block(p, x, b, h, acc) adds block b of rows 8h .. 8h + 7 to acc[t]. Halves in turn
+// rather than both at once keep a tile's sums in T registers, not 2T, which is what lets four
+// tokens' working values fit AVX2's 16 registers; the second half reads the group's blocks again
+// from cache (one group's blocks of a row are at most a few tens of KB).
 template <class Act, int64_t kBlock, size_t kGroupBytes, int T, class F>
 inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
   const int64_t nb = a.k / kBlock;
   const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
   const Act* x[T];
-  __m256 acc[T][2];
-  for (int t = 0; t < T; ++t) {
-    x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
-    acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  }
+  for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
   const bool prefetch = r16_prefetch_avx2();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = wg + b * kGroupBytes;
-    if (prefetch)
-      for (size_t o = 0; o < kGroupBytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + kR16PrefetchAhead256 + o), _MM_HINT_T1);
-    block(p, x, b, acc);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = wg + b * kGroupBytes;
+      if (prefetch && h == 0)
+        for (size_t o = 0; o < kGroupBytes; o += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(p + kR16PrefetchAhead256 + o), _MM_HINT_T1);
+      block(p, x, b, h, acc);
+    }
+    for (int t = 0; t < T; ++t) _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows + 8 * h, acc[t]);
   }
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows + 8 * h, acc[t][h]);
 }
 
 // 8 fp16 values (half h of a 16-entry table at p) as floats.

@@ -1,11 +1,11 @@
 // The Q4_K_R16 / Q5_K_R16 kernels on AVX-512 VNNI (layout in r16/r16.hpp). Per sub-block of 32 elements of a
 // group: four 64-byte loads hold the 4-bit weights of 16 rows (one row per 32-bit lane) in the
 // order of the Q8_K activations; each chunk's low and high nibbles meet their 4 activation bytes
-// broadcast to all lanes in vpdpbusd, the 16 rows' integer sums are multiplied by their 6-bit
-// sub-block scales (vpmulld), and the mins by the activation's sub-block sums. Once per
-// super-block the integers become floats, scaled by the rows' d and dmin and the activation's
-// d. Q5_K adds each nibble's fifth bit as Q5_0_R16 does (add_fifth_bits). The decoded scales
-// serve up to four tokens.
+// broadcast to all lanes in vpdpbusd (Q4_K's high nibbles where they lie, as 16 x their value:
+// no shift), the 16 rows' integer sums are multiplied by their 6-bit sub-block scales (vpmulld),
+// and the mins by the activation's sub-block sums. Once per super-block the integers become
+// floats, scaled by the rows' d and dmin and the activation's d. Q5_K adds each nibble's fifth bit
+// as Q5_0_R16 does (add_fifth_bits). The decoded scales serve up to four tokens.
 // GCC 12 warns falsely inside its own cvtph / cvtepi32 intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -27,6 +27,10 @@ template <bool kQh>
 struct Kernel {
   static constexpr size_t kGroupBlockBytes = r16_q4k_block_bytes(kQh), kSubBlocksAt = r16_q4k_sub_blocks_at(kQh),
                           kSubBlockBytes = r16_q4k_sub_block_bytes(kQh);
+  // total holds this times the integer sum: Q4_K's high nibbles stay in place (16 x their value),
+  // and a power of two changes no rounding (cvt(16 n) = 16 cvt(n), d / 16 exact), so the floats
+  // equal the scalar reference's bit for bit.
+  static constexpr int kTotalScale = kQh ? 1 : 16;
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
@@ -50,22 +54,29 @@ struct Kernel {
         for (int c = 0; c < 4; ++c) {
           const __m512i v = _mm512_loadu_si512(q + 64 * c);
           wl[c] = _mm512_and_si512(v, m4);
-          wh[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-          if constexpr (kQh) add_fifth_bits(qt, H, c, wl[c], wh[c]);
+          if constexpr (kQh) {
+            wh[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            add_fifth_bits(qt, H, c, wl[c], wh[c]);
+          } else {
+            wh[c] = _mm512_andnot_si512(m4, v);  // 16 x the high nibble: no shift
+          }
         }
         for (int t = 0; t < T; ++t) {
           const int8_t* xq = x[t][b].qs + 32 * j;
-          __m512i s = _mm512_setzero_si512();
+          __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
           for (int c = 0; c < 4; ++c) {
-            s = _mm512_dpbusd_epi32(s, wl[c], bcast4(xq + 4 * c));
-            s = _mm512_dpbusd_epi32(s, wh[c], bcast4(xq + 16 + 4 * c));
+            slo = _mm512_dpbusd_epi32(slo, wl[c], bcast4(xq + 4 * c));
+            shi = _mm512_dpbusd_epi32(shi, wh[c], bcast4(xq + 16 + 4 * c));
           }
+          // kTotalScale x the sub-block's dot product (Q4_K: 16 x; |16 x 8 x 61440 x 63| < 2^31).
+          const __m512i s = kQh ? _mm512_add_epi32(slo, shi) : _mm512_add_epi32(_mm512_slli_epi32(slo, 4), shi);
           total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(s, sc));
           const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
           mins[t] = _mm512_add_epi32(mins[t], _mm512_mullo_epi32(m, _mm512_set1_epi32(bs)));
         }
       }
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      const __m512 dw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                                      _mm512_set1_ps(1.0f / kTotalScale));
       const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
       for (int t = 0; t < T; ++t) {
         const __m512 dx = _mm512_set1_ps(x[t][b].d);

@@ -92,11 +92,12 @@ inline bool r16_prefetch_avx2() {
   return on;
 }
 
-// Group g of a.w against tokens t0 .. t0 + T - 1, as r16_tile (r16_avx512.hpp), one 8-row half
-// at a time: block(p, x, b, h, acc) adds block b of rows 8h .. 8h + 7 to acc[t]. Halves in turn
-// rather than both at once keep a tile's sums in T registers, not 2T, which is what lets four
-// tokens' working values fit AVX2's 16 registers; the second half reads the group's blocks again
-// from cache (one group's blocks of a row are at most a few tens of KB).
+// Group g of a.w against tokens t0 .. t0 + T - 1, as r16_tile (r16_avx512.hpp), by 8-row halves:
+// block(p, x, b, h, acc) adds block b of rows 8h .. 8h + 7 to acc[t]. A tile of several tokens
+// runs the halves in turn, so its sums take T registers, not 2T, which is what lets four tokens'
+// working values fit AVX2's 16 registers (the second half reads the group's blocks again, from
+// cache: prompts 1.15x); one token (decode, bound by memory) runs both halves of each block, so
+// the group's bytes stream past once (halves in turn cost decode 13 %).
 template <class Act, int64_t kBlock, size_t kGroupBytes, int T, class F>
 inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
   const int64_t nb = a.k / kBlock;
@@ -104,17 +105,32 @@ inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& blo
   const Act* x[T];
   for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
   const bool prefetch = r16_prefetch_avx2();
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* p = wg + b * kGroupBytes;
-      if (prefetch && h == 0)
-        for (size_t o = 0; o < kGroupBytes; o += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(p + kR16PrefetchAhead256 + o), _MM_HINT_T1);
-      block(p, x, b, h, acc);
-    }
+  const auto at = [&](int64_t b, bool fetch) {
+    const uint8_t* p = wg + b * kGroupBytes;
+    if (fetch)
+      for (size_t o = 0; o < kGroupBytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + kR16PrefetchAhead256 + o), _MM_HINT_T1);
+    return p;
+  };
+  const auto store = [&](int h, const __m256* acc) {
     for (int t = 0; t < T; ++t) _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows + 8 * h, acc[t]);
+  };
+  if constexpr (T == 1) {
+    __m256 lo[1] = {_mm256_setzero_ps()}, hi[1] = {_mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = at(b, prefetch);
+      block(p, x, b, 0, lo);
+      block(p, x, b, 1, hi);
+    }
+    store(0, lo);
+    store(1, hi);
+  } else {
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[T];
+      for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) block(at(b, prefetch && h == 0), x, b, h, acc);
+      store(h, acc);
+    }
   }
 }
 

@@ -30,6 +30,11 @@ template <bool kQh>
 struct Kernel {
   static constexpr size_t kGroupBlockBytes = r16_q4k_block_bytes(kQh), kSubBlocksAt = r16_q4k_sub_blocks_at(kQh),
                           kSubBlockBytes = r16_q4k_sub_block_bytes(kQh);
+  // On AVX-VNNI Q4_K's high nibbles are used where they lie, as 16 x their value (no shift), as
+  // in the AVX-512 kernel: total holds kTotalScale x the integer sum, and the float scale takes
+  // the power of two back out, which changes no rounding.
+  static constexpr bool kHighInPlace = kDots32 && !kQh;
+  static constexpr int kTotalScale = kHighInPlace ? 16 : 1;
 
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
@@ -51,17 +56,28 @@ struct Kernel {
         for (int c = 0; c < 4; ++c) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
           wl[c] = _mm256_and_si256(v, m4);
-          wh[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          wh[c] = kHighInPlace ? _mm256_andnot_si256(m4, v) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
           if constexpr (kQh) add_fifth_bits256(qt, H, c, wl[c], wh[c]);
         }
         for (int t = 0; t < T; ++t) {
-          total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, x[t][b].qs + 32 * j, sc, sc2);
+          const int8_t* xq = x[t][b].qs + 32 * j;
+          if constexpr (kHighInPlace) {
+            __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
+            for (int c = 0; c < 4; ++c) {
+              slo = dots32(slo, wl[c], xq + 4 * c);
+              shi = dots32(shi, wh[c], xq + 16 + 4 * c);
+            }
+            // 16 x the sub-block's dot product (|16 x 8 x 61440 x 63| < 2^31 over the super-block).
+            total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(_mm256_add_epi32(_mm256_slli_epi32(slo, 4), shi), sc));
+          } else {
+            total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, xq, sc, sc2);
+          }
           // m (< 64, high half zero) times the sub-block's activation sum (|bs| <= 4096: 16 bits).
           const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
           mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(bs))));
         }
       }
-      const __m256 dw = half_ph(p, h), dm = half_ph(p + 32, h);
+      const __m256 dw = _mm256_mul_ps(half_ph(p, h), _mm256_set1_ps(1.0f / kTotalScale)), dm = half_ph(p + 32, h);
       for (int t = 0; t < T; ++t) {
         const __m256 dx = _mm256_set1_ps(x[t][b].d);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t]);

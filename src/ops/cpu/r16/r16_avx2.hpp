@@ -45,6 +45,15 @@ constexpr bool kDots32 = true;  // chunk_dots' sums are 32-bit: no flush, no wid
 #else
 constexpr bool kDots32 = false;
 #endif
+// AVX-VNNI only (kDots32): s plus the 32-bit lane dot products of w (unsigned bytes, any size)
+// with activation bytes xq .. xq + 3 broadcast. vpmaddubsw would saturate on weights past 15.
+inline __m256i dots32([[maybe_unused]] __m256i s, [[maybe_unused]] __m256i w, [[maybe_unused]] const int8_t* xq) {
+#ifdef __AVXVNNI__
+  return _mm256_dpbusd_avx_epi32(s, w, bcast4_256(xq));
+#else
+  __builtin_unreachable();
+#endif
+}
 // chunk_dots' sums s as 32-bit lane sums times the lane's scale (sc: the scale, < 2^15; sc2: the
 // same in both 16-bit halves of the lane, which vpmaddwd multiplies by while it widens).
 inline __m256i scaled_lane_sums([[maybe_unused]] __m256i s, [[maybe_unused]] __m256i sc, [[maybe_unused]] __m256i sc2) {

@@ -1,0 +1,44 @@
+// The Q8_0_R16 kernel on AVX2 and AVX-VNNI (layout in r16/r16.hpp; the AVX-512 kernel,
+// q8_r16_avx512.cpp, one 8-row half of each register at a time, r16/r16_avx2.hpp). The weights
+// are stored biased (w + 128). On AVX-VNNI they meet the activation as they are, in vpdpbusd,
+// the sum starting from the bias times the activation sum (R16Act::c), as on AVX-512. vpmaddubsw
+// cannot take them against signed activations without saturating, so on AVX2 the bias is flipped
+// off (w, -127..127 as every Q8_0 quantizer writes them) and each 4-byte group meets the
+// activation as vpmaddubsw(|x|, sign(w, x)), pair sums at most 2 x 127 x 127 = 32258, widened one
+// chunk at a time. Either way the exact sum of w x, so the same float steps follow. Include it
+// inside an anonymous namespace of ember::cpu::detail, after r16/r16_avx2.hpp (q8_r16_avx2.cpp,
+// q8_r16_avxvnni.cpp).
+#pragma once
+
+struct Q8Kernel {
+  static constexpr size_t kGroupBlockBytes = kR16Q8BlockBytes, kQsAt = kR16Q8QsAt;
+
+  template <int T>
+  static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+    r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b, int h,
+                                                                  __m256(&acc)[T]) {
+      const __m256 dw = half_ph(p, h);
+      __m256i w[8];
+      for (int c = 0; c < 8; ++c) {
+        w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQsAt + 64 * c + 32 * h));
+        if constexpr (!kDots32) w[c] = _mm256_xor_si256(w[c], bias);
+      }
+      for (int t = 0; t < T; ++t) {
+        const R16Act& xa = x[t][b];
+        __m256i s;
+        if constexpr (kDots32) {
+          s = _mm256_set1_epi32(xa.c);
+          for (int c = 0; c < 8; ++c) s = dots32(s, w[c], xa.qs + 4 * c);
+        } else {
+          s = _mm256_setzero_si256();
+          for (int c = 0; c < 8; ++c) {
+            const __m256i xv = bcast4_256(xa.qs + 4 * c);
+            s = _mm256_add_epi32(s, lane_sums(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w[c], xv))));
+          }
+        }
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t]);
+      }
+    });
+  }
+};

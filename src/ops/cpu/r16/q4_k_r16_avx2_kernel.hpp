@@ -47,8 +47,9 @@ struct Kernel {
       for (int j = 0; j < 8; ++j) {
         __m256i sc, m;
         k_scales_mins(p, j, h, sc, m);
-        // The scale in both 16-bit halves of its lane (scaled_lane_sums; exact: at most 2 x 31496 x 63).
-        const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+        // The scale and the min in both 16-bit halves of their lane, as vpmaddwd takes them (exact: at
+        // most 2 x 31496 x 63 and 2 x 63 x 2048).
+        const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)), m2 = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
         [[maybe_unused]] __m256i H;
         if constexpr (kQh) H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQhAt + kSubBlockBytes * j + 32 * h));
@@ -72,9 +73,8 @@ struct Kernel {
           } else {
             total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, xq, sc, sc2);
           }
-          // m (< 64, high half zero) times the sub-block's activation sum (|bs| <= 4096: 16 bits).
-          const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
-          mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(bs))));
+          // m in both 16-bit halves against the sub-block's two 16-element sums (one 4-byte broadcast).
+          mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m2, bcast4_256(reinterpret_cast<const int8_t*>(x[t][b].bsums + 2 * j))));
         }
       }
       const __m256 dw = _mm256_mul_ps(half_ph(p, h), _mm256_set1_ps(1.0f / kTotalScale)), dm = half_ph(p + 32, h);

@@ -47,6 +47,7 @@ struct Kernel {
             _mm512_or_si512(_mm512_and_si512(lo, low4), _mm512_slli_epi32(_mm512_and_si512(hi, low2), 4));
         const __m512i m = _mm512_or_si512(_mm512_srli_epi32(lo, 4),
                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, 2), low2), 4));
+        const __m512i m2 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
         __m512i wl[4], wh[4];
         [[maybe_unused]] __m512i H;
@@ -71,8 +72,8 @@ struct Kernel {
           // kTotalScale x the sub-block's dot product (Q4_K: 16 x; |16 x 8 x 61440 x 63| < 2^31).
           const __m512i s = kQh ? _mm512_add_epi32(slo, shi) : _mm512_add_epi32(_mm512_slli_epi32(slo, 4), shi);
           total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(s, sc));
-          const int32_t bs = x[t][b].bsums[2 * j] + x[t][b].bsums[2 * j + 1];
-          mins[t] = _mm512_add_epi32(mins[t], _mm512_mullo_epi32(m, _mm512_set1_epi32(bs)));
+          // m in both 16-bit halves against the sub-block's two 16-element sums (one 4-byte broadcast).
+          mins[t] = _mm512_add_epi32(mins[t], _mm512_madd_epi16(m2, bcast4(reinterpret_cast<const int8_t*>(x[t][b].bsums + 2 * j))));
         }
       }
       const __m512 dw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),

@@ -27,32 +27,31 @@ inline __m256i bcast4_256(const int8_t* p) {
 // 32-bit lane sums of a vpmaddubsw result (pairs of 16-bit products added).
 inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
-// One chunk c of a block's nibbles: lo (unsigned bytes) against activation bytes 4c .. 4c + 3
-// broadcast to every lane, hi against 16 + 4c .. 16 + 4c + 3, added to s: on AVX2 as 16-bit
-// vpmaddubsw pair sums (the caller keeps the chunks summed into one s within int16: n x 2 x 2 x
-// (largest weight) x 127 <= 32767), on AVX-VNNI as 32-bit lane sums (vpdpbusd).
-inline __m256i chunk_dots(__m256i s, __m256i lo, __m256i hi, const int8_t* xq, int c) {
-#ifdef __AVXVNNI__
-  s = _mm256_dpbusd_avx_epi32(s, lo, bcast4_256(xq + 4 * c));
-  return _mm256_dpbusd_avx_epi32(s, hi, bcast4_256(xq + 16 + 4 * c));
-#else
-  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo, bcast4_256(xq + 4 * c)));
-  return _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, bcast4_256(xq + 16 + 4 * c)));
-#endif
-}
 #ifdef __AVXVNNI__
 constexpr bool kDots32 = true;  // chunk_dots' sums are 32-bit: no flush, no widening
 #else
 constexpr bool kDots32 = false;
 #endif
-// AVX-VNNI only (kDots32): s plus the 32-bit lane dot products of w (unsigned bytes, any size)
-// with activation bytes xq .. xq + 3 broadcast. vpmaddubsw would saturate on weights past 15.
+// s plus the 32-bit lane dot products of w (unsigned bytes, any size) with activation bytes xq ..
+// xq + 3 broadcast: vpdpbusd, so AVX-VNNI kernels only (vpmaddubsw would saturate on weights past
+// 15); a call reached in an AVX2 build fails to compile.
+template <bool kVnni = kDots32>
 inline __m256i dots32([[maybe_unused]] __m256i s, [[maybe_unused]] __m256i w, [[maybe_unused]] const int8_t* xq) {
+  static_assert(kVnni, "dots32 is vpdpbusd: for kernels built for AVX-VNNI");
 #ifdef __AVXVNNI__
   return _mm256_dpbusd_avx_epi32(s, w, bcast4_256(xq));
 #else
-  __builtin_unreachable();
+  return s;
 #endif
+}
+// One chunk c of a block's nibbles: lo (unsigned bytes) against activation bytes 4c .. 4c + 3
+// broadcast to every lane, hi against 16 + 4c .. 16 + 4c + 3, added to s: on AVX2 as 16-bit
+// vpmaddubsw pair sums (the caller keeps the chunks summed into one s within int16: n x 2 x 2 x
+// (largest weight) x 127 <= 32767), on AVX-VNNI as 32-bit lane sums (dots32).
+inline __m256i chunk_dots(__m256i s, __m256i lo, __m256i hi, const int8_t* xq, int c) {
+  if constexpr (kDots32) return dots32(dots32(s, lo, xq + 4 * c), hi, xq + 16 + 4 * c);
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo, bcast4_256(xq + 4 * c)));
+  return _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, bcast4_256(xq + 16 + 4 * c)));
 }
 // chunk_dots' sums s as 32-bit lane sums times the lane's scale (sc: the scale, < 2^15; sc2: the
 // same in both 16-bit halves of the lane, which vpmaddwd multiplies by while it widens).

@@ -77,3 +77,77 @@ TEST(Activation, ArrayFormsEqualTheScalarFunctionBitForBit) {
     }
   }
 }
+
+namespace {
+
+// The logistic loss's term and gradient in double precision (ops/cpu/activation.hpp).
+double logistic_reference(double z, double pw, double& grad) {
+  const double sig = 1.0 / (1.0 + std::exp(-z));
+  const double l1p = std::log1p(std::exp(-std::fabs(z)));  // softplus(+-z) = max(+-z, 0) + l1p
+  if (pw > 0) {
+    grad = pw * (sig - 1.0);
+    return pw * (std::max(-z, 0.0) + l1p);
+  }
+  grad = sig;
+  return std::max(z, 0.0) + l1p;
+}
+
+// Label weights: negative (0) mostly, positive weights of a few sizes between.
+std::vector<float> label_weights(size_t n) {
+  std::vector<float> pw(n, 0.0f);
+  for (size_t i = 0; i < n; ++i)
+    if (i % 3 == 1) pw[i] = 0.5f + 0.75f * static_cast<float>(i % 7);
+  return pw;
+}
+
+}  // namespace
+
+TEST(Activation, LogisticLossMatchesDoublePrecision) {
+  SimdGuard guard;
+  const std::vector<float> z = test_values();
+  const std::vector<float> pw = label_weights(z.size());
+  const float scale = 0.125f;
+  for (SimdLevel level : test_support::simd_levels()) {
+    set_simd_level(level);
+    SCOPED_TRACE(simd_level_name(level));
+    std::vector<float> grad(z.size());
+    const float total = cpu::logistic_loss(z.data(), pw.data(), scale, grad.data(), static_cast<int64_t>(z.size()));
+    double want_total = 0;
+    for (size_t i = 0; i < z.size(); ++i) {
+      double g;
+      const double l = logistic_reference(z[i], pw[i], g);
+      want_total += l;
+      // Loss terms are as large as |z| (1e10 here): their error relative to the term, floored at
+      // the term's own magnitude near 0; gradients lie in [-pw, 1]: absolute.
+      EXPECT_NEAR(grad[i], scale * g, 2e-7 * scale * std::max(1.0, double{pw[i]})) << "z " << z[i] << " pw " << pw[i];
+      std::vector<float> one_grad(1);
+      const double got = cpu::logistic_loss(&z[i], &pw[i], 1.0f, one_grad.data(), 1);
+      EXPECT_LE(std::fabs(got - l), 2e-6 * std::fabs(l) + 1e-37) << "z " << z[i] << " pw " << pw[i];
+      EXPECT_TRUE(std::isfinite(got));
+    }
+    EXPECT_NEAR(total, want_total, 1e-5 * std::fabs(want_total));
+  }
+}
+
+TEST(Activation, LogisticLossGradientsEqualTheScalarOnesBitForBit) {
+  SimdGuard guard;
+  const std::vector<float> v = test_values();
+  const std::vector<float> pw = label_weights(v.size());
+  set_simd_level(SimdLevel::scalar);
+  std::vector<float> want(v.size());
+  const float want_total = cpu::logistic_loss(v.data(), pw.data(), 0.3f, want.data(), static_cast<int64_t>(v.size()));
+  for (SimdLevel level : test_support::simd_levels()) {
+    set_simd_level(level);
+    SCOPED_TRACE(simd_level_name(level));
+    for (int64_t n : std::vector<int64_t>{1, 7, 8, 9, 15, 16, 17, 33, 67, static_cast<int64_t>(v.size())}) {
+      std::vector<float> g(v.begin(), v.begin() + n);  // in place: grad is z
+      const float total = cpu::logistic_loss(g.data(), pw.data(), 0.3f, g.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(g[i], want[i]) << "n " << n << " i " << i << " z " << v[i];
+      }
+      if (n == static_cast<int64_t>(v.size())) {
+        EXPECT_NEAR(total, want_total, 1e-5 * std::fabs(want_total));
+      }
+    }
+  }
+}

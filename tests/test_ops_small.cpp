@@ -57,6 +57,29 @@ TEST(Vec, ScaleMulIsExactAtEveryLevel) {
 
 // argmax_f32 == std::max_element: ties (the first wins), the maximum in every position of a
 // chunk and in a tail, infinities, NaNs (never the maximum) and the empty row.
+TEST(Vec, TransposeMovesEveryElementAtEveryLevel) {
+  test_support::SimdGuard guard;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (SimdLevel level : test_support::simd_levels()) {
+    set_simd_level(level);
+    SCOPED_TRACE(simd_level_name(level));
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {1, 9}, {9, 1}, {8, 8}, {7, 13}, {16, 24}, {17, 33}, {64, 2048}, {256, 37}, {35, 64}}) {
+      std::vector<float> src(static_cast<size_t>(rows * cols)), dst(src.size(), NAN);
+      for (float& v : src) v = u(rng);
+      // In three row ranges, as threads split it; the middle one starts off the 8-row tiles.
+      const int64_t a = rows / 3, b = std::min(rows, a + 11);
+      cpu::transpose_f32(src.data(), rows, cols, 0, a, dst.data());
+      cpu::transpose_f32(src.data(), rows, cols, a, b, dst.data());
+      cpu::transpose_f32(src.data(), rows, cols, b, rows, dst.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(dst[c * rows + r], src[r * cols + c]) << rows << "x" << cols << " r " << r << " c " << c;
+    }
+  }
+}
+
 TEST(Vec, ArgmaxIsTheFirstLargest) {
   for (int64_t n : {1, 15, 255, 256, 257, 1000, 49152}) {
     auto x = random_vec(n, 7 + static_cast<uint32_t>(n));

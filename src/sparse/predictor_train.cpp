@@ -1,11 +1,13 @@
 #include "sparse/predictor_train.hpp"
 
 #include <fmt/format.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -18,6 +20,7 @@
 #include "model/kv_cache.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/vec.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember {
@@ -130,6 +133,11 @@ std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& po
 
 namespace {
 
+// The sample tokens held out of training: the last ones, a share o.holdout of them (at least 2).
+int64_t holdout_tokens(const LayerSamples& s, const PredictorTrainOptions& o) {
+  return std::max<int64_t>(2, static_cast<int64_t>(std::llround(o.holdout * s.n)));
+}
+
 // Sample tokens the gate initialization looks at (bounds its memory: two [tokens x n_ff] floats).
 constexpr int64_t kInitTokens = 2048;
 
@@ -138,18 +146,14 @@ void gemm(ThreadPool& pool, const float* W, int64_t rows, int64_t k, const float
   cpu::matmul(pool, matrix_view(DType::F32, W, rows, k), X, n, Y, nullptr);
 }
 
-// dst[c][r] = src[r][c] for src [rows x cols].
+// dst[c][r] = src[r][c] for src [rows x cols], the rows split among the threads.
 void transpose(ThreadPool& pool, const float* src, int64_t rows, int64_t cols, float* dst) {
-  constexpr int64_t kB = 32;
-  const int64_t rb = (rows + kB - 1) / kB;
-  pool.parallel_for(rb, 1, [&](int64_t b0, int64_t b1, int) {
-    for (int64_t b = b0; b < b1; ++b)
-      for (int64_t c0 = 0; c0 < cols; c0 += kB)
-        for (int64_t r = b * kB; r < std::min(rows, (b + 1) * kB); ++r)
-          for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c) dst[c * rows + r] = src[r * cols + c];
-  });
+  pool.parallel_for(rows, 64, [&](int64_t r0, int64_t r1, int) { cpu::transpose_f32(src, rows, cols, r0, r1, dst); });
 }
 
+// Adam. The moments of weights whose gradients are tiny fall into subnormal floats, where every
+// operation costs the CPU ~100 cycles: the step runs with them flushed to zero (MXCSR's FTZ and
+// DAZ bits, restored after), and over restrict pointers so that it vectorizes.
 struct Adam {
   std::vector<float> m, v;
   int64_t step = 0;
@@ -160,11 +164,18 @@ struct Adam {
     const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(step)));
     const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(step)));
     pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t i0, int64_t i1, int) {
+      const unsigned csr = _mm_getcsr();
+      _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
+      float* __restrict wp = w;
+      const float* __restrict gp = g;
+      float* __restrict mp = m.data();
+      float* __restrict vp = v.data();
       for (int64_t i = i0; i < i1; ++i) {
-        m[i] = b1 * m[i] + (1 - b1) * g[i];
-        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
-        w[i] -= lr * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps);
+        mp[i] = b1 * mp[i] + (1 - b1) * gp[i];
+        vp[i] = b2 * vp[i] + (1 - b2) * gp[i] * gp[i];
+        wp[i] -= lr * (mp[i] * c1) / (std::sqrt(vp[i] * c2) + eps);
       }
+      _mm_setcsr(csr);
     });
   }
 };
@@ -192,9 +203,6 @@ struct Encoded {
     }
   }
 };
-
-inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
-inline double softplus(float z) { return std::max(z, 0.0f) + std::log1p(std::exp(-std::fabs(z))); }
 
 // Scores of tokens [t0, t1) into S [(t1 - t0) x n_ff] as the engine computes them: the weights
 // stored in type t, multiplied by the same kernels (which may round the activations too, as
@@ -275,24 +283,38 @@ void check_predictor_type(DType t, int64_t n_embd, int64_t rank) {
               "Q8_0 predictor weights need n_embd ({}) and the rank ({}) to be multiples of 32; use F16", n_embd, rank);
 }
 
-void gate_subspace_init(ThreadPool& pool, const TensorView& gate, const LayerSamples& s, int64_t n_tokens,
-                        int64_t rank, uint64_t seed, std::vector<float>& fc1, std::vector<float>& fc2) {
-  const int64_t d = gate.cols(), nf = gate.rows(), h = std::max<int64_t>(1, rank / 2);
-  EMBER_CHECK(rank >= 2 && rank % 2 == 0 && h <= d, "gate initialization needs an even rank <= 2 n_embd, got {}", rank);
+GateProducts gate_products(ThreadPool& pool, const TensorView& gate, const LayerSamples& s, int64_t n_tokens) {
+  GateProducts gp;
+  gp.d = gate.cols(), gp.nf = gate.rows();
+  const int64_t d = gp.d, nf = gp.nf;
   EMBER_CHECK(d == s.n_embd && nf == s.n_ff, "gate initialization: the gate is {} x {}, the samples {} x {}", nf, d,
               s.n_ff, s.n_embd);
-  const int64_t N = std::min<int64_t>({n_tokens, s.n, kInitTokens});
+  const int64_t N = gp.n = std::min<int64_t>({n_tokens, s.n, kInitTokens});
   EMBER_CHECK(N >= 1, "gate initialization needs sample tokens");
-  // G as floats, and its transpose.
-  std::vector<float> G(static_cast<size_t>(nf * d)), GT(static_cast<size_t>(nf * d));
-  pool.parallel_for(nf, 64, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) dequantize_row(gate.type, gate.row(r), &G[r * d], d);
-  });
-  transpose(pool, G.data(), nf, d, GT.data());
-  // The pre-activations of the sample tokens, P [N x nf], and P^T.
-  std::vector<float> P(static_cast<size_t>(N * nf)), PT(static_cast<size_t>(N * nf));
-  gemm(pool, G.data(), nf, d, s.x.data(), N, P.data());
-  transpose(pool, P.data(), N, nf, PT.data());
+  // G^T as floats.
+  {
+    std::vector<float> G(static_cast<size_t>(nf * d));
+    pool.parallel_for(nf, 64, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) dequantize_row(gate.type, gate.row(r), &G[r * d], d);
+    });
+    gp.GT.resize(G.size());
+    transpose(pool, G.data(), nf, d, gp.GT.data());
+  }
+  // The pre-activations of the sample tokens, P [N x nf] (the engine's product with the gate as
+  // stored), and P^T.
+  gp.P.resize(static_cast<size_t>(N * nf));
+  gp.PT.resize(gp.P.size());
+  AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(gate.type, d, N) + 1);
+  cpu::matmul(pool, gate, s.x.data(), N, gp.P.data(), scratch.data());
+  transpose(pool, gp.P.data(), N, nf, gp.PT.data());
+  return gp;
+}
+
+void gate_subspace_init(ThreadPool& pool, const GateProducts& gp, int64_t rank, uint64_t seed, std::vector<float>& fc1,
+                        std::vector<float>& fc2) {
+  const int64_t d = gp.d, nf = gp.nf, N = gp.n, h = std::max<int64_t>(1, rank / 2);
+  EMBER_CHECK(rank >= 2 && rank % 2 == 0 && h <= d, "gate initialization needs an even rank <= 2 n_embd, got {}", rank);
+  const std::vector<float>&P = gp.P, &PT = gp.PT, &GT = gp.GT;
   // V [h x nf]: the top right-singular vectors of P (subspace iteration, V <- orth(P^T P V)).
   std::vector<float> V(static_cast<size_t>(h * nf)), A(static_cast<size_t>(N * h)), AT(static_cast<size_t>(N * h));
   std::mt19937_64 rng(seed ^ 0x5eedULL);
@@ -316,11 +338,12 @@ void gate_subspace_init(ThreadPool& pool, const TensorView& gate, const LayerSam
     for (int64_t q = 0; q < h; ++q) fc2[j * rank + q] = V[q * nf + j], fc2[j * rank + q + h] = -V[q * nf + j];
 }
 
-LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o) {
+LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o,
+                             const GateProducts* gate) {
   EMBER_CHECK(rank >= 1, "predictor rank must be positive, got {}", rank);
   const int64_t d = s.n_embd, nf = s.n_ff;
   check_predictor_type(o.type, d, rank);
-  const int64_t n_hold = std::max<int64_t>(2, static_cast<int64_t>(std::llround(o.holdout * s.n)));
+  const int64_t n_hold = holdout_tokens(s, o);
   const int64_t n_train = s.n - n_hold;
   EMBER_CHECK(n_train >= 8, "train-predictor: {} sample tokens leave too few for training", s.n);
   const int64_t n_cal = n_hold / 2;  // tokens [n_train, n_train + n_cal) calibrate the threshold
@@ -330,7 +353,7 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
   p.fc2.resize(static_cast<size_t>(nf * rank));
   std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(rank));
   if (o.init_gate.valid() && rank % 2 == 0 && rank / 2 <= d) {
-    gate_subspace_init(pool, o.init_gate, s, n_train, rank, o.seed, p.fc1, p.fc2);
+    gate_subspace_init(pool, gate ? *gate : gate_products(pool, o.init_gate, s, n_train), rank, o.seed, p.fc1, p.fc2);
   } else {
     std::normal_distribution<float> n1(0.0f, 1.0f / std::sqrt(static_cast<float>(d)));
     for (float& w : p.fc1) w = n1(rng);
@@ -352,7 +375,7 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
   std::vector<int64_t> order(static_cast<size_t>(n_train));
   std::iota(order.begin(), order.end(), int64_t{0});
   std::vector<double> loss_part(static_cast<size_t>(pool.size()));
-  std::vector<float> firing(static_cast<size_t>(pool.size() * nf), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> firing(static_cast<size_t>(pool.size() * nf), 0.0f);
   // The weights kept: those (the start, or after an epoch) whose threshold for the recall target
   // predicts the fewest neurons on the calibration tokens. The cross-entropy is only a proxy for
   // that, and training can move a good start away from it.
@@ -374,31 +397,21 @@ LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t ra
       gemm(pool, p.fc1.data(), rank, d, X.data(), B, Z.data());
       for (int64_t i = 0; i < B * rank; ++i) H[i] = std::max(Z[i], 0.0f);
       gemm(pool, p.fc2.data(), nf, rank, H.data(), B, S.data());
-      // dL/dS: silent (t, j): sigmoid(s); firing: w (sigmoid(s) - 1), w = pos_weight * mass / mean.
-      // Loss and gradient are means over the batch's tokens.
+      // dL/dS: silent (t, j): sigmoid(s); firing: w (sigmoid(s) - 1), w = pos_weight * mass / mean
+      // (cpu::logistic_loss, with the firing neurons' weights as its positive labels). Loss and
+      // gradient are means over the batch's tokens.
       const float inv_b = 1.0f / static_cast<float>(B);
       std::fill(loss_part.begin(), loss_part.end(), 0.0);
       pool.parallel_for(B, 1, [&](int64_t t0, int64_t t1, int ith) {
         double l = 0;
-        float* fired = &firing[static_cast<size_t>(ith) * nf];  // gradient of the firing entries, NaN elsewhere
+        float* labels = &firing[static_cast<size_t>(ith) * nf];  // the firing weights, 0 elsewhere
         for (int64_t t = t0; t < t1; ++t) {
           float* st = &S[t * nf];
           const int64_t tok = order[b0 + t];
-          for (uint32_t e = s.offsets[tok]; e < s.offsets[tok + 1]; ++e) {
-            const float z = st[s.idx[e]];
-            const float w = o.pos_weight * s.mass[e] * inv_mean;
-            l += w * softplus(-z);  // -w log sigmoid(z)
-            fired[s.idx[e]] = w * (sigmoid(z) - 1.0f) * inv_b;
-          }
-          for (int64_t j = 0; j < nf; ++j) {
-            if (!std::isnan(fired[j])) {
-              st[j] = fired[j];
-              fired[j] = std::numeric_limits<float>::quiet_NaN();
-              continue;
-            }
-            l += softplus(st[j]);  // -log(1 - sigmoid(z))
-            st[j] = sigmoid(st[j]) * inv_b;
-          }
+          for (uint32_t e = s.offsets[tok]; e < s.offsets[tok + 1]; ++e)
+            labels[s.idx[e]] = std::max(o.pos_weight * s.mass[e] * inv_mean, std::numeric_limits<float>::min());
+          l += cpu::logistic_loss(st, labels, inv_b, st, nf);
+          for (uint32_t e = s.offsets[tok]; e < s.offsets[tok + 1]; ++e) labels[s.idx[e]] = 0.0f;
         }
         loss_part[ith] += l;
       });
@@ -462,8 +475,13 @@ LayerPredictor train_layer_predictor(ThreadPool& pool, const LayerSamples& s, co
               o.min_rank, o.max_rank);
   EMBER_CHECK(o.recall > 0.0 && o.recall <= 1.0, "recall target must be in (0, 1], got {}", o.recall);
   std::vector<LayerPredictor> tried;
+  // The gate's products with the samples, once for every rank tried (the training tokens are the
+  // same for all).
+  std::unique_ptr<GateProducts> gate;
+  if (o.init_gate.valid() && s.n - holdout_tokens(s, o) >= 1)
+    gate = std::make_unique<GateProducts>(gate_products(pool, o.init_gate, s, s.n - holdout_tokens(s, o)));
   auto fit = [&](int64_t r) {
-    tried.push_back(fit_predictor(pool, s, r, o));
+    tried.push_back(fit_predictor(pool, s, r, o, gate.get()));
     const LayerPredictor& p = tried.back();
     if (progress)
       progress(fmt::format("rank {:5}: recall {:.4f} (mass) {:.4f} (count), precision {:.3f}, predicted sparsity "

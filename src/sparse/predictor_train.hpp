@@ -99,13 +99,24 @@ struct LayerPredictor {
 // when n_embd and the rank are multiples of 32.
 void check_predictor_type(DType t, int64_t n_embd, int64_t rank);
 
-// fc1/fc2 of the rank-(rank/2) approximation described at init_gate (rank even), from the first
-// n_tokens tokens of `s` (at most 2048 of them).
-void gate_subspace_init(ThreadPool& pool, const TensorView& gate, const LayerSamples& s, int64_t n_tokens,
-                        int64_t rank, uint64_t seed, std::vector<float>& fc1, std::vector<float>& fc2);
+// What the initialization described at init_gate starts from, for one layer: the gate's
+// transpose G^T as floats and the pre-activations P = X G^T of the first n tokens of the samples
+// (at most 2048; the engine's product with the gate as stored) with P^T. A layer's rank search
+// computes them once.
+struct GateProducts {
+  int64_t d = 0, nf = 0, n = 0;
+  std::vector<float> GT, P, PT;  // [d x nf], [n x nf], [nf x n]
+};
+GateProducts gate_products(ThreadPool& pool, const TensorView& gate, const LayerSamples& s, int64_t n_tokens);
 
-// Trains one rank (deterministic for a seed and thread count).
-LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o);
+// fc1/fc2 of the rank-(rank/2) approximation described at init_gate (rank even).
+void gate_subspace_init(ThreadPool& pool, const GateProducts& gate, int64_t rank, uint64_t seed, std::vector<float>& fc1,
+                        std::vector<float>& fc2);
+
+// Trains one rank (deterministic for a seed and thread count); `gate`: o.init_gate's products
+// with the training tokens when the caller has them (else computed here when o.init_gate is set).
+LayerPredictor fit_predictor(ThreadPool& pool, const LayerSamples& s, int64_t rank, const PredictorTrainOptions& o,
+                             const GateProducts* gate = nullptr);
 
 // Searches the rank (see the top of this file) and returns the chosen predictor; `progress`
 // gets one line per rank tried.

@@ -14,6 +14,8 @@ namespace detail {
 // up is null; out may be gate.
 void activate_avx2(Activation a, const float* gate, const float* up, float* out, int64_t n);
 void activate_avx512(Activation a, const float* gate, const float* up, float* out, int64_t n);
+float logistic_loss_avx2(const float* z, const float* pw, float scale, float* grad, int64_t n);
+float logistic_loss_avx512(const float* z, const float* pw, float scale, float* grad, int64_t n);
 }  // namespace detail
 
 namespace {
@@ -33,6 +35,21 @@ float exp_approx(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return y * scale;
+}
+
+// One term of logistic_loss, the vector lanes' operations in their order (activation_simd.hpp).
+float logistic_term(float z, float pw, float scale, float& grad) {
+  const float e = exp_approx(-std::fabs(z));
+  const float r = 1.0f / (1.0f + e);
+  const float sig = -z > 0.0f ? e * r : r;
+  const float s = e / (2.0f + e), w = s * s;
+  float p = detail::kLog1pP[0];
+  for (int i = 1; i < 7; ++i) p = std::fma(p, w, detail::kLog1pP[i]);
+  const float l1p = (s + s) * p;
+  const float pos_loss = pw * (std::max(-z, 0.0f) + l1p);
+  const float neg_loss = std::max(z, 0.0f) + l1p;
+  grad = scale * (pw > 0.0f ? pw * (sig - 1.0f) : sig);
+  return pw > 0.0f ? pos_loss : neg_loss;
 }
 
 }  // namespace
@@ -67,6 +84,14 @@ void activation_inplace(Activation a, float* x, int64_t n) {
   if (vector_level() == SimdLevel::avx512) return detail::activate_avx512(a, x, nullptr, x, n);
   if (vector_level() == SimdLevel::avx2) return detail::activate_avx2(a, x, nullptr, x, n);
   for (int64_t i = 0; i < n; ++i) x[i] = activate(a, x[i]);
+}
+
+float logistic_loss(const float* z, const float* pw, float scale, float* grad, int64_t n) {
+  if (vector_level() == SimdLevel::avx512) return detail::logistic_loss_avx512(z, pw, scale, grad, n);
+  if (vector_level() == SimdLevel::avx2) return detail::logistic_loss_avx2(z, pw, scale, grad, n);
+  float total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) total += logistic_term(z[i], pw[i], scale, grad[i]);
+  return total;
 }
 
 }  // namespace ember::cpu

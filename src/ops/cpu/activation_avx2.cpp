@@ -24,4 +24,8 @@ void activate_avx2(Activation a, const float* gate, const float* up, float* out,
   activate_span<__m256>(a, gate, up, out, n);
 }
 
+float logistic_loss_avx2(const float* z, const float* pw, float scale, float* grad, int64_t n) {
+  return logistic_loss_span<__m256>(z, pw, scale, grad, n);
+}
+
 }  // namespace ember::cpu::detail

@@ -34,6 +34,9 @@ struct F32Lanes<8> {
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static V min(V a, V b) { return _mm256_min_ps(a, b); }
   static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V abs(V x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+  // a where m > 0, b elsewhere (m NaN: b).
+  static V where_positive(V m, V a, V b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(m, zero(), _CMP_GT_OQ)); }
   static V from_i32(I v) { return _mm256_cvtepi32_ps(v); }
   // The lanes' sum: the two halves added, then within the 128-bit half; their max the same way.
   static float reduce_add(V v) { return fold<_mm_add_ps, _mm_add_ss>(v); }
@@ -74,6 +77,8 @@ struct F32Lanes<16> {
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
   static V round(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V abs(V x) { return _mm512_andnot_ps(_mm512_set1_ps(-0.0f), x); }
+  static V where_positive(V m, V a, V b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, zero(), _CMP_GT_OQ), b, a); }
   static V from_i32(I v) { return _mm512_cvtepi32_ps(v); }
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }

@@ -11,6 +11,7 @@ void to_f16_avx2(const float* x, uint16_t* y, int64_t n);
 void to_f16_avx512(const float* x, uint16_t* y, int64_t n);
 void from_f16_avx2(const uint16_t* x, float* y, int64_t n);
 void from_f16_avx512(const uint16_t* x, float* y, int64_t n);
+void transpose_f32_avx2(const float* src, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* dst);
 }  // namespace ember::cpu::detail
 
 namespace ember::cpu {
@@ -48,6 +49,15 @@ int64_t argmax_f32(const float* x, int64_t n) {
       if (x[i + j] == m) return i + j;
   }
   return 0;
+}
+
+void transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* dst) {
+  if (vector_level() != SimdLevel::scalar) return detail::transpose_f32_avx2(src, rows, cols, r0, r1, dst);
+  // Tiles of 8 x 8: 8 source and 8 destination lines at a time.
+  for (int64_t t0 = r0; t0 < r1; t0 += 8)
+    for (int64_t c0 = 0; c0 < cols; c0 += 8)
+      for (int64_t c = c0; c < cols && c < c0 + 8; ++c)
+        for (int64_t r = t0; r < r1 && r < t0 + 8; ++r) dst[c * rows + r] = src[r * cols + c];
 }
 
 // An F16 row conversion: the AVX-512 or F16C kernel, else the scalar function per value.

@@ -20,6 +20,9 @@ float max_f32(const float* x, int64_t n);
 // The first index of the largest value (std::max_element's answer; NaNs are never the largest,
 // all-NaN gives 0), -1 when n <= 0. Vectorized: a greedy step over a 262k vocabulary.
 int64_t argmax_f32(const float* x, int64_t n);
+// dst[c * rows + r] = src[r * cols + c] for the source rows r in [r0, r1) of src [rows x cols]
+// (a caller splits the rows among threads): 8 x 8 tiles transposed in registers on AVX2 and up.
+void transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* dst);
 // y = x rounded to F16 (nearest even), as quantize_row(DType::F16) (F16C / AVX-512 conversions)
 void to_f16(const float* x, uint16_t* y, int64_t n);
 // y = x widened from F16 (exact)

@@ -15,6 +15,7 @@
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "synth/synth.hpp"
 #include "support/ffn_modes.hpp"
 #include "sparse/predictor.hpp"
@@ -466,6 +467,41 @@ TEST(PredictorTrain, RecoversAPlantedLowRankRule) {
     for (uint32_t e = s.offsets[N - n_eval + t]; e < s.offsets[N - n_eval + t + 1]; ++e)
       n_pos++, hit += sc[t * nf + s.idx[e]] >= q.threshold;
   EXPECT_NEAR(static_cast<double>(hit) / n_pos, q.recall_count, 0.005);
+}
+
+// The gate's products that the initialization starts from (GateProducts) are the same whether
+// the gate's rows are the file's or repacked 16 at a time (their G^T then comes from a product
+// with the identity): up to the rounding of 1 in the product's 8-bit activations, and the
+// kernels' order of summation.
+TEST(PredictorTrain, GateProductsOfARepackedGateAreTheFileRows) {
+  const int64_t nf = 48, d = 64, n = 40;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<float> g(static_cast<size_t>(nf * d));
+    for (float& v : g) v = nd(rng);
+    std::vector<uint8_t> plain(row_bytes(t, d) * nf), packed(plain.size());
+    for (int64_t r = 0; r < nf; ++r) quantize_row(t, &g[r * d], plain.data() + r * row_bytes(t, d), d);
+    cpu::repack_r16(t, plain.data(), nf, d, packed.data());
+    LayerSamples s;
+    s.n_embd = d, s.n_ff = nf;
+    std::vector<float> x(static_cast<size_t>(d));
+    for (int64_t i = 0; i < n; ++i) {
+      for (float& v : x) v = nd(rng);
+      s.add_token(x.data(), nullptr, nullptr, 0);
+    }
+    ThreadPool pool(2);
+    const GateProducts a = gate_products(pool, matrix_view(t, plain.data(), nf, d), s, n);
+    const GateProducts b = gate_products(pool, matrix_view(cpu::r16_type(t), packed.data(), nf, d), s, n);
+    ASSERT_EQ(a.GT.size(), b.GT.size());
+    ASSERT_EQ(a.P.size(), b.P.size());
+    double scale = 0;
+    for (float v : a.GT) scale = std::max(scale, std::fabs(double{v}));
+    for (size_t i = 0; i < a.GT.size(); ++i) EXPECT_NEAR(b.GT[i], a.GT[i], 1e-3 * scale) << i;
+    for (size_t i = 0; i < a.P.size(); ++i) EXPECT_NEAR(b.P[i], a.P[i], 1e-4 * (1.0 + std::fabs(a.P[i]))) << i;
+    EXPECT_EQ(b.PT.size(), b.P.size());
+  }
 }
 
 // Q8_0 predictor weights: ranks in multiples of 32, weights on the Q8_0 grid, about half the

@@ -17,6 +17,7 @@
 #include "ops/cpu/activation.hpp"
 #include "sparse/ffn_sparse.hpp"
 #include "engine/profile_run.hpp"
+#include "sparse/predictor_train.hpp"
 #include "sparse/threshold.hpp"
 #include "support/paths.hpp"
 #include "support/reference_llama.hpp"
@@ -170,6 +171,38 @@ TEST(Profile, CountsMatchOracleStatistics) {
         EXPECT_GT(layer_sparsity(p, l), 0.3);
       }
     }
+  }
+}
+
+// The profile's counting pass records predictor training samples (sparse/ffn_samples.hpp) that are
+// the trainer's own pass's (collect_ffn_samples) on the same tokens, chunks and batches, bit for
+// bit: one run over a corpus serves both.
+TEST(Profile, SamplesRecordedWhileProfilingAreTheTrainersOwn) {
+  auto m = load_synth(small(FfnActivation::relu, 7), "samples_relu.gguf");
+  const auto tokens = random_tokens(45, m->hp.n_vocab, 3);  // chunks of 16, 16, 13
+  Session s(*m, test_support::session_params(3, 16, 16));
+  ProfileOptions o;
+  o.n_ctx = 16;
+  o.threshold = 0.0f;
+  FfnSampleRecorder rec(m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, 45, 20);
+  run_profile(s, tokens, o, {}, &rec);
+  const std::vector<LayerSamples> got = rec.take();
+
+  ThreadPool pool(3);
+  SampleOptions so;
+  so.max_tokens = 20;
+  so.n_ctx = 16;
+  so.batch = 16;
+  const std::vector<LayerSamples> want = collect_ffn_samples(*m, pool, tokens, so);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t l = 0; l < got.size(); ++l) {
+    SCOPED_TRACE(l);
+    EXPECT_EQ(got[l].n, 20);
+    EXPECT_EQ(got[l].x, want[l].x);
+    EXPECT_EQ(got[l].offsets, want[l].offsets);
+    EXPECT_EQ(got[l].idx, want[l].idx);
+    EXPECT_EQ(got[l].mass, want[l].mass);
+    EXPECT_GT(got[l].idx.size(), 20u);  // neurons fired
   }
 }
 

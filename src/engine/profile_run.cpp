@@ -9,7 +9,7 @@
 namespace ember {
 
 Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const ProfileOptions& opts,
-                    const std::function<void(int64_t, int64_t, int)>& progress) {
+                    const std::function<void(int64_t, int64_t, int)>& progress, FfnSampleRecorder* samples) {
   const Model& model = session.model();
   const Hparams& hp = model.hp;
   EMBER_CHECK(opts.n_ctx >= 1 && opts.n_ctx <= session.n_ctx(), "profile chunk length {} must be in [1, {}]",
@@ -24,6 +24,7 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
                 hp.n_vocab);
 
   ProfileFfn ffn(model);
+  ffn.set_sample_recorder(samples);
   session.set_ffn_executor(&ffn);
   session.set_projection_executor(&ffn);
   auto run_pass = [&](int pass) {

@@ -51,7 +51,7 @@ int64_t ffn_keep_firing(float* a, int64_t n, int64_t cols, const int32_t* ids, f
     bool any = false;
     for (int64_t t = 0; t < n; ++t) {
       float v = a[t * cols + i];
-      if (std::fabs(v) > threshold) {
+      if (ffn_fires(v, threshold)) {
         any = true;
         ++fired;
       } else {

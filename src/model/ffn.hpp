@@ -15,6 +15,7 @@
 // the profiler, the predictor trainer's sample recorder) calls them or says it does not run
 // a gating (FfnExecutor::refusal, checked when a session is built).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -38,6 +39,8 @@ void ffn_firing_values(const FfnWeights& w, cpu::Activation act, float* a, int64
 // `active` and returns their count. `fired` counts the firing (token, neuron) pairs.
 int64_t ffn_keep_firing(float* a, int64_t n, int64_t cols, const int32_t* ids, float threshold, int32_t* active,
                         uint64_t& fired);
+// The firing test itself, for one firing value a: |a| > threshold (a NaN never fires).
+inline bool ffn_fires(float a, float threshold) { return std::fabs(a) > threshold; }
 // Whether a neuron's value needs its up product besides its firing value (every gated FFN).
 inline bool ffn_needs_up(const FfnWeights& w) { return w.gated(); }
 // In place: u[t * u_stride + i] holds the product of up row ids[i] with x[t] (not read without a

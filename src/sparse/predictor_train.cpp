@@ -20,59 +20,40 @@
 #include "model/kv_cache.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "ops/cpu/r16/r16.hpp"
 #include "ops/cpu/vec.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember {
 
-void LayerSamples::add_token(const float* x_row, const int32_t* ids, const float* masses, int64_t count) {
-  if (offsets.empty()) offsets.push_back(0);
-  x.insert(x.end(), x_row, x_row + n_embd);
-  idx.insert(idx.end(), ids, ids + count);
-  mass.insert(mass.end(), masses, masses + count);
-  offsets.push_back(static_cast<uint32_t>(idx.size()));
-  ++n;
-}
-
 // ---- sample collection -------------------------------------------------------------------------
 
 namespace {
 
-// The dense FFN, recording the kept tokens' inputs and firing neurons on the way.
+// The dense FFN with the firing values below the threshold zeroed (the threshold applies in the
+// forward too), recording the kept tokens on the way.
 class RecordingFfn final : public FfnExecutor {
  public:
-  RecordingFfn(std::vector<LayerSamples>& out, const SampleOptions& o, int64_t n_ff)
-      : out_(out), opts_(o), ids_(n_ff), masses_(n_ff) {}
-  const std::vector<char>* keep = nullptr;  // per token of the current batch
+  RecordingFfn(FfnSampleRecorder& rec, const SampleOptions& o) : rec_(rec), opts_(o) {}
 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override {
-    // The dense FFN in its steps (model/ffn.hpp): the firing values, the silent ones zeroed
-    // (the threshold applies in the forward too), the values, recorded, then down.
-    const int64_t n_ff = w.n_ff(), n_embd = w.n_embd();
+    // The dense FFN in its steps (model/ffn.hpp): the firing values, the silent ones zeroed, the
+    // values, recorded, then down.
+    const int64_t n_ff = w.n_ff();
     float* a = ffn_firing_all(pool, w, act, x, n, ws);
     const float threshold = opts_.layer_thresholds.empty() ? opts_.threshold : opts_.layer_thresholds[layer];
     for (int64_t i = 0; i < n * n_ff; ++i)
-      if (!(std::fabs(a[i]) > threshold)) a[i] = 0.0f;
+      if (!ffn_fires(a[i], threshold)) a[i] = 0.0f;
     const float* h = ffn_values_all(pool, w, act, x, n, ws);
-    for (int64_t t = 0; t < n; ++t) {
-      if (!(*keep)[t]) continue;
-      const float* at = a + t * n_ff;
-      const float* ht = h + t * n_ff;
-      int64_t c = 0;
-      for (int64_t j = 0; j < n_ff; ++j)
-        if (at[j] != 0.0f) ids_[c] = static_cast<int32_t>(j), masses_[c++] = std::fabs(ht[j]);
-      out_[layer].add_token(x + t * n_embd, ids_.data(), masses_.data(), c);
-    }
+    rec_.record(layer, x, a, h, n, threshold);
     ffn_down_all(pool, w, h, n, out, ws);
   }
   std::string refusal(const Model&) const override { return {}; }  // every gating
 
  private:
-  std::vector<LayerSamples>& out_;
+  FfnSampleRecorder& rec_;
   const SampleOptions& opts_;
-  std::vector<int32_t> ids_;
-  std::vector<float> masses_;
 };
 
 }  // namespace
@@ -88,16 +69,7 @@ std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& po
   EMBER_CHECK(o.max_tokens >= 20, "train-predictor: keep at least 20 sample tokens, got {}", o.max_tokens);
   const int64_t n_ctx = std::min(o.n_ctx, hp.n_ctx_train);
   const int64_t batch = std::max<int64_t>(1, std::min(o.batch, n_ctx));
-  std::vector<LayerSamples> out(hp.n_layer);
-  const int64_t kept = std::min(total, o.max_tokens);
-  for (auto& s : out) {
-    s.n_embd = hp.n_embd, s.n_ff = hp.n_ff;
-    s.x.reserve(static_cast<size_t>(kept * hp.n_embd));
-    s.offsets.reserve(static_cast<size_t>(kept + 1));
-  }
-  // Keep token i when floor(i * kept / total) steps: an even spread over the whole text.
-  std::vector<char> keep_all(static_cast<size_t>(total), 0);
-  for (int64_t i = 0; i < total; ++i) keep_all[i] = (i * kept / total) != ((i + 1) * kept / total);
+  FfnSampleRecorder rec(hp.n_layer, hp.n_embd, hp.n_ff, total, o.max_tokens);
 
   KvCache kv;
   kv.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim);
@@ -106,27 +78,24 @@ std::vector<LayerSamples> collect_ffn_samples(const Model& model, ThreadPool& po
   EMBER_CHECK(o.layer_thresholds.empty() || static_cast<int64_t>(o.layer_thresholds.size()) == hp.n_layer,
               "sample collection: {} per-layer thresholds for a model of {} layers", o.layer_thresholds.size(),
               hp.n_layer);
-  RecordingFfn rec(out, o, hp.n_ff);
-  ws.ffn = &rec;
+  RecordingFfn ffn(rec, o);
+  ws.ffn = &ffn;
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
-  std::vector<char> keep(static_cast<size_t>(batch));
-  rec.keep = &keep;
   int64_t done = 0, last_report = 0;
   while (done < total) {
     const int64_t seq = std::min(n_ctx, total - done);
     for (int64_t p = 0; p < seq;) {
       const int64_t nb = std::min(batch, seq - p);
-      std::copy(keep_all.begin() + done + p, keep_all.begin() + done + p + nb, keep.begin());
       forward(model, pool, kv, ws, tokens.data() + done + p, nb, p, logits.data(), false);
       p += nb;
     }
     done += seq;
     if (progress && (done - last_report >= total / 10 || done == total)) {
-      progress(fmt::format("ran {}/{} tokens, {} kept", done, total, out.empty() ? 0 : out[0].n));
+      progress(fmt::format("ran {}/{} tokens, {} kept", done, total, rec.kept()));
       last_report = done;
     }
   }
-  return out;
+  return rec.take();
 }
 
 // ---- training ----------------------------------------------------------------------------------
@@ -291,13 +260,20 @@ GateProducts gate_products(ThreadPool& pool, const TensorView& gate, const Layer
               s.n_ff, s.n_embd);
   const int64_t N = gp.n = std::min<int64_t>({n_tokens, s.n, kInitTokens});
   EMBER_CHECK(N >= 1, "gate initialization needs sample tokens");
-  // G^T as floats.
-  {
+  // G^T as floats: the rows dequantized and transposed, or, where the gate is repacked (its rows
+  // interleaved, model/repack.hpp), its product with the identity (G^T = (G I)^T, exact up to the
+  // activations' rounding of 1 in the product's 8-bit types).
+  gp.GT.resize(static_cast<size_t>(nf * d));
+  if (cpu::r16_base(gate.type) != gate.type) {
+    std::vector<float> I(static_cast<size_t>(d * d), 0.0f);
+    for (int64_t i = 0; i < d; ++i) I[i * d + i] = 1.0f;
+    AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(gate.type, d, d) + 1);
+    cpu::matmul(pool, gate, I.data(), d, gp.GT.data(), scratch.data());  // [d x nf]: row i is G e_i
+  } else {
     std::vector<float> G(static_cast<size_t>(nf * d));
     pool.parallel_for(nf, 64, [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) dequantize_row(gate.type, gate.row(r), &G[r * d], d);
     });
-    gp.GT.resize(G.size());
     transpose(pool, G.data(), nf, d, gp.GT.data());
   }
   // The pre-activations of the sample tokens, P [N x nf] (the engine's product with the gate as

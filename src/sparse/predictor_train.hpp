@@ -26,20 +26,10 @@
 
 #include "core/thread_pool.hpp"
 #include "model/model.hpp"
+#include "sparse/ffn_samples.hpp"
 #include "tensor/dtype.hpp"
 
 namespace ember {
-
-// One layer's training data: n tokens of x and their firing neurons (CSR-style lists).
-struct LayerSamples {
-  int64_t n_embd = 0, n_ff = 0, n = 0;
-  std::vector<float> x;            // [n][n_embd]
-  std::vector<uint32_t> offsets;   // [n + 1]: token t's neurons are idx/mass[offsets[t] .. offsets[t+1])
-  std::vector<int32_t> idx;        // firing neurons, ascending per token
-  std::vector<float> mass;         // |act(gate) * up| of each
-
-  void add_token(const float* x_row, const int32_t* ids, const float* masses, int64_t count);
-};
 
 struct SampleOptions {
   int64_t max_tokens = 4000;  // tokens kept per layer (every layer keeps the same tokens)

@@ -129,11 +129,12 @@ void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::
     const float t = thresholds_[l];
     uint64_t* c = counts_[l].data();
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < n_ff; ++j) c[j] += std::fabs(a[i * n_ff + j]) > t;
+      for (int64_t j = 0; j < n_ff; ++j) c[j] += ffn_fires(a[i * n_ff + j], t);
     if (layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
   }
   const float* h = ffn_values_all(pool, w, act, x, n, ws);
   if (record_hist_) inputs_[l][static_cast<int>(InputSite::ffn_hidden)].add(h, n * n_ff);
+  if (samples_ && !thresholds_.empty()) samples_->record(layer, x, a, h, n, thresholds_[l]);
   ffn_down_all(pool, w, h, n, out, ws);
 }
 

@@ -14,6 +14,9 @@
 // counts mean something for SwiGLU/GeGLU models where act(gate) is never exactly 0; this needs
 // the quantiles first, so the corpus is run twice (pass 1: histograms, pass 2: counts).
 //
+// The pass that counts can also record predictor training samples (sparse/ffn_samples.hpp), firing
+// as counted, so that profiling and sampling take one run over the corpus.
+//
 // Pass 1 also records the magnitudes of every matrix's input at the four input sites of each
 // layer (sparse/input_site.hpp: the inputs of q/k/v, o, gate/up and down), from which the
 // profile's input tables come: 1001 quantiles of |x| and, beside each, the fraction of the
@@ -29,6 +32,7 @@
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
 #include "model/workspace.hpp"
+#include "sparse/ffn_samples.hpp"
 #include "sparse/input_site.hpp"
 
 namespace ember {
@@ -72,6 +76,8 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   // Pass settings: record histograms; count firings against per-layer thresholds (empty: don't).
   void set_record_histograms(bool on) { record_hist_ = on; }
   void set_count_thresholds(std::vector<float> t);
+  // Records predictor training samples in the pass that counts (null: none), firing as counted.
+  void set_sample_recorder(FfnSampleRecorder* rec) { samples_ = rec; }
 
   const AbsHistogram& histogram(int64_t layer) const { return hist_[static_cast<size_t>(layer)]; }
   const AbsHistogram& input_histogram(int64_t layer, int site) const {
@@ -86,6 +92,7 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   std::vector<std::vector<uint64_t>> counts_;
   std::vector<float> thresholds_;
   bool record_hist_ = true;
+  FfnSampleRecorder* samples_ = nullptr;
   uint64_t tokens_counted_ = 0;  // tokens of layer 0 counted
 };
 

@@ -4,6 +4,7 @@
 // cumulative firing curves.
 #include <cstdio>
 #include <fstream>
+#include <memory>
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -26,20 +27,12 @@ struct ProfileFlags {
   bool threshold_given = false;
 };
 
-// --samples: a second pass over the profiled tokens keeps an even spread of samples_max of them
+// --samples: the pass that counts also keeps an even spread of samples_max of the profiled tokens
 // per layer (FFN input, firing neurons at the profile's per-layer thresholds, their activation
 // mass) for `ember train-predictor --from-samples`.
-void save_samples(const ProfileFlags& f, const Model& model, Session& session, const Profile& p,
-                  const std::vector<int32_t>& tokens, int64_t n_tok) {
-  SampleOptions so;
-  so.max_tokens = std::min(f.samples_max, n_tok);
-  so.n_ctx = f.opts.n_ctx;
-  so.batch = std::min<int64_t>(f.engine.batch, 64);
-  so.layer_thresholds = p.thresholds;
-  const std::vector<int32_t> used(tokens.begin(), tokens.begin() + n_tok);
+void save_samples(const ProfileFlags& f, const Profile& p, FfnSampleRecorder& rec) {
   Timer timer;
-  const auto samples = collect_ffn_samples(model, session.pool(), used, so,
-                                           [](const std::string& m) { log_info("samples: {}", m); });
+  const std::vector<LayerSamples> samples = rec.take();
   write_samples_file(f.samples, p.model_name, samples);
   size_t firing = 0;
   for (const LayerSamples& s : samples) firing += s.idx.size();
@@ -58,10 +51,14 @@ void run_profile_cmd(ProfileFlags& f) {
   sp.n_ctx = f.engine.ctx;
   Session session(*model, sp);
   Timer timer;
-  Profile p = profile_corpus(session, tokens, f.opts);
   const int64_t n_tok = f.opts.max_tokens > 0 ? std::min<int64_t>(f.opts.max_tokens, tokens.size()) : tokens.size();
+  std::unique_ptr<FfnSampleRecorder> rec;
+  if (!f.samples.empty() && n_tok > 0)
+    rec = std::make_unique<FfnSampleRecorder>(model->hp.n_layer, model->hp.n_embd, model->hp.n_ff, n_tok,
+                                              f.samples_max);
+  Profile p = profile_corpus(session, tokens, f.opts, rec.get());
   write_profile(p, f.out);
-  if (!f.samples.empty()) save_samples(f, *model, session, p, tokens, n_tok);
+  if (rec) save_samples(f, p, *rec);
 
   std::printf("layer  threshold  sparsity  hot80%%  hot95%%\n");
   double sp_sum = 0, h80 = 0, h95 = 0;

@@ -4,8 +4,9 @@
 //    --profile), [2/3] allocate --sparsity over each layer's inputs (by default TEAL's block
 //    allocation, which runs each layer on calibration tokens: src/sparse/input_allocation.hpp) and
 //    write the model with the thresholds embedded (src/sparse/sparsify.hpp), [3/3] measure;
-//  - ReLU models (PowerInfer): [1/4] profile the neurons' firing, [2/4] train a predictor per
-//    layer on the same text (src/sparse/predictor_train.hpp), [3/4] write the model in
+//  - ReLU models (PowerInfer): [1/4] profile the neurons' firing (every matrix repacked for the
+//    dense kernels), keeping samples of the same run, [2/4] train a predictor per layer on them
+//    (src/sparse/predictor_train.hpp), [3/4] write the model in
 //    PowerInfer's layout with the predictors embedded (src/sparse/prepare.hpp), [4/4] measure.
 // The measurement: perplexity, KL divergence and same top-1 against the dense model on held-out
 // text, and the weight bytes a decode token reads. Every command then runs the output sparse with
@@ -39,7 +40,7 @@ struct SparsifyFlags {
   int64_t samples = 4000;   // predictor path: training tokens per layer
   double recall = 0.99;     // predictor path: target recall of activation mass
   std::string corpus = "data/corpus/calib.txt", eval = "data/corpus/eval.txt";
-  int64_t profile_tokens = 16384, eval_chunks = 4;
+  int64_t profile_tokens = 8192, eval_chunks = 4;
   BlockAllocationOptions block;
   int threads = 0;
 };
@@ -118,22 +119,17 @@ struct TempFile {
   ~TempFile() { std::filesystem::remove(path); }
 };
 
-// ReLU models: the profile's firing counts order the neurons, predictors trained on the same
-// text name the active ones, prepare writes both into PowerInfer's layout.
-void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, const std::vector<int32_t>& calib) {
+// ReLU models: the profile's firing counts order the neurons, predictors trained on samples of
+// the same run name the active ones, prepare writes both into PowerInfer's layout.
+void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, std::vector<LayerSamples> samples) {
   const Hparams& hp = model.hp;
   TempFile profile_file("profile"), predictor_file("predictor");
   write_profile(profile, profile_file.path);
-  log_info("sparsify [2/4]: predictors: samples of {} of the {} calibration tokens", std::min<int64_t>(f.samples, calib.size()),
-           calib.size());
+  log_info("sparsify [2/4]: predictors, trained on {} of the profiled tokens", samples.empty() ? 0 : samples[0].n);
   ThreadPool pool(f.threads > 0 ? f.threads : default_thread_count());
-  SampleOptions so;
-  so.max_tokens = f.samples;
-  so.threshold = 0.0f;
-  std::vector<LayerSamples> samples =
-      collect_ffn_samples(model, pool, calib, so, [](const std::string& m) { log_info("sparsify [2/4]: {}", m); });
   PredictorTrainOptions to;
   to.recall = f.recall;
+  to.patience = 1;  // a rank's training ends at the first epoch that predicts no fewer neurons
   to.type = auto_predictor_type(hp, to.max_rank);
   Timer t;
   const std::vector<LayerPredictor> layers =
@@ -176,9 +172,12 @@ void run_sparsify(SparsifyFlags& f) {
   ef.model_path = f.o.model;
   ef.threads = f.threads;
   ef.sparse_mode = "dense";
-  auto model = load_model_logged(ef, nullptr, RepackScope::attention_output);
-  const bool relu = model->hp.act == cpu::Activation::relu;
+  const bool relu = load_model(f.o.model)->hp.act == cpu::Activation::relu;  // the file's header, mapped
   const bool predictors = f.method == "predictor" || (f.method == "auto" && relu);
+  // The predictor path runs the model dense only (profile, training's gate products, the dense
+  // side of the measurement): every matrix repacked for the dense kernels. The input path keeps
+  // the FFN in the file's layout, from which its block allocation's copies are made.
+  auto model = load_model_logged(ef, nullptr, predictors ? RepackScope::all : RepackScope::attention_output);
   EMBER_CHECK(!predictors || relu,
               "--method predictor: the model's FFN activation is not ReLU, so its neurons rarely are exactly silent "
               "and a predictor has little to skip; use --method input (or auto)");
@@ -191,24 +190,31 @@ void run_sparsify(SparsifyFlags& f) {
   const char* first = predictors ? "[1/4]" : "[1/3]";
   Profile profile;
   std::vector<int32_t> calib;
+  std::unique_ptr<FfnSampleRecorder> samples;  // the predictor path's, recorded while profiling
   if (!f.o.profile.empty()) {
     profile = read_profile(f.o.profile);
     log_info("sparsify {}: the profile {}", first, f.o.profile);
   } else {
     calib = read_corpus_tokens(*model, f.corpus);
     if (f.profile_tokens > 0 && static_cast<int64_t>(calib.size()) > f.profile_tokens) calib.resize(f.profile_tokens);
-    log_info("sparsify {}: profiling {} tokens of {}", first, calib.size(), f.corpus);
+    log_info("sparsify {}: profiling {} tokens of {}{}", first, calib.size(), f.corpus,
+             predictors ? fmt::format(", keeping {} of them to train the predictors on",
+                                      std::min<int64_t>(f.samples, calib.size()))
+                        : "");
     ProfileOptions po;
     po.threshold = relu ? 0.0f : -1.0f;
     SessionParams sp;
     sp.n_threads = f.threads;
     sp.n_ctx = po.n_ctx;
     Session session(*model, sp);
-    profile = profile_corpus(session, calib, po);
+    if (predictors && !calib.empty())
+      samples = std::make_unique<FfnSampleRecorder>(model->hp.n_layer, model->hp.n_embd, model->hp.n_ff,
+                                                    static_cast<int64_t>(calib.size()), f.samples);
+    profile = profile_corpus(session, calib, po, samples.get());
     f.o.profile = std::filesystem::path(f.corpus).filename().string() + " (profiled by sparsify)";
   }
   if (predictors) {
-    predictor_path(f, *model, profile, calib);
+    predictor_path(f, *model, profile, samples->take());
   } else {
     log_info("sparsify [2/3]: thresholds for {:.0f}% of the layers' weights ({} allocation)", 100 * f.o.sparsity,
              f.allocation);

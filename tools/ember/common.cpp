@@ -238,7 +238,8 @@ std::vector<int32_t> read_corpus_tokens(const Model& model, const std::string& p
   return tok.encode(ss.str(), tok.vocab().add_bos);
 }
 
-Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, ProfileOptions& opts) {
+Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, ProfileOptions& opts,
+                       FfnSampleRecorder* samples) {
   opts.n_ctx = std::min<int64_t>(opts.n_ctx, session.n_ctx());
   const int64_t n_tok = opts.max_tokens > 0 ? std::min<int64_t>(opts.max_tokens, tokens.size()) : tokens.size();
   const int passes = opts.threshold >= 0.0f ? 1 : 2;
@@ -257,7 +258,7 @@ Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, Pro
                now / secs, secs / now * (all - now));
       next_report = now + std::max<int64_t>(all / 10, 1);
     }
-  });
+  }, samples);
 }
 
 void SamplingFlags::add_to(CLI::App* app) {

@@ -77,7 +77,8 @@ std::vector<int32_t> read_corpus_tokens(const Model& model, const std::string& p
 
 // Runs `ember profile`'s measurement over the tokens through the (dense) session, with progress
 // in the log; opts.n_ctx is capped at the session's context.
-Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, ProfileOptions& opts);
+Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, ProfileOptions& opts,
+                       FfnSampleRecorder* samples = nullptr);
 
 // The table of trained predictors (rank, held-out recall and precision, sparsity, bytes) on
 // stdout; returns their bytes.

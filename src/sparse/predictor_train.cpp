@@ -1,7 +1,6 @@
 #include "sparse/predictor_train.hpp"
 
 #include <fmt/format.h>
-#include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -120,9 +119,7 @@ void transpose(ThreadPool& pool, const float* src, int64_t rows, int64_t cols, f
   pool.parallel_for(rows, 64, [&](int64_t r0, int64_t r1, int) { cpu::transpose_f32(src, rows, cols, r0, r1, dst); });
 }
 
-// Adam. The moments of weights whose gradients are tiny fall into subnormal floats, where every
-// operation costs the CPU ~100 cycles: the step runs with them flushed to zero (MXCSR's FTZ and
-// DAZ bits, restored after), and over restrict pointers so that it vectorizes.
+// Adam, over restrict pointers so that its step vectorizes.
 struct Adam {
   std::vector<float> m, v;
   int64_t step = 0;
@@ -133,8 +130,6 @@ struct Adam {
     const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(step)));
     const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(step)));
     pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t i0, int64_t i1, int) {
-      const unsigned csr = _mm_getcsr();
-      _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
       float* __restrict wp = w;
       const float* __restrict gp = g;
       float* __restrict mp = m.data();
@@ -144,7 +139,6 @@ struct Adam {
         vp[i] = b2 * vp[i] + (1 - b2) * gp[i] * gp[i];
         wp[i] -= lr * (mp[i] * c1) / (std::sqrt(vp[i] * c2) + eps);
       }
-      _mm_setcsr(csr);
     });
   }
 };

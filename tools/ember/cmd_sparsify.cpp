@@ -172,7 +172,7 @@ void run_sparsify(SparsifyFlags& f) {
   ef.model_path = f.o.model;
   ef.threads = f.threads;
   ef.sparse_mode = "dense";
-  const bool relu = load_model(f.o.model)->hp.act == cpu::Activation::relu;  // the file's header, mapped
+  const bool relu = load_model(f.o.model)->hp.act == cpu::Activation::relu;  // a mapped load: nothing copied
   const bool predictors = f.method == "predictor" || (f.method == "auto" && relu);
   // The predictor path runs the model dense only (profile, training's gate products, the dense
   // side of the measurement): every matrix repacked for the dense kernels. The input path keeps

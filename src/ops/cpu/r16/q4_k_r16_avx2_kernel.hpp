@@ -6,24 +6,39 @@
 // 127 = 30480 for four chunks, Q5_K: 4 x 2 x 31 x 127 = 31496 for two, and widened by vpmaddwd
 // against the 6-bit sub-block scale; on AVX-VNNI vpdpbusd, then times the scale); the mins times
 // the activation's sub-block sums, and once per super-block the floats, in the order of the
-// scalar reference. Include it inside an anonymous namespace of ember::cpu::detail, after
-// r16/r16_avx2.hpp (q4_k_r16_avx2.cpp, q4_k_r16_avxvnni.cpp).
+// scalar reference. The scales and mins come unpacked from r16/k_scale_table.hpp, spread to the
+// half's lanes by one vpshufb each. Include it inside an anonymous namespace of
+// ember::cpu::detail, after r16/k_scale_table.hpp and r16/r16_avx2.hpp (q4_k_r16_avx2.cpp,
+// q4_k_r16_avxvnni.cpp).
 #pragma once
 
-constexpr size_t kLoAt = kR16Q4KLoAt, kHiAt = kR16Q4KHiAt, kQhAt = kR16Q4KQhAt;
+constexpr size_t kQhAt = kR16Q4KQhAt;
 
-// 8 bytes (half h of a 16-byte table at p) widened to 32-bit lanes.
-inline __m256i bytes8(const uint8_t* p, int h) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h)));
+// vpshufb indices that spread 16 bytes (rows 0..15) to half h's 8 rows as 32-bit lanes: the byte
+// alone (wide[h]) or in both 16-bit halves of the lane (pair[h], as vpmaddwd takes a multiplier).
+struct ScaleSpread {
+  __m256i wide[2], pair[2];
+  ScaleSpread() {
+    alignas(32) uint8_t w[2][32], pr[2][32];
+    for (int h = 0; h < 2; ++h)
+      for (int b = 0; b < 32; ++b) {
+        const uint8_t row = static_cast<uint8_t>(8 * h + b / 4), none = 0x80;
+        w[h][b] = b % 4 == 0 ? row : none;
+        pr[h][b] = b % 2 == 0 ? row : none;
+      }
+    for (int h = 0; h < 2; ++h) {
+      wide[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[h]));
+      pair[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pr[h]));
+    }
+  }
+};
+inline const ScaleSpread& scale_spread() {
+  static const ScaleSpread s;
+  return s;
 }
-
-// Sub-block j's 6-bit scales and mins of half h's 8 rows (r16/r16.hpp: their low 4 bits in the
-// low and high nibble of lo[j], their high 2 bits in bits 4 (j % 2) .. +1 and +2 .. +3 of hi[j / 2]).
-inline void k_scales_mins(const uint8_t* p, int j, int h, __m256i& sc, __m256i& m) {
-  const __m256i lo = bytes8(p + kLoAt + 16 * j, h), hi = _mm256_srli_epi32(bytes8(p + kHiAt + 16 * (j / 2), h), 4 * (j % 2));
-  const __m256i three = _mm256_set1_epi32(3);
-  sc = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(15)), _mm256_slli_epi32(_mm256_and_si256(hi, three), 4));
-  m = _mm256_or_si256(_mm256_srli_epi32(lo, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hi, 2), three), 4));
+// The 16 bytes at t, spread by the indices ix.
+inline __m256i spread16(const uint8_t* t, __m256i ix) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))), ix);
 }
 
 template <bool kQh>
@@ -36,20 +51,27 @@ struct Kernel {
   static constexpr bool kHighInPlace = kDots32 && !kQh;
   static constexpr int kTotalScale = kHighInPlace ? 16 : 1;
 
+  static void prepare_group(const GemmArgs& a, int64_t g) { prepare_k_scale_tables(a, g, kGroupBlockBytes); }
+
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const QhTables256& qt = qh_tables256();
+    const ScaleSpread& spread = scale_spread();
+    uint8_t* const tables = scale_tables(a.k / kQK_K);
+    const bool unpack = k_scale_tables_inline(a);
     r16_tile_avx2<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
                                                                         int64_t b, int h, __m256(&acc)[T]) {
+      // The frame visits a block's half 0 before its half 1.
+      uint8_t* const tab = tables + kKScaleTableBytes * b;
+      if (unpack && h == 0) k_scale_table(p, tab);
       __m256i total[T], mins[T];
       for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        __m256i sc, m;
-        k_scales_mins(p, j, h, sc, m);
         // The scale and the min in both 16-bit halves of their lane, as vpmaddwd takes them (exact: at
-        // most 2 x 31496 x 63 and 2 x 63 x 2048).
-        const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)), m2 = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
+        // most 2 x 31496 x 63 and 2 x 63 x 2048); the scale alone for vpdpbusd's 32-bit sums.
+        const __m256i sc = spread16(tab + 32 * j, kDots32 ? spread.wide[h] : spread.pair[h]);
+        const __m256i m2 = spread16(tab + 32 * j + 16, spread.pair[h]);
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
         [[maybe_unused]] __m256i H;
         if constexpr (kQh) H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQhAt + kSubBlockBytes * j + 32 * h));
@@ -71,7 +93,7 @@ struct Kernel {
             // 16 x the sub-block's dot product (|16 x 8 x 61440 x 63| < 2^31 over the super-block).
             total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(_mm256_add_epi32(_mm256_slli_epi32(slo, 4), shi), sc));
           } else {
-            total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, xq, sc, sc2);
+            total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, xq, sc, sc);
           }
           // m in both 16-bit halves against the sub-block's two 16-element sums (one 4-byte broadcast).
           mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m2, bcast4_256(reinterpret_cast<const int8_t*>(x[t][b].bsums + 2 * j))));

@@ -5,22 +5,44 @@
 // no shift), the 16 rows' integer sums are multiplied by their 6-bit sub-block scales (vpmulld),
 // and the mins by the activation's sub-block sums. Once per super-block the integers become
 // floats, scaled by the rows' d and dmin and the activation's d. Q5_K adds each nibble's fifth bit
-// as Q5_0_R16 does (add_fifth_bits). The decoded scales serve up to four tokens.
+// as Q5_0_R16 does (add_fifth_bits). The scales and mins come unpacked from r16/k_scale_table.hpp,
+// spread to the rows' lanes by one vpshufb each.
 // GCC 12 warns falsely inside its own cvtph / cvtepi32 intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include "ops/cpu/r16/k_scale_table.hpp"
 #include "ops/cpu/r16/r16_avx512.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember::cpu::detail {
 namespace {
 
-constexpr size_t kLoAt = kR16Q4KLoAt, kHiAt = kR16Q4KHiAt, kQhAt = kR16Q4KQhAt;
+constexpr size_t kQhAt = kR16Q4KQhAt;
 
-inline __m512i bytes16(const uint8_t* p) {
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// vpshufb indices that spread 16 bytes (rows 0..15, broadcast to each 128-bit lane) to the 16
+// rows' 32-bit lanes: the byte alone (wide) or in both 16-bit halves of the lane (pair, as
+// vpmaddwd takes a multiplier).
+struct ScaleSpread512 {
+  __m512i wide, pair;
+  ScaleSpread512() {
+    alignas(64) uint8_t w[64], pr[64];
+    for (int b = 0; b < 64; ++b) {
+      const uint8_t row = static_cast<uint8_t>(b / 4), none = 0x80;
+      w[b] = b % 4 == 0 ? row : none;
+      pr[b] = b % 2 == 0 ? row : none;
+    }
+    wide = _mm512_load_si512(w);
+    pair = _mm512_load_si512(pr);
+  }
+};
+inline const ScaleSpread512& scale_spread512() {
+  static const ScaleSpread512 s;
+  return s;
+}
+inline __m512i spread16(const uint8_t* t, __m512i ix) {
+  return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))), ix);
 }
 
 template <bool kQh>
@@ -32,22 +54,23 @@ struct Kernel {
   // equal the scalar reference's bit for bit.
   static constexpr int kTotalScale = kQh ? 1 : 16;
 
+  static void prepare_group(const GemmArgs& a, int64_t g) { prepare_k_scale_tables(a, g, kGroupBlockBytes); }
+
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), low4 = _mm512_set1_epi32(15), low2 = _mm512_set1_epi32(3);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     const QhTables& qt = qh_tables();
+    const ScaleSpread512& spread = scale_spread512();
+    uint8_t* const tables = scale_tables(a.k / kQK_K);
+    const bool unpack = k_scale_tables_inline(a);
     r16_tile<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
                                                                    int64_t b, __m512(&acc)[T]) {
+      uint8_t* const tab = tables + kKScaleTableBytes * b;
+      if (unpack) k_scale_table(p, tab);
       __m512i total[T], mins[T];
       for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
-        const __m512i lo = bytes16(p + kLoAt + 16 * j);
-        const __m512i hi = _mm512_srli_epi32(bytes16(p + kHiAt + 16 * (j / 2)), 4 * (j % 2));
-        const __m512i sc =
-            _mm512_or_si512(_mm512_and_si512(lo, low4), _mm512_slli_epi32(_mm512_and_si512(hi, low2), 4));
-        const __m512i m = _mm512_or_si512(_mm512_srli_epi32(lo, 4),
-                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, 2), low2), 4));
-        const __m512i m2 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+        const __m512i sc = spread16(tab + 32 * j, spread.wide), m2 = spread16(tab + 32 * j + 16, spread.pair);
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
         __m512i wl[4], wh[4];
         [[maybe_unused]] __m512i H;

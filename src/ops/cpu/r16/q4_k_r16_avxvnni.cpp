@@ -1,6 +1,7 @@
 // The Q4_K_R16 / Q5_K_R16 kernels built for AVX-VNNI (r16/q4_k_r16_avx2_kernel.hpp).
 #include <immintrin.h>
 
+#include "ops/cpu/r16/k_scale_table.hpp"
 #include "ops/cpu/r16/r16_avx2.hpp"
 #include "tensor/quant.hpp"
 

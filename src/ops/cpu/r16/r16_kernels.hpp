@@ -69,10 +69,12 @@ void gemm_q5_k_r16_avxvnni(const GemmArgs& a);
 void gemm_q5_k_r16_avx512(const GemmArgs& a);
 
 // Runs K::tile<T>(a, group, first token) over every 16-row group and the tokens in tiles of
-// four (then one tile of the 1..3 left).
+// four (then one tile of the 1..3 left); a kernel with K::prepare_group(a, group) has it called
+// first for each group, on the same thread as the group's tiles (for what they all share).
 template <class K>
 void run_r16_tiles(const GemmArgs& a) {
   for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
+    if constexpr (requires { K::prepare_group(a, g); }) K::prepare_group(a, g);
     int64_t t = 0;
     for (; t + 4 <= a.ntok; t += 4) K::template tile<4>(a, g, t);
     switch (a.ntok - t) {

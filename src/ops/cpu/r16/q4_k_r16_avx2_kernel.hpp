@@ -15,20 +15,23 @@
 constexpr size_t kQhAt = kR16Q4KQhAt;
 
 // vpshufb indices that spread 16 bytes (rows 0..15) to half h's 8 rows as 32-bit lanes: the byte
-// alone (wide[h]) or in both 16-bit halves of the lane (pair[h], as vpmaddwd takes a multiplier).
+// alone (wide[h]), in both 16-bit halves of the lane (pair[h], as vpmaddwd takes a multiplier),
+// or alone in the high 16-bit half (high[h]).
 struct ScaleSpread {
-  __m256i wide[2], pair[2];
+  __m256i wide[2], pair[2], high[2];
   ScaleSpread() {
-    alignas(32) uint8_t w[2][32], pr[2][32];
+    alignas(32) uint8_t w[2][32], pr[2][32], hi[2][32];
     for (int h = 0; h < 2; ++h)
       for (int b = 0; b < 32; ++b) {
         const uint8_t row = static_cast<uint8_t>(8 * h + b / 4), none = 0x80;
         w[h][b] = b % 4 == 0 ? row : none;
         pr[h][b] = b % 2 == 0 ? row : none;
+        hi[h][b] = b % 4 == 2 ? row : none;
       }
     for (int h = 0; h < 2; ++h) {
       wide[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[h]));
       pair[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pr[h]));
+      high[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi[h]));
     }
   }
 };
@@ -53,6 +56,34 @@ struct Kernel {
 
   static void prepare_group(const GemmArgs& a, int64_t g) { prepare_k_scale_tables(a, g, kGroupBlockBytes); }
 
+  // Where the mins are summed: after the sub-blocks (kMinsAfter), which frees the T registers of
+  // their sums inside the loop, pays for AVX2's tiles of several tokens, whose 16-bit sums and
+  // scales otherwise spill (Matmul512 Q4_K 1.04-1.06x); a single token's product (decode) and the
+  // AVX-VNNI kernels measured 3-8 % slower that way, so they sum each sub-block's mins in the loop.
+  template <int T>
+  static constexpr bool kMinsAfter = T > 1 && !kDots32;
+
+  // The mins of block b's half h summed after its sub-blocks: sub-blocks 2i and 2i + 1's mins in the
+  // 16-bit halves of a lane against the activation's two sub-block sums (each at most 32 x 127),
+  // four vpmaddwd a token.
+  template <int T>
+  static void sum_mins(const uint8_t* tab, const ScaleSpread& spread, int h, const BlockQ8_K* const* x, int64_t b,
+                       __m256i (&mins)[T]) {
+    __m256i mp[4];
+    for (int i = 0; i < 4; ++i)
+      mp[i] = _mm256_or_si256(spread16(tab + 64 * i + 16, spread.wide[h]), spread16(tab + 64 * i + 48, spread.high[h]));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < T; ++t) {
+      const __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].bsums)), ones);
+      // 32-bit elements 0, 1, 4, 5: the sub-block sums (s0, s1), (s2, s3), (s4, s5), (s6, s7).
+      const __m256i s16 = _mm256_packs_epi32(s32, s32);
+      __m256i m = _mm256_madd_epi16(mp[0], _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(0)));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mp[1], _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(1))));
+      m = _mm256_add_epi32(m, _mm256_madd_epi16(mp[2], _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(4))));
+      mins[t] = _mm256_add_epi32(m, _mm256_madd_epi16(mp[3], _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(5))));
+    }
+  }
+
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -68,10 +99,11 @@ struct Kernel {
       __m256i total[T], mins[T];
       for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        // The scale and the min in both 16-bit halves of their lane, as vpmaddwd takes them (exact: at
-        // most 2 x 31496 x 63 and 2 x 63 x 2048); the scale alone for vpdpbusd's 32-bit sums.
+        // The scale in both 16-bit halves of its lane, as vpmaddwd takes it (exact: at most 2 x 31496 x
+        // 63); alone for vpdpbusd's 32-bit sums.
         const __m256i sc = spread16(tab + 32 * j, kDots32 ? spread.wide[h] : spread.pair[h]);
-        const __m256i m2 = spread16(tab + 32 * j + 16, spread.pair[h]);
+        [[maybe_unused]] __m256i m2;
+        if constexpr (!kMinsAfter<T>) m2 = spread16(tab + 32 * j + 16, spread.pair[h]);
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
         [[maybe_unused]] __m256i H;
         if constexpr (kQh) H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQhAt + kSubBlockBytes * j + 32 * h));
@@ -96,9 +128,11 @@ struct Kernel {
             total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, xq, sc, sc);
           }
           // m in both 16-bit halves against the sub-block's two 16-element sums (one 4-byte broadcast).
-          mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m2, bcast4_256(reinterpret_cast<const int8_t*>(x[t][b].bsums + 2 * j))));
+          if constexpr (!kMinsAfter<T>)
+            mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(m2, bcast4_256(reinterpret_cast<const int8_t*>(x[t][b].bsums + 2 * j))));
         }
       }
+      if constexpr (kMinsAfter<T>) sum_mins<T>(tab, spread, h, x, b, mins);
       const __m256 dw = _mm256_mul_ps(half_ph(p, h), _mm256_set1_ps(1.0f / kTotalScale)), dm = half_ph(p + 32, h);
       for (int t = 0; t < T; ++t) {
         const __m256 dx = _mm256_set1_ps(x[t][b].d);

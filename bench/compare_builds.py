@@ -47,7 +47,9 @@ def main():
                 if p.returncode != 0:
                     sys.exit(f"compare_builds: {' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
                 d = json.load(open(js.name))
-                speed[label].append(d[f"pp{a.pp}"]["median"] if a.pp > 0 else d[f"tg{a.tg}"]["median"])
+                # With --seqs N the decode test is tg<n>x<N> (tokens/s of all N together).
+                key = f"pp{a.pp}" if a.pp > 0 else next(k for k in d if k == f"tg{a.tg}" or k.startswith(f"tg{a.tg}x"))
+                speed[label].append(d[key]["median"])
         print(f"round {r + 1}: " + "  ".join(f"{l} {speed[l][-1]:.2f}" for l, *_ in configs), flush=True)
     print()
     first = {}

@@ -2,10 +2,13 @@
 // q8_r16_avx512.cpp, one 8-row half of each register at a time, r16/r16_avx2.hpp). The weights
 // are stored biased (w + 128). On AVX-VNNI they meet the activation as they are, in vpdpbusd,
 // the sum starting from the bias times the activation sum (R16Act::c), as on AVX-512. vpmaddubsw
-// cannot take them against signed activations without saturating, so on AVX2 the bias is flipped
-// off (w, -127..127 as every Q8_0 quantizer writes them) and each 4-byte group meets the
-// activation as vpmaddubsw(|x|, sign(w, x)), pair sums at most 2 x 127 x 127 = 32258, widened one
-// chunk at a time. Either way the exact sum of w x, so the same float steps follow. Include it
+// cannot take them against signed activations without saturating, so on AVX2 a tile takes |w|
+// once (w, -127..127 as every Q8_0 quantizer writes them, from the stored bytes with the bias
+// flipped off) and each token's 4-byte group meets it as vpmaddubsw(|w|, sign(x, stored byte)):
+// the stored w + 128 reads as a negative byte where w >= 0 and a positive one where w < 0, so the
+// products are -w x (where w is 0 |w| is), pair sums at most 2 x 127 x 127 = 32258, widened one
+// chunk at a time, and the float step subtracts. Either way the exact sum of w x (negated, which
+// rounds alike), so the same float steps follow. Include it
 // inside an anonymous namespace of ember::cpu::detail, after r16/r16_avx2.hpp (q8_r16_avx2.cpp,
 // q8_r16_avxvnni.cpp).
 #pragma once
@@ -19,25 +22,25 @@ struct Q8Kernel {
     r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b, int h,
                                                                   __m256(&acc)[T]) {
       const __m256 dw = half_ph(p, h);
-      __m256i w[8];
-      for (int c = 0; c < 8; ++c) {
-        w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQsAt + 64 * c + 32 * h));
-        if constexpr (!kDots32) w[c] = _mm256_xor_si256(w[c], bias);
-      }
+      const uint8_t* q = p + kQsAt + 32 * h;
+      const auto stored = [&](int c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c)); };
+      __m256i w[8];  // AVX-VNNI: the stored bytes; AVX2: |w|
+      for (int c = 0; c < 8; ++c) w[c] = kDots32 ? stored(c) : _mm256_abs_epi8(_mm256_xor_si256(stored(c), bias));
       for (int t = 0; t < T; ++t) {
         const R16Act& xa = x[t][b];
-        __m256i s;
+        const __m256 f = _mm256_mul_ps(dw, _mm256_set1_ps(xa.d));
         if constexpr (kDots32) {
-          s = _mm256_set1_epi32(xa.c);
+          __m256i s = _mm256_set1_epi32(xa.c);
           for (int c = 0; c < 8; ++c) s = dots32(s, w[c], xa.qs + 4 * c);
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), f, acc[t]);
         } else {
-          s = _mm256_setzero_si256();
+          __m256i s = _mm256_setzero_si256();  // -(the block's dot product)
           for (int c = 0; c < 8; ++c) {
-            const __m256i xv = bcast4_256(xa.qs + 4 * c);
-            s = _mm256_add_epi32(s, lane_sums(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w[c], xv))));
+            const __m256i sx = _mm256_sign_epi8(bcast4_256(xa.qs + 4 * c), stored(c));
+            s = _mm256_add_epi32(s, lane_sums(_mm256_maddubs_epi16(w[c], sx)));
           }
+          acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s), f, acc[t]);
         }
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t]);
       }
     });
   }

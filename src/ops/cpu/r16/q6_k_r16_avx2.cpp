@@ -2,8 +2,9 @@
 // q6_k_r16_avx512.cpp, on the two 8-row halves of each register, r16/r16_avx2.hpp). Per sub-block
 // of 16 elements and half: three 32-byte loads unpack into four registers of 6-bit weights of 8
 // rows; each meets its 4 activation bytes broadcast in vpmaddubsw, two pair sums added in 16 bits
-// (at most 2 x 2 x 63 x 127 = 32004) and widened by vpmaddwd against the sub-block scale, less
-// 32 x the scale x the sub-block's activation sum (the offset); once per super-block the floats.
+// (at most 2 x 2 x 63 x 127 = 32004) and widened by vpmaddwd against the sub-block scale; after the
+// sub-blocks, less 32 x the sum of scale x the sub-block's activation sum (the offset, two
+// sub-blocks a vpmaddwd); once per super-block the floats.
 #include <immintrin.h>
 
 #include "ops/cpu/r16/r16_avx2.hpp"
@@ -26,11 +27,9 @@ struct Kernel {
       for (int j = 0; j < 16; ++j) {
         const __m256i sc = _mm256_cvtepi8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j + 8 * h)));
-        // The signed scale in both 16-bit halves of its lane, and in the low half only: vpmaddwd
-        // with the 16-bit pair sums gives their sum times the scale, with a broadcast 16-bit
-        // value that value times the scale (exact: at most 2 x 32004 x 128).
+        // The signed scale in both 16-bit halves of its lane: vpmaddwd with the 16-bit pair sums
+        // gives their sum times the scale (exact: at most 2 x 32004 x 128).
         const __m256i sc2 = _mm256_blend_epi16(sc, _mm256_slli_epi32(sc, 16), 0xAA);
-        const __m256i sc_lo = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j + 32 * h;
         const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
         const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64));
@@ -48,11 +47,20 @@ struct Kernel {
                                                _mm256_maddubs_epi16(w1, bcast4_256(xq + 4)));
           const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(w2, bcast4_256(xq + 8)),
                                                _mm256_maddubs_epi16(w3, bcast4_256(xq + 12)));
-          const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc_lo, _mm256_set1_epi16(xb.bsums[j])), 5);
-          const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(s01, sc2), _mm256_madd_epi16(s23, sc2));
-          total[t] = _mm256_add_epi32(total[t], _mm256_sub_epi32(s, offset));
+          total[t] = _mm256_add_epi32(total[t], _mm256_add_epi32(_mm256_madd_epi16(s01, sc2), _mm256_madd_epi16(s23, sc2)));
         }
       }
+      // The offset: sub-blocks 2i and 2i + 1's scales in the 16-bit halves of a lane against the
+      // activation's two sums (adjacent in bsums), each product at most 128 x 16 x 127.
+      __m256i offset[T];
+      for (int t = 0; t < T; ++t) offset[t] = _mm256_setzero_si256();
+      for (int i = 0; i < 8; ++i) {
+        const auto scales = [&](int j) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j + 8 * h)); };
+        const __m256i sp = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(scales(2 * i), scales(2 * i + 1)));
+        for (int t = 0; t < T; ++t)
+          offset[t] = _mm256_add_epi32(offset[t], _mm256_madd_epi16(sp, bcast4_256(reinterpret_cast<const int8_t*>(x[t][b].bsums + 2 * i))));
+      }
+      for (int t = 0; t < T; ++t) total[t] = _mm256_sub_epi32(total[t], _mm256_slli_epi32(offset[t], 5));
       const __m256 dw = half_ph(p, h);
       for (int t = 0; t < T; ++t)
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x[t][b].d)), acc[t]);

@@ -63,8 +63,9 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
           for (int i = 0; i < 4; ++i) {
             const int lo = v[32 * j + 4 * c + i], hi = v[32 * j + 16 + 4 * c + i];
             sb[64 * c + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
-            if constexpr (P::kQh)  // byte c of the lane: fifth bits of chunk c's low (0..3), high (4..7) nibbles
-              o[P::kQhAt + P::kSubBlockBytes * j + 4 * r + c] |= static_cast<uint8_t>((lo >> 4) << i | (hi >> 4) << (4 + i));
+            if constexpr (P::kQh)  // byte i of the row's word: the fifth bits of chunk c's nibbles i (r16_qh_bit)
+              o[P::kQhAt + P::kSubBlockBytes * j + 4 * r + i] |=
+                  static_cast<uint8_t>((lo >> 4) << detail::r16_qh_bit(c, 0) | (hi >> 4) << detail::r16_qh_bit(c, 1));
           }
       }
     }
@@ -84,10 +85,10 @@ void gemm_scalar(const detail::GemmArgs& a) {
       const uint8_t* sb = p + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
       int32_t s = 0;
       for (int c = 0; c < 4; ++c) {
-        const int h = P::kQh ? p[P::kQhAt + P::kSubBlockBytes * j + 4 * r + c] : 0;
         for (int i = 0; i < 4; ++i) {
-          const int wl = (sb[64 * c + i] & 15) | ((h >> i) & 1) << 4;
-          const int wh = (sb[64 * c + i] >> 4) | ((h >> (4 + i)) & 1) << 4;
+          const int h = P::kQh ? p[P::kQhAt + P::kSubBlockBytes * j + 4 * r + i] : 0;
+          const int wl = (sb[64 * c + i] & 15) | ((h >> detail::r16_qh_bit(c, 0)) & 1) << 4;
+          const int wh = (sb[64 * c + i] >> 4) | ((h >> detail::r16_qh_bit(c, 1)) & 1) << 4;
           s += wl * x.qs[32 * j + 4 * c + i] + wh * x.qs[32 * j + 16 + 4 * c + i];
         }
       }

@@ -87,7 +87,6 @@ struct Kernel {
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const QhTables256& qt = qh_tables256();
     const ScaleSpread& spread = scale_spread();
     uint8_t* const tables = scale_tables(a.k / kQK_K);
     const bool unpack = k_scale_tables_inline(a);
@@ -112,7 +111,7 @@ struct Kernel {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
           wl[c] = _mm256_and_si256(v, m4);
           wh[c] = kHighInPlace ? _mm256_andnot_si256(m4, v) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-          if constexpr (kQh) add_fifth_bits256(qt, H, c, wl[c], wh[c]);
+          if constexpr (kQh) add_fifth_bits256(H, c, wl[c], wh[c]);
         }
         for (int t = 0; t < T; ++t) {
           const int8_t* xq = x[t][b].qs + 32 * j;

@@ -59,7 +59,6 @@ struct Kernel {
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const QhTables& qt = qh_tables();
     const ScaleSpread512& spread = scale_spread512();
     uint8_t* const tables = scale_tables(a.k / kQK_K);
     const bool unpack = k_scale_tables_inline(a);
@@ -80,7 +79,7 @@ struct Kernel {
           wl[c] = _mm512_and_si512(v, m4);
           if constexpr (kQh) {
             wh[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            add_fifth_bits(qt, H, c, wl[c], wh[c]);
+            add_fifth_bits(H, c, wl[c], wh[c]);
           } else {
             wh[c] = _mm512_andnot_si512(m4, v);  // 16 x the high nibble: no shift
           }

@@ -31,16 +31,20 @@ void check_shape(int64_t rows, int64_t k) {
               kHasMin<B> ? "Q4_1" : kHasQh<B> ? "Q5_0" : "Q4_0", rows, k);
 }
 
-// A Q5_0 block's 32 fifth bits (bit j: element j) as the R16 layout stores them: byte c holds
-// those of elements 4c .. 4c + 3 (bits 0..3) and 16 + 4c .. 16 + 4c + 3 (bits 4..7).
+// A Q5_0 block's 32 fifth bits (bit e: element e) as the R16 layout stores them (r16_qh_bit):
+// element 16 s + 4c + i at bit r16_qh_bit(c, s) of byte i.
 uint32_t qh_to_r16(uint32_t qh) {
   uint32_t out = 0;
-  for (int c = 0; c < 4; ++c) out |= (((qh >> (4 * c)) & 15) | ((qh >> (16 + 4 * c)) & 15) << 4) << (8 * c);
+  for (int s = 0; s < 2; ++s)
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) out |= ((qh >> (16 * s + 4 * c + i)) & 1u) << (8 * i + detail::r16_qh_bit(c, s));
   return out;
 }
 uint32_t qh_from_r16(uint32_t v) {
   uint32_t qh = 0;
-  for (int c = 0; c < 4; ++c) qh |= ((v >> (8 * c)) & 15) << (4 * c) | ((v >> (8 * c + 4)) & 15) << (16 + 4 * c);
+  for (int s = 0; s < 2; ++s)
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) qh |= ((v >> (8 * i + detail::r16_qh_bit(c, s))) & 1u) << (16 * s + 4 * c + i);
   return qh;
 }
 
@@ -114,9 +118,9 @@ void gemm_scalar(const detail::GemmArgs& a) {
             const uint8_t q = p[kQsAt<B> + 64 * c + 4 * r + j];
             int lo = q & 15, hi = q >> 4;
             if constexpr (kHasQh<B>) {
-              const uint8_t qh = p[32 + 4 * r + c];
-              lo |= ((qh >> j) & 1) << 4;
-              hi |= ((qh >> (4 + j)) & 1) << 4;
+              const uint8_t qh = p[32 + 4 * r + j];
+              lo |= ((qh >> detail::r16_qh_bit(c, 0)) & 1) << 4;
+              hi |= ((qh >> detail::r16_qh_bit(c, 1)) & 1) << 4;
             }
             s += lo * x.qs[4 * c + j] + hi * x.qs[16 + 4 * c + j];
           }

@@ -16,7 +16,6 @@ struct Kernel {
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const QhTables256& qt = qh_tables256();
     r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b, int h,
                                                                   __m256(&acc)[T]) {
       const __m256 dw = half_ph(p, h);
@@ -29,7 +28,7 @@ struct Kernel {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQsAt + 64 * c + 32 * h));
         lo[c] = _mm256_and_si256(v, m4);
         hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if constexpr (kHasQh) add_fifth_bits256(qt, H, c, lo[c], hi[c]);
+        if constexpr (kHasQh) add_fifth_bits256(H, c, lo[c], hi[c]);
       }
       for (int t = 0; t < T; ++t) {
         const R16Act& xa = x[t][b];

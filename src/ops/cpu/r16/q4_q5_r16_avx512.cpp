@@ -23,7 +23,6 @@ struct Kernel {
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const QhTables& qt = qh_tables();
     r16_tile<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b,
                                                               __m512(&acc)[T]) {
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -36,7 +35,7 @@ struct Kernel {
         const __m512i v = _mm512_loadu_si512(p + kQsAt + 64 * c);
         lo[c] = _mm512_and_si512(v, m4);
         hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        if constexpr (kHasQh) add_fifth_bits(qt, H, c, lo[c], hi[c]);
+        if constexpr (kHasQh) add_fifth_bits(H, c, lo[c], hi[c]);
       }
       for (int t = 0; t < T; ++t) {
         const R16Act& xa = x[t][b];

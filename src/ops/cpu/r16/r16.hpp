@@ -12,9 +12,9 @@
 //   qs[4][64]  chunk c, bytes 4r .. 4r + 3 = bytes 4c .. 4c + 3 of row r's Q4_0 qs for block b,
 //              i.e. elements 4c .. 4c + 3 (low nibbles) and 16 + 4c .. 16 + 4c + 3 (high nibbles)
 // Q4_1_R16 is the same with the 16 rows' mins m[16] (fp16) after d: 320 bytes per block.
-// Q5_0_R16 is Q4_0_R16 with the fifth bits after d, 352 bytes per block: qh[16][4], byte c of row
-// r = bits 4c .. 4c + 3 of its qh (the fifth bits of the low nibbles of chunk c) | bits
-// 16 + 4c .. 16 + 4c + 3 << 4 (those of the high nibbles).
+// Q5_0_R16 is Q4_0_R16 with the fifth bits after d, 352 bytes per block: qh[16][4], byte i of row
+// r holds the fifth bits of elements 4c + i (bit 2c) and 16 + 4c + i (bit 2c + 1) for c = 0..3,
+// the bits of chunk c's nibbles at byte i (r16_qh_bit in r16_kernels.hpp).
 // Q8_0_R16, 544 bytes per block: d[16] (fp16), then qs[8][64]: chunk c, bytes 4r .. 4r + 3 =
 // elements 4c .. 4c + 3 of row r, stored as unsigned w + 128 (the offset taken off in integers,
 // as for Q4_0), so a 64-byte load is one vpdpbusd operand as it stands.
@@ -45,8 +45,8 @@
 //   its high nibbles 16 + 4c .. 16 + 4c + 3 of sub-block j of all 16 rows.
 // Q5_K_R16 is Q4_K_R16 with each sub-block's fifth bits in front of its nibbles, 2816 bytes
 // (16 x 176): per sub-block j, 320 bytes: qh[16][4] (row r's four bytes laid out as Q5_0_R16's,
-// byte c: the fifth bits of chunk c's low nibbles in bits 0..3, of its high nibbles in bits
-// 4..7), then the 256 bytes of chunks. One sub-block is one contiguous read.
+// byte i: the fifth bits of chunk c's low nibble i in bit 2c, of its high nibble i in bit
+// 2c + 1), then the 256 bytes of chunks. One sub-block is one contiguous read.
 #pragma once
 #include <cstddef>
 #include <cstdint>

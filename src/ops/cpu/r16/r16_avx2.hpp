@@ -147,32 +147,29 @@ inline __m256 half_ph(const uint8_t* p, int h) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
 }
 
-// Q5_0_R16 / Q5_K_R16's fifth bits on 256 bits (add_fifth_bits of r16_avx512.hpp): the vpshufb
-// indices that copy byte c of each 32-bit lane to its four bytes, and each byte's bit.
-struct QhTables256 {
-  __m256i copy[4], low_bit, high_bit;
-  QhTables256() {
-    alignas(32) uint8_t idx[4][32], lb[32], hb[32];
-    for (int p = 0; p < 32; ++p) {
-      for (int c = 0; c < 4; ++c) idx[c][p] = static_cast<uint8_t>(4 * ((p % 16) / 4) + c);
-      lb[p] = static_cast<uint8_t>(1 << (p % 4));
-      hb[p] = static_cast<uint8_t>(16 << (p % 4));
-    }
-    for (int c = 0; c < 4; ++c) copy[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx[c]));
-    low_bit = _mm256_load_si256(reinterpret_cast<const __m256i*>(lb));
-    high_bit = _mm256_load_si256(reinterpret_cast<const __m256i*>(hb));
-  }
-};
-inline const QhTables256& qh_tables256() {
-  static const QhTables256 qt;
-  return qt;
+// Q5_0_R16 / Q5_K_R16's fifth bits on 256 bits: adds 16 to the nibbles of chunk c whose fifth
+// bit is set (H: 8 lanes' 4-byte qh words; bit r16_qh_bit(c, s) of each byte, shifted to bit 4:
+// 16-bit shifts, whose bits carried in from the neighbouring byte the mask drops).
+template <int kBit>
+inline __m256i fifth_bit_at_4(__m256i H) {
+  const __m256i b4 = _mm256_set1_epi8(16);
+  if constexpr (kBit < 4) return _mm256_and_si256(_mm256_slli_epi16(H, 4 - kBit), b4);
+  else if constexpr (kBit > 4) return _mm256_and_si256(_mm256_srli_epi16(H, kBit - 4), b4);
+  else return _mm256_and_si256(H, b4);
 }
-// Adds 16 to the nibbles of chunk c whose fifth bit is set (H: 8 lanes' 4-byte qh words).
-inline void add_fifth_bits256(const QhTables256& qt, __m256i H, int c, __m256i& lo, __m256i& hi) {
-  const __m256i sixteen = _mm256_set1_epi8(16);
-  const __m256i h = _mm256_shuffle_epi8(H, qt.copy[c]);
-  lo = _mm256_add_epi8(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, qt.low_bit), qt.low_bit), sixteen));
-  hi = _mm256_add_epi8(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, qt.high_bit), qt.high_bit), sixteen));
+template <int c>
+inline void add_fifth_bits256(__m256i H, __m256i& lo, __m256i& hi) {
+  lo = _mm256_or_si256(lo, fifth_bit_at_4<r16_qh_bit(c, 0)>(H));
+  hi = _mm256_or_si256(hi, fifth_bit_at_4<r16_qh_bit(c, 1)>(H));
+}
+// The same for a chunk index known at run time (the kernels' loops over c are unrolled).
+inline void add_fifth_bits256(__m256i H, int c, __m256i& lo, __m256i& hi) {
+  switch (c) {
+    case 0: add_fifth_bits256<0>(H, lo, hi); break;
+    case 1: add_fifth_bits256<1>(H, lo, hi); break;
+    case 2: add_fifth_bits256<2>(H, lo, hi); break;
+    default: add_fifth_bits256<3>(H, lo, hi); break;
+  }
 }
 
 }  // namespace

@@ -54,37 +54,12 @@ inline void r16_tile(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows, acc[t]);
 }
 
-// Per 64-byte register: vpshufb indices that copy byte c of each 32-bit lane to its four bytes,
-// and the bit of a lane's byte i that belongs to its low (high) nibble i.
-struct QhTables {
-  __m512i copy[4], low_bit, high_bit;
-  QhTables() {
-    alignas(64) uint8_t idx[4][64], lb[64], hb[64];
-    for (int p = 0; p < 64; ++p) {
-      for (int c = 0; c < 4; ++c) idx[c][p] = static_cast<uint8_t>(4 * ((p % 16) / 4) + c);
-      lb[p] = static_cast<uint8_t>(1 << (p % 4));
-      hb[p] = static_cast<uint8_t>(16 << (p % 4));
-    }
-    for (int c = 0; c < 4; ++c) copy[c] = _mm512_load_si512(idx[c]);
-    low_bit = _mm512_load_si512(lb);
-    high_bit = _mm512_load_si512(hb);
-  }
-};
-
-// The tables, built once (take a reference outside the kernels' loops).
-inline const QhTables& qh_tables() {
-  static const QhTables qt;
-  return qt;
-}
-
-// Q5_0_R16 / Q5_K_R16: adds 16 to the nibbles of chunk c whose fifth bit is set, from the
-// 16 lanes' 4-byte qh words H (byte c of a lane: the bits of the chunk's low nibbles 0..3, of
-// its high nibbles 4..7).
-inline void add_fifth_bits(const QhTables& qt, __m512i H, int c, __m512i& lo, __m512i& hi) {
+// Q5_0_R16 / Q5_K_R16: adds 16 to the nibbles of chunk c whose fifth bit is set, from the 16
+// lanes' 4-byte qh words H (bit r16_qh_bit(c, s) of each byte: its low (s = 0) or high nibble's).
+inline void add_fifth_bits(__m512i H, int c, __m512i& lo, __m512i& hi) {
   const __m512i sixteen = _mm512_set1_epi8(16);
-  const __m512i h = _mm512_shuffle_epi8(H, qt.copy[c]);
-  lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(h, qt.low_bit), lo, sixteen);
-  hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(h, qt.high_bit), hi, sixteen);
+  lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(H, _mm512_set1_epi8(static_cast<char>(1 << r16_qh_bit(c, 0)))), lo, sixteen);
+  hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(H, _mm512_set1_epi8(static_cast<char>(1 << r16_qh_bit(c, 1)))), hi, sixteen);
 }
 
 }  // namespace ember::cpu::detail

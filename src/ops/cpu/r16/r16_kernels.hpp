@@ -12,6 +12,11 @@ namespace ember::cpu::detail {
 
 // Where things are in a group's block of each 16-row layout (r16/r16.hpp), for every ISA's kernels.
 // Q4_0_R16 / Q4_1_R16 / Q5_0_R16: d[16] (then m[16] or qh[16][4]), then qs[4][64].
+// Q5_0_R16 / Q5_K_R16's fifth bits: a row's 4-byte word per block (Q5_0) or sub-block (Q5_K),
+// the bit of the byte at position i of chunk c's 4 bytes (its low nibble: s = 0, element 4c + i;
+// its high nibble: s = 1, element 16 + 4c + i) is bit r16_qh_bit(c, s) of byte i: a chunk's bits
+// sit at one position in all four bytes, so one shift brings them under a nibble's bit 4.
+constexpr int r16_qh_bit(int c, int s) { return 2 * c + s; }
 constexpr size_t r16_q4_block_bytes(bool min, bool qh) { return min ? 320 : qh ? 352 : 288; }
 // Q8_0_R16: d[16], then qs[8][64].
 constexpr size_t kR16Q8BlockBytes = 544, kR16Q8QsAt = 32;

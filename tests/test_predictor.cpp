@@ -474,10 +474,11 @@ TEST(PredictorTrain, RecoversAPlantedLowRankRule) {
 // with the identity): up to the rounding of 1 in the product's 8-bit activations, and the
 // kernels' order of summation.
 TEST(PredictorTrain, GateProductsOfARepackedGateAreTheFileRows) {
-  const int64_t nf = 48, d = 64, n = 40;
+  const int64_t nf = 48, d = 256, n = 40;
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+  // Q8_0 and Q4_0 unpack to their rows; Q4_K has no unpacking (its product with the identity).
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
     SCOPED_TRACE(dtype_name(t));
     std::vector<float> g(static_cast<size_t>(nf * d));
     for (float& v : g) v = nd(rng);

@@ -254,20 +254,21 @@ GateProducts gate_products(ThreadPool& pool, const TensorView& gate, const Layer
               s.n_ff, s.n_embd);
   const int64_t N = gp.n = std::min<int64_t>({n_tokens, s.n, kInitTokens});
   EMBER_CHECK(N >= 1, "gate initialization needs sample tokens");
-  // G^T as floats: the rows dequantized and transposed, or, where the gate is repacked (its rows
-  // interleaved, model/repack.hpp), its product with the identity (G^T = (G I)^T, exact up to the
-  // activations' rounding of 1 in the product's 8-bit types).
+  // G^T as floats: the rows dequantized (cpu::get_rows: a repacked gate's rows too, from their
+  // group unpacked) and transposed; a repacked K-quant gate, which has no unpacking, as its
+  // product with the identity (G^T = (G I)^T, exact up to the activations' rounding of 1).
   gp.GT.resize(static_cast<size_t>(nf * d));
-  if (cpu::r16_base(gate.type) != gate.type) {
+  const DType base = cpu::r16_base(gate.type);
+  if (base != gate.type && !cpu::r16_unpackable(base)) {
     std::vector<float> I(static_cast<size_t>(d * d), 0.0f);
     for (int64_t i = 0; i < d; ++i) I[i * d + i] = 1.0f;
     AlignedBuffer<uint8_t> scratch(cpu::matmul_scratch_bytes(gate.type, d, d) + 1);
     cpu::matmul(pool, gate, I.data(), d, gp.GT.data(), scratch.data());  // [d x nf]: row i is G e_i
   } else {
     std::vector<float> G(static_cast<size_t>(nf * d));
-    pool.parallel_for(nf, 64, [&](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r) dequantize_row(gate.type, gate.row(r), &G[r * d], d);
-    });
+    std::vector<int32_t> ids(static_cast<size_t>(nf));
+    for (int64_t r = 0; r < nf; ++r) ids[r] = static_cast<int32_t>(r);
+    pool.parallel_for(nf, 64, [&](int64_t r0, int64_t r1, int) { cpu::get_rows(gate, &ids[r0], r1 - r0, &G[r0 * d]); });
     transpose(pool, G.data(), nf, d, gp.GT.data());
   }
   // The pre-activations of the sample tokens, P [N x nf] (the engine's product with the gate as

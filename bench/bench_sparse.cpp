@@ -83,7 +83,8 @@ void BM_Axpy(benchmark::State& state, DType t, int percent) {
 // The same over an input-channel-major 4-bit copy (Q4_0_NM: the file's codes, scale tables per
 // 32 rows; Q4_0_NM8: those tables in 8 bits) at the 7B shapes input sparsity reads: 4096
 // outputs x 4096 inputs (q / o), 6144 x 4096 (q, k, v side by side), 28672 x 4096 (gate and up
-// side by side), 4096 x 14336 (down): the kept rows in order. Bytes/s counts the rows and the
+// side by side), 4096 x 14336 (down): the kept rows in order; and 2048 x 1024, a 1 MiB copy that
+// stays in L2 with EMBER_BENCH_HOT=1: the kernel's compute rate. Bytes/s counts the rows and the
 // tables of the blocks with a kept row; compare with Matvec/Q4_0(_R16)/4096x4096 for the dense
 // rate.
 void BM_AxpyNm4(benchmark::State& state, DType type, int64_t kOut, int64_t kN, int percent) {
@@ -174,7 +175,8 @@ int register_all() {
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
   }
-  for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {6144, 4096}, {4096, 14336}, {2048, 5632}})
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {6144, 4096}, {4096, 14336}, {2048, 5632},
+                         {2048, 1024}})
     for (int percent : {10, 25, 50, 100})
       for (DType t : {DType::Q4_0_NM, DType::Q4_0_NM8})
         benchmark::RegisterBenchmark(("SparseAxpy/" + std::string(dtype_name(t)) + "/" + std::to_string(out) + "x" +

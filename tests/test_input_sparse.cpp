@@ -474,7 +474,9 @@ TEST(InputSparse, CopiesFromTheFileLayoutBesideRepackedMatrices) {
         EXPECT_EQ(sa.seen[l][s], sb.seen[l][s]);
       }
     EXPECT_LE(flips * 500, seen) << min_row;
-    if (flips == 0) EXPECT_LT(test_support::max_rel_diff(a, b), 1e-3) << min_row;
+    if (flips == 0) {
+      EXPECT_LT(test_support::max_rel_diff(a, b), 1e-3) << min_row;
+    }
   }
 }
 

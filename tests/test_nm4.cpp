@@ -313,6 +313,47 @@ TEST(Nm4, AxpyKernelsAgreeBitForBitAndWithDoubles) {
   }
 }
 
+// The largest sums a segment can make: 16 rows of code 15 with factors of +-127 (the AVX2
+// kernel sums pairs of rows in 16 bits: 16 x 127 x 15 = 30480 must fit) give every level the
+// scalar kernel's bits and the exact sum.
+TEST(Nm4, AxpyAtTheLargestSegmentSums) {
+  SimdGuard guard;
+  ThreadPool pool(1);
+  const int64_t n_embd = 320, n_ff = 64;  // a 128-wide chunk, then 128, 64
+  for (DType nt : kCopyTypes) {
+    const DType t = file_type(nt);
+    // Q4_1: 1 with a 0 in each block (d = 1/15, min 0: code 15); Q4_0: 7 with a -8 (d = 1: code 15).
+    const float top = t == DType::Q4_1 ? 1.0f : 7.0f, low = t == DType::Q4_1 ? 0.0f : -8.0f;
+    Down d;
+    const size_t stride = row_bytes(t, n_ff);
+    d.bytes.resize(stride * static_cast<size_t>(n_embd));
+    std::vector<float> row(static_cast<size_t>(n_ff), top);
+    for (int64_t i = 31; i < n_ff; i += 32) row[static_cast<size_t>(i)] = low;
+    for (int64_t r = 0; r < n_embd; ++r)
+      quantize_row(t, row.data(), d.bytes.data() + static_cast<size_t>(r) * stride, n_ff);
+    d.view = matrix_view(t, d.bytes.data(), n_embd, n_ff);
+    d.view.name = "down";
+    auto nm = cpu::make_neuron_major(pool, d.view, nt);
+    std::vector<int32_t> list(16);
+    std::iota(list.begin(), list.end(), 32);  // one segment: rows 32 .. 47 of the second block
+    for (float sign : {1.0f, -1.0f}) {
+      const std::vector<float> h(list.size(), sign);
+      std::vector<float> ref(static_cast<size_t>(n_embd), 0.0f);
+      std::vector<cpu::detail::Nm4Seg> segs;
+      cpu::detail::nm4_prepare_segments(list.data(), h.data(), 16, segs);
+      ASSERT_EQ(segs.size(), 1u);
+      cpu::detail::nm4_axpy_scalar(nm.view, segs.data(), 1, 0, n_embd, ref.data());
+      for (float x : ref) ASSERT_NEAR(x, 16.0f * top * sign, 1e-3f * 16.0f * top) << dtype_name(nt);
+      for (SimdLevel level : test_support::simd_levels()) {
+        set_simd_level(level);
+        std::vector<float> got(static_cast<size_t>(n_embd), 0.0f);
+        cpu::nm4_axpy(nm.view, list.data(), h.data(), 16, 0, n_embd, got.data());
+        ASSERT_EQ(got, ref) << dtype_name(nt) << " " << simd_level_name(level) << " sign " << sign;
+      }
+    }
+  }
+}
+
 // Through sparse_axpy: the column split gives the same bits for any thread count, several
 // tokens equal one token at a time, and the neurons split stays close.
 TEST(Nm4, SparseAxpyThreadsAndTokens) {

@@ -218,6 +218,7 @@ const detail::KernelTable<detail::Nm4AxpyFn>& detail::nm4_axpy_table() {
     KernelTable<Nm4AxpyFn> k;
     add_nm4_axpys(k, SimdLevel::scalar, {&nm4_axpy_scalar, &nm4_axpy_scalar, &nm4_axpy_scalar, &nm4_axpy_scalar});
     add_nm4_axpy_avx2(k);
+    add_nm4_axpy_avx_vnni(k);
     add_nm4_axpy_avx512(k);
     return k;
   }();

@@ -52,9 +52,9 @@
 //   Q4_1 first: out = out + fma(float(mc), ms * s, mb * s)
 //   out = fma(fma(float(dc), ds * e, db * e), float(acc), out)
 // The SIMD kernels take a segment's rows four at a time (the last four padded with a factor of
-// 0) and sum each output's four products into 32 bits with vpdpbusd (AVX2 without VNNI:
-// vpmaddubsw into 16-bit half-sums, added into 32 bits once per segment: the same integers). The
-// scalar, AVX2 and AVX-512 kernels all compute exactly this, so they agree bit for bit, and a
+// 0) and sum each output's four products into 32 bits with vpdpbusd (AVX2 without VNNI: two at a
+// time, vpmaddubsw's sums added in 16 bits over the segment and widened once: the same integers).
+// The scalar, AVX2, AVX-VNNI and AVX-512 kernels all compute exactly this, so they agree bit for bit, and a
 // column slice (starting at a chunk) gives the same bits as the whole row. One multiply by the
 // scale per segment instead of one per neuron.
 #pragma once
@@ -63,6 +63,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/thread_pool.hpp"
@@ -239,10 +240,11 @@ using Nm4AxpyFn = void (*)(const TensorView& D, const Nm4Seg* segs, int64_t n_se
                            float* out);
 void nm4_axpy_scalar(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len, float* out);
 // The kernels by type and ISA (kernel_table.hpp): scalar for every shared-scale type, filled in
-// by nm4/nm4.cpp, nm4/nm4_avx2.cpp and nm4/nm4_avx512.cpp; nm4_axpy asks the table.
+// by nm4/nm4.cpp, nm4/nm4_avx2.cpp, nm4/nm4_avxvnni.cpp and nm4/nm4_avx512.cpp; nm4_axpy asks the table.
 // The four copy types' kernels of one level: Q4_0_NM, Q4_1_NM, Q4_0_NM8, Q4_1_NM8 in that order.
 void add_nm4_axpys(KernelTable<Nm4AxpyFn>& t, SimdLevel level, const std::array<Nm4AxpyFn, 4>& fns);
 void add_nm4_axpy_avx2(KernelTable<Nm4AxpyFn>& t);
+void add_nm4_axpy_avx_vnni(KernelTable<Nm4AxpyFn>& t);
 void add_nm4_axpy_avx512(KernelTable<Nm4AxpyFn>& t);
 const KernelTable<Nm4AxpyFn>& nm4_axpy_table();  // filled once (nm4/nm4.cpp)
 

@@ -5,10 +5,8 @@
 // output once. 28 instructions per 512 weights, where pairs of rows with vpmaddubsw into 16-bit
 // sums took 32 and widened the sums before scaling them (in cache, one thread: 0.93-0.95x the
 // time at 25-50 % of the rows kept, 0.88x at all; docs/benchmarks.md, session 26). Chunks
-// narrower than 128 at a row's end take the 256-bit code (nm4/nm4_simd.hpp). The rows two segments on
-// are prefetched on the way, a line of each per chunk, as in the other grouped sparse kernels
-// (sparse/sparse_avx512.cpp), with their part of the scale table(s) (measured 0.93-0.96x the time,
-// docs/benchmarks.md). fp16 or narrow (8-bit) tables: a template parameter. Same operations per
+// narrower than 128 at a row's end take the 256-bit code, and the segment loop with its prefetches is
+// every level's (nm4/nm4_simd.hpp). fp16 or narrow (8-bit) tables: a template parameter. Same operations per
 // output as the scalar kernel, so the same bits.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -22,8 +20,6 @@ namespace {
 #include "ops/cpu/simd_f32.hpp"
 #include "ops/cpu/nm4/nm4_simd.hpp"
 
-constexpr int kPrefetchSegments = 2;  // measured best of 1-3 (bench_sparse, SparseAxpy/Q4_0_NM)
-
 // a_k += vpdpbusd(u_k, f) for eight accumulators, in place. (GCC 12 copies the intrinsic's
 // accumulators through other registers every iteration of the loop: 16 zmm moves per four rows with
 // _mm512_dpbusd_epi32, and still 4 with one asm statement per accumulator.)
@@ -36,39 +32,13 @@ inline void dpbusd8(__m512i& a0, __m512i& a1, __m512i& a2, __m512i& a3, __m512i&
       : "v"(u0), "v"(u1), "v"(u2), "v"(u3), "v"(u4), "v"(u5), "v"(u6), "v"(u7), "v"(f));
 }
 
-// The lines of a chunk of 128 outputs from j on in the tables (fp16: 4 lines a table; narrow: 2
-// of codes and the one holding the chunk's 4 scale and base pairs).
+// Segment s over the 128 outputs from j (o: their output).
 template <bool kMin, bool kNarrow>
-inline void prefetch_tables(const Nm4Tables& t, int64_t j) {
-  const auto line = [](const void* p, int l) { _mm_prefetch(static_cast<const char*>(p) + 64 * l, _MM_HINT_T1); };
-  if constexpr (kNarrow) {
-    for (int l = 0; l < kNm4Chunk / 64; ++l) {
-      line(t.dc + j, l);
-      if constexpr (kMin) line(t.mc + j, l);
-    }
-    line(t.dsb + 2 * (j / kNm8Group), 0);
-    if constexpr (kMin) line(t.msb + 2 * (j / kNm8Group), 0);
-  } else {
-    for (int l = 0; l < kNm4Chunk * 2 / 64; ++l) {
-      line(t.d + j, l);
-      if constexpr (kMin) line(t.m + j, l);
-    }
-  }
-}
-
-// Segment s over the 128 outputs from j (o: their output); the next segment's rows and tables
-// (`next`, when there is one) prefetched on the way.
-template <bool kMin, bool kNarrow>
-void chunk128(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Rows* next, int next_rows, const Nm4Tables& next_t,
-              int64_t j, const Nm4Tables& t, float* o) {
+void chunk128(const Nm4Seg& s, const Nm4Rows& rows, int64_t j, const Nm4Tables& t, float* o) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
   const size_t at = static_cast<size_t>(j / 2);
   const __m512i init = _mm512_set1_epi32(kMin ? 0 : -s.offset);  // Q4_0: the sums start at - 8 x sum(hq)
   __m512i a0 = init, a1 = init, a2 = init, a3 = init, a4 = init, a5 = init, a6 = init, a7 = init;
-  if (next) {
-    for (int r = 0; r < next_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(next->p[r] + at), _MM_HINT_T1);
-    prefetch_tables<kMin, kNarrow>(next_t, j);
-  }
   for (int q = 0; q < s.quads; ++q) {
     const __m512i a = _mm512_loadu_si512(rows.p[4 * q] + at), b = _mm512_loadu_si512(rows.p[4 * q + 1] + at);
     const __m512i c = _mm512_loadu_si512(rows.p[4 * q + 2] + at), d = _mm512_loadu_si512(rows.p[4 * q + 3] + at);
@@ -100,27 +70,13 @@ void chunk128(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Rows* next, int nex
 
 template <bool kMin, bool kNarrow>
 void axpy(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len, float* out) {
-  for (int64_t g = 0; g < n_segs; ++g) {
-    const Nm4Seg& s = segs[g];
-    const Nm4Rows rows = nm4_rows(D, s);
-    Nm4Rows next;
-    Nm4Tables next_t;
-    const bool ahead = g + kPrefetchSegments < n_segs;
-    if (ahead) {
-      next = nm4_rows(D, segs[g + kPrefetchSegments]);
-      next_t = nm4_tables(D, segs[g + kPrefetchSegments].block);
-    }
-    const int next_rows = ahead ? 4 * segs[g + kPrefetchSegments].quads : 0;  // the rows nm4_rows set
-    const Nm4Tables t = nm4_tables(D, s.block);
-    for (int64_t j = col0; j < col0 + len;) {
-      const Nm4Chunk c = nm4_chunk_at(D.cols(), j);
-      if (c.width == kNm4Chunk)
-        chunk128<kMin, kNarrow>(s, rows, ahead ? &next : nullptr, next_rows, next_t, j, t, out + (j - col0));
-      else
-        nm4_chunk256<kMin, kNarrow>(D, s, rows, c, col0, out);  // a row's end: 64 and / or 32 outputs
-      j += c.width;
-    }
-  }
+  nm4_axpy_segments<kMin, kNarrow>(
+      D, segs, n_segs, col0, len, out, [](const Nm4Seg& s, const Nm4Rows& rows, const Nm4Tables& t, Nm4Chunk c, float* o) {
+        if (c.width == kNm4Chunk)
+          chunk128<kMin, kNarrow>(s, rows, c.start, t, o);
+        else
+          nm4_chunk256<kMin, kNarrow>(s, rows, t, c, o);  // a row's end: 64 and / or 32 outputs
+      });
 }
 
 }  // namespace

@@ -16,12 +16,11 @@
 // - without (AVX2), pairs of rows: their bytes interleaved once (vpunpck{l,h}bw), so that each
 //   16-bit lane holds a byte of each row; the nibbles masked out as above, and vpmaddubsw
 //   multiplies the two codes of an output by the pair's factors and adds them into 16 bits, summed
-//   over the segment in 16 bits (at most 16 x 127 x 15 = 30480) and widened to 32 bits once. Four
-//   accumulators of 16 outputs: with the fours' eight accumulators and their interleaves, AVX2's 16
-//   registers spilled in the loop.
-// The lanes come out in output order by the copy's layout (per 128-bit half for the pairs: a
-// vpermq puts each accumulator's two runs of 8 outputs in its halves before widening). Q4_0's 8 x
-// the factors' sum starts the sums off.
+//   over the segment in 16 bits (a segment's sum fits: at most 16 x 127 x 15) and sign-extended to
+//   32 bits once. Four accumulators of 16 outputs: with the fours' eight accumulators and their
+//   interleaves, AVX2's 16 registers spilled in the loop.
+// The lanes come out in output order by the copy's layout. Q4_0's 8 x the factors' sum starts the
+// sums off.
 
 // The segment's rows (in fours, the last four padded with the last row).
 struct Nm4Rows {
@@ -33,7 +32,7 @@ inline Nm4Rows nm4_rows(const TensorView& D, const Nm4Seg& s) {
   return r;
 }
 
-static_assert(kNm4Segment * 127 * 15 < 32768, "a segment's 16-bit sums must not overflow");
+static_assert(kNm4Segment * 127 * 15 < 32768, "a segment's sums must fit in 16 bits");
 
 // Bytes [at, at + 32) of a row (kHalf: [at, at + 16), the upper lane zero).
 template <bool kHalf>
@@ -57,9 +56,9 @@ inline __m256i nm4_dpbusd(__m256i acc, __m256i u, __m256i f) {
 // acc[k] holds outputs k / 4 * width / 2 + k % 4 * width / 8 + 8 P + [0, 8); for a half one (a
 // 32-wide chunk) the low lane of acc[m] holds outputs 4 m + [0, 4) and of acc[4 + m] those plus 16.
 template <bool kHalf>
-inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, __m256i init, __m256i acc[8]) {
+inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int32_t init, __m256i acc[8]) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
-  for (int k = 0; k < 8; ++k) acc[k] = init;
+  for (int k = 0; k < 8; ++k) acc[k] = _mm256_set1_epi32(init);
   for (int q = 0; q < s.quads; ++q) {
     const __m256i a = nm4_load<kHalf>(rows.p[4 * q], at), b = nm4_load<kHalf>(rows.p[4 * q + 1], at);
     const __m256i c = nm4_load<kHalf>(rows.p[4 * q + 2], at), d = nm4_load<kHalf>(rows.p[4 * q + 3], at);
@@ -76,12 +75,15 @@ inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, __m256i in
 }
 #else
 // The same sums, in the same accumulators and lanes, by pairs of rows (see the top of the file).
+// `init` (Q4_0's - 8 x the factors' sum, or 0) starts the 16-bit sums: a partial sum is then the
+// sum of f (q - 8) over the rows taken so far and of - 8 f over the rest, at most 16 x 127 x 8 in
+// magnitude (Q4_1: of f q, at most 16 x 127 x 15), so 16 bits hold every one.
 template <bool kHalf>
-inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, __m256i init, __m256i acc[8]) {
+inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int32_t init, __m256i acc[8]) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
   // v[0]: outputs of bytes 0-7 of each lane, low nibbles; v[1]: their high nibbles; v[2], v[3]:
   // bytes 8-15. Each 128-bit half of a v holds two runs of 4 outputs (m = 2 n, 2 n + 1).
-  __m256i v0 = _mm256_setzero_si256(), v1 = v0, v2 = v0, v3 = v0;
+  __m256i v0 = _mm256_set1_epi16(static_cast<int16_t>(init)), v1 = v0, v2 = v0, v3 = v0;
   for (int p = 0; p < 2 * s.quads; ++p) {
     const __m256i a = nm4_load<kHalf>(rows.p[2 * p], at), b = nm4_load<kHalf>(rows.p[2 * p + 1], at);
     int16_t pair_f;  // the pair's two factors: bytes 2 p, 2 p + 1 of the fours' lanes
@@ -94,19 +96,13 @@ inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, __m256i in
     v3 = _mm256_add_epi16(v3, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(xh, 4), mask), f));
   }
   // Widened to the fours' lanes: acc[m] gets run m (low nibbles, m = 0 .. 3), acc[4 + m] its high
-  // nibbles. A full piece: v's two lanes hold, per lane L, runs m = 2 n, 2 n + 1 of 4 outputs each;
-  // vpermq gathers run 2 n of both lanes in the low half and run 2 n + 1 in the high half. A half
-  // piece (one lane): run m of 4 outputs sits at the lane's 4 (m % 2), the upper lane zero.
-  const auto widen = [&](__m256i v, __m256i& lo, __m256i& hi) {
-    if constexpr (!kHalf) v = _mm256_permute4x64_epi64(v, 0xD8);
-    const __m256i w0 = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(v));
-    if constexpr (kHalf) {  // runs of 4 in the low 128 bits of lo and hi
-      lo = _mm256_add_epi32(init, w0);
-      hi = _mm256_add_epi32(init, _mm256_permute2x128_si256(w0, w0, 0x81));
-    } else {
-      lo = _mm256_add_epi32(init, w0);
-      hi = _mm256_add_epi32(init, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1)));
-    }
+  // nibbles. Each lane of a v holds runs 2 n and 2 n + 1 of 4 outputs; interleaving v with its
+  // sign (vpunpck{l,h}wd, within lanes) sign-extends run 2 n of both lanes into lo and run 2 n + 1
+  // into hi, in output order (a half piece's upper lane is zero).
+  const auto widen = [](__m256i v, __m256i& lo, __m256i& hi) {
+    const __m256i sign = _mm256_srai_epi16(v, 15);
+    lo = _mm256_unpacklo_epi16(v, sign);
+    hi = _mm256_unpackhi_epi16(v, sign);
   };
   widen(v0, acc[0], acc[1]);
   widen(v2, acc[2], acc[3]);
@@ -167,7 +163,7 @@ template <bool kMin, bool kNarrow>
 inline void nm4_piece32(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int64_t width, int64_t P, float* out,
                         const Nm4Tables& t, int64_t start) {
   __m256i acc[8];
-  nm4_sums<false>(s, rows, at, _mm256_set1_epi32(kMin ? 0 : -s.offset), acc);
+  nm4_sums<false>(s, rows, at, kMin ? 0 : -s.offset, acc);
   Nm4GroupFactors f = nm4_group_factors<kMin, false>(t, start, s);  // fp16 tables: once
   uint64_t group = ~uint64_t{0};
   for (int k = 0; k < 8; ++k) {
@@ -186,7 +182,7 @@ template <bool kMin, bool kNarrow>
 inline void nm4_piece16(const Nm4Seg& s, const Nm4Rows& rows, size_t at, float* out, const Nm4Tables& t,
                         int64_t start) {
   __m256i acc[8];
-  nm4_sums<true>(s, rows, at, _mm256_set1_epi32(kMin ? 0 : -s.offset), acc);
+  nm4_sums<true>(s, rows, at, kMin ? 0 : -s.offset, acc);
   const Nm4GroupFactors f = nm4_group_factors<kMin, kNarrow>(t, start, s);  // the chunk is one group
   for (int k = 0; k < 4; ++k)  // outputs 8 k .. 8 k + 8: the low lanes of vectors 2 k and 2 k + 1
     nm4_scale<__m256, kMin, kNarrow>(

@@ -110,7 +110,7 @@ double max_abs(const std::vector<double>& v) {
 // path without a new test.
 TEST(Sparse, EveryTableKernelIsTested) {
   const auto& t = cpu::detail::sparse_tables();
-  for (const std::vector<DType>& types : {t.rows.types(), t.gather.types(), t.axpy_rows.types()})
+  for (const std::vector<DType>& types : {t.rows.types(), t.gather.types(), t.gather_blocks.types(), t.axpy_rows.types()})
     for (DType w : types)
       EXPECT_NE(std::find(std::begin(kTypes), std::end(kTypes), w), std::end(kTypes)) << dtype_name(w);
   EXPECT_FALSE(t.rows.types().empty());

@@ -59,6 +59,14 @@ bool quad_kernels_apply(int64_t n_tokens, int64_t k, size_t x_stride) {
          x_stride == detail::quad_row_bytes(k);
 }
 
+// Whether the one-token kernels over quantized activation blocks (sparse/sparse_avx2.cpp) give this
+// level's dense bits: the row kernel that runs for t is AVX2's (at AVX2, and at AVX-VNNI, which
+// has no row-major kernel of its own).
+bool block_kernels_apply(DType t, int64_t n_tokens) {
+  return n_tokens == 1 && simd_level() >= SimdLevel::avx2 &&
+         detail::gemm_kernel(t, simd_level()).fn == detail::gemm_kernel(t, SimdLevel::avx2).fn;
+}
+
 }  // namespace
 
 // ---- gather-matmul ---------------------------------------------------------------------------
@@ -73,12 +81,13 @@ void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, c
   // Activations in the kernel's layout once for the whole list, not once per run of rows.
   size_t x_stride = 0;
   const void* xp = prepare_activations(W.type, xq, n_tokens, W.cols(), &x_stride);
-  if (quad_kernels_apply(n_tokens, W.cols(), x_stride)) {
-    // One token over 4-bit rows: the grouped kernel (several scattered rows in flight).
-    if (const detail::GatherFn gather = detail::sparse_tables().gather.find(W.type, simd_level())) {
-      gather(W.row(0), stride, active, n_active, W.cols(), static_cast<const uint8_t*>(xp), Y);
-      return;
-    }
+  // One token over 4-bit rows: the grouped kernel (several scattered rows in flight).
+  detail::GatherFn gather = nullptr;
+  if (quad_kernels_apply(n_tokens, W.cols(), x_stride)) gather = detail::sparse_tables().gather.find(W.type, simd_level());
+  else if (block_kernels_apply(W.type, n_tokens)) gather = detail::sparse_tables().gather_blocks.find(W.type, simd_level());
+  if (gather) {
+    gather(W.row(0), stride, active, n_active, W.cols(), static_cast<const uint8_t*>(xp), Y);
+    return;
   }
   for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), W.row_size());
   for (int64_t i = 0; i < n_active;) {

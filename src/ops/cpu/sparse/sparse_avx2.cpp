@@ -1,17 +1,29 @@
-// AVX2 + FMA + F16C kernels of the neuron-sparse down projection: one neuron-major row (or a
-// slice of it) dequantized in registers and accumulated into the output, out += h * w. For
-// Q8_0 and Q4_0 the block scale goes into the factor, out += (h * d) * q; the other types add
-// h * w with w computed exactly as dequantize_row computes it. The dequantize kernels give
-// dequantize_row's bits.
+// AVX2 + FMA + F16C kernels of the neuron-sparse FFN.
+//   rows (down): one neuron-major row (or a slice of it) dequantized in registers and accumulated
+//     into the output, out += h * w. For Q8_0 and Q4_0 the block scale goes into the factor,
+//     out += (h * d) * q; the other types add h * w with w computed exactly as dequantize_row
+//     computes it. The dequantize kernels give dequantize_row's bits.
+//   gather (gate, up; Q4_0 / Q4_1 rows against one token's Q8_0 / Q8_1 blocks): groups of four
+//     scattered rows in step (sparse/sparse_groups.hpp), each row's dot product the chain of the
+//     dense row kernel (gemm/gemm_avx2.cpp's Block32Kernel): per block the integer sums
+//     (vpmaddubsw, Q4_0's 8 x the activations' pair sums off, vpmaddwd) converted and added into
+//     8 float lanes times d_w d_x, Q4_1's m_w s_x summed apart, then the lanes' sum; so the
+//     results are bit-identical to matmul()'s rows at AVX2 and AVX-VNNI.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "core/cpu_features.hpp"
 #include "ops/cpu/sparse/sparse_impl.hpp"
 #include "tensor/quant.hpp"
 
 namespace ember::cpu::detail {
 namespace {
+
+#include "ops/cpu/simd_f32.hpp"
+#include "ops/cpu/sparse/sparse_groups.hpp"
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -140,6 +152,69 @@ void as_dequant(const uint8_t* src, float* dst, int64_t n) {
   F(1.0f, src, dst, n);
 }
 
+// ---- gather: 4-bit rows against one token's activation blocks -----------------------------
+
+constexpr int kGroup = 4;  // rows in flight per thread: four accumulators and the shared operands
+
+template <DType WT, int H>
+struct BlockGather {
+  static constexpr bool kMin = WT == DType::Q4_1;
+  using WB = std::conditional_t<kMin, BlockQ4_1, BlockQ4_0>;
+  using XB = std::conditional_t<kMin, BlockQ8_1, BlockQ8_0>;
+
+  // y[r] = dot(row w[r], x) for r < R, prefetching the rows `next` on the way.
+  template <int R>
+  static void rows(const WB* const* w, const uint8_t* const* next, int64_t nb, const XB* x, float* y) {
+    __m256 acc[R];
+    [[maybe_unused]] float msum[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), msum[r] = 0.0f;
+    const __m256i ones = _mm256_set1_epi16(1), eights = _mm256_set1_epi8(8), nib = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < R; ++r) prefetch_row_start<H>(next[r]);
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+      const float da = _cvtsh_ss(x[b].d);
+      [[maybe_unused]] __m256i off;
+      if constexpr (!kMin) off = _mm256_maddubs_epi16(eights, xa);
+      for (int r = 0; r < R; ++r) {
+        prefetch_span<H>(next[r] + b * static_cast<int64_t>(sizeof(WB)), sizeof(WB));
+        const WB& blk = w[r][b];
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nib);
+        __m256i p16 = _mm256_maddubs_epi16(q, xa);
+        if constexpr (!kMin) p16 = _mm256_sub_epi16(p16, off);
+        const __m256i p = _mm256_madd_epi16(p16, ones);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(blk.d) * da), acc[r]);
+        if constexpr (kMin) msum[r] += _cvtsh_ss(blk.m) * _cvtsh_ss(x[b].s);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float s = F32Lanes<8>::reduce_add(acc[r]);
+      if constexpr (kMin) s += msum[r];
+      y[r] = s;
+    }
+  }
+
+  static void gather(const uint8_t* w, size_t stride, const int32_t* rows_, int64_t n, int64_t k, const uint8_t* x,
+                     float* y) {
+    const int64_t nb = k / kQK, ahead = rows_ahead<kGroup>(static_cast<size_t>(nb) * sizeof(WB));
+    const auto row = [&](int64_t i) { return w + static_cast<size_t>(rows_[std::min(i, n - 1)]) * stride; };
+    const auto* xb = reinterpret_cast<const XB*>(x);
+    for (int64_t i = 0; i < n; i += kGroup) {
+      const WB* cur[kGroup];
+      const uint8_t* next[kGroup];
+      for (int g = 0; g < kGroup; ++g) cur[g] = reinterpret_cast<const WB*>(row(i + g)), next[g] = row(i + ahead + g);
+      with_rows<kGroup>(std::min<int64_t>(kGroup, n - i),
+                        [&](auto r) { rows<decltype(r)::value>(cur, next, nb, xb, y + i); });
+    }
+  }
+};
+
+template <int H>
+void add_gathers(SparseTables& t, SimdLevel l) {
+  t.gather_blocks.add(l, DType::Q4_0, &BlockGather<DType::Q4_0, H>::gather);
+  t.gather_blocks.add(l, DType::Q4_1, &BlockGather<DType::Q4_1, H>::gather);
+}
+
 }  // namespace
 
 void add_sparse_avx2(SparseTables& t) {
@@ -150,6 +225,8 @@ void add_sparse_avx2(SparseTables& t) {
   t.rows.add(l, DType::Q8_0, {.axpy = &q8_0<false>, .dequant = &as_dequant<&q8_0<true>>});
   t.rows.add(l, DType::Q4_0, {.axpy = &q4_0<false>, .dequant = &as_dequant<&q4_0<true>>});
   t.rows.add(l, DType::Q4_1, {.axpy = &q4_1<false>, .dequant = &as_dequant<&q4_1<true>>});
+  if (into_l1()) add_gathers<_MM_HINT_T0>(t, l);
+  else add_gathers<_MM_HINT_T1>(t, l);
 }
 
 }  // namespace ember::cpu::detail

@@ -1,11 +1,5 @@
-// AVX-512 kernels of the neuron-sparse FFN for one token (decode), working on groups of
-// scattered rows at once.
-//
-// Why groups: an active row is a short read (1-2 KB) somewhere in a large matrix, so its first
-// cache lines are a DRAM latency away and the hardware prefetcher has not seen it coming. Going
-// through eight rows in step keeps eight independent streams in flight, and the rows of the next
-// group are prefetched while the current one is computed (spread over the loop, a couple of
-// lines per step, so that the prefetches do not queue up in front of the loads).
+// AVX-512 kernels of the neuron-sparse FFN for one token (decode), working on groups of eight
+// scattered rows at once (why groups, and the prefetches: sparse/sparse_groups.hpp).
 //
 //   gather (gate, up; Q4_0 / Q4_1 rows, activations in the quad layout of gemm/gemm_kernels.hpp): every
 //     row's dot product is the same chain of operations as in the dense decode kernel (lane-wise
@@ -33,46 +27,9 @@
 namespace ember::cpu::detail {
 namespace {
 
+#include "ops/cpu/sparse/sparse_groups.hpp"
+
 constexpr int kGroup = 8;  // rows in flight per thread
-
-// How many rows ahead the prefetches run: about kPrefetchAhead bytes of rows, at least a group
-// (short rows need more of them; 4 KB to 16 KB measured about the same).
-constexpr int64_t kPrefetchAhead = 16384;
-inline int64_t rows_ahead(size_t row_bytes) {
-  return std::clamp<int64_t>(kPrefetchAhead / static_cast<int64_t>(row_bytes), kGroup, 8 * kGroup);
-}
-
-// Prefetches the lines that start in [p, p + n) with hint H: one prefetch per line as the spans
-// of a row go by; prefetch_row_start asks for the row's first line. Which hint is faster depends
-// on the CPU (into_l1 below): into L2 (T1) on AMD Zen 4, where T0 measured 5-8 % slower (it
-// holds the few L1 miss buffers longer); into L1 (T0) on Intel Xeon, where it measured 7-10 %
-// faster on the gathers.
-template <int H>
-inline void prefetch_span(const uint8_t* p, int n) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p), end = a + static_cast<uintptr_t>(n);
-  for (uintptr_t line = (a + 63) & ~uintptr_t{63}; line < end; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(line), static_cast<_mm_hint>(H));
-}
-template <int H>
-inline void prefetch_row_start(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), static_cast<_mm_hint>(H));
-}
-
-// f(std::integral_constant<int, c>{}) for a count c in 1 .. kGroup (0: nothing).
-template <class F>
-inline void with_rows(int64_t c, F&& f) {
-  switch (c) {
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    default: break;
-  }
-}
 
 // ---- gather: 4-bit rows against the quad layout ------------------------------------------
 
@@ -154,13 +111,13 @@ struct QuadGather {
 
   static void gather(const uint8_t* w, size_t stride, const int32_t* rows_, int64_t n, int64_t k, const uint8_t* x,
                      float* y) {
-    const int64_t nb = k / kQK, ahead = rows_ahead(static_cast<size_t>(nb) * kBlock);
+    const int64_t nb = k / kQK, ahead = rows_ahead<kGroup>(static_cast<size_t>(nb) * kBlock);
     const auto row = [&](int64_t i) { return w + static_cast<size_t>(rows_[std::min(i, n - 1)]) * stride; };
     for (int64_t i = 0; i < n; i += kGroup) {
       const uint8_t* cur[kGroup];
       const uint8_t* next[kGroup];
       for (int g = 0; g < kGroup; ++g) cur[g] = row(i + g), next[g] = row(i + ahead + g);
-      with_rows(std::min<int64_t>(kGroup, n - i), [&](auto r) { rows<decltype(r)::value>(cur, next, nb, x, y + i); });
+      with_rows<kGroup>(std::min<int64_t>(kGroup, n - i), [&](auto r) { rows<decltype(r)::value>(cur, next, nb, x, y + i); });
     }
   }
 };
@@ -263,7 +220,7 @@ void axpy_group(const uint8_t* const* src, const uint8_t* const* next, const flo
 template <DType T, int H>
 void axpy_rows(const uint8_t* d, size_t stride, size_t offset, const int32_t* rows, const float* h, int64_t n,
                float* out, int64_t len) {
-  const int64_t nblocks = len / kQK, ahead = rows_ahead(static_cast<size_t>(nblocks) * kBlockBytes<T>);
+  const int64_t nblocks = len / kQK, ahead = rows_ahead<kGroup>(static_cast<size_t>(nblocks) * kBlockBytes<T>);
   const auto row = [&](int64_t i) { return d + static_cast<size_t>(rows[std::min(i, n - 1)]) * stride + offset; };
   const uint8_t* cur[kGroup];
   const uint8_t* next[kGroup];
@@ -273,7 +230,7 @@ void axpy_rows(const uint8_t* d, size_t stride, size_t offset, const int32_t* ro
   const auto flush = [&](int64_t after) {
     if (c == 0) return;  // nothing gathered (an empty list, or only zero factors): no rows to read
     for (int g = 0; g < kGroup; ++g) next[g] = row(after + ahead - kGroup + g);
-    with_rows(c, [&](auto r) { axpy_group<T, decltype(r)::value, H>(cur, next, hc, out, nblocks); });
+    with_rows<kGroup>(c, [&](auto r) { axpy_group<T, decltype(r)::value, H>(cur, next, hc, out, nblocks); });
     c = 0;
   };
   for (int64_t i = 0; i < n; ++i) {
@@ -306,7 +263,7 @@ void up_down(const uint8_t* up, size_t up_stride, const uint8_t* down, size_t do
     const uint8_t* cur[kGroup];
     const uint8_t* next[kGroup];
     for (int j = 0; j < kGroup; ++j) cur[j] = up_row(i + j), next[j] = up_row(i + kGroup + j);
-    with_rows(m, [&](auto r) { QuadGather<UT, H>::template rows<decltype(r)::value>(cur, next, nb, x, h + i); });
+    with_rows<kGroup>(m, [&](auto r) { QuadGather<UT, H>::template rows<decltype(r)::value>(cur, next, nb, x, h + i); });
     // The down rows of the neurons with a nonzero value (a zero adds exactly nothing).
     float hc[kGroup];
     int c = 0;
@@ -315,7 +272,7 @@ void up_down(const uint8_t* up, size_t up_stride, const uint8_t* down, size_t do
       if (h[i + j] != 0.0f) cur[c] = down_row(i + j), hc[c++] = h[i + j];
     }
     for (int j = 0; j < kGroup; ++j) next[j] = down_row(i + kGroup + j);
-    with_rows(c, [&](auto r) { axpy_group<DT, decltype(r)::value, H>(cur, next, hc, out, nb); });
+    with_rows<kGroup>(c, [&](auto r) { axpy_group<DT, decltype(r)::value, H>(cur, next, hc, out, nb); });
   }
 }
 
@@ -356,9 +313,6 @@ UpDownFn up_down_for(DType up, DType down) {
     default: return nullptr;
   }
 }
-
-// The prefetch hint for this CPU (see prefetch_span).
-bool into_l1() { return cpu_features().intel; }
 
 }  // namespace
 

@@ -23,10 +23,11 @@ struct SparseKernels {
   explicit operator bool() const { return axpy || dequant; }
 };
 
-// AVX-512 one-token kernels over groups of (eight) scattered rows (sparse/sparse_avx512.cpp); null where there
-// is none for the type.
+// One-token kernels over groups of scattered rows (sparse/sparse_avx512.cpp: eight, sparse/sparse_avx2.cpp:
+// four); null where there is none for the type.
 // y[i] = dot(row rows[i] of w, x) for i < n: 4-bit rows (Q4_0, Q4_1) of k elements, x one
-// activation row in the quad layout (gemm/gemm_kernels.hpp); bit-identical to the dense kernel's rows.
+// activation row as the level's dense row kernel takes it (AVX-512: the quad layout of
+// gemm/gemm_kernels.hpp; AVX2: quantized blocks); bit-identical to that kernel's rows.
 using GatherFn = void (*)(const uint8_t* w, size_t stride, const int32_t* rows, int64_t n, int64_t k,
                           const uint8_t* x, float* y);
 
@@ -47,7 +48,8 @@ UpDownFn sparse_up_down_avx512(DType up, DType down);
 // The tables, filled once by the kernel files (AVX2's row kernels serve the AVX-512 level too).
 struct SparseTables {
   KernelTable<SparseKernels> rows;    // one row's fused axpy and dequantization
-  KernelTable<GatherFn> gather;       // one token's products with groups of scattered rows
+  KernelTable<GatherFn> gather;       // one token's products with groups of scattered rows (quad layout)
+  KernelTable<GatherFn> gather_blocks;  // the same against quantized blocks (AVX2's row kernel)
   KernelTable<AxpyRowsFn> axpy_rows;  // one token's axpy over groups of scattered rows
 };
 void add_sparse_avx2(SparseTables& t);    // sparse/sparse_avx2.cpp

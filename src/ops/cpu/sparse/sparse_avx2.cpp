@@ -175,6 +175,7 @@ struct BlockGather {
       const float da = _cvtsh_ss(x[b].d);
       [[maybe_unused]] __m256i off;
       if constexpr (!kMin) off = _mm256_maddubs_epi16(eights, xa);
+#pragma GCC unroll 4  // the accumulators stay in registers
       for (int r = 0; r < R; ++r) {
         prefetch_span<H>(next[r] + b * static_cast<int64_t>(sizeof(WB)), sizeof(WB));
         const WB& blk = w[r][b];

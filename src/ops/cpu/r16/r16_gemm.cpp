@@ -18,7 +18,7 @@ constexpr R16Gemm kR16Gemms[] = {
     {DType::Q4_1_R16, &gemm_q4_1_r16_scalar, &gemm_q4_1_r16_avx2, &gemm_q4_1_r16_avxvnni, &gemm_q4_1_r16_avx512, true},
     {DType::Q5_0_R16, &gemm_q5_0_r16_scalar, &gemm_q5_0_r16_avx2, &gemm_q5_0_r16_avxvnni, &gemm_q5_0_r16_avx512, true},
     {DType::Q8_0_R16, &gemm_q8_0_r16_scalar, &gemm_q8_0_r16_avx2, &gemm_q8_0_r16_avxvnni, &gemm_q8_0_r16_avx512, true},
-    {DType::Q6_K_R16, &gemm_q6_k_r16_scalar, &gemm_q6_k_r16_avx2, nullptr, &gemm_q6_k_r16_avx512, false},
+    {DType::Q6_K_R16, &gemm_q6_k_r16_scalar, &gemm_q6_k_r16_avx2, &gemm_q6_k_r16_avxvnni, &gemm_q6_k_r16_avx512, false},
     {DType::Q4_K_R16, &gemm_q4_k_r16_scalar, &gemm_q4_k_r16_avx2, &gemm_q4_k_r16_avxvnni, &gemm_q4_k_r16_avx512, false},
     {DType::Q5_K_R16, &gemm_q5_k_r16_scalar, &gemm_q5_k_r16_avx2, &gemm_q5_k_r16_avxvnni, &gemm_q5_k_r16_avx512, false},
 };

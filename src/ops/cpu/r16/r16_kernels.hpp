@@ -63,6 +63,7 @@ void gemm_q8_0_r16_avxvnni(const GemmArgs& a);
 void gemm_q8_0_r16_avx512(const GemmArgs& a);
 void gemm_q6_k_r16_scalar(const GemmArgs& a);
 void gemm_q6_k_r16_avx2(const GemmArgs& a);
+void gemm_q6_k_r16_avxvnni(const GemmArgs& a);
 void gemm_q6_k_r16_avx512(const GemmArgs& a);
 void gemm_q4_k_r16_scalar(const GemmArgs& a);
 void gemm_q4_k_r16_avx2(const GemmArgs& a);

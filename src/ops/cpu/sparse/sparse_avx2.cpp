@@ -164,7 +164,7 @@ struct BlockGather {
 
   // y[r] = dot(row w[r], x) for r < R, prefetching the rows `next` on the way.
   template <int R>
-  static void rows(const WB* const* w, const uint8_t* const* next, int64_t nb, const XB* x, float* y) {
+  static void rows(const uint8_t* const* w, const uint8_t* const* next, int64_t nb, const XB* x, float* y) {
     __m256 acc[R];
     [[maybe_unused]] float msum[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), msum[r] = 0.0f;
@@ -178,7 +178,7 @@ struct BlockGather {
 #pragma GCC unroll 4  // the accumulators stay in registers
       for (int r = 0; r < R; ++r) {
         prefetch_span<H>(next[r] + b * static_cast<int64_t>(sizeof(WB)), sizeof(WB));
-        const WB& blk = w[r][b];
+        const WB& blk = reinterpret_cast<const WB*>(w[r])[b];
         const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
         const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nib);
         __m256i p16 = _mm256_maddubs_epi16(q, xa);
@@ -197,16 +197,12 @@ struct BlockGather {
 
   static void gather(const uint8_t* w, size_t stride, const int32_t* rows_, int64_t n, int64_t k, const uint8_t* x,
                      float* y) {
-    const int64_t nb = k / kQK, ahead = rows_ahead<kGroup>(static_cast<size_t>(nb) * sizeof(WB));
-    const auto row = [&](int64_t i) { return w + static_cast<size_t>(rows_[std::min(i, n - 1)]) * stride; };
+    const int64_t nb = k / kQK;
     const auto* xb = reinterpret_cast<const XB*>(x);
-    for (int64_t i = 0; i < n; i += kGroup) {
-      const WB* cur[kGroup];
-      const uint8_t* next[kGroup];
-      for (int g = 0; g < kGroup; ++g) cur[g] = reinterpret_cast<const WB*>(row(i + g)), next[g] = row(i + ahead + g);
-      with_rows<kGroup>(std::min<int64_t>(kGroup, n - i),
-                        [&](auto r) { rows<decltype(r)::value>(cur, next, nb, xb, y + i); });
-    }
+    grouped_rows<kGroup>(w, stride, rows_, n, static_cast<size_t>(nb) * sizeof(WB),
+                         [&](auto r, const uint8_t* const* cur, const uint8_t* const* next, int64_t i) {
+                           rows<decltype(r)::value>(cur, next, nb, xb, y + i);
+                         });
   }
 };
 

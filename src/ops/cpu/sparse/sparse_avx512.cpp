@@ -111,14 +111,11 @@ struct QuadGather {
 
   static void gather(const uint8_t* w, size_t stride, const int32_t* rows_, int64_t n, int64_t k, const uint8_t* x,
                      float* y) {
-    const int64_t nb = k / kQK, ahead = rows_ahead<kGroup>(static_cast<size_t>(nb) * kBlock);
-    const auto row = [&](int64_t i) { return w + static_cast<size_t>(rows_[std::min(i, n - 1)]) * stride; };
-    for (int64_t i = 0; i < n; i += kGroup) {
-      const uint8_t* cur[kGroup];
-      const uint8_t* next[kGroup];
-      for (int g = 0; g < kGroup; ++g) cur[g] = row(i + g), next[g] = row(i + ahead + g);
-      with_rows<kGroup>(std::min<int64_t>(kGroup, n - i), [&](auto r) { rows<decltype(r)::value>(cur, next, nb, x, y + i); });
-    }
+    const int64_t nb = k / kQK;
+    grouped_rows<kGroup>(w, stride, rows_, n, static_cast<size_t>(nb) * kBlock,
+                         [&](auto r, const uint8_t* const* cur, const uint8_t* const* next, int64_t i) {
+                           rows<decltype(r)::value>(cur, next, nb, x, y + i);
+                         });
   }
 };
 

@@ -42,3 +42,19 @@ inline void with_rows(int64_t c, F&& f) {
     else with_rows<kMax - 1>(c, f);
   }
 }
+
+// A gather's walk over a list of n rows of `row_bytes` each: groups of up to kGroup rows in list
+// order, group(R, cur, next, i) with the rows of list entries i .. i + R (cur) and those about
+// rows_ahead on (next, to prefetch; past the list's end its last row).
+template <int kGroup, class Group>
+inline void grouped_rows(const uint8_t* w, size_t stride, const int32_t* rows, int64_t n, size_t row_bytes,
+                         Group&& group) {
+  const int64_t ahead = rows_ahead<kGroup>(row_bytes);
+  const auto row = [&](int64_t i) { return w + static_cast<size_t>(rows[std::min(i, n - 1)]) * stride; };
+  for (int64_t i = 0; i < n; i += kGroup) {
+    const uint8_t* cur[kGroup];
+    const uint8_t* next[kGroup];
+    for (int g = 0; g < kGroup; ++g) cur[g] = row(i + g), next[g] = row(i + ahead + g);
+    with_rows<kGroup>(std::min<int64_t>(kGroup, n - i), [&](auto r) { group(r, cur, next, i); });
+  }
+}

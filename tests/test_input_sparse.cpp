@@ -654,6 +654,16 @@ std::unique_ptr<Model> with_scaled_tensors(const std::string& path, const std::s
   return load_model(out);
 }
 
+// The small synth of one architecture family, with the head counts it needs.
+SynthOptions family(const char* arch, uint64_t seed) {
+  SynthOptions o = small(DType::F32, seed);
+  o.arch = arch;
+  o.act = synth_default_activation(arch);
+  if (std::string(arch) == "falcon") o.n_head_kv = 1;
+  if (std::string(arch) == "opt") o.n_head_kv = o.n_head;
+  return o;
+}
+
 // The block allocation measures each layer's output. Where a site's matrix barely reaches it
 // (wo scaled by 1e-3: the attention adds almost nothing), the site goes to its cap before the
 // others spend error, which the input energies cannot see (the energy greedy gives it far less);
@@ -730,6 +740,31 @@ TEST(InputAllocation, BlockSpendsErrorWhereTheLayersOutputMovesLeast) {
             std::string::npos);
   EXPECT_EQ(parse_input_allocation("block"), InputAllocation::block);
   EXPECT_STREQ(input_allocation_name(InputAllocation::block), "block");
+}
+
+// A candidate runs the layer only from its site's stage on (the stages before it kept from the
+// current plan): the same plan, bit for bit, as running the whole layer for every candidate, on
+// every family the blocks build (parallel residual, post-norms, no gate with biases, fused Q/K/V).
+TEST(InputAllocation, BlockStagedRunsEqualWholeLayerRuns) {
+  for (const char* arch : {"llama", "phi3", "falcon", "gemma3", "opt", "qwen2"}) {
+    SynthOptions o = family(arch, 23);
+    o.n_layer = 2;
+    auto m = load_synth(o, std::string("staged_") + arch + ".gguf");
+    const Profile prof = profile_of(*m);
+    ThreadPool pool(2);
+    const std::vector<int32_t> calib = random_tokens(128, o.n_vocab, 5);
+    BlockAllocationOptions bo;
+    bo.tokens = 64;
+    bo.chunk = 32;
+    bo.step = 0.05;
+    const InputSparsityPlan staged = allocate_input_sparsity_by_block(prof, *m, 0.4, pool, calib, bo);
+    bo.whole_layers = true;
+    const InputSparsityPlan whole = allocate_input_sparsity_by_block(prof, *m, 0.4, pool, calib, bo);
+    EXPECT_NEAR(staged.weighted_sparsity, 0.4, 0.002) << arch;
+    EXPECT_EQ(staged.block_error, whole.block_error) << arch;
+    EXPECT_EQ(staged.sparsity, whole.sparsity) << arch;
+    for (size_t l = 0; l < staged.block_error.size(); ++l) EXPECT_GT(staged.block_error[l], 0.0) << arch << " " << l;
+  }
 }
 
 // Where sites' copies can pay (a shape whose four sites all have rows of 2 KiB or more), the
@@ -875,11 +910,7 @@ TEST(Sparsify, EmbedsThePlansThresholdsAndChangesNothingElse) {
 // and each reaches a real share of skipped weights.
 TEST(InputSparse, EveryFamilyRunsOneFunctionOnBothPaths) {
   for (const char* arch : {"phi3", "falcon", "qwen3", "gemma3", "opt", "qwen2"}) {
-    SynthOptions o = small(DType::F32, 21);
-    o.arch = arch;
-    o.act = synth_default_activation(arch);
-    if (std::string(arch) == "falcon") o.n_head_kv = 1;
-    if (std::string(arch) == "opt") o.n_head_kv = o.n_head;
+    const SynthOptions o = family(arch, 21);
     auto m = load_synth(o, std::string("family_") + arch + ".gguf");
     const InputThresholds t = allocate_input_sparsity(profile_of(*m), *m, 0.4).thresholds;
     const std::vector<int32_t> tokens = test_support::session_tokens(*m, 10);

@@ -236,6 +236,20 @@ TEST(Profile, PerLayerThresholdsHitTheTargetSparsity) {
   EXPECT_EQ(r.thresholds, p.thresholds);
   EXPECT_FLOAT_EQ(r.sparsity, 0.6f);
   EXPECT_EQ(calibrate_thresholds(path, 0.6), p.thresholds);
+
+  // One pass (quantiles_only, what input sparsity reads): the same quantiles, tables and
+  // thresholds, no counts.
+  o.quantiles_only = true;
+  calls = 0;
+  const Profile q = run_profile(s, tokens, o, [&](int64_t, int64_t, int) { ++calls; });
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(q.n_tokens, p.n_tokens);
+  EXPECT_EQ(q.quantiles, p.quantiles);
+  EXPECT_EQ(q.input_quantiles, p.input_quantiles);
+  EXPECT_EQ(q.input_energy, p.input_energy);
+  EXPECT_EQ(q.thresholds, p.thresholds);
+  for (const auto& c : q.counts) EXPECT_EQ(*std::max_element(c.begin(), c.end()), 0.0f);
+  o.quantiles_only = false;
   EXPECT_NE(profile_svg(p).find("<polyline"), std::string::npos);
 
   for (double target : {0.3, 0.7}) {

@@ -52,10 +52,12 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
         auto q = ffn.histogram(l).quantiles(kQuantiles);
         p.thresholds.push_back(quantile_at(q.data(), kQuantiles, opts.sparsity));
       }
-      ffn.set_record_histograms(false);
-      ffn.set_count_thresholds(p.thresholds);
-      run_pass(2);
       p.sparsity = opts.sparsity;
+      if (!opts.quantiles_only) {
+        ffn.set_record_histograms(false);
+        ffn.set_count_thresholds(p.thresholds);
+        run_pass(2);
+      }
     }
   } catch (...) {
     session.set_ffn_executor(nullptr);
@@ -64,7 +66,7 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
   }
   session.set_ffn_executor(nullptr);
   session.set_projection_executor(nullptr);
-  p.n_tokens = ffn.tokens_counted();
+  p.n_tokens = opts.quantiles_only && opts.threshold < 0.0f ? ffn.tokens_recorded() : ffn.tokens_counted();
   EMBER_CHECK(p.n_tokens > 0, "the forward pass of architecture '{}' did not run the FFN executor: it cannot be "
               "profiled", hp.arch);
   double tsum = 0;

@@ -130,8 +130,8 @@ void embed_block(const Model& m, const int32_t* tokens, int64_t n, int64_t pos0,
   }
 }
 
-void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
-                     int64_t kv_layer, Workspace& ws, float* x, int64_t n) {
+void attention_heads(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
+                     int64_t kv_layer, Workspace& ws, const float* x, int64_t n) {
   const Hparams& hp = m.hp;
   const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
   float* xn = ws.xn.data();
@@ -168,6 +168,11 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   shape.scale = rules.scale;
   shape.window = rules.window;
   cache_and_attend(pool, shape, seqs, kv_layer, ws);
+}
+
+void attention_output(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, Workspace& ws, float* x,
+                      int64_t n) {
+  const int64_t d = m.hp.n_embd;
   float* o = ws.o.data();
   if (ws.proj)
     ws.proj->out(pool, il, L, ws.attn.data(), n, o, ws);
@@ -176,6 +181,12 @@ void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPo
   add_bias(L.bo, o, n, d);
   post_norm(m, L.attn_post_norm, o, n);
   cpu::add_f32(o, x, n * d);
+}
+
+void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
+                     int64_t kv_layer, Workspace& ws, float* x, int64_t n) {
+  attention_heads(m, L, il, pool, seqs, kv_layer, ws, x, n);
+  attention_output(m, L, il, pool, ws, x, n);
 }
 
 void ffn_block_input(const Model& m, const LayerWeights& L, const Workspace& ws, const float* x, float* xn,

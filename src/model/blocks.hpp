@@ -63,6 +63,13 @@ void dense_out(ThreadPool& pool, const LayerWeights& L, const float* attn, int64
 // ws.proj's where one is set.
 void attention_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
                      int64_t kv_layer, Workspace& ws, float* x, int64_t n);
+// attention_block in its two halves: the heads (ws.attn: norm, Q/K/V, positions, the cache, each
+// sequence's attention; a parallel-residual model's FFN input to ws.ffn_in), then the output
+// (x += post_norm(wo ws.attn + bo); ws.attn may be changed, an executor masks it in place).
+void attention_heads(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, std::span<const SeqSpan> seqs,
+                     int64_t kv_layer, Workspace& ws, const float* x, int64_t n);
+void attention_output(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& pool, Workspace& ws, float* x,
+                      int64_t n);
 
 // The FFN block in its two halves around the FFN itself: xn = ffn_norm(x) (parallel-residual
 // models: the input attention_block took from the layer's input, ws.ffn_in); then

@@ -69,6 +69,14 @@ struct BlockAllocationOptions {
   // decode for more error (docs/agreement.md): off by default.
   bool paying_sites_only = false;
   cpu::NeuronMajorType copy_type = cpu::NeuronMajorType::exact;
+  // Each step tries every open site at the current indices (TEAL's greedy), not only the one
+  // whose cost was lowest when last tried until one tried now stays lowest (the costs grow as
+  // the layer gets sparser, so a stale cost is a bound: close to the same plan, several times
+  // fewer layer runs).
+  bool every_candidate = false;
+  // Every candidate runs the whole layer, not just the stages from its site on (the same plan,
+  // slower: the reference the staged runs are tested against).
+  bool whole_layers = false;
 };
 // The block allocation (above) on `tokens` (calibration text, tokenized); progress(layer, message)
 // after each layer.

@@ -5,12 +5,22 @@
 // text, each from a BOS where the model expects one, as a prompt and perplexity's chunks start); at each layer its dense
 // input X and output Y are kept, and the greedy starts from every site keeping all its inputs.
 // A step raises the layer's share of weights skipped by `step` (less at the last, to land on the
-// target): it tries each site at once, its quantile index raised by as many thousandths as skip
-// that share of the layer's weights (fewer where the site's cap of 95 % stops it), runs the layer
-// on X with those thresholds (the executor's prompt path: the dense kernels on masked inputs,
-// input mode's own function), and keeps the site whose output moved least from Y per weight
-// skipped. Then Y, not the sparse output, goes on to the next layer (TEAL's per-block calibration:
-// each layer is allocated for the inputs the dense model gives it).
+// target) at one site: a site's candidate raises its quantile index by as many thousandths as skip
+// that share of the layer's weights (fewer where the site's cap of 95 % stops it) and runs the
+// layer on X with those thresholds (the executor's prompt path: the dense kernels on masked
+// inputs, input mode's own function); its cost is the output's move from Y per weight skipped.
+// The step takes the cheapest. Then Y, not the sparse output, goes on to the next layer (TEAL's
+// per-block calibration: each layer is allocated for the inputs the dense model gives it).
+//
+// Two things keep the runs few. A candidate runs the layer only from its site on: the stages
+// before it (the attention heads, the residual after attention, the FFN's neuron values) are the
+// current indices', kept from the candidate the last step took, so a down candidate costs one
+// product, not the layer (BlockAllocationOptions::whole_layers runs them whole: the same plan,
+// tested). And a step does not try every site again (TEAL's greedy; every_candidate): a site's
+// cost grows as the layer gets sparser, so the cost it had when last tried is close to a bound;
+// the step tries the site cheapest by those costs at the current indices, and takes it if it
+// is still the cheapest, else tries the next cheapest (about two runs a step, not one per site;
+// the 7B shape's plan moved by under 1 % of a site's share, the same output error).
 //
 // With BlockAllocationOptions::paying_sites_only (`sparsify --paying-sites`), only sites whose
 // skipped inputs save decode time take a share: a site keeps an input-channel-major copy, and reads it, only where its kept
@@ -28,9 +38,9 @@
 // else: on Gemma-3-270M at 40 % the raw comparison's allocation made 1.8x the KL divergence of the
 // energy greedy (docs/agreement.md, twenty-third session).
 //
-// The cost: per layer and step one layer run per open site, on `tokens` tokens: at a 50 % target
-// and steps of 2 %, up to 100 layer runs of 256 tokens per layer, again for each reallocation
-// (SmolLM2-135M: about a second a layer on two cores; the 7B shape: about a minute).
+// The cost: per layer about two partial layer runs a step on `tokens` tokens: at a 50 % target
+// and steps of 2 %, about 50 runs, again for each reallocation (the 7B shape: 30 s a layer on two
+// Sapphire Rapids cores, docs/benchmarks.md).
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -44,6 +54,23 @@
 #include "sparse/input_sparse.hpp"
 
 namespace ember {
+namespace {
+
+// What a layer's run computes before each site's input: the attention heads (attn_out's input),
+// the residual after attention (the FFN block's input), the FFN's neuron values (ffn_hidden's).
+struct Stages {
+  std::vector<float> heads, residual, values;
+  Stages(size_t n_heads, size_t n_residual, size_t n_values)
+      : heads(n_heads), residual(n_residual), values(n_values) {}
+  // Takes the stages a run from site `from` computed (those before it are unchanged).
+  void take(Stages& o, int from) {
+    if (from == 0) heads.swap(o.heads);
+    if (from <= 1) residual.swap(o.residual);
+    if (from <= 2) values.swap(o.values);
+  }
+};
+
+}  // namespace
 
 InputSparsityPlan allocate_input_sparsity_by_block(const Profile& p, const Model& model, double target,
                                                    ThreadPool& pool, const std::vector<int32_t>& tokens,
@@ -92,6 +119,11 @@ InputSparsityPlan allocate_input_sparsity_by_block(const Profile& p, const Model
   std::vector<double> rel_error(static_cast<size_t>(hp.n_layer), 0.0);
   Timer timer;
   std::vector<float> seen_x(width), seen_y(width), seen(width);
+  int64_t n_ff = 0;
+  for (const LayerWeights& L : model.layers) n_ff = std::max(n_ff, L.ffn.n_ff());
+  const size_t heads = static_cast<size_t>(n * hp.n_head * hp.head_dim), values = static_cast<size_t>(n * n_ff);
+  Stages current(heads, width, values);
+  std::vector<Stages> tried(kInputSites, Stages(heads, width, values));  // each site's last candidate
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     // What the next consumer of the residual stream sees of a layer output: its norm (the next
     // layer's attention norm, the head's after the last layer).
@@ -113,21 +145,52 @@ InputSparsityPlan allocate_input_sparsity_by_block(const Profile& p, const Model
     for (size_t i = 0; i < width; ++i) update += static_cast<double>(seen_y[i] - seen_x[i]) * (seen_y[i] - seen_x[i]);
 
     const std::vector<float>& q = p.input_quantiles[static_cast<size_t>(l)];
-    auto error_at = [&](const std::array<int64_t, kInputSites>& k) {
+    const LayerWeights& L = model.layers[static_cast<size_t>(l)];
+    const size_t hidden = static_cast<size_t>(n * L.ffn.n_ff());
+    // Layer l with the thresholds of indices k, from site `from`'s stage on: the stages before it
+    // are taken from `kept` (those of the indices k had before this site's raise), the ones it
+    // computes go to `got`; the output to ws.x. The stages: the attention heads (from x, masked
+    // at attn_in), the residual after attention (attn_out), the FFN's neuron values (ffn_in); the
+    // output (ffn_hidden) is the last.
+    const auto run_from = [&](int from, const std::array<int64_t, kInputSites>& k, const Stages& kept, Stages& got) {
       std::array<float, kInputSites> t{};
       for (int s = 0; s < kInputSites; ++s) t[s] = k[s] == 0 ? -1.0f : q[static_cast<size_t>(s * nq + k[s])];
       exec.set_thresholds(l, t);
-      std::copy_n(x.data(), width, ws.x.data());
       ws.proj = &exec;
       ws.ffn = &exec;
-      cpu_layer(model, l, pool, seqs, ws, n);
+      float* h = ws.x.data();
+      if (from == 0) {
+        attention_heads(model, L, l, pool, seqs, l, ws, x.data(), n);
+        std::copy_n(ws.attn.data(), heads, got.heads.data());
+      } else if (from == 1) {
+        std::copy_n(kept.heads.data(), heads, ws.attn.data());
+      }
+      if (from <= 1) {
+        std::copy_n(x.data(), width, h);
+        attention_output(model, L, l, pool, ws, h, n);
+        std::copy_n(h, width, got.residual.data());
+      } else {
+        std::copy_n(kept.residual.data(), width, h);
+      }
+      float* values = ws.up.data();
+      if (from <= 2) {
+        ffn_block_input(model, L, ws, h, ws.xn.data(), n);
+        values = exec.batch_values(pool, l, L.ffn, hp.act, ws.xn.data(), n, ws);
+        std::copy_n(values, hidden, got.values.data());
+      } else {
+        std::copy_n(kept.values.data(), hidden, values);
+      }
+      ws.ffn_residual = h;
+      exec.batch_down(pool, l, L.ffn, values, n, ws.o.data(), ws);
+      ffn_block_output(model, L, ws.o.data(), h, n);
+    };
+    const auto error_of_output = [&] {
       seen_by_next(ws.x.data(), seen.data());
       double e = 0;
       for (size_t i = 0; i < width; ++i) e += static_cast<double>(seen[i] - seen_y[i]) * (seen[i] - seen_y[i]);
       return e;
     };
 
-    const LayerWeights& L = model.layers[static_cast<size_t>(l)];
     const std::array<double, kInputSites> w = input_site_weights(L);
     double w_layer = 0;
     for (double v : w) w_layer += v;
@@ -135,25 +198,41 @@ InputSparsityPlan allocate_input_sparsity_by_block(const Profile& p, const Model
     // The greedy over the open sites: the quantile indices and the error they leave.
     const auto greedy = [&](const std::array<bool, kInputSites>& open) {
       std::array<int64_t, kInputSites> k{};
+      run_from(0, k, current, current);  // every input kept: the stages every first candidate starts from
       double got = 0, err = 0;
+      // Each site's cost (error added per weight skipped) when last tried, and whether that was
+      // at the current indices.
+      std::array<double, kInputSites> cost{}, error{};
+      std::array<int64_t, kInputSites> inc{};
+      std::array<bool, kInputSites> tried_once{}, fresh{};
       while (got + 0.5 * w_layer < want) {  // within half a thousandth of the layer's weights
         const double share = std::min(o.step * w_layer * 1000.0, want - got);
-        int best = -1;
-        double best_cost = 0, best_err = 0;
-        int64_t best_inc = 0;
-        for (int s = 0; s < kInputSites; ++s) {
-          if (!open[s] || w[s] <= 0 || k[s] >= kMaxQuantileIndex) continue;
-          const int64_t inc = std::min(std::max<int64_t>(1, std::llround(share / w[s])), kMaxQuantileIndex - k[s]);
+        const auto try_site = [&](int s) {
+          inc[s] = std::min(std::max<int64_t>(1, std::llround(share / w[s])), kMaxQuantileIndex - k[s]);
           std::array<int64_t, kInputSites> cand = k;
-          cand[s] += inc;
-          const double e = error_at(cand);
-          const double cost = (e - err) / (w[s] * static_cast<double>(inc));
-          if (best < 0 || cost < best_cost) best = s, best_cost = cost, best_err = e, best_inc = inc;
+          cand[s] += inc[s];
+          run_from(o.whole_layers ? 0 : s, cand, current, tried[static_cast<size_t>(s)]);
+          error[s] = error_of_output();
+          cost[s] = (error[s] - err) / (w[s] * static_cast<double>(inc[s]));
+          tried_once[s] = fresh[s] = true;
+        };
+        fresh.fill(false);
+        int best = -1;
+        while (true) {
+          best = -1;
+          for (int s = 0; s < kInputSites; ++s) {
+            if (!open[s] || w[s] <= 0 || k[s] >= kMaxQuantileIndex) continue;
+            if (!tried_once[s] || (o.every_candidate && !fresh[s])) try_site(s);
+            if (best < 0 || cost[s] < cost[best]) best = s;
+          }
+          if (best < 0 || fresh[best]) break;
+          try_site(best);  // lowest when last tried: tried again at the current indices
         }
         if (best < 0) break;  // every open site at its cap
-        k[best] += best_inc;
-        got += w[best] * static_cast<double>(best_inc);
-        err = best_err;
+        k[best] += inc[best];
+        current.take(tried[static_cast<size_t>(best)], o.whole_layers ? 0 : best);
+        got += w[best] * static_cast<double>(inc[best]);
+        err = error[best];
       }
       return std::pair{k, err};
     };

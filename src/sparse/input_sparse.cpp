@@ -422,15 +422,7 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
                               const float* x, int64_t n, float* out, Workspace& ws) {
   const size_t l = static_cast<size_t>(layer);
   const int64_t n_embd = w.n_embd(), n_ff = w.n_ff();
-  if (n > 1) {  // the dense steps of model/ffn.hpp on the masked input and values
-    float* xm = xm_.data();
-    std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n * n_embd));
-    mask(xm, n, n_embd, thr_[l][2]);
-    ffn_firing_all(pool, w, act, xm, n, ws);
-    float* h = ffn_values_all(pool, w, act, xm, n, ws);
-    mask(h, n, n_ff, thr_[l][3]);
-    return ffn_down_all(pool, w, h, n, out, ws);
-  }
+  if (n > 1) return batch_down(pool, layer, w, batch_values(pool, layer, w, act, x, n, ws), n, out, ws);
   // Decode: each of the two sites through its copy, or dense on its masked input (decode_via_copy).
   const LayerCopies& c = copies_[l];
   float* h = ws.up.data();
@@ -448,6 +440,21 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
   if (!decode_via_copy(layer, InputSite::ffn_hidden, h, h, n_ff, k)) return ffn_down_all(pool, w, h, 1, out, ws);
   site_product(pool, c[3], k, {out});
   ffn_add_down_bias(w, out, 1);
+}
+
+float* InputSparseExecutor::batch_values(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
+                                         const float* x, int64_t n, Workspace& ws) {
+  float* xm = xm_.data();  // the dense steps of model/ffn.hpp on the masked input
+  std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n * w.n_embd()));
+  mask(xm, n, w.n_embd(), thr_[static_cast<size_t>(layer)][2]);
+  ffn_firing_all(pool, w, act, xm, n, ws);
+  return ffn_values_all(pool, w, act, xm, n, ws);
+}
+
+void InputSparseExecutor::batch_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, float* h, int64_t n,
+                                     float* out, Workspace& ws) {
+  mask(h, n, w.n_ff(), thr_[static_cast<size_t>(layer)][3]);
+  ffn_down_all(pool, w, h, n, out, ws);
 }
 
 void InputSparseExecutor::set_thresholds(int64_t layer, const std::array<float, kInputSites>& t) {

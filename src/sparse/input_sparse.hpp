@@ -116,6 +116,14 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
   std::string refusal(const Model& model) const override;
+  // run()'s batch path (n > 1) in its two halves: the neuron values of the FFN of x with x's
+  // entries at or below ffn_in's threshold dropped (n x n_ff in ws.up, returned, unmasked);
+  // then out = down h with h's entries at or below ffn_hidden's threshold dropped (h is masked
+  // in place).
+  float* batch_values(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                      int64_t n, Workspace& ws);
+  void batch_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, float* h, int64_t n, float* out,
+                  Workspace& ws);
 
   const InputThresholds& thresholds() const { return thr_; }
   // Replaces one layer's thresholds (the block allocation tries candidates on the prompt path;

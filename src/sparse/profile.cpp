@@ -124,6 +124,7 @@ void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::
   if (record_hist_) {
     hist_[l].add(a, n * n_ff);
     inputs_[l][static_cast<int>(InputSite::ffn_in)].add(x, n * w.n_embd());
+    if (layer == 0) tokens_recorded_ += static_cast<uint64_t>(n);
   }
   if (!thresholds_.empty()) {
     const float t = thresholds_[l];

@@ -85,6 +85,7 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   }
   const std::vector<uint64_t>& counts(int64_t layer) const { return counts_[static_cast<size_t>(layer)]; }
   uint64_t tokens_counted() const { return tokens_counted_; }
+  uint64_t tokens_recorded() const { return tokens_recorded_; }  // tokens of layer 0 in the histograms
 
  private:
   std::vector<AbsHistogram> hist_;
@@ -94,6 +95,7 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   bool record_hist_ = true;
   FfnSampleRecorder* samples_ = nullptr;
   uint64_t tokens_counted_ = 0;  // tokens of layer 0 counted
+  uint64_t tokens_recorded_ = 0;
 };
 
 struct ProfileOptions {
@@ -101,6 +103,9 @@ struct ProfileOptions {
   int64_t max_tokens = 0;    // 0: the whole corpus (whole chunks)
   float threshold = -1.0f;   // < 0: per-layer quantile at `sparsity` (ReLU models: use 0)
   float sparsity = 0.5f;
+  // Per-layer mode: the first pass only (the firing and input quantiles, what input sparsity
+  // reads), no firing counts (they stay 0): half the time.
+  bool quantiles_only = false;
 };
 
 // Quantiles of the firing values' magnitudes per layer in a profile.

@@ -41,7 +41,7 @@ void save_samples(const ProfileFlags& f, const Profile& p, FfnSampleRecorder& re
 }
 
 void run_profile_cmd(ProfileFlags& f) {
-  auto model = load_model_logged(f.engine, nullptr, RepackScope::attention_output);
+  auto model = load_model_logged(f.engine, nullptr, RepackScope::all);  // the dense FFN: its kernels' layout
   const std::vector<int32_t> tokens = read_corpus_tokens(*model, f.corpus);
   f.opts.sparsity = f.engine.sparsity;  // --sparsity: the per-layer firing thresholds' sparsity
   if (!f.threshold_given) f.opts.threshold = model->hp.act == cpu::Activation::relu ? 0.0f : -1.0f;

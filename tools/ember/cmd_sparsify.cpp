@@ -40,7 +40,7 @@ struct SparsifyFlags {
   int64_t samples = 4000;   // predictor path: training tokens per layer
   double recall = 0.99;     // predictor path: target recall of activation mass
   std::string corpus = "data/corpus/calib.txt", eval = "data/corpus/eval.txt";
-  int64_t profile_tokens = 8192, eval_chunks = 4;
+  int64_t profile_tokens = -1, eval_chunks = 4;  // -1: the path's default (below)
   BlockAllocationOptions block;
   int threads = 0;
 };
@@ -171,13 +171,14 @@ void run_sparsify(SparsifyFlags& f) {
   EngineFlags ef;
   ef.model_path = f.o.model;
   ef.threads = f.threads;
-  ef.sparse_mode = "dense";
   const bool relu = load_model(f.o.model)->hp.act == cpu::Activation::relu;  // a mapped load: nothing copied
   const bool predictors = f.method == "predictor" || (f.method == "auto" && relu);
-  // The predictor path runs the model dense only (profile, training's gate products, the dense
-  // side of the measurement): every matrix repacked for the dense kernels. The input path keeps
-  // the FFN in the file's layout, from which its block allocation's copies are made.
-  auto model = load_model_logged(ef, nullptr, predictors ? RepackScope::all : RepackScope::attention_output);
+  // Every matrix repacked for the dense kernels: the predictor path runs the model dense only
+  // (profile, training's gate products, the dense side of the measurement), the input path's
+  // block allocation runs the dense kernels on masked inputs; it also keeps the file's layout
+  // (Model::file_layers), by which a site's copy is judged.
+  ef.sparse_mode = predictors ? "dense" : "input";
+  auto model = load_model_logged(ef, nullptr, RepackScope::all);
   EMBER_CHECK(!predictors || relu,
               "--method predictor: the model's FFN activation is not ReLU, so its neurons rarely are exactly silent "
               "and a predictor has little to skip; use --method input (or auto)");
@@ -196,13 +197,17 @@ void run_sparsify(SparsifyFlags& f) {
     log_info("sparsify {}: the profile {}", first, f.o.profile);
   } else {
     calib = read_corpus_tokens(*model, f.corpus);
-    if (f.profile_tokens > 0 && static_cast<int64_t>(calib.size()) > f.profile_tokens) calib.resize(f.profile_tokens);
+    // Predictors train on the profiled tokens' samples; input sparsity reads only each site's
+    // quantiles of |x|, which 4096 tokens fix to well within a thousandth.
+    const int64_t want = f.profile_tokens >= 0 ? f.profile_tokens : predictors ? 8192 : 4096;
+    if (want > 0 && static_cast<int64_t>(calib.size()) > want) calib.resize(want);
     log_info("sparsify {}: profiling {} tokens of {}{}", first, calib.size(), f.corpus,
              predictors ? fmt::format(", keeping {} of them to train the predictors on",
                                       std::min<int64_t>(f.samples, calib.size()))
                         : "");
     ProfileOptions po;
     po.threshold = relu ? 0.0f : -1.0f;
+    po.quantiles_only = !predictors;  // input sparsity reads the input tables alone
     SessionParams sp;
     sp.n_threads = f.threads;
     sp.n_ctx = po.n_ctx;
@@ -224,9 +229,10 @@ void run_sparsify(SparsifyFlags& f) {
       ThreadPool pool(f.threads > 0 ? f.threads : default_thread_count());
       Tokenizer tok(*model->file);
       f.block.bos = tok.vocab().add_bos ? tok.bos() : -1;
-      log_info("sparsify [2/3]: each layer's output error on {} calibration tokens, steps of {:.0f}%{}",
+      log_info("sparsify [2/3]: each layer's output error on {} calibration tokens, steps of {:.0f}%{}{}",
                std::min<int64_t>(f.block.tokens, calib.size()), 100 * f.block.step,
-               f.block.paying_sites_only ? ", shares only where a copy pays" : "");
+               f.block.paying_sites_only ? ", shares only where a copy pays" : "",
+               f.block.every_candidate ? ", every input tried at each step" : "");
       plan = allocate_input_sparsity_by_block(profile, *model, f.o.sparsity, pool, calib, f.block,
                                               [&](int64_t l, const std::string& m) {
                                                 log_info("sparsify [2/3]: layer {}/{}: {}", l + 1, model->hp.n_layer, m);
@@ -293,12 +299,16 @@ void add_sparsify(CLI::App& app) {
                 "block allocation: give a share only to the inputs whose input-channel-major copy then reads faster "
                 "than the dense kernels (the others decode every weight anyway): faster decode for more error, "
                 "where a model has such inputs (docs/agreement.md)");
+  cmd->add_flag("--every-candidate", f->block.every_candidate,
+                "block allocation: each step runs the layer for every input (TEAL's greedy), not only for the "
+                "input that was cheapest when last tried until one tried at the step stays cheapest (the "
+                "default: several times fewer runs, close to the same plan)");
   cmd->add_option("--profile", f->o.profile,
                   "use this profile (`ember profile`, with input tables) instead of profiling on --corpus");
   cmd->add_option("--corpus", f->corpus, "calibration text to profile on")->capture_default_str();
-  cmd->add_option("--profile-tokens", f->profile_tokens, "calibration tokens to profile (0: all)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
+  cmd->add_option("--profile-tokens", f->profile_tokens,
+                  "calibration tokens to profile (0: all; default 8192 for predictors, 4096 for input sparsity)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--samples", f->samples, "predictor method: calibration tokens per layer to train on")
       ->check(CLI::Range(int64_t{20}, int64_t{1} << 24))
       ->capture_default_str();

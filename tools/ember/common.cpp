@@ -242,10 +242,12 @@ Profile profile_corpus(Session& session, const std::vector<int32_t>& tokens, Pro
                        FfnSampleRecorder* samples) {
   opts.n_ctx = std::min<int64_t>(opts.n_ctx, session.n_ctx());
   const int64_t n_tok = opts.max_tokens > 0 ? std::min<int64_t>(opts.max_tokens, tokens.size()) : tokens.size();
-  const int passes = opts.threshold >= 0.0f ? 1 : 2;
+  const int passes = opts.threshold >= 0.0f || opts.quantiles_only ? 1 : 2;
   log_info("profile: {} of {} corpus tokens in chunks of {}, {} threads; firing threshold {}", n_tok, tokens.size(),
            opts.n_ctx, session.n_threads(),
            opts.threshold >= 0.0f ? fmt::format("{}", opts.threshold)
+           : opts.quantiles_only  ? fmt::format("per layer at sparsity {} (one pass: the quantiles, no counts)",
+                                                opts.sparsity)
                                   : fmt::format("per layer at sparsity {} (two passes: quantiles, then counts)",
                                                 opts.sparsity));
   Timer timer;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <span>
+#include <utility>
 
 #include "core/error.hpp"
 #include "model/ffn.hpp"
@@ -33,14 +35,58 @@ void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, fl
   }
 }
 
+namespace {
+
+// Whether one token's chosen experts can run fused (moe_decode): the par rule without biases,
+// gate and up of one type (dense_ffn's one-dispatch case, so the same bits), at most 8 chosen.
+bool fused_decode(const MoeWeights& moe, const Workspace& ws) {
+  if (moe.n_used > 8 || ws.moe_each_scratch.empty()) return false;
+  for (const FfnWeights& e : moe.experts)
+    if (e.gating != FfnGating::par || e.up_b.valid() || e.down_b.valid() || !e.down.valid() ||
+        e.gate.type != e.up.type || e.down.type != moe.experts[0].down.type)
+      return false;
+  return true;
+}
+
+// One token: its k chosen experts' gates and ups in one dispatch (x quantized once), their downs
+// in a second, summed in ascending expert order: bit for bit what the grouped loop computes.
+void moe_decode(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, float* out,
+                Workspace& ws) {
+  const int64_t d = moe.router.cols(), k = moe.n_used;
+  int32_t* ids = ws.moe_ids.data();
+  float* w = ws.moe_weights.data();
+  for (int64_t i = 1; i < k; ++i)  // ascending expert order, the weights alongside
+    for (int64_t j = i; j > 0 && ids[j - 1] > ids[j]; --j) std::swap(ids[j - 1], ids[j]), std::swap(w[j - 1], w[j]);
+  const int64_t n_ff = moe.experts[static_cast<size_t>(ids[0])].n_ff();
+  cpu::GatedOut gated[8];
+  cpu::MatmulJob downs[8];
+  for (int64_t i = 0; i < k; ++i) {
+    const FfnWeights& e = moe.experts[static_cast<size_t>(ids[i])];
+    float* h = ws.moe_values.data() + i * n_ff;
+    gated[i] = {&e.gate, &e.up, h, ws.moe_up.data() + i * n_ff};
+    downs[i] = {&e.down, h, ws.moe_each_out.data() + i * d};
+  }
+  const auto used = static_cast<size_t>(k);
+  cpu::matmul_gated_each(pool, std::span<const cpu::GatedOut>(gated, used), act, x, ws.mm_scratch.data());
+  cpu::matmul_each(pool, std::span<const cpu::MatmulJob>(downs, used), ws.moe_each_scratch.data());
+  std::memset(out, 0, sizeof(float) * static_cast<size_t>(d));
+  for (int64_t i = 0; i < k; ++i) {
+    const float* r = ws.moe_each_out.data() + i * d;
+    for (int64_t c = 0; c < d; ++c) out[c] += w[i] * r[c];
+  }
+}
+
+}  // namespace
+
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
-             Workspace& ws) {
+             Workspace& ws, bool grouped) {
   const int64_t d = moe.router.cols(), ne = moe.n_expert(), k = moe.n_used;
   EMBER_CHECK(static_cast<int64_t>(ws.moe_order.size()) >= ne && static_cast<int64_t>(ws.moe_ids.size()) >= n * k &&
                   static_cast<int64_t>(ws.moe_x.size()) >= n * d,
               "mixture of experts: the workspace was not set up for {} tokens of {} experts", n, ne);
   cpu::matmul(pool, moe.router, x, n, ws.moe_logits.data(), ws.mm_scratch.data());
   moe_route(moe, ws.moe_logits.data(), n, ws.moe_ids.data(), ws.moe_weights.data(), ws.moe_order.data());
+  if (n == 1 && !grouped && fused_decode(moe, ws)) return moe_decode(pool, moe, act, x, out, ws);
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
   for (int64_t e = 0; e < ne; ++e) {  // ascending expert order: each token's sum in that order
     int64_t m = 0;

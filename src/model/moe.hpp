@@ -22,9 +22,11 @@ namespace ember {
 // (n x n_expert, overwritten with the probabilities); `order` holds n_expert ints of scratch.
 void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights, int32_t* order);
 
-// out (n x n_embd) = the mixture's output for x (n x n_embd), in the buffers Workspace::init sized
-// (no allocation per call).
+// out (n x n_embd) = the mixture's output for x (n x n_embd), in the buffers Workspace::init sized.
+// One token (decode) runs its chosen experts fused: every gate and up in one dispatch on one
+// quantization of x, then every down in a second (the same bits as the grouped loop, which
+// `grouped` forces: the reference the tests hold it to).
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
-             Workspace& ws);
+             Workspace& ws, bool grouped = false);
 
 }  // namespace ember

@@ -50,6 +50,19 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
     moe_token_w.resize(b);
     moe_x.resize(b * d);
     moe_out.resize(b * d);
+    int64_t n_ff = 0;
+    size_t each = 0;
+    for (const auto& l : model.layers)
+      for (const FfnWeights& e : l.moe.experts) {
+        n_ff = std::max(n_ff, e.n_ff());
+        if (e.down.valid())
+          each = std::max(each, cpu::matmul_each_scratch_bytes(e.down.type, e.down.cols(), static_cast<size_t>(n_used)));
+      }
+    const auto used = static_cast<size_t>(n_used);
+    moe_values.resize(used * static_cast<size_t>(n_ff));
+    moe_up.resize(used * static_cast<size_t>(n_ff));
+    moe_each_out.resize(used * d);
+    moe_each_scratch.resize(each);
   }
   bool down_t_only = false;
   for (const auto& l : model.layers) down_t_only |= !l.ffn.down.valid() && !l.moe.valid();
@@ -63,9 +76,11 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
 size_t Workspace::bytes() const {
   size_t floats = x.size() + xn.size() + q.size() + k.size() + v.size() + attn.size() + o.size() + gate.size() +
                   up.size() + cos_sin.size() + att_scratch.size() + logits_tmp.size() + ffn_in.size();
-  floats += moe_logits.size() + moe_weights.size() + moe_token_w.size() + moe_x.size() + moe_out.size();
+  floats += moe_logits.size() + moe_weights.size() + moe_token_w.size() + moe_x.size() + moe_out.size() +
+            moe_values.size() + moe_up.size() + moe_each_out.size();
   const size_t ints = all_neurons.size() + moe_ids.size() + moe_order.size() + moe_tokens.size();
-  return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + ints * sizeof(int32_t);
+  return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + moe_each_scratch.size() +
+         ints * sizeof(int32_t);
 }
 
 }  // namespace ember

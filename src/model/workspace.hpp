@@ -87,6 +87,10 @@ struct Workspace {
   // for one expert the tokens that chose it, their weights, their rows and its output for them.
   std::vector<float> moe_logits, moe_weights, moe_token_w, moe_x, moe_out;
   std::vector<int32_t> moe_ids, moe_order, moe_tokens;
+  // One token's chosen experts side by side (decode): their neuron values, up products and
+  // outputs, and the scratch of their downs' quantized inputs.
+  std::vector<float> moe_values, moe_up, moe_each_out;
+  std::vector<uint8_t> moe_each_scratch;
   // The position of each row whose RoPE angles cos_sin holds (model/blocks.cpp).
   std::vector<int64_t> angles_pos;
 

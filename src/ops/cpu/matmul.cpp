@@ -355,8 +355,61 @@ void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tok
   matmul_multi(pool, one, X, n_tokens, scratch);
 }
 
+void matmul_gated_each(ThreadPool& pool, std::span<const GatedOut> outs, Activation act, const float* x,
+                       void* scratch) {
+  EMBER_CHECK(!outs.empty() && outs.size() <= 8, "matmul_gated_each: 1 to 8 products, got {}", outs.size());
+  int64_t rows[8];
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const GatedOut& o = outs[i];
+    const MatmulOut pair[] = {{*o.gate, o.out}, {*o.up, o.up_buf}, {*outs[0].gate, o.out}};
+    check_same_input(pair);
+    EMBER_CHECK(o.gate->rows() == o.up->rows(), "matmul_gated: {} has {} rows but {} has {}", o.gate->name,
+                o.gate->rows(), o.up->name, o.up->rows());
+    rows[i] = o.gate->rows();
+  }
+  const TensorView& W0 = *outs[0].gate;
+  check_k(W0.type, W0.cols());
+  const Kernel kern = gemm_for(W0.type);
+  const Prepared xp = prepare_activations(pool, kern, W0.type, x, 1, W0.cols(), scratch);
+  // Each thread gates the neurons whose gate and up rows it computed: no second pass.
+  decode_chunks(pool, std::span<const int64_t>(rows, outs.size()), [&](size_t i, int64_t r0, int64_t r1) {
+    const GatedOut& o = outs[i];
+    decode_slice(kern.fn, *o.gate, xp, r0, r1, o.out);
+    decode_slice(kern.fn, *o.up, xp, r0, r1, o.up_buf);
+    gated_activation(act, o.out + r0, o.up_buf + r0, o.out + r0, r1 - r0);
+  });
+}
+
+size_t matmul_each_scratch_bytes(DType weight_type, int64_t k, size_t n_jobs) {
+  return n_jobs * (matmul_scratch_bytes(weight_type, k, 1) + 64);
+}
+
+void matmul_each(ThreadPool& pool, std::span<const MatmulJob> jobs, void* scratch) {
+  EMBER_CHECK(!jobs.empty() && jobs.size() <= 8, "matmul_each: 1 to 8 products, got {}", jobs.size());
+  const TensorView& W0 = *jobs[0].w;
+  const int64_t k = W0.cols();
+  check_k(W0.type, k);
+  const Kernel kern = gemm_for(W0.type);
+  const size_t each = matmul_scratch_bytes(W0.type, k, 1) + 64;
+  Prepared xp[8];
+  int64_t rows[8];
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulOut pair[] = {{W0, jobs[i].y}, {*jobs[i].w, jobs[i].y}};
+    check_same_input(pair);
+    xp[i] = prepare_activations(pool, kern, W0.type, jobs[i].x, 1, k, align64(static_cast<uint8_t*>(scratch) + i * each));
+    rows[i] = jobs[i].w->rows();
+  }
+  decode_chunks(pool, std::span<const int64_t>(rows, jobs.size()), [&](size_t i, int64_t r0, int64_t r1) {
+    decode_slice(kern.fn, *jobs[i].w, xp[i], r0, r1, jobs[i].y);
+  });
+}
+
 void matmul_gated(ThreadPool& pool, const TensorView& gate, const TensorView& up, Activation act, const float* X,
                   int64_t n_tokens, float* out, float* up_buf, void* scratch) {
+  if (n_tokens == 1) {
+    const GatedOut one[] = {{&gate, &up, out, up_buf}};
+    return matmul_gated_each(pool, one, act, X, scratch);
+  }
   EMBER_CHECK(gate.rows() == up.rows(), "matmul_gated: {} has {} rows but {} has {}", gate.name, gate.rows(), up.name,
               up.rows());
   const MatmulOut outs[] = {{gate, out}, {up, up_buf}};
@@ -366,16 +419,6 @@ void matmul_gated(ThreadPool& pool, const TensorView& gate, const TensorView& up
   if (n_tokens <= 0) return;
   const Kernel kern = gemm_for(gate.type);
   const Prepared x = prepare_activations(pool, kern, gate.type, X, n_tokens, k, scratch);
-  if (n_tokens == 1) {
-    // Each thread gates the neurons whose gate and up rows it computed: no second pass.
-    const int64_t one[] = {rows};
-    decode_chunks(pool, one, [&](size_t, int64_t r0, int64_t r1) {
-      decode_slice(kern.fn, gate, x, r0, r1, out);
-      decode_slice(kern.fn, up, x, r0, r1, up_buf);
-      gated_activation(act, out + r0, up_buf + r0, out + r0, r1 - r0);
-    });
-    return;
-  }
   run_products(pool, kern.fn, outs, x, n_tokens);
   constexpr int64_t kChunk = 4096;
   const int64_t total = n_tokens * rows;

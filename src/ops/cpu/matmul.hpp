@@ -38,6 +38,29 @@ void matmul_multi(ThreadPool& pool, std::span<const MatmulOut> outs, const float
 void matmul_gated(ThreadPool& pool, const TensorView& gate, const TensorView& up, Activation act, const float* X,
                   int64_t n_tokens, float* out, float* up_buf, void* scratch);
 
+// One token (decode) through several gated products in one dispatch (a mixture's chosen
+// experts): outs[i].out = act(gate_i x) * (up_i x), outs[i].up_buf = up_i x, x quantized once
+// (every gate and up of one type and width). Bit-identical to matmul_gated for each. At most 8.
+struct GatedOut {
+  const TensorView* gate;
+  const TensorView* up;
+  float* out;
+  float* up_buf;
+};
+void matmul_gated_each(ThreadPool& pool, std::span<const GatedOut> outs, Activation act, const float* x,
+                       void* scratch);
+
+// One token (decode) through several matrices with an input each, in one dispatch: y_i = W_i x_i
+// (every W_i of one type and width; each x_i quantized once). Bit-identical to matmul() for
+// each. At most 8; the scratch is matmul_each_scratch_bytes(type, width, jobs).
+struct MatmulJob {
+  const TensorView* w;
+  const float* x;
+  float* y;
+};
+size_t matmul_each_scratch_bytes(DType weight_type, int64_t k, size_t n_jobs);
+void matmul_each(ThreadPool& pool, std::span<const MatmulJob> jobs, void* scratch);
+
 // The same product for a subset of rows [row_begin, row_end) of W, single-threaded, with
 // activations already quantized by quantize_activations(). Y[t][r - row_begin] layout with
 // row stride `y_stride`. Building block for matmul and for the neuron-sparse kernels.

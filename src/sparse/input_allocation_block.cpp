@@ -39,8 +39,8 @@
 // energy greedy (docs/agreement.md, twenty-third session).
 //
 // The cost: per layer about two partial layer runs a step on `tokens` tokens: at a 50 % target
-// and steps of 2 %, about 50 runs, again for each reallocation (the 7B shape: 30 s a layer on two
-// Sapphire Rapids cores, docs/benchmarks.md).
+// and steps of 2 %, about 50 runs, again for each reallocation (the 7B shape: 11 s a layer on two
+// Sapphire Rapids cores, 25-50 s with --paying-sites, docs/benchmarks.md).
 #include <algorithm>
 #include <cmath>
 #include <tuple>

@@ -122,7 +122,7 @@ void ffn_down_all(ThreadPool& pool, const FfnWeights& w, const float* h, int64_t
 
 void dense_ffn(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
                Workspace& ws) {
-  if (w.gating == FfnGating::par && !w.up_b.valid() && w.gate.type == w.up.type) {
+  if (ffn_gated_product(w)) {
     // The par rule in one dispatch: gate and up share one activation quantization, and
     // act(gate) * up comes out of it (the same bits as the two steps: activations are exact
     // per value at every SIMD level).

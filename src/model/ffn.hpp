@@ -47,6 +47,11 @@ inline bool ffn_needs_up(const FfnWeights& w) { return w.gated(); }
 // gate); becomes the neuron value h from it and the firing value a[t * a_stride + i].
 void ffn_neuron_values(const FfnWeights& w, cpu::Activation act, const float* a, int64_t a_stride, float* u,
                        int64_t u_stride, int64_t n, int64_t cols, const int32_t* ids);
+// Whether the FFN's first half is one gated product (cpu::matmul_gated: par gating, no up bias,
+// gate and up of one type): dense_ffn's fused case, and the experts' fused decode.
+inline bool ffn_gated_product(const FfnWeights& w) {
+  return w.gating == FfnGating::par && !w.up_b.valid() && w.gate.type == w.up.type;
+}
 // out[t] += down_b for n tokens (nothing without the bias).
 void ffn_add_down_bias(const FfnWeights& w, float* out, int64_t n);
 

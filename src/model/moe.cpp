@@ -37,14 +37,15 @@ void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, fl
 
 namespace {
 
-// Whether one token's chosen experts can run fused (moe_decode): the par rule without biases,
-// gate and up of one type (dense_ffn's one-dispatch case, so the same bits), at most 8 chosen.
-bool fused_decode(const MoeWeights& moe, const Workspace& ws) {
+// Whether one token's chosen experts (ids, n_used of them) can run fused (moe_decode): each a
+// gated product (dense_ffn's one-dispatch case, so the same bits) with a down and no down bias,
+// at most 8.
+bool fused_decode(const MoeWeights& moe, const int32_t* ids, const Workspace& ws) {
   if (moe.n_used > 8 || ws.moe_each_scratch.empty()) return false;
-  for (const FfnWeights& e : moe.experts)
-    if (e.gating != FfnGating::par || e.up_b.valid() || e.down_b.valid() || !e.down.valid() ||
-        e.gate.type != e.up.type || e.down.type != moe.experts[0].down.type)
-      return false;
+  for (int64_t i = 0; i < moe.n_used; ++i) {
+    const FfnWeights& e = moe.experts[static_cast<size_t>(ids[i])];
+    if (!ffn_gated_product(e) || !e.down.valid() || e.down_b.valid()) return false;
+  }
   return true;
 }
 
@@ -86,7 +87,7 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
               "mixture of experts: the workspace was not set up for {} tokens of {} experts", n, ne);
   cpu::matmul(pool, moe.router, x, n, ws.moe_logits.data(), ws.mm_scratch.data());
   moe_route(moe, ws.moe_logits.data(), n, ws.moe_ids.data(), ws.moe_weights.data(), ws.moe_order.data());
-  if (n == 1 && !grouped && fused_decode(moe, ws)) return moe_decode(pool, moe, act, x, out, ws);
+  if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws);
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
   for (int64_t e = 0; e < ne; ++e) {  // ascending expert order: each token's sum in that order
     int64_t m = 0;

@@ -162,6 +162,8 @@ void run_sparsify(SparsifyFlags& f) {
   const bool block = f.o.allocation == InputAllocation::block;
   EMBER_CHECK(!f.block.paying_sites_only || block, "--paying-sites is for --allocation block (the {} allocation "
               "does not run the model to choose sites)", f.allocation);
+  EMBER_CHECK(!f.block.every_candidate || block, "--every-candidate is for --allocation block (the {} allocation "
+              "runs no candidates)", f.allocation);
   for (const auto& [path, needed] :
        {std::pair{f.corpus, f.o.profile.empty() || block}, std::pair{f.eval, f.eval_chunks > 0}})
     EMBER_CHECK(!needed || std::filesystem::is_regular_file(path),

@@ -37,15 +37,26 @@ void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, fl
 
 namespace {
 
-// Whether one token's chosen experts (ids, n_used of them) can run fused (moe_decode): each a
-// gated product (dense_ffn's one-dispatch case, so the same bits) with a down and no down bias,
-// at most 8.
+// o[c] += w * r[c]: a token's sum of its experts' outputs, one expert at a time (every path).
+void add_weighted(float* o, float w, const float* r, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) o[c] += w * r[c];
+}
+
+// Whether expert e runs in the fused paths beside e0 (the first one chosen): a gated product
+// (dense_ffn's one-dispatch case, so the same bits) with a down and no down bias, of e0's types
+// and widths (one quantization of the input serves every gate and up, one of the values every
+// down).
+bool fusable(const FfnWeights& e0, const FfnWeights& e) {
+  return ffn_gated_product(e) && e.down.valid() && !e.down_b.valid() && e.gate.type == e0.gate.type &&
+         e.down.type == e0.down.type && e.n_ff() == e0.n_ff() && e.n_embd() == e0.n_embd();
+}
+
+// Whether one token's chosen experts (ids, n_used of them) can run fused (moe_decode): at most 8.
 bool fused_decode(const MoeWeights& moe, const int32_t* ids, const Workspace& ws) {
   if (moe.n_used > 8 || ws.moe_each_scratch.empty()) return false;
-  for (int64_t i = 0; i < moe.n_used; ++i) {
-    const FfnWeights& e = moe.experts[static_cast<size_t>(ids[i])];
-    if (!ffn_gated_product(e) || !e.down.valid() || e.down_b.valid()) return false;
-  }
+  const FfnWeights& e0 = moe.experts[static_cast<size_t>(ids[0])];
+  for (int64_t i = 0; i < moe.n_used; ++i)
+    if (!fusable(e0, moe.experts[static_cast<size_t>(ids[i])])) return false;
   return true;
 }
 
@@ -71,10 +82,105 @@ void moe_decode(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
   cpu::matmul_gated_each(pool, std::span<const cpu::GatedOut>(gated, used), act, x, ws.mm_scratch.data());
   cpu::matmul_each(pool, std::span<const cpu::MatmulJob>(downs, used), ws.moe_each_scratch.data());
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(d));
-  for (int64_t i = 0; i < k; ++i) {
-    const float* r = ws.moe_each_out.data() + i * d;
-    for (int64_t c = 0; c < d; ++c) out[c] += w[i] * r[c];
+  for (int64_t i = 0; i < k; ++i) add_weighted(out, w[i], ws.moe_each_out.data() + i * d, d);
+}
+
+// Groups the n tokens' choices by expert into slots (a token once per chosen expert; the slots
+// of expert e are [moe_first[e], moe_first[e + 1]), its tokens ascending), with each slot's
+// token and weight, and lists the chosen experts ascending in moe_active. Returns their count.
+int64_t group_by_expert(const MoeWeights& moe, int64_t n, Workspace& ws) {
+  const int64_t ne = moe.n_expert(), k = moe.n_used;
+  int32_t* first = ws.moe_first.data();
+  int32_t* next = ws.moe_order.data();
+  std::fill(first, first + ne + 1, 0);
+  for (int64_t s = 0; s < n * k; ++s) ++first[ws.moe_ids[static_cast<size_t>(s)] + 1];
+  int64_t n_active = 0;
+  for (int64_t e = 0; e < ne; ++e) {
+    if (first[e + 1] > 0) ws.moe_active[static_cast<size_t>(n_active++)] = static_cast<int32_t>(e);
+    first[e + 1] += first[e];
+    next[e] = first[e];
   }
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t s = next[ws.moe_ids[static_cast<size_t>(t * k + i)]]++;
+      ws.moe_tokens[static_cast<size_t>(s)] = static_cast<int32_t>(t);
+      ws.moe_token_w[static_cast<size_t>(s)] = ws.moe_weights[static_cast<size_t>(t * k + i)];
+    }
+  return n_active;
+}
+
+uint8_t* align64(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+
+// A prompt through its chosen experts, grouped by expert without copying a float: x quantized
+// once and its rows gathered into slot order; every chosen expert's gate and up over its slots
+// in one dispatch (blocks of 64 neurons of one expert, the activation applied in the block); the
+// values quantized once; then the downs in one dispatch over blocks of 64 output columns, each
+// block running the chosen experts in ascending order and adding each slot's weighted result to
+// its token: every token's sum in ascending expert order, in the token blocks matmul() takes, so
+// bit for bit the grouped loop. Returns false (nothing done) where an expert does not fuse.
+bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
+                Workspace& ws) {
+  const int64_t d = moe.router.cols(), k = moe.n_used, n_slots = n * k;
+  const int64_t n_active = group_by_expert(moe, n, ws);
+  const int32_t* first = ws.moe_first.data();
+  const int32_t* active = ws.moe_active.data();
+  const FfnWeights& e0 = moe.experts[static_cast<size_t>(active[0])];
+  for (int64_t a = 0; a < n_active; ++a)
+    if (!fusable(e0, moe.experts[static_cast<size_t>(active[a])])) return false;
+  const int64_t n_ff = e0.n_ff(), tb = cpu::kMatmulTokenBlock;
+  EMBER_CHECK(static_cast<int64_t>(ws.moe_values.size()) >= n_slots * n_ff && ws.moe_slot_x.size() > 64 &&
+                  static_cast<int64_t>(ws.moe_tile.size()) >= pool.size() * tb * kMoeRowBlock,
+              "mixture of experts: the workspace was not set up for {} tokens on {} threads", n, pool.size());
+
+  const cpu::PreparedRows xq = cpu::prepare_rows(pool, e0.gate.type, x, n, d, ws.mm_scratch.data());
+  uint8_t* xs = align64(ws.moe_slot_x.data());
+  pool.parallel_for(n_slots, 16, [&](int64_t s0, int64_t s1, int) {
+    for (int64_t s = s0; s < s1; ++s)
+      std::memcpy(xs + s * xq.stride, xq.x + ws.moe_tokens[static_cast<size_t>(s)] * xq.stride, xq.stride);
+  });
+
+  float* values = ws.moe_values.data();
+  const int64_t ff_blocks = (n_ff + kMoeRowBlock - 1) / kMoeRowBlock;
+  pool.parallel_for(n_active * ff_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
+    float* up = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int32_t e = active[i / ff_blocks];
+      const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
+      const int64_t r0 = i % ff_blocks * kMoeRowBlock, r1 = std::min(n_ff, r0 + kMoeRowBlock), nr = r1 - r0;
+      for (int64_t s0 = first[e]; s0 < first[e + 1]; s0 += tb) {
+        const int64_t nt = std::min<int64_t>(tb, first[e + 1] - s0);
+        float* h = values + s0 * n_ff + r0;
+        cpu::matmul_rows_prepared(w.gate, xs + s0 * xq.stride, xq.stride, nt, r0, r1, h, n_ff);
+        cpu::matmul_rows_prepared(w.up, xs + s0 * xq.stride, xq.stride, nt, r0, r1, up, nr);
+        for (int64_t t = 0; t < nt; ++t) cpu::gated_activation(act, h + t * n_ff, up + t * nr, h + t * n_ff, nr);
+      }
+    }
+  });
+
+  const cpu::PreparedRows hq = cpu::prepare_rows(pool, e0.down.type, values, n_slots, n_ff, ws.moe_slot_h.data());
+  const int64_t d_blocks = (d + kMoeRowBlock - 1) / kMoeRowBlock;
+  pool.parallel_for(d_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
+    float* r = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t c0 = i * kMoeRowBlock, c1 = std::min(d, c0 + kMoeRowBlock), nc = c1 - c0;
+      for (int64_t t = 0; t < n; ++t) std::memset(out + t * d + c0, 0, sizeof(float) * static_cast<size_t>(nc));
+      for (int64_t a = 0; a < n_active; ++a) {
+        const int32_t e = active[a];
+        const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
+        for (int64_t s0 = first[e]; s0 < first[e + 1]; s0 += tb) {
+          const int64_t nt = std::min<int64_t>(tb, first[e + 1] - s0);
+          cpu::matmul_rows_prepared(w.down, hq.x + s0 * hq.stride, hq.stride, nt, c0, c1, r, nc);
+          for (int64_t t = 0; t < nt; ++t) {
+            const auto s = static_cast<size_t>(s0 + t);
+            add_weighted(out + ws.moe_tokens[s] * d + c0, ws.moe_token_w[s], r + t * nc, nc);
+          }
+        }
+      }
+    }
+  });
+  return true;
 }
 
 }  // namespace
@@ -88,6 +194,7 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
   cpu::matmul(pool, moe.router, x, n, ws.moe_logits.data(), ws.mm_scratch.data());
   moe_route(moe, ws.moe_logits.data(), n, ws.moe_ids.data(), ws.moe_weights.data(), ws.moe_order.data());
   if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws);
+  if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws)) return;
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
   for (int64_t e = 0; e < ne; ++e) {  // ascending expert order: each token's sum in that order
     int64_t m = 0;
@@ -102,12 +209,9 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
       std::memcpy(ws.moe_x.data() + i * d, x + ws.moe_tokens[static_cast<size_t>(i)] * d,
                   sizeof(float) * static_cast<size_t>(d));
     dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, ws.moe_x.data(), m, ws.moe_out.data(), ws);
-    for (int64_t i = 0; i < m; ++i) {
-      float* o = out + ws.moe_tokens[static_cast<size_t>(i)] * d;
-      const float* r = ws.moe_out.data() + i * d;
-      const float wi = ws.moe_token_w[static_cast<size_t>(i)];
-      for (int64_t c = 0; c < d; ++c) o[c] += wi * r[c];
-    }
+    for (int64_t i = 0; i < m; ++i)
+      add_weighted(out + ws.moe_tokens[static_cast<size_t>(i)] * d, ws.moe_token_w[static_cast<size_t>(i)],
+                   ws.moe_out.data() + i * d, d);
   }
 }
 

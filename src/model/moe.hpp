@@ -7,8 +7,8 @@
 //   out = sum_{e in E} w_e * expert_e(x)                  expert_e: a dense SwiGLU FFN
 //
 // Tokens are grouped by expert, so each chosen expert runs once per batch over the tokens that
-// chose it (dense_ffn on them: the same kernels as a dense layer) and an unchosen expert is
-// never read. Each token's sum is taken in ascending expert order: deterministic.
+// chose it (the same kernels as a dense layer) and an unchosen expert is never read. Each
+// token's sum is taken in ascending expert order: deterministic.
 #pragma once
 #include <cstdint>
 
@@ -22,10 +22,15 @@ namespace ember {
 // (n x n_expert, overwritten with the probabilities); `order` holds n_expert ints of scratch.
 void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights, int32_t* order);
 
+// A prompt's experts run over blocks of this many neurons (gate, up) or output columns (down).
+constexpr int64_t kMoeRowBlock = 64;
+
 // out (n x n_embd) = the mixture's output for x (n x n_embd), in the buffers Workspace::init sized.
 // One token (decode) runs its chosen experts fused: every gate and up in one dispatch on one
-// quantization of x, then every down in a second (the same bits as the grouped loop, which
-// `grouped` forces: the reference the tests hold it to).
+// quantization of x, then every down in a second; a prompt runs its tokens grouped by expert
+// in four dispatches without copying a float (moe.cpp's moe_prompt). Both give the same bits as
+// the grouped loop (each chosen expert a dense_ffn over its tokens' copied rows), which
+// `grouped` forces: the reference the tests hold them to.
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
              Workspace& ws, bool grouped = false);
 

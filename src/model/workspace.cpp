@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/moe.hpp"
 #include "ops/cpu/attention/attention.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/sparse/sparse.hpp"
@@ -46,20 +47,30 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
     moe_ids.resize(b * static_cast<size_t>(n_used));
     moe_weights.resize(b * static_cast<size_t>(n_used));
     moe_order.resize(static_cast<size_t>(n_expert));
-    moe_tokens.resize(b);
-    moe_token_w.resize(b);
+    moe_tokens.resize(b * static_cast<size_t>(n_used));
+    moe_token_w.resize(b * static_cast<size_t>(n_used));
+    moe_first.resize(static_cast<size_t>(n_expert) + 1);
+    moe_active.resize(static_cast<size_t>(n_expert));
     moe_x.resize(b * d);
     moe_out.resize(b * d);
     int64_t n_ff = 0;
-    size_t each = 0;
+    size_t each = 0, slot_x = 0, slot_h = 0;
+    const int64_t slots = batch * n_used;
     for (const auto& l : model.layers)
       for (const FfnWeights& e : l.moe.experts) {
         n_ff = std::max(n_ff, e.n_ff());
-        if (e.down.valid())
+        if (e.gate.valid())
+          slot_x = std::max(slot_x, cpu::prepared_row_bytes(e.gate.type, e.gate.cols()) * static_cast<size_t>(slots));
+        if (e.down.valid()) {
           each = std::max(each, cpu::matmul_each_scratch_bytes(e.down.type, e.down.cols(), static_cast<size_t>(n_used)));
+          slot_h = std::max(slot_h, cpu::matmul_scratch_bytes(e.down.type, e.down.cols(), slots));
+        }
       }
     const auto used = static_cast<size_t>(n_used);
-    moe_values.resize(used * static_cast<size_t>(n_ff));
+    moe_values.resize(static_cast<size_t>(std::max<int64_t>(slots, n_used) * n_ff));
+    moe_slot_x.resize(slot_x + 64);
+    moe_slot_h.resize(slot_h + 64);
+    moe_tile.resize(static_cast<size_t>(n_threads * cpu::kMatmulTokenBlock * kMoeRowBlock));
     moe_up.resize(used * static_cast<size_t>(n_ff));
     moe_each_out.resize(used * d);
     moe_each_scratch.resize(each);
@@ -78,8 +89,11 @@ size_t Workspace::bytes() const {
                   up.size() + cos_sin.size() + att_scratch.size() + logits_tmp.size() + ffn_in.size();
   floats += moe_logits.size() + moe_weights.size() + moe_token_w.size() + moe_x.size() + moe_out.size() +
             moe_values.size() + moe_up.size() + moe_each_out.size();
-  const size_t ints = all_neurons.size() + moe_ids.size() + moe_order.size() + moe_tokens.size();
+  floats += moe_tile.size();
+  const size_t ints = all_neurons.size() + moe_ids.size() + moe_order.size() + moe_tokens.size() + moe_first.size() +
+                      moe_active.size();
   return (floats + axpy_scratch.size()) * sizeof(float) + mm_scratch.size() + moe_each_scratch.size() +
+         moe_slot_x.size() + moe_slot_h.size() +
          ints * sizeof(int32_t);
 }
 

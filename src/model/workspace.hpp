@@ -91,6 +91,13 @@ struct Workspace {
   // outputs, and the scratch of their downs' quantized inputs.
   std::vector<float> moe_values, moe_up, moe_each_out;
   std::vector<uint8_t> moe_each_scratch;
+  // A prompt's tokens grouped by expert (slots: each token once per chosen expert, in expert
+  // order): moe_tokens / moe_token_w per slot, each expert's first slot, the experts chosen,
+  // the slots' quantized inputs and neuron values (moe_values), those values quantized, and a
+  // 64 x 64 tile of floats per thread.
+  std::vector<int32_t> moe_first, moe_active;
+  std::vector<uint8_t> moe_slot_x, moe_slot_h;
+  std::vector<float> moe_tile;
   // The position of each row whose RoPE angles cos_sin holds (model/blocks.cpp).
   std::vector<int64_t> angles_pos;
 

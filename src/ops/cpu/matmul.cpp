@@ -97,7 +97,7 @@ void check_k(DType w, int64_t k) {
 // 5632-wide Q4_0 matrix are 200 KB, 64 tokens of its Q8_0 activations 380 KB); inside a block
 // the kernel's register tiles reuse each decoded weight block across several tokens.
 constexpr int64_t kRowBlock = 64;
-constexpr int64_t kTokenBlock = 64;
+constexpr int64_t kTokenBlock = kMatmulTokenBlock;
 constexpr int64_t kRowAlign = 16;  // decode splits rows in multiples of this
 
 }  // namespace
@@ -348,6 +348,18 @@ void matmul_multi(ThreadPool& pool, std::span<const MatmulOut> outs, const float
   const Kernel kern = gemm_for(W0.type);
   const Prepared x = prepare_activations(pool, kern, W0.type, X, n_tokens, k, scratch);
   run_products(pool, kern.fn, outs, x, n_tokens);
+}
+
+size_t prepared_row_bytes(DType weight_type, int64_t k) {
+  check_k(weight_type, k);
+  return gemm_for(weight_type).quads ? rearranged_row_bytes(weight_type, k) : row_bytes(activation_type(weight_type), k);
+}
+
+PreparedRows prepare_rows(ThreadPool& pool, DType weight_type, const float* X, int64_t n_tokens, int64_t k,
+                          void* scratch) {
+  check_k(weight_type, k);
+  const Prepared p = prepare_activations(pool, gemm_for(weight_type), weight_type, X, n_tokens, k, scratch);
+  return {p.x, p.stride};
 }
 
 void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch) {

@@ -68,6 +68,24 @@ void matmul_rows(const TensorView& W, const void* x_quantized, int64_t n_tokens,
                  int64_t row_end, float* Y, int64_t y_stride);
 void quantize_activations(DType weight_type, const float* X, int64_t n_tokens, int64_t k, void* out);
 
+// matmul() runs a prompt in blocks of this many tokens: a caller that runs rows of W over its
+// own tokens (matmul_rows_prepared) in the same blocks gets, for those rows, the bits matmul()
+// gives (a kernel's tile for several tokens may round apart from its one-token tile).
+constexpr int64_t kMatmulTokenBlock = 64;
+
+// X quantized once (over the pool) into the layout W's kernel reads, for products whose tokens
+// are chosen later (a mixture's prompt: each expert over the tokens that chose it): n_tokens
+// rows of `stride` = prepared_row_bytes() bytes each, in `scratch` (matmul_scratch_bytes()), or
+// X itself for float weights. A row may be copied anywhere (gathered) and handed, `stride`
+// apart, to matmul_rows_prepared.
+struct PreparedRows {
+  const uint8_t* x;
+  size_t stride;
+};
+size_t prepared_row_bytes(DType weight_type, int64_t k);
+PreparedRows prepare_rows(ThreadPool& pool, DType weight_type, const float* X, int64_t n_tokens, int64_t k,
+                          void* scratch);
+
 // For many matmul_rows calls on the same activations (the gather over scattered active rows):
 // rearranges quantize_activations() rows once into the layout W's kernel reads (a per-thread
 // buffer, valid until the thread's next call; the rows themselves when no rearranging is

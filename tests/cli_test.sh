@@ -293,6 +293,10 @@ expect_ok "generate mixtral" "$ember" generate -m "$tmp/mixtral.gguf" -p "hello"
 expect_ok "synth qwen3moe" "$ember" synth --preset tiny --arch qwen3moe --n-expert 8 --n-expert-used 2 --n-ff 64 -o "$tmp/qwen3moe.gguf"
 expect_ok "generate qwen3moe" "$ember" generate -m "$tmp/qwen3moe.gguf" -p "hello" -n 4 --temp 0
 expect_error "sparse mode on experts" "mixtures of experts" "$ember" generate -m "$tmp/qwen3moe.gguf" -p "hello" -n 4 --sparse-mode oracle
+expect_ok "profile qwen3moe" "$ember" profile -m "$tmp/qwen3moe.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 256 -o "$tmp/qwen3moe.profile.gguf" -t 2
+contains "profile qwen3moe: experts' routings" "$tmp/out" "experts80%"
+contains "profile qwen3moe: sparsity at the target" "$tmp/out" "^mean +[0-9.]+ +0\.(49|50|51)"
+expect_error "sparsify refuses experts" "mixtures of experts" "$ember" sparsify -m "$tmp/qwen3moe.gguf" -o "$tmp/qwen3moe.sparse.gguf"
 expect_ok "synth relu falcon powerinfer" "$ember" synth --preset tiny --arch falcon --act relu --powerinfer -o "$tmp/falcon.pi.gguf"
 expect_ok "generate relu falcon predictor" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode predictor
 expect_ok "generate relu falcon oracle" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode oracle

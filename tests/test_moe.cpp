@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 
+#include "engine/profile_run.hpp"
 #include "engine/session.hpp"
 #include "model/model.hpp"
 #include "model/moe.hpp"
@@ -16,6 +17,7 @@
 #include "model/workspace.hpp"
 #include "synth/synth.hpp"
 #include "sparse/plan.hpp"
+#include "sparse/profile.hpp"
 #include "support/synth_files.hpp"
 #include "support/errors.hpp"
 #include "support/session_logits.hpp"
@@ -191,14 +193,73 @@ TEST(Moe, GroupedPromptEqualsTheGroupedLoop) {
   }
 }
 
+// The profiler runs a mixture's layers itself: the same outputs as the grouped loop, each expert's
+// routings counted (n_used per token), its neurons' firings counted inside it (never more than
+// the tokens it ran), quantiles over the chosen experts' neurons (so the layer's sparsity lands
+// at the one asked for), and the expert counts kept through the profile file.
+TEST(Moe, ProfileCountsRoutingsAndTheNeuronsInsideExperts) {
+  auto m = load_mixtral("qwen3moe", DType::Q8_0, 6, 2, 64, 96);
+  {
+    ProfileFfn pf(*m);
+    ThreadPool pool(2);
+    Workspace ws;
+    ws.init(*m, 9, 16, 2);
+    std::vector<float> x(9 * 64), a(x.size()), b(x.size());
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& v : x) v = nd(rng);
+    const MoeWeights& moe = m->layers[1].moe;
+    pf.run_moe(pool, 1, moe, m->hp.act, x.data(), 9, a.data(), ws);
+    moe_ffn(pool, moe, m->hp.act, x.data(), 9, b.data(), ws, true);
+    EXPECT_EQ(a, b);
+  }
+  std::vector<int32_t> tokens(70);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 5) % m->hp.n_vocab);
+  Session s(*m, params());
+  ProfileOptions o;
+  o.n_ctx = 32;
+  o.sparsity = 0.5f;
+  const Profile p = run_profile(s, tokens, o);
+  ASSERT_EQ(p.n_expert, 6);
+  ASSERT_EQ(p.n_expert_used, 2);
+  ASSERT_EQ(p.n_ff, 6 * 96);
+  ASSERT_EQ(p.n_tokens, 70u);
+  ASSERT_EQ(p.expert_counts.size(), 2u);
+  for (int64_t l = 0; l < 2; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    double routed = 0;
+    int chosen = 0;
+    for (int64_t e = 0; e < 6; ++e) {
+      const float ce = p.expert_counts[l][static_cast<size_t>(e)];
+      routed += ce;
+      chosen += ce > 0;
+      for (int64_t j = 0; j < 96; ++j) EXPECT_LE(p.counts[l][static_cast<size_t>(e * 96 + j)], ce);
+    }
+    EXPECT_EQ(routed, 70.0 * 2);
+    EXPECT_GE(chosen, 2);
+    EXPECT_NEAR(layer_sparsity(p, l), 0.5, 0.02);
+    EXPECT_GT(p.input_quantiles[l].size(), 0u);
+  }
+  const std::string path = (std::filesystem::temp_directory_path() / "ember-test-moe" / "moe.prof.gguf").string();
+  write_profile(p, path);
+  const Profile q = read_profile(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(q.n_expert, 6);
+  EXPECT_EQ(q.n_expert_used, 2);
+  EXPECT_EQ(q.expert_counts, p.expert_counts);
+  EXPECT_EQ(q.counts, p.counts);
+}
+
 TEST(Moe, BytesPerTokenCountTheChosenExpertsOnly) {
   auto m = load_mixtral();
   const size_t all = m->weight_bytes_per_token();
   const FfnWeights& e = m->layers[0].moe.experts[0];
   const size_t expert = e.gate.nbytes + e.up.nbytes + e.down.nbytes;
+  EXPECT_EQ(m->expert_bytes_per_token(), 2 * 2 * expert);  // 2 layers of 2 chosen experts
   // Adding one more used expert per layer adds one expert's bytes per layer.
   for (auto& L : m->layers) L.moe.n_used = 3;
   EXPECT_EQ(m->weight_bytes_per_token(), all + 2 * expert);
+  EXPECT_EQ(m->expert_bytes_per_token(), 2 * 3 * expert);
 }
 
 TEST(Moe, NeuronLevelPartsRefuseExpertsClearly) {

@@ -39,7 +39,15 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
   Profile p;
   p.model_name = std::filesystem::path(model.file->path()).filename().string();
   p.n_layer = hp.n_layer;
-  p.n_ff = hp.n_ff;
+  p.n_ff = profile_neurons(model, 0);
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    const MoeWeights& moe = model.layers[static_cast<size_t>(l)].moe;
+    EMBER_CHECK(profile_neurons(model, l) == p.n_ff && moe.n_expert() == model.layers[0].moe.n_expert(),
+                "layer {} has {} neurons ({} experts) where layer 0 has {} ({}): a model whose layers differ so cannot "
+                "be profiled yet", l, profile_neurons(model, l), moe.n_expert(), p.n_ff, model.layers[0].moe.n_expert());
+  }
+  p.n_expert = model.layers[0].moe.n_expert();
+  p.n_expert_used = model.layers[0].moe.valid() ? model.layers[0].moe.n_used : 0;
   try {
     if (opts.threshold >= 0.0f) {
       p.thresholds.assign(static_cast<size_t>(hp.n_layer), opts.threshold);
@@ -85,6 +93,8 @@ Profile run_profile(Session& session, const std::vector<int32_t>& tokens, const 
     p.input_energy.push_back(std::move(ie));
     const auto& c = ffn.counts(l);
     p.counts.emplace_back(c.begin(), c.end());
+    const auto& e = ffn.expert_counts(l);
+    if (p.n_expert > 0) p.expert_counts.emplace_back(e.begin(), e.end());
   }
   return p;
 }

@@ -103,7 +103,8 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
 void Session::set_ffn_executor(FfnExecutor* e) {
   FfnExecutor* ffn = e ? e : own_ffn();
   if (ffn) {
-    std::string why = model_moe_refusal(model_, "an FFN executor (sparse modes, profiling, predictor training)");
+    std::string why = ffn->takes_experts() ? std::string()
+                                           : model_moe_refusal(model_, "an FFN executor (sparse modes, predictor training)");
     if (why.empty()) why = ffn->refusal(model_);
     EMBER_CHECK(why.empty(), "{}: {}", model_.file->path(), why);
   }

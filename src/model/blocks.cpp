@@ -208,7 +208,8 @@ void ffn_block(const Model& m, const LayerWeights& L, int64_t il, ThreadPool& po
   float* out = ws.o.data();
   ffn_block_input(m, L, ws, x, xn, n);
   ws.ffn_residual = x;
-  if (L.moe.valid()) moe_ffn(pool, L.moe, m.hp.act, xn, n, out, ws);  // no executor takes experts (yet)
+  if (L.moe.valid() && ws.ffn) ws.ffn->run_moe(pool, il, L.moe, m.hp.act, xn, n, out, ws);
+  else if (L.moe.valid()) moe_ffn(pool, L.moe, m.hp.act, xn, n, out, ws);
   else if (ws.ffn) ws.ffn->run(pool, il, L.ffn, m.hp.act, xn, n, out, ws);
   else dense_ffn(pool, L.ffn, m.hp.act, xn, n, out, ws);
   ffn_block_output(m, L, out, x, n);

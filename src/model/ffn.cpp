@@ -120,6 +120,11 @@ void ffn_down_all(ThreadPool& pool, const FfnWeights& w, const float* h, int64_t
   ffn_add_down_bias(w, out, n);
 }
 
+void FfnExecutor::run_moe(ThreadPool&, int64_t layer, const MoeWeights&, cpu::Activation, const float*, int64_t,
+                          float*, Workspace&) {
+  fail("layer {} is a mixture of experts, which this FFN executor does not run", layer);
+}
+
 void dense_ffn(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
                Workspace& ws) {
   if (ffn_gated_product(w)) {

@@ -68,6 +68,11 @@ class FfnExecutor {
   // Why this executor cannot run `model` (a gating, a bias, a weight type, a missing tensor it
   // does not handle), or empty when it can. Session checks it when it is built.
   virtual std::string refusal(const Model& model) const = 0;
+  // Whether it also runs mixture-of-experts layers (run_moe, in place of moe_ffn); a model with
+  // experts is refused to the executors that do not (model_moe_refusal).
+  virtual bool takes_experts() const { return false; }
+  virtual void run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act, const float* x,
+                       int64_t n, float* out, Workspace& ws);
 };
 
 // The dense FFN in three steps, for executors that look at (or zero) the firing values on the

@@ -7,14 +7,23 @@
 
 namespace ember {
 
+size_t Model::expert_bytes_per_token() const {
+  size_t total = 0;
+  for (const auto& l : layers)
+    if (l.moe.valid()) {  // n_used experts (of equal size)
+      const FfnWeights& e = l.moe.experts[0];
+      total += static_cast<size_t>(l.moe.n_used) * (e.gate.nbytes + e.up.nbytes + e.down.nbytes);
+    }
+  return total;
+}
+
 size_t Model::weight_bytes_per_token() const {
-  size_t total = output.nbytes;
+  size_t total = output.nbytes + expert_bytes_per_token();
   for (const auto& l : layers) {
     for (const TensorView* t : l.attention_tensors()) total += t->nbytes;
     for (const TensorView* t : l.ffn_block_tensors()) total += t->nbytes;
-    if (l.moe.valid()) {  // the router and n_used experts (of equal size)
-      const FfnWeights& e = l.moe.experts[0];
-      total += l.moe.router.nbytes + static_cast<size_t>(l.moe.n_used) * (e.gate.nbytes + e.up.nbytes + e.down.nbytes);
+    if (l.moe.valid()) {  // the router (the chosen experts counted above)
+      total += l.moe.router.nbytes;
       continue;
     }
     total += l.ffn.gate.nbytes + l.ffn.up.nbytes + l.ffn.up_b.nbytes;

@@ -185,6 +185,8 @@ struct Model {
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;
+  // Of those, the bytes of the experts a token runs (n_used per mixture layer; 0 for a dense model).
+  size_t expert_bytes_per_token() const;
   size_t file_bytes() const { return file->file_size(); }
 };
 

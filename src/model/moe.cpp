@@ -185,18 +185,25 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
 
 }  // namespace
 
-void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
-             Workspace& ws, bool grouped) {
-  const int64_t d = moe.router.cols(), ne = moe.n_expert(), k = moe.n_used;
+namespace {
+
+// The router's logits for n tokens and each token's choice (moe_route) into the workspace.
+void route(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, Workspace& ws) {
+  const int64_t ne = moe.n_expert(), k = moe.n_used;
   EMBER_CHECK(static_cast<int64_t>(ws.moe_order.size()) >= ne && static_cast<int64_t>(ws.moe_ids.size()) >= n * k &&
-                  static_cast<int64_t>(ws.moe_x.size()) >= n * d,
+                  static_cast<int64_t>(ws.moe_x.size()) >= n * moe.router.cols(),
               "mixture of experts: the workspace was not set up for {} tokens of {} experts", n, ne);
   cpu::matmul(pool, moe.router, x, n, ws.moe_logits.data(), ws.mm_scratch.data());
   moe_route(moe, ws.moe_logits.data(), n, ws.moe_ids.data(), ws.moe_weights.data(), ws.moe_order.data());
-  if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws);
-  if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws)) return;
+}
+
+// Each chosen expert once, in ascending order, over copies of its tokens' rows; each token's
+// weighted results summed in that order.
+void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
+                  const ExpertFfn& expert) {
+  const int64_t d = moe.router.cols(), ne = moe.n_expert(), k = moe.n_used;
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
-  for (int64_t e = 0; e < ne; ++e) {  // ascending expert order: each token's sum in that order
+  for (int64_t e = 0; e < ne; ++e) {
     int64_t m = 0;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < k; ++i)
@@ -208,11 +215,29 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
     for (int64_t i = 0; i < m; ++i)
       std::memcpy(ws.moe_x.data() + i * d, x + ws.moe_tokens[static_cast<size_t>(i)] * d,
                   sizeof(float) * static_cast<size_t>(d));
-    dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, ws.moe_x.data(), m, ws.moe_out.data(), ws);
+    expert(e, ws.moe_x.data(), m, ws.moe_out.data());
     for (int64_t i = 0; i < m; ++i)
       add_weighted(out + ws.moe_tokens[static_cast<size_t>(i)] * d, ws.moe_token_w[static_cast<size_t>(i)],
                    ws.moe_out.data() + i * d, d);
   }
+}
+
+}  // namespace
+
+void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
+             Workspace& ws, bool grouped) {
+  route(pool, moe, x, n, ws);
+  if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws);
+  if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws)) return;
+  grouped_loop(moe, x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
+    dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, rows, m, o, ws);
+  });
+}
+
+void moe_ffn_each(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
+                  const ExpertFfn& expert) {
+  route(pool, moe, x, n, ws);
+  grouped_loop(moe, x, n, out, ws, expert);
 }
 
 }  // namespace ember

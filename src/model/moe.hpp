@@ -11,6 +11,7 @@
 // token's sum is taken in ascending expert order: deterministic.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "core/thread_pool.hpp"
 #include "model/workspace.hpp"
@@ -33,5 +34,13 @@ constexpr int64_t kMoeRowBlock = 64;
 // `grouped` forces: the reference the tests hold them to.
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
              Workspace& ws, bool grouped = false);
+
+// The grouped loop with each expert's FFN run by `expert(e, rows, m, out)`: out (m x n_embd) =
+// expert e of the rows (m x n_embd) of the tokens that chose it, what dense_ffn computes; the
+// routing and each token's weighted sum as moe_ffn. For executors that look inside the experts
+// (the profiler); `expert` may use the workspace's gate and up buffers.
+using ExpertFfn = std::function<void(int64_t e, const float* rows, int64_t m, float* out)>;
+void moe_ffn_each(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
+                  const ExpertFfn& expert);
 
 }  // namespace ember

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
+#include "model/moe.hpp"
 #include "model/blocks.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
@@ -105,38 +106,72 @@ std::vector<float> AbsHistogram::energy_fractions(int64_t n) const {
   return e;
 }
 
+int64_t profile_neurons(const Model& model, int64_t layer) {
+  const LayerWeights& L = model.layers[static_cast<size_t>(layer)];
+  return L.moe.valid() ? L.moe.n_expert() * L.moe.experts[0].n_ff() : model.hp.n_ff;
+}
+
 ProfileFfn::ProfileFfn(const Model& model)
     : hist_(static_cast<size_t>(model.hp.n_layer)),
       inputs_(static_cast<size_t>(model.hp.n_layer)),
-      counts_(static_cast<size_t>(model.hp.n_layer), std::vector<uint64_t>(static_cast<size_t>(model.hp.n_ff), 0)) {}
+      counts_(static_cast<size_t>(model.hp.n_layer)),
+      experts_(static_cast<size_t>(model.hp.n_layer)) {
+  for (int64_t l = 0; l < model.hp.n_layer; ++l) {
+    counts_[static_cast<size_t>(l)].assign(static_cast<size_t>(profile_neurons(model, l)), 0);
+    experts_[static_cast<size_t>(l)].assign(static_cast<size_t>(model.layers[static_cast<size_t>(l)].moe.n_expert()), 0);
+  }
+}
 
 void ProfileFfn::set_count_thresholds(std::vector<float> t) {
   EMBER_CHECK(t.empty() || t.size() == counts_.size(), "{} thresholds for {} layers", t.size(), counts_.size());
   thresholds_ = std::move(t);
 }
 
-void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
-                     int64_t n, float* out, Workspace& ws) {
+void ProfileFfn::steps(ThreadPool& pool, size_t l, int64_t first, const FfnWeights& w, cpu::Activation act,
+                       const float* x, int64_t n, float* out, Workspace& ws) {
   // The dense FFN in its steps (model/ffn.hpp), the firing values recorded on the way.
   const int64_t n_ff = w.n_ff();
   const float* a = ffn_firing_all(pool, w, act, x, n, ws);
-  const size_t l = static_cast<size_t>(layer);
-  if (record_hist_) {
-    hist_[l].add(a, n * n_ff);
-    inputs_[l][static_cast<int>(InputSite::ffn_in)].add(x, n * w.n_embd());
-    if (layer == 0) tokens_recorded_ += static_cast<uint64_t>(n);
-  }
+  if (record_hist_) hist_[l].add(a, n * n_ff);
   if (!thresholds_.empty()) {
     const float t = thresholds_[l];
-    uint64_t* c = counts_[l].data();
+    uint64_t* c = counts_[l].data() + first;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < n_ff; ++j) c[j] += ffn_fires(a[i * n_ff + j], t);
-    if (layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
   }
   const float* h = ffn_values_all(pool, w, act, x, n, ws);
   if (record_hist_) inputs_[l][static_cast<int>(InputSite::ffn_hidden)].add(h, n * n_ff);
-  if (samples_ && !thresholds_.empty()) samples_->record(layer, x, a, h, n, thresholds_[l]);
+  if (samples_ && !thresholds_.empty()) samples_->record(static_cast<int64_t>(l), x, a, h, n, thresholds_[l]);
   ffn_down_all(pool, w, h, n, out, ws);
+}
+
+void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                     int64_t n, float* out, Workspace& ws) {
+  const size_t l = static_cast<size_t>(layer);
+  if (record_hist_) {
+    inputs_[l][static_cast<int>(InputSite::ffn_in)].add(x, n * w.n_embd());
+    if (layer == 0) tokens_recorded_ += static_cast<uint64_t>(n);
+  }
+  if (!thresholds_.empty() && layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
+  steps(pool, l, 0, w, act, x, n, out, ws);
+}
+
+void ProfileFfn::run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act, const float* x,
+                         int64_t n, float* out, Workspace& ws) {
+  EMBER_CHECK(!samples_, "predictor training samples come from dense FFNs; layer {} is a mixture of experts (its "
+              "router already chooses what runs)", layer);
+  const size_t l = static_cast<size_t>(layer);
+  if (record_hist_) {
+    inputs_[l][static_cast<int>(InputSite::ffn_in)].add(x, n * moe.router.cols());
+    if (layer == 0) tokens_recorded_ += static_cast<uint64_t>(n);
+  }
+  const bool counting = !thresholds_.empty();
+  if (counting && layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
+  moe_ffn_each(pool, moe, x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
+    const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
+    if (counting) experts_[l][static_cast<size_t>(e)] += static_cast<uint64_t>(m);
+    steps(pool, l, e * w.n_ff(), w, act, rows, m, o, ws);
+  });
 }
 
 void ProfileFfn::qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) {
@@ -161,6 +196,10 @@ void write_profile(const Profile& p, const std::string& path) {
   w.set("ember.profile.threshold", Value::f32(p.threshold));
   w.set("ember.profile.thresholds", Value::floats(p.thresholds));
   if (p.sparsity >= 0.0f) w.set("ember.profile.sparsity", Value::f32(p.sparsity));
+  if (p.n_expert > 0) {
+    w.set("ember.profile.n_expert", Value::u64(static_cast<uint64_t>(p.n_expert)));
+    w.set("ember.profile.n_expert_used", Value::u64(static_cast<uint64_t>(p.n_expert_used)));
+  }
   auto bytes = [](const std::vector<float>& v) {
     std::vector<uint8_t> b(v.size() * sizeof(float));
     std::memcpy(b.data(), v.data(), b.size());
@@ -169,6 +208,8 @@ void write_profile(const Profile& p, const std::string& path) {
   for (int64_t l = 0; l < p.n_layer; ++l) {
     w.add_tensor(fmt::format("blk.{}.ffn_act_count", l), DType::F32, {p.n_ff}, bytes(p.counts[l]));
     w.add_tensor(fmt::format("blk.{}.ffn_gate_quantiles", l), DType::F32, {kQuantiles}, bytes(p.quantiles[l]));
+    if (p.n_expert > 0)
+      w.add_tensor(fmt::format("blk.{}.ffn_expert_count", l), DType::F32, {p.n_expert}, bytes(p.expert_counts[l]));
     if (p.has_input_tables()) {
       w.add_tensor(fmt::format("blk.{}.input_quantiles", l), DType::F32, {kQuantiles, kInputSites},
                    bytes(p.input_quantiles[l]));
@@ -194,6 +235,13 @@ Profile read_profile(const std::string& path) {
   if (r.has("ember.profile.thresholds")) p.thresholds = r.get_float_array("ember.profile.thresholds");
   if (p.thresholds.empty()) p.thresholds.assign(static_cast<size_t>(p.n_layer), p.threshold);
   p.sparsity = static_cast<float>(r.opt_float("ember.profile.sparsity").value_or(-1.0));
+  if (r.has("ember.profile.n_expert")) {
+    p.n_expert = r.get_int("ember.profile.n_expert");
+    p.n_expert_used = r.get_int("ember.profile.n_expert_used");
+    EMBER_CHECK(p.n_expert >= 1 && p.n_expert <= 65536 && p.n_ff % p.n_expert == 0 && p.n_expert_used >= 1 &&
+                    p.n_expert_used <= p.n_expert,
+                "'{}': bad experts: {} of {} used, {} neurons a layer", path, p.n_expert_used, p.n_expert, p.n_ff);
+  }
   auto read = [&](const std::string& name, int64_t n) {
     const gguf::TensorInfo* ti = r.find_tensor(name);
     EMBER_CHECK(ti, "'{}' has no tensor {}", path, name);
@@ -205,6 +253,7 @@ Profile read_profile(const std::string& path) {
   for (int64_t l = 0; l < p.n_layer; ++l) {
     p.counts.push_back(read(fmt::format("blk.{}.ffn_act_count", l), p.n_ff));
     p.quantiles.push_back(read(fmt::format("blk.{}.ffn_gate_quantiles", l), kQuantiles));
+    if (p.n_expert > 0) p.expert_counts.push_back(read(fmt::format("blk.{}.ffn_expert_count", l), p.n_expert));
   }
   if (r.find_tensor("blk.0.input_quantiles")) {  // the input tables (profiles from session 14 on)
     for (int64_t l = 0; l < p.n_layer; ++l) {
@@ -241,7 +290,7 @@ double layer_sparsity(const Profile& p, int64_t layer) {
   if (p.n_tokens == 0) return 0.0;
   double fired = 0;
   for (float v : p.counts[static_cast<size_t>(layer)]) fired += v;
-  return 1.0 - fired / (static_cast<double>(p.n_tokens) * static_cast<double>(p.n_ff));
+  return 1.0 - fired / (static_cast<double>(p.n_tokens) * p.neurons_per_token());
 }
 
 std::string profile_svg(const Profile& p) {

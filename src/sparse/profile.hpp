@@ -17,6 +17,12 @@
 // The pass that counts can also record predictor training samples (sparse/ffn_samples.hpp), firing
 // as counted, so that profiling and sampling take one run over the corpus.
 //
+// A mixture-of-experts layer counts each expert's routings (the tokens that chose it) and the
+// firing of the neurons inside the experts that ran: neuron j of expert e is the layer's neuron
+// e * n_ff_exp + j, so a layer has n_expert x n_ff_exp of them; its quantiles are over the (token,
+// chosen expert, neuron) triples, its FFN input recorded once per token, its down input (the
+// neuron values) per chosen expert.
+//
 // Pass 1 also records the magnitudes of every matrix's input at the four input sites of each
 // layer (sparse/input_site.hpp: the inputs of q/k/v, o, gate/up and down), from which the
 // profile's input tables come: 1001 quantiles of |x| and, beside each, the fraction of the
@@ -69,6 +75,9 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
   std::string refusal(const Model&) const override { return {}; }  // every gating (model/ffn.hpp)
+  bool takes_experts() const override { return true; }
+  void run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n,
+               float* out, Workspace& ws) override;
   void qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n, Workspace& ws) override;
   void out(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* attn, int64_t n, float* o,
            Workspace& ws) override;
@@ -84,13 +93,20 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
     return inputs_[static_cast<size_t>(layer)][static_cast<size_t>(site)];
   }
   const std::vector<uint64_t>& counts(int64_t layer) const { return counts_[static_cast<size_t>(layer)]; }
+  // Tokens routed to each expert (empty for a dense layer), counted in the pass that counts.
+  const std::vector<uint64_t>& expert_counts(int64_t layer) const { return experts_[static_cast<size_t>(layer)]; }
   uint64_t tokens_counted() const { return tokens_counted_; }
   uint64_t tokens_recorded() const { return tokens_recorded_; }  // tokens of layer 0 in the histograms
 
  private:
+  // The dense FFN's steps over n rows, recording firing values, counts (neurons first..), and
+  // the neuron values; the FFN input is recorded by the caller.
+  void steps(ThreadPool& pool, size_t layer, int64_t first, const FfnWeights& w, cpu::Activation act, const float* x,
+             int64_t n, float* out, Workspace& ws);
+
   std::vector<AbsHistogram> hist_;
   std::vector<std::array<AbsHistogram, kInputSites>> inputs_;
-  std::vector<std::vector<uint64_t>> counts_;
+  std::vector<std::vector<uint64_t>> counts_, experts_;
   std::vector<float> thresholds_;
   bool record_hist_ = true;
   FfnSampleRecorder* samples_ = nullptr;
@@ -111,10 +127,14 @@ struct ProfileOptions {
 // Quantiles of the firing values' magnitudes per layer in a profile.
 constexpr int64_t kQuantiles = 1001;
 
+// The neurons a profile counts in a layer: n_ff, or for a mixture n_expert x n_ff_exp.
+int64_t profile_neurons(const Model& model, int64_t layer);
+
 struct Profile {
   std::string model_name;
   uint64_t n_tokens = 0;
-  int64_t n_layer = 0, n_ff = 0;
+  int64_t n_layer = 0, n_ff = 0;    // n_ff: the neurons of each layer (profile_neurons)
+  int64_t n_expert = 0, n_expert_used = 0;  // a mixture's experts and those a token runs; 0: dense
   float threshold = 0.0f;           // the one given, or (per-layer mode) the mean of thresholds
   std::vector<float> thresholds;    // per layer, the threshold the counts used
   float sparsity = -1.0f;           // per-layer mode: the sparsity the thresholds are at; else -1
@@ -124,6 +144,12 @@ struct Profile {
   // |x| and the energy fractions beside them ([layer][site * 1001 + k]).
   std::vector<std::vector<float>> input_quantiles, input_energy;
   bool has_input_tables() const { return !input_quantiles.empty(); }
+  std::vector<std::vector<float>> expert_counts;  // [layer][n_expert]: tokens routed to each expert
+  // The neurons a token runs in a layer: n_ff, or n_expert_used experts' neurons.
+  double neurons_per_token() const {
+    return n_expert > 0 ? static_cast<double>(n_ff) / static_cast<double>(n_expert) * static_cast<double>(n_expert_used)
+                        : static_cast<double>(n_ff);
+  }
 };
 
 void write_profile(const Profile& p, const std::string& path);

@@ -177,6 +177,11 @@ void run_bench(const BenchFlags& f) {
     const double achieved = reads(stats_of(tg).median);
     out["tg_weight_bytes_per_s"] = achieved;
     std::printf("\ngeneration reads %.2f GB/s of weights", achieved / 1e9);
+    if (const double experts = static_cast<double>(model->expert_bytes_per_token()); experts > 0) {
+      out["expert_bytes_per_token"] = experts;
+      std::printf(" (the chosen experts: %.1f of %.1f MB a token, %.2f GB/s)", experts / 1e6, bytes_per_token / 1e6,
+                  reads(stats_of(tg).median) * experts / bytes_per_token / 1e9);
+    }
     if (bw > 0) {
       // Repetition by repetition (each beside its own bandwidth measure), then the median.
       std::vector<double> fractions;

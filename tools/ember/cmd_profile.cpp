@@ -60,16 +60,27 @@ void run_profile_cmd(ProfileFlags& f) {
   write_profile(p, f.out);
   if (rec) save_samples(f, p, *rec);
 
-  std::printf("layer  threshold  sparsity  hot80%%  hot95%%\n");
-  double sp_sum = 0, h80 = 0, h95 = 0;
+  const bool moe = p.n_expert > 0;
+  std::printf("layer  threshold  sparsity  hot80%%  hot95%%%s\n", moe ? "  experts80%  experts95%" : "");
+  double sp_sum = 0, h80 = 0, h95 = 0, e80 = 0, e95 = 0;
   for (int64_t l = 0; l < p.n_layer; ++l) {
     const double s = layer_sparsity(p, l), a = hot_fraction(p.counts[l], 0.8), b = hot_fraction(p.counts[l], 0.95);
     sp_sum += s, h80 += a, h95 += b;
-    std::printf("%5lld  %9.5f  %8.3f  %6.3f  %6.3f\n", static_cast<long long>(l), p.thresholds[l], s, a, b);
+    std::printf("%5lld  %9.5f  %8.3f  %6.3f  %6.3f", static_cast<long long>(l), p.thresholds[l], s, a, b);
+    if (moe) {
+      const double c = hot_fraction(p.expert_counts[l], 0.8), d = hot_fraction(p.expert_counts[l], 0.95);
+      e80 += c, e95 += d;
+      std::printf("  %10.3f  %10.3f", c, d);
+    }
+    std::printf("\n");
   }
-  std::printf("mean   %9.5f  %8.3f  %6.3f  %6.3f\n", p.threshold, sp_sum / p.n_layer, h80 / p.n_layer,
-              h95 / p.n_layer);
-  std::printf("(hotNN: fraction of neurons, hottest first, that covers NN%% of the layer's firings)\n");
+  std::printf("mean   %9.5f  %8.3f  %6.3f  %6.3f", p.threshold, sp_sum / p.n_layer, h80 / p.n_layer, h95 / p.n_layer);
+  if (moe) std::printf("  %10.3f  %10.3f", e80 / p.n_layer, e95 / p.n_layer);
+  std::printf("\n(hotNN: fraction of neurons, hottest first, that covers NN%% of the layer's firings%s)\n",
+              moe ? fmt::format("; a neuron is one of an expert's, {} experts of {} neurons; expertsNN: fraction of "
+                                "experts, most chosen first, that take NN% of the routings ({} a token)",
+                                p.n_expert, p.n_ff / p.n_expert, p.n_expert_used).c_str()
+                  : "");
   std::string plot = f.plot;
   if (plot.empty()) {
     plot = f.out;

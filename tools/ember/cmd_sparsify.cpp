@@ -158,6 +158,13 @@ void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, std:
 void run_sparsify(SparsifyFlags& f) {
   Timer timer;
   f.o.allocation = parse_input_allocation(f.allocation);
+  bool relu = false;
+  {
+    const auto mapped = load_model(f.o.model);  // a mapped load: nothing copied
+    relu = mapped->hp.act == cpu::Activation::relu;
+    const std::string moe = model_moe_refusal(*mapped, "ember sparsify");
+    EMBER_CHECK(moe.empty(), "{}", moe);
+  }
   // The texts first: a missing one should not cost a profile.
   const bool block = f.o.allocation == InputAllocation::block;
   EMBER_CHECK(!f.block.paying_sites_only || block, "--paying-sites is for --allocation block (the {} allocation "
@@ -173,7 +180,6 @@ void run_sparsify(SparsifyFlags& f) {
   EngineFlags ef;
   ef.model_path = f.o.model;
   ef.threads = f.threads;
-  const bool relu = load_model(f.o.model)->hp.act == cpu::Activation::relu;  // a mapped load: nothing copied
   const bool predictors = f.method == "predictor" || (f.method == "auto" && relu);
   // Every matrix repacked for the dense kernels: the predictor path runs the model dense only
   // (profile, training's gate products, the dense side of the measurement), the input path's

@@ -113,6 +113,69 @@ TEST(ServerOllama, ErrorsNameTheField) {
   EXPECT_EQ(ollama::error_body(ApiError{400, "bad things", "invalid_request_error", "", ""}), R"({"error":"bad things"})");
 }
 
+// Tools on /api/chat in OpenAI's shapes; an assistant's calls (arguments as objects, no ids) get
+// ids, and a tool message (its function in tool_name) answers the earliest open call of it.
+TEST(ServerOllama, ToolsAndTheirResultsOnChat) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}])";
+  const ollama::Request r = ok(R"({"model": "smol", "messages": [{"role": "user", "content": "Weather in Paris?"}], )" + tools +
+                                   "}",
+                               true);
+  ASSERT_EQ(r.completion.tools.tools.size(), 2u);
+  EXPECT_EQ(r.completion.tools.tools[0].name, "get_weather");
+  EXPECT_TRUE(r.completion.tools.active());
+  EXPECT_FALSE(r.completion.tools.forced());
+  EXPECT_TRUE(r.completion.tools.parallel);
+
+  const ollama::Request h = ok(R"({"model": "smol", "messages": [{"role": "user", "content": "Weather in Paris and 2+3?"},
+      {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "tool_name": "get_weather", "content": "sunny"},
+      {"role": "tool", "content": "5"}], )" + tools + "}",
+                               true);
+  const std::vector<ChatMessage>& m = h.completion.messages;
+  ASSERT_EQ(m.size(), 4u);
+  ASSERT_EQ(m[1].tool_calls.size(), 2u);
+  EXPECT_EQ(m[1].tool_calls[0].name, "add");
+  EXPECT_EQ(nlohmann::json::parse(m[1].tool_calls[0].arguments), nlohmann::json({{"a", 2}, {"b", 3}}));
+  EXPECT_NE(m[1].tool_calls[0].id, m[1].tool_calls[1].id);
+  EXPECT_EQ(m[2].tool_call_id, m[1].tool_calls[1].id);  // by its name
+  EXPECT_EQ(m[2].name, "get_weather");
+  EXPECT_EQ(m[3].tool_call_id, m[1].tool_calls[0].id);  // the one still open
+  EXPECT_EQ(m[3].name, "add");
+
+  EXPECT_EQ(err(R"({"model": "smol", "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "5"}]})", true)
+                .param,
+            "messages[1]");
+  EXPECT_EQ(err(R"({"model": "smol", "messages": [{"role": "user", "content": "x"},
+      {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add", "arguments": {}}}]},
+      {"role": "tool", "tool_name": "get_weather", "content": "5"}]})", true).param,
+            "messages[2]");
+  EXPECT_EQ(err(R"({"model": "smol", "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]})", false).param,
+            "tools");
+  EXPECT_EQ(err(R"({"model": "smol", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "robot"}]})", true)
+                .param,
+            "tools[0].type");
+  // No tools, or an empty list (clients send one): no tool machinery.
+  EXPECT_FALSE(ok(R"({"model": "smol", "messages": [{"role": "user", "content": "x"}], "tools": []})", true)
+                   .completion.tools.active());
+
+  const ServedModel sm = served();
+  const std::vector<ToolCall> calls = {{"call_1", "get_weather", R"({"city":"Paris"})"}};
+  ollama::Timings t;
+  const json f = ollama::final_chunk(sm, true, "", FinishReason::eog, t, &calls);
+  ASSERT_EQ(f["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(f["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(f["message"]["tool_calls"][0]["function"]["arguments"], json({{"city", "Paris"}}));  // an object
+  EXPECT_EQ(f["done_reason"], "stop");
+  const json c = ollama::tool_calls_chunk(sm, calls);
+  EXPECT_EQ(c["done"], false);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["index"], 0);
+  EXPECT_FALSE(ollama::final_chunk(sm, true, "", FinishReason::eog, t)["message"].contains("tool_calls"));
+}
+
 TEST(ServerOllama, LimitsOfASmallerContext) {
   ollama::Request r = ok(R"({"model": "smol", "prompt": "x", "options": {"num_ctx": 10}})", false);
   PreparedRequest p;
@@ -155,6 +218,7 @@ TEST(ServerOllama, ResponsesCarryWhatClientsRead) {
   EXPECT_EQ(show["template"], "{{ messages }}");
   EXPECT_NE(show["parameters"].get<std::string>().find("temperature 0.2"), std::string::npos);
   EXPECT_EQ(show["model_info"]["general.architecture"], "llama");
+  EXPECT_EQ(show["capabilities"], json({"completion", "tools", "embedding"}));
   EXPECT_EQ(ollama::ps(m, 123)["models"][0]["size_vram"], 123);
   EXPECT_FALSE(ollama::check_show(R"({"model": "smol"})", m));
   EXPECT_FALSE(ollama::check_show(R"({"name": "smol:latest"})", m));

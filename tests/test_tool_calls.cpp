@@ -250,3 +250,31 @@ TEST(ToolCalls, StreamingHoldsBackWhatMayBeACall) {
   EXPECT_EQ(content_before_calls(ToolFormat::generic, "  "), 0u);
   EXPECT_EQ(content_before_calls(ToolFormat::llama3, "<|python"), 0u);
 }
+
+// Both routes stream through HeldToolText: text goes out until a call may start, the end gives
+// the calls and the held-back text that was none; under a forced choice everything waits.
+TEST(ToolCalls, HeldTextGivesContentThenCalls) {
+  const ToolRequest r = weather_and_add();
+  HeldToolText h(ToolFormat::hermes, r);
+  EXPECT_EQ(h.add("Sure, "), "Sure, ");
+  EXPECT_EQ(h.add("let me <tool"), "let me ");
+  EXPECT_EQ(h.add("_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"), "");
+  const HeldToolText::End end = h.finish("x");
+  ASSERT_EQ(end.calls.size(), 1u);
+  EXPECT_EQ(end.calls[0].name, "get_weather");
+  EXPECT_EQ(end.calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(end.content, "");
+
+  HeldToolText none(ToolFormat::hermes, r);
+  EXPECT_EQ(none.add("a <tool"), "a ");
+  EXPECT_EQ(none.add("s> b"), "<tools> b");  // a marker's start that turned out none goes out
+  EXPECT_EQ(none.add(" <tool_"), " ");
+  const HeldToolText::End text = none.finish("x");  // the end: held-back text that was no call
+  EXPECT_TRUE(text.calls.empty());
+  EXPECT_EQ(text.content, "<tool_");
+
+  const ToolRequest forced = weather_and_add(ToolChoice::Mode::required);
+  HeldToolText all(ToolFormat::generic, forced);
+  EXPECT_EQ(all.add("Sunny."), "");
+  EXPECT_EQ(all.finish("x").content, "Sunny.");
+}

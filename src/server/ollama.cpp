@@ -1,5 +1,6 @@
 #include "server/ollama.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -10,6 +11,7 @@
 #include "core/json.hpp"
 #include "server/json_schema.hpp"
 #include "server/request_fields.hpp"
+#include "server/tool_calls.hpp"
 
 namespace ember::server::ollama {
 
@@ -36,11 +38,15 @@ std::optional<ApiError> read_stop(const json& opts, std::vector<std::string>& ou
   return std::nullopt;
 }
 
-// A message's content: a string (Ollama's messages carry no parts).
+// A message's content: a string (Ollama's messages carry no parts). An assistant's tool_calls
+// ({"function": {"name", "arguments": {...}}}, no ids) get ids; a tool message (its function in
+// "tool_name", or "name") answers the earliest call of that function not yet answered (any
+// function when it names none), as OpenAI's messages say by tool_call_id.
 std::optional<ApiError> read_messages(const json& j, std::vector<ChatMessage>& out) {
   const json* msgs = field(j, "messages");
   if (!msgs) return bad("messages", "'messages' is required: an array of {\"role\", \"content\"} objects");
   if (!msgs->is_array()) return bad("messages", fmt::format("'messages' must be an array, got {}", type_name(*msgs)));
+  std::vector<ToolCall> open;  // calls not answered yet
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& m = (*msgs)[i];
     const std::string at = fmt::format("messages[{}]", i);
@@ -48,14 +54,36 @@ std::optional<ApiError> read_messages(const json& j, std::vector<ChatMessage>& o
     const json* role = field(m, "role");
     if (!role || !role->is_string()) return bad(at + ".role", at + ".role must be a string");
     const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant")
-      return bad(at + ".role", fmt::format("{}.role '{}' is not supported (system, user or assistant)", at, r));
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+      return bad(at + ".role", fmt::format("{}.role '{}' is not supported (system, user, assistant or tool)", at, r));
     if (const json* im = field(m, "images"); im && !(im->is_array() && im->empty()))
       return bad(at + ".images", "images are not supported: this model reads text");
     const json* content = field(m, "content");
     if (content && !content->is_string()) return bad(at + ".content", at + ".content must be a string");
-    out.push_back({r, content ? content->get<std::string>() : std::string()});
+    ChatMessage cm{r, content ? content->get<std::string>() : std::string()};
+    json msg = m;  // in OpenAI's shapes, which parse_message_tools reads
+    if (const json* calls = field(m, "tool_calls"); calls && calls->is_array())
+      for (size_t k = 0; k < calls->size(); ++k)
+        if ((*calls)[k].is_object() && !(*calls)[k].contains("id")) msg["tool_calls"][k]["id"] = fmt::format("call_{}_{}", i, k);
+    if (r == "tool" && !field(m, "tool_call_id")) {
+      const json* fn = field(m, "tool_name") ? field(m, "tool_name") : field(m, "name");
+      if (fn && !fn->is_string()) return bad(at + ".tool_name", at + ".tool_name must be a string");
+      const std::string name = fn ? fn->get<std::string>() : std::string();
+      const auto call = std::find_if(open.begin(), open.end(), [&](const ToolCall& c) { return name.empty() || c.name == name; });
+      if (call == open.end())
+        return bad(at, fmt::format("{} (a tool message{}) answers no call: no earlier assistant message calls {} "
+                                   "without an answer", at, name.empty() ? "" : " of '" + name.substr(0, 64) + "'",
+                                   name.empty() ? "a tool" : "it"));
+      msg["tool_call_id"] = call->id;
+      msg["name"] = call->name;
+    }
+    if (auto e = parse_message_tools(msg, at, cm)) return *e;
+    for (const ToolCall& c : cm.tool_calls) open.push_back(c);
+    const auto answered = std::find_if(open.begin(), open.end(), [&](const ToolCall& c) { return c.id == cm.tool_call_id; });
+    if (r == "tool" && answered != open.end()) open.erase(answered);
+    out.push_back(std::move(cm));
   }
+  if (auto e = check_tool_results(out)) return *e;
   if (out.empty()) return bad("messages", "'messages' must contain at least one message");
   return std::nullopt;
 }
@@ -83,14 +111,20 @@ std::variant<Request, ApiError> parse_request(std::string_view body, bool chat, 
   c.sampling = model.sampling;
   c.stream = true;  // Ollama streams unless told not to
   if (auto e = get_bool(j, "stream", c.stream)) return *e;
-  for (const char* unsupported : {"suffix", "images", "template", "context", "tools"}) {
+  for (const char* unsupported : {"suffix", "images", "template", "context", "tools", "tool_choice"}) {
+    if (chat && std::string_view(unsupported) == "tools") continue;
     const json* f = field(j, unsupported);  // (clients send empty ones)
     if (f && !(f->is_array() && f->empty()) && !(f->is_string() && f->get<std::string>().empty()))
-      return bad(unsupported, fmt::format("'{}' is not supported by this server", unsupported));
+      return bad(unsupported, fmt::format("'{}' is not supported by this server{}", unsupported,
+                                          std::string_view(unsupported) == "tools" ? " on /api/generate (use /api/chat)" : ""));
   }
   if (chat) {
     c.chat = true;
     if (auto e = read_messages(j, c.messages)) return *e;
+    if (field(j, "tools")) {  // OpenAI's shapes; the model chooses whether to call (no tool_choice)
+      if (auto e = parse_tools(parse_json<nlohmann::ordered_json>(body), c.tools)) return *e;
+      c.tools.parallel = true;  // Ollama returns every call the model writes
+    }
   } else {
     const json* p = field(j, "prompt");
     if (p && !p->is_string()) return bad("prompt", fmt::format("'prompt' must be a string, got {}", type_name(*p)));
@@ -194,8 +228,29 @@ json chunk(const ServedModel& m, bool chat, const std::string& text) {
   return j;
 }
 
-json final_chunk(const ServedModel& m, bool chat, const std::string& text, FinishReason finish, const Timings& t) {
+json tool_calls(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json args = json::object();
+    try {
+      args = parse_json<json>(calls[k].arguments);
+    } catch (const std::exception&) {  // (parse_tool_output writes them as JSON)
+    }
+    out.push_back({{"function", {{"index", k}, {"name", calls[k].name}, {"arguments", std::move(args)}}}});
+  }
+  return out;
+}
+
+json tool_calls_chunk(const ServedModel& m, const std::vector<ToolCall>& calls) {
+  json j = chunk(m, true, "");
+  j["message"]["tool_calls"] = tool_calls(calls);
+  return j;
+}
+
+json final_chunk(const ServedModel& m, bool chat, const std::string& text, FinishReason finish, const Timings& t,
+                 const std::vector<ToolCall>* calls) {
   json j = chunk(m, chat, text);
+  if (chat && calls && !calls->empty()) j["message"]["tool_calls"] = tool_calls(*calls);
   j["done"] = true;
   j["done_reason"] = finish == FinishReason::length || finish == FinishReason::context ? "length" : "stop";
   j["total_duration"] = t.total_ns;
@@ -248,7 +303,7 @@ json show(const ServedModel& m) {
           {"template", m.chat_template},
           {"details", details(m)},
           {"model_info", info},
-          {"capabilities", json::array({"completion"})},
+          {"capabilities", json::array({"completion", "tools", "embedding"})},
           {"modified_at", timestamp(m.file.modified)}};
 }
 

@@ -1,6 +1,6 @@
 // Ollama's API as plain data (https://github.com/ollama/ollama/blob/main/docs/api.md), beside
 // OpenAI's (api.hpp), so that tools written for Ollama point at `ember serve` unchanged:
-//   POST /api/chat      {model, messages, format, options, stream = true}   NDJSON chunks
+//   POST /api/chat      {model, messages, tools, format, options, stream = true}   NDJSON chunks
 //   POST /api/generate  {model, prompt, system, raw, format, options, stream = true}
 //   GET  /api/tags, POST /api/show, GET /api/ps, GET /api/version
 // Requests become the CompletionRequest the engine path takes (a /api/generate prompt goes through
@@ -8,7 +8,10 @@
 // names: num_predict (-1: until the model ends or the context is full; -2: fill the context),
 // num_ctx (at most the server's context: a smaller one limits prompt and answer), temperature,
 // top_k, top_p, min_p, seed, stop, repeat_penalty, repeat_last_n; `format` "json" or a JSON
-// schema (sampling constrained by its grammar). Errors are {"error": "message"} with a status.
+// schema (sampling constrained by its grammar); /api/chat's `tools` (OpenAI's shapes) on the
+// machinery of OpenAI's route (server/tool_calls.hpp: the model's call format, its calls read back),
+// the model choosing whether to call, and `tool` messages answering earlier calls. Errors are
+// {"error": "message"} with a status.
 #pragma once
 #include <string>
 #include <string_view>
@@ -47,8 +50,14 @@ struct Timings {
 // A chunk of the answer (done false), or the last one (done true, with done_reason and timings):
 // /api/chat {"model", "created_at", "message": {"role": "assistant", "content"}, "done"},
 // /api/generate {"model", "created_at", "response", "done"}.
+// With tool calls (/api/chat with tools): the last chunk's message carries them (not streaming),
+// or a chunk of their own comes before it (streaming), as Ollama writes them:
+// "tool_calls": [{"function": {"index", "name", "arguments": {...}}}] (arguments an object).
 json chunk(const ServedModel& m, bool chat, const std::string& text);
-json final_chunk(const ServedModel& m, bool chat, const std::string& text, FinishReason finish, const Timings& t);
+json final_chunk(const ServedModel& m, bool chat, const std::string& text, FinishReason finish, const Timings& t,
+                 const std::vector<ToolCall>* calls = nullptr);
+json tool_calls(const std::vector<ToolCall>& calls);
+json tool_calls_chunk(const ServedModel& m, const std::vector<ToolCall>& calls);
 
 json version();
 json tags(const ServedModel& m);

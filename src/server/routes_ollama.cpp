@@ -3,18 +3,30 @@
 // OpenAI's (server.hpp).
 #include "server/http_server.hpp"
 
+#include <atomic>
+#include <optional>
 #include <random>
+
+#include <fmt/format.h>
 
 #include "core/log.hpp"
 #include "server/ollama.hpp"
 #include "server/routes_common.hpp"
 #include "server/server.hpp"
+#include "server/tool_calls.hpp"
 
 namespace ember::server {
 
 namespace {
 
 std::string line(const json& j) { return dump(j) + "\n"; }
+
+// The prefix of a response's call ids (call_<prefix>_<n>): Ollama's calls carry none, but the
+// calls read back are named alike on both routes.
+std::string call_id_prefix() {
+  static std::atomic<uint64_t> n{0};
+  return fmt::format("ollama{}", n.fetch_add(1));
+}
 
 ollama::Timings timings(const GenerateResult& r, std::chrono::steady_clock::time_point arrived) {
   ollama::Timings t;
@@ -59,7 +71,10 @@ void Server::ollama_completion(const http::Request& req, http::Response& res, bo
     if (const auto* e = std::get_if<ApiError>(&done)) return send_ollama_error(res, *e);
     const GenerateResult& r = std::get<GenerateResult>(done);
     if (cut_by_shutdown(r)) return send_ollama_error(res, cut_off_error(r.n_generated));
-    res.set_content(dump(ollama::final_chunk(served_, chat, text, r.finish, timings(r, arrived))), "application/json");
+    ToolOutput out{text, {}};
+    if (prep->tools) out = parse_tool_output(prep->tool_format, *prep->tools, text, call_id_prefix());
+    res.set_content(dump(ollama::final_chunk(served_, chat, out.content, r.finish, timings(r, arrived), &out.calls)),
+                    "application/json");
     return;
   }
 
@@ -80,10 +95,17 @@ void Server::ollama_completion(const http::Request& req, http::Response& res, bo
           return true;
         }
         try {
+          // With tools, text that may be a call waits (server/tool_calls.hpp); the end decides.
+          std::optional<HeldToolText> held_text;
+          if (prep->tools) held_text.emplace(prep->tool_format, *prep->tools);
+          const auto send_content = [&](const std::string& piece) {
+            return piece.empty() || write(line(ollama::chunk(served_, chat, piece)));
+          };
           const GenerateResult r = generate(
               slot, *prep, arrived,
               [&](std::string_view piece) {
-                return !stopping_.load() && write(line(ollama::chunk(served_, chat, std::string(piece))));
+                if (stopping_.load()) return false;
+                return send_content(held_text ? held_text->add(piece) : std::string(piece));
               },
               [](const TokenLogprobs&) {}, nullptr);
           held->reset();
@@ -92,7 +114,13 @@ void Server::ollama_completion(const http::Request& req, http::Response& res, bo
             return true;
           }
           if (r.finish == FinishReason::cancelled) return false;
-          const bool ok = write(line(ollama::final_chunk(served_, chat, "", r.finish, timings(r, arrived))));
+          bool ok = true;
+          if (held_text) {  // the held-back text: calls, and what text is left
+            const HeldToolText::End end = held_text->finish(call_id_prefix());
+            ok = send_content(end.content);
+            if (ok && !end.calls.empty()) ok = write(line(ollama::tool_calls_chunk(served_, end.calls)));
+          }
+          if (ok) ok = write(line(ollama::final_chunk(served_, chat, "", r.finish, timings(r, arrived))));
           if (ok) sink.done();
           return ok;
         } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 // streams as server-sent events; /v1/models; and llama.cpp's /tokenize, /detokenize and /props.
 #include "server/http_server.hpp"
 
+#include <optional>
 #include <random>
 
 #include "core/log.hpp"
@@ -102,21 +103,16 @@ void Server::openai_completion(const http::Request& req, http::Response& res, bo
           };
           // With tools, text that may be a call waits (server/tool_calls.hpp): all of it where the
           // call is forced, from where one may start otherwise; the end decides.
-          std::string all;
-          size_t sent = 0;
-          const auto send_content = [&](size_t upto) {
-            if (upto <= sent) return true;
-            const std::string piece = all.substr(sent, upto - sent);
-            sent = upto;
-            return write(sse(dump(chunk_json(meta, piece, std::nullopt, take_lp()))));
+          std::optional<HeldToolText> held_text;
+          if (prep->tools) held_text.emplace(prep->tool_format, *prep->tools);
+          const auto send_content = [&](const std::string& piece) {
+            return piece.empty() || write(sse(dump(chunk_json(meta, piece, std::nullopt, take_lp()))));
           };
           const GenerateResult r = generate(
               slot, *prep, arrived,
               [&](std::string_view piece) {
                 if (stopping_.load()) return false;
-                if (!prep->tools) return write(sse(dump(chunk_json(meta, std::string(piece), std::nullopt, take_lp()))));
-                all += piece;
-                return send_content(prep->tools->forced() ? 0 : content_before_calls(prep->tool_format, all));
+                return send_content(held_text ? held_text->add(piece) : std::string(piece));
               },
               [&](const TokenLogprobs& t) { pending.push_back(t); }, nullptr);
           held->reset();  // the sequence is free for the next request from here on
@@ -128,14 +124,12 @@ void Server::openai_completion(const http::Request& req, http::Response& res, bo
           if (r.finish == FinishReason::cancelled) return false;
           bool ok = true;
           bool called = false;
-          if (prep->tools) {  // the held-back text: calls, and what text is left
-            const ToolOutput out =
-                parse_tool_output(prep->tool_format, *prep->tools, all, meta.id.substr(meta.id.find('-') + 1));
-            called = !out.calls.empty();
-            if (!called) ok = send_content(all.size());
-            else if (out.content.size() > sent && out.content.starts_with(all.substr(0, sent)))
-              ok = write(sse(dump(chunk_json(meta, out.content.substr(sent), std::nullopt, nullptr))));
-            if (ok && called) ok = write(sse(dump(tool_calls_chunk_json(meta, out.calls))));
+          if (held_text) {  // the held-back text: calls, and what text is left
+            const HeldToolText::End end = held_text->finish(meta.id.substr(meta.id.find('-') + 1));
+            called = !end.calls.empty();
+            if (!called) ok = send_content(end.content);
+            else if (!end.content.empty()) ok = write(sse(dump(chunk_json(meta, end.content, std::nullopt, nullptr))));
+            if (ok && called) ok = write(sse(dump(tool_calls_chunk_json(meta, end.calls))));
           }
           if (ok) ok = write(sse(dump(chunk_json(meta, "", r.finish, pending.empty() ? json(nullptr) : take_lp(), called))));
           if (ok && include_usage) ok = write(sse(dump(usage_chunk_json(meta, {r.n_prompt, r.n_generated, r.n_cached}))));

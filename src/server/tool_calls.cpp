@@ -360,6 +360,24 @@ ToolOutput parse_tool_output(ToolFormat f, const ToolRequest& r, std::string_vie
   return out;
 }
 
+std::string HeldToolText::add(std::string_view piece) {
+  all_ += piece;
+  const size_t upto = request_.forced() ? 0 : content_before_calls(format_, all_);
+  if (upto <= sent_) return {};
+  std::string out = all_.substr(sent_, upto - sent_);
+  sent_ = upto;
+  return out;
+}
+
+HeldToolText::End HeldToolText::finish(const std::string& id_prefix) {
+  ToolOutput out = parse_tool_output(format_, request_, all_, id_prefix);
+  End end{std::move(out.calls), {}};
+  if (end.calls.empty()) end.content = all_.substr(sent_);
+  else if (out.content.size() > sent_ && out.content.starts_with(all_.substr(0, sent_))) end.content = out.content.substr(sent_);
+  sent_ = all_.size();
+  return end;
+}
+
 size_t content_before_calls(ToolFormat f, std::string_view text) {
   if (f == ToolFormat::hermes || f == ToolFormat::mistral) {
     const std::string_view marker = f == ToolFormat::hermes ? "<tool_call>" : "[TOOL_CALLS]";

@@ -93,4 +93,25 @@ ToolOutput parse_tool_output(ToolFormat f, const ToolRequest& r, std::string_vie
 // now; the rest waits for the end, where parse_tool_output decides).
 size_t content_before_calls(ToolFormat f, std::string_view text);
 
+// A streamed answer where tools are offered (both APIs' routes): the text that may be a call is
+// held back (all of it under a forced choice), and the end decides what it was.
+class HeldToolText {
+ public:
+  HeldToolText(ToolFormat f, const ToolRequest& r) : format_(f), request_(r) {}
+  // Takes a piece of the answer; returns the text that can go out as content now (may be empty).
+  std::string add(std::string_view piece);
+  // At the end: the calls, and the content still to send (held-back text that was no call).
+  struct End {
+    std::vector<ToolCall> calls;
+    std::string content;
+  };
+  End finish(const std::string& id_prefix);
+
+ private:
+  ToolFormat format_;
+  const ToolRequest& request_;
+  std::string all_;
+  size_t sent_ = 0;
+};
+
 }  // namespace ember::server

@@ -225,6 +225,53 @@ TEST_F(BatchEngineTest, SamplingAndLogprobsAsAlone) {
   drain(*other);
 }
 
+// Echo: the prompt's tokens' log-probabilities (the first unknown), each the log-softmax of the
+// logits at the position before it as a whole-prompt pass gives them, over prompt chunks of the
+// engine's own size beside another job, from the prompt's start even where the cache holds it;
+// then the sampled tokens' as without echo. With no token to generate, the prompt's only.
+TEST_F(BatchEngineTest, EchoGivesThePromptsLogprobs) {
+  BatchEngineOptions o;
+  o.prompt_chunk = 8;
+  BatchEngine engine(*suite_.model, *suite_.tok, engine_params(2), o);
+  const int64_t nv = suite_.model->hp.n_vocab;
+  const auto prompt = tokens_from(12, 45, nv);
+  Session whole(*suite_.model, test_support::session_params(2, 128, 64));
+  std::vector<float> logits(prompt.size() * static_cast<size_t>(nv));
+  whole.eval_all_logits(prompt.data(), static_cast<int64_t>(prompt.size()), logits.data());
+  std::vector<TokenLogprobs> plain_lps;
+  GenerateParams g = greedy(6);
+  g.n_logprobs = 3;
+  const std::string plain = drain(*engine.start(0, prompt, g), &plain_lps);  // (the cache now holds the prompt)
+  g.prompt_logprobs = true;
+  auto other = engine.start(1, tokens_from(13, 10, nv), greedy(40));
+  std::vector<TokenLogprobs> got;
+  auto job = engine.start(0, prompt, g);
+  EXPECT_EQ(drain(*job, &got), plain);
+  EXPECT_EQ(job->result().n_cached, 0);
+  ASSERT_EQ(got.size(), prompt.size() + plain_lps.size());
+  EXPECT_FALSE(got[0].known);
+  EXPECT_EQ(got[0].token, prompt[0]);
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    SCOPED_TRACE(i);
+    const TokenLogprobs want = token_logprobs(logits.data() + (i - 1) * static_cast<size_t>(nv), nv, prompt[i], 3);
+    EXPECT_TRUE(got[i].known);
+    EXPECT_EQ(got[i].token, prompt[i]);
+    EXPECT_NEAR(got[i].logprob, want.logprob, 2e-3);
+    ASSERT_EQ(got[i].top.size(), 3u);
+    EXPECT_EQ(got[i].top[0].first, want.top[0].first);
+  }
+  for (size_t i = 0; i < plain_lps.size(); ++i) {
+    EXPECT_EQ(got[prompt.size() + i].token, plain_lps[i].token);
+    EXPECT_NEAR(got[prompt.size() + i].logprob, plain_lps[i].logprob, 2e-3);
+  }
+  GenerateParams none = g;
+  none.max_tokens = 0;
+  std::vector<TokenLogprobs> only;
+  EXPECT_EQ(drain(*engine.start(0, prompt, none), &only), "");
+  EXPECT_EQ(only.size(), prompt.size());
+  drain(*other);
+}
+
 // The prompt cache per sequence: a second turn on the same sequence evaluates only what is new.
 TEST_F(BatchEngineTest, PromptCacheKeepsEachSequencesPrefix) {
   BatchEngine engine(*suite_.model, *suite_.tok, engine_params(2));

@@ -138,7 +138,16 @@ TEST(ServerApi, WrongTypesNameTheField) {
     EXPECT_FALSE(e.message.empty());
   }
   EXPECT_EQ(err(R"({"prompt":42})", false).param, "prompt");
-  EXPECT_EQ(err(R"({"prompt":["a","b"]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":[]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":[1,"a"]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":[[1,2],[]]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":[-1]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":[{"a":1}]})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":["a","b"],"stream":true})", false).param, "prompt");
+  EXPECT_EQ(err(R"({"prompt":"x","echo":1})", false).param, "echo");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"echo":true})").param, "echo");
+  EXPECT_EQ(err(R"({"prompt":"x","max_tokens":0})", false).param, "max_tokens");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(err(R"({"messages":[]})", false).param, "prompt");
   EXPECT_EQ(err(R"({"prompt":"x","logprobs":6})", false).param, "logprobs");
   EXPECT_EQ(err(R"({"prompt":"x","logprobs":true})", false).param, "logprobs");
@@ -183,6 +192,27 @@ TEST(ServerApi, LogprobsFields) {
   EXPECT_EQ(ok(R"({"prompt":"x","logprobs":null})", false).logprobs, -1);
   EXPECT_EQ(ok(R"({"prompt":"x","logprobs":0})", false).logprobs, 0);
   EXPECT_EQ(ok(R"({"prompt":"x","logprobs":5})", false).logprobs, 5);
+}
+
+// Completions' prompts as lm-eval's local-completions sends them: token ids, several prompts (a
+// choice each), echo with no new token.
+TEST(ServerApi, PromptsAsTextIdsAndSeveral) {
+  const CompletionRequest ids = ok(R"({"prompt":[5,6,7],"echo":true,"max_tokens":0,"logprobs":1})", false);
+  ASSERT_EQ(ids.prompts.size(), 1u);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_TRUE(ids.echo);
+  EXPECT_EQ(ids.max_tokens, 0);
+  const CompletionRequest several = ok(R"({"prompt":[[1,2],"text",[3]]})", false);
+  ASSERT_EQ(several.prompts.size(), 3u);
+  EXPECT_EQ(several.prompts[0].ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(several.prompts[1].text, "text");
+  EXPECT_TRUE(several.prompts[1].ids.empty());
+  EXPECT_EQ(several.prompts[2].ids, (std::vector<int32_t>{3}));
+  EXPECT_EQ(several.prompt_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_FALSE(several.echo);
+  std::string many = R"({"prompt":[)";
+  for (size_t i = 0; i <= kMaxPrompts; ++i) many += std::string(i ? "," : "") + "\"p\"";
+  EXPECT_EQ(err(many + "]}", false).param, "prompt");
 }
 
 TEST(ServerApi, AbsurdMaxTokens) {
@@ -261,6 +291,14 @@ TEST(ServerApi, LogprobsShapes) {
   EXPECT_EQ(offset, 10 + static_cast<int64_t>(std::string("Hello world").size()));  // advanced for the next chunk
   EXPECT_EQ(text["token_logprobs"][1], -0.5f);
   EXPECT_EQ(text["top_logprobs"][0].size(), 2u);
+  std::vector<TokenLogprobs> echoed = lps;  // echo: the first prompt token has no log-probability
+  echoed[0].known = false;
+  echoed[0].top.clear();
+  const json e = logprobs_json(false, echoed, tok);
+  EXPECT_TRUE(e["token_logprobs"][0].is_null());
+  EXPECT_TRUE(e["top_logprobs"][0].is_null());
+  EXPECT_EQ(e["token_logprobs"][1], -0.5f);
+  EXPECT_EQ(e["tokens"][0], text["tokens"][0]);
   ResponseMeta m{"chatcmpl-1", 123, "smol", true};
   EXPECT_EQ(completion_json(m, "x", FinishReason::eog, {1, 1}, chat)["choices"][0]["logprobs"], chat);
   EXPECT_EQ(chunk_json(m, "x", std::nullopt, chat)["choices"][0]["logprobs"], chat);
@@ -295,4 +333,33 @@ TEST(ServerApi, PrepareChecksTheContext) {
 
   auto e = prepare_request(ok(R"({"prompt":""})", false), tok, sm, 0);
   EXPECT_TRUE(std::holds_alternative<ApiError>(e));
+
+  // Token ids are taken as they are (no start token), echo keeps the prompt's text and asks for
+  // its logprobs; an id past the vocabulary is a 400.
+  const std::vector<int32_t> hello = tok.encode("Hello world", false, false);
+  std::string body = R"({"prompt":[)";
+  for (size_t i = 0; i < hello.size(); ++i) body += (i ? "," : "") + std::to_string(hello[i]);
+  auto h = prepare_request(ok(body + R"(],"echo":true,"logprobs":1,"max_tokens":1})", false), tok, sm, 0);
+  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(h));
+  EXPECT_EQ(std::get<PreparedRequest>(h).prompt, hello);
+  EXPECT_EQ(std::get<PreparedRequest>(h).echo, "Hello world");
+  EXPECT_TRUE(std::get<PreparedRequest>(h).gen.prompt_logprobs);
+  EXPECT_EQ(std::get<PreparedRequest>(h).gen.n_logprobs, 1);
+  auto past = prepare_request(ok(R"({"prompt":[1999999]})", false), tok, sm, 0);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(past));
+  EXPECT_EQ(std::get<ApiError>(past).param, "prompt");
+
+  // Tokenizers in vLLM's shapes (lm-eval's remote tokenizer).
+  const TokenizeRequest vr = std::get<TokenizeRequest>(parse_tokenize_request(R"({"prompt":"Hello world","add_special_tokens":false})"));
+  EXPECT_TRUE(vr.vllm);
+  const json vt = tokenize_json(vr, tok, 64);
+  EXPECT_EQ(vt["tokens"], json(hello));
+  EXPECT_EQ(vt["count"], hello.size());
+  EXPECT_EQ(vt["max_model_len"], 64);
+  EXPECT_FALSE(tokenize_json(std::get<TokenizeRequest>(parse_tokenize_request(R"({"content":"Hello world"})")), tok, 64)
+                   .contains("count"));
+  const json info = tokenizer_info_json(sm, tok);
+  EXPECT_EQ(info["eos_token"], tok.token_to_piece(tok.eos()));
+  EXPECT_EQ(info["model_max_length"], 64);
+  EXPECT_EQ(info["chat_template"], sm.chat_template);
 }

@@ -9,6 +9,10 @@
 namespace ember {
 
 namespace {
+// The most prompt tokens a step evaluates for a job that wants every one's log-probability (each
+// needs its row of logits).
+constexpr int64_t kPromptLogprobChunk = 32;
+
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -87,6 +91,10 @@ std::shared_ptr<BatchEngine::Job> BatchEngine::start(int seq, std::vector<int32_
       },
       [j](const TokenLogprobs& t) { j->lp_pending_.push_back(t); });
   j->prompt_ = std::move(prompt);
+  if (params.prompt_logprobs && params.n_logprobs >= 0) {
+    j->prompt_top_ = params.n_logprobs;
+    j->logits_.resize(static_cast<size_t>(kPromptLogprobChunk * model_.hp.n_vocab));
+  }
   return enqueue(std::move(job));
 }
 
@@ -146,6 +154,19 @@ void BatchEngine::end(Job& job, const std::string& error, bool request_error) {
   job.cv_.notify_all();
 }
 
+void BatchEngine::prompt_logprobs(Job& job, int64_t n) {
+  const int64_t nv = model_.hp.n_vocab, size = static_cast<int64_t>(job.prompt_.size());
+  if (job.n_done_ == 0) {
+    TokenLogprobs first;
+    first.token = job.prompt_[0];
+    first.known = false;
+    job.lp_pending_.push_back(std::move(first));
+  }
+  for (int64_t r = 0; r < n && job.n_done_ + r + 1 < size; ++r)  // row r predicts the token after it
+    job.lp_pending_.push_back(token_logprobs(job.logits_.data() + r * nv, nv,
+                                             job.prompt_[static_cast<size_t>(job.n_done_ + r + 1)], job.prompt_top_));
+}
+
 void BatchEngine::loop() {
   std::vector<std::shared_ptr<Job>> jobs;  // running, oldest first
   for (;;) {
@@ -159,7 +180,8 @@ void BatchEngine::loop() {
     for (auto& job : joining) {
       // The prompt cache: keep what the sequence holds of this prompt, drop the rest (all of it
       // for an embedding, which reads every token's state).
-      job->n_done_ = job->gen_ ? ember::cached_prefix(session_.tokens(job->seq_), job->prompt_) : 0;
+      job->n_done_ =
+          job->gen_ && job->prompt_top_ < 0 ? ember::cached_prefix(session_.tokens(job->seq_), job->prompt_) : 0;
       job->result_.n_cached = job->n_done_;
       session_.truncate(job->n_done_, job->seq_);
       jobs.push_back(std::move(job));
@@ -203,7 +225,9 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
     if (left <= 0 || budget <= 0) continue;
     int64_t chunk = std::min(left, budget);
     if (generating) chunk = std::min(chunk, opts_.prompt_chunk);
-    items.push_back({job->seq_, job->prompt_.data() + job->n_done_, chunk, job->gen_ ? nullptr : job->hidden_.data()});
+    if (job->prompt_top_ >= 0) chunk = std::min(chunk, kPromptLogprobChunk);
+    items.push_back({job->seq_, job->prompt_.data() + job->n_done_, chunk, job->gen_ ? nullptr : job->hidden_.data(),
+                     job->prompt_top_ >= 0 ? job->logits_.data() : nullptr});
     owners.push_back(job.get());
     budget -= chunk;
   }
@@ -237,6 +261,7 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
       continue;
     }
     if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) {
+      if (job.prompt_top_ >= 0) prompt_logprobs(job, items[i].n);
       job.n_done_ += items[i].n;
       if (job.n_done_ < static_cast<int64_t>(job.prompt_.size())) continue;  // more of the prompt next step
       job.t_first_ = std::chrono::steady_clock::now();

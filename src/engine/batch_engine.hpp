@@ -80,6 +80,8 @@ class BatchEngine {
     std::vector<float> hidden_;        // an embedding's chunk of hidden states
     bool embed_done_ = false;
     std::vector<TokenLogprobs> lp_pending_;
+    int prompt_top_ = -1;         // >= 0: the prompt's logprobs with this many alternatives (echo)
+    std::vector<float> logits_;   // their chunk's logits (kPromptLogprobChunk x n_vocab)
     std::chrono::steady_clock::time_point t_start_, t_first_;
     // Shared with the request's thread.
     mutable std::mutex mu_;
@@ -132,6 +134,8 @@ class BatchEngine {
   void end(Job& job, const std::string& error = {}, bool request_error = false);
   // Ends a job before its time (cancelled, failed, shutdown).
   void abort(Job& job, const std::string& error = {}, bool request_error = false);
+  // A prompt chunk of n tokens just evaluated for an echo job: its tokens' log-probabilities.
+  void prompt_logprobs(Job& job, int64_t n);
   std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);
 
   const Model& model_;

@@ -116,8 +116,12 @@ int32_t Generation::next(const float* logits, int64_t pos, int64_t n_ctx) {
   }
   sampler_.accept(t, /*generated=*/true);
   ++res_.n_generated;
-  if (tok_.is_eog(t) && (!params_.ignore_eos || matcher_)) return finish(FinishReason::eog), -1;
-  if (params_.n_logprobs >= 0 && on_logprobs_) on_logprobs_(token_logprobs(logits, n_vocab_, t, params_.n_logprobs));
+  const bool eog = tok_.is_eog(t) && (!params_.ignore_eos || matcher_);
+  // The end-of-generation token's log-probability is reported where the prompt's are (echo:
+  // an evaluator reads the one sampled token after the prompt's), not otherwise.
+  if (params_.n_logprobs >= 0 && on_logprobs_ && (!eog || params_.prompt_logprobs))
+    on_logprobs_(token_logprobs(logits, n_vocab_, t, params_.n_logprobs));
+  if (eog) return finish(FinishReason::eog), -1;
   emit(stops_.push(utf8_.push(tok_.token_to_piece(t))));
   if (stops_.stopped()) return finish(FinishReason::stop), -1;
   if (matcher_) {

@@ -50,6 +50,10 @@ struct GenerateParams {
   // >= 0: report each sampled token's log-probability and this many most likely alternatives
   // (TokenLogprobs, through the LogprobCallback); < 0: none.
   int n_logprobs = -1;
+  // With n_logprobs >= 0: also the prompt's tokens' log-probabilities, before the sampled ones
+  // (echo; the first prompt token's is unknown). The prompt is then evaluated from its start,
+  // whatever the cache holds.
+  bool prompt_logprobs = false;
   // Constrained generation (engine/grammar.hpp; the server's structured output): only tokens
   // whose text the grammar can still complete are sampled, end-of-generation only once the text
   // is complete, and generation ends when nothing may follow. `grammar_vocab` holds the
@@ -64,6 +68,7 @@ struct TokenLogprobs {
   int32_t token = 0;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
+  bool known = true;  // false: the first prompt token's (nothing predicts it)
 };
 // The log-softmax of `logits` at `token`, and the n most likely tokens (ties: lower id first).
 TokenLogprobs token_logprobs(const float* logits, int64_t n_vocab, int32_t token, int n);

@@ -154,7 +154,7 @@ void Session::eval_all_logits(const int32_t* tokens, int64_t n, float* all_logit
 void Session::eval_seqs(std::span<const SeqEval> items) {
   EMBER_CHECK(!items.empty(), "eval_seqs: no sequence given");
   for (const SeqEval& it : items) EMBER_CHECK(it.n >= 1, "eval_seqs: sequence {} is given {} tokens", it.seq, it.n);
-  if (items.size() == 1 && !items[0].hidden) return eval(items[0].tokens, items[0].n, items[0].seq);
+  if (items.size() == 1 && !items[0].hidden && !items[0].logits) return eval(items[0].tokens, items[0].n, items[0].seq);
   EMBER_CHECK(items.size() <= batch_spans_.capacity(), "eval_seqs: {} sequences in one step (at most {})", items.size(),
               batch_spans_.capacity());
   batch_tokens_.clear();
@@ -171,16 +171,24 @@ void Session::eval_seqs(std::span<const SeqEval> items) {
     const int64_t first = static_cast<int64_t>(batch_tokens_.size());
     batch_spans_.push_back({&sq.kv, first, it.n, pos(it.seq), it.seq});
     if (it.hidden) batch_hidden_.push_back({first, it.n, it.hidden});
-    else batch_rows_.push_back(first + it.n - 1);
+    else
+      for (int64_t r = it.logits ? first : first + it.n - 1; r < first + it.n; ++r) batch_rows_.push_back(r);
     batch_tokens_.insert(batch_tokens_.end(), it.tokens, it.tokens + it.n);
   }
+  const size_t nv = static_cast<size_t>(model_.hp.n_vocab);
+  if (batch_logits_.size() < batch_rows_.size() * nv) batch_logits_.resize(batch_rows_.size() * nv);  // all rows asked
   forward_seqs(model_, pool_, ws_, batch_tokens_.data(), batch_spans_, batch_rows_.data(),
                static_cast<int64_t>(batch_rows_.size()), batch_logits_.data(), batch_hidden_);
-  const size_t nv = static_cast<size_t>(model_.hp.n_vocab);
   size_t row = 0;
   for (const SeqEval& it : items) {
     Seq& sq = seqs_[static_cast<size_t>(it.seq)];
-    if (!it.hidden) std::copy_n(batch_logits_.data() + row++ * nv, nv, sq.logits.begin());
+    if (it.logits) {
+      std::copy_n(batch_logits_.data() + row * nv, static_cast<size_t>(it.n) * nv, it.logits);
+      row += static_cast<size_t>(it.n);
+      std::copy_n(it.logits + (it.n - 1) * static_cast<int64_t>(nv), nv, sq.logits.begin());
+    } else if (!it.hidden) {
+      std::copy_n(batch_logits_.data() + row++ * nv, nv, sq.logits.begin());
+    }
     sq.tokens.insert(sq.tokens.end(), it.tokens, it.tokens + it.n);
   }
 }

@@ -56,6 +56,9 @@ class Session {
     // model/forward.hpp's HiddenRows: embeddings) instead of the last one's logits, and
     // logits(seq) keeps what it held.
     float* hidden = nullptr;
+    // Set (without `hidden`): every token's logits are written here (n x n_vocab), and logits(seq)
+    // holds the last one's.
+    float* logits = nullptr;
   };
   // One forward pass over several sequences' new tokens (each sequence at most once, n >= 1,
   // at most max_batch() tokens in all; one sequence alone without `hidden` is eval's);

@@ -101,6 +101,44 @@ std::optional<ApiError> check_model_field(const json& j, const ServedModel& mode
                   "invalid_request_error", "model", "model_not_found"};
 }
 
+namespace {
+
+// /v1/completions' prompt: a string, token ids, or an array of several of either (a choice each).
+std::optional<ApiError> read_prompts(const json& p, int64_t n_vocab, std::vector<CompletionPrompt>& out) {
+  const auto ids = [&](const json& a, const std::string& at, CompletionPrompt& c) -> std::optional<ApiError> {
+    for (const json& v : a) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || (n_vocab > 0 && v.get<int64_t>() >= n_vocab))
+        return bad("prompt", fmt::format("{} must hold token ids of the vocabulary ({} of them), got {}", at, n_vocab,
+                                         brief(v)));
+      c.ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    }
+    if (c.ids.empty()) return bad("prompt", at + " is empty");
+    return std::nullopt;
+  };
+  if (p.is_string()) {
+    out.push_back({p.get<std::string>(), {}});
+    return std::nullopt;
+  }
+  if (!p.is_array() || p.empty())
+    return bad("prompt", fmt::format("'prompt' must be a string, token ids, or an array of them, got {}",
+                                     p.is_array() ? "an empty array" : type_name(p)));
+  if (p[0].is_number()) {
+    out.emplace_back();
+    return ids(p, "'prompt'", out.back());
+  }
+  if (p.size() > kMaxPrompts) return bad("prompt", fmt::format("'prompt' holds {} prompts; at most {}", p.size(), kMaxPrompts));
+  for (size_t i = 0; i < p.size(); ++i) {
+    const std::string at = fmt::format("prompt[{}]", i);
+    out.emplace_back();
+    if (p[i].is_string()) out.back().text = p[i].get<std::string>();
+    else if (!p[i].is_array()) return bad("prompt", fmt::format("{} must be a string or token ids, got {}", at, type_name(p[i])));
+    else if (auto e = ids(p[i], at, out.back())) return *e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, bool chat,
                                                                    const ServedModel& model) {
   auto parsed = parse_body(body, chat ? R"({"model": ..., "messages": ...})" : R"({"model": ..., "prompt": ...})");
@@ -138,21 +176,23 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   } else {
     const json* p = field(j, "prompt");
     if (!p) return bad("prompt", "'prompt' is required");
-    if (p->is_string()) {
-      r.prompt = p->get<std::string>();
-    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-      r.prompt = (*p)[0].get<std::string>();
-    } else if (p->is_array()) {
-      return bad("prompt", "'prompt' must be a string (or an array of exactly one string: only n = 1 is supported)");
-    } else {
-      return bad("prompt", fmt::format("'prompt' must be a string, got {}", type_name(*p)));
-    }
+    if (auto e = read_prompts(*p, model.n_vocab, r.prompts)) return *e;
+    r.prompt = r.prompts[0].text;
+    r.prompt_ids = r.prompts[0].ids;
+    if (auto e = get_bool(j, "echo", r.echo)) return *e;
+    bool stream = false;
+    if (auto e = get_bool(j, "stream", stream)) return *e;
+    if (stream && r.prompts.size() > 1)
+      return bad("prompt", "several prompts are answered together only without streaming ('stream': false)");
   }
+  if (chat && field(j, "echo")) return bad("echo", "'echo' belongs to /v1/completions");
 
   // Token limit: max_completion_tokens (newer chat API) or max_tokens. At most the context.
   std::optional<int64_t> max_tokens;
   const std::string ctx = fmt::format(" (the context holds {} tokens)", model.n_ctx);
-  if (auto e = get_int(j, "max_tokens", 1, model.n_ctx, max_tokens, ctx)) return *e;
+  if (auto e = get_int(j, "max_tokens", chat ? 1 : 0, model.n_ctx, max_tokens, ctx)) return *e;
+  if (max_tokens == 0 && !r.echo)
+    return bad("max_tokens", "'max_tokens' 0 asks for no answer: only with 'echo' (the prompt's logprobs), else at least 1");
   if (chat) {
     std::optional<int64_t> mct;
     if (auto e = get_int(j, "max_completion_tokens", 1, model.n_ctx, mct, ctx)) return *e;
@@ -278,10 +318,16 @@ std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest&
     } catch (const Error& e) {
       return ApiError{500, fmt::format("cannot apply the model's chat template: {}", e.what()), "server_error", "", ""};
     }
+  } else if (!req.prompt_ids.empty()) {
+    for (int32_t id : req.prompt_ids)
+      if (id < 0 || id >= tok.n_vocab()) return bad("prompt", fmt::format("token id {} is not in the vocabulary", id));
+    p.prompt = req.prompt_ids;  // as they are: no start token added
+    text = tok.decode(p.prompt);
   } else {
     text = req.prompt;
   }
-  p.prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
+  if (req.chat || req.prompt_ids.empty()) p.prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
+  if (req.echo) p.echo = text;
   const std::string param = req.chat ? "messages" : "prompt";
   if (p.prompt.empty()) return bad(param, "the prompt is empty");
   const int64_t n_prompt = static_cast<int64_t>(p.prompt.size());
@@ -298,6 +344,7 @@ std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest&
   p.gen.sampling.seed = req.seed.value_or(random_seed);
   p.gen.stop = req.stop;
   p.gen.n_logprobs = req.logprobs;
+  p.gen.prompt_logprobs = req.echo;
   if (req.grammar) {
     p.gen.grammar = req.grammar;
     p.gen.grammar_vocab = model.grammar_vocab;
@@ -357,10 +404,10 @@ json logprobs_json(bool chat, const std::vector<TokenLogprobs>& tokens, const To
   for (const TokenLogprobs& t : tokens) {
     const std::string piece = tok.token_to_piece(t.token);
     pieces.push_back(piece);
-    lps.push_back(t.logprob);
+    lps.push_back(t.known ? json(t.logprob) : json(nullptr));  // the first prompt token's (echo): none
     json top = json::object();
     for (const auto& [id, lp] : t.top) top[tok.token_to_piece(id)] = lp;
-    tops.push_back(top);
+    tops.push_back(t.known ? top : json(nullptr));
     offsets.push_back(offset);
     offset += static_cast<int64_t>(piece.size());
   }
@@ -439,16 +486,19 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view 
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const json& j = std::get<json>(parsed);
   TokenizeRequest r;
-  const json* c = field(j, "content");
-  if (!c || !c->is_string()) return bad("content", "'content' must be a string");
+  r.vllm = !field(j, "content") && field(j, "prompt");
+  const char* key = r.vllm ? "prompt" : "content";
+  const json* c = field(j, key);
+  if (!c || !c->is_string()) return bad(key, fmt::format("'{}' must be a string", key));
   r.content = c->get<std::string>();
-  if (auto e = get_bool(j, "add_special", r.add_special)) return *e;
+  if (r.vllm) r.add_special = true;  // vLLM's default
+  if (auto e = get_bool(j, r.vllm ? "add_special_tokens" : "add_special", r.add_special)) return *e;
   if (auto e = get_bool(j, "parse_special", r.parse_special)) return *e;
   if (auto e = get_bool(j, "with_pieces", r.with_pieces)) return *e;
   return r;
 }
 
-json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok) {
+json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok, int64_t n_ctx) {
   const std::vector<int32_t> ids = tok.encode(r.content, r.add_special, r.parse_special);
   json tokens = json::array();
   for (int32_t id : ids) {
@@ -464,7 +514,18 @@ json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok) {
     }
     tokens.push_back({{"id", id}, {"piece", p}});
   }
+  if (r.vllm) return {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", n_ctx}};
   return {{"tokens", tokens}};
+}
+
+json tokenizer_info_json(const ServedModel& model, const Tokenizer& tok) {
+  const auto text = [&](int32_t id) { return id >= 0 && id < tok.n_vocab() ? json(tok.token_to_piece(id)) : json(nullptr); };
+  return {{"tokenizer_class", "ember"},
+          {"eos_token", text(tok.eos())},
+          {"bos_token", text(tok.bos())},
+          {"pad_token", nullptr},
+          {"chat_template", model.chat_template},
+          {"model_max_length", model.n_ctx}};
 }
 
 std::variant<std::string, ApiError> parse_detokenize_request(std::string_view body, const Tokenizer& tok) {

@@ -76,10 +76,20 @@ std::string unguessable_id();
 // OpenAI's "model" field: optional, but where given the served model's name (else 404).
 std::optional<ApiError> check_model_field(const json& j, const ServedModel& model);
 
+// A completions prompt: text, or (ids not empty) token ids taken as they are.
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
 struct CompletionRequest {
   bool chat = false;
   std::vector<ChatMessage> messages;  // chat
-  std::string prompt;                 // completions
+  std::string prompt;                 // completions: the prompt prepare_request reads, text
+  std::vector<int32_t> prompt_ids;    // ... or token ids (not empty)
+  // completions: every prompt given, a choice each, in order (prompt / prompt_ids: the first).
+  std::vector<CompletionPrompt> prompts;
+  bool echo = false;  // completions: the prompt's text before the answer's, with logprobs its tokens'
   std::optional<int64_t> max_tokens;  // absent: chat until the context is full, completions 16
   SamplerParams sampling;             // ServedModel::sampling, overridden by the request
   std::optional<uint64_t> seed;       // absent: random
@@ -97,6 +107,7 @@ struct CompletionRequest {
 
 constexpr int kMaxTopLogprobs = 20;            // chat, as OpenAI
 constexpr int kMaxCompletionsLogprobs = 5;     // completions, as OpenAI
+constexpr size_t kMaxPrompts = 64;            // completions: prompts in one request
 
 constexpr size_t kMaxStopStrings = 4;  // as OpenAI
 constexpr size_t kMaxStopBytes = 1024;
@@ -111,6 +122,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
 struct PreparedRequest {
   std::vector<int32_t> prompt;
   GenerateParams gen;
+  std::string echo;  // completions with echo: the prompt's text, which the answer's text follows
   // Where the request offers tools: they and the model's call format, to read its answer back.
   std::shared_ptr<const ToolRequest> tools;
   ToolFormat tool_format = ToolFormat::generic;
@@ -169,13 +181,19 @@ json models_json(const ServedModel& model);
 // llama.cpp's /tokenize: {"content", "add_special" = false, "parse_special" = true,
 // "with_pieces" = false} -> {"tokens": [ids]} or, with pieces, [{"id", "piece"}] (a piece that is
 // not valid UTF-8 alone as its bytes); /detokenize: {"tokens": [ids]} -> the text.
+// /tokenize: llama.cpp's {"content", "add_special", "parse_special", "with_pieces"} -> {"tokens"},
+// or vLLM's {"prompt", "add_special_tokens"} -> {"tokens", "count", "max_model_len"} (lm-eval's
+// remote tokenizer). /detokenize: {"tokens"} -> {"content"} (llama.cpp) and {"prompt"} (vLLM).
 struct TokenizeRequest {
   std::string content;
   bool add_special = false, parse_special = true, with_pieces = false;
+  bool vllm = false;  // asked in vLLM's shape
 };
 std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body);
-json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok);
+json tokenize_json(const TokenizeRequest& r, const Tokenizer& tok, int64_t n_ctx);
 std::variant<std::string, ApiError> parse_detokenize_request(std::string_view body, const Tokenizer& tok);
+// /tokenizer_info (vLLM's): the special tokens' text, the chat template, the context.
+json tokenizer_info_json(const ServedModel& model, const Tokenizer& tok);
 // /props: the defaults a request gets (the model's recommended sampling, the context), the
 // sequences, the chat template: what a client (the chat page) shows before it asks anything.
 json props_json(const ServedModel& model, int64_t parallel);

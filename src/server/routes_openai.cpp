@@ -28,6 +28,19 @@ void Server::openai_completion(const http::Request& req, http::Response& res, bo
   auto prepared = prepare_request(creq, tok_, served_, std::random_device{}());
   if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(res, *e);
   auto prep = std::make_shared<const PreparedRequest>(std::move(std::get<PreparedRequest>(prepared)));
+  // Several prompts (completions, not streaming): a choice each, run in turn on one sequence.
+  std::vector<std::shared_ptr<const PreparedRequest>> preps{prep};
+  for (size_t i = 1; i < creq.prompts.size(); ++i) {
+    CompletionRequest one = creq;
+    one.prompt = creq.prompts[i].text;
+    one.prompt_ids = creq.prompts[i].ids;
+    auto p = prepare_request(one, tok_, served_, std::random_device{}());
+    if (auto* e = std::get_if<ApiError>(&p)) {
+      e->message = fmt::format("prompt[{}]: {}", i, e->message);
+      return send_error(res, *e);
+    }
+    preps.push_back(std::make_shared<const PreparedRequest>(std::move(std::get<PreparedRequest>(p))));
+  }
   std::unique_ptr<SlotQueue::Ticket> ticket = admit(prep);
   if (!ticket) {
     set_retry_after(res, busy_error());
@@ -43,21 +56,35 @@ void Server::openai_completion(const http::Request& req, http::Response& res, bo
       set_retry_after(res, shutting_down_error());
       return send_error(res, shutting_down_error());
     }
-    std::string text;
-    std::vector<TokenLogprobs> lps;
-    const auto done = generate_text(
-        slot, *prep, arrived, text, [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return http::peer_closed(fd); });
+    json body;
+    Usage usage;
+    for (size_t i = 0; i < preps.size(); ++i) {
+      const PreparedRequest& pi = *preps[i];
+      std::string text;
+      std::vector<TokenLogprobs> lps;
+      const auto done = generate_text(
+          slot, pi, arrived, text, [&](const TokenLogprobs& t) { lps.push_back(t); }, [&] { return http::peer_closed(fd); });
+      if (const auto* e = std::get_if<ApiError>(&done)) return send_error(res, *e);
+      const GenerateResult& r = std::get<GenerateResult>(done);
+      // Cut off by shutdown: an error, never a 200 that looks complete.
+      if (cut_by_shutdown(r)) return send_error(res, cut_off_error(r.n_generated));
+      const json lp = pi.gen.n_logprobs >= 0 ? logprobs_json(meta.chat, lps, tok_) : json(nullptr);
+      ToolOutput out{pi.echo + text, {}};
+      if (pi.tools) out = parse_tool_output(pi.tool_format, *pi.tools, text, meta.id.substr(meta.id.find('-') + 1));
+      const Usage u{r.n_prompt, r.n_generated, r.n_cached};
+      json one = completion_json(meta, out.content, r.finish, u, lp, &out.calls);
+      usage = {usage.prompt_tokens + u.prompt_tokens, usage.completion_tokens + u.completion_tokens,
+               usage.cached_tokens + u.cached_tokens};
+      if (i == 0) {
+        body = std::move(one);
+      } else {
+        one["choices"][0]["index"] = i;
+        body["choices"].push_back(std::move(one["choices"][0]));
+      }
+    }
     ticket.reset();
-    if (const auto* e = std::get_if<ApiError>(&done)) return send_error(res, *e);
-    const GenerateResult& r = std::get<GenerateResult>(done);
-    // Cut off by shutdown: an error, never a 200 that looks complete.
-    if (cut_by_shutdown(r)) return send_error(res, cut_off_error(r.n_generated));
-    const json lp = prep->gen.n_logprobs >= 0 ? logprobs_json(meta.chat, lps, tok_) : json(nullptr);
-    ToolOutput out{text, {}};
-    if (prep->tools) out = parse_tool_output(prep->tool_format, *prep->tools, text, meta.id.substr(meta.id.find('-') + 1));
-    res.set_content(dump(completion_json(meta, out.content, r.finish, {r.n_prompt, r.n_generated, r.n_cached}, lp,
-                                         &out.calls)),
-                    "application/json");
+    body["usage"] = usage_json(usage);
+    res.set_content(dump(body), "application/json");
     return;
   }
 
@@ -85,7 +112,8 @@ void Server::openai_completion(const http::Request& req, http::Response& res, bo
           return true;
         }
         try {
-          if (meta.chat && !write(sse(dump(role_chunk_json(meta))))) {
+          if ((meta.chat && !write(sse(dump(role_chunk_json(meta))))) ||
+              (!prep->echo.empty() && !write(sse(dump(chunk_json(meta, prep->echo, std::nullopt, nullptr)))))) {
             ++n_cancelled_;
             held->reset();
             return false;
@@ -164,12 +192,16 @@ void Server::install_openai_routes() {
   s.Post("/tokenize", [this](const http::Request& req, http::Response& res) {
     auto parsed = parse_tokenize_request(req.body);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-    res.set_content(dump(tokenize_json(std::get<TokenizeRequest>(parsed), tok_)), "application/json");
+    res.set_content(dump(tokenize_json(std::get<TokenizeRequest>(parsed), tok_, served_.n_ctx)), "application/json");
   });
   s.Post("/detokenize", [this](const http::Request& req, http::Response& res) {
     auto parsed = parse_detokenize_request(req.body, tok_);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-    res.set_content(dump(json{{"content", std::get<std::string>(parsed)}}), "application/json");
+    const std::string& text = std::get<std::string>(parsed);
+    res.set_content(dump(json{{"content", text}, {"prompt", text}}), "application/json");
+  });
+  s.Get("/tokenizer_info", [this](const http::Request&, http::Response& res) {
+    res.set_content(dump(tokenizer_info_json(served_, tok_)), "application/json");
   });
   s.Get("/props", [this](const http::Request&, http::Response& res) {
     res.set_content(dump(props_json(served_, static_cast<int64_t>(opts_.parallel))), "application/json");

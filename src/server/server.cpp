@@ -75,7 +75,8 @@ const char* allowed_methods(const std::string& path) {
                         "/detokenize", "/api/chat", "/api/generate", "/api/show", "/v1/embeddings", "/embeddings",
                         "/api/embed", "/api/embeddings"})
     if (path == p) return "POST";
-  for (const char* p : {"/", "/health", "/v1/models", "/metrics", "/props", "/api/tags", "/api/ps", "/api/version"})
+  for (const char* p : {"/", "/health", "/v1/models", "/metrics", "/props", "/tokenizer_info", "/api/tags", "/api/ps",
+                        "/api/version"})
     if (path == p) return "GET, HEAD";
   if (path.rfind("/v1/models/", 0) == 0) return "GET, HEAD";
   return nullptr;

@@ -213,7 +213,12 @@ TEST(ToolCalls, TheGenericFormatDescribesTheToolsAndFoldsInCallsAndResults) {
   ASSERT_EQ(p.messages.size(), 4u);
   EXPECT_EQ(p.messages[0].role, "system");
   EXPECT_TRUE(p.messages[0].content.starts_with("Be brief.\n\nYou can call these tools"));
-  EXPECT_NE(p.messages[0].content.find(R"("name":"get_weather")"), std::string::npos);
+  // Each tool as a signature line, not its schema.
+  EXPECT_NE(p.messages[0].content.find("\nget_weather(city: string, unit?: \"c\" | \"f\") - Get the weather\n"),
+            std::string::npos)
+      << p.messages[0].content;
+  EXPECT_NE(p.messages[0].content.find("\nadd(a: integer, b: integer) - Add two integers\n"), std::string::npos);
+  EXPECT_EQ(p.messages[0].content.find("maxLength"), std::string::npos);
   EXPECT_NE(p.messages[0].content.find("Otherwise reply to the user as usual."), std::string::npos);
   EXPECT_EQ(p.messages[2].content,
             R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"add","arguments":{"a":1,"b":2}}]})");
@@ -238,6 +243,32 @@ TEST(ToolCalls, TheGenericFormatDescribesTheToolsAndFoldsInCallsAndResults) {
   r.choice.mode = ToolChoice::Mode::none;
   EXPECT_TRUE(tool_prompt(ToolFormat::hermes, r, {{"user", "x"}}).tools.is_undefined());
   EXPECT_EQ(tool_prompt(ToolFormat::generic, r, {{"user", "x"}}).messages.size(), 1u);
+}
+
+// The generic format's signature lines stay short whatever the schema: nested objects one level
+// deep, arrays, unions, long enums and descriptions cut.
+TEST(ToolCalls, SignaturesAreShort) {
+  ToolRequest r;
+  r.tools.push_back({"search", std::string(300, 'x') + "\nmore lines",
+                     ojson::parse(R"({"type": "object", "properties": {
+                         "query": {"type": "string", "description": "what to look for, at length"},
+                         "filters": {"type": "object", "properties": {"site": {"type": "string"},
+                                     "deep": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+                                     "required": ["site"]},
+                         "tags": {"type": "array", "items": {"type": "string"}},
+                         "mode": {"enum": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]},
+                         "when": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                         "any": {}}, "required": ["query"]})")});
+  r.tools.push_back({"ping", "", ojson::parse(R"({"type": "object"})")});
+  const ToolPrompt p = tool_prompt(ToolFormat::generic, r, {{"user", "x"}});
+  const std::string& s = p.messages[0].content;
+  EXPECT_NE(s.find("\nsearch(query: string, filters?: {site: string, deep?: object}, tags?: array of string, "
+                   "mode?: 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | ..., when?: string | null, any?: any) - " +
+                   std::string(200, 'x') + "...\n"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("\nping()\n"), std::string::npos) << s;
+  EXPECT_EQ(s.find("more lines"), std::string::npos);
 }
 
 TEST(ToolCalls, StreamingHoldsBackWhatMayBeACall) {

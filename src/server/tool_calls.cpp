@@ -1,5 +1,6 @@
 #include "server/tool_calls.hpp"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 #include "core/enum_names.hpp"
@@ -51,11 +52,65 @@ std::optional<ToolCall> call_of(const ojson& j, const ToolRequest& r) {
   return ToolCall{"", name, args.dump()};
 }
 
-std::string tool_json_line(const Tool& t) {
-  ojson j = {{"name", t.name}};
-  if (!t.description.empty()) j["description"] = t.description;
-  j["parameters"] = t.parameters;
-  return j.dump();
+// A value's type as a short text: "string", "integer", "array of string", "\"c\" | \"f\"" (an
+// enum), "{a: integer, b?: string}" (an object's properties: the arguments and one level inside them), "any".
+std::string schema_type(const ojson& s, int depth) {
+  if (!s.is_object()) return "any";
+  const auto alternatives = [&](const ojson& list, const char* sep) {
+    std::string out;
+    size_t k = 0;
+    for (const ojson& v : list) {
+      if (k == 8) return out + sep + "...";
+      out += (k++ ? sep : "") + (v.is_object() ? schema_type(v, depth) : v.dump());
+    }
+    return out;
+  };
+  if (s.contains("enum") && s["enum"].is_array() && !s["enum"].empty()) {
+    std::string out;
+    for (size_t k = 0; k < s["enum"].size() && k < 8; ++k) out += (k ? " | " : "") + s["enum"][k].dump();
+    return s["enum"].size() > 8 ? out + " | ..." : out;
+  }
+  if (s.contains("const")) return s["const"].dump();
+  for (const char* any : {"anyOf", "oneOf"})
+    if (s.contains(any) && s[any].is_array() && !s[any].empty()) return alternatives(s[any], " | ");
+  const ojson type = s.contains("type") ? s["type"] : ojson();
+  if (type.is_array()) {
+    std::string out;
+    for (const ojson& t : type) out += (out.empty() ? "" : " | ") + (t.is_string() ? t.get<std::string>() : "any");
+    return out.empty() ? "any" : out;
+  }
+  const std::string t = type.is_string() ? type.get<std::string>() : "";
+  if (t == "array") return s.contains("items") ? "array of " + schema_type(s["items"], depth) : "array";
+  if (t == "object" || (t.empty() && s.contains("properties"))) {
+    if (depth > 1 || !s.contains("properties") || !s["properties"].is_object() || s["properties"].empty()) return "object";
+    std::string out = "{";
+    size_t k = 0;
+    for (const auto& [name, v] : s["properties"].items()) {
+      const bool required = s.contains("required") && s["required"].is_array() &&
+                            std::find(s["required"].begin(), s["required"].end(), name) != s["required"].end();
+      out += (k++ ? ", " : "") + name + (required ? ": " : "?: ") + schema_type(v, depth + 1);
+    }
+    return out + "}";
+  }
+  return t.empty() ? "any" : t;
+}
+
+// A tool as the generic format describes it: what a model needs to call it, not its whole
+// schema (a client such as Open WebUI sends dozens of tools: their schemas would fill a small
+// model's context). "name(city: string, unit?: "c" | "f") - what it does" (the description's
+// first line, at most 200 bytes).
+std::string tool_signature_line(const Tool& t) {
+  std::string args = schema_type(t.parameters, 0);
+  if (args.front() == '{') args = args.substr(1, args.size() - 2);
+  else if (args == "object") args.clear();
+  std::string line = t.name + "(" + args + ")";
+  std::string what = t.description.substr(0, t.description.find('\n'));
+  if (what.size() > 200) {
+    size_t cut = 200;
+    while (cut > 0 && (static_cast<unsigned char>(what[cut]) & 0xC0) == 0x80) --cut;  // a whole character
+    what = what.substr(0, cut) + "...";
+  }
+  return what.empty() ? line : line + " - " + what;
 }
 
 }  // namespace
@@ -236,9 +291,9 @@ ToolPrompt tool_prompt(ToolFormat f, const ToolRequest& r, std::vector<ChatMessa
   }
   end_results();
   if (!r.active()) return p;
-  std::string text = "You can call these tools (each with what it does and the JSON schema of its arguments):\n";
+  std::string text = "You can call these tools (name(argument: type, ...; ? marks an optional one) - what it does):\n";
   for (const Tool& t : r.tools)
-    if (r.choice.mode != ToolChoice::Mode::named || t.name == r.choice.name) text += tool_json_line(t) + "\n";
+    if (r.choice.mode != ToolChoice::Mode::named || t.name == r.choice.name) text += tool_signature_line(t) + "\n";
   const std::string form = R"({"tool_calls": [{"name": "<tool name>", "arguments": {<its arguments>}}]})";
   if (r.choice.mode == ToolChoice::Mode::named)
     text += fmt::format("Call the tool {}: reply with only this JSON: {}", r.choice.name, form);

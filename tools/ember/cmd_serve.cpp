@@ -12,7 +12,9 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "core/huge_pages.hpp"
 #include "core/log.hpp"
+#include "model/kv_cache.hpp"
 #include "server/server.hpp"
 
 namespace ember::cli {
@@ -24,7 +26,27 @@ struct ServeFlags {
   size_t max_body_kib = 1024;
   double shutdown_grace_s = 30;
   std::string pooling = "auto";
+  const CLI::Option* ctx_option = nullptr;  // -c: given or not
 };
+
+// Without -c, each sequence gets the model's training context (a client's long tool list or
+// conversation fits, as the model was trained for it) where every sequence's KV cache fits in a
+// quarter of the free memory; else the largest power-of-two share of it that does, never below
+// the engine's default. Says what it chose.
+int64_t serve_context(const Model& model, const SessionParams& p, int parallel, int64_t fallback) {
+  const Hparams& hp = model.hp;
+  const int64_t train = hp.n_ctx_train > 0 ? hp.n_ctx_train : fallback;
+  const size_t per_token = KvCache::bytes_for(hp.n_layer, 1, hp.n_head_kv * hp.head_dim, p.kv_type) *
+                           static_cast<size_t>(parallel);
+  const size_t room = available_memory_bytes() / 4;
+  int64_t ctx = train;
+  while (ctx > fallback && room > 0 && per_token * static_cast<size_t>(ctx) > room) ctx /= 2;
+  ctx = std::max(ctx, std::min(fallback, train));
+  log_info("serve: a context of {} tokens per sequence ({}; -c sets another), KV caches {:.0f} MiB for {} sequences",
+           ctx, ctx == train ? "the model's training context" : fmt::format("of its {} trained: what fits a quarter of the free memory", train),
+           static_cast<double>(per_token) * static_cast<double>(ctx) / 1048576.0, parallel);
+  return ctx;
+}
 
 void run_serve(ServeFlags& f) {
   // SIGINT/SIGTERM are taken by one thread with sigwait, which stops the server cleanly. Block
@@ -45,6 +67,8 @@ void run_serve(ServeFlags& f) {
   }
   auto model = load_model_logged(f.engine, nullptr);
   f.server.session = f.engine.session_params(*model);
+  if (f.ctx_option && f.ctx_option->count() == 0)
+    f.server.session.n_ctx = serve_context(*model, f.server.session, f.server.parallel, f.engine.ctx);
   f.server.max_body_bytes = f.max_body_kib * 1024;
   if (f.pooling != "auto") f.server.pooling = parse_pooling(f.pooling);
   if (f.server.api_key.empty())
@@ -102,6 +126,7 @@ void add_serve(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "serve a model over OpenAI- and Ollama-compatible HTTP APIs (with a chat page at /, metrics at /metrics)");
   f->engine.add_to(cmd);
+  f->ctx_option = cmd->get_option("-c");
   cmd->add_option("--host", f->server.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->server.port, "port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))

@@ -98,19 +98,9 @@ void Server::openai_completion(const http::Request& req, http::Response& res, bo
       "text/event-stream", [this, held, meta, include_usage, prep, arrived](size_t, http::DataSink& sink) {
         if (!*held) return false;  // already ran
         auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
-        // While waiting, an SSE comment every half second finds clients that went away (a write
-        // to a closed connection fails), so they leave the line.
-        const int slot = wait_for_sequence(
-            **held, [&] { return !write(": waiting for a free session\n\n"); }, std::chrono::milliseconds(500));
-        if (slot < 0) {
-          held->reset();
-          if (!(stopping_ || draining_)) {
-            ++n_cancelled_;
-            return false;
-          }
-          if (write(sse(error_body(shutting_down_error())))) sink.done();  // a whole response: its error
-          return true;
-        }
+        bool waited = false;
+        const int slot = wait_for_stream_sequence(*held, sink, waited);
+        if (slot < 0) return waited;
         try {
           if ((meta.chat && !write(sse(dump(role_chunk_json(meta))))) ||
               (!prep->echo.empty() && !write(sse(dump(chunk_json(meta, prep->echo, std::nullopt, nullptr)))))) {

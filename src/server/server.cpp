@@ -73,7 +73,7 @@ const char* status_error_type(int status) {
 const char* allowed_methods(const std::string& path) {
   for (const char* p : {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions", "/tokenize",
                         "/detokenize", "/api/chat", "/api/generate", "/api/show", "/v1/embeddings", "/embeddings",
-                        "/api/embed", "/api/embeddings"})
+                        "/api/embed", "/api/embeddings", "/v1/responses", "/responses"})
     if (path == p) return "POST";
   for (const char* p : {"/", "/health", "/v1/models", "/metrics", "/props", "/tokenizer_info", "/api/tags", "/api/ps",
                         "/api/version"})
@@ -239,6 +239,19 @@ std::variant<GenerateResult, ApiError> Server::generate_text(int slot, const Pre
   }
 }
 
+int Server::wait_for_stream_sequence(std::unique_ptr<SlotQueue::Ticket>& held, http::DataSink& sink,
+                                     bool& provider_result) {
+  const auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+  const int slot = wait_for_sequence(*held, [&] { return !write(": waiting for a free session\n\n"); },
+                                     std::chrono::milliseconds(500));
+  if (slot >= 0) return slot;
+  held.reset();
+  provider_result = stopping_ || draining_;
+  if (!provider_result) ++n_cancelled_;
+  else if (write(sse(error_body(shutting_down_error())))) sink.done();  // a whole response: its error
+  return -1;
+}
+
 bool Server::cut_by_shutdown(const GenerateResult& r) const {
   return r.finish == FinishReason::cancelled && stopping_;
 }
@@ -397,6 +410,7 @@ void Server::install_routes() {
   install_openai_routes();
   install_ollama_routes();
   install_embedding_routes();
+  install_responses_routes();
 }
 
 }  // namespace ember::server

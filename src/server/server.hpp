@@ -31,6 +31,7 @@ namespace ember::server::http {
 class HttpServer;
 struct Request;
 struct Response;
+class DataSink;
 }
 
 namespace ember::server {
@@ -106,6 +107,11 @@ class Server {
   std::variant<GenerateResult, ApiError> generate_text(int slot, const PreparedRequest& prep,
                                                        std::chrono::steady_clock::time_point arrived, std::string& text,
                                                        const LogprobCallback& logprobs, const std::function<bool()>& gone);
+  // A server-sent-event stream's wait for its sequence: an SSE comment every half second finds a
+  // client that went away (a write to a closed connection fails). Returns the slot, or -1 with
+  // the ticket released and the stream ended as it must be (`provider_result`: the content
+  // provider's return: false for a client that left, true after the shutdown's error event).
+  int wait_for_stream_sequence(std::unique_ptr<SlotQueue::Ticket>& held, http::DataSink& sink, bool& provider_result);
   // Whether a finished generation was cut off by shutdown.
   bool cut_by_shutdown(const GenerateResult& r) const;
   // An admitted request's failure (generate's RequestFailed, or any other error: 500), counted
@@ -116,6 +122,8 @@ class Server {
   void install_openai_routes();  // routes_openai.cpp
   void install_ollama_routes();  // routes_ollama.cpp
   void install_embedding_routes();  // routes_embeddings.cpp
+  void install_responses_routes();  // routes_responses.cpp
+  void responses_route(const http::Request& req, http::Response& res);
   void embeddings(const http::Request& req, http::Response& res, EmbeddingApi api);
   void openai_completion(const http::Request& req, http::Response& res, bool chat);
   void ollama_completion(const http::Request& req, http::Response& res, bool chat);

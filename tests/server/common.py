@@ -127,11 +127,8 @@ def wait_idle(srv, timeout=10):
     return srv.health()
 
 
-def post(url, body, headers=None, timeout=60):
-    """POSTs bytes or a JSON-able object; returns (status, parsed JSON or raw text)."""
-    data = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+def _answer(req, timeout):
+    """(status, parsed JSON or raw text) of a request, error statuses included."""
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, text = r.status, r.read().decode()
@@ -141,6 +138,18 @@ def post(url, body, headers=None, timeout=60):
         return status, json.loads(text)
     except ValueError:
         return status, text
+
+
+def post(url, body, headers=None, timeout=60):
+    """POSTs bytes or a JSON-able object; returns (status, parsed JSON or raw text)."""
+    data = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()
+    return _answer(urllib.request.Request(url, data=data, method="POST",
+                                          headers={"Content-Type": "application/json", **(headers or {})}), timeout)
+
+
+def get(url, timeout=60):
+    """GETs a URL; returns (status, parsed JSON or raw text)."""
+    return _answer(url, timeout)
 
 
 class Checks:

@@ -1,7 +1,7 @@
 """README.md's "Using Ember with your tools" snippets, run as written against a real `ember serve`
-(only the address changed to the test server's): the openai SDK (chat, embeddings), the ollama
-client (a streamed chat), tools with tool_choice required, LangChain's bind_tools, and the curl
-lines. A snippet that stops working fails here."""
+(only the address changed to the test server's): the openai SDK (chat, embeddings, the Responses
+API), the ollama client (a streamed chat, tools), tools with tool_choice required, LangChain's
+bind_tools, the OpenAI Agents SDK, and the curl lines. A snippet that stops working fails here."""
 import os
 import re
 import subprocess
@@ -10,7 +10,7 @@ import sys
 import common
 
 ember, model = common.args()
-common.clients("openai", "ollama", "langchain_openai")
+common.clients("openai", "ollama", "langchain_openai", "agents")
 
 c = common.Checks("readme")
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

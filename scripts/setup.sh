@@ -37,8 +37,8 @@ fi
 
 # Python packages of the server tests (tests/server/), versions as tested. A venv, because
 # Debian 12's pip refuses to install into the system Python (PEP 668).
-py_packages=(openai==3.54.0 selenium==4.51.0 jsonschema==4.26.0 ollama==0.6.3 langchain-openai==1.7.4 langchain-ollama==1.1.0 openai-agents==0.24.0 jinja2==3.1.6)
-if ! .venv/bin/python -c "import openai, selenium, jsonschema, ollama, langchain_openai, langchain_ollama, agents, jinja2" 2>/dev/null; then
+py_packages=(openai==3.54.0 selenium==4.51.0 jsonschema==4.26.0 ollama==0.6.3 langchain-openai==1.7.4 langchain-ollama==1.1.0 openai-agents==0.24.0 litellm==1.110.2 jinja2==3.1.6)
+if ! .venv/bin/python -c "import openai, selenium, jsonschema, ollama, langchain_openai, langchain_ollama, agents, litellm, jinja2" 2>/dev/null; then
   echo "setup: installing ${py_packages[*]} into .venv" >&2
   python3 -m venv .venv
   .venv/bin/python -m pip install --quiet "${py_packages[@]}"

@@ -1,15 +1,18 @@
 """Tools over Ollama's API (/api/chat), with the clients that use it unchanged: the `ollama`
 package (tools, streaming, a tool loop's history with calls and results, /api/show's
-capabilities) and langchain-ollama's ChatOllama with bind_tools. SmolLM2 chooses for itself whether
+capabilities), langchain-ollama's ChatOllama with bind_tools and litellm's `ollama_chat/` provider. SmolLM2 chooses for itself whether
 to call (Ollama's API has no tool_choice): whatever it answers must come back well formed, a call
 of an offered function with arguments that validate, or text. The tools reach the prompt (its
 token count grows by the tools' description) and a history of calls and results is accepted."""
 import json
+import os
 
 import common
 
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no network fetch at import
+
 ember, model = common.args()
-ollama, langchain_ollama, jsonschema = common.clients("ollama", "langchain_ollama", "jsonschema")
+ollama, langchain_ollama, jsonschema, litellm = common.clients("ollama", "langchain_ollama", "jsonschema", "litellm")
 
 c = common.Checks("ollama_tools")
 M = "SmolLM2-135M-Instruct.Q4_1"
@@ -101,4 +104,24 @@ with common.Server(ember, model, ctx=2048) as srv:
                 f"langchain-ollama calls {ai.tool_calls}")
     else:
         c.check(bool(ai.content), f"langchain-ollama text {ai}")
+
+    # litellm's ollama_chat/ provider: the tools reach the prompt, the answer is well formed, and a
+    # history with a call and its result (OpenAI's shapes, which litellm turns into Ollama's) is read.
+    via = dict(model="ollama_chat/" + M, api_base=srv.url, temperature=0, max_tokens=48)
+    plain_l = litellm.completion(messages=ASK, **via)
+    tooled = litellm.completion(messages=ASK, tools=[WEATHER], **via)
+    c.check(tooled.usage.prompt_tokens > plain_l.usage.prompt_tokens + 30,
+            f"litellm: the tools reach the prompt ({tooled.usage.prompt_tokens} against {plain_l.usage.prompt_tokens})")
+    lm = tooled.choices[0].message
+    if lm.tool_calls:
+        c.check(all(t.function.name == "get_weather" and isinstance(json.loads(t.function.arguments).get("city"), str)
+                    for t in lm.tool_calls), f"litellm calls {lm.tool_calls}")
+    else:
+        c.check(bool(lm.content), f"litellm text {lm}")
+    hist = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    after = litellm.completion(messages=hist, tools=[WEATHER], **via)
+    c.check(after.usage.prompt_tokens > tooled.usage.prompt_tokens and
+            (after.choices[0].message.content or after.choices[0].message.tool_calls), f"litellm history {after}")
 c.done()

@@ -100,10 +100,10 @@ with common.Server(ember, model, ctx=2048) as srv:
 
         shaped = await agents.Runner.run(agents.Agent(
             name="city", instructions="Reply in JSON.", output_type=City, model=model_,
-            model_settings=agents.ModelSettings(temperature=0, max_tokens=60)), "Paris")
+            model_settings=agents.ModelSettings(temperature=0, max_tokens=200)), "Paris")
         streamed = agents.Runner.run_streamed(agents.Agent(
             name="plain", instructions="Answer briefly.", model=model_,
-            model_settings=agents.ModelSettings(temperature=0, max_tokens=24)), "What is the capital of France?")
+            model_settings=agents.ModelSettings(temperature=0, max_tokens=200)), "What is the capital of France?")
         n = 0
         async for _ in streamed.stream_events():
             n += 1

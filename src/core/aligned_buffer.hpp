@@ -3,6 +3,7 @@
 // transparent huge pages where the kernel gives them (core/huge_pages.hpp).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -11,6 +12,11 @@
 #include "core/huge_pages.hpp"
 
 namespace ember {
+
+// p rounded up to the next 64-byte boundary (a scratch area carved out of a larger buffer).
+inline uint8_t* align64(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
 
 template <class T>
 class AlignedBuffer {

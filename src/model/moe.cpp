@@ -7,6 +7,7 @@
 #include <span>
 #include <utility>
 
+#include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
 #include "model/ffn.hpp"
 #include "ops/cpu/matmul.hpp"
@@ -109,10 +110,6 @@ int64_t group_by_expert(const MoeWeights& moe, int64_t n, Workspace& ws) {
   return n_active;
 }
 
-uint8_t* align64(uint8_t* p) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
-}
-
 // A prompt through its chosen experts, grouped by expert without copying a float: x quantized
 // once and its rows gathered into slot order; every chosen expert's gate and up over its slots
 // in one dispatch (blocks of 64 neurons of one expert, the activation applied in the block); the
@@ -182,10 +179,6 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
   });
   return true;
 }
-
-}  // namespace
-
-namespace {
 
 // The router's logits for n tokens and each token's choice (moe_route) into the workspace.
 void route(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, Workspace& ws) {

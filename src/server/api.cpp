@@ -106,12 +106,7 @@ namespace {
 // /v1/completions' prompt: a string, token ids, or an array of several of either (a choice each).
 std::optional<ApiError> read_prompts(const json& p, int64_t n_vocab, std::vector<CompletionPrompt>& out) {
   const auto ids = [&](const json& a, const std::string& at, CompletionPrompt& c) -> std::optional<ApiError> {
-    for (const json& v : a) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || (n_vocab > 0 && v.get<int64_t>() >= n_vocab))
-        return bad("prompt", fmt::format("{} must hold token ids of the vocabulary ({} of them), got {}", at, n_vocab,
-                                         brief(v)));
-      c.ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
-    }
+    if (auto e = read_token_ids(a, "prompt", at, n_vocab, c.ids)) return e;
     if (c.ids.empty()) return bad("prompt", at + " is empty");
     return std::nullopt;
   };
@@ -124,7 +119,7 @@ std::optional<ApiError> read_prompts(const json& p, int64_t n_vocab, std::vector
                                      p.is_array() ? "an empty array" : type_name(p)));
   if (p[0].is_number()) {
     out.emplace_back();
-    return ids(p, "'prompt'", out.back());
+    return ids(p, "prompt", out.back());
   }
   if (p.size() > kMaxPrompts) return bad("prompt", fmt::format("'prompt' holds {} prompts; at most {}", p.size(), kMaxPrompts));
   for (size_t i = 0; i < p.size(); ++i) {
@@ -322,7 +317,7 @@ std::variant<PreparedRequest, ApiError> prepare_request(const CompletionRequest&
     for (int32_t id : req.prompt_ids)
       if (id < 0 || id >= tok.n_vocab()) return bad("prompt", fmt::format("token id {} is not in the vocabulary", id));
     p.prompt = req.prompt_ids;  // as they are: no start token added
-    text = tok.decode(p.prompt);
+    if (req.echo) text = tok.decode(p.prompt);
   } else {
     text = req.prompt;
   }
@@ -535,11 +530,7 @@ std::variant<std::string, ApiError> parse_detokenize_request(std::string_view bo
   const json* t = field(j, "tokens");
   if (!t || !t->is_array()) return bad("tokens", "'tokens' must be an array of token ids");
   std::vector<int32_t> ids;
-  for (const json& v : *t) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok.n_vocab())
-      return bad("tokens", fmt::format("'tokens' must hold token ids from 0 to {}, got {}", tok.n_vocab() - 1, brief(v)));
-    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  }
+  if (auto e = read_token_ids(*t, "tokens", "tokens", tok.n_vocab(), ids)) return *e;
   return tok.decode(ids);
 }
 

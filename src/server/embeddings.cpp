@@ -12,18 +12,6 @@ namespace ember::server {
 
 namespace {
 
-// One input's token ids, checked against the vocabulary; `at` names it in errors.
-std::optional<ApiError> read_token_ids(const json& arr, const std::string& at, const Tokenizer& tok,
-                                       std::vector<int32_t>& out) {
-  for (size_t i = 0; i < arr.size(); ++i) {
-    const json& t = arr[i];
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
-      return bad(at, fmt::format("{}[{}] must be a token id from 0 to {}", at, i, tok.n_vocab() - 1));
-    out.push_back(static_cast<int32_t>(t.get<int64_t>()));
-  }
-  return std::nullopt;
-}
-
 // input: a string, [string], [int] or [[int]] (the last two OpenAI's only).
 std::optional<ApiError> read_inputs(const json& j, const char* key, bool token_ids, const Tokenizer& tok,
                                     std::vector<std::vector<int32_t>>& out) {
@@ -42,7 +30,7 @@ std::optional<ApiError> read_inputs(const json& j, const char* key, bool token_i
   if (in->empty()) return bad(key, fmt::format("'{}' is an empty array: there is nothing to embed", key));
   if (token_ids && (*in)[0].is_number()) {
     out.emplace_back();
-    return read_token_ids(*in, key, tok, out.back());
+    return read_token_ids(*in, key, key, tok.n_vocab(), out.back());
   }
   if (in->size() > kMaxEmbeddingInputs)
     return bad(key, fmt::format("'{}' holds {} inputs; at most {} go in one request", key, in->size(), kMaxEmbeddingInputs));
@@ -53,7 +41,7 @@ std::optional<ApiError> read_inputs(const json& j, const char* key, bool token_i
       if (auto e = text(x, at)) return e;
     } else if (token_ids && x.is_array() && !x.empty()) {
       out.emplace_back();
-      if (auto e = read_token_ids(x, at, tok, out.back())) return e;
+      if (auto e = read_token_ids(x, at, at, tok.n_vocab(), out.back())) return e;
     } else {
       return bad(at, fmt::format("{} must be {}, got {}", at, token_ids ? "a string or a nonempty array of token ids" : "a string",
                                  type_name(x)));

@@ -99,6 +99,18 @@ std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out) {
   return std::nullopt;
 }
 
+std::optional<ApiError> read_token_ids(const json& arr, const std::string& param, const std::string& at,
+                                       int64_t n_vocab, std::vector<int32_t>& out) {
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const json& t = arr[i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || (n_vocab > 0 && t.get<int64_t>() >= n_vocab))
+      return bad(param, n_vocab > 0 ? fmt::format("{}[{}] must be a token id from 0 to {}, got {}", at, i, n_vocab - 1, brief(t))
+                                    : fmt::format("{}[{}] must be a token id, got {}", at, i, brief(t)));
+    out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> get_penalties(const json& obj, const ServedModel& model, SamplerParams& out) {
   if (auto e = get_number(obj, "presence_penalty", -2.0, 2.0, out.presence_penalty)) return e;
   if (auto e = get_number(obj, "frequency_penalty", -2.0, 2.0, out.frequency_penalty)) return e;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 #include <variant>
 
@@ -29,6 +30,10 @@ std::optional<ApiError> get_number(const json& obj, const char* name, double lo,
 std::optional<ApiError> get_int(const json& obj, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out,
                                 const std::string& why = "");
 std::optional<ApiError> get_bool(const json& obj, const char* name, bool& out);
+// Token ids (an array of integers in [0, n_vocab); n_vocab 0: no upper bound) appended to `out`;
+// an error names `param` and the element (`at`[i]).
+std::optional<ApiError> read_token_ids(const json& arr, const std::string& param, const std::string& at,
+                                       int64_t n_vocab, std::vector<int32_t>& out);
 // OpenAI's presence_penalty and frequency_penalty (-2 to 2) and logit_bias ({"token id": bias},
 // biases -100 to 100, ids below model.n_vocab), into the sampling parameters.
 std::optional<ApiError> get_penalties(const json& obj, const ServedModel& model, SamplerParams& out);

@@ -99,8 +99,8 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   uint64_t tokens_recorded() const { return tokens_recorded_; }  // tokens of layer 0 in the histograms
 
  private:
-  // The dense FFN's steps over n rows, recording firing values, counts (neurons first..), and
-  // the neuron values; the FFN input is recorded by the caller.
+  // The dense FFN's steps over n rows, recording the firing values, their counts (into the
+  // layer's neurons from `first` on) and the neuron values; the FFN input is the caller's.
   void steps(ThreadPool& pool, size_t layer, int64_t first, const FfnWeights& w, cpu::Activation act, const float* x,
              int64_t n, float* out, Workspace& ws);
 

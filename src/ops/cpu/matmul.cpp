@@ -67,10 +67,6 @@ void check_r16_rows(const TensorView& W, int64_t row_begin, int64_t row_end) {
                 "rows [{}, {}) of the repacked {} do not start and end on a 16-row group", row_begin, row_end, W.name);
 }
 
-uint8_t* align64(uint8_t* p) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
-}
-
 // Runs a kernel on activations given as quantize_activations() rows, preparing quads first
 // where the kernel wants them (into a per-thread buffer that only grows).
 void run_on_quantized(const Kernel& kern, DType w, GemmArgs a) {
@@ -203,10 +199,7 @@ void matmul_rows_prepared(const TensorView& W, const void* x_prepared, size_t x_
 namespace {
 
 // Activations as the kernel reads them: quantized rows, or their quad layout, or X itself.
-struct Prepared {
-  const uint8_t* x;
-  size_t stride;
-};
+using Prepared = PreparedRows;
 
 // f(t0, t1) for the tokens: on the calling thread for one token, else split over the pool.
 template <class F>
@@ -358,8 +351,7 @@ size_t prepared_row_bytes(DType weight_type, int64_t k) {
 PreparedRows prepare_rows(ThreadPool& pool, DType weight_type, const float* X, int64_t n_tokens, int64_t k,
                           void* scratch) {
   check_k(weight_type, k);
-  const Prepared p = prepare_activations(pool, gemm_for(weight_type), weight_type, X, n_tokens, k, scratch);
-  return {p.x, p.stride};
+  return prepare_activations(pool, gemm_for(weight_type), weight_type, X, n_tokens, k, scratch);
 }
 
 void matmul(ThreadPool& pool, const TensorView& W, const float* X, int64_t n_tokens, float* Y, void* scratch) {

@@ -156,7 +156,7 @@ void nm4_prepare_segments(const int32_t* rows, const float* h, int64_t n, std::v
   segs.clear();
   nm4_segments(rows, h, n, [&](const int32_t* ids, const float* hs, int c, int64_t block, int64_t) {
     const Nm4Factors f = nm4_quantize_factors(hs, c);
-    Nm4Seg s{};
+    Nm4Seg& s = segs.emplace_back();  // (built in place: a copy of the struct cost as much as the rest)
     s.count = c;
     s.quads = (c + 3) / 4;
     for (int r = 0; r < 4 * s.quads; ++r) s.ids[r] = ids[r < c ? r : c - 1];
@@ -170,7 +170,6 @@ void nm4_prepare_segments(const int32_t* rows, const float* h, int64_t n, std::v
     s.scale = f.scale;
     s.sum = f.sum;
     s.block = block;
-    segs.push_back(s);
   });
 }
 

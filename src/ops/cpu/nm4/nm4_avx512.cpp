@@ -34,7 +34,8 @@ inline void dpbusd8(__m512i& a0, __m512i& a1, __m512i& a2, __m512i& a3, __m512i&
 
 // Segment s over the 128 outputs from j (o: their output).
 template <bool kMin, bool kNarrow>
-void chunk128(const Nm4Seg& s, const Nm4Rows& rows, int64_t j, const Nm4Tables& t, float* o) {
+void chunk128(const Nm4Seg& s, const Nm4Rows& rows, int64_t j, const Nm4Tables& t, float* o,
+              const Nm4SliceFactors& sf) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
   const size_t at = static_cast<size_t>(j / 2);
   const __m512i init = _mm512_set1_epi32(kMin ? 0 : -s.offset);  // Q4_0: the sums start at - 8 x sum(hq)
@@ -59,10 +60,9 @@ void chunk128(const Nm4Seg& s, const Nm4Rows& rows, int64_t j, const Nm4Tables& 
     dpbusd8(a0, a1, a2, a3, a4, a5, a6, a7, u0, u1, u2, u3, u4, u5, u6, u7, f);
   }
   const __m512i acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-  const Nm4GroupFactors whole = nm4_group_factors<kMin, false>(t, j, s);  // fp16 tables: once (not reloaded)
   for (int g = 0; g < 4; ++g) {  // accumulator k holds outputs 16 k (k / 4 * 64 + k % 4 * 16)
     const int64_t c = j + 32 * g;  // a group of 32 outputs: accumulators 2 g and 2 g + 1
-    const Nm4GroupFactors f = kNarrow ? nm4_group_factors<kMin, kNarrow>(t, c, s) : whole;
+    const Nm4GroupFactors f = sf.at<kMin, kNarrow>(c);
     nm4_scale<__m512, kMin, kNarrow>(o + 32 * g, t, c, acc[2 * g], f);
     nm4_scale<__m512, kMin, kNarrow>(o + 32 * g + 16, t, c + 16, acc[2 * g + 1], f);
   }
@@ -71,11 +71,12 @@ void chunk128(const Nm4Seg& s, const Nm4Rows& rows, int64_t j, const Nm4Tables& 
 template <bool kMin, bool kNarrow>
 void axpy(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len, float* out) {
   nm4_axpy_segments<kMin, kNarrow>(
-      D, segs, n_segs, col0, len, out, [](const Nm4Seg& s, const Nm4Rows& rows, const Nm4Tables& t, Nm4Chunk c, float* o) {
+      D, segs, n_segs, col0, len, out,
+      [](const Nm4Seg& s, const Nm4Rows& rows, const Nm4Tables& t, Nm4Chunk c, float* o, const Nm4SliceFactors& sf) {
         if (c.width == kNm4Chunk)
-          chunk128<kMin, kNarrow>(s, rows, c.start, t, o);
+          chunk128<kMin, kNarrow>(s, rows, c.start, t, o, sf);
         else
-          nm4_chunk256<kMin, kNarrow>(s, rows, t, c, o);  // a row's end: 64 and / or 32 outputs
+          nm4_chunk256<kMin, kNarrow>(s, rows, t, c, o, sf);  // a row's end: 64 and / or 32 outputs
       });
 }
 

@@ -117,15 +117,57 @@ inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int32_t in
 struct Nm4GroupFactors {
   float d_mul, d_add, m_mul, m_add;
 };
+
+static_assert(kNm8Group == 32, "a narrow group's index is the output's >> 5");
+
+// A segment's group factors over the outputs [c0, c0 + len) it runs over (c0 a multiple of
+// kNm8Group). For narrow tables they are computed once per segment, eight products at a time (the
+// same products nm4.hpp names: the group's fp16 scale and base times e, and times s), into `buf`;
+// fp16 tables take e and s as they are.
+struct Nm4SliceFactors {
+  const float* d = nullptr;  // narrow: (scale e, base e) of group c0 / 32 + g at 2 g
+  const float* m = nullptr;  // Q4_1: (scale s, base s) of m's table, the same
+  int64_t g0 = 0;
+  float e = 0.0f, sum = 0.0f;
+
+  // The factors of group `group` (an output's / kNm8Group), or of the group holding output c.
+  template <bool kMin, bool kNarrow>
+  Nm4GroupFactors group(int64_t group) const {
+    if constexpr (!kNarrow) {
+      return {e, 0.0f, sum, 0.0f};
+    } else {
+      const int64_t g = 2 * (group - g0);
+      return {d[g], d[g + 1], kMin ? m[g] : 0.0f, kMin ? m[g + 1] : 0.0f};
+    }
+  }
+  template <bool kMin, bool kNarrow>
+  Nm4GroupFactors at(int64_t c) const {
+    return group<kMin, kNarrow>(c >> 5);
+  }
+};
+
+// dst[k] = fp16 h[k] x x for k < n.
+inline void nm4_times(const uint16_t* h, int64_t n, float x, float* dst) {
+  const __m256 v = _mm256_set1_ps(x);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    _mm256_storeu_ps(dst + k, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + k))), v));
+  for (; k < n; ++k) dst[k] = _cvtsh_ss(h[k]) * x;
+}
+
 template <bool kMin, bool kNarrow>
-inline Nm4GroupFactors nm4_group_factors(const Nm4Tables& t, int64_t c, const Nm4Seg& s) {
-  Nm4GroupFactors f{s.scale, 0.0f, s.sum, 0.0f};
+inline Nm4SliceFactors nm4_slice_factors(const Nm4Tables& t, const Nm4Seg& s, int64_t c0, int64_t len,
+                                         std::vector<float>& buf) {
+  Nm4SliceFactors f;
+  f.e = s.scale, f.sum = s.sum, f.g0 = c0 / kNm8Group;
   if constexpr (kNarrow) {
-    const uint16_t* d = t.dsb + 2 * (c / kNm8Group);
-    f.d_mul = _cvtsh_ss(d[0]) * s.scale, f.d_add = _cvtsh_ss(d[1]) * s.scale;
+    const int64_t n = 2 * ((len + kNm8Group - 1) / kNm8Group);  // (scale, base) pairs
+    if (buf.size() < static_cast<size_t>(2 * n)) buf.resize(static_cast<size_t>(2 * n));
+    nm4_times(t.dsb + 2 * f.g0, n, s.scale, buf.data());
+    f.d = buf.data();
     if constexpr (kMin) {
-      const uint16_t* m = t.msb + 2 * (c / kNm8Group);
-      f.m_mul = _cvtsh_ss(m[0]) * s.sum, f.m_add = _cvtsh_ss(m[1]) * s.sum;
+      nm4_times(t.msb + 2 * f.g0, n, s.sum, buf.data() + n);
+      f.m = buf.data() + n;
     }
   }
   return f;
@@ -139,7 +181,7 @@ inline V nm4_table(const uint16_t* half, const uint8_t* code, int64_t c) {
 }
 
 // o[0 .. lanes) = fma(d * e, float(acc), Q4_1: o + m * s), for outputs [c, c + lanes) of the
-// tables, as nm4/nm4.hpp says for fp16 and narrow tables (f: nm4_group_factors').
+// tables, as nm4/nm4.hpp says for fp16 and narrow tables (f: the group's, Nm4SliceFactors::at).
 template <class V, bool kMin, bool kNarrow>
 inline void nm4_scale(float* o, const Nm4Tables& t, int64_t c, typename F32<V>::I acc, const Nm4GroupFactors& f) {
   using S = F32<V>;
@@ -156,23 +198,23 @@ inline void nm4_scale(float* o, const Nm4Tables& t, int64_t c, typename F32<V>::
   S::store(o, S::fmadd(de, S::from_i32(acc), v));
 }
 
-// Bytes [at, at + 32) of the rows, lanes 2 P and 2 P + 1 of a chunk `width` (64 or 128) wide
+// Bytes [at, at + 32) of the rows, lanes 2 P and 2 P + 1 of a chunk kWidth (64 or 128) wide
 // whose first output is `start` (out: its output): after the interleave, vector m's low nibbles
-// are the chunk's outputs m * width / 8 + 8 P + [0, 8), its high nibbles those plus width / 2.
-template <bool kMin, bool kNarrow>
-inline void nm4_piece32(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int64_t width, int64_t P, float* out,
-                        const Nm4Tables& t, int64_t start) {
+// are the chunk's outputs m * kWidth / 8 + 8 P + [0, 8), its high nibbles those plus kWidth / 2.
+template <bool kMin, bool kNarrow, int kWidth>
+inline void nm4_piece32(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int P, float* out, const Nm4Tables& t,
+                        int64_t start, const Nm4SliceFactors& sf) {
   __m256i acc[8];
   nm4_sums<false>(s, rows, at, kMin ? 0 : -s.offset, acc);
-  Nm4GroupFactors f = nm4_group_factors<kMin, false>(t, start, s);  // fp16 tables: once
-  uint64_t group = ~uint64_t{0};
-  for (int k = 0; k < 8; ++k) {
-    const int64_t c = k / 4 * (width / 2) + k % 4 * (width / 8) + 8 * P;  // 8 outputs, in one group
-    if (kNarrow && static_cast<uint64_t>(start + c) / kNm8Group != group) {  // a narrow group: its factors once
-      group = static_cast<uint64_t>(start + c) / kNm8Group;
-      f = nm4_group_factors<kMin, kNarrow>(t, start + c, s);
+  // Accumulators k and k + 1 (kWidth 128: k even; 64: k < 4 and k >= 4) share a group.
+  constexpr int kPerGroup = kWidth == kNm4Chunk ? 2 : 4;
+  const int64_t g0 = start / kNm8Group;
+  for (int k = 0; k < 8; k += kPerGroup) {
+    const Nm4GroupFactors f = sf.group<kMin, kNarrow>(g0 + k / kPerGroup);
+    for (int i = k; i < k + kPerGroup; ++i) {
+      const int64_t c = i / 4 * (kWidth / 2) + i % 4 * (kWidth / 8) + 8 * P;  // 8 outputs
+      nm4_scale<__m256, kMin, kNarrow>(out + c, t, start + c, acc[i], f);
     }
-    nm4_scale<__m256, kMin, kNarrow>(out + c, t, start + c, acc[k], f);
   }
 }
 
@@ -180,10 +222,10 @@ inline void nm4_piece32(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int64_t
 // nibbles are outputs 4 m + [0, 4), of its high nibbles those plus 16.
 template <bool kMin, bool kNarrow>
 inline void nm4_piece16(const Nm4Seg& s, const Nm4Rows& rows, size_t at, float* out, const Nm4Tables& t,
-                        int64_t start) {
+                        int64_t start, const Nm4SliceFactors& sf) {
   __m256i acc[8];
   nm4_sums<true>(s, rows, at, kMin ? 0 : -s.offset, acc);
-  const Nm4GroupFactors f = nm4_group_factors<kMin, kNarrow>(t, start, s);  // the chunk is one group
+  const Nm4GroupFactors f = sf.at<kMin, kNarrow>(start);  // the chunk is one group
   for (int k = 0; k < 4; ++k)  // outputs 8 k .. 8 k + 8: the low lanes of vectors 2 k and 2 k + 1
     nm4_scale<__m256, kMin, kNarrow>(
         out + 8 * k, t, start + 8 * k,
@@ -192,14 +234,17 @@ inline void nm4_piece16(const Nm4Seg& s, const Nm4Rows& rows, size_t at, float* 
 
 // Segment s over chunk c (tables t, o: the chunk's first output).
 template <bool kMin, bool kNarrow>
-inline void nm4_chunk256(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Tables& t, Nm4Chunk c, float* o) {
+inline void nm4_chunk256(const Nm4Seg& s, const Nm4Rows& rows, const Nm4Tables& t, Nm4Chunk c, float* o,
+                         const Nm4SliceFactors& sf) {
   const size_t at = static_cast<size_t>(c.start / 2);
-  if (c.width == 32) {
-    nm4_piece16<kMin, kNarrow>(s, rows, at, o, t, c.start);
-    return;
+  if (c.width == kNm4Chunk) {
+    nm4_piece32<kMin, kNarrow, kNm4Chunk>(s, rows, at, 0, o, t, c.start, sf);
+    nm4_piece32<kMin, kNarrow, kNm4Chunk>(s, rows, at + 32, 1, o, t, c.start, sf);
+  } else if (c.width == 64) {
+    nm4_piece32<kMin, kNarrow, 64>(s, rows, at, 0, o, t, c.start, sf);
+  } else {
+    nm4_piece16<kMin, kNarrow>(s, rows, at, o, t, c.start, sf);
   }
-  for (int64_t piece = 0; piece < c.width / 64; ++piece)
-    nm4_piece32<kMin, kNarrow>(s, rows, at + 32 * static_cast<size_t>(piece), c.width, piece, o, t, c.start);
 }
 
 constexpr int kNm4PrefetchSegments = 2;  // measured best of 1-3 (bench_sparse, SparseAxpy/Q4_0_NM)
@@ -225,16 +270,20 @@ inline void nm4_prefetch_tables(const Nm4Tables& t, int64_t j) {
 }
 
 // The axpy's loop, the same at every level: segment by segment, chunk by chunk of outputs
-// [col0, col0 + len), chunk(s, rows, t, c, o) adds segment s into chunk c (o: the chunk's first
-// output). On the way, the rows and tables of the segment kNm4PrefetchSegments on are prefetched,
-// the chunk's line of each (measured 0.93-0.96x the time at AVX-512, docs/benchmarks.md).
+// [col0, col0 + len), chunk(s, rows, t, c, o, sf) adds segment s into chunk c (o: the chunk's first
+// output; sf: the segment's group factors over the slice). On the way, the rows and tables of the
+// segment kNm4PrefetchSegments on are prefetched, the chunk's line of each (measured 0.93-0.96x the
+// time at AVX-512, docs/benchmarks.md).
 template <bool kMin, bool kNarrow, class Chunk>
 inline void nm4_axpy_segments(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len,
                               float* out, Chunk&& chunk) {
+  thread_local std::vector<float> factors;
+  const int64_t full = col0 + len / kNm4Chunk * kNm4Chunk;  // whole chunks up to here (col0 starts one)
   for (int64_t g = 0; g < n_segs; ++g) {
     const Nm4Seg& s = segs[g];
     const Nm4Rows rows = nm4_rows(D, s);
     const Nm4Tables t = nm4_tables(D, s.block);
+    const Nm4SliceFactors sf = nm4_slice_factors<kMin, kNarrow>(t, s, col0, len, factors);
     const bool ahead = g + kNm4PrefetchSegments < n_segs;
     Nm4Rows next;
     Nm4Tables next_t;
@@ -246,13 +295,13 @@ inline void nm4_axpy_segments(const TensorView& D, const Nm4Seg* segs, int64_t n
       next_rows = 4 * n.quads;  // the rows nm4_rows set
     }
     for (int64_t j = col0; j < col0 + len;) {
-      const Nm4Chunk c = nm4_chunk_at(D.cols(), j);
+      const Nm4Chunk c = j < full ? Nm4Chunk{j, kNm4Chunk} : nm4_chunk_at(D.cols(), j);
       if (ahead) {
         for (int r = 0; r < next_rows; ++r)
           _mm_prefetch(reinterpret_cast<const char*>(next.p[r] + j / 2), _MM_HINT_T1);
         nm4_prefetch_tables<kMin, kNarrow>(next_t, j);
       }
-      chunk(s, rows, t, c, out + (j - col0));
+      chunk(s, rows, t, c, out + (j - col0), sf);
       j += c.width;
     }
   }
@@ -263,7 +312,7 @@ template <bool kMin, bool kNarrow>
 void nm4_axpy256(const TensorView& D, const Nm4Seg* segs, int64_t n_segs, int64_t col0, int64_t len, float* out) {
   nm4_axpy_segments<kMin, kNarrow>(
       D, segs, n_segs, col0, len, out,
-      [](const Nm4Seg& s, const Nm4Rows& rows, const Nm4Tables& t, Nm4Chunk c, float* o) {
-        nm4_chunk256<kMin, kNarrow>(s, rows, t, c, o);
+      [](const Nm4Seg& s, const Nm4Rows& rows, const Nm4Tables& t, Nm4Chunk c, float* o, const Nm4SliceFactors& sf) {
+        nm4_chunk256<kMin, kNarrow>(s, rows, t, c, o, sf);
       });
 }

@@ -40,7 +40,7 @@ void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_
   }
   // EMBER_BENCH_HOT=1 keeps one copy (in cache): the kernel's compute speed rather than memory's.
   const bool hot = std::getenv("EMBER_BENCH_HOT") != nullptr;
-  const size_t copies = n == 1 && !hot ? std::max<size_t>(1, (size_t{256} << 20) / w.view.nbytes + 1) : 1;
+  const size_t copies = n == 1 && !hot ? std::max<size_t>(1, bench::memory_span() / w.view.nbytes + 1) : 1;
   AlignedBuffer<uint8_t> pool_bytes(w.view.nbytes * copies);
   for (size_t c = 0; c < copies; ++c) std::memcpy(pool_bytes.data() + c * w.view.nbytes, w.view.data, w.view.nbytes);
   TensorView view = w.view;

@@ -12,6 +12,8 @@
 #include "tensor/quant.hpp"
 #include "tensor/tensor_view.hpp"
 
+#include <unistd.h>
+
 namespace ember::bench {
 
 inline int bench_threads() {
@@ -49,14 +51,22 @@ inline Weights make_weights(DType t, int64_t rows, int64_t k) {
   return w;
 }
 
-// Copies of a matrix totalling >= 256 MiB (8x a 32 MiB L3), to cycle through so that decode
-// kernels read their weights from memory, not from cache.
+// Bytes of copies to cycle through so that a kernel reads from memory: 4x the last-level cache the
+// machine reports, at least 256 MiB (some servers' L3 is 260 MiB: a 256 MiB span measured the
+// cache there, not memory).
+inline size_t memory_span() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return std::max<size_t>(size_t{256} << 20, l3 > 0 ? 4 * static_cast<size_t>(l3) : 0);
+}
+
+// Copies of a matrix totalling >= memory_span(), to cycle through so that decode kernels read their
+// weights from memory, not from cache.
 struct MemoryCopies {
   AlignedBuffer<uint8_t> bytes;
   size_t size = 0, count = 1, next = 0;
   explicit MemoryCopies(const TensorView& w) : size(w.nbytes) {
     // EMBER_BENCH_HOT=1 keeps one copy (in cache): the kernel's compute speed, as BM_Matmul.
-    count = std::getenv("EMBER_BENCH_HOT") ? 1 : std::max<size_t>(1, (size_t{256} << 20) / size + 1);
+    count = std::getenv("EMBER_BENCH_HOT") ? 1 : std::max<size_t>(1, memory_span() / size + 1);
     bytes.resize(size * count);
     for (size_t c = 0; c < count; ++c) std::memcpy(bytes.data() + c * size, w.data, size);
   }

@@ -84,7 +84,9 @@ inline void nm4_sums(const Nm4Seg& s, const Nm4Rows& rows, size_t at, int32_t in
   // v[0]: outputs of bytes 0-7 of each lane, low nibbles; v[1]: their high nibbles; v[2], v[3]:
   // bytes 8-15. Each 128-bit half of a v holds two runs of 4 outputs (m = 2 n, 2 n + 1).
   __m256i v0 = _mm256_set1_epi16(static_cast<int16_t>(init)), v1 = v0, v2 = v0, v3 = v0;
-  for (int p = 0; p < 2 * s.quads; ++p) {
+  // Pairs up to the last row with a factor (the fours' padding rows have factors of 0, so a pair
+  // made only of them adds nothing).
+  for (int p = 0; p < (s.count + 1) / 2; ++p) {
     const __m256i a = nm4_load<kHalf>(rows.p[2 * p], at), b = nm4_load<kHalf>(rows.p[2 * p + 1], at);
     int16_t pair_f;  // the pair's two factors: bytes 2 p, 2 p + 1 of the fours' lanes
     std::memcpy(&pair_f, reinterpret_cast<const uint8_t*>(s.quad_f) + 2 * p, sizeof pair_f);

@@ -148,6 +148,7 @@ close "input mode sparsity near the target" "${input_sparsity:-nan}" 40 15
 # One command: profile on the text, thresholds, the measurement against the dense model.
 expect_ok "sparsify in one command" "$ember" sparsify -m "$tmp/tiny.gguf" -o "$tmp/tiny.sparse1.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --eval "$tmp/text.txt" --eval-chunks 1 --sparsity 0.3 -t 2
 contains "sparsify steps" "$tmp/err" "sparsify \[3/3\]"
+contains "sparsify times its steps" "$tmp/err" "done in [0-9]+ s \(load [0-9]+ s, profile [0-9]+ s, allocation [0-9]+ s, writing [0-9]+ s, measurement [0-9]+ s\)"
 contains "sparsify perplexity" "$tmp/out" "perplexity +[0-9.]+ -> [0-9.]+"
 contains "sparsify KL divergence" "$tmp/out" "KL divergence +[0-9.]+"
 # A wider FFN: gate|up's rows (2304 bytes) keep their input-channel-major copy, the other sites
@@ -198,6 +199,7 @@ expect_ok "predictor mode" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4
 # layout, the measurement), and the result running predictor mode with no flag.
 expect_ok "sparsify relu" "$ember" sparsify -m "$tmp/relu.gguf" -o "$tmp/relu.sparse.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --samples 300 --eval "$tmp/text.txt" --eval-chunks 1 -t 2
 contains "sparsify relu steps" "$tmp/err" "sparsify \[4/4\]"
+contains "sparsify relu times its steps" "$tmp/err" "done in [0-9]+ s \(load [0-9]+ s, profile [0-9]+ s, predictors [0-9]+ s, layout [0-9]+ s, measurement [0-9]+ s\)"
 contains "sparsify relu predictors" "$tmp/out" "^\| 0 \| [0-9]+ \| 0\.[0-9]+"
 contains "sparsify relu KL divergence" "$tmp/out" "KL divergence +[0-9.]+"
 contains "sparsify relu bytes" "$tmp/out" "MB dense, [0-9.]+ MB sparse"

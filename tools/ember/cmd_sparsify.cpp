@@ -45,6 +45,16 @@ struct SparsifyFlags {
   int threads = 0;
 };
 
+// The seconds each step took, for the closing line: "load 2 s, profile 70 s, ...".
+struct Stages {
+  Timer lap;
+  std::string text;
+  void done(const char* name) {
+    text += fmt::format("{}{} {:.0f} s", text.empty() ? "" : ", ", name, lap.seconds());
+    lap.reset();
+  }
+};
+
 struct Quality {
   PerplexityReport ppl;
   double dense_bytes = 0, sparse_bytes = 0;  // weight bytes per decode token
@@ -121,7 +131,8 @@ struct TempFile {
 
 // ReLU models: the profile's firing counts order the neurons, predictors trained on samples of
 // the same run name the active ones, prepare writes both into PowerInfer's layout.
-void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, std::vector<LayerSamples> samples) {
+void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, std::vector<LayerSamples> samples,
+                    Stages& stages) {
   const Hparams& hp = model.hp;
   TempFile profile_file("profile"), predictor_file("predictor");
   write_profile(profile, profile_file.path);
@@ -137,6 +148,7 @@ void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, std:
         log_info("sparsify [2/4]: layer {}/{}: {} ({:.0f} s)", il + 1, hp.n_layer, m, t.seconds());
       });
   write_predictor_file(predictor_file.path, std::filesystem::path(f.o.model).filename().string(), layers, to.type);
+  stages.done("predictors");
   log_info("sparsify [3/4]: writing {} in PowerInfer's layout (neurons hot first, neuron-major down, predictors)",
            f.o.output);
   PrepareOptions po;
@@ -152,11 +164,16 @@ void predictor_path(SparsifyFlags& f, const Model& model, Profile& profile, std:
   const size_t pred_bytes = print_predictor_table(layers);
   fmt::print(stderr, "sparsify: wrote {} ({:.1f} MiB, predictors {:.1f} MiB)\n", f.o.output, ps.bytes / 1048576.0,
              pred_bytes / 1048576.0);
-  if (f.eval_chunks > 0) print_quality(f, evaluate(f, model, FfnMode::predictor, "[4/4]"));
+  stages.done("layout");
+  if (f.eval_chunks > 0) {
+    print_quality(f, evaluate(f, model, FfnMode::predictor, "[4/4]"));
+    stages.done("measurement");
+  }
 }
 
 void run_sparsify(SparsifyFlags& f) {
   Timer timer;
+  Stages stages;
   f.o.allocation = parse_input_allocation(f.allocation);
   bool relu = false;
   {
@@ -187,6 +204,7 @@ void run_sparsify(SparsifyFlags& f) {
   // (Model::file_layers), by which a site's copy is judged.
   ef.sparse_mode = predictors ? "dense" : "input";
   auto model = load_model_logged(ef, nullptr, RepackScope::all);
+  stages.done("load");
   EMBER_CHECK(!predictors || relu,
               "--method predictor: the model's FFN activation is not ReLU, so its neurons rarely are exactly silent "
               "and a predictor has little to skip; use --method input (or auto)");
@@ -226,8 +244,9 @@ void run_sparsify(SparsifyFlags& f) {
     profile = profile_corpus(session, calib, po, samples.get());
     f.o.profile = std::filesystem::path(f.corpus).filename().string() + " (profiled by sparsify)";
   }
+  stages.done("profile");
   if (predictors) {
-    predictor_path(f, *model, profile, samples->take());
+    predictor_path(f, *model, profile, samples->take(), stages);
   } else {
     log_info("sparsify [2/3]: thresholds for {:.0f}% of the layers' weights ({} allocation)", 100 * f.o.sparsity,
              f.allocation);
@@ -248,7 +267,9 @@ void run_sparsify(SparsifyFlags& f) {
     } else {
       plan = allocate_input_sparsity(profile, *model, f.o.sparsity, f.o.allocation);
     }
+    stages.done("allocation");
     const SparsifySummary s = sparsify_model(f.o, std::move(plan));
+    stages.done("writing");
     std::printf("layer  attn_in  attn_out  ffn_in  ffn_hidden%s   (share of each input dropped on the calibration text%s)\n",
                 block ? "  output error" : "", block ? "; the layer's output error relative to its update" : "");
     for (size_t l = 0; l < s.plan.sparsity.size(); ++l) {
@@ -270,9 +291,13 @@ void run_sparsify(SparsifyFlags& f) {
                  "decode faster than the dense one (input sparsity pays on larger models: a 7B's rows are "
                  "2.3-16 KiB)\n",
                  kInputMinRowBytes);
-    if (f.eval_chunks > 0) print_quality(f, evaluate(f, *model, FfnMode::input, "[3/3]"));
+    if (f.eval_chunks > 0) {
+      print_quality(f, evaluate(f, *model, FfnMode::input, "[3/3]"));
+      stages.done("measurement");
+    }
   }
-  fmt::print(stderr, "sparsify: done in {:.0f} s; `ember generate -m {}` runs it sparse\n", timer.seconds(), f.o.output);
+  fmt::print(stderr, "sparsify: done in {:.0f} s ({}); `ember generate -m {}` runs it sparse\n", timer.seconds(),
+             stages.text, f.o.output);
 }
 
 }  // namespace

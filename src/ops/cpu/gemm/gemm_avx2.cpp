@@ -18,7 +18,7 @@ namespace {
 
 template <DType WT>
 struct FloatKernel {
-  static constexpr int kRows = 2, kTokens = 4;
+  static constexpr int kRows = 3, kTokens = 4;
 
   static __m256 load_w(const uint8_t* p, int64_t i) {
     if constexpr (WT == DType::F32) {

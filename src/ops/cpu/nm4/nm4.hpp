@@ -186,10 +186,7 @@ inline Nm4Factors nm4_quantize_factors(const float* hs, int c) {
   f.scale = amax / 127.0f;
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   for (int r = 0; r < c; ++r) {
-    // Rounded to nearest, ties to even, as std::nearbyint in the default mode: exact for |x| <
-    // 2^22 (here at most 127 and a rounding), without a library call per factor.
-    constexpr float kMagic = 12582912.0f;  // 1.5 x 2^23
-    const int v = static_cast<int>((hs[r] * inv + kMagic) - kMagic);
+    const int v = static_cast<int>(std::nearbyint(hs[r] * inv));
     f.q[r] = static_cast<int8_t>(std::clamp(v, -127, 127));
     f.q_sum += f.q[r];
     f.sum += hs[r];

@@ -163,7 +163,7 @@ inline Nm4SliceFactors nm4_slice_factors(const Nm4Tables& t, const Nm4Seg& s, in
   Nm4SliceFactors f;
   f.e = s.scale, f.sum = s.sum, f.g0 = c0 / kNm8Group;
   if constexpr (kNarrow) {
-    const int64_t n = 2 * ((len + kNm8Group - 1) / kNm8Group);  // (scale, base) pairs
+    const int64_t n = 2 * ((len + kNm8Group - 1) / kNm8Group);  // floats: a (scale, base) pair a group
     if (buf.size() < static_cast<size_t>(2 * n)) buf.resize(static_cast<size_t>(2 * n));
     nm4_times(t.dsb + 2 * f.g0, n, s.scale, buf.data());
     f.d = buf.data();

@@ -126,17 +126,19 @@ void FfnExecutor::run_moe(ThreadPool&, int64_t layer, const MoeWeights&, cpu::Ac
 }
 
 void dense_ffn(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
-               Workspace& ws) {
+               Workspace& ws, const FfnValuesHook& values) {
   if (ffn_gated_product(w)) {
     // The par rule in one dispatch: gate and up share one activation quantization, and
     // act(gate) * up comes out of it (the same bits as the two steps: activations are exact
     // per value at every SIMD level).
     cpu::matmul_gated(pool, w.gate, w.up, act, x, n, ws.gate.data(), ws.up.data(), ws.mm_scratch.data());
+    if (values) values(ws.gate.data(), n, w.n_ff());
     ffn_down_all(pool, w, ws.gate.data(), n, out, ws);
     return;
   }
   ffn_firing_all(pool, w, act, x, n, ws);
-  const float* h = ffn_values_all(pool, w, act, x, n, ws);
+  float* h = ffn_values_all(pool, w, act, x, n, ws);
+  if (values) values(h, n, w.n_ff());
   ffn_down_all(pool, w, h, n, out, ws);
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/thread_pool.hpp"
@@ -87,9 +88,14 @@ float* ffn_values_all(ThreadPool& pool, const FfnWeights& w, cpu::Activation act
                       Workspace& ws);
 void ffn_down_all(ThreadPool& pool, const FfnWeights& w, const float* h, int64_t n, float* out, Workspace& ws);
 
+// Called on an FFN's neuron values h (rows x n_ff) before the down reads them, by executors that
+// change them on the way (input sparsity zeroes the small ones).
+using FfnValuesHook = std::function<void(float* h, int64_t rows, int64_t n_ff)>;
+
 // out[t] = the FFN of x[t] for n tokens, every neuron (the steps above, or one fused dispatch of
-// gate and up for a gated FFN without an up bias whose gate and up share a type).
+// gate and up for a gated FFN without an up bias whose gate and up share a type); `values`, if
+// given, sees the neuron values before the down.
 void dense_ffn(ThreadPool& pool, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n, float* out,
-               Workspace& ws);
+               Workspace& ws, const FfnValuesHook& values = {});
 
 }  // namespace ember

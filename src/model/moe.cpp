@@ -64,7 +64,7 @@ bool fused_decode(const MoeWeights& moe, const int32_t* ids, const Workspace& ws
 // One token: its k chosen experts' gates and ups in one dispatch (x quantized once), their downs
 // in a second, summed in ascending expert order: bit for bit what the grouped loop computes.
 void moe_decode(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, float* out,
-                Workspace& ws) {
+                Workspace& ws, const MoeInputs& in) {
   const int64_t d = moe.router.cols(), k = moe.n_used;
   int32_t* ids = ws.moe_ids.data();
   float* w = ws.moe_weights.data();
@@ -80,7 +80,9 @@ void moe_decode(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
     downs[i] = {&e.down, h, ws.moe_each_out.data() + i * d};
   }
   const auto used = static_cast<size_t>(k);
-  cpu::matmul_gated_each(pool, std::span<const cpu::GatedOut>(gated, used), act, x, ws.mm_scratch.data());
+  cpu::matmul_gated_each(pool, std::span<const cpu::GatedOut>(gated, used), act, in.experts_x ? in.experts_x : x,
+                         ws.mm_scratch.data());
+  if (in.values) in.values(ws.moe_values.data(), k, n_ff);
   cpu::matmul_each(pool, std::span<const cpu::MatmulJob>(downs, used), ws.moe_each_scratch.data());
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(d));
   for (int64_t i = 0; i < k; ++i) add_weighted(out, w[i], ws.moe_each_out.data() + i * d, d);
@@ -118,7 +120,7 @@ int64_t group_by_expert(const MoeWeights& moe, int64_t n, Workspace& ws) {
 // its token: every token's sum in ascending expert order, in the token blocks matmul() takes, so
 // bit for bit the grouped loop. Returns false (nothing done) where an expert does not fuse.
 bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
-                Workspace& ws) {
+                Workspace& ws, const MoeInputs& in) {
   const int64_t d = moe.router.cols(), k = moe.n_used, n_slots = n * k;
   const int64_t n_active = group_by_expert(moe, n, ws);
   const int32_t* first = ws.moe_first.data();
@@ -131,7 +133,8 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
                   static_cast<int64_t>(ws.moe_tile.size()) >= pool.size() * tb * kMoeRowBlock,
               "mixture of experts: the workspace was not set up for {} tokens on {} threads", n, pool.size());
 
-  const cpu::PreparedRows xq = cpu::prepare_rows(pool, e0.gate.type, x, n, d, ws.mm_scratch.data());
+  const cpu::PreparedRows xq =
+      cpu::prepare_rows(pool, e0.gate.type, in.experts_x ? in.experts_x : x, n, d, ws.mm_scratch.data());
   uint8_t* xs = align64(ws.moe_slot_x.data());
   pool.parallel_for(n_slots, 16, [&](int64_t s0, int64_t s1, int) {
     for (int64_t s = s0; s < s1; ++s)
@@ -156,6 +159,7 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
     }
   });
 
+  if (in.values) in.values(values, n_slots, n_ff);
   const cpu::PreparedRows hq = cpu::prepare_rows(pool, e0.down.type, values, n_slots, n_ff, ws.moe_slot_h.data());
   const int64_t d_blocks = (d + kMoeRowBlock - 1) / kMoeRowBlock;
   pool.parallel_for(d_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
@@ -218,12 +222,12 @@ void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, 
 }  // namespace
 
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
-             Workspace& ws, bool grouped) {
+             Workspace& ws, bool grouped, const MoeInputs& in) {
   route(pool, moe, x, n, ws);
-  if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws);
-  if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws)) return;
-  grouped_loop(moe, x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
-    dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, rows, m, o, ws);
+  if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws, in);
+  if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws, in)) return;
+  grouped_loop(moe, in.experts_x ? in.experts_x : x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
+    dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, rows, m, o, ws, in.values);
   });
 }
 

@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "core/thread_pool.hpp"
+#include "model/ffn.hpp"
 #include "model/workspace.hpp"
 #include "model/model.hpp"
 
@@ -32,8 +33,17 @@ constexpr int64_t kMoeRowBlock = 64;
 // in four dispatches without copying a float (moe.cpp's moe_prompt). Both give the same bits as
 // the grouped loop (each chosen expert a dense_ffn over its tokens' copied rows), which
 // `grouped` forces: the reference the tests hold them to.
+//
+// `in` (optional) changes what the experts read, for executors that zero inputs (input sparsity):
+// the experts take in.experts_x in place of x (the router still reads x), and in.values(h, rows,
+// n_ff) is called on the neuron values (rows x n_ff, one row per token and chosen expert) before
+// the downs read them. The same paths, so the same bits as the grouped loop given the same.
+struct MoeInputs {
+  const float* experts_x = nullptr;  // n x n_embd; null: x
+  FfnValuesHook values;  // empty: the values as computed
+};
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
-             Workspace& ws, bool grouped = false);
+             Workspace& ws, bool grouped = false, const MoeInputs& in = {});
 
 // The grouped loop with each expert's FFN run by `expert(e, rows, m, out)`: out (m x n_embd) =
 // expert e of the rows (m x n_embd) of the tokens that chose it, what dense_ffn computes; the

@@ -20,7 +20,8 @@
 // cost grows as the layer gets sparser, so the cost it had when last tried is close to a bound;
 // the step tries the site cheapest by those costs at the current indices, and takes it if it
 // is still the cheapest, else tries the next cheapest (about two runs a step, not one per site;
-// the 7B shape's plan moved by under 1 % of a site's share, the same output error).
+// the 7B shape's plan moved by under 1 % of a site's share, the same output error). A mixture's
+// layer runs its FFN whole from either FFN site (its values are per token and chosen expert).
 //
 // With BlockAllocationOptions::paying_sites_only (`sparsify --paying-sites`), only sites whose
 // skipped inputs save decode time take a share: a site keeps an input-channel-major copy, and reads it, only where its kept
@@ -171,6 +172,12 @@ InputSparsityPlan allocate_input_sparsity_by_block(const Profile& p, const Model
         std::copy_n(h, width, got.residual.data());
       } else {
         std::copy_n(kept.residual.data(), width, h);
+      }
+      if (L.moe.valid()) {  // a mixture: its FFN whole from either FFN site (no values stage kept)
+        ffn_block_input(model, L, ws, h, ws.xn.data(), n);
+        ws.ffn_residual = h;
+        exec.run_moe(pool, l, L.moe, hp.act, ws.xn.data(), n, ws.o.data(), ws);
+        return ffn_block_output(model, L, ws.o.data(), h, n);
       }
       float* values = ws.up.data();
       if (from <= 2) {

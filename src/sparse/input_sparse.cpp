@@ -15,6 +15,7 @@
 #include "core/mmap_file.hpp"
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
+#include "model/moe.hpp"
 #include "ops/cpu/nm4/nm4.hpp"
 #include "ops/cpu/r16/r16.hpp"
 
@@ -100,7 +101,7 @@ void stack_read_bytes(const std::vector<const TensorView*>& mats, cpu::NeuronMaj
 int64_t input_site_max_kept(const LayerWeights& file_L, const LayerWeights& own_L, int site,
                             cpu::NeuronMajorType copy_type, size_t min_row_bytes, bool by_cost) {
   if (input_site_dense(file_L, site, copy_type, min_row_bytes)) return kInputCopyNone;
-  const bool file_down_t = site == static_cast<int>(InputSite::ffn_hidden) && !file_L.ffn.down.valid();
+  const bool file_down_t = site == static_cast<int>(InputSite::ffn_hidden) && !input_site_ffn(file_L).down.valid();
   if (!by_cost || file_down_t) return INT64_MAX;
   // The copy's rows and tables (before it is made) against the model's own matrices (repacked
   // or not: the same bytes).
@@ -118,18 +119,24 @@ bool input_copy_pays(int64_t max_kept, double dropped, int64_t n_in) {
          (1.0 - dropped) * static_cast<double>(n_in) <= kInputCopySlack * static_cast<double>(max_kept);
 }
 
+const FfnWeights& input_site_ffn(const LayerWeights& L) { return L.moe.valid() ? L.moe.experts[0] : L.ffn; }
+
+void ffn_site_matrices(const FfnWeights& f, std::vector<const TensorView*>& in, std::vector<const TensorView*>& hidden) {
+  in = {&f.firing_matrix()};
+  if (ffn_needs_up(f)) in.push_back(&f.up);
+  hidden = {f.down.valid() ? &f.down : &f.down_t};
+}
+
 InputSiteMatrices input_site_matrices(const LayerWeights& L) {
   InputSiteMatrices m;
   m.site[0] = {&L.wq, &L.wk, &L.wv};
   m.site[1] = {&L.wo};
-  m.site[2] = {&L.ffn.firing_matrix()};
-  if (ffn_needs_up(L.ffn)) m.site[2].push_back(&L.ffn.up);
-  m.site[3] = {L.ffn.down.valid() ? &L.ffn.down : &L.ffn.down_t};
+  ffn_site_matrices(input_site_ffn(L), m.site[2], m.site[3]);
   return m;
 }
 
 bool input_site_dense(const LayerWeights& L, int site, cpu::NeuronMajorType copy_type, size_t min_row_bytes) {
-  if (site == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid()) return false;  // the file's down_t
+  if (site == static_cast<int>(InputSite::ffn_hidden) && !input_site_ffn(L).down.valid()) return false;  // down_t
   return copy_row_bytes(input_site_matrices(L).site[static_cast<size_t>(site)], copy_type) < min_row_bytes;
 }
 
@@ -138,6 +145,8 @@ std::array<double, kInputSites> input_site_weights(const LayerWeights& L) {
   std::array<double, kInputSites> w{};
   for (int s = 0; s < kInputSites; ++s)
     for (const TensorView* t : m.site[s]) w[s] += static_cast<double>(t->n_elements());
+  if (L.moe.valid())  // a token reads n_used experts
+    for (int s : {2, 3}) w[s] *= static_cast<double>(L.moe.n_used);
   return w;
 }
 
@@ -229,11 +238,14 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& L = model.file_layer(l);  // the copies come from the file's layout
     const InputSiteMatrices m = input_site_matrices(L), own = input_site_matrices(model.layers[l]);
+    const bool moe = L.moe.valid();
     LayerCopies c;
+    std::vector<ExpertCopies> ec(moe ? static_cast<size_t>(L.moe.n_expert()) : 0);
+    std::array<bool, kInputSites> has{};
     std::array<int64_t, kInputSites> max_kept;  // per site: input_copy_max_kept, or every count
     max_kept.fill(INT64_MAX);
     for (int s = 0; s < kInputSites; ++s) {
-      const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !L.ffn.down.valid();
+      const bool file_down_t = s == static_cast<int>(InputSite::ffn_hidden) && !input_site_ffn(L).down.valid();
       if (input_site_dense(L, s, copy_type, min_row_bytes)) {
         ++dense_sites[s];  // no copy: decode runs the dense kernels on the masked input
         continue;
@@ -248,26 +260,50 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
       }
       std::vector<size_t> rows, tables;  // what the copy is checked against, below
       stack_read_bytes(m.site[s], copy_type, rows, tables);
-      c[s] = site_stacks(pool, m.site[s], copy_type, file_down_t);
-      for (size_t i = 0; i < c[s].size(); ++i) {
-        const Stack& st = c[s][i];
-        widest_in = std::max(widest_in, st.view.rows());
-        widest_out = std::max(widest_out, st.view.cols());
-        if (st.widths.size() > 1) widest_stack = std::max(widest_stack, st.view.cols());
-        EMBER_CHECK(file_down_t || (st.view.row_size() == rows[i] &&
-                                    (!cpu::is_nm4(st.view.type) ||
-                                     cpu::nm4_table_bytes(st.view.type, st.view.rows(), st.view.cols()) == tables[i])),
-                    "input sparsity: layer {} site {}'s copy reads other bytes than were counted for it", l, s);
+      const auto made = [&](std::vector<Stack> stacks) {
+        for (size_t i = 0; i < stacks.size(); ++i) {
+          const Stack& st = stacks[i];
+          widest_in = std::max(widest_in, st.view.rows());
+          widest_out = std::max(widest_out, st.view.cols());
+          if (st.widths.size() > 1) widest_stack = std::max(widest_stack, st.view.cols());
+          EMBER_CHECK(file_down_t || (st.view.row_size() == rows[i] &&
+                                      (!cpu::is_nm4(st.view.type) ||
+                                       cpu::nm4_table_bytes(st.view.type, st.view.rows(), st.view.cols()) == tables[i])),
+                      "input sparsity: layer {} site {}'s copy reads other bytes than were counted for it", l, s);
+        }
+        return stacks;
+      };
+      has[s] = true;
+      if (!moe || s < static_cast<int>(InputSite::ffn_in)) {
+        c[s] = made(site_stacks(pool, m.site[s], copy_type, file_down_t));
+        continue;
+      }
+      for (size_t e = 0; e < ec.size(); ++e) {  // each expert's own copy, made by the first's rule
+        std::array<std::vector<const TensorView*>, 2> em;
+        ffn_site_matrices(L.moe.experts[e], em[0], em[1]);
+        ec[e][static_cast<size_t>(s - 2)] = made(site_stacks(pool, em[static_cast<size_t>(s - 2)], copy_type, file_down_t));
       }
     }
     max_kept_.push_back(max_kept);
+    has_copy_.push_back(has);
     copies_.push_back(std::move(c));
+    experts_.push_back(std::move(ec));
     // The file's pages of matrices the model now holds repacked elsewhere were read only for the
     // copies: give them back (the file stays mapped).
-    if (!model.file_layers.empty())
-      for (int s = 0; s < kInputSites; ++s)
-        for (size_t i = 0; i < m.site[s].size(); ++i)
-          if (own.site[s][i]->data != m.site[s][i]->data) release_mapped_pages(m.site[s][i]->data, m.site[s][i]->nbytes);
+    if (!model.file_layers.empty()) {
+      const auto give_back = [](const std::vector<const TensorView*>& file, const std::vector<const TensorView*>& mine) {
+        for (size_t i = 0; i < file.size(); ++i)
+          if (mine[i]->data != file[i]->data) release_mapped_pages(file[i]->data, file[i]->nbytes);
+      };
+      for (int s = 0; s < kInputSites; ++s) give_back(m.site[s], own.site[s]);
+      for (size_t e = 1; moe && e < ec.size(); ++e) {
+        std::vector<const TensorView*> fi, fh, oi, oh;
+        ffn_site_matrices(L.moe.experts[e], fi, fh);
+        ffn_site_matrices(model.layers[l].moe.experts[e], oi, oh);
+        give_back(fi, oi);
+        give_back(fh, oh);
+      }
+    }
   }
   ids_.resize(static_cast<size_t>(widest_in));
   vals_.resize(static_cast<size_t>(widest_in));
@@ -286,10 +322,9 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
   }
   if (min_row_bytes == kInputNoCopies) return;  // asked for no copy: nothing to say
   std::set<std::string_view> types;  // the copies' types (the file's own down_t is no copy)
-  for (const LayerCopies& c : copies_)
-    for (const auto& stacks : c)
-      for (const Stack& st : stacks)
-        if (st.copy.view.valid()) types.insert(dtype_name(st.view.type));
+  for_each_stack([&](const Stack& st) {
+    if (st.copy.view.valid()) types.insert(dtype_name(st.view.type));
+  });
   log_info("input sparsity: input-channel-major copies of {} layers' matrices{}, {:.1f} MiB, in {:.1f} s",
            model.layers.size(), types.empty() ? "" : fmt::format(" ({})", fmt::join(types, ", ")),
            copy_bytes() / 1048576.0, timer.seconds());
@@ -311,8 +346,6 @@ InputSparseExecutor::InputSparseExecutor(const Model& model, ThreadPool& pool, I
 }
 
 std::string InputSparseExecutor::refusal(const Model& model) const {
-  std::string why = model_moe_refusal(model, "--sparse-mode input");
-  if (!why.empty()) return why;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const InputSiteMatrices m = input_site_matrices(model.layers[l]);
     for (const auto& site : m.site)
@@ -368,34 +401,39 @@ bool InputSparseExecutor::decode_via_copy(int64_t layer, InputSite site, const f
   }
   if (dense_in != x) std::memcpy(dense_in, x, sizeof(float) * static_cast<size_t>(n_in));
   if (dense_site(l, static_cast<int>(s))) keep_and_mask(layer, site, dense_in, n_in);
-  else mask(dense_in, 1, n_in, thr_[l][s]);  // counted by keep() above
+  else mask(dense_in, n_in, thr_[l][s]);  // counted by keep() above
   return false;
 }
 
-void InputSparseExecutor::mask(float* x, int64_t n, int64_t w, float t) {
-  for (int64_t i = 0; i < n * w; ++i)
-    if (std::fabs(x[i]) <= t) x[i] = 0.0f;
+void InputSparseExecutor::mask(float* x, int64_t count, float t) {
+  for (int64_t i = 0; i < count; ++i) x[i] = std::fabs(x[i]) <= t ? 0.0f : x[i];  // vectorizes: a blend
 }
 
-void InputSparseExecutor::keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in) {
+void InputSparseExecutor::mask(ThreadPool& pool, float* x, int64_t n, int64_t w, float t) {
+  if (n * w < (int64_t{1} << 16)) return mask(x, n * w, t);
+  pool.parallel_for(n, std::max<int64_t>(1, (int64_t{1} << 14) / w),
+                    [&](int64_t r0, int64_t r1, int) { mask(x + r0 * w, (r1 - r0) * w, t); });
+}
+
+void InputSparseExecutor::keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in, uint64_t runs) {
   const int s = static_cast<int>(site);
   const float t = thr_[static_cast<size_t>(layer)][s];
   int64_t k = 0;
   for (int64_t i = 0; i < n_in; ++i) {  // one pass: count what is kept, zero the rest
     const bool kept = std::fabs(x[i]) > t;
     k += kept ? 1 : 0;
-    if (!kept) x[i] = 0.0f;
+    x[i] = kept ? x[i] : 0.0f;  // branch-free: about half are dropped, at random
   }
-  stats_.seen[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(n_in);
-  stats_.kept[static_cast<size_t>(layer)][s] += static_cast<uint64_t>(k);
-  ++stats_.tokens[static_cast<size_t>(layer)][s];
+  stats_.seen[static_cast<size_t>(layer)][s] += runs * static_cast<uint64_t>(n_in);
+  stats_.kept[static_cast<size_t>(layer)][s] += runs * static_cast<uint64_t>(k);
+  stats_.tokens[static_cast<size_t>(layer)][s] += runs;
 }
 
 void InputSparseExecutor::qkv(ThreadPool& pool, int64_t layer, const LayerWeights& L, float* xn, int64_t n,
                               Workspace& ws) {
   const size_t l = static_cast<size_t>(layer);
   if (n > 1) {
-    mask(xn, n, L.wq.cols(), thr_[l][0]);
+    mask(pool, xn, n, L.wq.cols(), thr_[l][0]);
     stats_.batch_tokens += static_cast<uint64_t>(n);
     return dense_qkv(pool, L, xn, n, ws);
   }
@@ -409,7 +447,7 @@ void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeight
                               float* o, Workspace& ws) {
   const size_t l = static_cast<size_t>(layer);
   if (n > 1) {
-    mask(attn, n, L.wo.cols(), thr_[l][1]);
+    mask(pool, attn, n, L.wo.cols(), thr_[l][1]);
     return dense_out(pool, L, attn, n, o, ws);
   }
   int64_t k = 0;
@@ -420,17 +458,46 @@ void InputSparseExecutor::out(ThreadPool& pool, int64_t layer, const LayerWeight
 
 void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
                               const float* x, int64_t n, float* out, Workspace& ws) {
-  const size_t l = static_cast<size_t>(layer);
-  const int64_t n_embd = w.n_embd(), n_ff = w.n_ff();
   if (n > 1) return batch_down(pool, layer, w, batch_values(pool, layer, w, act, x, n, ws), n, out, ws);
-  // Decode: each of the two sites through its copy, or dense on its masked input (decode_via_copy).
-  const LayerCopies& c = copies_[l];
+  const LayerCopies& c = copies_[static_cast<size_t>(layer)];
+  decode_ffn(pool, layer, w, act, x, out, ws, c[2], c[3]);
+}
+
+void InputSparseExecutor::run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act,
+                                  const float* x, int64_t n, float* out, Workspace& ws) {
+  const size_t l = static_cast<size_t>(layer);
+  if (n == 1 && (has_copy_[l][2] || has_copy_[l][3]))  // each chosen expert through its own copies
+    return moe_ffn_each(pool, moe, x, 1, out, ws, [&](int64_t e, const float* rows, int64_t, float* o) {
+      const ExpertCopies& c = experts_[l][static_cast<size_t>(e)];
+      decode_ffn(pool, layer, moe.experts[static_cast<size_t>(e)], act, rows, o, ws, c[0], c[1]);
+    });
+  // The mixture's own paths with the experts' input masked (the router reads it whole) and the
+  // values masked before the downs; a decode token counted once per chosen expert at each site.
+  const int64_t d = moe.router.cols();
+  const bool decode = n == 1;
+  float* xm = xm_.data();
+  std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n * d));
+  if (decode) keep_and_mask(layer, InputSite::ffn_in, xm, d, static_cast<uint64_t>(moe.n_used));
+  else mask(pool, xm, n, d, thr_[l][2]);
+  MoeInputs in;
+  in.experts_x = xm;
+  in.values = [&](float* h, int64_t rows, int64_t n_ff) {
+    if (!decode) return mask(pool, h, rows, n_ff, thr_[l][3]);
+    for (int64_t r = 0; r < rows; ++r) keep_and_mask(layer, InputSite::ffn_hidden, h + r * n_ff, n_ff);
+  };
+  moe_ffn(pool, moe, act, x, n, out, ws, false, in);
+}
+
+void InputSparseExecutor::decode_ffn(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
+                                     const float* x, float* out, Workspace& ws, const std::vector<Stack>& in_stacks,
+                                     const std::vector<Stack>& hidden_stacks) {
+  const int64_t n_embd = w.n_embd(), n_ff = w.n_ff();
   float* h = ws.up.data();
   int64_t k = 0;
   if (decode_via_copy(layer, InputSite::ffn_in, x, xm_.data(), n_embd, k)) {
     float* a = ws.gate.data();
-    if (ffn_needs_up(w)) site_product(pool, c[2], k, {a, h});
-    else site_product(pool, c[2], k, {a});
+    if (ffn_needs_up(w)) site_product(pool, in_stacks, k, {a, h});
+    else site_product(pool, in_stacks, k, {a});
     ffn_firing_values(w, act, a, 1, n_ff, n_ff, nullptr);
     ffn_neuron_values(w, act, a, n_ff, h, n_ff, 1, n_ff, nullptr);
   } else {
@@ -438,7 +505,7 @@ void InputSparseExecutor::run(ThreadPool& pool, int64_t layer, const FfnWeights&
     h = ffn_values_all(pool, w, act, xm_.data(), 1, ws);
   }
   if (!decode_via_copy(layer, InputSite::ffn_hidden, h, h, n_ff, k)) return ffn_down_all(pool, w, h, 1, out, ws);
-  site_product(pool, c[3], k, {out});
+  site_product(pool, hidden_stacks, k, {out});
   ffn_add_down_bias(w, out, 1);
 }
 
@@ -446,14 +513,14 @@ float* InputSparseExecutor::batch_values(ThreadPool& pool, int64_t layer, const 
                                          const float* x, int64_t n, Workspace& ws) {
   float* xm = xm_.data();  // the dense steps of model/ffn.hpp on the masked input
   std::memcpy(xm, x, sizeof(float) * static_cast<size_t>(n * w.n_embd()));
-  mask(xm, n, w.n_embd(), thr_[static_cast<size_t>(layer)][2]);
+  mask(pool, xm, n, w.n_embd(), thr_[static_cast<size_t>(layer)][2]);
   ffn_firing_all(pool, w, act, xm, n, ws);
   return ffn_values_all(pool, w, act, xm, n, ws);
 }
 
 void InputSparseExecutor::batch_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, float* h, int64_t n,
                                      float* out, Workspace& ws) {
-  mask(h, n, w.n_ff(), thr_[static_cast<size_t>(layer)][3]);
+  mask(pool, h, n, w.n_ff(), thr_[static_cast<size_t>(layer)][3]);
   ffn_down_all(pool, w, h, n, out, ws);
 }
 
@@ -472,9 +539,7 @@ void InputSparseExecutor::reset_stats() {
 
 size_t InputSparseExecutor::copy_bytes() const {
   size_t b = 0;
-  for (const LayerCopies& c : copies_)
-    for (const auto& site : c)
-      for (const Stack& st : site) b += st.copy.bytes.size();
+  for_each_stack([&](const Stack& st) { b += st.copy.bytes.size(); });
   return b;
 }
 
@@ -494,12 +559,15 @@ double InputSparseExecutor::weight_bytes_per_token() const {
     const InputSiteMatrices m = input_site_matrices(L);
     for (int s = 0; s < kInputSites; ++s) {
       // The tokens that read the site's copy read its kept rows and its tables instead of its
-      // matrices; the others (all of a dense site's) read the matrices whole.
+      // matrices; the others (all of a dense site's) read the matrices whole. A mixture's FFN
+      // sites count each chosen expert's run (share up to n_used), every expert of the first's size.
+      const bool expert = L.moe.valid() && s >= static_cast<int>(InputSite::ffn_in);
+      const std::vector<Stack>& stacks = expert ? experts_[l][0][static_cast<size_t>(s - 2)] : c[s];
       const double share = static_cast<double>(stats_.copy_tokens[l][s]) / t;
       if (share <= 0) continue;
       for (const TensorView* f : m.site[s]) total -= share * static_cast<double>(f->nbytes);
       const double kept_rows = static_cast<double>(stats_.copy_kept[l][s]) / t;  // per token
-      for (const Stack& st : c[s]) {
+      for (const Stack& st : stacks) {
         const TensorView& v = st.view;
         total += kept_rows * static_cast<double>(v.row_size());
         if (cpu::is_nm4(v.type))

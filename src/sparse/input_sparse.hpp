@@ -43,11 +43,20 @@ namespace ember {
 // The matrices that read each site's input (the table above), for one layer: what the copies
 // are made of and what skipping an input saves. Down is the file's down, or its neuron-major
 // down_t where it has only that.
+// In a mixture-of-experts layer the FFN sites are each expert's (ffn_in: the FFN input, which
+// every chosen expert reads, the router reading it whole; ffn_hidden: each expert's own values):
+// the matrices listed are the first expert's, which every expert's match in shape and type (one
+// tensor of the file holds them all), and every decision made on them holds for each.
 struct InputSiteMatrices {
   std::array<std::vector<const TensorView*>, kInputSites> site;
 };
 InputSiteMatrices input_site_matrices(const LayerWeights& L);
-// The number of weights of each site's matrices (n_in x the sum of their n_out).
+// The FFN whose matrices the FFN sites list: the layer's, or its first expert.
+const FfnWeights& input_site_ffn(const LayerWeights& L);
+// The matrices of an FFN that read its input (ffn_in) and its neuron values (ffn_hidden).
+void ffn_site_matrices(const FfnWeights& f, std::vector<const TensorView*>& in, std::vector<const TensorView*>& hidden);
+// The number of weights of each site's matrices (n_in x the sum of their n_out) a token reads:
+// a mixture's FFN sites count n_used experts.
 std::array<double, kInputSites> input_site_weights(const LayerWeights& L);
 
 // Whether site s of layer L decodes with the dense kernels on its masked input rather than
@@ -115,6 +124,13 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
            Workspace& ws) override;
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
+  // A mixture's layer: the router reads the FFN input whole; each chosen expert's gate and up
+  // read it masked at ffn_in's threshold, its down its values masked at ffn_hidden's. A decode
+  // token runs each chosen expert through that expert's copies where the layer's experts have
+  // them, else (and for batches) the mixture's own fused paths on the masked inputs.
+  bool takes_experts() const override { return true; }
+  void run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n,
+               float* out, Workspace& ws) override;
   std::string refusal(const Model& model) const override;
   // run()'s batch path (n > 1) in its two halves: the neuron values of the FFN of x with x's
   // entries at or below ffn_in's threshold dropped (n x n_ff in ws.up, returned, unmasked);
@@ -147,9 +163,26 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
     std::vector<int64_t> widths;  // the outputs of each matrix, in the site's order
   };
   using LayerCopies = std::array<std::vector<Stack>, kInputSites>;
+  using ExpertCopies = std::array<std::vector<Stack>, 2>;  // an expert's ffn_in and ffn_hidden
   // Whether a site's decode runs the dense kernels on its masked input (no copy kept): where the
-  // copy's rows would be shorter than the constructor's min_row_bytes (input_site_dense).
-  bool dense_site(size_t layer, int site) const { return copies_[layer][static_cast<size_t>(site)].empty(); }
+  // copy's rows would be shorter than the constructor's min_row_bytes (input_site_dense), or
+  // where it would not pay.
+  bool dense_site(size_t layer, int site) const { return !has_copy_[layer][static_cast<size_t>(site)]; }
+  // One decode token through an FFN (the layer's, or one expert), its two sites through their
+  // copies (in_stacks, hidden_stacks: that FFN's) or dense on the masked inputs.
+  void decode_ffn(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
+                  float* out, Workspace& ws, const std::vector<Stack>& in_stacks,
+                  const std::vector<Stack>& hidden_stacks);
+  template <class F>
+  void for_each_stack(F&& f) const {
+    for (const LayerCopies& c : copies_)
+      for (const auto& site : c)
+        for (const Stack& st : site) f(st);
+    for (const auto& layer : experts_)
+      for (const ExpertCopies& c : layer)
+        for (const auto& site : c)
+          for (const Stack& st : site) f(st);
+  }
   // Decode, one token's input x[0..n_in) at a site: true where the product reads the site's copy
   // (it has one, and the token keeps at most input_copy_max_kept inputs: ids_ / vals_ hold them,
   // k their count); else dense_in (x itself, or a buffer it is copied to) holds x with the dropped
@@ -163,14 +196,18 @@ class InputSparseExecutor final : public FfnExecutor, public ProjectionExecutor 
   void site_product(ThreadPool& pool, const std::vector<Stack>& stacks, int64_t n_kept,
                     std::initializer_list<float*> dst);
   // Zeroes the entries at or below t in x (n rows of width w): the batch path's input.
-  static void mask(float* x, int64_t n, int64_t w, float t);
+  static void mask(ThreadPool& pool, float* x, int64_t n, int64_t w, float t);
+  static void mask(float* x, int64_t count, float t);  // one thread
   int64_t keep(int64_t layer, InputSite site, const float* x, int64_t n_in);
-  // A dense site's decode input: x masked in place, the kept entries counted as keep() counts them.
-  void keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in);
+  // A dense site's decode input: x masked in place, the kept entries counted as keep() counts them
+  // (`runs` times: a mixture's input read by each chosen expert).
+  void keep_and_mask(int64_t layer, InputSite site, float* x, int64_t n_in, uint64_t runs = 1);
 
   const Model& model_;
   InputThresholds thr_;
   std::vector<LayerCopies> copies_;
+  std::vector<std::vector<ExpertCopies>> experts_;  // per layer: a mixture's, per expert (else empty)
+  std::vector<std::array<bool, kInputSites>> has_copy_;
   std::vector<std::array<int64_t, kInputSites>> max_kept_;  // per site with a copy: input_copy_max_kept
   std::vector<int32_t> ids_;
   std::vector<float> vals_;

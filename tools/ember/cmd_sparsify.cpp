@@ -175,13 +175,17 @@ void run_sparsify(SparsifyFlags& f) {
   Timer timer;
   Stages stages;
   f.o.allocation = parse_input_allocation(f.allocation);
-  bool relu = false;
+  bool relu = false, moe = false;
   {
     const auto mapped = load_model(f.o.model);  // a mapped load: nothing copied
     relu = mapped->hp.act == cpu::Activation::relu;
-    const std::string moe = model_moe_refusal(*mapped, "ember sparsify");
-    EMBER_CHECK(moe.empty(), "{}", moe);
+    moe = model_has_moe(*mapped);
   }
+  // A mixture's experts take input sparsity (the router already says which experts run); the
+  // predictors choose neurons of dense FFNs only.
+  EMBER_CHECK(!moe || f.method != "predictor", "--method predictor: this model's FFNs are mixtures of experts, whose "
+              "neurons the predictors do not choose; use --method input (or auto), which thresholds the inputs "
+              "inside each chosen expert");
   // The texts first: a missing one should not cost a profile.
   const bool block = f.o.allocation == InputAllocation::block;
   EMBER_CHECK(!f.block.paying_sites_only || block, "--paying-sites is for --allocation block (the {} allocation "
@@ -197,7 +201,7 @@ void run_sparsify(SparsifyFlags& f) {
   EngineFlags ef;
   ef.model_path = f.o.model;
   ef.threads = f.threads;
-  const bool predictors = f.method == "predictor" || (f.method == "auto" && relu);
+  const bool predictors = f.method == "predictor" || (f.method == "auto" && relu && !moe);
   // Every matrix repacked for the dense kernels: the predictor path runs the model dense only
   // (profile, training's gate products, the dense side of the measurement), the input path's
   // block allocation runs the dense kernels on masked inputs; it also keeps the file's layout

@@ -169,6 +169,15 @@ expect_error "versus dense needs input mode" "sparse-mode input" "$ember" bench 
 expect_ok "sparsify paying sites" "$ember" sparsify -m "$tmp/wide.gguf" -o "$tmp/wide.pay.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --block-tokens 64 --paying-sites --eval-chunks 0 --sparsity 0.3 -t 2
 contains "paying sites: the attention and down inputs stay whole" "$tmp/out" "^ +1 +0\.000 +0\.000 +0\.[0-9]+ +0\.000 "
 contains "paying sites said" "$tmp/err" "shares only where a copy pays"
+# A mixture of experts takes input sparsity inside its experts: sparsify by the input path (the
+# predictor path refused by name), each expert's gate|up through its own copy on decode.
+expect_ok "synth moe wide experts" "$ember" synth --preset tiny --n-expert 4 --n-expert-used 2 --n-ff 2048 --type q4_0 -o "$tmp/moe.gguf"
+expect_ok "sparsify moe" "$ember" sparsify -m "$tmp/moe.gguf" -o "$tmp/moe.sparse.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --eval "$tmp/text.txt" --eval-chunks 1 --sparsity 0.4 -t 2
+contains "sparsify moe: KL divergence" "$tmp/out" "KL divergence +[0-9.]+"
+expect_ok "sparsify moe paying sites" "$ember" sparsify -m "$tmp/moe.gguf" -o "$tmp/moe.pay.gguf" --corpus "$tmp/text.txt" --profile-tokens 512 --block-tokens 64 --paying-sites --eval-chunks 0 --sparsity 0.4 -t 2
+expect_ok "moe decode through the experts' copies" "$ember" generate -m "$tmp/moe.pay.gguf" -p "hello world" -n 8 --temp 0
+contains "moe: experts' copies read" "$tmp/err" "ffn_in: [0-9.]+% \(copy 100% of tokens\)"
+expect_error "moe: no predictors" "mixtures of experts" "$ember" sparsify -m "$tmp/moe.gguf" -o "$tmp/x.gguf" --corpus "$tmp/text.txt" --method predictor
 # Input mode's copies hold their scale tables in 8 bits by default (Q4_0_NM8), or with
 # --sparse-down exact keep the file's scales (Q4_0_NM); the other sparse modes' down copies keep them.
 expect_ok "paying sites decode" "$ember" generate -m "$tmp/wide.pay.gguf" -p "hello world" -n 8 --temp 0
@@ -298,7 +307,9 @@ expect_error "sparse mode on experts" "mixtures of experts" "$ember" generate -m
 expect_ok "profile qwen3moe" "$ember" profile -m "$tmp/qwen3moe.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 256 -o "$tmp/qwen3moe.profile.gguf" -t 2
 contains "profile qwen3moe: experts' routings" "$tmp/out" "experts80%"
 contains "profile qwen3moe: sparsity at the target" "$tmp/out" "^mean +[0-9.]+ +0\.(49|50|51)"
-expect_error "sparsify refuses experts" "mixtures of experts" "$ember" sparsify -m "$tmp/qwen3moe.gguf" -o "$tmp/qwen3moe.sparse.gguf"
+expect_ok "sparsify qwen3moe from its profile" "$ember" sparsify -m "$tmp/qwen3moe.gguf" --profile "$tmp/qwen3moe.profile.gguf" --allocation greedy --sparsity 0.4 -o "$tmp/qwen3moe.sparse.gguf" --eval-chunks 0
+contains "sparsify qwen3moe summary" "$tmp/err" "40\.[0-9]% of the layers' weights skipped"
+expect_ok "generate sparse qwen3moe" "$ember" generate -m "$tmp/qwen3moe.sparse.gguf" -p "hello" -n 4 --temp 0
 expect_ok "synth relu falcon powerinfer" "$ember" synth --preset tiny --arch falcon --act relu --powerinfer -o "$tmp/falcon.pi.gguf"
 expect_ok "generate relu falcon predictor" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode predictor
 expect_ok "generate relu falcon oracle" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode oracle

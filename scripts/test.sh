@@ -4,7 +4,7 @@
 # so it works on a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --no-build --gemma
+scripts/setup.sh --no-build --gemma --tests
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 cd build && ctest --output-on-failure -j"$(nproc)" --timeout 900 "$@"

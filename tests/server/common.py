@@ -25,7 +25,7 @@ def clients(*names):
     try:
         return [importlib.import_module(n) for n in names]
     except ImportError as e:
-        skip(f"the Python package {e.name!r} is not installed (scripts/setup.sh installs the clients into .venv)")
+        skip(f"the Python package {e.name!r} is not installed (scripts/setup.sh --tests installs the clients into .venv)")
 
 
 def args():

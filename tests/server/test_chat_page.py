@@ -17,11 +17,11 @@ try:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 except ImportError:
-    common.skip("the `selenium` Python package is not installed (scripts/setup.sh installs it into .venv)")
+    common.skip("the `selenium` Python package is not installed (scripts/setup.sh --tests installs it into .venv)")
 chromedriver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 chromium = shutil.which("chromium") or "/usr/bin/chromium"
 if not (os.path.exists(chromedriver) and os.path.exists(chromium)):
-    common.skip("chromium or chromium-driver is not installed (scripts/setup.sh installs them)")
+    common.skip("chromium or chromium-driver is not installed (scripts/setup.sh --tests installs them)")
 
 c = common.Checks("chat page")
 with common.Server(ember, model) as srv:

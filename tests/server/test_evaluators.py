@@ -4,11 +4,18 @@ payload: token-id prompts, batches of several, `echo` with `logprobs` 1 and `max
 `token_logprobs[ctxlen:-1]`), on a small multiple-choice task kept in the repository
 (data/mc_easy.json). The accuracy comes out the same at batch sizes 1 and 4, above chance, and each
 choice's log-likelihood equals the sum the server reports when asked to score the prompt alone
-(`max_tokens` 0). (lm-eval itself is not installed: it
-pulls in torch; the payloads and the reading are its own, from lm_eval/models/openai_completions.py.)"""
+(`max_tokens` 0); then lm-eval itself (0.4.13 with its `api` extra, which needs no torch) runs the
+same questions as a task YAML through `local-completions` and its default remote tokenizer, and its
+accuracy at batch sizes 1 and 4 must be the one the server's own log-likelihoods give.
+The payloads and the reading above are its own, from lm_eval/models/openai_completions.py.)"""
+import glob
+import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 import urllib.request
 
 import common
@@ -17,6 +24,23 @@ ember, model = common.args()
 c = common.Checks("evaluators")
 TASK = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mc_easy.json")))
 M = "SmolLM2-135M-Instruct.Q4_1"
+# The task for lm-eval: the same questions, each choice scored after its context.
+TASK_YAML = """task: ember_mc_easy
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{gold}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
 
 
 def loglikelihoods(url, requests, batch):
@@ -79,5 +103,30 @@ with common.Server(ember, model, ctx=1024) as srv:
         lps = r["choices"][0]["logprobs"]["token_logprobs"]
         c.check(status == 200 and len(lps) == len(ctx) + len(cont) and abs(sum(lps[len(ctx):]) - ll) < 1e-3,
                 f"max_tokens 0: the prompt's log-probabilities only, the same sums: {status} {len(lps)}")
+
+    # lm-eval itself (its `api` extra, no torch), its default remote tokenizer, the task as a YAML
+    # over the same file: its accuracy at batch sizes 1 and 4 is the one from the server's scoring.
+    if importlib.util.find_spec("lm_eval") is None:
+        print("evaluators: lm-eval is not installed (scripts/setup.sh --tests installs it): its own run skipped")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "mc_easy.yaml"), "w") as f:
+                f.write(TASK_YAML.format(data=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mc_easy.json")))
+            for batch in (1, 4):
+                out = os.path.join(tmp, f"out{batch}")
+                env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+                run = subprocess.run(
+                    [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
+                     f"model={M},base_url={srv.url}/v1/completions,tokenizer_backend=remote,tokenized_requests=True,"
+                     "num_concurrent=1,max_retries=1", "--include_path", tmp, "--tasks", "ember_mc_easy",
+                     "--batch_size", str(batch), "--output_path", out],
+                    cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+                results = glob.glob(os.path.join(out, "**", "results_*.json"), recursive=True)
+                c.check(run.returncode == 0 and len(results) == 1,
+                        f"lm_eval at batch size {batch}: exit {run.returncode}, {run.stderr[-800:]}")
+                if results:
+                    acc = json.load(open(results[0]))["results"]["ember_mc_easy"]["acc,none"]
+                    c.check(abs(acc - acc1) < 1e-9, f"lm-eval's accuracy at batch size {batch} is the server's own: {acc} {acc1}")
+                    print(f"evaluators: lm-eval local-completions, batch size {batch}: acc {acc:.4f}")
     print(f"evaluators: accuracy {acc1:.3f} on {len(TASK)} questions")
 c.done()

@@ -16,7 +16,7 @@ ember = sys.argv[1]
 try:
     import openai
 except ImportError:
-    common.skip("the `openai` Python package is not installed (scripts/setup.sh installs it into .venv)")
+    common.skip("the `openai` Python package is not installed (scripts/setup.sh --tests installs it into .venv)")
 
 FAMILIES = {
     "llama": [],

@@ -20,7 +20,7 @@ ember, model = common.args()
 try:
     import openai
 except ImportError:
-    common.skip("the `openai` Python package is not installed (scripts/setup.sh installs it into .venv)")
+    common.skip("the `openai` Python package is not installed (scripts/setup.sh --tests installs it into .venv)")
 
 N_CLIENTS = int(os.environ.get("EMBER_LOAD_CLIENTS", "6"))
 N_REQUESTS = int(os.environ.get("EMBER_LOAD_REQUESTS", "2000"))

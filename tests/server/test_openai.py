@@ -11,7 +11,7 @@ ember, model = common.args()
 try:
     import openai
 except ImportError:
-    common.skip("the `openai` Python package is not installed (scripts/setup.sh installs it into .venv)")
+    common.skip("the `openai` Python package is not installed (scripts/setup.sh --tests installs it into .venv)")
 
 c = common.Checks("openai")
 with common.Server(ember, model) as srv:

@@ -14,7 +14,7 @@ try:
     import openai
     import pydantic
 except ImportError:
-    common.skip("`openai` / `jsonschema` are not installed (scripts/setup.sh installs them into .venv)")
+    common.skip("`openai` / `jsonschema` are not installed (scripts/setup.sh --tests installs them into .venv)")
 
 
 class Color(str, enum.Enum):

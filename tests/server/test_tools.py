@@ -97,7 +97,7 @@ with common.Server(ember, model, ctx=2048) as srv:
         from langchain_core.tools import tool
         from langchain_openai import ChatOpenAI
     except ImportError:
-        common.skip("langchain-openai is not installed (scripts/setup.sh installs it into .venv)")
+        common.skip("langchain-openai is not installed (scripts/setup.sh --tests installs it into .venv)")
 
     @tool
     def get_weather(city: str) -> str:

@@ -9,7 +9,8 @@ markdown table. llama.cpp is not part of Ember: point --llama-bench at a build o
       [--ik-llama-bench /path/to/ik/llama-bench] --threads 2 --rounds 3 --pp 512 --tg 128 \
       MODEL.gguf [MODEL.gguf ...]
 
-Either peer may be left out. Ratios are per round (each tool's median of its repetitions in that
+A model given as PEER_FILE=EMBER_FILE runs the peers on the first and Ember on the second (a
+file `ember sparsify` made of the first: Ember sparse against the peers dense). Either peer may be left out. Ratios are per round (each tool's median of its repetitions in that
 round), reported as their median and range. --ember-simd runs Ember at a lower SIMD level, to
 compare with peers built for that level (GGML_NATIVE=OFF GGML_AVX2=ON GGML_FMA=ON GGML_F16C=ON).
 
@@ -69,7 +70,7 @@ def main():
                     "compare with peers built for that level")
     ap.add_argument("--llama-args", default="", help="extra llama-bench flags, e.g. '-ngl 0' for PowerInfer")
     ap.add_argument("--ik-args", default="-rtr 1", help="ik_llama.cpp's flags (default: its run-time repacking)")
-    ap.add_argument("models", nargs="+")
+    ap.add_argument("models", nargs="+", help="GGUF files, or PEER_FILE=EMBER_FILE")
     a = ap.parse_args()
     peers = [(name, path, args.split()) for name, path, args in
              (("llama.cpp", a.llama_bench, a.llama_args), ("ik_llama.cpp", a.ik_llama_bench, a.ik_args)) if path]
@@ -82,7 +83,9 @@ def main():
     head = "| model | test | Ember tok/s |" + "".join(f" {n} tok/s | Ember / {n} |" for n, _, _ in peers)
     print(head)
     print("| --- | --- | ---: |" + " ---: | ---: |" * len(peers))
-    for model in a.models:
+    for given in a.models:
+        model, _, ember_model = given.partition("=")
+        ember_model = ember_model or model
         rounds = []  # per round: {tool: {test: median}}
         for r in range(a.rounds):
             got = {}
@@ -90,12 +93,13 @@ def main():
                 got[name] = {k: statistics.median(v) for k, v in
                              run_llama(path, model, a.threads, a.pp, a.tg, a.reps, args).items()}
             got["Ember"] = {k: statistics.median(v) for k, v in
-                            run_ember(a.ember, model, a.threads, a.pp, a.tg, a.reps, a.ember_args.split()).items()}
+                            run_ember(a.ember, ember_model, a.threads, a.pp, a.tg, a.reps, a.ember_args.split()).items()}
             rounds.append(got)
             print(f"round {r + 1}/{a.rounds} done for {model}", file=sys.stderr)
         for test in rounds[0]["Ember"]:
             ember = statistics.median(g["Ember"][test] for g in rounds)
-            row = f"| {model.split('/')[-1]} | {test} | {ember:.2f} |"
+            label = model.split("/")[-1] + (f" (Ember: {ember_model.split('/')[-1]})" if ember_model != model else "")
+            row = f"| {label} | {test} | {ember:.2f} |"
             for name, _, _ in peers:
                 peer = statistics.median(g[name][test] for g in rounds)
                 row += f" {peer:.2f} | {spread([g['Ember'][test] / g[name][test] for g in rounds])} |"

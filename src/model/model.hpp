@@ -18,6 +18,8 @@
 
 namespace ember {
 
+class ExpertCache;  // model/expert_cache.hpp
+
 // The normalization of a model's attention, FFN and output norms.
 enum class NormKind { rms, layer };  // RMSNorm (weight); LayerNorm (weight and bias: OPT)
 
@@ -97,6 +99,9 @@ struct MoeWeights {
   std::vector<FfnWeights> experts;  // n_expert of them
   int64_t n_used = 0;
   bool norm_weights = true;
+  // The memory tier's cache that holds this layer's experts (model/expert_cache.hpp): moe_ffn
+  // asks it for the chosen ones after routing. Null: every expert in place.
+  ExpertCache* cache = nullptr;
   bool valid() const { return router.valid(); }
   int64_t n_expert() const { return static_cast<int64_t>(experts.size()); }
 };
@@ -182,6 +187,10 @@ struct Model {
   // head copies it); empty otherwise (then `output` is the file's layout).
   TensorView file_output;
   const TensorView& output_in_file() const { return file_output.valid() ? file_output : output; }
+
+  // The memory tier (model/expert_cache.hpp): where the experts do not fit the memory budget, the
+  // cache that holds the chosen ones and rebinds their views (null: every expert in place).
+  std::shared_ptr<ExpertCache> expert_cache;
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;

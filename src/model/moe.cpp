@@ -9,6 +9,7 @@
 
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
+#include "model/expert_cache.hpp"
 #include "model/ffn.hpp"
 #include "ops/cpu/matmul.hpp"
 
@@ -125,8 +126,14 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
   const int64_t n_active = group_by_expert(moe, n, ws);
   const int32_t* first = ws.moe_first.data();
   const int32_t* active = ws.moe_active.data();
-  const FfnWeights& e0 = moe.experts[static_cast<size_t>(active[0])];
-  for (int64_t a = 0; a < n_active; ++a)
+  // The memory tier holds a limited number of experts at once: the chosen ones run in groups of
+  // ascending experts that it holds together, each group adding onto the tokens' sums after
+  // the one before, so every token's sum is still taken in ascending expert order.
+  const int64_t group = moe.cache ? std::min<int64_t>(n_active, moe.cache->slots()) : n_active;
+  if (moe.cache) moe.cache->ensure(pool, moe, active, group);
+  // A copy: the memory tier may evict the first expert for a later group.
+  const FfnWeights e0 = moe.experts[static_cast<size_t>(active[0])];
+  for (int64_t a = 0; a < group; ++a)
     if (!fusable(e0, moe.experts[static_cast<size_t>(active[a])])) return false;
   const int64_t n_ff = e0.n_ff(), tb = cpu::kMatmulTokenBlock;
   EMBER_CHECK(static_cast<int64_t>(ws.moe_values.size()) >= n_slots * n_ff && ws.moe_slot_x.size() > 64 &&
@@ -140,47 +147,59 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
     for (int64_t s = s0; s < s1; ++s)
       std::memcpy(xs + s * xq.stride, xq.x + ws.moe_tokens[static_cast<size_t>(s)] * xq.stride, xq.stride);
   });
+  std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
 
   float* values = ws.moe_values.data();
-  const int64_t ff_blocks = (n_ff + kMoeRowBlock - 1) / kMoeRowBlock;
-  pool.parallel_for(n_active * ff_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
-    float* up = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int32_t e = active[i / ff_blocks];
-      const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
-      const int64_t r0 = i % ff_blocks * kMoeRowBlock, r1 = std::min(n_ff, r0 + kMoeRowBlock), nr = r1 - r0;
-      for (int64_t s0 = first[e]; s0 < first[e + 1]; s0 += tb) {
-        const int64_t nt = std::min<int64_t>(tb, first[e + 1] - s0);
-        float* h = values + s0 * n_ff + r0;
-        cpu::matmul_rows_prepared(w.gate, xs + s0 * xq.stride, xq.stride, nt, r0, r1, h, n_ff);
-        cpu::matmul_rows_prepared(w.up, xs + s0 * xq.stride, xq.stride, nt, r0, r1, up, nr);
-        for (int64_t t = 0; t < nt; ++t) cpu::gated_activation(act, h + t * n_ff, up + t * nr, h + t * n_ff, nr);
-      }
+  const int64_t ff_blocks = (n_ff + kMoeRowBlock - 1) / kMoeRowBlock, d_blocks = (d + kMoeRowBlock - 1) / kMoeRowBlock;
+  for (int64_t g0 = 0; g0 < n_active; g0 += group) {
+    const int64_t g1 = std::min(n_active, g0 + group);
+    if (g0 > 0) {
+      moe.cache->ensure(pool, moe, active + g0, g1 - g0);
+      for (int64_t a = g0; a < g1; ++a)
+        EMBER_CHECK(fusable(e0, moe.experts[static_cast<size_t>(active[a])]),
+                    "mixture of experts: the memory tier's experts came back in other types");
     }
-  });
-
-  if (in.values) in.values(values, n_slots, n_ff);
-  const cpu::PreparedRows hq = cpu::prepare_rows(pool, e0.down.type, values, n_slots, n_ff, ws.moe_slot_h.data());
-  const int64_t d_blocks = (d + kMoeRowBlock - 1) / kMoeRowBlock;
-  pool.parallel_for(d_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
-    float* r = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t c0 = i * kMoeRowBlock, c1 = std::min(d, c0 + kMoeRowBlock), nc = c1 - c0;
-      for (int64_t t = 0; t < n; ++t) std::memset(out + t * d + c0, 0, sizeof(float) * static_cast<size_t>(nc));
-      for (int64_t a = 0; a < n_active; ++a) {
-        const int32_t e = active[a];
+    // Every expert's gate and up of the group over its slots in one dispatch.
+    pool.parallel_for((g1 - g0) * ff_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
+      float* up = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int32_t e = active[g0 + i / ff_blocks];
         const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
+        const int64_t r0 = i % ff_blocks * kMoeRowBlock, r1 = std::min(n_ff, r0 + kMoeRowBlock), nr = r1 - r0;
         for (int64_t s0 = first[e]; s0 < first[e + 1]; s0 += tb) {
           const int64_t nt = std::min<int64_t>(tb, first[e + 1] - s0);
-          cpu::matmul_rows_prepared(w.down, hq.x + s0 * hq.stride, hq.stride, nt, c0, c1, r, nc);
-          for (int64_t t = 0; t < nt; ++t) {
-            const auto s = static_cast<size_t>(s0 + t);
-            add_weighted(out + ws.moe_tokens[s] * d + c0, ws.moe_token_w[s], r + t * nc, nc);
+          float* h = values + s0 * n_ff + r0;
+          cpu::matmul_rows_prepared(w.gate, xs + s0 * xq.stride, xq.stride, nt, r0, r1, h, n_ff);
+          cpu::matmul_rows_prepared(w.up, xs + s0 * xq.stride, xq.stride, nt, r0, r1, up, nr);
+          for (int64_t t = 0; t < nt; ++t) cpu::gated_activation(act, h + t * n_ff, up + t * nr, h + t * n_ff, nr);
+        }
+      }
+    });
+    // The group's slots are contiguous (slots ascend with their experts): their values quantized
+    // once, then the downs over blocks of output columns, each adding its experts in order.
+    const int64_t slot0 = first[active[g0]], slot1 = first[active[g1 - 1] + 1];
+    if (in.values) in.values(values + slot0 * n_ff, slot1 - slot0, n_ff);
+    const cpu::PreparedRows hq =
+        cpu::prepare_rows(pool, e0.down.type, values + slot0 * n_ff, slot1 - slot0, n_ff, ws.moe_slot_h.data());
+    pool.parallel_for(d_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
+      float* r = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t c0 = i * kMoeRowBlock, c1 = std::min(d, c0 + kMoeRowBlock), nc = c1 - c0;
+        for (int64_t a = g0; a < g1; ++a) {
+          const int32_t e = active[a];
+          const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
+          for (int64_t s0 = first[e]; s0 < first[e + 1]; s0 += tb) {
+            const int64_t nt = std::min<int64_t>(tb, first[e + 1] - s0);
+            cpu::matmul_rows_prepared(w.down, hq.x + (s0 - slot0) * hq.stride, hq.stride, nt, c0, c1, r, nc);
+            for (int64_t t = 0; t < nt; ++t) {
+              const auto s = static_cast<size_t>(s0 + t);
+              add_weighted(out + ws.moe_tokens[s] * d + c0, ws.moe_token_w[s], r + t * nc, nc);
+            }
           }
         }
       }
-    }
-  });
+    });
+  }
   return true;
 }
 
@@ -196,7 +215,7 @@ void route(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, W
 
 // Each chosen expert once, in ascending order, over copies of its tokens' rows; each token's
 // weighted results summed in that order.
-void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
+void grouped_loop(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
                   const ExpertFfn& expert) {
   const int64_t d = moe.router.cols(), ne = moe.n_expert(), k = moe.n_used;
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
@@ -209,6 +228,10 @@ void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, 
           ws.moe_token_w[static_cast<size_t>(m++)] = ws.moe_weights[static_cast<size_t>(t * k + i)];
         }
     if (m == 0) continue;
+    if (moe.cache) {  // the memory tier: this expert resident
+      const auto id = static_cast<int32_t>(e);
+      moe.cache->ensure(pool, moe, &id, 1);
+    }
     for (int64_t i = 0; i < m; ++i)
       std::memcpy(ws.moe_x.data() + i * d, x + ws.moe_tokens[static_cast<size_t>(i)] * d,
                   sizeof(float) * static_cast<size_t>(d));
@@ -224,9 +247,12 @@ void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, 
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
              Workspace& ws, bool grouped, const MoeInputs& in) {
   route(pool, moe, x, n, ws);
+  // The memory tier: a token's chosen experts resident before their types are compared (the
+  // cache repacks what it reads); a prompt's are made resident group by group (moe_prompt).
+  if (n == 1 && moe.cache) moe.cache->ensure(pool, moe, ws.moe_ids.data(), moe.n_used);
   if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws, in);
   if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws, in)) return;
-  grouped_loop(moe, in.experts_x ? in.experts_x : x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
+  grouped_loop(pool, moe, in.experts_x ? in.experts_x : x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
     dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, rows, m, o, ws, in.values);
   });
 }
@@ -234,7 +260,7 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
 void moe_ffn_each(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
                   const ExpertFfn& expert) {
   route(pool, moe, x, n, ws);
-  grouped_loop(moe, x, n, out, ws, expert);
+  grouped_loop(pool, moe, x, n, out, ws, expert);
 }
 
 }  // namespace ember

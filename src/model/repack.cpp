@@ -97,6 +97,8 @@ void copy_bundle(const Bundle& b, uint8_t* dst) {
 
 }  // namespace
 
+bool repack_pays(const TensorView& w) { return cpu::r16_fast() && repackable(w); }
+
 RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWeights resident, size_t memory_budget) {
   RepackStats st;
   const bool repacking = scope != RepackScope::none && cpu::r16_fast();
@@ -124,7 +126,8 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     if (scope == RepackScope::all) {
       group({&l.ffn.gate, &l.ffn.up});
       group({&l.ffn.down});
-      for (FfnWeights& e : l.moe.experts) {  // each expert as a dense FFN of its own
+      for (FfnWeights& e : l.moe.experts) {  // each expert as a dense FFN of its own (the cache's, repacked there)
+        if (model.expert_cache) break;
         group({&e.gate, &e.up});
         group({&e.down});
       }

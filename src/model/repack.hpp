@@ -51,6 +51,10 @@ struct RepackStats {
 // copies are made only if they fit, with the repacked matrices, in `memory_budget`
 // bytes (0: 90 % of the memory available now, core/huge_pages.hpp); otherwise they stay in the
 // file (copy_skipped_bytes), so a model larger than memory still runs from its map.
+// Whether repack_for_dense_kernels repacks w where its scope names it (a fast kernel reads the
+// repacked layout at this SIMD level, and w's shape takes it). The expert cache asks it too.
+bool repack_pays(const TensorView& w);
+
 RepackStats repack_for_dense_kernels(Model& model, RepackScope scope,
                                      ResidentWeights resident = ResidentWeights::in_file, size_t memory_budget = 0);
 

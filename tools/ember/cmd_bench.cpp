@@ -8,6 +8,7 @@
 #include <random>
 
 #include "commands.hpp"
+#include "model/expert_cache.hpp"
 #include "common.hpp"
 #include "core/cpu_features.hpp"
 #include "core/error.hpp"
@@ -53,7 +54,7 @@ Stats stats_of(std::vector<double> v) {
 
 void run_bench(const BenchFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
-  model->file->prefetch();
+  if (!model->expert_cache) model->file->prefetch();  // the memory tier reads only the experts chosen
   SessionParams sp = f.engine.session_params(*model);
   sp.n_seq = f.seqs;
   sp.n_ctx = std::max<int64_t>(sp.n_ctx, int64_t{f.depth} + f.n_prompt + f.n_gen + 1);
@@ -90,6 +91,7 @@ void run_bench(const BenchFlags& f) {
     start();
     for (int s = 0; s < f.seqs; ++s) toks[static_cast<size_t>(s)] = prompt[static_cast<size_t>(s) % prompt.size()];
     if (HybridExecutor* hy = session.hybrid()) hy->reset_stats();  // its breakdown: of the last decode run
+    if (model->expert_cache) model->expert_cache->reset_stats();
     Timer t;
     for (int i = 0; i < f.n_gen; ++i) {
       for (int s = 0; s < f.seqs; ++s) items[static_cast<size_t>(s)] = {s, &toks[static_cast<size_t>(s)], 1};
@@ -194,6 +196,18 @@ void run_bench(const BenchFlags& f) {
                   "bandwidth median %.2f GB/s)", 100 * fraction, fractions.size(), bw / 1e9);
     }
     std::printf("\n");
+  }
+  if (const ExpertCache* c = model->expert_cache.get(); c && !tg.empty()) {  // of the last decode run
+    const ExpertCacheStats& st = c->stats();
+    const double tokens = static_cast<double>(f.n_gen) * f.seqs;
+    out["expert_cache"] = {{"slots", c->slots()}, {"bytes", c->bytes()}, {"hit_rate", st.hit_rate()},
+                           {"bytes_read_per_token", st.bytes_read / tokens},
+                           {"read_seconds_per_token", st.read_seconds / tokens}, {"direct_io", c->direct_io()}};
+    std::printf("memory tier: %lld experts held (%.1f MiB of a %.1f MiB budget); last decode run: %.1f%% of the "
+                "chosen experts held, %.1f MB read a token, %.1f ms a token waiting on reads (%.0f MB/s)\n",
+                static_cast<long long>(c->slots()), c->bytes() / 1048576.0, c->tier().budget / 1048576.0,
+                100 * st.hit_rate(), st.bytes_read / tokens / 1e6, 1e3 * st.read_seconds / tokens,
+                st.read_seconds > 0 ? st.bytes_read / st.read_seconds / 1e6 : 0.0);
   }
   out["sparse_mode"] = f.engine.resolved_sparse_mode(*model);
   if (SparseFfn* sp = session.sparse_ffn()) {

@@ -15,6 +15,8 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "model/expert_cache.hpp"
+#include "model/kv_cache.hpp"
 #include "sparse/input_allocation.hpp"
 #include "sparse/threshold.hpp"
 #include "sparse/predictor.hpp"
@@ -92,6 +94,12 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
   app->add_flag("--no-repack", no_repack,
                 "keep weights in the file's layout (by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked 16 rows at a time at load "
                 "for faster dense products, as llama.cpp does)");
+  app->add_option("--mem-budget", mem_budget,
+                  "memory the model may take: a mixture of experts whose experts do not fit keeps everything else "
+                  "resident and its experts in a cache of that size, each read from the file when the router first "
+                  "chooses it (the same tokens, bit for bit): auto (the cgroup's limit or the memory available, "
+                  "used only where the model does not fit), off, or a size (6G, 512M)")
+      ->capture_default_str();
   app->add_flag("--mmap", mmap,
                 "use the matrices that are not repacked in place in the file's memory map (by default they are copied "
                 "into memory backed by huge pages, like the repacked ones: fewer TLB misses, faster decode; --mmap "
@@ -143,6 +151,26 @@ SessionParams EngineFlags::session_params(const Model& model) const {
   return p;
 }
 
+void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bool repack) {
+  const size_t asked = parse_memory_budget(flags.mem_budget);
+  if (asked == 0 || !model_has_moe(model)) return;
+  const size_t budget = asked == SIZE_MAX ? detect_memory_budget() : asked;
+  if (budget == 0) return;
+  const Hparams& hp = model.hp;
+  const size_t kv = KvCache::bytes_for(hp.n_layer, flags.ctx > 0 ? flags.ctx : 4096, hp.n_head_kv * hp.head_dim,
+                                       flags.kv_type == "f32" ? DType::F32 : DType::F16);
+  const MemoryTier tier = plan_memory_tier(model, budget, kv);
+  if (!tier.needed) return;
+  EMBER_CHECK(mode == FfnMode::dense, "the memory tier (its experts do not fit {:.1f} MiB) runs the dense mode only; "
+              "pass --sparse-mode dense (or a larger --mem-budget)", budget / 1048576.0);
+  model.expert_cache = std::make_shared<ExpertCache>(model, tier, repack);
+  log_info("memory tier: a budget of {:.1f} MiB ({}) holds the resident part ({:.1f} MiB with the KV cache) and {} of "
+           "the {} experts ({:.1f} of {:.1f} MiB); the others are read from the file when chosen{}",
+           budget / 1048576.0, asked == SIZE_MAX ? "detected: the cgroup's limit or the memory available" : "given",
+           tier.resident / 1048576.0, tier.slots, tier.experts, tier.slots * tier.slot_bytes / 1048576.0,
+           tier.expert_bytes / 1048576.0, model.expert_cache->direct_io() ? " (O_DIRECT)" : "");
+}
+
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds, RepackScope max_scope) {
   if (flags.verbose) set_log_level(LogLevel::debug);
   Timer timer;
@@ -158,6 +186,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     log_info("{} has activation predictors (`ember sparsify`, `ember prepare`, or --predictor): running "
              "--sparse-mode predictor (pass --sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
+  attach_memory_tier(flags, *model, mode, scope == RepackScope::all);
   const RepackStats rp =
       repack_for_session(*model, mode, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy, hybrid);
   if (rp.tensors > 0 || rp.copied_tensors > 0)

@@ -37,6 +37,7 @@ struct EngineFlags {
   std::string sparse_down = "auto";  // type of the neuron-major copies (cpu::NeuronMajorType; auto: default_copy_type)
   bool no_repack = false;  // keep every matrix in the file's layout (model/repack.hpp)
   bool mmap = false;  // keep the matrices that are not repacked in the file's map (ResidentWeights::in_file)
+  std::string mem_budget = "auto";  // the memory tier (model/expert_cache.hpp): auto, off, or a size
 
   void add_to(CLI::App* app, bool model_required = true);
   std::string input_allocation = "greedy";  // input mode: how --sparsity is spread (sparse/input_allocation.hpp)
@@ -64,6 +65,10 @@ struct SamplingFlags {
 // matrices for the dense kernels: the FFN too when it runs dense (no sparse mode, no hybrid) and
 // `max_scope` allows (tools that read FFN rows one by one pass attention_output). Unless --mmap,
 // the other per-token matrices are copied into the same huge-page buffer (model/repack.hpp).
+// The memory tier (model/expert_cache.hpp) for a mixture whose experts do not fit --mem-budget:
+// attaches the expert cache before anything is repacked (the cache repacks its experts itself
+// where `repack`); refuses the sparse modes. Nothing for a dense model or one that fits.
+void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bool repack);
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds,
                                          RepackScope max_scope = RepackScope::all);
 

@@ -1,0 +1,279 @@
+#include "model/expert_cache.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/huge_pages.hpp"
+#include "core/timer.hpp"
+#include "model/repack.hpp"
+#include "ops/cpu/r16/r16.hpp"
+
+namespace ember {
+namespace {
+
+constexpr size_t kPage = 4096;
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+// The first page boundary at or after p (O_DIRECT reads into page-aligned memory).
+uint8_t* aligned_page(uint8_t* p) {
+  return p + (kPage - reinterpret_cast<uintptr_t>(p) % kPage) % kPage;
+}
+
+// The three matrices of an expert, in slot order.
+std::array<TensorView*, 3> matrices(FfnWeights& f) { return {&f.gate, &f.up, &f.down}; }
+
+// Bytes of the slot an expert of these matrices takes: each matrix 64-byte aligned.
+size_t slot_bytes_of(const FfnWeights& f) {
+  return round_up(round_up(f.gate.nbytes, 64) + round_up(f.up.nbytes, 64) + round_up(f.down.nbytes, 64), kPage);
+}
+
+// A cgroup's memory limit from its control file, or 0 where none is set ("max", or v1's
+// "unlimited" near 2^63).
+size_t read_limit(const std::string& path) {
+  std::ifstream f(path);
+  std::string v;
+  if (!(f >> v) || v == "max") return 0;
+  try {
+    const unsigned long long n = std::stoull(v);
+    return n >= (1ull << 60) ? 0 : static_cast<size_t>(n);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+size_t detect_memory_budget() {
+  size_t limit = 0;
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {  // "id:controllers:path"
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    size_t l = 0;
+    if (controllers.empty()) l = read_limit("/sys/fs/cgroup" + path + "/memory.max");  // v2
+    else if ((',' + controllers + ',').find(",memory,") != std::string::npos)
+      l = read_limit("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes");  // v1
+    if (l > 0) limit = limit == 0 ? l : std::min(limit, l);
+  }
+  const size_t avail = available_memory_bytes();
+  if (limit == 0) return avail;
+  return avail == 0 ? limit : std::min(limit, avail);
+}
+
+size_t parse_memory_budget(const std::string& s) {
+  if (s == "auto") return SIZE_MAX;
+  if (s == "off" || s == "0") return 0;
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    fail("--mem-budget '{}': expected auto, off, or a size such as 6G, 512M", s);
+  }
+  const std::string unit = s.substr(pos);
+  double scale = 1;
+  if (unit == "K" || unit == "KiB" || unit == "k") scale = 1024.0;
+  else if (unit == "M" || unit == "MiB") scale = 1048576.0;
+  else if (unit == "G" || unit == "GiB") scale = 1073741824.0;
+  else EMBER_CHECK(unit.empty(), "--mem-budget '{}': unknown unit '{}' (K, M or G)", s, unit);
+  EMBER_CHECK(v > 0 && v * scale < 1e18, "--mem-budget '{}' must be a positive size", s);
+  return static_cast<size_t>(v * scale);
+}
+
+MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes) {
+  MemoryTier t;
+  t.budget = budget;
+  for (const LayerWeights& L : model.layers) {
+    t.min_slots = std::max(t.min_slots, L.moe.n_used);
+    for (const FfnWeights& e : L.moe.experts) {
+      t.expert_bytes += e.gate.nbytes + e.up.nbytes + e.down.nbytes;
+      t.slot_bytes = std::max(t.slot_bytes, slot_bytes_of(e));
+      ++t.experts;
+    }
+  }
+  const size_t file = model.file_bytes();
+  t.resident = (file > t.expert_bytes ? file - t.expert_bytes : 0) + kv_bytes + kMemoryTierReserve;
+  t.needed = t.experts > 0 && t.resident + t.expert_bytes > budget;
+  if (!t.needed) return t;
+  const size_t least = t.resident + static_cast<size_t>(t.min_slots) * t.slot_bytes;
+  EMBER_CHECK(budget >= least,
+              "a memory budget of {:.1f} MiB cannot run {}: what stays resident (every tensor but the experts', "
+              "{:.1f} MiB, the KV cache, {:.1f} MiB, and {:.0f} MiB for the runtime) and the {} experts a token "
+              "runs ({:.1f} MiB) need {:.1f} MiB: give --mem-budget {:.0f}M or more, or a shorter context (-c)",
+              budget / 1048576.0, model.file->path(), (file - t.expert_bytes) / 1048576.0, kv_bytes / 1048576.0,
+              kMemoryTierReserve / 1048576.0, t.min_slots, t.min_slots * t.slot_bytes / 1048576.0,
+              least / 1048576.0, std::ceil(least / 1048576.0));
+  t.slots = std::min<int64_t>(t.experts, static_cast<int64_t>((budget - t.resident) / t.slot_bytes));
+  return t;
+}
+
+ExpertCache::ExpertCache(Model& model, const MemoryTier& tier, bool repack)
+    : model_(model), tier_(tier), repack_(repack) {
+  EMBER_CHECK(tier.slots >= tier.min_slots && tier.slot_bytes > 0, "expert cache: {} slots for layers of {} experts",
+              tier.slots, tier.min_slots);
+  const std::string& path = model.file->path();
+  fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd_ >= 0) {  // a file system may take the flag at open and refuse the reads (EINVAL)
+    AlignedBuffer<uint8_t> probe(2 * kPage);
+    if (::pread(fd_, aligned_page(probe.data()), kPage, 0) < 0) ::close(fd_), fd_ = -1;
+  }
+  direct_ = fd_ >= 0;
+  if (fd_ < 0) fd_ = ::open(path.c_str(), O_RDONLY);  // a file system without O_DIRECT (tmpfs)
+  EMBER_CHECK(fd_ >= 0, "expert cache: cannot open '{}': {}", path, std::strerror(errno));
+  const uint8_t* base = model.file->data();
+  experts_.resize(model.layers.size());
+  layer_of_.resize(model.layers.size(), nullptr);
+  size_t widest = 0;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    MoeWeights& moe = model.layers[l].moe;
+    if (!moe.valid()) continue;
+    layer_of_[l] = &moe;
+    moe.cache = this;
+    for (FfnWeights& f : moe.experts) {
+      Expert x;
+      x.weights = &f;
+      const auto m = matrices(f);
+      for (size_t i = 0; i < 3; ++i) {
+        EMBER_CHECK(m[i]->data >= base && m[i]->data + m[i]->nbytes <= base + model.file_bytes() && m[i]->contiguous(),
+                    "expert cache: layer {}'s expert matrix {} is not the file's (repacked before the cache?)", l,
+                    m[i]->name);
+        x.file[i] = *m[i];
+        x.offset[i] = static_cast<uint64_t>(m[i]->data - base);
+        widest = std::max(widest, m[i]->nbytes);
+      }
+      experts_[l].push_back(x);
+    }
+  }
+  memory_ = AlignedBuffer<uint8_t>(static_cast<size_t>(tier.slots) * tier.slot_bytes, AlignedBuffer<uint8_t>::Untouched{});
+  slot_owner_.assign(static_cast<size_t>(tier.slots), nullptr);
+  staging_bytes_ = round_up(widest, kPage) + 3 * kPage;  // the pages around a matrix, and alignment
+}
+
+ExpertCache::~ExpertCache() {
+  for (Expert* x : slot_owner_)
+    if (x) unbind(*x);
+  for (size_t l = 0; l < layer_of_.size(); ++l)
+    if (layer_of_[l]) model_.layers[l].moe.cache = nullptr;
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ExpertCache::unbind(Expert& x) {
+  const auto m = matrices(*x.weights);
+  for (size_t i = 0; i < 3; ++i) *m[i] = x.file[i];
+  x.slot = -1;
+}
+
+std::string ExpertCache::load(Expert& x, int32_t slot, uint8_t* staging) {
+  staging = aligned_page(staging);
+  uint8_t* dst = memory_.data() + static_cast<size_t>(slot) * tier_.slot_bytes;
+  const auto m = matrices(*x.weights);
+  for (size_t i = 0; i < 3; ++i) {
+    const TensorView& f = x.file[i];
+    // One read of the whole pages around the matrix (O_DIRECT takes page-aligned offsets,
+    // sizes and memory), then its bytes from within them.
+    const uint64_t first = x.offset[i] / kPage * kPage, end = round_up(x.offset[i] + f.nbytes, kPage);
+    size_t done = 0;
+    const size_t want = static_cast<size_t>(end - first);
+    while (done < want) {
+      const ssize_t r = ::pread(fd_, staging + done, want - done, static_cast<off_t>(first + done));
+      if (r == 0) break;  // the file's end inside the last page
+      if (r < 0 && errno != EINTR)
+        return fmt::format("expert cache: reading '{}' at {}: {}", model_.file->path(), first + done,
+                           std::strerror(errno));
+      if (r > 0) done += static_cast<size_t>(r);
+    }
+    if (done < x.offset[i] - first + f.nbytes)
+      return fmt::format("expert cache: '{}' ended at {} inside a tensor", model_.file->path(), first + done);
+    const uint8_t* src = staging + (x.offset[i] - first);
+    TensorView v = f;
+    v.data = dst;
+    if (repack_ && repack_pays(f)) {
+      cpu::repack_r16(f.type, src, f.rows(), f.cols(), dst);
+      v.type = cpu::r16_type(f.type);
+    } else {
+      std::memcpy(dst, src, f.nbytes);
+    }
+    *m[i] = v;
+    dst += round_up(f.nbytes, 64);
+  }
+  x.slot = slot;
+  return {};
+}
+
+void ExpertCache::ensure(ThreadPool& pool, const MoeWeights& moe, const int32_t* ids, int64_t count) {
+  size_t l = 0;
+  while (l < layer_of_.size() && layer_of_[l] != &moe) ++l;
+  EMBER_CHECK(l < layer_of_.size(), "expert cache: a mixture that is not one of the model's layers");
+  std::vector<Expert>& xs = experts_[l];
+  ++clock_;
+  ++stats_.calls;
+  std::vector<Expert*> missing;
+  for (int64_t i = 0; i < count; ++i) {
+    EMBER_CHECK(ids[i] >= 0 && static_cast<size_t>(ids[i]) < xs.size(), "expert cache: no expert {} in layer {}",
+                ids[i], l);
+    Expert& x = xs[static_cast<size_t>(ids[i])];
+    if (x.last == clock_) continue;  // named twice in this call
+    x.last = clock_;
+    ++x.uses;
+    if (x.slot >= 0) {
+      ++stats_.hits;
+    } else {
+      ++stats_.misses;
+      missing.push_back(&x);
+    }
+  }
+  if (missing.empty()) return;
+  // Slots for the missing: free ones first, then those of the experts used least (the least
+  // recently used among equals), never one this call asked for.
+  std::vector<int32_t> slot(missing.size());
+  for (size_t k = 0; k < missing.size(); ++k) {
+    int32_t best = -1;
+    for (size_t s = 0; s < slot_owner_.size(); ++s) {
+      const Expert* o = slot_owner_[s];
+      if (!o) {
+        best = static_cast<int32_t>(s);
+        break;
+      }
+      if (o->last == clock_) continue;
+      const Expert* b = best < 0 ? nullptr : slot_owner_[static_cast<size_t>(best)];
+      if (!b || o->uses < b->uses || (o->uses == b->uses && o->last < b->last)) best = static_cast<int32_t>(s);
+    }
+    EMBER_CHECK(best >= 0, "expert cache: {} slots cannot hold the {} experts one call needs", slot_owner_.size(),
+                missing.size());
+    if (Expert* o = slot_owner_[static_cast<size_t>(best)]) unbind(*o);
+    slot_owner_[static_cast<size_t>(best)] = missing[k];
+    missing[k]->slot = best;  // taken (loaded below)
+    slot[k] = best;
+  }
+  Timer timer;
+  const auto n = static_cast<int64_t>(missing.size());
+  while (staging_.size() < static_cast<size_t>(pool.size()))
+    staging_.emplace_back(staging_bytes_, AlignedBuffer<uint8_t>::Untouched{});
+  std::vector<std::string> errors(missing.size());
+  pool.parallel_for(n, 1, [&](int64_t k0, int64_t k1, int ith) {
+    for (int64_t k = k0; k < k1; ++k)
+      errors[static_cast<size_t>(k)] = load(*missing[static_cast<size_t>(k)], slot[static_cast<size_t>(k)],
+                                            staging_[static_cast<size_t>(ith)].data());
+  });
+  stats_.read_seconds += timer.seconds();
+  for (size_t k = 0; k < missing.size(); ++k)
+    if (!errors[k].empty()) {  // the slots of the failed reads hold nothing: free them, views to the file
+      for (size_t j = k; j < missing.size(); ++j)
+        if (!errors[j].empty()) unbind(*missing[j]), slot_owner_[static_cast<size_t>(slot[j])] = nullptr;
+      fail("{}", errors[k]);
+    }
+  for (const Expert* x : missing)
+    for (const TensorView& f : x->file) stats_.bytes_read += f.nbytes;
+}
+
+}  // namespace ember

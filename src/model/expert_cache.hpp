@@ -1,0 +1,111 @@
+// The memory tier for mixtures of experts: a model whose experts do not fit the memory budget
+// keeps everything else resident (attention, norms, routers, embeddings, the output head, the KV
+// cache) and its experts in a cache of slots in anonymous memory, filled from the file as the
+// router chooses them. A miss is read synchronously with large reads straight from the file
+// (O_DIRECT where the file system takes it: the page cache neither doubles the bytes nor counts
+// against a cgroup's limit), repacked into the slot as repack_for_dense_kernels would repack it,
+// and the expert's views point at the slot: the same bytes and the same kernels as without a
+// budget, so the same tokens bit for bit. Eviction keeps the experts used most (uses counted
+// since load; ties: the least recently used goes), never one the current call needs.
+//
+// moe_ffn (model/moe.cpp) calls ensure() after routing, through Workspace::experts; the cache
+// rebinds the views of the Model it was made for (Model::expert_cache owns it), so one model with
+// a cache serves one session at a time, as the engine runs it.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/aligned_buffer.hpp"
+#include "core/thread_pool.hpp"
+#include "model/model.hpp"
+
+namespace ember {
+
+struct ExpertCacheStats {
+  uint64_t calls = 0;         // ensure() calls (one per mixture layer and forward pass)
+  uint64_t hits = 0, misses = 0;  // experts asked for that were, and were not, resident
+  uint64_t bytes_read = 0;    // from the file
+  double read_seconds = 0;    // waiting on those reads (and their repacking)
+  double hit_rate() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 1.0; }
+};
+
+// How a memory budget splits (plan_memory_tier): what must stay resident, the experts' bytes,
+// and the slots left for them. `needed`: the experts do not all fit, so the cache runs.
+struct MemoryTier {
+  size_t budget = 0;
+  size_t resident = 0;      // every tensor but the experts', the KV cache, the runtime's reserve
+  size_t expert_bytes = 0;  // all experts of all layers
+  size_t slot_bytes = 0;    // the largest expert (gate, up, down), rounded to 4 KiB
+  int64_t experts = 0;      // of all layers
+  int64_t slots = 0;        // that the budget holds beside the resident part
+  int64_t min_slots = 0;    // the experts a token runs (a prompt's run in groups the slots hold)
+  bool needed = false;
+};
+// What the runtime takes besides the tensors and the KV cache (threads, buffers, the
+// workspace's activations, the code): held back from every budget.
+constexpr size_t kMemoryTierReserve = size_t{192} << 20;
+// The split of `budget` bytes for `model` with a KV cache of kv_bytes. Throws, naming the bytes
+// needed, where the budget cannot hold the resident part and the experts one token runs.
+MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes);
+// The memory this process may use: the smaller of its cgroup's limit (v1 memory.limit_in_bytes
+// or v2 memory.max of the cgroups /proc/self/cgroup names; none where unset) and the memory
+// available now (core/huge_pages.hpp). 0 where neither is known.
+size_t detect_memory_budget();
+// Parses a --mem-budget value: "auto" (detect_memory_budget, used only where the model does not
+// fit), "off" / "0" (none), or a size with an optional K, M, G suffix (binary units).
+// Returns SIZE_MAX for auto, 0 for off.
+size_t parse_memory_budget(const std::string& s);
+
+class ExpertCache {
+ public:
+  // `slots` slots of tier.slot_bytes in anonymous memory; `repack`: each expert matrix that
+  // repack_for_dense_kernels would repack (RepackScope::all) is repacked into its slot. The
+  // experts' views keep pointing into the file's map until they are first read.
+  ExpertCache(Model& model, const MemoryTier& tier, bool repack);
+  ~ExpertCache();
+  ExpertCache(const ExpertCache&) = delete;
+  ExpertCache& operator=(const ExpertCache&) = delete;
+
+  // Makes every expert named in ids[0..count) of `moe` (a layer of the model) resident, reading
+  // the missing ones on the pool's threads; they stay so until the next call.
+  void ensure(ThreadPool& pool, const MoeWeights& moe, const int32_t* ids, int64_t count);
+
+  int64_t slots() const { return static_cast<int64_t>(slot_owner_.size()); }
+  size_t bytes() const { return memory_.size(); }
+  const MemoryTier& tier() const { return tier_; }
+  bool direct_io() const { return direct_; }
+  const ExpertCacheStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ private:
+  struct Expert {
+    FfnWeights* weights = nullptr;           // the model's views, rebound to the slot
+    std::array<TensorView, 3> file;          // gate, up, down as the file lays them out
+    std::array<uint64_t, 3> offset{};        // their bytes' offsets in the file
+    int32_t slot = -1;
+    uint64_t uses = 0, last = 0;             // calls that asked for it; the last one
+  };
+  // Reads expert x's three matrices into `slot` (repacking them) and rebinds its views; returns
+  // what went wrong (empty: nothing). On a pool thread: `staging` is that thread's.
+  std::string load(Expert& x, int32_t slot, uint8_t* staging);
+  void unbind(Expert& x);
+
+  Model& model_;
+  MemoryTier tier_;
+  bool repack_ = false;
+  int fd_ = -1;
+  bool direct_ = false;
+  std::vector<std::vector<Expert>> experts_;  // per layer (empty for dense layers), per expert
+  std::vector<const MoeWeights*> layer_of_;   // per layer: its MoeWeights, to find a call's layer
+  AlignedBuffer<uint8_t> memory_;             // the slots
+  std::vector<Expert*> slot_owner_;
+  std::vector<AlignedBuffer<uint8_t>> staging_;  // per pool thread: one matrix's aligned read
+  size_t staging_bytes_ = 0;
+  uint64_t clock_ = 0;
+  ExpertCacheStats stats_;
+};
+
+}  // namespace ember

@@ -46,7 +46,7 @@ struct MemoryTier {
 };
 // What the runtime takes besides the tensors and the KV cache (threads, buffers, the
 // workspace's activations, the code): held back from every budget.
-constexpr size_t kMemoryTierReserve = size_t{192} << 20;
+constexpr size_t kMemoryTierReserve = size_t{96} << 20;
 // The split of `budget` bytes for `model` with a KV cache of kv_bytes. Throws, naming the bytes
 // needed, where the budget cannot hold the resident part and the experts one token runs.
 MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes);
@@ -88,9 +88,13 @@ class ExpertCache {
     int32_t slot = -1;
     uint64_t uses = 0, last = 0;             // calls that asked for it; the last one
   };
-  // Reads expert x's three matrices into `slot` (repacking them) and rebinds its views; returns
-  // what went wrong (empty: nothing). On a pool thread: `staging` is that thread's.
-  std::string load(Expert& x, int32_t slot, uint8_t* staging);
+  // Reads matrix i (gate, up, down) of expert x into its region of x's slot: the whole file
+  // pages around it. Returns what went wrong (empty: nothing). On an I/O thread.
+  std::string read(const Expert& x, size_t i);
+  // Points matrix i's view at its region, repacked there first (through `scratch`) where the
+  // cache repacks. On a pool thread.
+  void bind(Expert& x, size_t i, uint8_t* scratch);
+  uint8_t* region_of(int32_t slot, size_t i) const;
   void unbind(Expert& x);
 
   Model& model_;
@@ -101,9 +105,11 @@ class ExpertCache {
   std::vector<std::vector<Expert>> experts_;  // per layer (empty for dense layers), per expert
   std::vector<const MoeWeights*> layer_of_;   // per layer: its MoeWeights, to find a call's layer
   AlignedBuffer<uint8_t> memory_;             // the slots
+  uint8_t* slots_ = nullptr;                  // the first, at a page boundary in memory_
+  std::array<size_t, 3> region_sizes_{};      // the largest gate, up, down: their regions in a slot
   std::vector<Expert*> slot_owner_;
-  std::vector<AlignedBuffer<uint8_t>> staging_;  // per pool thread: one matrix's aligned read
-  size_t staging_bytes_ = 0;
+  std::vector<AlignedBuffer<uint8_t>> scratch_;  // per pool thread: one matrix repacked
+  size_t scratch_bytes_ = 0;
   uint64_t clock_ = 0;
   ExpertCacheStats stats_;
 };

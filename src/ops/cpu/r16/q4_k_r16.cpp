@@ -49,8 +49,6 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
       for (int j = 0; j < 8; ++j) std::memset(o + P::kQhAt + P::kSubBlockBytes * j, 0, 64);
     for (int r = 0; r < kR16Rows; ++r) {
       const B& blk = in[(g * kR16Rows + r) * nb + b];
-      uint8_t v[kQK_K];
-      k_values(blk, v);
       std::memcpy(o + 2 * r, &blk.d, 2);
       std::memcpy(o + 32 + 2 * r, &blk.dmin, 2);
       for (int j = 0; j < 8; ++j) {
@@ -58,6 +56,29 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
         kquant_scale_min(blk.scales, j, sc, m);
         o[P::kLoAt + 16 * j + r] = static_cast<uint8_t>((sc & 15) | (m & 15) << 4);
         o[P::kHiAt + 16 * (j / 2) + r] |= static_cast<uint8_t>(((sc >> 4) | (m >> 4) << 2) << (4 * (j % 2)));
+      }
+      if constexpr (!P::kQh) {
+        // Q4_K: sub-block j's elements t and 16 + t are the nibbles (low for even j, high for odd)
+        // of bytes t and 16 + t of qs' 32-byte run j / 2; the byte 4c + i of its row here is the
+        // pair for t = 4c + i: 16 bytes from two 8-byte words each, 4 at a time to their places.
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t* q = blk.qs + 32 * (j / 2);
+          uint8_t* sb = o + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
+          for (int half = 0; half < 2; ++half) {
+            uint64_t lo, hi;
+            std::memcpy(&lo, q + 8 * half, 8);
+            std::memcpy(&hi, q + 16 + 8 * half, 8);
+            constexpr uint64_t kLow = 0x0f0f0f0f0f0f0f0full;
+            const uint64_t w = j % 2 == 0 ? (lo & kLow) | (hi & kLow) << 4 : (lo >> 4 & kLow) | (hi & ~kLow);
+            std::memcpy(sb + 64 * (2 * half), &w, 4);
+            std::memcpy(sb + 64 * (2 * half + 1), reinterpret_cast<const uint8_t*>(&w) + 4, 4);
+          }
+        }
+        continue;
+      }
+      uint8_t v[kQK_K];
+      k_values(blk, v);
+      for (int j = 0; j < 8; ++j) {
         uint8_t* sb = o + P::kSubBlocksAt + P::kSubBlockBytes * j + 4 * r;
         for (int c = 0; c < 4; ++c)
           for (int i = 0; i < 4; ++i) {

@@ -359,6 +359,16 @@ contains "memory tier said" "$tmp/err" "memory tier: a budget of 420.0 MiB \(giv
 expect_error "memory tier: too small a budget" "need [0-9.]+ MiB: give --mem-budget" "$ember" generate -m "$tmp/tier.gguf" -p hi -n 2 --mem-budget 100M
 expect_ok "memory tier bench" "$ember" bench -m "$tmp/tier.gguf" -p 0 -n 4 -r 1 -t 2 --mem-budget 420M
 contains "memory tier: bench counts" "$tmp/out" "^memory tier: [0-9]+ experts held .* MB read a token"
+# The server reports the memory tier's counts in /metrics.
+port=$((20000 + $$ % 20000))
+"$ember" serve -m "$tmp/tier.gguf" --mem-budget 420M -t 2 --port "$port" >"$tmp/serve.out" 2>"$tmp/serve.err" &
+serve_pid=$!
+for _ in $(seq 1 100); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -sf "localhost:$port/v1/completions" -H 'Content-Type: application/json' -d '{"prompt":"the cat","max_tokens":4}' >/dev/null 2>&1
+curl -sf "localhost:$port/metrics" >"$tmp/metrics" 2>&1
+kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null
+contains "memory tier in /metrics" "$tmp/metrics" "^ember_expert_cache_misses_total\{model=\"[^\"]+\"\} [1-9][0-9]*"
+contains "memory tier bytes in /metrics" "$tmp/metrics" "^ember_expert_cache_read_bytes_total\{model=\"[^\"]+\"\} [1-9]"
 cg=/sys/fs/cgroup/memory
 if [ -w "$cg" ] && mkdir "$cg/ember-cli-$$" 2>/dev/null; then
   echo $((420 << 20)) >"$cg/ember-cli-$$/memory.limit_in_bytes"

@@ -61,6 +61,11 @@ int64_t BatchEngine::kv_tokens() const {
   return kv_tokens_;
 }
 
+std::optional<ExpertCacheStats> BatchEngine::expert_stats() const {
+  std::lock_guard lk(mu_);
+  return expert_stats_;
+}
+
 uint64_t BatchEngine::steps() const {
   std::lock_guard lk(mu_);
   return steps_;
@@ -246,6 +251,7 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
     ++steps_;
     step_rows_ += static_cast<uint64_t>(session_.max_batch() - budget);
     kv_tokens_ = cached;
+    if (model_.expert_cache) expert_stats_ = model_.expert_cache->stats();
   }
 
   for (size_t i = 0; i < items.size(); ++i) {

@@ -19,6 +19,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "engine/embedding.hpp"
 #include "engine/generator.hpp"
 #include "engine/session.hpp"
+#include "model/expert_cache.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember {
@@ -126,6 +128,8 @@ class BatchEngine {
   uint64_t step_rows() const;
   // Tokens the sequences' caches held after the last step (KV cache use).
   int64_t kv_tokens() const;
+  // The memory tier's counts after the last step (model/expert_cache.hpp); nullopt without one.
+  std::optional<ExpertCacheStats> expert_stats() const;
 
  private:
   void loop();
@@ -148,6 +152,7 @@ class BatchEngine {
   bool stopping_ = false;
   uint64_t steps_ = 0, step_rows_ = 0;
   int64_t kv_tokens_ = 0;
+  std::optional<ExpertCacheStats> expert_stats_;
   // step()'s lists, kept between steps (the engine thread's only).
   std::vector<Session::SeqEval> items_;
   std::vector<Job*> owners_;

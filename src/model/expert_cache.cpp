@@ -99,7 +99,7 @@ size_t parse_memory_budget(const std::string& s) {
   return static_cast<size_t>(v * scale);
 }
 
-MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes) {
+MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes, size_t work_bytes) {
   MemoryTier t;
   t.budget = budget;
   for (const LayerWeights& L : model.layers) {
@@ -111,16 +111,17 @@ MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes) 
     }
   }
   const size_t file = model.file_bytes();
-  t.resident = (file > t.expert_bytes ? file - t.expert_bytes : 0) + kv_bytes + kMemoryTierReserve;
+  t.resident = (file > t.expert_bytes ? file - t.expert_bytes : 0) + kv_bytes + work_bytes + kMemoryTierReserve;
   t.needed = t.experts > 0 && t.resident + t.expert_bytes > budget;
   if (!t.needed) return t;
   const size_t least = t.resident + static_cast<size_t>(t.min_slots) * t.slot_bytes;
   EMBER_CHECK(budget >= least,
               "a memory budget of {:.1f} MiB cannot run {}: what stays resident (every tensor but the experts', "
-              "{:.1f} MiB, the KV cache, {:.1f} MiB, and {:.0f} MiB for the runtime) and the {} experts a token "
-              "runs ({:.1f} MiB) need {:.1f} MiB: give --mem-budget {:.0f}M or more, or a shorter context (-c)",
+              "{:.1f} MiB, the KV cache, {:.1f} MiB, the working buffers, {:.1f} MiB, and {:.0f} MiB for the "
+              "process) and the {} experts a token runs ({:.1f} MiB) need {:.1f} MiB: give --mem-budget {:.0f}M or "
+              "more, or a shorter context (-c) or batch (-b)",
               budget / 1048576.0, model.file->path(), (file - t.expert_bytes) / 1048576.0, kv_bytes / 1048576.0,
-              kMemoryTierReserve / 1048576.0, t.min_slots, t.min_slots * t.slot_bytes / 1048576.0,
+              work_bytes / 1048576.0, kMemoryTierReserve / 1048576.0, t.min_slots, t.min_slots * t.slot_bytes / 1048576.0,
               least / 1048576.0, std::ceil(least / 1048576.0));
   t.slots = std::min<int64_t>(t.experts, static_cast<int64_t>((budget - t.resident) / t.slot_bytes));
   return t;

@@ -36,7 +36,7 @@ struct ExpertCacheStats {
 // and the slots left for them. `needed`: the experts do not all fit, so the cache runs.
 struct MemoryTier {
   size_t budget = 0;
-  size_t resident = 0;      // every tensor but the experts', the KV cache, the runtime's reserve
+  size_t resident = 0;      // every tensor but the experts', the KV cache, the working buffers, the reserve
   size_t expert_bytes = 0;  // all experts of all layers
   size_t slot_bytes = 0;    // the largest expert (gate, up, down), rounded to 4 KiB
   int64_t experts = 0;      // of all layers
@@ -44,12 +44,13 @@ struct MemoryTier {
   int64_t min_slots = 0;    // the experts a token runs (a prompt's run in groups the slots hold)
   bool needed = false;
 };
-// What the runtime takes besides the tensors and the KV cache (threads, buffers, the
-// workspace's activations, the code): held back from every budget.
-constexpr size_t kMemoryTierReserve = size_t{96} << 20;
-// The split of `budget` bytes for `model` with a KV cache of kv_bytes. Throws, naming the bytes
-// needed, where the budget cannot hold the resident part and the experts one token runs.
-MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes);
+// What the process takes besides the tensors, the KV cache and the working buffers (the code,
+// threads' stacks, the allocator's slack, the logits): held back from every budget.
+constexpr size_t kMemoryTierReserve = size_t{64} << 20;
+// The split of `budget` bytes for `model` with a KV cache of kv_bytes and working buffers of
+// work_bytes (Workspace::bytes of the session's batch). Throws, naming the bytes needed, where
+// the budget cannot hold the resident part and the experts one token runs.
+MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes, size_t work_bytes = 0);
 // The memory this process may use: the smaller of its cgroup's limit (v1 memory.limit_in_bytes
 // or v2 memory.max of the cgroups /proc/self/cgroup names; none where unset) and the memory
 // available now (core/huge_pages.hpp). 0 where neither is known.

@@ -100,6 +100,16 @@ std::string Metrics::prometheus(const MetricsGauges& g, const std::string& model
   one("ember_kv_cache_tokens", "gauge", "Tokens held in the sequences' KV caches.", static_cast<double>(g.kv_tokens));
   one("ember_kv_cache_usage_ratio", "gauge", "KV cache positions in use over all there are.",
       g.kv_capacity ? static_cast<double>(g.kv_tokens) / static_cast<double>(g.kv_capacity) : 0.0);
+  if (g.expert_cache) {
+    one("ember_expert_cache_hits_total", "counter", "Chosen experts the memory tier held.",
+        static_cast<double>(g.expert_hits));
+    one("ember_expert_cache_misses_total", "counter", "Chosen experts the memory tier read from the file.",
+        static_cast<double>(g.expert_misses));
+    one("ember_expert_cache_read_bytes_total", "counter", "Bytes the memory tier read from the file.",
+        static_cast<double>(g.expert_bytes_read));
+    one("ember_expert_cache_read_seconds_total", "counter", "Time the forward passes waited on those reads.",
+        g.expert_read_seconds);
+  }
   return out;
 }
 

@@ -21,6 +21,10 @@ struct MetricsGauges {
   uint64_t slots_total = 0, slots_busy = 0, queued = 0, queue_limit = 0;
   uint64_t kv_tokens = 0, kv_capacity = 0;  // tokens held in the sequences' caches, and room
   uint64_t rejected = 0, timed_out = 0;     // 503 for a full queue; connections timed out
+  // The memory tier (model/expert_cache.hpp), where the model runs one: its counts since load.
+  bool expert_cache = false;
+  uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;
+  double expert_read_seconds = 0;
 };
 
 class Metrics {

@@ -402,6 +402,11 @@ void Server::install_routes() {
     g.timed_out = http_->timed_out();
     g.kv_tokens = static_cast<uint64_t>(engine_->kv_tokens());
     g.kv_capacity = static_cast<uint64_t>(engine_->n_ctx()) * static_cast<uint64_t>(engine_->n_seq());
+    if (const auto ex = engine_->expert_stats()) {
+      g.expert_cache = true;
+      g.expert_hits = ex->hits, g.expert_misses = ex->misses, g.expert_bytes_read = ex->bytes_read;
+      g.expert_read_seconds = ex->read_seconds;
+    }
     res.set_content(metrics_.prometheus(g, served_.id), "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Get("/", [](const http::Request&, http::Response& res) {

@@ -17,6 +17,7 @@
 #include "core/timer.hpp"
 #include "model/expert_cache.hpp"
 #include "model/kv_cache.hpp"
+#include "model/workspace.hpp"
 #include "sparse/input_allocation.hpp"
 #include "sparse/threshold.hpp"
 #include "sparse/predictor.hpp"
@@ -159,7 +160,10 @@ void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bo
   const Hparams& hp = model.hp;
   const size_t kv = KvCache::bytes_for(hp.n_layer, flags.ctx > 0 ? flags.ctx : 4096, hp.n_head_kv * hp.head_dim,
                                        flags.kv_type == "f32" ? DType::F32 : DType::F16);
-  const MemoryTier tier = plan_memory_tier(model, budget, kv);
+  Workspace ws;  // the session's working buffers, sized as it will size them (then freed)
+  ws.init(model, std::max<int64_t>(flags.batch, 1), flags.ctx > 0 ? flags.ctx : 4096,
+          flags.threads > 0 ? flags.threads : default_thread_count());
+  const MemoryTier tier = plan_memory_tier(model, budget, kv, ws.bytes());
   if (!tier.needed) return;
   EMBER_CHECK(mode == FfnMode::dense, "the memory tier (its experts do not fit {:.1f} MiB) runs the dense mode only; "
               "pass --sparse-mode dense (or a larger --mem-budget)", budget / 1048576.0);

@@ -5,7 +5,7 @@
 // pages, each a TLB miss and a page walk, and the neuron-sparse kernels touch a new page every
 // row or two (a Q4_0 row of 2048 values is 1152 bytes). 2 MiB pages make these walks rare:
 // measured on the 2-core Zen 4 box, dense decode +9 % and predictor-mode decode +11 % (see
-// docs/benchmarks.md, eighth session).
+// docs/benchmarks.md; `ember bench` with and without --mmap).
 #pragma once
 #include <cstddef>
 

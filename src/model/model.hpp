@@ -167,8 +167,8 @@ struct Model {
   // same type as sparse/input_site.hpp's InputThresholds (asserted there; model/ cannot include it).
   std::vector<std::array<float, 4>> input_thresholds;
   // Beside them, the share of each site's input entries they drop on the calibration corpus
-  // (`ember.input_sparsity.sparsity`, f32 [4 n_layer]; empty when absent, as in files written
-  // before the twenty-second session).
+  // (`ember.input_sparsity.sparsity`, f32 [4 n_layer]; empty when absent: files written before
+  // the key existed).
   std::vector<std::array<float, 4>> input_sparsity;
   // What the predictor (fc1) reads: the residual stream entering the FFN, before ffn_norm, as
   // PowerInfer's models and converter do (true), or the FFN's own input after ffn_norm, as

@@ -52,7 +52,7 @@ const char* ffn_mode_name(FfnMode m);
 // The copies' type where none is asked for (the CLI's `--sparse-down auto`): input mode's copies
 // hold their scale tables in 8 bits (compact: at a 50 % target on the 7B shape a decode token
 // reads 7 % fewer bytes, and where decode is memory-bound it runs 1.66x dense against 1.56x with
-// the file's tables, docs/benchmarks.md, twenty-seventh session; the tables' rounding costs about
+// the file's tables, docs/benchmarks.md; the tables' rounding costs about
 // a tenth of the copies' own, docs/agreement.md); the neuron-sparse modes' down copies keep the
 // file's scales (exact).
 cpu::NeuronMajorType default_copy_type(FfnMode mode);

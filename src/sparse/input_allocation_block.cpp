@@ -37,7 +37,7 @@
 // after the last layer), TEAL's block error taken where it is read. Compared raw, the residual
 // stream's few huge entries (Gemma's, the first token's of every sequence) outweigh everything
 // else: on Gemma-3-270M at 40 % the raw comparison's allocation made 1.8x the KL divergence of the
-// energy greedy (docs/agreement.md, twenty-third session).
+// energy greedy (docs/agreement.md).
 //
 // The cost: per layer about two partial layer runs a step on `tokens` tokens: at a 50 % target
 // and steps of 2 %, about 50 runs, again for each reallocation (the 7B shape: 11 s a layer on two

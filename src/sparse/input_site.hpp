@@ -24,7 +24,7 @@ using InputThresholds = std::vector<std::array<float, kInputSites>>;
 // A site whose input-channel-major rows would be shorter than this decodes with the dense
 // kernels on its masked input instead of through a copy (sparse/input_sparse.hpp): a kept row is
 // one scattered read, and short ones stream far slower than the dense kernel reads. Measured on
-// Zen 4 (docs/benchmarks.md, eighteenth session): SmolLM2's 360-1920-byte rows made input mode
+// Zen 4 (`ember bench --versus-dense`, docs/benchmarks.md): SmolLM2's 360-1920-byte rows made input mode
 // 0.72x dense at 50 %, dense sites 0.89x; the 7B shape's shortest rows (o, down: 2304 bytes)
 // are sparse in every measurement of its 1.16x / 1.32x at 40 / 50 %.
 constexpr size_t kInputMinRowBytes = 2048;
@@ -34,7 +34,7 @@ constexpr size_t kInputNoCopies = SIZE_MAX;
 
 // The rate at which the input-channel-major axpy reads a copy's kept rows, as a share of the
 // rate of the dense kernels, by the copy's row length: a kept row is a new scattered stream, and
-// short ones stream slower. Measured on Zen 4 (docs/benchmarks.md, nineteenth session:
+// short ones stream slower. Measured on Zen 4 (bench_sparse, docs/benchmarks.md:
 // SparseAxpy/Q4_0_NM at 50 % against Matvec/Q4_0_R16, side by side): 0.63 at rows of 2 KiB,
 // 0.72 at 3 KiB, 0.88 at 14 KiB; linear in log(row bytes) between them, the nearest outside.
 double input_copy_rate(size_t row_bytes);
@@ -42,7 +42,7 @@ double input_copy_rate(size_t row_bytes);
 // A site whose inputs keep on average more than this many times its copy's break-even count
 // (input_copy_max_kept) keeps no copy: the tokens that keep fewer than the break-even are the
 // few far below the mean, and near the break-even the copy saves nearly nothing (its time there
-// is the dense kernels' by definition). Measured (docs/benchmarks.md, twenty-second session):
+// is the dense kernels' by definition). Measured (`ember bench --versus-dense`, docs/benchmarks.md):
 // the 7B shape's q|k|v and o inputs at a 50 % target never took their copies.
 constexpr double kInputCopySlack = 1.0;
 

@@ -1,4 +1,4 @@
-// Neuron placement for hybrid GPU-CPU inference (issue 5, "ember plan").
+// Neuron placement for hybrid GPU-CPU inference (`ember plan`).
 //
 // A plan says, per layer, whether attention and its KV cache live on the GPU and which FFN
 // neurons do. Three solvers produce one:
@@ -113,8 +113,8 @@ std::vector<std::vector<float>> plan_probabilities(const Model& model, const std
 double neuron_major_expected_bytes(DType t, int64_t n_embd, const std::vector<float>& p,
                                    const std::vector<int32_t>& ids);
 // The shared-scale axpy (ops/cpu/nm4/nm4.hpp) reads its bytes at about this share of the rate of the
-// row-wise axpy over Q8_0 rows: measured one thread, cold, Zen 4 (docs/benchmarks.md, twenty-second
-// session: SparseAxpy/Q4_0_NM/2048x5632 against SparseAxpy/Q8_0/5632x2048): 0.80-1.01 at 10 % of
+// row-wise axpy over Q8_0 rows: measured one thread, cold, Zen 4 (bench_sparse, docs/benchmarks.md:
+// SparseAxpy/Q4_0_NM/2048x5632 against SparseAxpy/Q8_0/5632x2048): 0.80-1.01 at 10 % of
 // the rows, 0.75-0.81 at 25 and 50 %.
 constexpr double kNm4AxpyRate = 0.8;
 // neuron_major_expected_bytes in bytes of the row-wise kernels' time: the shared-scale layout's

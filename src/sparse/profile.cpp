@@ -255,7 +255,7 @@ Profile read_profile(const std::string& path) {
     p.quantiles.push_back(read(fmt::format("blk.{}.ffn_gate_quantiles", l), kQuantiles));
     if (p.n_expert > 0) p.expert_counts.push_back(read(fmt::format("blk.{}.ffn_expert_count", l), p.n_expert));
   }
-  if (r.find_tensor("blk.0.input_quantiles")) {  // the input tables (profiles from session 14 on)
+  if (r.find_tensor("blk.0.input_quantiles")) {  // the input tables (absent from profiles made before them)
     for (int64_t l = 0; l < p.n_layer; ++l) {
       p.input_quantiles.push_back(read(fmt::format("blk.{}.input_quantiles", l), kQuantiles * kInputSites));
       p.input_energy.push_back(read(fmt::format("blk.{}.input_energy", l), kQuantiles * kInputSites));

@@ -36,7 +36,7 @@
 //           magnitude, added 8x the noise: docs/agreement.md).
 // (A chunk-major layout, each chunk's rows in one region, read front to back, was measured and
 // dropped: about 1.05x faster with every row kept, about 2x slower with half of them kept at random, on
-// Zen 4: docs/benchmarks.md, fifteenth session.)
+// Zen 4, bench_sparse's SparseAxpy.)
 //
 // The axpy out[j] += sum_i h_i w_ij runs over segments: consecutive list entries with a nonzero
 // h, of one neuron block, at most kNm4Segment long (a new segment starts when the block changes).
@@ -74,7 +74,7 @@ namespace ember::cpu {
 
 constexpr int64_t kNm4Block = 32;  // neurons sharing a scale table
 // Listed neurons of one block whose factors share an int8 scale (a segment). 32, a whole block,
-// measured 1.5x the copies' own KL divergence on SmolLM2 (docs/agreement.md, session 26).
+// measured 1.5x the copies' own KL divergence on SmolLM2 (docs/agreement.md).
 constexpr int kNm4Segment = 16;
 constexpr int64_t kNm4Chunk = 128;  // column slices of the axpy start at multiples of this
 

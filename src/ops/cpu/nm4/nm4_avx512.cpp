@@ -4,7 +4,7 @@
 // into eight 32-bit accumulators (outputs in order, by the copy's layout), then scaled into the
 // output once. 28 instructions per 512 weights, where pairs of rows with vpmaddubsw into 16-bit
 // sums took 32 and widened the sums before scaling them (in cache, one thread: 0.93-0.95x the
-// time at 25-50 % of the rows kept, 0.88x at all; docs/benchmarks.md, session 26). Chunks
+// time at 25-50 % of the rows kept, 0.88x at all; bench_sparse, docs/benchmarks.md). Chunks
 // narrower than 128 at a row's end take the 256-bit code, and the segment loop with its prefetches is
 // every level's (nm4/nm4_simd.hpp). fp16 or narrow (8-bit) tables: a template parameter. Same operations per
 // output as the scalar kernel, so the same bits.

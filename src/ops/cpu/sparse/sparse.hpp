@@ -102,7 +102,7 @@ void sparse_up_down_rows(const TensorView& up, const void* x_quantized, const Te
 //           scale tables as u8 codes with an fp16 scale and base per 32 outputs (each table
 //           value within half a step, 1/510, of its group's range): the tables take 9/16 the
 //           bytes, a kept row with its share 9-15 % fewer (docs/agreement.md measures what it
-//           costs, docs/benchmarks.md what it gains: no decode speed on 2 cores, session 25).
+//           costs, docs/benchmarks.md what it gains: no decode speed on 2 cores).
 //  same:    the type of down (PowerInfer's ffn_down_t): smallest, but a quantized matrix is
 //           rounded twice (error about sqrt(2) times the type's own).
 //  q8_0:    Q8_0 for every type (what `exact` gives a quantized type without shared scales).

@@ -108,6 +108,11 @@ void run_bench(const BenchFlags& f) {
   const int paths = f.versus_dense ? 2 : 1;
   std::vector<double> pp, tg, pp_dense, tg_dense, bws;
   for (int r = -1; r < f.reps; ++r) {
+    // Each repetition its own prompt (the pair of --versus-dense shares it): a greedy decode from
+    // the warm-up's prompt would retrace its tokens, and with them what a cache kept (the memory
+    // tier's experts).
+    if (r >= 0)
+      for (auto& t : prompt) t = pick(rng);
     for (int k = 0; k < paths; ++k) {
       const bool dense = f.versus_dense && (k == 1) == (r % 2 == 0 || r < 0);
       if (f.versus_dense) session.set_dense(dense);

@@ -232,7 +232,7 @@ uint8_t* ExpertCache::region_of(int32_t slot, size_t i) const {
   return p;
 }
 
-void ExpertCache::ensure(ThreadPool& pool, const MoeWeights& moe, const int32_t* ids, int64_t count) {
+void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t count) {
   size_t l = 0;
   while (l < layer_of_.size() && layer_of_[l] != &moe) ++l;
   EMBER_CHECK(l < layer_of_.size(), "expert cache: a mixture that is not one of the model's layers");

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
-#include "core/thread_pool.hpp"
 #include "model/model.hpp"
 
 namespace ember {
@@ -71,8 +70,8 @@ class ExpertCache {
   ExpertCache& operator=(const ExpertCache&) = delete;
 
   // Makes every expert named in ids[0..count) of `moe` (a layer of the model) resident, reading
-  // the missing ones on the pool's threads; they stay so until the next call.
-  void ensure(ThreadPool& pool, const MoeWeights& moe, const int32_t* ids, int64_t count);
+  // the missing ones on threads of its own (expert_cache.cpp's kIoDepth); they stay so until the next call.
+  void ensure(const MoeWeights& moe, const int32_t* ids, int64_t count);
 
   int64_t slots() const { return static_cast<int64_t>(slot_owner_.size()); }
   size_t bytes() const { return memory_.size(); }

@@ -130,7 +130,7 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
   // ascending experts that it holds together, each group adding onto the tokens' sums after
   // the one before, so every token's sum is still taken in ascending expert order.
   const int64_t group = moe.cache ? std::min<int64_t>(n_active, moe.cache->slots()) : n_active;
-  if (moe.cache) moe.cache->ensure(pool, moe, active, group);
+  if (moe.cache) moe.cache->ensure(moe, active, group);
   // A copy: the memory tier may evict the first expert for a later group.
   const FfnWeights e0 = moe.experts[static_cast<size_t>(active[0])];
   for (int64_t a = 0; a < group; ++a)
@@ -154,7 +154,7 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
   for (int64_t g0 = 0; g0 < n_active; g0 += group) {
     const int64_t g1 = std::min(n_active, g0 + group);
     if (g0 > 0) {
-      moe.cache->ensure(pool, moe, active + g0, g1 - g0);
+      moe.cache->ensure(moe, active + g0, g1 - g0);
       for (int64_t a = g0; a < g1; ++a)
         EMBER_CHECK(fusable(e0, moe.experts[static_cast<size_t>(active[a])]),
                     "mixture of experts: the memory tier's experts came back in other types");
@@ -215,7 +215,7 @@ void route(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, W
 
 // Each chosen expert once, in ascending order, over copies of its tokens' rows; each token's
 // weighted results summed in that order.
-void grouped_loop(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
+void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
                   const ExpertFfn& expert) {
   const int64_t d = moe.router.cols(), ne = moe.n_expert(), k = moe.n_used;
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
@@ -230,7 +230,7 @@ void grouped_loop(ThreadPool& pool, const MoeWeights& moe, const float* x, int64
     if (m == 0) continue;
     if (moe.cache) {  // the memory tier: this expert resident
       const auto id = static_cast<int32_t>(e);
-      moe.cache->ensure(pool, moe, &id, 1);
+      moe.cache->ensure(moe, &id, 1);
     }
     for (int64_t i = 0; i < m; ++i)
       std::memcpy(ws.moe_x.data() + i * d, x + ws.moe_tokens[static_cast<size_t>(i)] * d,
@@ -249,10 +249,10 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
   route(pool, moe, x, n, ws);
   // The memory tier: a token's chosen experts resident before their types are compared (the
   // cache repacks what it reads); a prompt's are made resident group by group (moe_prompt).
-  if (n == 1 && moe.cache) moe.cache->ensure(pool, moe, ws.moe_ids.data(), moe.n_used);
+  if (n == 1 && moe.cache) moe.cache->ensure(moe, ws.moe_ids.data(), moe.n_used);
   if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws, in);
   if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws, in)) return;
-  grouped_loop(pool, moe, in.experts_x ? in.experts_x : x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
+  grouped_loop(moe, in.experts_x ? in.experts_x : x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
     dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, rows, m, o, ws, in.values);
   });
 }
@@ -260,7 +260,7 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
 void moe_ffn_each(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
                   const ExpertFfn& expert) {
   route(pool, moe, x, n, ws);
-  grouped_loop(pool, moe, x, n, out, ws, expert);
+  grouped_loop(moe, x, n, out, ws, expert);
 }
 
 }  // namespace ember

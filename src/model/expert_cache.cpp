@@ -4,8 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -128,7 +126,7 @@ MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes, 
 }
 
 ExpertCache::ExpertCache(Model& model, const MemoryTier& tier, bool repack)
-    : model_(model), tier_(tier), repack_(repack) {
+    : model_(model), tier_(tier), repack_(repack), io_(static_cast<int>(kIoDepth)) {
   EMBER_CHECK(tier.slots >= tier.min_slots && tier.slot_bytes > 0, "expert cache: {} slots for layers of {} experts",
               tier.slots, tier.min_slots);
   const std::string& path = model.file->path();
@@ -175,7 +173,7 @@ ExpertCache::ExpertCache(Model& model, const MemoryTier& tier, bool repack)
               "expert cache: slots of {} bytes for experts of up to {} + {} + {}", tier.slot_bytes, region_sizes_[0],
               region_sizes_[1], region_sizes_[2]);
   slot_owner_.assign(static_cast<size_t>(tier.slots), nullptr);
-  scratch_bytes_ = widest;
+  for (int t = 0; t < io_.size(); ++t) scratch_.emplace_back(widest, AlignedBuffer<uint8_t>::Untouched{});
 }
 
 ExpertCache::~ExpertCache() {
@@ -239,7 +237,8 @@ void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t coun
   std::vector<Expert>& xs = experts_[l];
   ++clock_;
   ++stats_.calls;
-  std::vector<Expert*> missing;
+  std::vector<Expert*>& missing = missing_;  // kept between calls: no allocation a token
+  missing.clear();
   for (int64_t i = 0; i < count; ++i) {
     EMBER_CHECK(ids[i] >= 0 && static_cast<size_t>(ids[i]) < xs.size(), "expert cache: no expert {} in layer {}",
                 ids[i], l);
@@ -279,24 +278,17 @@ void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t coun
   // kIoDepth threads each read a matrix and then repack it (or bind it where it landed), so that
   // one thread's repacking runs while the others wait on the disk.
   const size_t jobs = missing.size() * 3;
-  std::vector<std::string> errors(jobs);
-  std::atomic<size_t> next{0};
-  const size_t threads = std::min<size_t>(jobs, kIoDepth);
-  while (scratch_.size() < threads) scratch_.emplace_back(scratch_bytes_, AlignedBuffer<uint8_t>::Untouched{});
-  const auto worker = [&](size_t t) {
-    for (size_t j; (j = next.fetch_add(1)) < jobs;) {
-      errors[j] = read(*missing[j / 3], j % 3);
-      if (errors[j].empty()) bind(*missing[j / 3], j % 3, scratch_[t].data());
+  errors_.assign(jobs, std::string());
+  io_.parallel_for(static_cast<int64_t>(jobs), 1, [&](int64_t j0, int64_t j1, int ith) {
+    for (auto j = static_cast<size_t>(j0); j < static_cast<size_t>(j1); ++j) {
+      errors_[j] = read(*missing[j / 3], j % 3);
+      if (errors_[j].empty()) bind(*missing[j / 3], j % 3, scratch_[static_cast<size_t>(ith)].data());
     }
-  };
-  std::vector<std::thread> io;
-  for (size_t t = 1; t < threads; ++t) io.emplace_back(worker, t);
-  worker(0);
-  for (std::thread& t : io) t.join();
+  });
   for (size_t j = 0; j < jobs; ++j)
-    if (!errors[j].empty()) {  // free every slot of this call's reads, their views back to the file
+    if (!errors_[j].empty()) {  // free every slot of this call's reads, their views back to the file
       for (Expert* x : missing) slot_owner_[static_cast<size_t>(x->slot)] = nullptr, unbind(*x);
-      fail("{}", errors[j]);
+      fail("{}", errors_[j]);
     }
   stats_.read_seconds += timer.seconds();
   for (const Expert* x : missing)

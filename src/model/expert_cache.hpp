@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
+#include "core/thread_pool.hpp"
 #include "model/model.hpp"
 
 namespace ember {
@@ -70,7 +71,7 @@ class ExpertCache {
   ExpertCache& operator=(const ExpertCache&) = delete;
 
   // Makes every expert named in ids[0..count) of `moe` (a layer of the model) resident, reading
-  // the missing ones on threads of its own (expert_cache.cpp's kIoDepth); they stay so until the next call.
+  // the missing ones on its own reading threads (io_); they stay so until the next call.
   void ensure(const MoeWeights& moe, const int32_t* ids, int64_t count);
 
   int64_t slots() const { return static_cast<int64_t>(slot_owner_.size()); }
@@ -108,8 +109,10 @@ class ExpertCache {
   uint8_t* slots_ = nullptr;                  // the first, at a page boundary in memory_
   std::array<size_t, 3> region_sizes_{};      // the largest gate, up, down: their regions in a slot
   std::vector<Expert*> slot_owner_;
-  std::vector<AlignedBuffer<uint8_t>> scratch_;  // per pool thread: one matrix repacked
-  size_t scratch_bytes_ = 0;
+  ThreadPool io_;                              // the reading threads (kIoDepth in expert_cache.cpp)
+  std::vector<AlignedBuffer<uint8_t>> scratch_;  // per reading thread: one matrix repacked
+  std::vector<Expert*> missing_;               // ensure()'s, kept between calls
+  std::vector<std::string> errors_;            // per matrix read
   uint64_t clock_ = 0;
   ExpertCacheStats stats_;
 };

@@ -215,8 +215,9 @@ void route(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, W
 
 // Each chosen expert once, in ascending order, over copies of its tokens' rows; each token's
 // weighted results summed in that order.
+// `resident`: the memory tier already holds every chosen expert (moe_ffn's one token).
 void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
-                  const ExpertFfn& expert) {
+                  const ExpertFfn& expert, bool resident = false) {
   const int64_t d = moe.router.cols(), ne = moe.n_expert(), k = moe.n_used;
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
   for (int64_t e = 0; e < ne; ++e) {
@@ -228,7 +229,7 @@ void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, 
           ws.moe_token_w[static_cast<size_t>(m++)] = ws.moe_weights[static_cast<size_t>(t * k + i)];
         }
     if (m == 0) continue;
-    if (moe.cache) {  // the memory tier: this expert resident
+    if (moe.cache && !resident) {  // the memory tier: this expert resident
       const auto id = static_cast<int32_t>(e);
       moe.cache->ensure(moe, &id, 1);
     }
@@ -254,7 +255,7 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
   if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws, in)) return;
   grouped_loop(moe, in.experts_x ? in.experts_x : x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
     dense_ffn(pool, moe.experts[static_cast<size_t>(e)], act, rows, m, o, ws, in.values);
-  });
+  }, n == 1);
 }
 
 void moe_ffn_each(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,

@@ -310,6 +310,17 @@ contains "profile qwen3moe: sparsity at the target" "$tmp/out" "^mean +[0-9.]+ +
 expect_ok "sparsify qwen3moe from its profile" "$ember" sparsify -m "$tmp/qwen3moe.gguf" --profile "$tmp/qwen3moe.profile.gguf" --allocation greedy --sparsity 0.4 -o "$tmp/qwen3moe.sparse.gguf" --eval-chunks 0
 contains "sparsify qwen3moe summary" "$tmp/err" "40\.[0-9]% of the layers' weights skipped"
 expect_ok "generate sparse qwen3moe" "$ember" generate -m "$tmp/qwen3moe.sparse.gguf" -p "hello" -n 4 --temp 0
+# Experts as units of placement: the profile's most routed experts on the CPU stand-in, the rest
+# on the CPU, the same tokens as the CPU alone.
+expect_ok "plan qwen3moe experts" "$ember" plan -m "$tmp/qwen3moe.gguf" --vram-budget 600K --sync-us 0 -c 64 -o "$tmp/qwen3moe.plan.gguf"
+contains "plan qwen3moe: experts of each layer on the device" "$tmp/out" "^ +0 +(GPU|CPU) +[1-7]/8 "
+contains "plan qwen3moe: bytes a token each side reads" "$tmp/out" "CPU MB/tok +GPU MB/tok"
+expect_ok "generate qwen3moe alone" "$ember" generate -m "$tmp/qwen3moe.gguf" -p "hello" -n 8 --temp 0 -c 64
+cp "$tmp/out" "$tmp/qwen3moe.cpu.txt"
+expect_ok "generate qwen3moe hybrid" "$ember" generate -m "$tmp/qwen3moe.gguf" -p "hello" -n 8 --temp 0 -c 64 --plan "$tmp/qwen3moe.plan.gguf" --hybrid-device cpu
+if cmp -s "$tmp/out" "$tmp/qwen3moe.cpu.txt"; then pass; else fail "qwen3moe hybrid: other tokens than the CPU's"; fi
+contains "hybrid qwen3moe: experts by layer" "$tmp/err" "experts on the device by layer: [1-7] [1-7]"
+contains "hybrid qwen3moe: runs on both sides" "$tmp/err" "hybrid experts: [0-9]+ \\(token, expert\\) runs, [1-9][0-9.]*% on the device"
 expect_ok "synth relu falcon powerinfer" "$ember" synth --preset tiny --arch falcon --act relu --powerinfer -o "$tmp/falcon.pi.gguf"
 expect_ok "generate relu falcon predictor" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode predictor
 expect_ok "generate relu falcon oracle" "$ember" generate -m "$tmp/falcon.pi.gguf" -p "hello" -n 4 --temp 0 --sparse-mode oracle

@@ -262,7 +262,7 @@ TEST(Plan, LayerSplitHandComputed) {
   o.min_gpu_neurons = 1;
   // FFN share: 3 x pad(4 * 256) + pad(4 * 4) = 3072 + 256; layer = 1024 + 512 + 3328 = 4864.
   EXPECT_EQ(gpu_ffn_share_bytes(m.layers[0], 4), 3328u);
-  EXPECT_EQ(gpu_layer_bytes(m.layers[0], true, 4), 4864u);
+  EXPECT_EQ(gpu_layer_bytes(m.layers[0], true, 4, 0), 4864u);
   // FFN scratch: 2 pad(64 * 4) + 2 pad(4 * 4) + pad(4 * 4) + pad(6 * 4) = 512 + 512 + 512, the
   // down axpy's partial sums, kAxpyChunks (64) x 64 x 4 = 16384, x in 2 Q8_1 blocks -> 256, and
   // the firing counts (8 + 4 x 4 -> 256).

@@ -8,6 +8,7 @@
 #include "core/huge_pages.hpp"
 #include "model/blocks.hpp"
 #include "model/ffn.hpp"
+#include "model/moe.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cuda/cuda_blocks.hpp"
@@ -56,6 +57,8 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
           return fmt::format("layer {}'s attention matrix {} is {}; the {} device reads {}", l, t->name,
                              dtype_name(t->type), caps.name, known_types());
     }
+    if (!plan.layers[l].gpu_experts.empty())
+      if (std::string why = experts_refusal(caps, model, l); !why.empty()) return why;
     if (plan.layers[l].gpu_neurons.empty()) continue;
     const FfnWeights& w = model.layers[l].ffn;
     if (std::find(caps.gatings.begin(), caps.gatings.end(), w.gating) == caps.gatings.end())
@@ -74,6 +77,23 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
   }
   return {};
 }
+
+std::string experts_refusal(const DeviceCaps& caps, const Model& model, size_t l) {
+  const MoeWeights& moe = model.layers[l].moe;
+  if (!moe.valid()) return fmt::format("the plan puts experts in layer {}, which has none", l);
+  if (!caps.experts)
+    return fmt::format("the plan puts experts of layer {} on the {} device, which runs no experts; plan without them "
+                       "(their layers' attention may still go there)", l, caps.name);
+  if (std::string why = moe_split_refusal(moe); !why.empty()) return fmt::format("layer {}: {}", l, why);
+  return {};
+}
+
+void Device::experts_begin(int64_t layer, const float* x, int64_t n, const int32_t* ids) {
+  (void)x, (void)n, (void)ids;
+  fail("device {} runs no experts (layer {}'s were given to it)", name(), layer);
+}
+
+const float* Device::experts_end() { fail("device {} runs no experts", name()); }
 
 // ---- memory -------------------------------------------------------------------------------------
 
@@ -220,6 +240,35 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     a.output = off - start;
     EMBER_CHECK(a.output == gpu_output_bytes(m, opts), "device: output head layout ({} bytes) disagrees with the "
                 "plan's accounting ({} bytes)", a.output, gpu_output_bytes(m, opts));
+  }
+  a.experts.resize(m.layers.size());
+  {
+    const uint64_t start = off;
+    uint64_t planned_ex = 0;
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+      auto& E = a.experts[l];
+      for (int32_t e : plan.layers[l].gpu_experts) {
+        const FfnWeights& w = model.layers[l].moe.experts[static_cast<size_t>(e)];
+        E.gate.push_back(take(w.gate.nbytes));
+        E.up.push_back(take(w.up.nbytes));
+        E.down.push_back(take(w.down.nbytes));
+        planned_ex += m.layers[l].expert_bytes;
+      }
+    }
+    if (gpu_needs_expert_scratch(plan)) {  // gpu_expert_scratch_bytes, in its order
+      const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
+      const uint64_t slots = b * static_cast<uint64_t>(m.n_expert_used);
+      a.ex_x = take(b * m.n_embd * f);
+      a.ex_xq = take(gpu_q8_bytes(m.n_embd, static_cast<int64_t>(slots)));
+      a.ex_h = take(slots * static_cast<uint64_t>(m.n_ff_expert) * f);
+      a.ex_hq = take(gpu_q8_bytes(m.n_ff_expert, static_cast<int64_t>(slots)));
+      a.ex_out = take(slots * m.n_embd * f);
+      a.ex_ids = take(slots * sizeof(int32_t));
+      planned_ex += gpu_expert_scratch_bytes(m, opts);
+    }
+    a.experts_total = off - start;
+    EMBER_CHECK(a.experts_total == planned_ex, "device: the experts' arena layout ({} bytes) disagrees with the plan's "
+                "accounting ({} bytes; were the experts of unequal sizes?)", a.experts_total, planned_ex);
   }
   a.arena = off;
   a.kv = KvCache::bytes_for(n_attn * m.n_seq, m.n_ctx, m.kv_dim, kv_type);  // a cache per sequence

@@ -7,6 +7,9 @@
 //   - with predictors (PlanModel::predicted), for every layer that uses it: the layer's predictor
 //     (fc1, and fc2 with the share's neurons first), which picks the share's rows and tells the
 //     CPU which of its own neurons to compute (ffn_predicted);
+//   - per layer of a mixture, the experts the plan gives it, whole, which it runs for the tokens
+//     the host's router sends them (experts_begin / experts_end) while the CPU runs the others;
+//     the host adds every expert's output in ascending expert order (moe_merge_rows);
 //   - for the layers whose attention the plan places there (LayerPlacement::attn_gpu): the
 //     attention block's tensors and the FFN block's norms, and a KV cache of its own for them;
 //     then the device holds the hidden state: it runs the attention block and the FFN block on
@@ -50,6 +53,7 @@ struct DeviceCaps {
   int64_t max_head_dim = 0;              // of its attention blocks; 0: any
   std::vector<FfnGating> gatings;        // of its FFN shares
   bool up_bias = false;                  // FFN shares with an up bias (OPT)
+  bool experts = false;                  // a mixture's experts, whole (LayerPlacement::gpu_experts)
   // Of its FFN share rows and attention matrices (as the file stores them: Model::file_layer);
   // empty: every type.
   std::vector<DType> weight_types;
@@ -83,7 +87,11 @@ struct DeviceArenaLayout {
     bool on = false;
     uint64_t fc1 = 0, fc2 = 0;
   };
+  struct Experts {
+    std::vector<uint64_t> gate, up, down;  // per expert of the layer's gpu_experts, in their order
+  };
   std::vector<Share> layers;
+  std::vector<Experts> experts;
   std::vector<Attention> attn;
   std::vector<Predictor> pred;
   // FFN scratch offsets: input, partial output, firing values, neuron values, active rows,
@@ -108,7 +116,12 @@ struct DeviceArenaLayout {
   // max_batch rows.
   uint64_t out_norm = 0, out_norm_b = 0, out_w = 0, logits = 0;
   uint64_t output = 0;        // = gpu_output_bytes when the head is here
-  uint64_t arena = 0;         // ffn_total + attn_weights + attn_scratch + predictors + output: the arena's size
+  // A mixture's experts (last): each layer's experts' matrices, then the experts' scratch in
+  // gpu_expert_scratch_bytes' order: the input and in 8 bits, the slots' values and in 8 bits, the
+  // slots' outputs, the routing.
+  uint64_t ex_x = 0, ex_xq = 0, ex_h = 0, ex_hq = 0, ex_out = 0, ex_ids = 0;
+  uint64_t experts_total = 0;  // = the experts' bytes of every layer plus their scratch where any
+  uint64_t arena = 0;         // ffn_total + attn_weights + attn_scratch + predictors + output + experts_total
   uint64_t kv = 0;            // K and V of the attention layers, in the cache's type (KvCache::bytes_for)
   uint64_t total = 0;         // arena + kv
 };
@@ -212,6 +225,9 @@ uint64_t ffn_share_partial(ThreadPool& pool, const FfnWeights& share, const int3
                            cpu::Activation act, float threshold, const float* x, int64_t n, float* out,
                            const FfnShareScratch& s, const uint8_t* allowed = nullptr);
 
+// Why a device of `caps` cannot hold layer l's experts the plan gives it, or empty.
+std::string experts_refusal(const DeviceCaps& caps, const Model& model, size_t l);
+
 // Bytes that crossed between the host and a device's hidden state (the hybrid's boundaries).
 struct CrossingStats {
   uint64_t hidden_in = 0, hidden_out = 0;  // put_hidden / get_hidden calls
@@ -250,6 +266,15 @@ class Device {
   // of the layer (the neurons not in its share, ascending), 1 where the predictor names it for
   // that token. Valid until the next ffn_begin.
   virtual PredictedMask ffn_predicted() = 0;
+
+  // A mixture's layer with experts here (LayerPlacement::gpu_experts): starts them on n <= max_batch
+  // tokens of x (n * n_embd floats, the FFN's input; read before it returns) whose choices are
+  // ids (n * n_used expert ids, the host's routing: moe_route); experts_end waits and returns,
+  // for each of its experts that some token chose, ascending, one row of n_embd floats per slot
+  // (each of the expert's tokens ascending): the expert's output, unweighted (moe_expert_rows).
+  // Valid until the next call. Devices without experts (caps().experts false) refuse them.
+  virtual void experts_begin(int64_t layer, const float* x, int64_t n, const int32_t* ids);
+  virtual const float* experts_end();
 
   // Runs of layers whose attention is here. The hidden state in (n * n_embd floats; spans: its
   // rows' sequences and positions, empty for rows that only the output head reads):

@@ -9,6 +9,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "model/blocks.hpp"
+#include "model/moe.hpp"
 #include "sparse/predictor.hpp"
 #include "device/make_device.hpp"
 
@@ -25,6 +26,13 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
   device_ = given_device ? std::move(device) : make_device(opts.device_kind, opts.device_threads, opts.standin_vram);
   HybridOptions o = opts;
   o.plan.attention = opts.plan.attention && device_->caps().attention;
+  o.plan.experts = opts.plan.experts && device_->caps().experts;
+  bool moe = false;
+  for (const LayerWeights& L : model.layers) moe = moe || L.moe.valid();
+  // A mixture's FFN block runs on the host (the router is there), which a device's FFN block
+  // then takes as the CPU's part: a device must know experts to hold a mixture's layers.
+  EMBER_CHECK(!moe || device_->caps().experts, "hybrid: {} is a mixture of experts, which the {} device does not run "
+              "yet; use the CPU stand-in (--device cpu) or the CPU alone", model.file->path(), device_->name());
   // Budgets of the real process: what the device has free now, less its runtime's own share.
   DeviceMemory mem = device_->memory();
   if (opts.vram_reserve >= 0) mem.reserve = static_cast<uint64_t>(opts.vram_reserve);
@@ -43,7 +51,15 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
               mib(plan_.gpu_bytes), device_->name(), mib(mem.free), mib(margin));
   const Hparams& hp = model.hp;
   cpu_rows_.resize(model.layers.size());
+  expert_on_.resize(model.layers.size());
+  size_t most_experts = 0;
   for (size_t l = 0; l < model.layers.size(); ++l) {
+    if (model.layers[l].moe.valid()) {
+      expert_on_[l].assign(static_cast<size_t>(model.layers[l].moe.n_expert()), 0);
+      for (int32_t e : plan_.layers[l].gpu_experts) expert_on_[l][static_cast<size_t>(e)] = 1;
+      most_experts = std::max(most_experts, expert_on_[l].size());
+      continue;
+    }
     std::vector<char> on(static_cast<size_t>(hp.n_ff), 0);
     for (int32_t j : plan_.layers[l].gpu_neurons) on[static_cast<size_t>(j)] = 1;
     for (int32_t j = 0; j < hp.n_ff; ++j)
@@ -55,6 +71,11 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
   std::map<std::string, int> copies;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const FfnWeights& w = model.layers[l].ffn;
+    if (model.layers[l].moe.valid()) {  // no neurons to split
+      down_views_.emplace_back();
+      cpu_share_.emplace_back();
+      continue;
+    }
     if (w.down_t.data) {
       down_views_.push_back(w.down_t);
     } else {
@@ -82,7 +103,7 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
     what.n_batch = n_batch;
     for (size_t l = 0; l < model.layers.size(); ++l) {
       const auto& ids = plan_.layers[l].gpu_neurons;
-      if (!ids.empty())
+      if (!ids.empty() && !model.layers[l].moe.valid())
         rows[l] = cpu::neuron_major_rows(pool, down_views_[l], ids.data(), static_cast<int64_t>(ids.size()),
                                          hybrid_device_down_type(model.layers[l].ffn, hp.n_embd));
       what.down_rows.push_back(rows[l].view);
@@ -104,6 +125,13 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
   partial_.resize(b * static_cast<size_t>(hp.n_embd));
   active_.resize(nf);
   axpy_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, popts_.max_batch, pool.size(), cpu::AxpySplit::columns));
+  if (most_experts > 0) {
+    int64_t used = 0;
+    for (const LayerWeights& L : model.layers) used = std::max(used, L.moe.n_used);
+    expert_rows_.resize(b * static_cast<size_t>(used * hp.n_embd));
+    cpu_experts_.resize(most_experts);
+    expert_ptrs_.resize(most_experts);
+  }
   predict_ = opts.predictor;
   if (predict_) {
     int64_t rank = 0;
@@ -123,14 +151,24 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
     }
   }
   int used = 0, attn = 0;
+  double cpu_read = 0, gpu_read = 0;
+  std::string experts;
   for (size_t l = 0; l < plan_.layers.size(); ++l) {
-    used += !plan_.layers[l].gpu_neurons.empty();
+    used += !plan_.layers[l].gpu_neurons.empty() || !plan_.layers[l].gpu_experts.empty();
     attn += plan_.layers[l].attn_gpu;
+    const LayerTraffic t = layer_bytes_per_token(pm_, pm_.layers[l], plan_.layers[l]);
+    cpu_read += t.cpu, gpu_read += t.gpu;
+    if (pm_.layers[l].moe())
+      experts += fmt::format("{}{}", experts.empty() ? "" : " ", plan_.layers[l].gpu_experts.size());
   }
-  log_info("hybrid: device {} holds {} neurons in {} of {} layers, the attention of {} layers{} ({:.1f} MiB), CPU the "
+  log_info("hybrid: device {} holds {} {} in {} of {} layers, the attention of {} layers{} ({:.1f} MiB), CPU the "
            "rest; ready in {:.2f} s",
-           device_->name(), plan_.n_gpu_neurons(), used, plan_.layers.size(), attn,
+           device_->name(), experts.empty() ? plan_.n_gpu_neurons() : plan_.n_gpu_experts(),
+           experts.empty() ? "neurons" : "experts", used, plan_.layers.size(), attn,
            plan_.output_gpu ? " and the output head" : "", device_->bytes() / 1048576.0, timer.seconds());
+  if (!experts.empty()) log_info("hybrid: experts on the device by layer: {}", experts);
+  log_info("hybrid: a token reads {:.2f} MB on the CPU and {:.2f} MB on the device (the plan's cost model)",
+           cpu_read / 1e6, gpu_read / 1e6);
 }
 
 std::string HybridExecutor::refusal(const Model& model) const {
@@ -139,7 +177,7 @@ std::string HybridExecutor::refusal(const Model& model) const {
 
 HybridStats HybridExecutor::stats() const {
   return {device_->fired(), cpu_fired_, device_calls_, cpu_predicted_, cpu_ffn_s_, wait_s_, device_block_s_,
-          cpu_layer_s_};
+          cpu_layer_s_, device_expert_runs_, cpu_expert_runs_};
 }
 
 void HybridExecutor::reset_stats() {
@@ -147,6 +185,7 @@ void HybridExecutor::reset_stats() {
   cpu_fired_ = 0;
   device_calls_ = 0;
   cpu_predicted_ = 0;
+  device_expert_runs_ = cpu_expert_runs_ = 0;
   cpu_ffn_s_ = wait_s_ = device_block_s_ = cpu_layer_s_ = 0;
 }
 
@@ -154,7 +193,7 @@ size_t HybridExecutor::cpu_bytes() const {
   size_t b = 0;
   for (const auto& m : down_nm_) b += m.view.nbytes;
   for (const auto& r : cpu_rows_) b += r.size() * sizeof(int32_t);
-  return b + (act_.size() + h_.size() + partial_.size() + axpy_.size() + pred_scratch_.size()) * sizeof(float) +
+  return b + (act_.size() + h_.size() + partial_.size() + axpy_.size() + pred_scratch_.size() + expert_rows_.size()) * sizeof(float) +
          (active_.size() + predicted_.size() + predicted_pos_.size()) * sizeof(int32_t) + pred_mm_.size() +
          allowed_.size();
 }
@@ -272,7 +311,63 @@ uint64_t run_key(int64_t first, int64_t end, int64_t n, std::span<const AttnSpan
 }
 }  // namespace
 
-bool HybridExecutor::cpu_takes_part(size_t l) const { return !cpu_rows_[l].empty(); }
+bool HybridExecutor::cpu_takes_part(size_t l) const { return !cpu_rows_[l].empty() || !expert_on_[l].empty(); }
+
+void HybridExecutor::run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act,
+                             const float* x, int64_t n, float* out, Workspace& ws) {
+  const size_t l = static_cast<size_t>(layer);
+  const int64_t d = moe.router.cols();
+  if (plan_.layers[l].gpu_experts.empty()) {  // the CPU's own mixture, whole
+    const double t = now_seconds();
+    moe_ffn(pool, moe, act, x, n, out, ws);
+    cpu_expert_runs_ += static_cast<uint64_t>(n * moe.n_used);
+    cpu_ffn_s_ += now_seconds() - t;
+    return;
+  }
+  for (int64_t t0 = 0; t0 < n; t0 += popts_.max_batch) {
+    const int64_t nc = std::min(popts_.max_batch, n - t0);
+    moe_chunk(pool, l, moe, act, x + t0 * d, nc, out + t0 * d, ws);
+  }
+}
+
+void HybridExecutor::moe_chunk(ThreadPool& pool, size_t l, const MoeWeights& moe, cpu::Activation act, const float* x,
+                               int64_t n, float* out, Workspace& ws) {
+  const int64_t d = moe.router.cols();
+  const double t_cpu = now_seconds();
+  const int64_t n_active = moe_route_slots(pool, moe, x, n, ws);
+  const int32_t* first = ws.moe_first.data();
+  const auto& on = expert_on_[l];
+  int64_t n_cpu = 0, dev_slots = 0;
+  for (int64_t a = 0; a < n_active; ++a) {
+    const int32_t e = ws.moe_active[static_cast<size_t>(a)];
+    if (on[static_cast<size_t>(e)]) dev_slots += first[e + 1] - first[e];
+    else cpu_experts_[static_cast<size_t>(n_cpu++)] = e;
+  }
+  if (dev_slots > 0) {
+    device_->experts_begin(static_cast<int64_t>(l), x, n, ws.moe_ids.data());
+    ++device_calls_;
+  }
+  moe_expert_rows(pool, moe, act, x, n, cpu_experts_.data(), n_cpu, ws, expert_rows_.data());
+  const double t_wait = now_seconds();
+  cpu_ffn_s_ += t_wait - t_cpu;
+  const float* dev = nullptr;
+  if (dev_slots > 0) {
+    dev = device_->experts_end();
+    wait_s_ += now_seconds() - t_wait;
+  }
+  // Each chosen expert's rows where its side left them, then every token's sum in ascending order.
+  int64_t cpu_row = 0, dev_row = 0;
+  for (int64_t a = 0; a < n_active; ++a) {
+    const int32_t e = ws.moe_active[static_cast<size_t>(a)];
+    const int64_t m = first[e + 1] - first[e];
+    int64_t& row = on[static_cast<size_t>(e)] ? dev_row : cpu_row;
+    expert_ptrs_[static_cast<size_t>(a)] = (on[static_cast<size_t>(e)] ? dev : expert_rows_.data()) + row * d;
+    row += m;
+  }
+  moe_merge_rows(moe, n, ws, expert_ptrs_.data(), n_active, out);
+  device_expert_runs_ += static_cast<uint64_t>(dev_row);
+  cpu_expert_runs_ += static_cast<uint64_t>(cpu_row);
+}
 
 void HybridExecutor::run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
                            int64_t n) {
@@ -326,6 +421,12 @@ void HybridExecutor::run_layers(const Model& model, ThreadPool& pool, std::span<
         const float* xn = device_->ffn_host_input();
         const double t_cpu = now_seconds();
         device_block_s_ += t_cpu - t;
+        if (model.layers[li].moe.valid()) {  // the mixture on the host, its device experts there
+          run_moe(pool, l, model.layers[li].moe, model.hp.act, xn, nc, ws.o.data(), ws);
+          t = now_seconds();
+          device_->ffn_block_end(l, ws.o.data(), nc);
+          continue;
+        }
         const int32_t* rows = nullptr;
         const uint8_t* allowed = nullptr;
         const int64_t n_rows = cpu_rows_for(pool, li, xn, nc, t0, ws, predict_, &rows, &allowed);

@@ -46,6 +46,7 @@ struct HybridStats {
   // each fetch waits for the device), and whole layers on the CPU (their FFN time is also in the
   // first two).
   double cpu_ffn_seconds = 0, wait_seconds = 0, device_block_seconds = 0, cpu_layer_seconds = 0;
+  uint64_t device_expert_runs = 0, cpu_expert_runs = 0;  // (token, expert) pairs of a mixture run on each side
 };
 
 class HybridExecutor final : public FfnExecutor, public LayerExecutor {
@@ -61,6 +62,12 @@ class HybridExecutor final : public FfnExecutor, public LayerExecutor {
   void run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
            float* out, Workspace& ws) override;
   std::string refusal(const Model& model) const override;
+  // A mixture's layer: the host routes; the plan's experts run on the device while the CPU runs
+  // the others, and every token's outputs are added in ascending expert order (moe_merge_rows),
+  // so on the CPU stand-in it equals the all-CPU mixture bit for bit.
+  bool takes_experts() const override { return true; }
+  void run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n,
+               float* out, Workspace& ws) override;
   void run_layers(const Model& model, ThreadPool& pool, std::span<const SeqSpan> seqs, Workspace& ws,
                   int64_t n) override;
   void sync_hidden() override;
@@ -85,6 +92,15 @@ class HybridExecutor final : public FfnExecutor, public LayerExecutor {
   std::vector<FfnWeights> cpu_share_;             // per layer: the FFN with down_t = down_views_ (no down_b)
   std::vector<std::vector<int32_t>> cpu_rows_;    // per layer: the CPU's neurons
   AlignedBuffer<float> act_, h_, partial_, axpy_;
+  // Mixtures: per layer which experts are on the device; the CPU's experts' rows (max_batch x
+  // n_used slots), the chosen experts split by side, the rows of each chosen expert.
+  std::vector<std::vector<char>> expert_on_;
+  AlignedBuffer<float> expert_rows_;
+  AlignedBuffer<int32_t> cpu_experts_;
+  std::vector<const float*> expert_ptrs_;
+  // One chunk of n <= max_batch tokens of a mixture's layer: out = the mixture of x.
+  void moe_chunk(ThreadPool& pool, size_t l, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n,
+                 float* out, Workspace& ws);
   AlignedBuffer<int32_t> active_;
   // Predictors: the CPU's predicted rows (the batch's union; their places among the CPU's
   // neurons), which tokens each serves (allowed_, [n][rows]), and predict_active's scratch for
@@ -94,7 +110,7 @@ class HybridExecutor final : public FfnExecutor, public LayerExecutor {
   AlignedBuffer<uint8_t> allowed_;
   AlignedBuffer<float> pred_scratch_;
   AlignedBuffer<uint8_t> pred_mm_;
-  uint64_t cpu_fired_ = 0, device_calls_ = 0, cpu_predicted_ = 0;
+  uint64_t cpu_fired_ = 0, device_calls_ = 0, cpu_predicted_ = 0, device_expert_runs_ = 0, cpu_expert_runs_ = 0;
   double cpu_ffn_s_ = 0, wait_s_ = 0, device_block_s_ = 0, cpu_layer_s_ = 0;
   std::vector<AttnSpan> chunk_spans_;  // run_layers: the spans of a chunk of the device's rows
   // Rows of the hidden state the device holds for output() (run_layers queued their copy back,

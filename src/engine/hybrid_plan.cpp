@@ -29,7 +29,7 @@ std::string plan_cache_key(const Model& model, const std::string& profile_source
       fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", file_stamp(model.file->path()),
                   file_stamp(profile_source), o.vram_budget, d.gpu_bandwidth, d.cpu_bandwidth, d.pcie_bandwidth,
                   d.sync_seconds, p.group_size, p.min_gpu_neurons, p.max_batch, p.time_limit, p.gap_tolerance,
-                  plan_method_name(o.method), n_ctx, p.attention, dtype_name(o.kv_type), o.predictor,
+                  plan_method_name(o.method), n_ctx, fmt::format("{}{}", p.attention, p.experts), dtype_name(o.kv_type), o.predictor,
                   static_cast<int>(o.down_type), o.n_seq);
   return fmt::format("{:016x}", fnv1a64(all));
 }
@@ -48,7 +48,8 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
       log_info("hybrid: no activation profile ({}); the plan file's session counts every neuron as firing", e.what());
     }
   }
-  if (prob.empty()) prob.assign(model.layers.size(), std::vector<float>(static_cast<size_t>(model.hp.n_ff), 1.0f));
+  if (prob.empty())
+    for (size_t l = 0; l < model.layers.size(); ++l) prob.emplace_back(static_cast<size_t>(plan_units(model, l)), 1.0f);
   *pm_out = plan_model_from(model, prob, n_ctx, o.kv_type, o.predictor, o.down_type, o.n_seq);
   const PlanModel& pm = *pm_out;
   *popts = o.plan;
@@ -85,8 +86,8 @@ Plan hybrid_plan(const Model& model, const HybridOptions& o, int64_t n_ctx, Plan
            o.vram_budget / 1048576.0, source);
   Plan p = make_plan(o.method, pm, dev, o.plan);
   p.key = key;
-  log_info("hybrid: plan {} in {:.2f} s, {} GPU neurons, {:.1f} MiB, gap {}", p.status, p.solve_seconds,
-           p.n_gpu_neurons(), p.gpu_bytes / 1048576.0, p.gap < 0 ? std::string("-") : fmt::format("{:.2e}", p.gap));
+  log_info("hybrid: plan {} in {:.2f} s, {} GPU neurons, {} GPU experts, {:.1f} MiB, gap {}", p.status, p.solve_seconds,
+           p.n_gpu_neurons(), p.n_gpu_experts(), p.gpu_bytes / 1048576.0, p.gap < 0 ? std::string("-") : fmt::format("{:.2e}", p.gap));
   if (o.cache) {
     try {
       write_plan(p, pm, o.plan, cache.string());

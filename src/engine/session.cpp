@@ -54,10 +54,10 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
     batch_hidden_.reserve(most);
     batch_logits_.resize(most * static_cast<size_t>(hp.n_vocab));
   }
-  // Input sparsity takes a mixture's experts; the other sparse modes and the hybrid do not yet.
-  if (p.hybrid_on() || (p.sparse.mode != FfnMode::dense && p.sparse.mode != FfnMode::input)) {
-    const std::string why = model_moe_refusal(model, p.hybrid_on() ? "the hybrid executor (--vram-budget / --plan)"
-                                                                    : fmt::format("--sparse-mode {}", ffn_mode_name(p.sparse.mode)));
+  // Input sparsity and the hybrid (dense experts split by the plan) take a mixture's experts; the
+  // other sparse modes do not yet.
+  if (p.sparse.mode != FfnMode::dense && p.sparse.mode != FfnMode::input) {
+    const std::string why = model_moe_refusal(model, fmt::format("--sparse-mode {}", ffn_mode_name(p.sparse.mode)));
     EMBER_CHECK(why.empty(), "{}: {}", model.file->path(), why);
   }
   if (p.hybrid_on()) {

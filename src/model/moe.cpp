@@ -113,13 +113,78 @@ int64_t group_by_expert(const MoeWeights& moe, int64_t n, Workspace& ws) {
   return n_active;
 }
 
+// x quantized once (in the gate's layout) and its rows gathered into slot order: slot s holds
+// token slot_token(s)'s row, for n_slots slots.
+template <class SlotToken>
+cpu::PreparedRows gather_slot_inputs(ThreadPool& pool, const FfnWeights& e0, const float* x, int64_t n,
+                                     int64_t n_slots, Workspace& ws, SlotToken slot_token) {
+  const cpu::PreparedRows xq = cpu::prepare_rows(pool, e0.gate.type, x, n, e0.n_embd(), ws.mm_scratch.data());
+  uint8_t* xs = align64(ws.moe_slot_x.data());
+  pool.parallel_for(n_slots, 16, [&](int64_t s0, int64_t s1, int) {
+    for (int64_t s = s0; s < s1; ++s) std::memcpy(xs + s * xq.stride, xq.x + slot_token(s) * xq.stride, xq.stride);
+  });
+  return {xs, xq.stride};
+}
+
+// Every listed expert's gate and up over its slots in one dispatch (blocks of kMoeRowBlock neurons
+// of one expert, the activation applied in the block): values[s] (n_ff each) for the slots
+// [slots(a).first, slots(a).second) of expert experts[a], from the gathered inputs xs.
+template <class Slots>
+void experts_values(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const int32_t* experts,
+                    int64_t count, Slots slots, const cpu::PreparedRows& xs, float* values, Workspace& ws) {
+  const int64_t n_ff = moe.experts[static_cast<size_t>(experts[0])].n_ff(), tb = cpu::kMatmulTokenBlock;
+  const int64_t ff_blocks = (n_ff + kMoeRowBlock - 1) / kMoeRowBlock;
+  pool.parallel_for(count * ff_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
+    float* up = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t a = i / ff_blocks;
+      const FfnWeights& w = moe.experts[static_cast<size_t>(experts[a])];
+      const int64_t r0 = i % ff_blocks * kMoeRowBlock, r1 = std::min(n_ff, r0 + kMoeRowBlock), nr = r1 - r0;
+      const auto [first, last] = slots(a);
+      for (int64_t s0 = first; s0 < last; s0 += tb) {
+        const int64_t nt = std::min<int64_t>(tb, last - s0);
+        float* h = values + s0 * n_ff + r0;
+        cpu::matmul_rows_prepared(w.gate, xs.x + s0 * xs.stride, xs.stride, nt, r0, r1, h, n_ff);
+        cpu::matmul_rows_prepared(w.up, xs.x + s0 * xs.stride, xs.stride, nt, r0, r1, up, nr);
+        for (int64_t t = 0; t < nt; ++t) cpu::gated_activation(act, h + t * n_ff, up + t * nr, h + t * n_ff, nr);
+      }
+    }
+  });
+}
+
+// The listed experts' downs over their slots' quantized values hq (slot s at row s - slot0) in one
+// dispatch over blocks of kMoeRowBlock output columns, each block running the experts in the
+// listed order; sink(s, c0, r, nc) takes slot s's output columns [c0, c0 + nc) (unweighted) in
+// that order.
+template <class Slots, class Sink>
+void experts_downs(ThreadPool& pool, const MoeWeights& moe, const int32_t* experts, int64_t count, Slots slots,
+                   const cpu::PreparedRows& hq, int64_t slot0, Workspace& ws, Sink sink) {
+  const int64_t d = moe.router.cols(), tb = cpu::kMatmulTokenBlock;
+  const int64_t d_blocks = (d + kMoeRowBlock - 1) / kMoeRowBlock;
+  pool.parallel_for(d_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
+    float* r = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t c0 = i * kMoeRowBlock, c1 = std::min(d, c0 + kMoeRowBlock), nc = c1 - c0;
+      for (int64_t a = 0; a < count; ++a) {
+        const FfnWeights& w = moe.experts[static_cast<size_t>(experts[a])];
+        const auto [first, last] = slots(a);
+        for (int64_t s0 = first; s0 < last; s0 += tb) {
+          const int64_t nt = std::min<int64_t>(tb, last - s0);
+          cpu::matmul_rows_prepared(w.down, hq.x + (s0 - slot0) * hq.stride, hq.stride, nt, c0, c1, r, nc);
+          for (int64_t t = 0; t < nt; ++t) sink(s0 + t, c0, r + t * nc, nc);
+        }
+      }
+    }
+  });
+}
+
 // A prompt through its chosen experts, grouped by expert without copying a float: x quantized
 // once and its rows gathered into slot order; every chosen expert's gate and up over its slots
-// in one dispatch (blocks of 64 neurons of one expert, the activation applied in the block); the
-// values quantized once; then the downs in one dispatch over blocks of 64 output columns, each
-// block running the chosen experts in ascending order and adding each slot's weighted result to
-// its token: every token's sum in ascending expert order, in the token blocks matmul() takes, so
-// bit for bit the grouped loop. Returns false (nothing done) where an expert does not fuse.
+// in one dispatch; the values quantized once; then the downs in one dispatch over blocks of
+// output columns, each block running the chosen experts in ascending order and adding each
+// slot's weighted result to its token: every token's sum in ascending expert order, in the token
+// blocks matmul() takes, so bit for bit the grouped loop. Returns false (nothing done) where an
+// expert does not fuse.
 bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
                 Workspace& ws, const MoeInputs& in) {
   const int64_t d = moe.router.cols(), k = moe.n_used, n_slots = n * k;
@@ -135,22 +200,15 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
   const FfnWeights e0 = moe.experts[static_cast<size_t>(active[0])];
   for (int64_t a = 0; a < group; ++a)
     if (!fusable(e0, moe.experts[static_cast<size_t>(active[a])])) return false;
-  const int64_t n_ff = e0.n_ff(), tb = cpu::kMatmulTokenBlock;
+  const int64_t n_ff = e0.n_ff();
   EMBER_CHECK(static_cast<int64_t>(ws.moe_values.size()) >= n_slots * n_ff && ws.moe_slot_x.size() > 64 &&
-                  static_cast<int64_t>(ws.moe_tile.size()) >= pool.size() * tb * kMoeRowBlock,
+                  static_cast<int64_t>(ws.moe_tile.size()) >= pool.size() * cpu::kMatmulTokenBlock * kMoeRowBlock,
               "mixture of experts: the workspace was not set up for {} tokens on {} threads", n, pool.size());
 
-  const cpu::PreparedRows xq =
-      cpu::prepare_rows(pool, e0.gate.type, in.experts_x ? in.experts_x : x, n, d, ws.mm_scratch.data());
-  uint8_t* xs = align64(ws.moe_slot_x.data());
-  pool.parallel_for(n_slots, 16, [&](int64_t s0, int64_t s1, int) {
-    for (int64_t s = s0; s < s1; ++s)
-      std::memcpy(xs + s * xq.stride, xq.x + ws.moe_tokens[static_cast<size_t>(s)] * xq.stride, xq.stride);
-  });
+  const cpu::PreparedRows xs = gather_slot_inputs(pool, e0, in.experts_x ? in.experts_x : x, n, n_slots, ws,
+                                                  [&](int64_t s) { return ws.moe_tokens[static_cast<size_t>(s)]; });
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
-
   float* values = ws.moe_values.data();
-  const int64_t ff_blocks = (n_ff + kMoeRowBlock - 1) / kMoeRowBlock, d_blocks = (d + kMoeRowBlock - 1) / kMoeRowBlock;
   for (int64_t g0 = 0; g0 < n_active; g0 += group) {
     const int64_t g1 = std::min(n_active, g0 + group);
     if (g0 > 0) {
@@ -159,46 +217,22 @@ bool moe_prompt(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, co
         EMBER_CHECK(fusable(e0, moe.experts[static_cast<size_t>(active[a])]),
                     "mixture of experts: the memory tier's experts came back in other types");
     }
-    // Every expert's gate and up of the group over its slots in one dispatch.
-    pool.parallel_for((g1 - g0) * ff_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
-      float* up = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int32_t e = active[g0 + i / ff_blocks];
-        const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
-        const int64_t r0 = i % ff_blocks * kMoeRowBlock, r1 = std::min(n_ff, r0 + kMoeRowBlock), nr = r1 - r0;
-        for (int64_t s0 = first[e]; s0 < first[e + 1]; s0 += tb) {
-          const int64_t nt = std::min<int64_t>(tb, first[e + 1] - s0);
-          float* h = values + s0 * n_ff + r0;
-          cpu::matmul_rows_prepared(w.gate, xs + s0 * xq.stride, xq.stride, nt, r0, r1, h, n_ff);
-          cpu::matmul_rows_prepared(w.up, xs + s0 * xq.stride, xq.stride, nt, r0, r1, up, nr);
-          for (int64_t t = 0; t < nt; ++t) cpu::gated_activation(act, h + t * n_ff, up + t * nr, h + t * n_ff, nr);
-        }
-      }
-    });
+    const auto slots = [&](int64_t a) {
+      const int32_t e = active[g0 + a];
+      return std::pair<int64_t, int64_t>(first[e], first[e + 1]);
+    };
+    experts_values(pool, moe, act, active + g0, g1 - g0, slots, xs, values, ws);
     // The group's slots are contiguous (slots ascend with their experts): their values quantized
-    // once, then the downs over blocks of output columns, each adding its experts in order.
+    // once, then the downs, each adding its slots' weighted results in ascending expert order.
     const int64_t slot0 = first[active[g0]], slot1 = first[active[g1 - 1] + 1];
     if (in.values) in.values(values + slot0 * n_ff, slot1 - slot0, n_ff);
     const cpu::PreparedRows hq =
         cpu::prepare_rows(pool, e0.down.type, values + slot0 * n_ff, slot1 - slot0, n_ff, ws.moe_slot_h.data());
-    pool.parallel_for(d_blocks, 1, [&](int64_t i0, int64_t i1, int ith) {
-      float* r = ws.moe_tile.data() + ith * tb * kMoeRowBlock;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t c0 = i * kMoeRowBlock, c1 = std::min(d, c0 + kMoeRowBlock), nc = c1 - c0;
-        for (int64_t a = g0; a < g1; ++a) {
-          const int32_t e = active[a];
-          const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
-          for (int64_t s0 = first[e]; s0 < first[e + 1]; s0 += tb) {
-            const int64_t nt = std::min<int64_t>(tb, first[e + 1] - s0);
-            cpu::matmul_rows_prepared(w.down, hq.x + (s0 - slot0) * hq.stride, hq.stride, nt, c0, c1, r, nc);
-            for (int64_t t = 0; t < nt; ++t) {
-              const auto s = static_cast<size_t>(s0 + t);
-              add_weighted(out + ws.moe_tokens[s] * d + c0, ws.moe_token_w[s], r + t * nc, nc);
-            }
-          }
-        }
-      }
-    });
+    experts_downs(pool, moe, active + g0, g1 - g0, slots, hq, slot0, ws,
+                  [&](int64_t s, int64_t c0, const float* r, int64_t nc) {
+                    const auto i = static_cast<size_t>(s);
+                    add_weighted(out + ws.moe_tokens[i] * d + c0, ws.moe_token_w[i], r, nc);
+                  });
   }
   return true;
 }
@@ -244,6 +278,69 @@ void grouped_loop(const MoeWeights& moe, const float* x, int64_t n, float* out, 
 }
 
 }  // namespace
+
+int64_t moe_route_slots(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, Workspace& ws) {
+  route(pool, moe, x, n, ws);
+  return group_by_expert(moe, n, ws);
+}
+
+int64_t moe_group_slots(const MoeWeights& moe, int64_t n, Workspace& ws) { return group_by_expert(moe, n, ws); }
+
+std::string moe_split_refusal(const MoeWeights& moe) {
+  const FfnWeights& e0 = moe.experts.front();
+  for (int64_t e = 0; e < moe.n_expert(); ++e)
+    if (!fusable(e0, moe.experts[static_cast<size_t>(e)]))
+      return fmt::format("expert {} is not a gated FFN of the first expert's types and widths without a down bias", e);
+  return {};
+}
+
+void moe_expert_rows(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n,
+                     const int32_t* experts, int64_t count, Workspace& ws, float* rows) {
+  if (count == 0) return;
+  const int32_t* first = ws.moe_first.data();
+  // The listed experts' slots packed in order: expert a's at [begin[a], begin[a + 1]).
+  int32_t* begin = ws.moe_order.data();
+  EMBER_CHECK(static_cast<int64_t>(ws.moe_order.size()) > count, "mixture of experts: {} experts listed", count);
+  begin[0] = 0;
+  for (int64_t a = 0; a < count; ++a) {
+    const int32_t e = experts[a];
+    EMBER_CHECK(e >= 0 && e < moe.n_expert() && (a == 0 || e > experts[a - 1]),
+                "mixture of experts: the experts listed are not ascending ids below {}", moe.n_expert());
+    begin[a + 1] = begin[a] + first[e + 1] - first[e];
+  }
+  const int64_t n_slots = begin[count], d = moe.router.cols();
+  const FfnWeights& e0 = moe.experts[static_cast<size_t>(experts[0])];
+  const int64_t n_ff = e0.n_ff();
+  EMBER_CHECK(static_cast<int64_t>(ws.moe_values.size()) >= n_slots * n_ff,
+              "mixture of experts: the workspace was not set up for {} tokens", n);
+  // Packed slot p of listed expert a is its (p - begin[a])-th slot of the routing.
+  const auto token_of = [&](int64_t p) {
+    int64_t a = 0;
+    while (begin[a + 1] <= p) ++a;
+    return ws.moe_tokens[static_cast<size_t>(first[experts[a]] + (p - begin[a]))];
+  };
+  const cpu::PreparedRows xs = gather_slot_inputs(pool, e0, x, n, n_slots, ws, token_of);
+  const auto slots = [&](int64_t a) { return std::pair<int64_t, int64_t>(begin[a], begin[a + 1]); };
+  float* values = ws.moe_values.data();
+  experts_values(pool, moe, act, experts, count, slots, xs, values, ws);
+  const cpu::PreparedRows hq = cpu::prepare_rows(pool, e0.down.type, values, n_slots, n_ff, ws.moe_slot_h.data());
+  experts_downs(pool, moe, experts, count, slots, hq, 0, ws, [&](int64_t p, int64_t c0, const float* r, int64_t nc) {
+    std::memcpy(rows + p * d + c0, r, sizeof(float) * static_cast<size_t>(nc));
+  });
+}
+
+void moe_merge_rows(const MoeWeights& moe, int64_t n, const Workspace& ws, const float* const* expert_rows,
+                    int64_t n_active, float* out) {
+  const int64_t d = moe.router.cols();
+  const int32_t* first = ws.moe_first.data();
+  std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * d));
+  for (int64_t a = 0; a < n_active; ++a) {
+    const int32_t e = ws.moe_active[static_cast<size_t>(a)];
+    for (int32_t s = first[e]; s < first[e + 1]; ++s)
+      add_weighted(out + ws.moe_tokens[static_cast<size_t>(s)] * d, ws.moe_token_w[static_cast<size_t>(s)],
+                   expert_rows[a] + (s - first[e]) * d, d);
+  }
+}
 
 void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n, float* out,
              Workspace& ws, bool grouped, const MoeInputs& in) {

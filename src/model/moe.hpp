@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
@@ -52,5 +53,25 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
 using ExpertFfn = std::function<void(int64_t e, const float* rows, int64_t m, float* out)>;
 void moe_ffn_each(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, float* out, Workspace& ws,
                   const ExpertFfn& expert);
+
+// A mixture split between a device and the CPU (the hybrid executor, device/device.hpp), bit for
+// bit what moe_ffn computes:
+//   moe_route_slots: the router's choice of n tokens (moe_route) grouped into slots by expert in
+//     the workspace (ws.moe_first: expert e's slots [first[e], first[e + 1]), each expert's tokens
+//     ascending; moe_tokens / moe_token_w per slot; moe_active: the chosen experts ascending);
+//     returns how many experts were chosen. moe_group_slots: the same from choices already in
+//     ws.moe_ids (a device given the host's routing).
+//   moe_expert_rows: each listed expert's output (unweighted) for each of its slots, in the token
+//     blocks moe_ffn runs: rows holds one n_embd row per slot, the listed experts' slots in order.
+//   moe_merge_rows: out = each token's weighted sum of its experts' rows in ascending expert
+//     order (expert_rows[a]: the first row of the a-th chosen expert, ws.moe_active[a]).
+// moe_split_refusal says why a layer's experts cannot be split (the fused paths' rule), or empty.
+int64_t moe_route_slots(ThreadPool& pool, const MoeWeights& moe, const float* x, int64_t n, Workspace& ws);
+int64_t moe_group_slots(const MoeWeights& moe, int64_t n, Workspace& ws);
+void moe_expert_rows(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const float* x, int64_t n,
+                     const int32_t* experts, int64_t count, Workspace& ws, float* rows);
+void moe_merge_rows(const MoeWeights& moe, int64_t n, const Workspace& ws, const float* const* expert_rows,
+                    int64_t n_active, float* out);
+std::string moe_split_refusal(const MoeWeights& moe);
 
 }  // namespace ember

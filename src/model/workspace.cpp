@@ -46,7 +46,7 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
     moe_logits.resize(b * static_cast<size_t>(n_expert));
     moe_ids.resize(b * static_cast<size_t>(n_used));
     moe_weights.resize(b * static_cast<size_t>(n_used));
-    moe_order.resize(static_cast<size_t>(n_expert));
+    moe_order.resize(static_cast<size_t>(n_expert) + 1);  // moe_route's scratch; moe_expert_rows' offsets
     moe_tokens.resize(b * static_cast<size_t>(n_used));
     moe_token_w.resize(b * static_cast<size_t>(n_used));
     moe_first.resize(static_cast<size_t>(n_expert) + 1);

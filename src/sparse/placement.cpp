@@ -25,6 +25,12 @@ int64_t Plan::n_gpu_neurons() const {
   return n;
 }
 
+int64_t Plan::n_gpu_experts() const {
+  int64_t n = 0;
+  for (const auto& L : layers) n += static_cast<int64_t>(L.gpu_experts.size());
+  return n;
+}
+
 // ---- byte accounting ----------------------------------------------------------------------
 
 uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
@@ -91,13 +97,28 @@ bool gpu_needs_attn_scratch(const Plan& plan) {
   return false;
 }
 
+uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
+  const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
+  const uint64_t slots = b * static_cast<uint64_t>(m.n_expert_used);
+  const auto n_slots = static_cast<int64_t>(slots);
+  return gpu_pad(b * m.n_embd * f) + gpu_pad(gpu_q8_bytes(m.n_embd, n_slots)) +
+         gpu_pad(slots * static_cast<uint64_t>(m.n_ff_expert) * f) + gpu_pad(gpu_q8_bytes(m.n_ff_expert, n_slots)) +
+         gpu_pad(slots * m.n_embd * f) + gpu_pad(slots * sizeof(int32_t));
+}
+
+bool gpu_needs_expert_scratch(const Plan& plan) {
+  for (const auto& P : plan.layers)
+    if (!P.gpu_experts.empty()) return true;
+  return false;
+}
+
 uint64_t gpu_output_bytes(const PlanModel& m, const PlanOptions& opts) {
   return m.output_weights_bytes +
          gpu_pad(static_cast<uint64_t>(opts.max_batch) * static_cast<uint64_t>(m.n_vocab) * sizeof(float));
 }
 
-uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons) {
-  uint64_t b = gpu_ffn_share_bytes(L, n_neurons);
+uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons, int64_t n_experts) {
+  uint64_t b = gpu_ffn_share_bytes(L, n_neurons) + static_cast<uint64_t>(n_experts) * L.expert_bytes;
   if (attn) b += L.attn_bytes + L.kv_bytes;
   if (attn || n_neurons > 0) b += L.predictor_bytes;
   return b;
@@ -118,11 +139,13 @@ uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan
   uint64_t total = 0;
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const auto& P = plan.layers[l];
-    total += gpu_layer_bytes(m.layers[l], P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()));
+    total += gpu_layer_bytes(m.layers[l], P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()),
+                             static_cast<int64_t>(P.gpu_experts.size()));
   }
   if (plan.output_gpu) total += gpu_output_bytes(m, opts);
   if (gpu_needs_ffn_scratch(m, plan)) total += gpu_ffn_scratch_bytes(m, opts);
   if (gpu_needs_attn_scratch(plan)) total += gpu_attn_scratch_bytes(m, opts);
+  if (gpu_needs_expert_scratch(plan)) total += gpu_expert_scratch_bytes(m, opts);
   return total;
 }
 

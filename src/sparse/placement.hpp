@@ -38,7 +38,14 @@ struct PlanLayer {
   // the neurons the plan leaves it, which are colder).
   uint64_t cpu_down_row = 0;
   uint64_t bias_row = 0;         // bytes of one neuron's up bias (OPT: 4), 0 without one
-  std::vector<float> p;          // firing probability of each neuron, in [0, 1]
+  std::vector<float> p;          // firing probability of each neuron, in [0, 1] (empty in a mixture's layer)
+  // A mixture's layer: its experts are placed whole. Each expert's routing probability (the share
+  // of tokens that choose it, in [0, 1]; they sum to n_used), the bytes one expert takes on the
+  // device (gate, up, down, each padded) and those the CPU reads for a token routed to it (its
+  // three matrices as loaded); the router stays on the CPU, read for every token.
+  std::vector<float> expert_p;
+  uint64_t expert_bytes = 0, expert_cpu_bytes = 0, router_bytes = 0;
+  bool moe() const { return !expert_p.empty(); }
 };
 
 struct PlanModel {
@@ -56,6 +63,9 @@ struct PlanModel {
   // layer that uses the GPU holds its predictor there (PlanLayer::predictor_bytes, 0 without).
   bool predicted = false;
   int64_t predictor_rank = 0;  // the largest fc1 rank (sizes the device's predictor scratch); 0 without
+  // Mixtures: the most experts a token runs in a layer and the widest expert (size the device's
+  // expert scratch); 0 in a dense model.
+  int64_t n_expert_used = 0, n_ff_expert = 0;
   std::vector<PlanLayer> layers;
 };
 
@@ -68,6 +78,9 @@ struct PlanOptions {
   // Whether the device can hold attention blocks (DeviceCaps::attention): when not, no solver
   // places attention there and validation refuses a plan that does.
   bool attention = true;
+  // Whether the device runs a mixture's experts (DeviceCaps::experts): when not, no solver places
+  // experts there and validation refuses a plan that does.
+  bool experts = true;
 };
 
 enum class PlanMethod { ilp, greedy, layer_split };
@@ -77,6 +90,7 @@ const char* plan_method_name(PlanMethod m);
 struct LayerPlacement {
   bool attn_gpu = false;             // attention weights and KV cache on the GPU
   std::vector<int32_t> gpu_neurons;  // sorted ascending, no duplicates
+  std::vector<int32_t> gpu_experts;  // a mixture's layer: its experts on the GPU, whole; sorted, unique
 };
 
 struct Plan {
@@ -95,8 +109,11 @@ struct Plan {
   double solve_seconds = 0;
   std::string key;                   // cache key (model, profile, budget)
 
-  bool layer_uses_gpu(size_t l) const { return layers[l].attn_gpu || !layers[l].gpu_neurons.empty(); }
+  bool layer_uses_gpu(size_t l) const {
+    return layers[l].attn_gpu || !layers[l].gpu_neurons.empty() || !layers[l].gpu_experts.empty();
+  }
   int64_t n_gpu_neurons() const;
+  int64_t n_gpu_experts() const;
 };
 
 // ---- exact byte accounting (the one function) ---------------------------------------------
@@ -113,15 +130,22 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the attention scratch (the device holds hidden states): some layer's
 // attention is there, or the output head.
 bool gpu_needs_attn_scratch(const Plan& plan);
+// Scratch of the experts' side (any layer with experts on the GPU), for opts.max_batch tokens:
+// their input (n_embd floats a token, and in 8 bits), the slots' neuron values (n_ff_expert
+// floats, and in 8 bits) and outputs (n_embd floats), n_expert_used slots a token, and the
+// routing (an expert id a slot).
+uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
+bool gpu_needs_expert_scratch(const Plan& plan);
 // The output head on the device: its weights and the logits of max_batch rows.
 uint64_t gpu_output_bytes(const PlanModel& m, const PlanOptions& opts);
 // Everything layer l puts on the GPU (attention + KV when attn, predictor when it uses the GPU,
-// the FFN share).
-uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons);
+// the FFN share, n_experts whole experts).
+uint64_t gpu_layer_bytes(const PlanLayer& L, bool attn, int64_t n_neurons, int64_t n_experts);
 // The FFN part alone: every layer's FFN share plus the FFN scratch when the plan needs it (what
 // a device running only the FFN allocates, device/device.hpp; the predictors are not in it).
 uint64_t gpu_ffn_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
-// Everything the plan puts on the GPU: the layers, the output head, plus the scratch in use.
+// Everything the plan puts on the GPU: the layers, the output head, plus the scratch in use
+// (the experts' scratch last).
 uint64_t gpu_bytes(const PlanModel& m, const PlanOptions& opts, const Plan& plan);
 
 // The neuron-major down of an FFN on each side of the hybrid (the planner's row sizes and the

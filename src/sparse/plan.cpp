@@ -21,6 +21,15 @@ void validate(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
               m.n_embd, m.n_ff, m.n_head, m.q_dim, m.kv_dim, m.n_ctx);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const PlanLayer& L = m.layers[l];
+    if (L.moe()) {
+      EMBER_CHECK(L.p.empty() && L.expert_bytes > 0 && L.expert_cpu_bytes > 0,
+                  "plan: layer {} is a mixture with neuron probabilities or experts of no bytes", l);
+      for (size_t e = 0; e < L.expert_p.size(); ++e)
+        EMBER_CHECK(std::isfinite(L.expert_p[e]) && L.expert_p[e] >= 0.0f && L.expert_p[e] <= 1.0f,
+                    "plan: layer {} expert {} has routing probability {} (must be in [0, 1]); is the profile corrupt?",
+                    l, e, L.expert_p[e]);
+      continue;
+    }
     EMBER_CHECK(static_cast<int64_t>(L.p.size()) == m.n_ff, "plan: layer {} has {} firing probabilities, expected n_ff = {}",
                 l, L.p.size(), m.n_ff);
     EMBER_CHECK(L.up_row > 0 && L.down_row > 0 && L.cpu_down_row > 0, "plan: layer {} has a zero neuron row size",
@@ -48,13 +57,20 @@ void validate(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
 void validate_plan(const PlanModel& m, const PlanOptions& opts, const Plan& plan, uint64_t budget) {
   EMBER_CHECK(plan.layers.size() == m.layers.size(), "plan has {} layers but the model has {}; was it made for another model?",
               plan.layers.size(), m.layers.size());
-  const int64_t min_n = std::min(opts.min_gpu_neurons, m.n_ff);
   for (size_t l = 0; l < plan.layers.size(); ++l) {
     const auto& ids = plan.layers[l].gpu_neurons;
+    const int64_t n_ff = static_cast<int64_t>(m.layers[l].p.size()), min_n = layer_min_neurons(m.layers[l], opts);
     for (size_t i = 0; i < ids.size(); ++i) {
-      EMBER_CHECK(ids[i] >= 0 && ids[i] < m.n_ff, "plan: layer {} names neuron {} (n_ff is {})", l, ids[i], m.n_ff);
+      EMBER_CHECK(ids[i] >= 0 && ids[i] < n_ff, "plan: layer {} names neuron {} (it has {})", l, ids[i], n_ff);
       EMBER_CHECK(i == 0 || ids[i] > ids[i - 1], "plan: layer {} neuron ids are not sorted and unique (at {})", l, i);
     }
+    const auto& ex = plan.layers[l].gpu_experts;
+    const auto n_expert = static_cast<int32_t>(m.layers[l].expert_p.size());
+    for (size_t i = 0; i < ex.size(); ++i) {
+      EMBER_CHECK(ex[i] >= 0 && ex[i] < n_expert, "plan: layer {} names expert {} (it has {})", l, ex[i], n_expert);
+      EMBER_CHECK(i == 0 || ex[i] > ex[i - 1], "plan: layer {} expert ids are not sorted and unique (at {})", l, i);
+    }
+    EMBER_CHECK(opts.experts || ex.empty(), "plan: layer {} puts experts on a device that runs no experts", l);
     EMBER_CHECK(opts.attention || !plan.layers[l].attn_gpu,
                 "plan: layer {} puts attention on a device that runs no attention blocks", l);
     if (plan.layer_uses_gpu(l))

@@ -16,7 +16,9 @@
 //
 // Cost model (seconds per generated token, one token at a time): every byte a layer reads is
 // read at its device's bandwidth: attention weights plus half the KV cache (the mean position
-// over a full context), and the FFN rows the executor reads. With predictors (PlanModel::
+// over a full context), and the FFN rows the executor reads; in a mixture's layer the router
+// (on the CPU) and each expert's matrices times its routing probability (from the profile's
+// routing counts, `blk.N.ffn_expert_count`). With predictors (PlanModel::
 // predicted) that is the predictor and p_j * (gate + up + down) bytes for each neuron j (firing
 // probability p_j from the activation profile, standing for the predicted rows); without, the
 // gate decides, so every gate row is read on its side, and p_j * (up + down). Down is counted in
@@ -47,7 +49,15 @@ struct DeviceDesc {
 
 // ---- cost model ---------------------------------------------------------------------------
 
-// Predicted seconds per generated token of a placement (attn[l], neuron sets).
+// The bytes a layer reads per generated token on each side under a placement, as the cost model
+// counts them (attention and half the KV cache, the predictor, the neurons' rows by their firing
+// probabilities, a mixture's router and experts by their routing probabilities).
+struct LayerTraffic {
+  double cpu = 0, gpu = 0;
+};
+LayerTraffic layer_bytes_per_token(const PlanModel& m, const PlanLayer& L, const LayerPlacement& P);
+// Predicted seconds per generated token of a placement: each layer's traffic at its side's
+// bandwidth, a synchronization per layer that uses the GPU, the output head.
 double predict_seconds_per_token(const PlanModel& m, const DeviceDesc& dev, const Plan& plan);
 // Seconds per token with everything on the CPU.
 double predict_cpu_seconds_per_token(const PlanModel& m, const DeviceDesc& dev);
@@ -91,6 +101,12 @@ std::vector<int32_t> neurons_of_groups(const NeuronGroups& groups, const std::ve
 // without predictors, m.predicted).
 double neuron_seconds_saved(const PlanModel& m, const DeviceDesc& dev, const PlanLayer& L, double mass, int64_t count);
 double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L);                 // attention + KV moved
+// Expert e of a mixture's layer moved, whole: its routing probability times its bytes at each
+// side's bandwidth.
+double expert_seconds_saved(const DeviceDesc& dev, const PlanLayer& L, size_t e);
+// The fewest neurons a layer that uses the GPU holds: min(min_gpu_neurons, its neurons); 0 in a
+// mixture's layer (its experts are placed whole).
+int64_t layer_min_neurons(const PlanLayer& L, const PlanOptions& opts);
 // The output head moved: its matrix at the GPU's bandwidth, less a synchronization and the
 // transfers (the hidden state up, the logits down).
 double output_seconds_saved(const PlanModel& m, const DeviceDesc& dev);
@@ -102,9 +118,12 @@ double layer_fixed_seconds(const PlanModel& m, const DeviceDesc& dev, const Plan
 std::vector<std::vector<float>> read_profile_probabilities(const std::string& path, int64_t n_layer, int64_t n_ff);
 // A synth model's known profile (ember.synth.* metadata); empty when the file has none.
 std::vector<std::vector<float>> synth_profile_probabilities(const Model& model);
-// The firing probabilities to plan `model` with: from `profile_path` when given, else the synth
-// model's known profile, else <model>.profile.gguf beside the model. Throws naming the ways to
-// provide one. `source` (optional) receives what was used, for messages and cache keys.
+// The probabilities of the units a plan places in each layer (plan_units): a dense layer's
+// neurons' firing, a mixture layer's experts' routing. From `profile_path` when given, else the
+// synth model's known profile (dense), else <model>.profile.gguf beside the model; a mixture
+// without a profile counts every expert as equally likely (n_used / n_expert). Throws naming the
+// ways to provide one. `source` (optional) receives what was used, for messages and cache keys.
+int64_t plan_units(const Model& model, size_t layer);  // n_ff, or a mixture layer's n_expert
 std::vector<std::vector<float>> plan_probabilities(const Model& model, const std::string& profile_path,
                                                    std::string* source = nullptr);
 // Expected bytes per token of reading the down rows of neurons ids[] (neuron j fires with
@@ -127,7 +146,7 @@ double neuron_major_expected_cost(DType t, int64_t n_embd, const std::vector<flo
 DType hybrid_cpu_down_type(const FfnWeights& w, int64_t n_embd, cpu::NeuronMajorType choice,
                            const std::vector<float>& p, const std::vector<int32_t>& ids);
 
-// The solver's view of a loaded model with probabilities p[layer][neuron], for a context of n_ctx
+// The solver's view of a loaded model with probabilities p[layer][unit] (plan_probabilities), for a context of n_ctx
 // with a KV cache of kv_type (F16 as the engine's default; KvCache::bytes_for counts it).
 // `predictors`: the executor runs the model's predictors (it must have them): counted on the
 // GPU of the layers that use it, and the cost model charges predicted rows only. `cpu_down`: the

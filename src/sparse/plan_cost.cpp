@@ -26,26 +26,35 @@ double sync_seconds(const PlanModel& m, const DeviceDesc& dev) {
 
 }  // namespace
 
+LayerTraffic layer_bytes_per_token(const PlanModel& m, const PlanLayer& L, const LayerPlacement& P) {
+  LayerTraffic r;
+  const bool uses = P.attn_gpu || !P.gpu_neurons.empty() || !P.gpu_experts.empty();
+  (P.attn_gpu ? r.gpu : r.cpu) += attn_read_bytes(L);
+  (uses ? r.gpu : r.cpu) += static_cast<double>(L.predictor_bytes);
+  std::vector<char> on(L.p.size(), 0);
+  for (int32_t j : P.gpu_neurons) on[static_cast<size_t>(j)] = 1;
+  double mass_cpu = 0, mass_gpu = 0;
+  for (size_t j = 0; j < L.p.size(); ++j) (on[j] ? mass_gpu : mass_cpu) += L.p[j];
+  const double n_gpu = static_cast<double>(P.gpu_neurons.size()), n_cpu = static_cast<double>(L.p.size()) - n_gpu;
+  r.cpu += mass_cpu * neuron_bytes(m, L, true) + neuron_fixed_bytes(m, L) * n_cpu;
+  r.gpu += mass_gpu * neuron_bytes(m, L, false) + neuron_fixed_bytes(m, L) * n_gpu;
+  if (L.moe()) {
+    r.cpu += static_cast<double>(L.router_bytes);
+    on.assign(L.expert_p.size(), 0);
+    for (int32_t e : P.gpu_experts) on[static_cast<size_t>(e)] = 1;
+    for (size_t e = 0; e < L.expert_p.size(); ++e)
+      (on[e] ? r.gpu : r.cpu) += L.expert_p[e] * static_cast<double>(on[e] ? L.expert_bytes : L.expert_cpu_bytes);
+  }
+  return r;
+}
+
 double predict_seconds_per_token(const PlanModel& m, const DeviceDesc& dev, const Plan& plan) {
-  const double c = 1.0 / dev.cpu_bandwidth;
-  double t = static_cast<double>(m.output_bytes) * c;
+  double t = static_cast<double>(m.output_bytes) / dev.cpu_bandwidth;
   if (plan.output_gpu) t -= output_seconds_saved(m, dev);
-  const double g = 1.0 / dev.gpu_bandwidth;
-  std::vector<char> on_gpu;
   for (size_t l = 0; l < m.layers.size(); ++l) {
-    const PlanLayer& L = m.layers[l];
-    const LayerPlacement& P = plan.layers[l];
-    const bool uses = P.attn_gpu || !P.gpu_neurons.empty();
-    t += attn_read_bytes(L) * (P.attn_gpu ? g : c);
-    t += static_cast<double>(L.predictor_bytes) * (uses ? g : c);
-    on_gpu.assign(L.p.size(), 0);
-    for (int32_t j : P.gpu_neurons) on_gpu[static_cast<size_t>(j)] = 1;
-    double mass_cpu = 0, mass_gpu = 0;
-    for (size_t j = 0; j < L.p.size(); ++j) (on_gpu[j] ? mass_gpu : mass_cpu) += L.p[j];
-    const double n_gpu = static_cast<double>(P.gpu_neurons.size()), n_cpu = static_cast<double>(L.p.size()) - n_gpu;
-    t += mass_cpu * neuron_bytes(m, L, true) * c + mass_gpu * neuron_bytes(m, L, false) * g +
-         neuron_fixed_bytes(m, L) * (n_cpu * c + n_gpu * g);
-    if (uses) t += sync_seconds(m, dev);
+    const LayerTraffic r = layer_bytes_per_token(m, m.layers[l], plan.layers[l]);
+    t += r.cpu / dev.cpu_bandwidth + r.gpu / dev.gpu_bandwidth;
+    if (plan.layer_uses_gpu(l)) t += sync_seconds(m, dev);
   }
   return t;
 }
@@ -105,6 +114,15 @@ double neuron_seconds_saved(const PlanModel& m, const DeviceDesc& dev, const Pla
 
 double attn_seconds_saved(const DeviceDesc& dev, const PlanLayer& L) {
   return attn_read_bytes(L) * (1.0 / dev.cpu_bandwidth - 1.0 / dev.gpu_bandwidth);
+}
+
+double expert_seconds_saved(const DeviceDesc& dev, const PlanLayer& L, size_t e) {
+  return L.expert_p[e] * (static_cast<double>(L.expert_cpu_bytes) / dev.cpu_bandwidth -
+                          static_cast<double>(L.expert_bytes) / dev.gpu_bandwidth);
+}
+
+int64_t layer_min_neurons(const PlanLayer& L, const PlanOptions& opts) {
+  return std::min<int64_t>(opts.min_gpu_neurons, static_cast<int64_t>(L.p.size()));
 }
 
 double output_seconds_saved(const PlanModel& m, const DeviceDesc& dev) {

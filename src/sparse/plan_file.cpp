@@ -34,21 +34,27 @@ void write_plan(const Plan& plan, const PlanModel& m, const PlanOptions& opts, c
   w.set("ember.plan.max_batch", Value::u64(static_cast<uint64_t>(opts.max_batch)));
   w.set("ember.plan.predicted", Value::u64(m.predicted ? 1 : 0));
   w.set("ember.plan.output_gpu", Value::u64(plan.output_gpu ? 1 : 0));
-  std::vector<int32_t> attn, counts;
+  std::vector<int32_t> attn, counts, expert_counts;
   std::vector<Value> layer_bytes;
+  // GGUF has no empty tensors: no tensor means no neurons (no experts).
+  auto ids_tensor = [&](const std::string& name, const std::vector<int32_t>& ids) {
+    if (ids.empty()) return;
+    std::vector<uint8_t> data(ids.size() * sizeof(int32_t));
+    std::memcpy(data.data(), ids.data(), data.size());
+    w.add_tensor(name, DType::I32, {static_cast<int64_t>(ids.size())}, std::move(data));
+  };
   for (size_t l = 0; l < plan.layers.size(); ++l) {
     const auto& P = plan.layers[l];
     attn.push_back(P.attn_gpu ? 1 : 0);
-    layer_bytes.push_back(
-        Value::u64(gpu_layer_bytes(m.layers[l], P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()))));
+    layer_bytes.push_back(Value::u64(gpu_layer_bytes(m.layers[l], P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()),
+                                                     static_cast<int64_t>(P.gpu_experts.size()))));
     counts.push_back(static_cast<int32_t>(P.gpu_neurons.size()));
-    if (P.gpu_neurons.empty()) continue;  // GGUF has no empty tensors: no tensor means no neurons
-    std::vector<uint8_t> data(P.gpu_neurons.size() * sizeof(int32_t));
-    std::memcpy(data.data(), P.gpu_neurons.data(), data.size());
-    w.add_tensor(fmt::format("blk.{}.gpu_neurons", l), DType::I32, {static_cast<int64_t>(P.gpu_neurons.size())},
-                 std::move(data));
+    expert_counts.push_back(static_cast<int32_t>(P.gpu_experts.size()));
+    ids_tensor(fmt::format("blk.{}.gpu_neurons", l), P.gpu_neurons);
+    ids_tensor(fmt::format("blk.{}.gpu_experts", l), P.gpu_experts);
   }
   w.set("ember.plan.gpu_neuron_counts", Value::ints(counts));
+  w.set("ember.plan.gpu_expert_counts", Value::ints(expert_counts));
   w.set("ember.plan.attn_gpu", Value::ints(attn));
   w.set("ember.plan.layer_gpu_bytes", Value::array(gguf::ValueType::U64, std::move(layer_bytes)));
   w.write(path);
@@ -91,23 +97,33 @@ Plan read_plan(const std::string& path, const PlanModel& m, PlanOptions* opts_ou
   EMBER_CHECK(static_cast<int64_t>(attn.size()) == nl && static_cast<int64_t>(counts.size()) == nl,
               "plan {}: ember.plan.attn_gpu / gpu_neuron_counts have {} / {} entries, expected {}", path, attn.size(),
               counts.size(), nl);
+  // Plans of dense models may lack the experts' counts.
+  const auto expert_counts = r.has("ember.plan.gpu_expert_counts") ? r.get_int_array("ember.plan.gpu_expert_counts")
+                                                                   : std::vector<int64_t>(static_cast<size_t>(nl), 0);
+  EMBER_CHECK(static_cast<int64_t>(expert_counts.size()) == nl, "plan {}: ember.plan.gpu_expert_counts has {} entries, "
+              "expected {}", path, expert_counts.size(), nl);
   plan.layers.resize(static_cast<size_t>(nl));
   plan.output_gpu = r.opt_int("ember.plan.output_gpu").value_or(0) != 0;
-  for (int64_t l = 0; l < nl; ++l) {
-    const std::string name = fmt::format("blk.{}.gpu_neurons", l);
+  // A layer's id list `what` (neurons, experts) of `count` ids below `limit`.
+  auto read_ids = [&](int64_t l, const char* what, int64_t count, int64_t limit, std::vector<int32_t>& ids) {
+    const std::string name = fmt::format("blk.{}.gpu_{}", l, what);
     const gguf::TensorInfo* t = r.find_tensor(name);
-    const int64_t count = counts[static_cast<size_t>(l)];
-    auto& P = plan.layers[static_cast<size_t>(l)];
-    P.attn_gpu = attn[static_cast<size_t>(l)] != 0;
     if (count == 0) {
-      EMBER_CHECK(!t, "plan {}: layer {} has a neuron list but a count of 0", path, l);
-      continue;
+      EMBER_CHECK(!t, "plan {}: layer {} has a list of {} but a count of 0", path, l, what);
+      return;
     }
-    EMBER_CHECK(count > 0 && count <= m.n_ff, "plan {}: layer {} has {} GPU neurons (n_ff is {})", path, l, count, m.n_ff);
+    EMBER_CHECK(count > 0 && count <= limit, "plan {}: layer {} has {} GPU {} (it has {})", path, l, count, what, limit);
     EMBER_CHECK(t && t->type == DType::I32 && t->n_dims == 1 && t->ne[0] == count,
-                "plan {}: tensor {} is missing or not a list of {} I32 neuron ids", path, name, count);
-    P.gpu_neurons.resize(static_cast<size_t>(count));
-    std::memcpy(P.gpu_neurons.data(), r.view(*t).data, P.gpu_neurons.size() * sizeof(int32_t));
+                "plan {}: tensor {} is missing or not a list of {} I32 ids", path, name, count);
+    ids.resize(static_cast<size_t>(count));
+    std::memcpy(ids.data(), r.view(*t).data, ids.size() * sizeof(int32_t));
+  };
+  for (int64_t l = 0; l < nl; ++l) {
+    auto& P = plan.layers[static_cast<size_t>(l)];
+    const PlanLayer& L = m.layers[static_cast<size_t>(l)];
+    P.attn_gpu = attn[static_cast<size_t>(l)] != 0;
+    read_ids(l, "neurons", counts[static_cast<size_t>(l)], static_cast<int64_t>(L.p.size()), P.gpu_neurons);
+    read_ids(l, "experts", expert_counts[static_cast<size_t>(l)], static_cast<int64_t>(L.expert_p.size()), P.gpu_experts);
   }
   validate_plan(m, opts, plan, plan.vram_budget);
   plan.gpu_bytes = gpu_bytes(m, opts, plan);

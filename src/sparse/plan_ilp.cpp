@@ -1,17 +1,21 @@
 // The placement integer program, solved with COIN-OR CBC (CbcModel over OsiClp).
 //
-// Variables (binary), per layer l: x[l][g] for each neuron group g (hot first), a[l] (attention
-// and KV cache on the GPU), u[l] (the layer uses the GPU); z_f / z_a: some layer has GPU neurons /
-// GPU attention (their scratch is allocated once); o: the output head on the GPU.
+// Variables (binary), per layer l: x[l][g] for each neuron group g (hot first), y[l][e] for each
+// expert of a mixture's layer, a[l] (attention and KV cache on the GPU), u[l] (the layer uses the
+// GPU); z_f / z_a / z_e: some layer has GPU neurons / GPU attention / GPU experts (their scratch is
+// allocated once); o: the output head on the GPU.
 //
-//   maximize  sum x[l][g] * saved(group) + a[l] * saved(attention) - u[l] * fixed(l) + o * saved(head)
+//   maximize  sum x[l][g] * saved(group) + y[l][e] * saved(expert) + a[l] * saved(attention)
+//             - u[l] * fixed(l) + o * saved(head)
 //   subject to
-//     x[l][g] <= u[l],  a[l] <= u[l],  u[l] <= a[l] + sum_g x[l][g],  x[l][g] <= x[l][g-1]
-//     sum_g |g| x[l][g] >= min(min_gpu_neurons, n_ff) * u[l]
-//     u[l] <= z_f,  a[l] <= z_a,  o <= z_a
+//     x[l][g] <= u[l],  y[l][e] <= u[l],  a[l] <= u[l],  u[l] <= a[l] + sum_g x[l][g] + sum_e y[l][e],
+//     x[l][g] <= x[l][g-1]
+//     sum_g |g| x[l][g] >= layer_min_neurons(l) * u[l]
+//     u[l] <= z_f,  a[l] <= z_a,  y[l][e] <= z_e,  o <= z_a
 //     memory: sum a[l] (attn + kv) + u[l] (predictor + 4 * (kGpuAlign - 1))
-//             + sum_g |g| (gate + up + down + 4) x[l][g] + z_f ffn_scratch + z_a attn_scratch
-//             + o (head + logits) <= budget
+//             + sum_g |g| (gate + up + down + 4) x[l][g] + sum_e expert y[l][e]
+//             + z_f ffn_scratch + z_a attn_scratch + z_e expert_scratch + o (head + logits) <= budget
+// (u[l] <= z_f only in layers with neurons: a mixture's layer needs no FFN scratch.)
 //
 // The memory row over-counts the exact accounting (each of a layer's four FFN buffers pads by
 // less than kGpuAlign), so every feasible point fits the budget exactly. The greedy plan is
@@ -36,26 +40,30 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
   Timer timer;
   Plan greedy = plan_greedy(m, dev, opts);
   const size_t nl = m.layers.size();
-  const int64_t min_n = std::min(opts.min_gpu_neurons, m.n_ff);
   constexpr double kScale = 1e6;  // objective in microseconds: coefficients near 1
 
   std::vector<NeuronGroups> groups(nl);
-  std::vector<int> x0(nl), a_col(nl), u_col(nl);
+  std::vector<int> x0(nl), y0(nl), a_col(nl), u_col(nl);
   int n_cols = 0;
   for (size_t l = 0; l < nl; ++l) {
     groups[l] = neuron_groups(m.layers[l], opts.group_size);
     x0[l] = n_cols;
     n_cols += static_cast<int>(groups[l].size());
+    y0[l] = n_cols;
+    n_cols += static_cast<int>(m.layers[l].expert_p.size());
     a_col[l] = n_cols++;
     u_col[l] = n_cols++;
   }
-  const int zf = n_cols++, za = n_cols++, out = n_cols++;
+  const int zf = n_cols++, za = n_cols++, ze = n_cols++, out = n_cols++;
 
   std::vector<double> obj(static_cast<size_t>(n_cols), 0.0), lo(static_cast<size_t>(n_cols), 0.0),
       hi(static_cast<size_t>(n_cols), 1.0);
   if (!opts.attention)  // a device without attention blocks: a[l] = 0
     for (size_t l = 0; l < nl; ++l) hi[static_cast<size_t>(a_col[l])] = 0.0;
   if (!opts.attention || m.output_weights_bytes == 0) hi[static_cast<size_t>(out)] = 0.0;  // the head stays
+  if (!opts.experts)  // a device without experts: y[l][e] = 0
+    for (size_t l = 0; l < nl; ++l)
+      for (size_t e = 0; e < m.layers[l].expert_p.size(); ++e) hi[static_cast<size_t>(y0[l]) + e] = 0.0;
   CoinPackedMatrix rows(false, 0, 0);
   rows.setDimensions(0, n_cols);
   std::vector<double> row_lo, row_hi;
@@ -77,7 +85,18 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     CoinPackedVector u_le_sum, min_row;
     u_le_sum.insert(u_col[l], 1.0);
     u_le_sum.insert(a_col[l], -1.0);
-    min_row.insert(u_col[l], -static_cast<double>(min_n));
+    min_row.insert(u_col[l], -static_cast<double>(layer_min_neurons(L, opts)));
+    for (size_t e = 0; e < L.expert_p.size(); ++e) {
+      const int c = y0[l] + static_cast<int>(e);
+      obj[c] = -kScale * expert_seconds_saved(dev, L, e);
+      memory.insert(c, static_cast<double>(L.expert_bytes));
+      CoinPackedVector y_le_u, y_le_ze;
+      y_le_u.insert(c, 1.0), y_le_u.insert(u_col[l], -1.0);
+      y_le_ze.insert(c, 1.0), y_le_ze.insert(ze, -1.0);
+      add_row(y_le_u, -inf, 0.0);
+      add_row(y_le_ze, -inf, 0.0);
+      u_le_sum.insert(c, -1.0);
+    }
     for (size_t g = 0; g < groups[l].size(); ++g) {
       const int c = x0[l] + static_cast<int>(g);
       const double cnt = static_cast<double>(groups[l].count(g));
@@ -105,7 +124,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     u_le_zf.insert(u_col[l], 1.0), u_le_zf.insert(zf, -1.0);
     a_le_za.insert(a_col[l], 1.0), a_le_za.insert(za, -1.0);
     add_row(a_le_u, -inf, 0.0);
-    add_row(u_le_zf, -inf, 0.0);
+    if (!L.moe() || !L.p.empty()) add_row(u_le_zf, -inf, 0.0);
     add_row(a_le_za, -inf, 0.0);
   }
   // The output head: its weights and logits, and the hidden state's buffers (the attention scratch).
@@ -116,6 +135,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
   add_row(out_le_za, -inf, 0.0);
   memory.insert(zf, static_cast<double>(gpu_ffn_scratch_bytes(m, opts)));
   memory.insert(za, static_cast<double>(gpu_attn_scratch_bytes(m, opts)));
+  memory.insert(ze, static_cast<double>(gpu_expert_scratch_bytes(m, opts)));
   add_row(memory, -inf, static_cast<double>(dev.vram_budget));
 
   OsiClpSolverInterface solver;
@@ -134,9 +154,10 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     for (int32_t j : P.gpu_neurons) on[static_cast<size_t>(j)] = 1;
     for (size_t g = 0; g < groups[l].size(); ++g)
       start[x0[l] + g] = on[static_cast<size_t>(groups[l].order[groups[l].begin[g]])] ? 1.0 : 0.0;
+    for (int32_t e : P.gpu_experts) start[static_cast<size_t>(y0[l] + e)] = start[ze] = 1.0;
     start[a_col[l]] = P.attn_gpu ? 1.0 : 0.0;
     start[u_col[l]] = greedy.layer_uses_gpu(l) ? 1.0 : 0.0;
-    if (!P.gpu_neurons.empty()) start[zf] = 1.0;
+    if (greedy.layer_uses_gpu(l) && (!m.layers[l].moe() || !m.layers[l].p.empty())) start[zf] = 1.0;
     if (P.attn_gpu) start[za] = 1.0;
   }
   if (greedy.output_gpu) start[out] = start[za] = 1.0;
@@ -163,9 +184,12 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
       for (size_t g = 0; g < groups[l].size(); ++g) chosen[g] = sol[x0[l] + g] > 0.5;
       plan.layers[l].gpu_neurons = neurons_of_groups(groups[l], chosen);
       plan.layers[l].attn_gpu = sol[a_col[l]] > 0.5;
+      for (size_t e = 0; e < m.layers[l].expert_p.size(); ++e)
+        if (sol[y0[l] + static_cast<int>(e)] > 0.5) plan.layers[l].gpu_experts.push_back(static_cast<int32_t>(e));
       // The minimum-neuron row forces neurons for attention too; keep a layer's attention only
       // where the layer has its neurons (a rounding artefact otherwise).
-      if (plan.layers[l].gpu_neurons.size() < static_cast<size_t>(min_n)) plan.layers[l] = LayerPlacement{};
+      if (plan.layers[l].gpu_neurons.size() < static_cast<size_t>(layer_min_neurons(m.layers[l], opts)))
+        plan.layers[l] = LayerPlacement{};
     }
     plan.output_gpu = sol[out] > 0.5;
     finish_plan(m, dev, opts, plan);

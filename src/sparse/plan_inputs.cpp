@@ -9,10 +9,13 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "model/kv_cache.hpp"
+#include "model/moe.hpp"
 #include "synth/synth.hpp"
 #include "ops/cpu/nm4/nm4.hpp"
 #include "sparse/predictor.hpp"
+#include "sparse/profile.hpp"
 
 namespace ember {
 // ---- inputs -------------------------------------------------------------------------------
@@ -61,11 +64,65 @@ std::vector<std::vector<float>> synth_profile_probabilities(const Model& model) 
   return p;
 }
 
+int64_t plan_units(const Model& model, size_t layer) {
+  const LayerWeights& L = model.layers[layer];
+  return L.moe.valid() ? L.moe.n_expert() : model.hp.n_ff;
+}
+
+namespace {
+
+bool has_experts(const Model& model) {
+  for (const LayerWeights& L : model.layers)
+    if (L.moe.valid()) return true;
+  return false;
+}
+
+// A mixture's routing probabilities (expert_counts / n_tokens) from a profile.
+std::vector<std::vector<float>> read_routing_probabilities(const std::string& path, const Model& model) {
+  const Profile pr = read_profile(path);
+  EMBER_CHECK(pr.n_layer == model.hp.n_layer && !pr.expert_counts.empty(),
+              "profile {} has {} layers{}; the model has {} layers of experts: profile this model with `ember profile`",
+              path, pr.n_layer, pr.expert_counts.empty() ? " and no routing counts" : "", model.hp.n_layer);
+  std::vector<std::vector<float>> p(model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& c = pr.expert_counts[l];
+    EMBER_CHECK(static_cast<int64_t>(c.size()) == plan_units(model, l), "profile {}: layer {} counts {} experts, the "
+                "model has {}", path, l, c.size(), plan_units(model, l));
+    for (float v : c) {
+      EMBER_CHECK(std::isfinite(v) && v >= 0 && v <= static_cast<double>(pr.n_tokens),
+                  "profile {}: layer {}'s routing count {} is not in [0, n_tokens = {}]", path, l, v, pr.n_tokens);
+      p[l].push_back(static_cast<float>(v / static_cast<double>(pr.n_tokens)));
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
 std::vector<std::vector<float>> plan_probabilities(const Model& model, const std::string& profile_path,
                                                    std::string* source) {
   const int64_t nl = model.hp.n_layer, nf = model.hp.n_ff;
   std::string src = profile_path;
   std::vector<std::vector<float>> p;
+  if (has_experts(model)) {
+    std::filesystem::path beside(model.file->path());
+    beside.replace_extension(".profile.gguf");
+    if (src.empty() && std::filesystem::exists(beside)) src = beside.string();
+    if (!src.empty()) {
+      p = read_routing_probabilities(src, model);
+    } else {  // every expert as likely: the order of placement is the experts' order
+      src = "uniform routing (no profile)";
+      log_info("placement: no profile of {} ({}); every expert counted as equally likely: `ember profile` it to place "
+               "the hot experts", model.file->path(), beside.string());
+      for (size_t l = 0; l < model.layers.size(); ++l) {
+        const MoeWeights& moe = model.layers[l].moe;
+        p.emplace_back(static_cast<size_t>(plan_units(model, l)),
+                       static_cast<float>(static_cast<double>(moe.n_used) / static_cast<double>(moe.n_expert())));
+      }
+    }
+    if (source) *source = src;
+    return p;
+  }
   if (!profile_path.empty()) {
     p = read_profile_probabilities(profile_path, nl, nf);
   } else if (p = synth_profile_probabilities(model); !p.empty()) {
@@ -150,9 +207,21 @@ DType hybrid_cpu_down_type(const FfnWeights& w, int64_t n_embd, cpu::NeuronMajor
 
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type,
                           bool predictors, cpu::NeuronMajorType cpu_down, int64_t n_seq) {
-  const std::string moe = model_moe_refusal(model, "the placement planner");
-  EMBER_CHECK(moe.empty(), "{}", moe);
   const Hparams& hp = model.hp;
+  const bool experts = has_experts(model);
+  EMBER_CHECK(p.size() == model.layers.size(), "plan: {} layers of probabilities for a model of {} layers", p.size(),
+              model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const MoeWeights& moe = model.layers[l].moe;
+    EMBER_CHECK(moe.valid() == experts, "plan: layer {} is {} where layer 0 is {}: models that mix dense and expert "
+                "layers are not placed yet", l, moe.valid() ? "a mixture" : "dense", experts ? "a mixture" : "dense");
+    if (!moe.valid()) continue;
+    EMBER_CHECK(!predictors, "plan: a mixture of experts runs no predictors");
+    const std::string why = moe_split_refusal(moe);
+    EMBER_CHECK(why.empty(), "plan: layer {}'s experts cannot be placed: {}", l, why);
+    EMBER_CHECK(static_cast<int64_t>(p[l].size()) == moe.n_expert(), "plan: layer {} has {} routing probabilities for {} "
+                "experts", l, p[l].size(), moe.n_expert());
+  }
   EMBER_CHECK(n_ctx >= 1, "plan: context size must be positive, got {}", n_ctx);
   n_ctx = std::min(n_ctx, hp.n_ctx_train);
   PlanModel m = base_shape(std::filesystem::path(model.file->path()).filename().string(), hp.n_embd, hp.n_ff, hp.n_head,
@@ -174,6 +243,17 @@ PlanModel plan_model_from(const Model& model, const std::vector<std::vector<floa
     if (predictors) {
       L.predictor_bytes = padded(W.ffn.fc1) + padded(W.ffn.fc2);
       m.predictor_rank = std::max(m.predictor_rank, W.ffn.fc1.rows());
+    }
+    if (W.moe.valid()) {  // its experts, whole (moe_split_refusal: one shape and type, so one size)
+      const FfnWeights& e = W.moe.experts.front();
+      L.expert_p = std::move(L.p);
+      L.p.clear();
+      L.expert_bytes = padded(e.gate) + padded(e.up) + padded(e.down);
+      L.expert_cpu_bytes = e.gate.nbytes + e.up.nbytes + e.down.nbytes;
+      L.router_bytes = W.moe.router.nbytes;
+      m.n_expert_used = std::max(m.n_expert_used, W.moe.n_used);
+      m.n_ff_expert = std::max(m.n_ff_expert, e.n_ff());
+      continue;
     }
     L.gate_row = W.ffn.gated() ? row_bytes(W.ffn.gate.type, hp.n_embd) : 0;  // OPT has no gate
     L.up_row = row_bytes(W.ffn.up.type, hp.n_embd);

@@ -1,5 +1,5 @@
 // Layer-split placement, the baseline llama.cpp's -ngl gives: the first k layers entirely on
-// the GPU (attention, KV cache, every neuron, the predictor), the rest on the CPU, k as large as
+// the GPU (attention, KV cache, every neuron or every expert, the predictor), the rest on the CPU, k as large as
 // the budget allows, and the output head too once every layer is there. For a device without attention blocks (PlanOptions::attention false) the
 // layers' FFNs alone.
 #include "core/timer.hpp"
@@ -18,7 +18,10 @@ Plan plan_layer_split(const PlanModel& m, const DeviceDesc& dev, const PlanOptio
   bool every_layer = true;
   for (size_t l = 0; l < m.layers.size(); ++l) {
     plan.layers[l].attn_gpu = opts.attention;  // a device without attention blocks: the FFN alone
-    plan.layers[l].gpu_neurons = all;
+    plan.layers[l].gpu_neurons = m.layers[l].moe() ? std::vector<int32_t>{} : all;
+    if (opts.experts)  // a mixture's layer: every expert
+      for (int32_t e = 0; e < static_cast<int32_t>(m.layers[l].expert_p.size()); ++e)
+        plan.layers[l].gpu_experts.push_back(e);
     if (gpu_bytes(m, opts, plan) > dev.vram_budget) {
       plan.layers[l] = LayerPlacement{};
       every_layer = false;

@@ -1,4 +1,4 @@
-// `ember plan`: places a model's attention blocks and FFN neurons on a GPU of a given memory
+// `ember plan`: places a model's attention blocks and FFN neurons (a mixture's experts) on a GPU of a given memory
 // budget (sparse/plan.hpp), prints the chosen plan per layer and the three placements (ILP,
 // greedy, layer-split) side by side with the cost model's predicted speed, and writes the
 // chosen one as a plan file. `--synth-preset` plans a synth model from its shapes and known
@@ -35,17 +35,29 @@ std::string mib(uint64_t b) { return fmt::format("{:.1f}", b / 1048576.0); }
 std::string gap_text(const Plan& p) { return p.gap < 0 ? "-" : fmt::format("{:.2e}", p.gap); }
 
 void print_layers(const PlanModel& m, const Plan& p) {
-  fmt::print("{:>5} {:>5} {:>8} {:>7} {:>11}\n", "layer", "attn", "neurons", "mass %", "GPU MiB");
+  const bool moe = !m.layers.empty() && m.layers[0].moe();
+  fmt::print("{:>5} {:>5} {:>8} {:>7} {:>11} {:>12} {:>12}\n", "layer", "attn", moe ? "experts" : "neurons",
+             moe ? "route %" : "mass %", "GPU MiB", "CPU MB/tok", "GPU MB/tok");
+  double cpu = 0, gpu = 0;
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const auto& L = m.layers[l];
     const auto& P = p.layers[l];
+    const auto& prob = moe ? L.expert_p : L.p;
+    const auto& ids = moe ? P.gpu_experts : P.gpu_neurons;
     double mass = 0, all = 0;
-    for (float x : L.p) all += x;
-    for (int32_t j : P.gpu_neurons) mass += L.p[static_cast<size_t>(j)];
-    fmt::print("{:>5} {:>5} {:>8} {:>7.1f} {:>11}\n", l, P.attn_gpu ? "GPU" : "CPU", P.gpu_neurons.size(),
+    for (float x : prob) all += x;
+    for (int32_t j : ids) mass += prob[static_cast<size_t>(j)];
+    const LayerTraffic t = layer_bytes_per_token(m, L, P);
+    cpu += t.cpu, gpu += t.gpu;
+    fmt::print("{:>5} {:>5} {:>8} {:>7.1f} {:>11} {:>12.2f} {:>12.2f}\n", l, P.attn_gpu ? "GPU" : "CPU",
+               moe ? fmt::format("{}/{}", ids.size(), prob.size()) : fmt::format("{}", ids.size()),
                all > 0 ? 100.0 * mass / all : 0.0,
-               mib(gpu_layer_bytes(L, P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()))));
+               mib(gpu_layer_bytes(L, P.attn_gpu, static_cast<int64_t>(P.gpu_neurons.size()),
+                                   static_cast<int64_t>(P.gpu_experts.size()))),
+               t.cpu / 1e6, t.gpu / 1e6);
   }
+  fmt::print("{:>5} {:>5} {:>8} {:>7} {:>11} {:>12.2f} {:>12.2f}\n", "all", "", "", "", mib(p.gpu_bytes), cpu / 1e6,
+             gpu / 1e6);
 }
 
 void run_plan(const PlanFlags& f) {
@@ -88,9 +100,10 @@ void run_plan(const PlanFlags& f) {
   const PlanMethod chosen = parse_plan_method(f.method);
   Plan all;
   all.layers.resize(m.layers.size());
-  for (auto& L : all.layers) {
-    L.attn_gpu = true;
-    for (int32_t j = 0; j < m.n_ff; ++j) L.gpu_neurons.push_back(j);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    all.layers[l].attn_gpu = true;
+    for (size_t j = 0; j < m.layers[l].p.size(); ++j) all.layers[l].gpu_neurons.push_back(static_cast<int32_t>(j));
+    for (size_t e = 0; e < m.layers[l].expert_p.size(); ++e) all.layers[l].gpu_experts.push_back(static_cast<int32_t>(e));
   }
   const uint64_t full = gpu_bytes(m, f.opts, all);
   log_info("plan: {} ({} layers, n_ff {}, context {}{}), profile: {}; budget {} MiB of {} MiB for everything", m.name,
@@ -107,13 +120,14 @@ void run_plan(const PlanFlags& f) {
   print_layers(m, best);
   const double cpu_s = predict_cpu_seconds_per_token(m, dev);
   fmt::print("\nall on the CPU: {:.2f} tok/s predicted\n", 1.0 / cpu_s);
-  fmt::print("{:<12} {:<11} {:>9} {:>8} {:>10} {:>9} {:>6} {:>5} {:>10} {:>8}\n", "method", "status", "gap", "solve s",
-             "GPU MiB", "neurons", "attn", "head", "tok/s", "vs CPU");
+  fmt::print("{:<12} {:<11} {:>9} {:>8} {:>10} {:>9} {:>8} {:>6} {:>5} {:>10} {:>8}\n", "method", "status", "gap",
+             "solve s", "GPU MiB", "neurons", "experts", "attn", "head", "tok/s", "vs CPU");
   for (const Plan& p : plans) {
     int attn = 0;
     for (const auto& L : p.layers) attn += L.attn_gpu;
-    fmt::print("{:<12} {:<11} {:>9} {:>8.3f} {:>10} {:>9} {:>6} {:>5} {:>10.2f} {:>7.2f}x\n", plan_method_name(p.method),
-               p.status, gap_text(p), p.solve_seconds, mib(p.gpu_bytes), p.n_gpu_neurons(), attn,
+    fmt::print("{:<12} {:<11} {:>9} {:>8.3f} {:>10} {:>9} {:>8} {:>6} {:>5} {:>10.2f} {:>7.2f}x\n",
+               plan_method_name(p.method), p.status, gap_text(p), p.solve_seconds, mib(p.gpu_bytes), p.n_gpu_neurons(),
+               p.n_gpu_experts(), attn,
                p.output_gpu ? "GPU" : "CPU", 1.0 / p.seconds_per_token, cpu_s / p.seconds_per_token);
   }
   fmt::print("(speeds are the cost model's predictions, not measurements)\n");

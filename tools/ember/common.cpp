@@ -220,9 +220,13 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
 void log_ffn_sparsity(Session& session) {
   if (const HybridExecutor* hy = session.hybrid()) {
     const HybridStats st = hy->stats();
-    const uint64_t all = st.device_fired + st.cpu_fired;
-    log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,
-             all ? 100.0 * st.device_fired / all : 0.0, hy->device().name(), all ? 100.0 * st.cpu_fired / all : 0.0);
+    const uint64_t all = st.device_fired + st.cpu_fired, runs = st.device_expert_runs + st.cpu_expert_runs;
+    if (runs > 0)
+      log_info("hybrid experts: {} (token, expert) runs, {:.1f}% on the device ({}), {:.1f}% on the CPU", runs,
+               100.0 * st.device_expert_runs / runs, hy->device().name(), 100.0 * st.cpu_expert_runs / runs);
+    else
+      log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,
+               all ? 100.0 * st.device_fired / all : 0.0, hy->device().name(), all ? 100.0 * st.cpu_fired / all : 0.0);
     const CrossingStats c = hy->device().crossings();
     log_info("hybrid time: CPU FFN shares {:.3f} s, waiting for the device's shares {:.3f} s, device blocks and "
              "boundaries {:.3f} s, CPU layers {:.3f} s; {} hidden-state crossings, {:.1f} MiB moved",

@@ -8,6 +8,7 @@
 #include "core/huge_pages.hpp"
 #include "model/blocks.hpp"
 #include "model/ffn.hpp"
+#include "model/moe.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "sparse/predictor.hpp"
@@ -20,6 +21,7 @@ DeviceCaps cpu_standin_caps() {
           .parallel_residual = true,
           .gatings = {FfnGating::par, FfnGating::sym, FfnGating::none},
           .up_bias = true,
+          .experts = true,
           .weight_types = {}};
 }
 
@@ -146,6 +148,35 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     ws_.init(model, n_batch_, pm.n_ctx, n_threads_);
     io_.resize(static_cast<size_t>(n_batch_ * n_embd_));
   }
+  // A mixture's experts: their matrices copied into the arena (the CPU's layout: the same kernels).
+  moe_.assign(model.layers.size(), {});
+  expert_ids_.assign(model.layers.size(), {});
+  size_t most = 0;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& ids = plan.layers[l].gpu_experts;
+    if (ids.empty()) continue;
+    const MoeWeights& from = model.layers[l].moe;
+    MoeWeights& to = moe_[l];
+    to.router = from.router;  // its shape only: the host routes
+    to.n_used = from.n_used;
+    to.norm_weights = from.norm_weights;
+    to.experts.assign(from.experts.size(), {});
+    const auto& E = layout_.experts[l];
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const FfnWeights& w = from.experts[static_cast<size_t>(ids[i])];
+      FfnWeights& c = to.experts[static_cast<size_t>(ids[i])];
+      c = w;
+      c.gate = placed(w.gate, E.gate[i]);
+      c.up = placed(w.up, E.up[i]);
+      c.down = placed(w.down, E.down[i]);
+    }
+    expert_ids_[l] = ids;
+    most = std::max(most, ids.size());
+  }
+  if (most > 0) {
+    ex_ws_.init(model, max_batch_, pm.n_ctx, n_threads_);
+    expert_list_.resize(most);
+  }
   // Kernel scratch (CPU kernels only: quantized activations, axpy rows); not device memory.
   mm_bytes_ = 0;
   for (size_t l = 0; l < model.layers.size(); ++l)
@@ -232,8 +263,14 @@ void CpuDevice::ffn_block_end(int64_t layer, const float* cpu_out, int64_t n) {
     crossings_.bytes += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
     counters_.bytes_in += sizeof(float) * static_cast<uint64_t>(n * n_embd_);
   }
-  // The merge, then the block's end (post-norm, residual) on the device's hidden state.
-  ffn_merge_partials(cpu_out, dev, model_->layers[static_cast<size_t>(layer)].ffn, ws_.o.data(), n);
+  // The merge, then the block's end (post-norm, residual) on the device's hidden state. A
+  // mixture's block output is the host's whole (its experts here ran for the host: experts_begin).
+  if (model_->layers[static_cast<size_t>(layer)].moe.valid()) {
+    EMBER_CHECK(cpu_out, "device {}: layer {} is a mixture, whose output the host computes", name(), layer);
+    std::memcpy(ws_.o.data(), cpu_out, sizeof(float) * static_cast<size_t>(n * n_embd_));
+  } else {
+    ffn_merge_partials(cpu_out, dev, model_->layers[static_cast<size_t>(layer)].ffn, ws_.o.data(), n);
+  }
   ffn_block_output(*model_, L, ws_.o.data(), ws_.x.data(), n);
 }
 
@@ -295,6 +332,52 @@ PredictedMask CpuDevice::ffn_predicted() {
   return {mask_.data(), n_cpu};
 }
 
+void CpuDevice::experts_begin(int64_t layer, const float* x, int64_t n, const int32_t* ids) {
+  const size_t l = static_cast<size_t>(layer);
+  EMBER_CHECK(layer >= 0 && l < expert_ids_.size() && !expert_ids_[l].empty(), "device {}: layer {} has no experts here",
+              name(), layer);
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "device {}: experts on {} tokens (1 to {})", name(), n, max_batch_);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  const MoeWeights& moe = moe_[l];
+  const size_t xb = sizeof(float) * static_cast<size_t>(n * n_embd_), ib = sizeof(int32_t) * static_cast<size_t>(n * moe.n_used);
+  std::memcpy(arena_.data() + layout_.ex_x, x, xb);
+  std::memcpy(arena_.data() + layout_.ex_ids, ids, ib);
+  counters_.bytes_in += xb + ib;
+  job_layer_ = layer, job_n_ = n, job_ = {};
+  job_experts_ = true;
+  pending_ = true;
+  done_ = false;
+  lock.unlock();
+  cv_.notify_all();
+}
+
+const float* CpuDevice::experts_end() {
+  std::unique_lock<std::mutex> lock(mu_);
+  EMBER_CHECK(job_experts_, "device {}: experts_end without experts_begin", name());
+  ++counters_.host_waits;
+  cv_.wait(lock, [&] { return done_; });
+  job_experts_ = false;
+  return reinterpret_cast<const float*>(arena_.data() + layout_.ex_out);
+}
+
+void CpuDevice::compute_experts() {
+  const size_t l = static_cast<size_t>(job_layer_);
+  const MoeWeights& moe = moe_[l];
+  const int64_t n = job_n_, k = moe.n_used;
+  const auto* ids = reinterpret_cast<const int32_t*>(arena_.data() + layout_.ex_ids);
+  std::copy(ids, ids + n * k, ex_ws_.moe_ids.begin());
+  std::fill(ex_ws_.moe_weights.begin(), ex_ws_.moe_weights.begin() + n * k, 0.0f);  // the host weighs
+  moe_group_slots(moe, n, ex_ws_);
+  int64_t count = 0;  // its experts that some token chose, ascending
+  for (int32_t e : expert_ids_[l])
+    if (ex_ws_.moe_first[static_cast<size_t>(e) + 1] > ex_ws_.moe_first[static_cast<size_t>(e)])
+      expert_list_[static_cast<size_t>(count++)] = e;
+  auto* out = reinterpret_cast<float*>(arena_.data() + layout_.ex_out);
+  moe_expert_rows(*pool_, moe, model_->hp.act, reinterpret_cast<const float*>(arena_.data() + layout_.ex_x), n,
+                  expert_list_.data(), count, ex_ws_, out);
+}
+
 void CpuDevice::driver() {
   for (;;) {
     {
@@ -313,6 +396,7 @@ void CpuDevice::driver() {
 }
 
 void CpuDevice::compute() {
+  if (job_experts_) return compute_experts();
   const size_t l = static_cast<size_t>(job_layer_);
   const auto& s = layout_.layers[l];
   uint8_t* base = arena_.data();

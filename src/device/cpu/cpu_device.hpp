@@ -32,6 +32,8 @@ class CpuDevice final : public Device {
   void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
   PredictedMask ffn_predicted() override;
+  void experts_begin(int64_t layer, const float* x, int64_t n, const int32_t* ids) override;
+  const float* experts_end() override;
   void put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) override;
   void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) override;
   void ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) override;
@@ -51,6 +53,7 @@ class CpuDevice final : public Device {
  private:
   void driver();
   void compute();
+  void compute_experts();
   const LayerWeights& attn_layer(int64_t layer) const;
 
   int n_threads_;
@@ -64,6 +67,12 @@ class CpuDevice final : public Device {
   AlignedBuffer<uint8_t> pred_mm_, mask_, allowed_;  // per token: the CPU's neurons, the share's rows
   AlignedBuffer<int32_t> pred_list_;
   std::vector<FfnWeights> shares_;
+  // Per layer of a mixture with experts here: the layer's experts, those here as views into the
+  // arena (the others empty), their ids, and a workspace of the mixture's buffers for max_batch tokens.
+  std::vector<MoeWeights> moe_;
+  std::vector<std::vector<int32_t>> expert_ids_;
+  AlignedBuffer<int32_t> expert_list_;
+  Workspace ex_ws_;
   std::vector<TensorView> fc1_, fc2_;  // per layer: its predictor in the arena (fc2 in predictor_row_order)
   std::vector<LayerWeights> attn_;    // per layer: views into the arena (attention layers only)
   OutputWeights out_;                 // the output head's copies (Plan::output_gpu), views into the arena
@@ -81,6 +90,7 @@ class CpuDevice final : public Device {
   bool block_job_ = false;
   // The job (written by the caller before `pending_` is set, read by the driver).
   int64_t job_layer_ = 0, job_n_ = 0;
+  bool job_experts_ = false;  // the job is a mixture's experts (experts_begin)
   ShareRule job_;
   const float* job_px_ = nullptr;  // the predictor's input (in the arena or the hidden state)
   std::mutex mu_;

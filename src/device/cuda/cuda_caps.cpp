@@ -13,6 +13,7 @@ DeviceCaps cuda_caps() {
           .max_head_dim = 256,
           .gatings = {FfnGating::par},
           .up_bias = false,
+          .experts = false,
           .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1}};
 }
 

@@ -31,7 +31,9 @@
 #   large.txt      a 33B shape (6656 / 17920 / 60 layers) at half its bytes (hybrid, layer split)
 #                  and all on the GPU; a 70B shape (8192 / 28672 / 80 layers, 8 KV heads) at a
 #                  24 GiB budget (an RTX 4090's, the paper's setting: hybrid, layer split); the 7B
-#                  shape in F16, all-GPU and at half its bytes
+#                  shape in F16, all-GPU and at half its bytes; a mixture (the Qwen3-30B-A3B shape
+#                  cut to 24 layers, Q4_0): all-CPU, the hybrid's experts and layer split at half
+#                  its bytes, llama.cpp's --n-cpu-moe beside it
 #   summary.txt    one row per step, printed last (both parts)
 #
 #   scripts/gpu_run.sh [--part a|b] OUTDIR   on the GPU machine (the pack in gpu-pack/ or $EMBER_PACK;
@@ -386,6 +388,33 @@ else
   large 33b --preset 7b --n-embd 6656 --n-ff 17920 --n-layer 60 --n-head 52 --n-head-kv 52 --type q4_0 -- 50 auto
   large 70b --preset 7b --n-embd 8192 --n-ff 28672 --n-layer 80 --n-head 64 --n-head-kv 8 --type q4_0 -- 24GiB
   large 7b-f16 --preset 7b --type f16 -- 50 auto
+fi
+# ---- 9. a mixture: the Qwen3-30B-A3B shape (cut to 24 layers), its experts placed whole --------
+# All-CPU, the hybrid (the greedy plan: attention and the most routed experts on the GPU) and the
+# layer split at half the file's bytes; llama.cpp with every layer on the GPU but the experts of
+# the first half of the layers on the CPU (--n-cpu-moe), the same split by another rule.
+moe_step() {  # label n_layer synth-flags...
+  local label=$1 n_layer=$2
+  shift 2
+  if late; then row "$label" skip "out of time"; return; fi
+  bench_model=$work/$label.gguf
+  echo "== $label: synth $*" >>"$bench_log"
+  timeout 300 "$ember" synth --n-layer "$n_layer" "$@" -o "$bench_model" 2>&1 | tail -1 >>"$bench_log"
+  local bytes v c h s l
+  bytes=$(stat -c %s "$bench_model" 2>/dev/null || echo 0)
+  v=$((bytes / 2 + reserve))
+  c=$(bench "$label-cpu" tg16 -p 0 -n 16)
+  h=$(bench "$label-h50" tg16 -p 0 -n 16 --plan-method greedy --hybrid-device "$device" --vram-budget "$v")
+  s=$(bench "$label-s50" tg16 -p 0 -n 16 --plan-method layer-split --hybrid-device "$device" --vram-budget "$v")
+  l=$(llamacpp "$bench_model" -ngl 99 -ncmoe $((n_layer / 2)))
+  rm -f "$bench_model"
+  row "$label" ok "tg16 all-CPU $c; at 50 %: hybrid $h ($(ratio "$h" "$c")x CPU), layer split $s ($(ratio "$h" "$s")x), llama.cpp --n-cpu-moe $((n_layer / 2)) $l ($(ratio "$h" "$l")x)"
+}
+if ((dry)); then
+  moe_step moe-qwen3 4 --preset tiny --arch qwen3moe --n-expert 8 --n-expert-used 2 --n-ff 64 --type q4_0
+else
+  moe_step moe-qwen3 24 --arch qwen3moe --n-embd 2048 --n-ff 768 --n-expert 128 --n-expert-used 8 --n-head 32 \
+    --n-head-kv 4 --head-dim 128 --n-vocab 32000 --type q4_0
 fi
 fi  # part b
 

@@ -997,6 +997,55 @@ TEST(CudaOps, AttentionOnCudaEqualsTheStandIn) {
 #endif
 }
 
+// A mixture's experts on CUDA (the file's layout; gate with the activation in its epilogue, up
+// times it, down; each expert over the tokens that chose it) against the CPU stand-in running the
+// CPU's own kernels on the same plan, which equals the all-CPU mixture bit for bit
+// (tests/test_hybrid_moe.cpp): prompts in one device batch and in chunks, attention on the CPU
+// and on the device. Both round the activations of quantized rows to the same 8 bits; the
+// activation's exp and the float sums differ. Two CUDA runs are bit-identical, the bytes are the
+// plan's on both.
+TEST(CudaOps, MixtureExpertsOnCudaEqualTheStandIn) {
+  SKIP_WITHOUT_GPU();
+#ifdef EMBER_HAS_CUDA
+  for (DType type : {DType::F32, DType::Q4_0, DType::Q8_0}) {
+    SCOPED_TRACE(dtype_name(type));
+    SynthOptions o;
+    o.type = type;
+    o.act = FfnActivation::silu;
+    o.n_embd = 128, o.n_ff = 96, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2;
+    o.n_expert = 8, o.n_expert_used = 2, o.seed = 17, o.n_threads = 2;
+    auto model = test_support::load_synth_in(test_support::test_temp_dir("cuda"), o,
+                                             fmt::format("moe-{}.gguf", dtype_name(type)));
+    for (int64_t max_batch : {16, 5})
+      for (bool attn : {false, true}) {
+        SCOPED_TRACE(fmt::format("batches of {}, attention {}", max_batch, attn ? "on the device" : "on the CPU"));
+        Plan plan;  // layer 0: experts 1, 2 and 5; layer 1: none; layer 2: all
+        plan.method = PlanMethod::greedy;
+        plan.vram_budget = uint64_t{1} << 40;
+        plan.layers.resize(3);
+        plan.layers[0].gpu_experts = {1, 2, 5};
+        for (int32_t e = 0; e < 8; ++e) plan.layers[2].gpu_experts.push_back(e);
+        for (size_t l = 0; l < 3; ++l) plan.layers[l].attn_gpu = attn && l != 1;
+        SessionParams p;
+        p.n_threads = 2;
+        p.n_ctx = 64;
+        p.kv_type = DType::F16;
+        p.hybrid.given = &plan;
+        p.hybrid.plan.min_gpu_neurons = 0;
+        p.hybrid.plan.max_batch = max_batch;
+        const OnBothDevices r = on_both_devices(*model, p);
+        const OnBothDevices again = on_both_devices(*model, p);
+        EXPECT_EQ(again.gpu, r.gpu) << "two CUDA runs differ";
+        EXPECT_EQ(r.gpu_bytes, r.cpu_bytes);
+        EXPECT_GT(r.gpu_stats.device_expert_runs, 0u);
+        EXPECT_GT(r.gpu_stats.cpu_expert_runs, 0u);
+        EXPECT_LT(test_support::max_rel_diff(r.cpu, r.gpu), 1e-3);
+      }
+    std::filesystem::remove(model->file->path());
+  }
+#endif
+}
+
 // An all-GPU decode token (attention, every neuron and the output head on the device, with
 // predictors or the oracle rule) waits on the host once; with graphs (the default where the
 // runtime has them) it replays one graph and launches nothing one by one, and gives the same bits

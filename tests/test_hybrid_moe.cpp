@@ -170,10 +170,20 @@ TEST(HybridMoe, PlannersPlaceTheHotExpertsWithinTheBudget) {
 TEST(HybridMoe, RefusesWhatCannotBeSplit) {
   auto model = load_moe(DType::Q4_0, 2, "refuse");
   Plan plan = experts_plan(*model, 0);
-  // CUDA runs no experts yet: named with the layer.
-  EXPECT_NE(device_refusal(cuda_caps(), *model, plan).find("layer 0 on the cuda device, which runs no experts"),
-            std::string::npos) << device_refusal(cuda_caps(), *model, plan);
   EXPECT_EQ(device_refusal(cpu_standin_caps(), *model, plan), "");
+  EXPECT_EQ(device_refusal(cuda_caps(), *model, plan), "");
+  // A device without experts, and experts of a type a device does not read: named with the layer.
+  DeviceCaps none = cpu_standin_caps();
+  none.experts = false;
+  EXPECT_NE(device_refusal(none, *model, plan).find("layer 0 on the cpu-standin device, which runs no experts"),
+            std::string::npos) << device_refusal(none, *model, plan);
+  {
+    Model& k = *model;
+    for (FfnWeights& e : k.layers[0].moe.experts) e.gate.type = e.up.type = e.down.type = DType::Q6_K;
+    const std::string why = device_refusal(cuda_caps(), k, plan);
+    EXPECT_NE(why.find("layer 0's experts have Q6_K matrices; the cuda device reads"), std::string::npos) << why;
+    for (FfnWeights& e : k.layers[0].moe.experts) e.gate.type = e.up.type = e.down.type = DType::Q4_0;
+  }
   // An expert the layer does not have.
   std::vector<std::vector<float>> p(3, std::vector<float>(8, 0.25f));
   const PlanModel m = plan_model_from(*model, p, 64);

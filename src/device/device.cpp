@@ -19,18 +19,24 @@ namespace ember {
 
 // ---- capabilities -----------------------------------------------------------------------------
 
+namespace {
+// Whether a device of caps reads matrices of type t, and the types it reads, for messages.
+bool caps_read(const DeviceCaps& caps, DType t) {
+  return caps.weight_types.empty() ||
+         std::find(caps.weight_types.begin(), caps.weight_types.end(), t) != caps.weight_types.end();
+}
+std::string caps_types(const DeviceCaps& caps) {
+  std::string known;
+  for (DType k : caps.weight_types) known += (known.empty() ? "" : ", ") + std::string(dtype_name(k));
+  return known;
+}
+}  // namespace
+
 std::string device_refusal(const DeviceCaps& caps, const Model& model, const Plan& plan) {
   if (plan.layers.size() != model.layers.size())
     return fmt::format("the plan has {} layers, the model {}", plan.layers.size(), model.layers.size());
-  auto known_types = [&] {
-    std::string known;
-    for (DType k : caps.weight_types) known += (known.empty() ? "" : ", ") + std::string(dtype_name(k));
-    return known;
-  };
-  auto reads = [&](DType t) {
-    return caps.weight_types.empty() ||
-           std::find(caps.weight_types.begin(), caps.weight_types.end(), t) != caps.weight_types.end();
-  };
+  auto known_types = [&] { return caps_types(caps); };
+  auto reads = [&](DType t) { return caps_read(caps, t); };
   if (plan.output_gpu) {
     if (!caps.attention)
       return fmt::format("the plan puts the output head on the {} device, which holds no hidden state; plan without "
@@ -85,6 +91,15 @@ std::string experts_refusal(const DeviceCaps& caps, const Model& model, size_t l
     return fmt::format("the plan puts experts of layer {} on the {} device, which runs no experts; plan without them "
                        "(their layers' attention may still go there)", l, caps.name);
   if (std::string why = moe_split_refusal(moe); !why.empty()) return fmt::format("layer {}: {}", l, why);
+  // Every expert has the first one's gating and types (moe_split_refusal).
+  const FfnWeights& e = moe.experts.front();
+  if (std::find(caps.gatings.begin(), caps.gatings.end(), e.gating) == caps.gatings.end())
+    return fmt::format("layer {}'s experts are {} FFNs, which the {} device does not run", l, ffn_gating_name(e.gating),
+                       caps.name);
+  for (const TensorView* t : {&e.gate, &e.up, &e.down})
+    if (!caps_read(caps, t->type))
+      return fmt::format("layer {}'s experts have {} matrices; the {} device reads {}", l, dtype_name(t->type), caps.name,
+                         caps_types(caps));
   return {};
 }
 
@@ -256,14 +271,12 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
       }
     }
     if (gpu_needs_expert_scratch(plan)) {  // gpu_expert_scratch_bytes, in its order
-      const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-      const uint64_t slots = b * static_cast<uint64_t>(m.n_expert_used);
-      a.ex_x = take(b * m.n_embd * f);
+      const uint64_t f = sizeof(float), slots = static_cast<uint64_t>(opts.max_batch * m.n_expert_used);
+      a.ex_x = take(slots * m.n_embd * f);
       a.ex_xq = take(gpu_q8_bytes(m.n_embd, static_cast<int64_t>(slots)));
       a.ex_h = take(slots * static_cast<uint64_t>(m.n_ff_expert) * f);
       a.ex_hq = take(gpu_q8_bytes(m.n_ff_expert, static_cast<int64_t>(slots)));
       a.ex_out = take(slots * m.n_embd * f);
-      a.ex_ids = take(slots * sizeof(int32_t));
       planned_ex += gpu_expert_scratch_bytes(m, opts);
     }
     a.experts_total = off - start;

@@ -117,9 +117,9 @@ struct DeviceArenaLayout {
   uint64_t out_norm = 0, out_norm_b = 0, out_w = 0, logits = 0;
   uint64_t output = 0;        // = gpu_output_bytes when the head is here
   // A mixture's experts (last): each layer's experts' matrices, then the experts' scratch in
-  // gpu_expert_scratch_bytes' order: the input and in 8 bits, the slots' values and in 8 bits, the
-  // slots' outputs, the routing.
-  uint64_t ex_x = 0, ex_xq = 0, ex_h = 0, ex_hq = 0, ex_out = 0, ex_ids = 0;
+  // gpu_expert_scratch_bytes' order: the slots' inputs and in 8 bits, their values and in 8 bits,
+  // their outputs.
+  uint64_t ex_x = 0, ex_xq = 0, ex_h = 0, ex_hq = 0, ex_out = 0;
   uint64_t experts_total = 0;  // = the experts' bytes of every layer plus their scratch where any
   uint64_t arena = 0;         // ffn_total + attn_weights + attn_scratch + predictors + output + experts_total
   uint64_t kv = 0;            // K and V of the attention layers, in the cache's type (KvCache::bytes_for)

@@ -26,13 +26,15 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
   device_ = given_device ? std::move(device) : make_device(opts.device_kind, opts.device_threads, opts.standin_vram);
   HybridOptions o = opts;
   o.plan.attention = opts.plan.attention && device_->caps().attention;
-  o.plan.experts = opts.plan.experts && device_->caps().experts;
-  bool moe = false;
-  for (const LayerWeights& L : model.layers) moe = moe || L.moe.valid();
-  // A mixture's FFN block runs on the host (the router is there), which a device's FFN block
-  // then takes as the CPU's part: a device must know experts to hold a mixture's layers.
-  EMBER_CHECK(!moe || device_->caps().experts, "hybrid: {} is a mixture of experts, which the {} device does not run "
-              "yet; use the CPU stand-in (--device cpu) or the CPU alone", model.file->path(), device_->name());
+  // A mixture's experts go to the device where it runs them (their gating and types); else its
+  // layers' attention may still go there (the host runs the mixture, whole, as the CPU's part).
+  o.plan.experts = opts.plan.experts;
+  for (size_t l = 0; l < model.layers.size() && o.plan.experts; ++l)
+    if (model.layers[l].moe.valid())
+      if (const std::string why = experts_refusal(device_->caps(), model, l); !why.empty()) {
+        log_info("hybrid: no experts on the device: {}", why);
+        o.plan.experts = false;
+      }
   // Budgets of the real process: what the device has free now, less its runtime's own share.
   DeviceMemory mem = device_->memory();
   if (opts.vram_reserve >= 0) mem.reserve = static_cast<uint64_t>(opts.vram_reserve);

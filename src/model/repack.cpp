@@ -123,14 +123,16 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
     if (scope == RepackScope::output) continue;
     group({&l.wq, &l.wk, &l.wv});
     group({&l.wo});
+    // A mixture's experts always run as dense FFNs of their own (no executor gathers their rows;
+    // the memory tier's are repacked in its slots).
+    for (FfnWeights& e : l.moe.experts) {
+      if (model.expert_cache) break;
+      group({&e.gate, &e.up});
+      group({&e.down});
+    }
     if (scope == RepackScope::all) {
       group({&l.ffn.gate, &l.ffn.up});
       group({&l.ffn.down});
-      for (FfnWeights& e : l.moe.experts) {  // each expert as a dense FFN of its own (the cache's, repacked there)
-        if (model.expert_cache) break;
-        group({&e.gate, &e.up});
-        group({&e.down});
-      }
     } else if (scope == RepackScope::attention_output_gate) {
       group({&l.ffn.gate});
     }

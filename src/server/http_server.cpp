@@ -209,6 +209,18 @@ void HttpServer::route(const std::string& method, const std::string& pattern, Ha
   routes_.push_back({method, std::regex(pattern), std::move(h)});
 }
 
+std::string HttpServer::allowed_methods(const std::string& path) const {
+  bool get = false, post = false;
+  for (const Route& r : routes_) {
+    if ((r.method != "GET" && r.method != "POST") || !std::regex_match(path, r.pattern)) continue;
+    get = get || r.method == "GET";
+    post = post || r.method == "POST";
+  }
+  std::string allow = get ? "GET, HEAD" : "";
+  if (post) allow += allow.empty() ? "POST" : ", POST";
+  return allow;
+}
+
 int HttpServer::bind(const std::string& host, int port) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;

@@ -82,6 +82,9 @@ class HttpServer {
   void Get(const std::string& pattern, Handler h) { route("GET", pattern, std::move(h)); }
   void Post(const std::string& pattern, Handler h) { route("POST", pattern, std::move(h)); }
   void Options(const std::string& pattern, Handler h) { route("OPTIONS", pattern, std::move(h)); }
+  // The methods the routes take for `path` ("GET, HEAD, POST": GET brings HEAD; OPTIONS, which
+  // answers every path for CORS, is not counted), for 405's Allow; empty where no route takes it.
+  std::string allowed_methods(const std::string& path) const;
   // Before routing (handled: answered there); after every answer; for an error answer without a
   // body (no route: 404; a ProtocolError: its status and reason); for a handler's exception.
   void set_pre_routing_handler(std::function<Routing(const Request&, Response&)> h) { pre_ = std::move(h); }

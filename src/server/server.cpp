@@ -69,19 +69,6 @@ const char* status_error_type(int status) {
   return "invalid_request_error";
 }
 
-// The routes' methods, for 405's Allow; null for a path that is no route.
-const char* allowed_methods(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions", "/tokenize",
-                        "/detokenize", "/api/chat", "/api/generate", "/api/show", "/v1/embeddings", "/embeddings",
-                        "/api/embed", "/api/embeddings", "/v1/responses", "/responses"})
-    if (path == p) return "POST";
-  for (const char* p : {"/", "/health", "/v1/models", "/metrics", "/props", "/tokenizer_info", "/api/tags", "/api/ps",
-                        "/api/version"})
-    if (path == p) return "GET, HEAD";
-  if (path.rfind("/v1/models/", 0) == 0) return "GET, HEAD";
-  return nullptr;
-}
-
 // A constant-time comparison (an API key must not leak through timing).
 bool same_secret(const std::string& a, const std::string& b) {
   unsigned diff = a.size() == b.size() ? 0u : 1u;
@@ -299,11 +286,11 @@ GenerateResult Server::generate(int slot, const PreparedRequest& prep, std::chro
 void Server::install_routes() {
   http::HttpServer& s = *http_;
 
-  s.set_error_handler([](const http::Request& req, http::Response& res) {
+  s.set_error_handler([this](const http::Request& req, http::Response& res) {
     if (!res.body.empty()) return;
     std::string msg;
-    // A path that exists under another method: 405 with the methods it takes.
-    if (const char* allow = res.status == 404 ? allowed_methods(req.path) : nullptr) {
+    // A path that exists under another method: 405 with the methods its routes take.
+    if (const std::string allow = res.status == 404 ? http_->allowed_methods(req.path) : std::string(); !allow.empty()) {
       res.status = 405;
       res.set_header("Allow", allow);
       msg = fmt::format("{} takes {}, not {}", req.path, allow, req.method);

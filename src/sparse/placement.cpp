@@ -98,12 +98,11 @@ bool gpu_needs_attn_scratch(const Plan& plan) {
 }
 
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
-  const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-  const uint64_t slots = b * static_cast<uint64_t>(m.n_expert_used);
+  const uint64_t f = sizeof(float), slots = static_cast<uint64_t>(opts.max_batch * m.n_expert_used);
   const auto n_slots = static_cast<int64_t>(slots);
-  return gpu_pad(b * m.n_embd * f) + gpu_pad(gpu_q8_bytes(m.n_embd, n_slots)) +
+  return gpu_pad(slots * m.n_embd * f) + gpu_pad(gpu_q8_bytes(m.n_embd, n_slots)) +
          gpu_pad(slots * static_cast<uint64_t>(m.n_ff_expert) * f) + gpu_pad(gpu_q8_bytes(m.n_ff_expert, n_slots)) +
-         gpu_pad(slots * m.n_embd * f) + gpu_pad(slots * sizeof(int32_t));
+         gpu_pad(slots * m.n_embd * f);
 }
 
 bool gpu_needs_expert_scratch(const Plan& plan) {

@@ -130,10 +130,9 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the attention scratch (the device holds hidden states): some layer's
 // attention is there, or the output head.
 bool gpu_needs_attn_scratch(const Plan& plan);
-// Scratch of the experts' side (any layer with experts on the GPU), for opts.max_batch tokens:
-// their input (n_embd floats a token, and in 8 bits), the slots' neuron values (n_ff_expert
-// floats, and in 8 bits) and outputs (n_embd floats), n_expert_used slots a token, and the
-// routing (an expert id a slot).
+// Scratch of the experts' side (any layer with experts on the GPU), for opts.max_batch tokens of
+// n_expert_used slots (a token's row for each expert it chose): the slots' inputs (n_embd floats,
+// and in 8 bits), neuron values (n_ff_expert floats, and in 8 bits) and outputs (n_embd floats).
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 bool gpu_needs_expert_scratch(const Plan& plan);
 // The output head on the device: its weights and the logits of max_batch rows.

@@ -341,8 +341,8 @@ void CpuDevice::experts_begin(int64_t layer, const float* x, int64_t n, const in
   cv_.wait(lock, [&] { return done_; });
   const MoeWeights& moe = moe_[l];
   const size_t xb = sizeof(float) * static_cast<size_t>(n * n_embd_), ib = sizeof(int32_t) * static_cast<size_t>(n * moe.n_used);
-  std::memcpy(arena_.data() + layout_.ex_x, x, xb);
-  std::memcpy(arena_.data() + layout_.ex_ids, ids, ib);
+  std::memcpy(arena_.data() + layout_.ex_x, x, xb);  // (the slots' rows are gathered here, from the tokens')
+  std::copy(ids, ids + n * moe.n_used, ex_ws_.moe_ids.begin());
   counters_.bytes_in += xb + ib;
   job_layer_ = layer, job_n_ = n, job_ = {};
   job_experts_ = true;
@@ -365,8 +365,6 @@ void CpuDevice::compute_experts() {
   const size_t l = static_cast<size_t>(job_layer_);
   const MoeWeights& moe = moe_[l];
   const int64_t n = job_n_, k = moe.n_used;
-  const auto* ids = reinterpret_cast<const int32_t*>(arena_.data() + layout_.ex_ids);
-  std::copy(ids, ids + n * k, ex_ws_.moe_ids.begin());
   std::fill(ex_ws_.moe_weights.begin(), ex_ws_.moe_weights.begin() + n * k, 0.0f);  // the host weighs
   moe_group_slots(moe, n, ex_ws_);
   int64_t count = 0;  // its experts that some token chose, ascending

@@ -4,7 +4,8 @@
 namespace ember {
 
 DeviceCaps cuda_caps() {
-  // ops/cuda/cuda_ops.cu: act(gate) * up over F32, F16, Q8_0, Q4_0 and Q4_1 rows;
+  // ops/cuda/cuda_ops.cu: act(gate) * up over F32, F16, Q8_0, Q4_0 and Q4_1 rows (FFN shares and a
+  // mixture's experts, whole);
   // ops/cuda/cuda_blocks.cu: the attention block (RMSNorm or LayerNorm, biases, q/k norms, RoPE,
   // sliding windows, post-norms, an F16 or F32 cache) with heads of up to 256 values.
   return {.name = "cuda",
@@ -13,7 +14,7 @@ DeviceCaps cuda_caps() {
           .max_head_dim = 256,
           .gatings = {FfnGating::par},
           .up_bias = false,
-          .experts = false,
+          .experts = true,
           .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1}};
 }
 

@@ -41,7 +41,8 @@ CudaDevice::~CudaDevice() {
   }
   for (auto& [key, g] : graph_cache_) cuda::graph_destroy(g.exec);
   if (arena_) cuda::free_device(arena_);
-  for (float* p : {x_host_, out_host_, hidden_host_, hidden_out_host_, ffn_in_host_, ffn_out_host_, logits_host_})
+  for (float* p : {x_host_, out_host_, hidden_host_, hidden_out_host_, ffn_in_host_, ffn_out_host_, logits_host_,
+                   ex_x_host_, ex_out_host_})
     if (p) cuda::free_host_pinned(p);
   if (positions_host_) cuda::free_host_pinned(positions_host_);
   if (mask_host_) cuda::free_host_pinned(mask_host_);
@@ -133,6 +134,31 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);
     cuda::stream_sync(stream_);
+  }
+  // A mixture's experts: the file's layout of their matrices (the CPU's may be repacked).
+  experts_.assign(model.layers.size(), {});
+  expert_index_.assign(model.layers.size(), {});
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& ids = plan.layers[l].gpu_experts;
+    if (ids.empty()) continue;
+    const MoeWeights& moe = model.file_layer(l).moe;
+    const auto& E = layout_.experts[l];
+    expert_index_[l].assign(static_cast<size_t>(moe.n_expert()), -1);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const FfnWeights& w = moe.experts[static_cast<size_t>(ids[i])];
+      upload_rows(w.gate, nullptr, w.gate.rows(), E.gate[i]);
+      upload_rows(w.up, nullptr, w.up.rows(), E.up[i]);
+      upload_rows(w.down, nullptr, w.down.rows(), E.down[i]);
+      experts_[l].push_back({{w.gate.type, arena_ + E.gate[i], w.gate.rows(), w.gate.cols()},
+                             {w.up.type, arena_ + E.up[i], w.up.rows(), w.up.cols()},
+                             {w.down.type, arena_ + E.down[i], w.down.rows(), w.down.cols()}});
+      expert_index_[l][static_cast<size_t>(ids[i])] = static_cast<int32_t>(i);
+    }
+  }
+  if (gpu_needs_expert_scratch(plan)) {
+    const size_t slots = static_cast<size_t>(max_batch_ * pm.n_expert_used * n_embd_) * sizeof(float);
+    ex_x_host_ = static_cast<float*>(cuda::malloc_host_pinned(slots));
+    ex_out_host_ = static_cast<float*>(cuda::malloc_host_pinned(slots));
   }
   // A tensor uploaded into the arena at `off` (a matrix in the device's layout) and its view there
   // (an empty view stays empty).
@@ -295,6 +321,73 @@ void CudaDevice::reset_stats() {
     cuda::stream_sync(stream_);
     cuda::copy_to_device_sync(arena_ + layout_.counts, &zero, sizeof(zero));
   }
+}
+
+// ---- a mixture's experts ----------------------------------------------------------------------
+
+void CudaDevice::experts_begin(int64_t layer, const float* x, int64_t n, const int32_t* ids) {
+  const size_t l = static_cast<size_t>(layer);
+  EMBER_CHECK(layer >= 0 && l < experts_.size() && !experts_[l].empty(), "CUDA device: layer {} has no experts here",
+              layer);
+  EMBER_CHECK(n >= 1 && n <= max_batch_, "CUDA device: experts on {} tokens (1 to {})", n, max_batch_);
+  EMBER_CHECK(mode_ == Mode::direct && !pending_ && ex_rows_ < 0, "CUDA device: experts_begin inside another call");
+  const int64_t k = model_->layers[l].moe.n_used, ne = static_cast<int64_t>(experts_[l].size());
+  const auto& index = expert_index_[l];
+  // The slots of its experts, each expert's tokens ascending: first[i] .. first[i + 1].
+  expert_slots_.assign(static_cast<size_t>(ne + 1 + n * k), 0);
+  int32_t* first = expert_slots_.data();
+  int32_t* tokens = first + ne + 1;
+  for (int64_t s = 0; s < n * k; ++s)
+    if (const int32_t i = index[static_cast<size_t>(ids[s])]; i >= 0) ++first[i + 1];
+  for (int64_t i = 0; i < ne; ++i) first[i + 1] += first[i];
+  std::vector<int32_t> next(first, first + ne);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      if (const int32_t i = index[static_cast<size_t>(ids[t * k + j])]; i >= 0) tokens[next[static_cast<size_t>(i)]++] = static_cast<int32_t>(t);
+  const int64_t rows = first[ne];
+  ex_rows_ = rows;
+  if (rows == 0) return;
+  const size_t rb = static_cast<size_t>(n_embd_) * sizeof(float);
+  for (int64_t s = 0; s < rows; ++s) std::memcpy(ex_x_host_ + s * n_embd_, x + tokens[s] * n_embd_, rb);
+  cuda::copy_to_device(at(layout_.ex_x), ex_x_host_, rb * static_cast<size_t>(rows), stream_);
+  counters_.bytes_in += rb * static_cast<size_t>(rows);
+  const cpu::Activation act = model_->hp.act;
+  for (int64_t i = 0; i < ne; ++i) {
+    const int64_t s0 = first[i], m = first[i + 1] - s0;
+    if (m == 0) continue;
+    const Expert& e = experts_[l][static_cast<size_t>(i)];
+    const int64_t nf = e.up.rows;
+    float* h = at(layout_.ex_h) + s0 * nf;
+    const cuda::Activations xa = activations(at(layout_.ex_x) + s0 * n_embd_, m, n_embd_,
+                                             layout_.ex_xq + gpu_q8_bytes(n_embd_, s0), {e.gate.type, e.up.type});
+    cuda::MatvecOut gate;  // act(gate x), then times up x in up's epilogue: the gated rule (model/ffn.hpp)
+    gate.kind = cuda::Epilogue::act;
+    gate.act = act;
+    gate.y = h;
+    cuda::matvec(e.gate, {}, xa, m, gate, stream_);
+    cuda::MatvecOut up;
+    up.kind = cuda::Epilogue::gate_mul;
+    up.y = h;
+    up.a = h;
+    up.a_stride = nf;
+    cuda::matvec(e.up, {}, xa, m, up, stream_);
+    const cuda::Activations ha = activations(h, m, nf, layout_.ex_hq + gpu_q8_bytes(nf, s0), {e.down.type});
+    cuda::MatvecOut down;
+    down.y = at(layout_.ex_out) + s0 * n_embd_;
+    cuda::matvec(e.down, {}, ha, m, down, stream_);
+  }
+  cuda::copy_to_host(ex_out_host_, at(layout_.ex_out), rb * static_cast<size_t>(rows), stream_);
+  counters_.bytes_out += rb * static_cast<size_t>(rows);
+}
+
+const float* CudaDevice::experts_end() {
+  EMBER_CHECK(ex_rows_ >= 0, "CUDA device: experts_end without experts_begin");
+  if (ex_rows_ > 0) {
+    cuda::stream_sync(stream_);
+    ++counters_.host_waits;
+  }
+  ex_rows_ = -1;
+  return ex_out_host_;
 }
 
 // ---- FFN shares ---------------------------------------------------------------------------------

@@ -14,6 +14,10 @@
 //     merge with the CPU's partial output where the CPU has neurons (the FFN input goes to the
 //     host then, with the CPU's part of the prediction, behind one event: one wait a layer), the
 //     post-norm and the residual, all queued.
+//   - A mixture's experts the plan gives it, whole (the file's layout): experts_begin gathers the
+//     rows of the tokens that chose them on the host, sends them up in one copy and queues, per
+//     expert, its gate (act in the epilogue), up (times it in the epilogue) and down over its
+//     tokens; experts_end waits once for the outputs.
 //   - The output head, where the plan puts it there: norm, output matrix (the file's layout),
 //     soft-cap, the logits copied back.
 // Results for the host land in pinned buffers and are copied out at sync(), its one wait; a run
@@ -45,6 +49,8 @@ class CudaDevice final : public Device {
   void ffn_begin(int64_t layer, const float* x, int64_t n, const ShareRule& rule) override;
   const float* ffn_end() override;
   PredictedMask ffn_predicted() override;
+  void experts_begin(int64_t layer, const float* x, int64_t n, const int32_t* ids) override;
+  const float* experts_end() override;
   void put_hidden(const float* x, int64_t n, std::span<const AttnSpan> spans) override;
   void attention(int64_t layer, std::span<const AttnSpan> spans, int64_t n) override;
   void ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule, bool host_input) override;
@@ -104,6 +110,17 @@ class CudaDevice final : public Device {
 
   const Model* model_ = nullptr;
   DeviceArenaLayout layout_;
+  // A mixture's experts here, per layer in gpu_experts' order (the file's layout, packed), and
+  // each expert id's place among them (-1: not here).
+  struct Expert {
+    cuda::Matrix gate, up, down;
+  };
+  std::vector<std::vector<Expert>> experts_;
+  std::vector<std::vector<int32_t>> expert_index_;
+  std::vector<int32_t> expert_slots_;  // experts_begin: each expert's first slot, then the slots' tokens
+  float* ex_x_host_ = nullptr;         // pinned: the slots' inputs (max_batch x n_used x n_embd)
+  float* ex_out_host_ = nullptr;       // pinned: their outputs
+  int64_t ex_rows_ = -1;               // experts_begin's slots until experts_end; -1: none
   std::vector<Share> types_;
   std::vector<Attn> attn_;
   uint8_t* arena_ = nullptr;        // device: layout_.arena bytes, then the KV cache (layout_.kv)

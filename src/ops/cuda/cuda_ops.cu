@@ -180,7 +180,8 @@ __device__ __forceinline__ void apply_epilogue(const MatvecOut& o, int64_t t, in
     case Epilogue::store: *y = v; break;
     case Epilogue::add: *y += v; break;
     case Epilogue::relu: *y = fmaxf(v, 0.0f); break;
-    case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + o.pos[i]]; break;
+    case Epilogue::gate_mul: *y = v * o.a[t * o.a_stride + (o.pos ? o.pos[i] : i)]; break;
+    case Epilogue::act: *y = act_value(o.act, v); break;
     case Epilogue::fire: {
       float f = act_value(o.act, v);
       if (fabsf(f) > o.threshold && (!o.allowed || o.allowed[t * o.allowed_stride + r])) ++fired;

@@ -14,6 +14,7 @@
 //                  token t: v = dot(W row r, x[t]) (+ bias[r]), then the Epilogue:
 //                    store     y[t][i] = v                     add       y[t][i] += v
 //                    relu      y[t][i] = max(v, 0)             gate_mul  y[t][i] = v * a[t][pos[i]]
+//                    act       y[t][i] = act(v)                          (pos null: a[t][i])
 //                    fire      y[t][i] = act(v), 0 where |act(v)| <= threshold (or where a row
 //                              does not serve the token: allowed[t][row] = 0); counts[i] = tokens
 //                              that fired (the FFN rule's firing test, model/ffn.hpp)
@@ -127,13 +128,13 @@ struct RowSet {
   int64_t max = -1;  // -1: the matrix's rows
 };
 
-enum class Epilogue { store, add, relu, fire, select, gate_mul };
+enum class Epilogue { store, add, relu, fire, select, gate_mul, act };
 struct MatvecOut {
   Epilogue kind = Epilogue::store;
   float* y = nullptr;             // store, add, relu, fire, gate_mul: y[t * stride + i]
   int64_t stride = 0;             // 0: the row set's size
   const float* bias = nullptr;    // store, add: + bias[row]
-  cpu::Activation act = cpu::Activation::relu;  // fire
+  cpu::Activation act = cpu::Activation::relu;  // fire, act
   float threshold = 0.0f;         // fire: |act(v)| > threshold fires; select: v >= threshold
   int32_t* counts = nullptr;      // fire, select: per position
   int64_t k = 0;                  // select: positions below k are counted
@@ -141,7 +142,7 @@ struct MatvecOut {
   int64_t mask_stride = 0;
   const uint8_t* allowed = nullptr;  // fire: [n_tokens][allowed_stride] by row (null: every row)
   int64_t allowed_stride = 0;
-  const float* a = nullptr;       // gate_mul: a[t * a_stride + pos[i]]
+  const float* a = nullptr;       // gate_mul: a[t * a_stride + pos[i]] (pos null: + i)
   int64_t a_stride = 0;
   const int32_t* pos = nullptr;
 };

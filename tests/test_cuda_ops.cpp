@@ -975,13 +975,7 @@ TEST(CudaOps, AttentionOnCudaEqualsTheStandIn) {
           plan.layers[l].attn_gpu = placement == 2 || l != 1;
         }
         plan.output_gpu = placement == 2;  // and the output head
-        SessionParams p;
-        p.n_threads = 2;
-        p.n_ctx = 64;
-        p.kv_type = DType::F16;
-        p.hybrid.given = &plan;
-        p.hybrid.plan.min_gpu_neurons = 0;
-        p.hybrid.plan.max_batch = max_batch;
+        const SessionParams p = test_support::given_plan_params(plan, max_batch);
         const OnBothDevices r = on_both_devices(*model, p);
         const OnBothDevices again = on_both_devices(*model, p);
         EXPECT_EQ(again.gpu, r.gpu) << "two CUDA runs differ";
@@ -1026,13 +1020,7 @@ TEST(CudaOps, MixtureExpertsOnCudaEqualTheStandIn) {
         plan.layers[0].gpu_experts = {1, 2, 5};
         for (int32_t e = 0; e < 8; ++e) plan.layers[2].gpu_experts.push_back(e);
         for (size_t l = 0; l < 3; ++l) plan.layers[l].attn_gpu = attn && l != 1;
-        SessionParams p;
-        p.n_threads = 2;
-        p.n_ctx = 64;
-        p.kv_type = DType::F16;
-        p.hybrid.given = &plan;
-        p.hybrid.plan.min_gpu_neurons = 0;
-        p.hybrid.plan.max_batch = max_batch;
+        const SessionParams p = test_support::given_plan_params(plan, max_batch);
         const OnBothDevices r = on_both_devices(*model, p);
         const OnBothDevices again = on_both_devices(*model, p);
         EXPECT_EQ(again.gpu, r.gpu) << "two CUDA runs differ";

@@ -17,6 +17,7 @@
 #include "model/moe.hpp"
 #include "sparse/plan.hpp"
 #include "support/errors.hpp"
+#include "support/plans.hpp"
 #include "support/session_logits.hpp"
 #include "support/synth_files.hpp"
 
@@ -40,20 +41,6 @@ std::unique_ptr<Model> load_moe(DType type, int64_t n_used, const std::string& n
   o.seed = 17;
   o.n_threads = 1;
   return test_support::load_synth_in(test_support::test_temp_dir("hybrid-moe"), o, name);
-}
-
-SessionParams params(int threads, const Plan* plan, int64_t max_batch) {
-  SessionParams p;
-  p.n_threads = threads;
-  p.n_ctx = 64;
-  p.kv_type = DType::F16;
-  if (plan) {
-    p.hybrid.given = plan;
-    p.hybrid.device_kind = "cpu";
-    p.hybrid.plan.min_gpu_neurons = 0;
-    p.hybrid.plan.max_batch = max_batch;
-  }
-  return p;
 }
 
 // Layer 0: experts 1, 2 and 5 on the device; layer 1: none; layer 2: all; attention as `attn` says.
@@ -82,13 +69,19 @@ TEST(HybridMoe, StandInEqualsTheAllCpuMixtureBitForBit) {
       auto model = load_moe(type, n_used, fmt::format("split-{}-{}", dtype_name(type), n_used));
       for (int threads : {1, 2}) {
         SCOPED_TRACE(fmt::format("{} threads", threads));
-        Session cpu(*model, params(threads, nullptr, 16));
+        SessionParams alone;
+        alone.n_threads = threads;
+        alone.n_ctx = 64;
+        alone.kv_type = DType::F16;
+        Session cpu(*model, alone);
         const Logits want = test_support::session_logits(cpu);  // a 12-token prompt, 6 decode tokens
         for (int attn : {0, 1, 2})
           for (int64_t max_batch : {16, 5}) {
             SCOPED_TRACE(fmt::format("attention placement {}, device batches of {}", attn, max_batch));
             const Plan plan = experts_plan(*model, attn);
-            Session s(*model, params(threads, &plan, max_batch));
+            SessionParams p = test_support::given_plan_params(plan, max_batch, threads);
+            p.hybrid.device_kind = "cpu";
+            Session s(*model, p);
             EXPECT_EQ(test_support::session_logits(s), want);
             const HybridStats st = s.hybrid()->stats();
             // Every (token, chosen expert) pair ran once, on one side: 18 tokens, 3 layers.

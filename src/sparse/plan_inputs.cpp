@@ -69,47 +69,17 @@ int64_t plan_units(const Model& model, size_t layer) {
   return L.moe.valid() ? L.moe.n_expert() : model.hp.n_ff;
 }
 
-namespace {
-
-bool has_experts(const Model& model) {
-  for (const LayerWeights& L : model.layers)
-    if (L.moe.valid()) return true;
-  return false;
-}
-
-// A mixture's routing probabilities (expert_counts / n_tokens) from a profile.
-std::vector<std::vector<float>> read_routing_probabilities(const std::string& path, const Model& model) {
-  const Profile pr = read_profile(path);
-  EMBER_CHECK(pr.n_layer == model.hp.n_layer && !pr.expert_counts.empty(),
-              "profile {} has {} layers{}; the model has {} layers of experts: profile this model with `ember profile`",
-              path, pr.n_layer, pr.expert_counts.empty() ? " and no routing counts" : "", model.hp.n_layer);
-  std::vector<std::vector<float>> p(model.layers.size());
-  for (size_t l = 0; l < model.layers.size(); ++l) {
-    const auto& c = pr.expert_counts[l];
-    EMBER_CHECK(static_cast<int64_t>(c.size()) == plan_units(model, l), "profile {}: layer {} counts {} experts, the "
-                "model has {}", path, l, c.size(), plan_units(model, l));
-    for (float v : c) {
-      EMBER_CHECK(std::isfinite(v) && v >= 0 && v <= static_cast<double>(pr.n_tokens),
-                  "profile {}: layer {}'s routing count {} is not in [0, n_tokens = {}]", path, l, v, pr.n_tokens);
-      p[l].push_back(static_cast<float>(v / static_cast<double>(pr.n_tokens)));
-    }
-  }
-  return p;
-}
-
-}  // namespace
-
 std::vector<std::vector<float>> plan_probabilities(const Model& model, const std::string& profile_path,
                                                    std::string* source) {
   const int64_t nl = model.hp.n_layer, nf = model.hp.n_ff;
   std::string src = profile_path;
   std::vector<std::vector<float>> p;
-  if (has_experts(model)) {
+  if (model_has_moe(model)) {
     std::filesystem::path beside(model.file->path());
     beside.replace_extension(".profile.gguf");
     if (src.empty() && std::filesystem::exists(beside)) src = beside.string();
     if (!src.empty()) {
-      p = read_routing_probabilities(src, model);
+      p = profile_routing_shares(read_profile(src), model, src);
     } else {  // every expert as likely: the order of placement is the experts' order
       src = "uniform routing (no profile)";
       log_info("placement: no profile of {} ({}); every expert counted as equally likely: `ember profile` it to place "
@@ -208,7 +178,7 @@ DType hybrid_cpu_down_type(const FfnWeights& w, int64_t n_embd, cpu::NeuronMajor
 PlanModel plan_model_from(const Model& model, const std::vector<std::vector<float>>& p, int64_t n_ctx, DType kv_type,
                           bool predictors, cpu::NeuronMajorType cpu_down, int64_t n_seq) {
   const Hparams& hp = model.hp;
-  const bool experts = has_experts(model);
+  const bool experts = model_has_moe(model);
   EMBER_CHECK(p.size() == model.layers.size(), "plan: {} layers of probabilities for a model of {} layers", p.size(),
               model.layers.size());
   for (size_t l = 0; l < model.layers.size(); ++l) {

@@ -185,6 +185,24 @@ void ProfileFfn::out(ThreadPool& pool, int64_t layer, const LayerWeights& L, flo
   dense_out(pool, L, attn, n, o, ws);
 }
 
+std::vector<std::vector<float>> profile_routing_shares(const Profile& pr, const Model& model, const std::string& path) {
+  EMBER_CHECK(pr.n_layer == model.hp.n_layer && !pr.expert_counts.empty() && pr.n_tokens > 0,
+              "profile {} has {} layers{}; the model has {} layers of experts: profile this model with `ember profile`",
+              path, pr.n_layer, pr.expert_counts.empty() ? " and no routing counts" : "", model.hp.n_layer);
+  std::vector<std::vector<float>> p(model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& c = pr.expert_counts[l];
+    EMBER_CHECK(static_cast<int64_t>(c.size()) == model.layers[l].moe.n_expert(), "profile {}: layer {} counts {} "
+                "experts, the model has {}", path, l, c.size(), model.layers[l].moe.n_expert());
+    for (float v : c) {
+      EMBER_CHECK(std::isfinite(v) && v >= 0 && v <= static_cast<double>(pr.n_tokens),
+                  "profile {}: layer {}'s routing count {} is not in [0, n_tokens = {}]", path, l, v, pr.n_tokens);
+      p[l].push_back(static_cast<float>(v / static_cast<double>(pr.n_tokens)));
+    }
+  }
+  return p;
+}
+
 void write_profile(const Profile& p, const std::string& path) {
   gguf::Writer w;
   using gguf::Value;

@@ -152,6 +152,11 @@ struct Profile {
   }
 };
 
+// A mixture's routing shares from a profile of `model` (read from `path`, for messages):
+// [layer][expert] = the tokens routed to the expert / the profile's tokens, in [0, 1]. Throws
+// naming the layer where the profile has no routing counts or counts other experts.
+std::vector<std::vector<float>> profile_routing_shares(const Profile& p, const Model& model, const std::string& path);
+
 void write_profile(const Profile& p, const std::string& path);
 Profile read_profile(const std::string& path);
 

@@ -127,10 +127,12 @@ breakdown() {  # name
   python3 - "$work/$1.json" <<'PY' 2>/dev/null || echo "-"
 import json, sys
 h = json.load(open(sys.argv[1]))['hybrid']
-print('CPU FFN %.2f ms, wait %.2f, device %.2f, CPU layers %.2f, %.0f%% fired on the device; per step %.0f launches, '
+share = ('%.0f%% of the experts\' runs' % (100 * h['device_expert_share']) if h.get('device_expert_share')
+         else '%.0f%% fired' % (100 * h['device_fired_share']))
+print('CPU FFN %.2f ms, wait %.2f, device %.2f, CPU layers %.2f, %s on the device; per step %.0f launches, '
       '%.1f graphs, %.1f host waits, %.1f KiB in, %.1f KiB out' % (
       h['cpu_ffn_ms_per_token'], h['wait_ms_per_token'], h['device_block_ms_per_token'], h['cpu_layer_ms_per_token'],
-      100 * h['device_fired_share'], h['launches_per_step'], h['graphs_per_step'], h['host_waits_per_step'],
+      share, h['launches_per_step'], h['graphs_per_step'], h['host_waits_per_step'],
       h['bytes_in_per_step'] / 1024, h['bytes_out_per_step'] / 1024))
 PY
 }
@@ -408,7 +410,7 @@ moe_step() {  # label n_layer synth-flags...
   s=$(bench "$label-s50" tg16 -p 0 -n 16 --plan-method layer-split --hybrid-device "$device" --vram-budget "$v")
   l=$(llamacpp "$bench_model" -ngl 99 -ncmoe $((n_layer / 2)))
   rm -f "$bench_model"
-  row "$label" ok "tg16 all-CPU $c; at 50 %: hybrid $h ($(ratio "$h" "$c")x CPU), layer split $s ($(ratio "$h" "$s")x), llama.cpp --n-cpu-moe $((n_layer / 2)) $l ($(ratio "$h" "$l")x)"
+  row "$label" ok "tg16 all-CPU $c; at 50 %: hybrid $h ($(ratio "$h" "$c")x CPU), layer split $s ($(ratio "$h" "$s")x), llama.cpp --n-cpu-moe $((n_layer / 2)) $l ($(ratio "$h" "$l")x); hybrid per token $(breakdown "$label-h50")"
 }
 if ((dry)); then
   moe_step moe-qwen3 4 --preset tiny --arch qwen3moe --n-expert 8 --n-expert-used 2 --n-ff 64 --type q4_0

@@ -248,9 +248,10 @@ void run_bench(const BenchFlags& f) {
     const DeviceCounters dc = hy->device().counters();
     // Per decode step (all sequences' tokens of a step together), as the device counted them.
     const double steps = static_cast<double>(f.n_gen), n = steps * f.seqs, ms = 1e3 / n;
-    const uint64_t fired = st.device_fired + st.cpu_fired;
+    const uint64_t fired = st.device_fired + st.cpu_fired, runs = st.device_expert_runs + st.cpu_expert_runs;
     out["hybrid"] = {{"device", hy->device().name()},
                      {"device_fired_share", fired ? static_cast<double>(st.device_fired) / fired : 0.0},
+                     {"device_expert_share", runs ? static_cast<double>(st.device_expert_runs) / runs : 0.0},
                      {"cpu_ffn_ms_per_token", st.cpu_ffn_seconds * ms},
                      {"wait_ms_per_token", st.wait_seconds * ms},
                      {"device_block_ms_per_token", st.device_block_seconds * ms},
@@ -261,10 +262,12 @@ void run_bench(const BenchFlags& f) {
                      {"host_waits_per_step", static_cast<double>(dc.host_waits) / steps},
                      {"bytes_in_per_step", static_cast<double>(dc.bytes_in) / steps},
                      {"bytes_out_per_step", static_cast<double>(dc.bytes_out) / steps}};
+    const std::string share = runs ? fmt::format("{:.1f}% of the chosen experts' runs", 100.0 * st.device_expert_runs / runs)
+                                   : fmt::format("{:.1f}% of the firing neurons", fired ? 100.0 * st.device_fired / fired : 0.0);
     std::printf("hybrid decode per token (last run, device %s): CPU FFN shares %.3f ms, waiting for the device %.3f ms, "
-                "device blocks and boundaries %.3f ms, CPU layers %.3f ms; %.1f%% of the firing neurons on the device\n",
+                "device blocks and boundaries %.3f ms, CPU layers %.3f ms; %s on the device\n",
                 hy->device().name(), st.cpu_ffn_seconds * ms, st.wait_seconds * ms, st.device_block_seconds * ms,
-                st.cpu_layer_seconds * ms, fired ? 100.0 * st.device_fired / fired : 0.0);
+                st.cpu_layer_seconds * ms, share.c_str());
     std::printf("device per decode step: %.1f kernel launches, %.2f graph replays (%.1f nodes), %.2f host waits, "
                 "%.1f KiB in, %.1f KiB out\n", dc.launches / steps, dc.graphs / steps, dc.graph_nodes / steps,
                 dc.host_waits / steps, dc.bytes_in / steps / 1024, dc.bytes_out / steps / 1024);

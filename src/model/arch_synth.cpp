@@ -27,6 +27,13 @@ constexpr EnumName<FfnActivation> kFfnActivations[] = {
 }  // namespace
 
 const char* ffn_activation_name(FfnActivation a) { return enum_name(kFfnActivations, a); }
+FfnActivation ffn_activation_of(cpu::Activation a) {
+  switch (a) {
+    case cpu::Activation::relu: return FfnActivation::relu;
+    case cpu::Activation::silu: return FfnActivation::silu;
+    default: return FfnActivation::gelu;
+  }
+}
 FfnActivation parse_ffn_activation(const std::string& s) { return parse_enum(kFfnActivations, s, "FFN activation"); }
 
 }  // namespace ember

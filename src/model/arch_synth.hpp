@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gguf/writer.hpp"
+#include "ops/cpu/activation.hpp"
 #include "tensor/dtype.hpp"
 
 namespace ember {
@@ -113,6 +114,10 @@ struct ArchSynth {
   bool grouped_kv = true;           // n_head_kv < n_head (`ember synth` sets n_head_kv = n_head without)
   bool tied = false;                // its converter writes no output.weight (`ember synth` ties it)
   SynthExperts experts = SynthExperts::none;
+  // Ember's key "<arch>.ffn_activation" names the FFN's activation (llama.cpp has none): the
+  // architecture comes with several, and PowerInfer's files, which carry no such key, are ReLU
+  // where the plain ones are not. `ember synth` and `ember prepare` write it.
+  bool activation_key = false;
   // The layer's tensors in file order (PowerInfer's predictor is synth's to add).
   std::vector<SynthTensor> (*layer)(const SynthOptions& o, int64_t il) = nullptr;
   // Tensors after token_embd, output_norm and output (null: none).
@@ -140,6 +145,7 @@ std::vector<SynthTensor> llama_synth_layer(const SynthOptions& o, int64_t il);
 // head_count_kv, rope.freq_base, layer_norm_rms_epsilon under "<arch>.".
 void rms_norm_keys(gguf::Writer& w, const SynthOptions& o);
 const char* ffn_activation_name(FfnActivation a);
+FfnActivation ffn_activation_of(cpu::Activation a);  // a loaded model's (gelu_tanh: gelu)
 FfnActivation parse_ffn_activation(const std::string& s);  // "silu" / "relu" / "gelu"
 
 }  // namespace ember

@@ -102,17 +102,13 @@ void falcon_synth_attention_keys(gguf::Writer& w, const SynthOptions& o) {
   w.set("falcon.rope.freq_base", gguf::Value::f32(o.rope_base));
 }
 
-void falcon_synth_keys(gguf::Writer& w, const SynthOptions& o) {
-  w.set("falcon.ffn_activation", gguf::Value::str(ffn_activation_name(o.act)));
-}
-
 }  // namespace
 
 extern const ArchSynth kFalconSynth = {.acts = {FfnActivation::gelu, FfnActivation::relu},
                                 .powerinfer = true,
+                                .activation_key = true,  // "gelu" or "relu"
                                 .layer = falcon_synth_layer,
                                 .globals = falcon_synth_globals,
-                                .attention_keys = falcon_synth_attention_keys,
-                                .keys = falcon_synth_keys};
+                                .attention_keys = falcon_synth_attention_keys};
 
 }  // namespace ember

@@ -106,10 +106,6 @@ std::vector<SynthTensor> llama_synth_globals(const SynthOptions& o) {
 void llama_synth_keys(gguf::Writer& w, const SynthOptions& o) {
   w.set("llama.rope.dimension_count", gguf::Value::u32(static_cast<uint32_t>(synth_head_dim(o))));
   w.set("llama.vocab_size", gguf::Value::u32(static_cast<uint32_t>(o.n_vocab)));
-  // Ember's own key (llama.cpp has none): the FFN activation, "silu" (SwiGLU: down(silu(gate x)
-  // * up x), as in every llama) or "relu" (ReluLLaMA / ProSparse: down(relu(gate x) * up x)).
-  // Readers treat a missing key as "silu".
-  w.set("llama.ffn_activation", gguf::Value::str(ffn_activation_name(o.act)));
 }
 
 void bamboo_synth_keys(gguf::Writer& w, const SynthOptions& o) {
@@ -125,6 +121,9 @@ extern const ArchSynth kLlamaSynth = {.acts = {FfnActivation::silu, FfnActivatio
                                .gate_rank = true,
                                .rope_freqs = true,
                                .experts = SynthExperts::optional,
+                               // "silu" (SwiGLU, as in every llama; a plain file without the key)
+                               // or "relu" (ReluLLaMA / ProSparse: down(relu(gate x) * up x))
+                               .activation_key = true,
                                .layer = llama_synth_layer,
                                .globals = llama_synth_globals,
                                .keys = llama_synth_keys};

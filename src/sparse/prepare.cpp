@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/thread_pool.hpp"
+#include "model/arch_synth.hpp"
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
@@ -162,13 +163,11 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
     w.set(k, mr.metadata().at(k));
   }
   w.set("powerinfer.sparse_threshold", gguf::Value::f32(pred_threshold));
-  // A PWRI llama or falcon without the key is ReLU (PowerInfer's reading, model/llama.cpp,
-  // falcon.cpp); a plain GGUF one is SwiGLU / GELU. Say which the model is, or a SwiGLU model
-  // (SmolLM2) comes back as ReLU.
-  if (hp.arch == "llama")
-    w.set("llama.ffn_activation", gguf::Value::str(hp.act == cpu::Activation::relu ? "relu" : "silu"));
-  if (hp.arch == "falcon")
-    w.set("falcon.ffn_activation", gguf::Value::str(hp.act == cpu::Activation::relu ? "relu" : "gelu"));
+  // A PWRI file of an architecture with several activations is ReLU without its activation key
+  // (PowerInfer's reading; ArchSynth::activation_key); a plain GGUF one is not. Say which the
+  // model is, or a SwiGLU model (SmolLM2) comes back as ReLU.
+  if (const Architecture* a = find_architecture(hp.arch); a && a->synth->activation_key)
+    w.set(hp.arch + ".ffn_activation", gguf::Value::str(ffn_activation_name(ffn_activation_of(hp.act))));
   // The embedded predictor keeps the input convention it was trained for.
   w.set(kPredictorInputKey,
         gguf::Value::str((pred ? predictor_reads_residual(*pred) : model->predictor_on_residual) ? "residual" : "ffn_input"));

@@ -623,6 +623,7 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   (arch.attention_keys ? arch.attention_keys : rms_norm_keys)(w, o);
   if (o.powerinfer) w.set("powerinfer.sparse_threshold", Value::f32(o.predictor_threshold));
   if (arch.keys) arch.keys(w, o);
+  if (arch.activation_key) w.set(a + ".ffn_activation", Value::str(ffn_activation_name(o.act)));
   if (o.n_expert > 0) {
     w.set(a + ".expert_count", u32(o.n_expert));
     w.set(a + ".expert_used_count", u32(o.n_expert_used));

@@ -73,7 +73,7 @@ FEATURES = [
      "{{ 'a' is in 'abc' }} {{ x is sameas 1 }}", {"x": 1}),
     ("filters_strings", "{{ '  a  ' | trim }}|{{ 'xxaxx' | trim('x') }}|{{ 'ab' | upper }}|{{ 'AB' | lower }}|{{ 'a b' | title }}|"
      "{{ 'aB' | capitalize }}|{{ 'aaa' | replace('a', 'b', 2) }}|{{ 'x' | length }}{{ 'héllo' | count }}|"
-     "{{ 'one two  three' | wordcount }}|{{ '<&>' | e }}|{{ 1 | string }}{{ none | string }}", {}),
+     "{{ 'one two  three' | wordcount }}|{{ '<&>' | e }}{{ '\"x' | escape }}{{ '<b>' | safe }}|{{ 1 | string }}{{ none | string }}", {}),
     ("filters_defaults", "{{ missing | default('d') }}|{{ '' | default('d') }}|{{ '' | default('d', true) }}|{{ x | d('no') }}|"
      "{{ none | default('n') }}", {"x": 0}),
     ("filters_lists", "{{ xs | first }} {{ xs | last }} {{ xs | length }} {{ xs | join(', ') }} {{ xs | reverse | list }} {{ xs | sort }} "

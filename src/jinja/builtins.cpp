@@ -473,11 +473,6 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
-const char* const kFilters[] = {"abs", "attr", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first",
-                                "float", "indent", "int", "items", "join", "last", "length", "list", "lower", "map",
-                                "max", "min", "reject", "rejectattr", "replace", "reverse", "round", "safe", "select",
-                                "selectattr", "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper",
-                                "wordcount"};
 const char* const kTests[] = {"defined", "undefined", "none", "boolean", "false", "true", "integer", "float", "number",
                               "string", "mapping", "iterable", "sequence", "callable", "even", "odd", "divisibleby",
                               "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
@@ -501,10 +496,6 @@ Value::Array items_of(const Value& v, int line) {
   if (v.is_undefined() || v.is_none()) return {};
   throw Error(line > 0 ? fmt::format("line {}: '{}' object is not iterable", line, v.type_name())
                        : fmt::format("'{}' object is not iterable", v.type_name()));
-}
-
-bool known_filter(const std::string& name) {
-  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
 }
 
 bool known_test(const std::string& name) {
@@ -623,214 +614,260 @@ bool apply_test(const std::string& name, const Value& v, Args& a) {
   throw Unsupported(fmt::format("the test '{}' is not supported", name));
 }
 
-Value apply_filter(const std::string& name, const Value& v, Args& a, Context& ctx) {
-  if (name == "safe") return v;
-  if (name == "string") return Value(v.str());
-  if (name == "trim") return Value(strip(need_string(v.is_undefined() ? Value("") : v, "trim"), arg(a, 0, "chars"), true, true));
-  if (name == "upper") return Value(upper(v.str()));
-  if (name == "lower") return Value(lower(v.str()));
-  if (name == "title") return Value(title(v.str()));
-  if (name == "capitalize") return Value(capitalize(v.str()));
-  if (name == "length" || name == "count") return Value(v.length());
-  if (name == "e" || name == "escape") return Value(html_escape(v.str()));
-  if (name == "wordcount") return Value(static_cast<int64_t>(split(v.str(), Value(), -1).as_array().size()));
-  if (name == "d" || name == "default") {
-    const bool boolean = arg(a, 1, "boolean").truthy();
-    if (v.is_undefined() || (boolean && !v.truthy())) {
-      const Value d = arg(a, 0, "default_value");
-      return d.is_undefined() ? Value("") : d;
-    }
-    return v;
+// ---- filters: one function each, found by name in kFilters -----------------------------------
+
+namespace {
+
+using FilterFn = Value (*)(const Value& v, Args& a, Context& ctx);
+
+Value f_safe(const Value& v, Args&, Context&) { return v; }
+Value f_string(const Value& v, Args&, Context&) { return Value(v.str()); }
+Value f_trim(const Value& v, Args& a, Context&) {
+  return Value(strip(need_string(v.is_undefined() ? Value("") : v, "trim"), arg(a, 0, "chars"), true, true));
+}
+Value f_upper(const Value& v, Args&, Context&) { return Value(upper(v.str())); }
+Value f_lower(const Value& v, Args&, Context&) { return Value(lower(v.str())); }
+Value f_title(const Value& v, Args&, Context&) { return Value(title(v.str())); }
+Value f_capitalize(const Value& v, Args&, Context&) { return Value(capitalize(v.str())); }
+Value f_length(const Value& v, Args&, Context&) { return Value(v.length()); }
+Value f_escape(const Value& v, Args&, Context&) { return Value(html_escape(v.str())); }
+Value f_wordcount(const Value& v, Args&, Context&) {
+  return Value(static_cast<int64_t>(split(v.str(), Value(), -1).as_array().size()));
+}
+Value f_default(const Value& v, Args& a, Context&) {
+  const bool boolean = arg(a, 1, "boolean").truthy();
+  if (v.is_undefined() || (boolean && !v.truthy())) {
+    const Value d = arg(a, 0, "default_value");
+    return d.is_undefined() ? Value("") : d;
   }
-  if (name == "tojson") {
-    JsonStyle st;
-    const Value ind = arg(a, 0, "indent");
-    if (ind.is_int()) {
-      st.indent = static_cast<int>(ind.as_int());
-      st.item_sep = ",";
-    }
-    const Value seps = arg(a, SIZE_MAX, "separators");
-    if (seps.is_array() && seps.as_array().size() == 2) {
-      st.item_sep = need_string(seps.as_array()[0], "tojson separators");
-      st.key_sep = need_string(seps.as_array()[1], "tojson separators");
-    }
-    st.sort_keys = arg(a, SIZE_MAX, "sort_keys").truthy();
-    st.ascii = arg(a, SIZE_MAX, "ensure_ascii").truthy();
+  return v;
+}
+Value f_tojson(const Value& v, Args& a, Context&) {
+  JsonStyle st;
+  const Value ind = arg(a, 0, "indent");
+  if (ind.is_int()) {
+    st.indent = static_cast<int>(ind.as_int());
+    st.item_sep = ",";
+  }
+  const Value seps = arg(a, SIZE_MAX, "separators");
+  if (seps.is_array() && seps.as_array().size() == 2) {
+    st.item_sep = need_string(seps.as_array()[0], "tojson separators");
+    st.key_sep = need_string(seps.as_array()[1], "tojson separators");
+  }
+  st.sort_keys = arg(a, SIZE_MAX, "sort_keys").truthy();
+  st.ascii = arg(a, SIZE_MAX, "ensure_ascii").truthy();
+  std::string out;
+  json(out, v, st, 0);
+  return Value(out);
+}
+Value f_items(const Value& v, Args&, Context&) {
+  if (v.is_undefined() || v.is_none()) return Value::array();
+  if (!v.is_object()) throw Error(fmt::format("items needs a dict, got {}", v.type_name()));
+  Args none;
+  return dict_method(v, "items").call(none);
+}
+Value f_dictsort(const Value& v, Args&, Context&) {
+  if (!v.is_object()) throw Error("dictsort needs a dict");
+  Value::Array out;
+  for (const auto& [k, x] : v.as_object().items()) out.push_back(Value::tuple({Value(k), x}));
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Value& p, const Value& q) { return lower(p.as_array()[0].as_string()) < lower(q.as_array()[0].as_string()); });
+  return Value::array(std::move(out));
+}
+Value f_list(const Value& v, Args&, Context&) { return Value::array(items_of(v)); }
+template <bool First>
+Value f_end(const Value& v, Args&, Context&) {  // first, last
+  const Value::Array it = items_of(v);
+  if (it.empty()) return Value();
+  return First ? it.front() : it.back();
+}
+Value f_reverse(const Value& v, Args&, Context&) {
+  if (v.is_string()) {
+    std::vector<std::string_view> cps = code_points(v.as_string());
     std::string out;
-    json(out, v, st, 0);
+    for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
     return Value(out);
   }
-  if (name == "items") {
-    if (v.is_undefined() || v.is_none()) return Value::array();
-    if (!v.is_object()) throw Error(fmt::format("items needs a dict, got {}", v.type_name()));
-    Args none;
-    return dict_method(v, "items").call(none);
+  Value::Array it = items_of(v);
+  std::reverse(it.begin(), it.end());
+  return Value::array(std::move(it));
+}
+Value f_join(const Value& v, Args& a, Context&) {
+  const Value sep = arg(a, 0, "d");
+  const Value attr = arg(a, 1, "attribute");
+  std::string out;
+  const std::string between = sep.is_undefined() ? "" : sep.str();
+  bool first = true;
+  for (const Value& x : items_of(v)) {
+    const std::string piece = (attr.is_undefined() ? x : attribute(x, attr)).str();
+    need_room(out.size() + between.size() + piece.size());
+    if (!first) out += between;
+    out += piece;
+    first = false;
   }
-  if (name == "dictsort") {
-    if (!v.is_object()) throw Error("dictsort needs a dict");
-    Value::Array out;
-    for (const auto& [k, x] : v.as_object().items()) out.push_back(Value::tuple({Value(k), x}));
-    std::stable_sort(out.begin(), out.end(),
-                     [](const Value& p, const Value& q) { return lower(p.as_array()[0].as_string()) < lower(q.as_array()[0].as_string()); });
-    return Value::array(std::move(out));
-  }
-  if (name == "list") return Value::array(items_of(v));
-  if (name == "first" || name == "last") {
-    const Value::Array it = items_of(v);
-    if (it.empty()) return Value();
-    return name == "first" ? it.front() : it.back();
-  }
-  if (name == "reverse") {
-    if (v.is_string()) {
-      std::vector<std::string_view> cps = code_points(v.as_string());
-      std::string out;
-      for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
-      return Value(out);
-    }
-    Value::Array it = items_of(v);
-    std::reverse(it.begin(), it.end());
-    return Value::array(std::move(it));
-  }
-  if (name == "join") {
-    const Value sep = arg(a, 0, "d");
-    const Value attr = arg(a, 1, "attribute");
-    std::string out;
-    const std::string between = sep.is_undefined() ? "" : sep.str();
-    bool first = true;
-    for (const Value& x : items_of(v)) {
-      const std::string piece = (attr.is_undefined() ? x : attribute(x, attr)).str();
-      need_room(out.size() + between.size() + piece.size());
-      if (!first) out += between;
-      out += piece;
-      first = false;
-    }
-    return Value(out);
-  }
-  if (name == "replace") {
-    const Value n = arg(a, 2, "count");
-    return Value(replace(v.str(), arg(a, 0, "old").str(), arg(a, 1, "new").str(), n.is_int() ? n.as_int() : -1));
-  }
-  if (name == "indent")
-    return Value(indent_text(v.str(), arg(a, 0, "width"), arg(a, 1, "first").truthy(), arg(a, 2, "blank").truthy()));
-  if (name == "int") {
-    if (v.is_int()) return v;
-    if (v.is_float()) {  // (outside the 64-bit range, as a string that is no integer: the default)
-      const double x = v.as_number();
-      if (x > -9.2e18 && x < 9.2e18) return Value(static_cast<int64_t>(x));
-      const Value d = arg(a, 0, "default");
-      return d.is_undefined() ? Value(int64_t{0}) : d;
-    }
-    if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
-    if (v.is_string()) {
-      try {
-        size_t used = 0;
-        const std::string s = strip(v.as_string(), Value(), true, true);
-        const int64_t r = std::stoll(s, &used);
-        if (used == s.size()) return Value(r);
-      } catch (const std::exception&) {
-      }
-    }
+  return Value(out);
+}
+Value f_replace(const Value& v, Args& a, Context&) {
+  const Value n = arg(a, 2, "count");
+  return Value(replace(v.str(), arg(a, 0, "old").str(), arg(a, 1, "new").str(), n.is_int() ? n.as_int() : -1));
+}
+Value f_indent(const Value& v, Args& a, Context&) {
+  return Value(indent_text(v.str(), arg(a, 0, "width"), arg(a, 1, "first").truthy(), arg(a, 2, "blank").truthy()));
+}
+Value f_int(const Value& v, Args& a, Context&) {
+  if (v.is_int()) return v;
+  if (v.is_float()) {  // (outside the 64-bit range, as a string that is no integer: the default)
+    const double x = v.as_number();
+    if (x > -9.2e18 && x < 9.2e18) return Value(static_cast<int64_t>(x));
     const Value d = arg(a, 0, "default");
     return d.is_undefined() ? Value(int64_t{0}) : d;
   }
-  if (name == "float") {
-    if (v.is_number()) return Value(v.as_number());
-    if (v.is_string()) {
-      try {
-        size_t used = 0;
-        const std::string s = strip(v.as_string(), Value(), true, true);
-        const double r = std::stod(s, &used);
-        if (used == s.size()) return Value(r);
-      } catch (const std::exception&) {
-      }
+  if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
+  if (v.is_string()) {
+    try {
+      size_t used = 0;
+      const std::string s = strip(v.as_string(), Value(), true, true);
+      const int64_t r = std::stoll(s, &used);
+      if (used == s.size()) return Value(r);
+    } catch (const std::exception&) {
     }
-    const Value d = arg(a, 0, "default");
-    return d.is_undefined() ? Value(0.0) : d;
   }
-  if (name == "abs") {
-    if (v.is_int()) {
-      if (v.as_int() == std::numeric_limits<int64_t>::min()) throw Error("abs: integer overflow");
-      return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+  const Value d = arg(a, 0, "default");
+  return d.is_undefined() ? Value(int64_t{0}) : d;
+}
+Value f_float(const Value& v, Args& a, Context&) {
+  if (v.is_number()) return Value(v.as_number());
+  if (v.is_string()) {
+    try {
+      size_t used = 0;
+      const std::string s = strip(v.as_string(), Value(), true, true);
+      const double r = std::stod(s, &used);
+      if (used == s.size()) return Value(r);
+    } catch (const std::exception&) {
     }
-    if (v.is_float()) return Value(std::fabs(v.as_number()));
-    throw Error(fmt::format("abs needs a number, got {}", v.type_name()));
   }
-  if (name == "round") {
-    const Value p = arg(a, 0, "precision");
-    const std::string how = arg(a, 1, "method").is_string() ? arg(a, 1, "method").as_string() : "common";
-    const double scale = std::pow(10.0, p.is_int() ? static_cast<double>(p.as_int()) : 0.0);
-    const double x = v.as_number() * scale;
-    // 'common' is Python's round(): halves to even.
-    const double r = how == "floor" ? std::floor(x) : how == "ceil" ? std::ceil(x) : std::nearbyint(x);
-    return Value(r / scale);
+  const Value d = arg(a, 0, "default");
+  return d.is_undefined() ? Value(0.0) : d;
+}
+Value f_abs(const Value& v, Args&, Context&) {
+  if (v.is_int()) {
+    if (v.as_int() == std::numeric_limits<int64_t>::min()) throw Error("abs: integer overflow");
+    return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
   }
-  if (name == "attr") {  // an attribute only: a dict's methods, never its keys (Python's getattr)
-    const std::string& n = need_string(arg(a, 0, "name"), "attr");
-    return v.is_object() && !v.as_object().is_namespace ? dict_method(v, n) : get_attr(v, n);
-  }
-  if (name == "map") {
-    Value::Array out;
-    const Value attr = arg(a, SIZE_MAX, "attribute");
-    if (!attr.is_undefined()) {
-      const Value def = arg(a, SIZE_MAX, "default");
-      for (const Value& x : items_of(v)) {
-        Value y = attribute(x, attr);
-        out.push_back(y.is_undefined() && !def.is_undefined() ? def : y);
-      }
-      return Value::array(std::move(out));
-    }
-    const std::string f = need_string(arg(a, 0, ""), "map");
-    if (!known_filter(f)) throw Unsupported(fmt::format("the filter '{}' is not supported", f));
-    Args fargs = rest(a, 1);
-    for (const Value& x : items_of(v)) out.push_back(apply_filter(f, x, fargs, ctx));
-    return Value::array(std::move(out));
-  }
-  if (name == "select") return select(v, a, true, false);
-  if (name == "reject") return select(v, a, false, false);
-  if (name == "selectattr") return select(v, a, true, true);
-  if (name == "rejectattr") return select(v, a, false, true);
-  if (name == "unique") {
-    Value::Array out;
-    const Value attr = arg(a, 1, "attribute");
+  if (v.is_float()) return Value(std::fabs(v.as_number()));
+  throw Error(fmt::format("abs needs a number, got {}", v.type_name()));
+}
+Value f_round(const Value& v, Args& a, Context&) {
+  const Value p = arg(a, 0, "precision");
+  const std::string how = arg(a, 1, "method").is_string() ? arg(a, 1, "method").as_string() : "common";
+  const double scale = std::pow(10.0, p.is_int() ? static_cast<double>(p.as_int()) : 0.0);
+  const double x = v.as_number() * scale;
+  // 'common' is Python's round(): halves to even.
+  const double r = how == "floor" ? std::floor(x) : how == "ceil" ? std::ceil(x) : std::nearbyint(x);
+  return Value(r / scale);
+}
+Value f_attr(const Value& v, Args& a, Context&) {  // an attribute only: a dict's methods, never its keys (Python's getattr)
+  const std::string& n = need_string(arg(a, 0, "name"), "attr");
+  return v.is_object() && !v.as_object().is_namespace ? dict_method(v, n) : get_attr(v, n);
+}
+Value f_map(const Value& v, Args& a, Context& ctx) {
+  Value::Array out;
+  const Value attr = arg(a, SIZE_MAX, "attribute");
+  if (!attr.is_undefined()) {
+    const Value def = arg(a, SIZE_MAX, "default");
     for (const Value& x : items_of(v)) {
-      const Value key = attr.is_undefined() ? x : attribute(x, attr);
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return (attr.is_undefined() ? y : attribute(y, attr)) == key; }))
-        out.push_back(x);
+      Value y = attribute(x, attr);
+      out.push_back(y.is_undefined() && !def.is_undefined() ? def : y);
     }
     return Value::array(std::move(out));
   }
-  if (name == "sort") {
-    Value::Array out = items_of(v);
-    const bool rev = arg(a, 0, "reverse").truthy();
-    const Value attr = arg(a, 2, "attribute");
-    std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
-      const Value p = attr.is_undefined() ? x : attribute(x, attr), q = attr.is_undefined() ? y : attribute(y, attr);
-      return rev ? q.less(p) : p.less(q);
-    });
-    return Value::array(std::move(out));
+  const std::string f = need_string(arg(a, 0, ""), "map");
+  if (!known_filter(f)) throw Unsupported(fmt::format("the filter '{}' is not supported", f));
+  Args fargs = rest(a, 1);
+  for (const Value& x : items_of(v)) out.push_back(apply_filter(f, x, fargs, ctx));
+  return Value::array(std::move(out));
+}
+template <bool Keep, bool ByAttr>
+Value f_select(const Value& v, Args& a, Context&) {  // select, reject, selectattr, rejectattr
+  return select(v, a, Keep, ByAttr);
+}
+Value f_unique(const Value& v, Args& a, Context&) {
+  Value::Array out;
+  const Value attr = arg(a, 1, "attribute");
+  for (const Value& x : items_of(v)) {
+    const Value key = attr.is_undefined() ? x : attribute(x, attr);
+    if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return (attr.is_undefined() ? y : attribute(y, attr)) == key; }))
+      out.push_back(x);
   }
-  if (name == "max" || name == "min") {
-    const Value::Array it = items_of(v);
-    if (it.empty()) return Value();
-    Value best = it[0];
-    for (const Value& x : it)
-      if (name == "max" ? best.less(x) : x.less(best)) best = x;
-    return best;
+  return Value::array(std::move(out));
+}
+Value f_sort(const Value& v, Args& a, Context&) {
+  Value::Array out = items_of(v);
+  const bool rev = arg(a, 0, "reverse").truthy();
+  const Value attr = arg(a, 2, "attribute");
+  std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+    const Value p = attr.is_undefined() ? x : attribute(x, attr), q = attr.is_undefined() ? y : attribute(y, attr);
+    return rev ? q.less(p) : p.less(q);
+  });
+  return Value::array(std::move(out));
+}
+template <bool Max>
+Value f_extreme(const Value& v, Args&, Context&) {  // max, min
+  const Value::Array it = items_of(v);
+  if (it.empty()) return Value();
+  Value best = it[0];
+  for (const Value& x : it)
+    if (Max ? best.less(x) : x.less(best)) best = x;
+  return best;
+}
+Value f_sum(const Value& v, Args& a, Context&) {
+  const Value attr = arg(a, 0, "attribute");
+  Value total = arg(a, 1, "start").is_undefined() ? Value(int64_t{0}) : arg(a, 1, "start");
+  for (const Value& x : items_of(v)) {
+    const Value y = attr.is_undefined() ? x : attribute(x, attr);
+    if (!y.is_number() || !total.is_number()) throw Error("sum needs numbers");
+    int64_t r = 0;
+    if (total.is_int() && y.is_int() && __builtin_add_overflow(total.as_int(), y.as_int(), &r))
+      throw Error("sum: integer overflow");
+    total = total.is_int() && y.is_int() ? Value(r) : Value(total.as_number() + y.as_number());
   }
-  if (name == "sum") {
-    const Value attr = arg(a, 0, "attribute");
-    Value total = arg(a, 1, "start").is_undefined() ? Value(int64_t{0}) : arg(a, 1, "start");
-    for (const Value& x : items_of(v)) {
-      const Value y = attr.is_undefined() ? x : attribute(x, attr);
-      if (!y.is_number() || !total.is_number()) throw Error("sum needs numbers");
-      int64_t r = 0;
-      if (total.is_int() && y.is_int() && __builtin_add_overflow(total.as_int(), y.as_int(), &r))
-        throw Error("sum: integer overflow");
-      total = total.is_int() && y.is_int() ? Value(r) : Value(total.as_number() + y.as_number());
-    }
-    return total;
-  }
-  throw Unsupported(fmt::format("the filter '{}' is not supported", name));
+  return total;
+}
+
+// Every filter a template may use, by name (Jinja2's FILTERS, the ones chat templates use).
+struct Filter {
+  const char* name;
+  FilterFn fn;
+};
+constexpr Filter kFilters[] = {
+    {"abs", f_abs},           {"attr", f_attr},         {"capitalize", f_capitalize},
+    {"count", f_length},      {"d", f_default},         {"default", f_default},
+    {"dictsort", f_dictsort}, {"e", f_escape},          {"escape", f_escape},
+    {"first", f_end<true>},   {"float", f_float},       {"indent", f_indent},
+    {"int", f_int},           {"items", f_items},       {"join", f_join},
+    {"last", f_end<false>},   {"length", f_length},     {"list", f_list},
+    {"lower", f_lower},       {"map", f_map},           {"max", f_extreme<true>},
+    {"min", f_extreme<false>}, {"reject", f_select<false, false>}, {"rejectattr", f_select<false, true>},
+    {"replace", f_replace},   {"reverse", f_reverse},   {"round", f_round},
+    {"safe", f_safe},         {"select", f_select<true, false>}, {"selectattr", f_select<true, true>},
+    {"sort", f_sort},         {"string", f_string},     {"sum", f_sum},
+    {"title", f_title},       {"tojson", f_tojson},     {"trim", f_trim},
+    {"unique", f_unique},     {"upper", f_upper},       {"wordcount", f_wordcount}};
+
+const Filter* find_filter(const std::string& name) {
+  for (const Filter& f : kFilters)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+bool known_filter(const std::string& name) { return find_filter(name) != nullptr; }
+
+Value apply_filter(const std::string& name, const Value& v, Args& a, Context& ctx) {
+  const Filter* f = find_filter(name);
+  if (!f) throw Unsupported(fmt::format("the filter '{}' is not supported", name));
+  return f->fn(v, a, ctx);
 }
 
 Context::Scope global_functions(const Limits& limits) {

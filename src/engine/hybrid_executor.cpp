@@ -22,8 +22,17 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
               opts.threshold);
   Timer timer;
   // The device first: what it can hold decides what the planner may put there.
-  const bool given_device = device != nullptr;
-  device_ = given_device ? std::move(device) : make_device(opts.device_kind, opts.device_threads, opts.standin_vram);
+  device_ = device ? std::move(device) : make_device(opts.device_kind, opts.device_threads, opts.standin_vram);
+  plan_for_device(opts, n_ctx);
+  split_layers();
+  make_cpu_downs(pool, opts);
+  load_device(pool, opts, n_batch);
+  size_buffers(pool, opts);
+  log_placement(timer.seconds());
+}
+
+void HybridExecutor::plan_for_device(const HybridOptions& opts, int64_t n_ctx) {
+  const Model& model = model_;
   HybridOptions o = opts;
   o.plan.attention = opts.plan.attention && device_->caps().attention;
   // A mixture's experts go to the device where it runs them (their gating and types); else its
@@ -51,15 +60,17 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
   EMBER_CHECK(plan_.gpu_bytes + margin <= mem.free, "hybrid: the plan puts {:.1f} MiB on the {} device, which has {:.1f} "
               "MiB free ({:.0f} MiB kept spare); plan for a smaller budget or use --vram-budget auto",
               mib(plan_.gpu_bytes), device_->name(), mib(mem.free), mib(margin));
+}
+
+void HybridExecutor::split_layers() {
+  const Model& model = model_;
   const Hparams& hp = model.hp;
   cpu_rows_.resize(model.layers.size());
   expert_on_.resize(model.layers.size());
-  size_t most_experts = 0;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     if (model.layers[l].moe.valid()) {
       expert_on_[l].assign(static_cast<size_t>(model.layers[l].moe.n_expert()), 0);
       for (int32_t e : plan_.layers[l].gpu_experts) expert_on_[l][static_cast<size_t>(e)] = 1;
-      most_experts = std::max(most_experts, expert_on_[l].size());
       continue;
     }
     std::vector<char> on(static_cast<size_t>(hp.n_ff), 0);
@@ -67,6 +78,11 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
     for (int32_t j = 0; j < hp.n_ff; ++j)
       if (!on[static_cast<size_t>(j)]) cpu_rows_[l].push_back(j);
   }
+}
+
+void HybridExecutor::make_cpu_downs(ThreadPool& pool, const HybridOptions& opts) {
+  const Model& model = model_;
+  const Hparams& hp = model.hp;
   // The CPU's neuron-major down: the file's down_t where it has one, else a copy of the type
   // that takes the least time per token for the neurons the plan leaves it (hybrid_cpu_down_type).
   down_nm_.resize(model.layers.size());
@@ -93,27 +109,6 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
     c.down_t = down_views_.back();
     cpu_share_.push_back(c);
   }
-  {
-    // The device's down: its neurons' rows only, in the share's order and in rows of their own
-    // (hybrid_device_down_type), made for the load and dropped after it.
-    std::vector<cpu::NeuronMajorMatrix> rows(model.layers.size());
-    DeviceLoad what;
-    what.pm = &pm_;
-    what.opts = &popts_;
-    what.plan = &plan_;
-    what.kv_type = opts.kv_type;
-    what.n_batch = n_batch;
-    for (size_t l = 0; l < model.layers.size(); ++l) {
-      const auto& ids = plan_.layers[l].gpu_neurons;
-      if (!ids.empty() && !model.layers[l].moe.valid())
-        rows[l] = cpu::neuron_major_rows(pool, down_views_[l], ids.data(), static_cast<int64_t>(ids.size()),
-                                         hybrid_device_down_type(model.layers[l].ffn, hp.n_embd));
-      what.down_rows.push_back(rows[l].view);
-    }
-    // A GPU that cannot take this model (a weight type its kernels do not read, too little
-    // memory) is an error, with the reason; `auto` takes the stand-in only where no GPU exists.
-    device_->load(model, what);
-  }
   if (!copies.empty()) {
     std::string kinds;
     for (const auto& [t, n] : copies) kinds += fmt::format("{}{} layers {}", kinds.empty() ? "" : ", ", n, t);
@@ -121,15 +116,45 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
     for (const auto& m : down_nm_) b += m.view.nbytes;
     log_info("hybrid: the CPU's neuron-major down copies: {} ({:.1f} MiB)", kinds, b / 1048576.0);
   }
+}
+
+void HybridExecutor::load_device(ThreadPool& pool, const HybridOptions& opts, int64_t n_batch) {
+  const Model& model = model_;
+  // The device's down: its neurons' rows only, in the share's order and in rows of their own
+  // (hybrid_device_down_type), made for the load and dropped after it.
+  std::vector<cpu::NeuronMajorMatrix> rows(model.layers.size());
+  DeviceLoad what;
+  what.pm = &pm_;
+  what.opts = &popts_;
+  what.plan = &plan_;
+  what.kv_type = opts.kv_type;
+  what.n_batch = n_batch;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const auto& ids = plan_.layers[l].gpu_neurons;
+    if (!ids.empty() && !model.layers[l].moe.valid())
+      rows[l] = cpu::neuron_major_rows(pool, down_views_[l], ids.data(), static_cast<int64_t>(ids.size()),
+                                       hybrid_device_down_type(model.layers[l].ffn, model.hp.n_embd));
+    what.down_rows.push_back(rows[l].view);
+  }
+  // A GPU that cannot take this model (a weight type its kernels do not read, too little
+  // memory) is an error, with the reason; `auto` takes the stand-in only where no GPU exists.
+  device_->load(model, what);
+}
+
+void HybridExecutor::size_buffers(ThreadPool& pool, const HybridOptions& opts) {
+  const Model& model = model_;
+  const Hparams& hp = model.hp;
   const size_t b = static_cast<size_t>(popts_.max_batch), nf = static_cast<size_t>(hp.n_ff);
   act_.resize(b * nf);
   h_.resize(b * nf);
   partial_.resize(b * static_cast<size_t>(hp.n_embd));
   active_.resize(nf);
   axpy_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, popts_.max_batch, pool.size(), cpu::AxpySplit::columns));
+  size_t most_experts = 0;
+  int64_t used = 0;
+  for (size_t l = 0; l < model.layers.size(); ++l)
+    if (!expert_on_[l].empty()) most_experts = std::max(most_experts, expert_on_[l].size()), used = std::max(used, model.layers[l].moe.n_used);
   if (most_experts > 0) {
-    int64_t used = 0;
-    for (const LayerWeights& L : model.layers) used = std::max(used, L.moe.n_used);
     expert_rows_.resize(b * static_cast<size_t>(used * hp.n_embd));
     cpu_experts_.resize(most_experts);
     expert_ptrs_.resize(most_experts);
@@ -152,6 +177,9 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
       pred_mm_ = AlignedBuffer<uint8_t>(mm);
     }
   }
+}
+
+void HybridExecutor::log_placement(double seconds) const {
   int used = 0, attn = 0;
   double cpu_read = 0, gpu_read = 0;
   std::string experts;
@@ -167,7 +195,7 @@ HybridExecutor::HybridExecutor(const Model& model, ThreadPool& pool, const Hybri
            "rest; ready in {:.2f} s",
            device_->name(), experts.empty() ? plan_.n_gpu_neurons() : plan_.n_gpu_experts(),
            experts.empty() ? "neurons" : "experts", used, plan_.layers.size(), attn,
-           plan_.output_gpu ? " and the output head" : "", device_->bytes() / 1048576.0, timer.seconds());
+           plan_.output_gpu ? " and the output head" : "", device_->bytes() / 1048576.0, seconds);
   if (!experts.empty()) log_info("hybrid: experts on the device by layer: {}", experts);
   log_info("hybrid: a token reads {:.2f} MB on the CPU and {:.2f} MB on the device (the plan's cost model)",
            cpu_read / 1e6, gpu_read / 1e6);

@@ -116,6 +116,15 @@ class HybridExecutor final : public FfnExecutor, public LayerExecutor {
   // Rows of the hidden state the device holds for output() (run_layers queued their copy back,
   // the head follows with one wait for both); 0: none.
   int64_t held_rows_ = 0;
+  // The constructor's steps: the plan for what the device can hold and has free; each layer's
+  // neurons or experts split by side; the CPU's neuron-major down copies; the device's load; the
+  // scratch buffers; the log of what went where.
+  void plan_for_device(const HybridOptions& opts, int64_t n_ctx);
+  void split_layers();
+  void make_cpu_downs(ThreadPool& pool, const HybridOptions& opts);
+  void load_device(ThreadPool& pool, const HybridOptions& opts, int64_t n_batch);
+  void size_buffers(ThreadPool& pool, const HybridOptions& opts);
+  void log_placement(double seconds) const;
   // A layer whose attention is on the device: whether the CPU computes some of its neurons.
   bool cpu_takes_part(size_t l) const;
   // The rows the CPU computes for layer l's chunk of n tokens at x (token t0 of the pass), and

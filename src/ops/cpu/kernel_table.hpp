@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cpu_features.hpp"
+#include "core/error.hpp"
 #include "tensor/dtype.hpp"
 
 namespace ember::cpu::detail {
@@ -16,9 +17,12 @@ namespace ember::cpu::detail {
 template <class Entry>
 class KernelTable {
  public:
-  // The kernel of `level` for weight type w; a later add for the same pair replaces it.
+  // The kernel of `level` for weight type w, added once (a second kernel for the same pair would
+  // leave the first one registered, tested and never run).
   void add(SimdLevel level, DType w, Entry e) {
     auto& row = row_of(w);
+    EMBER_CHECK(!row[static_cast<size_t>(level)], "kernel table: a second kernel for {} at {}", dtype_name(w),
+                simd_level_name(level));
     row[static_cast<size_t>(level)] = e;
   }
   // The kernel of the highest level <= `level` that has one for w (an ISA without a kernel of its

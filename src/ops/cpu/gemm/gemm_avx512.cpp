@@ -242,70 +242,6 @@ struct Q4QuadKernel {
   }
 };
 
-// ---- Q6_K x Q8_K ------------------------------------------------------------------------
-// Each super-block is four 64-element steps. Weights enter as unsigned q + 32 (0..63);
-// vpmaddubsw gives pair sums, from which 32 * (pair sums of the activations) is subtracted, and
-// vpdpwssd multiplies by the 16-element group scales (one per 128-bit lane) and accumulates.
-
-struct Q6KKernel {
-  static constexpr int kRows = 2, kTokens = 4;
-
-  static __m512i decode(const BlockQ6_K& blk, int i) {
-    const int h = i >> 1;
-    const __m512i ql = _mm512_loadu_si512(blk.ql + 64 * h);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
-    const __m512i qh2 = _mm512_inserti64x4(_mm512_zextsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    if (i & 1)
-      return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(qh2, m30));
-    return _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30));
-  }
-
-  template <int R, int T>
-  static void tile(const GemmArgs& a, int64_t r0, int64_t t0) {
-    alignas(64) static constexpr auto kIdx = [] {
-      std::array<int16_t, 128> idx{};
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 32; ++j) idx[i * 32 + j] = static_cast<int16_t>(4 * i + j / 8);
-      return idx;
-    }();
-    const int64_t nb = a.k / kQK_K;
-    TileOperands<BlockQ6_K, BlockQ8_K, 16, R, T> tl(a, r0, t0);
-    auto& [w, x, acc] = tl;
-    const __m512i k32 = _mm512_set1_epi8(32);
-    for (int64_t b = 0; b < nb; ++b) {
-      __m512i s16[R];
-      for (int r = 0; r < R; ++r)
-        s16[r] = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r][b].scales))));
-      __m512i isum[R][T];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) isum[r][t] = _mm512_setzero_si512();
-      for (int i = 0; i < 4; ++i) {
-        const __m512i idx = _mm512_load_si512(kIdx.data() + 32 * i);
-        __m512i q[R], sc[R];
-        for (int r = 0; r < R; ++r) {
-          q[r] = decode(w[r][b], i);
-          sc[r] = _mm512_permutexvar_epi16(idx, s16[r]);
-        }
-        for (int t = 0; t < T; ++t) {
-          const __m512i xa = _mm512_loadu_si512(x[t][b].qs + 64 * i);
-          const __m512i off = _mm512_maddubs_epi16(k32, xa);
-          for (int r = 0; r < R; ++r) {
-            const __m512i p = _mm512_sub_epi16(_mm512_maddubs_epi16(q[r], xa), off);
-            isum[r][t] = _mm512_dpwssd_epi32(isum[r][t], p, sc[r]);
-          }
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        const float dw = _cvtsh_ss(w[r][b].d);
-        for (int t = 0; t < T; ++t)
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_set1_ps(dw * x[t][b].d), acc[r][t]);
-      }
-    }
-    tl.store(a, r0, t0);
-  }
-};
-
 // ---- activation quantizers (bit-identical to the scalar quantize_row) ---------------------
 
 // Whether a sum of (v - v) terms shows a NaN or infinity among the v (quant_sym8's probe).
@@ -417,7 +353,6 @@ void add_gemm_avx512(GemmTable& t) {
   t.add(SimdLevel::avx512, DType::Q8_0, {&gemm<Block32Kernel<DType::Q8_0>>});
   t.add(SimdLevel::avx512, DType::Q4_0, {&gemm<Q4QuadKernel<DType::Q4_0>>, true});
   t.add(SimdLevel::avx512, DType::Q4_1, {&gemm<Q4QuadKernel<DType::Q4_1>>, true});
-  t.add(SimdLevel::avx512, DType::Q6_K, {&gemm<Q6KKernel>});
 }
 
 const ActQuantizers& act_quantizers_avx512() {

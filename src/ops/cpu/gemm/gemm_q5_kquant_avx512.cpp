@@ -392,7 +392,7 @@ void add_gemm_q5_kquant_avx512(GemmTable& t) {
   t.add(SimdLevel::avx512, DType::Q5_K, {&gemm<K45Kernel512<DType::Q5_K>>});
   t.add(SimdLevel::avx512, DType::Q2_K, {&gemm<G16Kernel512<DType::Q2_K>>});
   t.add(SimdLevel::avx512, DType::Q3_K, {&gemm<G16Kernel512<DType::Q3_K>>});
-  t.add(SimdLevel::avx512, DType::Q6_K, {&gemm<G16Kernel512<DType::Q6_K>>});  // replaces gemm/gemm_avx512.cpp's
+  t.add(SimdLevel::avx512, DType::Q6_K, {&gemm<G16Kernel512<DType::Q6_K>>});
 }
 
 }  // namespace ember::cpu::detail

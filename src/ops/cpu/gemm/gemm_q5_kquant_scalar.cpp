@@ -1,4 +1,4 @@
-// Scalar reference dot products for Q5_0, Q5_1, Q2_K, Q3_K, Q4_K and Q5_K: integer sums per (sub-)block,
+// Scalar reference dot products for Q5_0, Q5_1 and the K-quants (Q2_K .. Q6_K): integer sums per (sub-)block,
 // one float accumulator, as gemm/gemm_scalar.cpp does for the other types.
 #include <cstring>
 
@@ -111,6 +111,34 @@ float dot_q23(int64_t k, const uint8_t* w, const uint8_t* x) {
 }
 
 
+float dot_q6_k(int64_t k, const uint8_t* w, const uint8_t* x) {
+  const auto* a = reinterpret_cast<const BlockQ6_K*>(w);
+  const auto* b = reinterpret_cast<const BlockQ8_K*>(x);
+  float sum = 0.f;
+  for (int64_t i = 0; i < k / kQK_K; ++i) {
+    int8_t q[kQK_K];
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = a[i].ql + 64 * half;
+      const uint8_t* qh = a[i].qh + 32 * half;
+      int8_t* qq = q + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        qq[l] = static_cast<int8_t>(((ql[l] & 0x0F) | ((qh[l] >> 0) & 3) << 4) - 32);
+        qq[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4) - 32);
+        qq[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+        qq[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+      }
+    }
+    int s = 0;
+    for (int g = 0; g < kQK_K / 16; ++g) {
+      int sg = 0;
+      for (int j = 0; j < 16; ++j) sg += q[16 * g + j] * b[i].qs[16 * g + j];
+      s += sg * a[i].scales[g];
+    }
+    sum += static_cast<float>(s) * (fp16_to_fp32(a[i].d) * b[i].d);
+  }
+  return sum;
+}
+
 }  // namespace
 
 void add_gemm_q5_kquant_scalar(GemmTable& t) {
@@ -120,6 +148,7 @@ void add_gemm_q5_kquant_scalar(GemmTable& t) {
   t.add(SimdLevel::scalar, DType::Q5_K, {&gemm_by_dot<dot_k45<BlockQ5_K>>});
   t.add(SimdLevel::scalar, DType::Q2_K, {&gemm_by_dot<dot_q23<BlockQ2_K>>});
   t.add(SimdLevel::scalar, DType::Q3_K, {&gemm_by_dot<dot_q23<BlockQ3_K>>});
+  t.add(SimdLevel::scalar, DType::Q6_K, {&gemm_by_dot<dot_q6_k>});
 }
 
 }  // namespace ember::cpu::detail

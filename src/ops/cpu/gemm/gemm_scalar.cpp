@@ -73,35 +73,6 @@ float dot_q4_1(int64_t k, const uint8_t* w, const uint8_t* x) {
   return sum;
 }
 
-float dot_q6_k(int64_t k, const uint8_t* w, const uint8_t* x) {
-  const auto* a = reinterpret_cast<const BlockQ6_K*>(w);
-  const auto* b = reinterpret_cast<const BlockQ8_K*>(x);
-  float sum = 0.f;
-  for (int64_t i = 0; i < k / kQK_K; ++i) {
-    int8_t q[kQK_K];
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = a[i].ql + 64 * half;
-      const uint8_t* qh = a[i].qh + 32 * half;
-      int8_t* qq = q + 128 * half;
-      for (int l = 0; l < 32; ++l) {
-        qq[l] = static_cast<int8_t>(((ql[l] & 0x0F) | ((qh[l] >> 0) & 3) << 4) - 32);
-        qq[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4) - 32);
-        qq[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
-        qq[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
-      }
-    }
-    int s = 0;
-    for (int g = 0; g < kQK_K / 16; ++g) {
-      int sg = 0;
-      for (int j = 0; j < 16; ++j) sg += q[16 * g + j] * b[i].qs[16 * g + j];
-      s += sg * a[i].scales[g];
-    }
-    sum += static_cast<float>(s) * (fp16_to_fp32(a[i].d) * b[i].d);
-  }
-  return sum;
-}
-
-
 }  // namespace
 
 void add_gemm_scalar(GemmTable& t) {
@@ -111,7 +82,6 @@ void add_gemm_scalar(GemmTable& t) {
   t.add(SimdLevel::scalar, DType::Q8_0, {&gemm_by_dot<dot_q8_0>});
   t.add(SimdLevel::scalar, DType::Q4_0, {&gemm_by_dot<dot_q4_0>});
   t.add(SimdLevel::scalar, DType::Q4_1, {&gemm_by_dot<dot_q4_1>});
-  t.add(SimdLevel::scalar, DType::Q6_K, {&gemm_by_dot<dot_q6_k>});
 }
 
 }  // namespace ember::cpu::detail

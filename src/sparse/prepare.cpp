@@ -64,21 +64,11 @@ float threshold_from_quantiles(const float* q, float s) {
   return static_cast<float>(q[lo] + frac * (q[lo + 1] - q[lo]));
 }
 
-PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgress& progress) {
-  EMBER_CHECK(!o.model.empty() && !o.profile.empty() && !o.output.empty(), "prepare: -m, --profile and -o are required");
-  EMBER_CHECK(std::filesystem::absolute(o.output) != std::filesystem::absolute(o.model),
-              "prepare: the output '{}' would overwrite the model", o.output);
-  auto model = load_model(o.model);
-  const std::string moe = model_moe_refusal(*model, "ember prepare");
-  EMBER_CHECK(moe.empty(), "{}: {}", o.model, moe);
-  const Hparams& hp = model->hp;
-  const gguf::Reader& mr = *model->file;
-  const int64_t L = hp.n_layer, n_ff = hp.n_ff, d = hp.n_embd;
-  PrepareSummary sum;
-  sum.n_layer = L;
-  sum.n_ff = n_ff;
+namespace {
 
-  // ---- the profile: counts (and quantiles) of this model's shape --------------------------
+// The profile's order of each layer's neurons, hot first (perms), its mean hot share and, with
+// --sparsity, each layer's threshold from its gate quantiles (into sum).
+std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t L, int64_t n_ff, PrepareSummary& sum) {
   gguf::Reader prof(o.profile);
   const std::string parch = prof.opt_string("general.architecture").value_or("");
   EMBER_CHECK(parch == "ember-profile", "{}: not a profile (general.architecture '{}', expected 'ember-profile'); make one "
@@ -118,10 +108,17 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
   }
   sum.hot_share = hot_share / static_cast<double>(L);
   sum.thresholds = thresholds;
+  return perms;
 
-  // ---- the predictor: the --predictor file's, else the model's own -----------------------
+}
+
+// The predictor to embed: the --predictor file (checked against the model's shape; null: the
+// model's own, if any), its threshold in *threshold and its rank in sum.
+std::unique_ptr<gguf::Reader> open_predictor(const PrepareOptions& o, const Model& m, PrepareSummary& sum,
+                                             float* threshold) {
+  const int64_t L = m.hp.n_layer, n_ff = m.hp.n_ff, d = m.hp.n_embd;
   std::unique_ptr<gguf::Reader> pred;
-  float pred_threshold = model->predictor_threshold;
+  *threshold = m.predictor_threshold;
   if (!o.predictor.empty()) {
     pred = std::make_unique<gguf::Reader>(o.predictor);
     const std::string a = pred->opt_string("general.architecture").value_or("");
@@ -138,26 +135,26 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
       EMBER_CHECK(dtype_supported(f1.type) && dtype_supported(f2.type), "{}: layer {} predictor has an unsupported type",
                   o.predictor, il);
     }
-    pred_threshold = static_cast<float>(pred->opt_float("powerinfer.sparse_threshold").value_or(0.0));
+    *threshold = static_cast<float>(pred->opt_float("powerinfer.sparse_threshold").value_or(0.0));
     sum.predictor_rank = pred->view("blk.0.fc1.weight").ne[1];
-  } else if (model->layers[0].ffn.fc1.valid()) {
-    sum.predictor_rank = model->layers[0].ffn.fc1.rows();
+  } else if (m.layers[0].ffn.fc1.valid()) {
+    sum.predictor_rank = m.layers[0].ffn.fc1.rows();
   } else {
     log_warn("prepare: no predictor (--predictor, or fc1/fc2 in the model): PowerInfer cannot load the result; Ember "
              "runs it dense or in oracle mode");
   }
 
-  const bool from_down = !model->layers[0].ffn.down_t.valid();
-  sum.down_t_from_down = from_down;
-  sum.down_t_type = from_down ? pick_down_t_type(o.down_type, model->layers[0].ffn.down.type, d, o.model)
-                              : model->layers[0].ffn.down_t.type;
-  if (sum.down_t_type != DType::F16 && sum.down_t_type != DType::Q4_0)
-    log_warn("prepare: ffn_down_t is {}; PowerInfer's CPU kernels read it only as F16 or Q4_0 (Ember runs any)",
-             dtype_name(sum.down_t_type));
+  return pred;
+}
 
-  // ---- the output ------------------------------------------------------------------------
-  gguf::Writer w(mr.alignment());
-  w.set_powerinfer_magic(true);
+// The output's metadata: the model's, PowerInfer's threshold, the activation where the
+// architecture has a key for it, the predictor's input, the thresholds and the permutation.
+void write_metadata(gguf::Writer& w, const Model& m, const PrepareOptions& o, const gguf::Reader* pred,
+                    float pred_threshold, const std::vector<std::vector<int32_t>>& perms,
+                    const std::vector<float>& thresholds) {
+  const gguf::Reader& mr = *m.file;
+  const Hparams& hp = m.hp;
+  const int64_t L = hp.n_layer, n_ff = hp.n_ff;
   for (const std::string& k : mr.keys()) {
     if (k.rfind("ember.sparse.", 0) == 0 || k == "powerinfer.sparse_threshold") continue;  // written below
     w.set(k, mr.metadata().at(k));
@@ -170,7 +167,7 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
     w.set(hp.arch + ".ffn_activation", gguf::Value::str(ffn_activation_name(ffn_activation_of(hp.act))));
   // The embedded predictor keeps the input convention it was trained for.
   w.set(kPredictorInputKey,
-        gguf::Value::str((pred ? predictor_reads_residual(*pred) : model->predictor_on_residual) ? "residual" : "ffn_input"));
+        gguf::Value::str((pred ? predictor_reads_residual(*pred) : m.predictor_on_residual) ? "residual" : "ffn_input"));
   if (!thresholds.empty()) {
     w.set("ember.sparse.thresholds", gguf::Value::floats(thresholds));
     w.set("ember.sparse.target", gguf::Value::f32(o.sparsity));
@@ -181,8 +178,16 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
   w.set("ember.sparse.permutation", gguf::Value::ints(flat));
   w.set("ember.sparse.profile", gguf::Value::str(std::filesystem::path(o.profile).filename().string()));
 
-  const int n_threads = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ThreadPool pool(n_threads);
+}
+
+// Every tensor of the model into w (lazily, written by w.write): the layers' FFN rows permuted hot
+// first, down as the neuron-major down_t of sum.down_t_type, the --predictor file's fc1/fc2 in
+// place of the model's; progress after each layer's last tensor.
+void add_tensors(gguf::Writer& w, const Model& m, const gguf::Reader* pred, const std::vector<std::vector<int32_t>>& perms,
+                 const PrepareSummary& sum, ThreadPool& pool, const PrepareProgress& progress) {
+  const gguf::Reader& mr = *m.file;
+  const int64_t L = m.hp.n_layer, n_ff = m.hp.n_ff, d = m.hp.n_embd;
+  const bool from_down = sum.down_t_from_down;
   const DType down_t_type = sum.down_t_type;
   auto last_of_layer = std::make_shared<std::vector<std::string>>(static_cast<size_t>(L));
   for (const gguf::TensorInfo& t : mr.tensors()) {
@@ -235,6 +240,39 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
                         [f2, perm] { return permute_rows(f2, *perm); });
     }
   }
+}
+
+}  // namespace
+
+PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgress& progress) {
+  EMBER_CHECK(!o.model.empty() && !o.profile.empty() && !o.output.empty(), "prepare: -m, --profile and -o are required");
+  EMBER_CHECK(std::filesystem::absolute(o.output) != std::filesystem::absolute(o.model),
+              "prepare: the output '{}' would overwrite the model", o.output);
+  auto model = load_model(o.model);
+  const std::string moe = model_moe_refusal(*model, "ember prepare");
+  EMBER_CHECK(moe.empty(), "{}: {}", o.model, moe);
+  const Hparams& hp = model->hp;
+  const int64_t L = hp.n_layer, n_ff = hp.n_ff, d = hp.n_embd;
+  PrepareSummary sum;
+  sum.n_layer = L;
+  sum.n_ff = n_ff;
+  const std::vector<std::vector<int32_t>> perms = profile_order(o, L, n_ff, sum);
+  float pred_threshold = 0.0f;
+  const std::unique_ptr<gguf::Reader> pred = open_predictor(o, *model, sum, &pred_threshold);
+  const bool from_down = !model->layers[0].ffn.down_t.valid();
+  sum.down_t_from_down = from_down;
+  sum.down_t_type = from_down ? pick_down_t_type(o.down_type, model->layers[0].ffn.down.type, d, o.model)
+                              : model->layers[0].ffn.down_t.type;
+  if (sum.down_t_type != DType::F16 && sum.down_t_type != DType::Q4_0)
+    log_warn("prepare: ffn_down_t is {}; PowerInfer's CPU kernels read it only as F16 or Q4_0 (Ember runs any)",
+             dtype_name(sum.down_t_type));
+
+  gguf::Writer w(model->file->alignment());
+  w.set_powerinfer_magic(true);
+  write_metadata(w, *model, o, pred.get(), pred_threshold, perms, sum.thresholds);
+  const int n_threads = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(n_threads);  // the lazy producers' (they run in w.write)
+  add_tensors(w, *model, pred.get(), perms, sum, pool, progress);
   w.write(o.output);
   sum.bytes = std::filesystem::file_size(o.output);
   return sum;

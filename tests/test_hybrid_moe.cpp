@@ -160,6 +160,29 @@ TEST(HybridMoe, PlannersPlaceTheHotExpertsWithinTheBudget) {
   EXPECT_EQ(make_plan(PlanMethod::greedy, m, dev, opts).n_gpu_experts(), 0);
 }
 
+// A hybrid session repacks the experts for the CPU's kernels; a device that holds the file's
+// layout (CUDA) is asked about the file's types, so repacking takes nothing from it.
+TEST(HybridMoe, RepackedExpertsStayPlaceableOnTheFilesLayout) {
+  auto model = load_moe(DType::Q4_0, 2, "repacked");
+  repack_for_session(*model, FfnMode::dense, repack_scope_for(FfnMode::dense, /*hybrid=*/true), ResidentWeights::copy,
+                     /*hybrid=*/true);
+  EXPECT_EQ(model->file_layer(0).moe.experts[0].gate.type, DType::Q4_0);
+  const Plan plan = experts_plan(*model, 1);
+  EXPECT_EQ(device_refusal(cuda_caps(), *model, plan), "");
+  // The stand-in runs the CPU's (repacked) experts: still the all-CPU mixture bit for bit.
+  auto plain = load_moe(DType::Q4_0, 2, "repacked-plain");
+  repack_for_session(*plain, FfnMode::dense, repack_scope_for(FfnMode::dense, false), ResidentWeights::copy, false);
+  SessionParams alone;
+  alone.n_threads = 2;
+  alone.n_ctx = 64;
+  alone.kv_type = DType::F16;
+  Session cpu(*plain, alone);
+  SessionParams p = test_support::given_plan_params(plan, 16);
+  p.hybrid.device_kind = "cpu";
+  Session s(*model, p);
+  EXPECT_EQ(test_support::session_logits(s), test_support::session_logits(cpu));
+}
+
 TEST(HybridMoe, RefusesWhatCannotBeSplit) {
   auto model = load_moe(DType::Q4_0, 2, "refuse");
   Plan plan = experts_plan(*model, 0);

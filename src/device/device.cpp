@@ -91,8 +91,9 @@ std::string experts_refusal(const DeviceCaps& caps, const Model& model, size_t l
     return fmt::format("the plan puts experts of layer {} on the {} device, which runs no experts; plan without them "
                        "(their layers' attention may still go there)", l, caps.name);
   if (std::string why = moe_split_refusal(moe); !why.empty()) return fmt::format("layer {}: {}", l, why);
-  // Every expert has the first one's gating and types (moe_split_refusal).
-  const FfnWeights& e = moe.experts.front();
+  // Every expert has the first one's gating and types (moe_split_refusal). A device holds them
+  // as the file lays them out (Model::file_layer; the CPU's may be repacked), so those types count.
+  const FfnWeights& e = model.file_layer(l).moe.experts.front();
   if (std::find(caps.gatings.begin(), caps.gatings.end(), e.gating) == caps.gatings.end())
     return fmt::format("layer {}'s experts are {} FFNs, which the {} device does not run", l, ffn_gating_name(e.gating),
                        caps.name);

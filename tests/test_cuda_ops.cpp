@@ -241,8 +241,21 @@ TEST(CudaOps, MatvecAndGatherMatchReference) {
       relu.kind = cuda::Epilogue::relu;
       relu.y = drelu.p;
       cuda::matvec(W.m, {}, xa.a, nt, relu, stream);
+      // A mixture's expert: act(v) (SiLU), and v times the values in place (no position list).
+      DeviceVec<float> dact(std::vector<float>(static_cast<size_t>(nt * rows), nan)), dmul(base);
+      cuda::MatvecOut act;
+      act.kind = cuda::Epilogue::act;
+      act.act = cpu::Activation::silu;
+      act.y = dact.p;
+      cuda::matvec(W.m, {}, xa.a, nt, act, stream);
+      cuda::MatvecOut mul;
+      mul.kind = cuda::Epilogue::gate_mul;
+      mul.y = dmul.p;
+      mul.a = dmul.p;
+      mul.a_stride = rows;
+      cuda::matvec(W.m, {}, xa.a, nt, mul, stream);
       cuda::stream_sync(stream);
-      const auto y = dy.get(), added = dadd.get(), relued = drelu.get();
+      const auto y = dy.get(), added = dadd.get(), relued = drelu.get(), acted = dact.get(), mulled = dmul.get();
       for (int64_t t = 0; t < nt; ++t)
         for (int64_t r = 0; r < rows; ++r) {
           double mag = 0;
@@ -253,6 +266,8 @@ TEST(CudaOps, MatvecAndGatherMatchReference) {
           ASSERT_NEAR(y[i], ref, 5e-6 * mag + 1e-6) << "t " << t << " r " << r;
           ASSERT_EQ(added[i], base[i] + (y[i] + bias[static_cast<size_t>(r)]));
           ASSERT_EQ(relued[i], std::max(y[i], 0.0f));
+          ASSERT_NEAR(acted[i], y[i] / (1.0f + std::exp(-y[i])), 1e-6 * std::fabs(y[i]) + 1e-7);
+          ASSERT_EQ(mulled[i], y[i] * base[i]);
         }
       // Gather: every third row, backwards, stride rows + 1, the count on the device.
       std::vector<int32_t> ids;

@@ -124,7 +124,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     u_le_zf.insert(u_col[l], 1.0), u_le_zf.insert(zf, -1.0);
     a_le_za.insert(a_col[l], 1.0), a_le_za.insert(za, -1.0);
     add_row(a_le_u, -inf, 0.0);
-    if (!L.moe() || !L.p.empty()) add_row(u_le_zf, -inf, 0.0);
+    if (!L.moe()) add_row(u_le_zf, -inf, 0.0);
     add_row(a_le_za, -inf, 0.0);
   }
   // The output head: its weights and logits, and the hidden state's buffers (the attention scratch).
@@ -157,7 +157,7 @@ Plan plan_ilp(const PlanModel& m, const DeviceDesc& dev, const PlanOptions& opts
     for (int32_t e : P.gpu_experts) start[static_cast<size_t>(y0[l] + e)] = start[ze] = 1.0;
     start[a_col[l]] = P.attn_gpu ? 1.0 : 0.0;
     start[u_col[l]] = greedy.layer_uses_gpu(l) ? 1.0 : 0.0;
-    if (greedy.layer_uses_gpu(l) && (!m.layers[l].moe() || !m.layers[l].p.empty())) start[zf] = 1.0;
+    if (greedy.layer_uses_gpu(l) && !m.layers[l].moe()) start[zf] = 1.0;
     if (P.attn_gpu) start[za] = 1.0;
   }
   if (greedy.output_gpu) start[out] = start[za] = 1.0;

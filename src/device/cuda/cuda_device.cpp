@@ -333,17 +333,19 @@ void CudaDevice::experts_begin(int64_t layer, const float* x, int64_t n, const i
   EMBER_CHECK(mode_ == Mode::direct && !pending_ && ex_rows_ < 0, "CUDA device: experts_begin inside another call");
   const int64_t k = model_->layers[l].moe.n_used, ne = static_cast<int64_t>(experts_[l].size());
   const auto& index = expert_index_[l];
-  // The slots of its experts, each expert's tokens ascending: first[i] .. first[i + 1].
-  expert_slots_.assign(static_cast<size_t>(ne + 1 + n * k), 0);
+  // The slots of its experts, each expert's tokens ascending: first[i] .. first[i + 1]; next[i]
+  // the filling position (capacity kept between calls: nothing allocated a token).
+  expert_slots_.assign(static_cast<size_t>(2 * ne + 1 + n * k), 0);
   int32_t* first = expert_slots_.data();
-  int32_t* tokens = first + ne + 1;
+  int32_t* next = first + ne + 1;
+  int32_t* tokens = next + ne;
   for (int64_t s = 0; s < n * k; ++s)
     if (const int32_t i = index[static_cast<size_t>(ids[s])]; i >= 0) ++first[i + 1];
   for (int64_t i = 0; i < ne; ++i) first[i + 1] += first[i];
-  std::vector<int32_t> next(first, first + ne);
+  std::copy(first, first + ne, next);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < k; ++j)
-      if (const int32_t i = index[static_cast<size_t>(ids[t * k + j])]; i >= 0) tokens[next[static_cast<size_t>(i)]++] = static_cast<int32_t>(t);
+      if (const int32_t i = index[static_cast<size_t>(ids[t * k + j])]; i >= 0) tokens[next[i]++] = static_cast<int32_t>(t);
   const int64_t rows = first[ne];
   ex_rows_ = rows;
   if (rows == 0) return;

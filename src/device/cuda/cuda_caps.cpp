@@ -4,7 +4,7 @@
 namespace ember {
 
 DeviceCaps cuda_caps() {
-  // ops/cuda/cuda_ops.cu: act(gate) * up over F32, F16, Q8_0, Q4_0 and Q4_1 rows (FFN shares and a
+  // ops/cuda/ (matvec.cu, tiles.cu, axpy.cu, experts.cu): act(gate) * up over F32, F16, Q8_0, Q4_0 and Q4_1 rows (FFN shares and a
   // mixture's experts, whole);
   // ops/cuda/cuda_blocks.cu: the attention block (RMSNorm or LayerNorm, biases, q/k norms, RoPE,
   // sliding windows, post-norms, an F16 or F32 cache) with heads of up to 256 values.

@@ -354,29 +354,52 @@ void CudaDevice::experts_begin(int64_t layer, const float* x, int64_t n, const i
   cuda::copy_to_device(at(layout_.ex_x), ex_x_host_, rb * static_cast<size_t>(rows), stream_);
   counters_.bytes_in += rb * static_cast<size_t>(rows);
   const cpu::Activation act = model_->hp.act;
-  for (int64_t i = 0; i < ne; ++i) {
-    const int64_t s0 = first[i], m = first[i + 1] - s0;
-    if (m == 0) continue;
-    const Expert& e = experts_[l][static_cast<size_t>(i)];
-    const int64_t nf = e.up.rows;
-    float* h = at(layout_.ex_h) + s0 * nf;
-    const cuda::Activations xa = activations(at(layout_.ex_x) + s0 * n_embd_, m, n_embd_,
-                                             layout_.ex_xq + gpu_q8_bytes(n_embd_, s0), {e.gate.type, e.up.type});
-    cuda::MatvecOut gate;  // act(gate x), then times up x in up's epilogue: the gated rule (model/ffn.hpp)
-    gate.kind = cuda::Epilogue::act;
-    gate.act = act;
-    gate.y = h;
-    cuda::matvec(e.gate, {}, xa, m, gate, stream_);
-    cuda::MatvecOut up;
-    up.kind = cuda::Epilogue::gate_mul;
-    up.y = h;
-    up.a = h;
-    up.a_stride = nf;
-    cuda::matvec(e.up, {}, xa, m, up, stream_);
-    const cuda::Activations ha = activations(h, m, nf, layout_.ex_hq + gpu_q8_bytes(nf, s0), {e.down.type});
-    cuda::MatvecOut down;
-    down.y = at(layout_.ex_out) + s0 * n_embd_;
-    cuda::matvec(e.down, {}, ha, m, down, stream_);
+  const Expert& e0 = experts_[l].front();
+  const int64_t nf = e0.up.rows;
+  int64_t most = 0;
+  for (int64_t i = 0; i < ne; ++i) most = std::max<int64_t>(most, first[i + 1] - first[i]);
+  if (most < cuda::kGemmMinTokens && e0.gate.type == e0.up.type) {
+    // Few slots an expert (decode, small batches): every chosen expert in one launch a step,
+    // the inputs and values rounded to 8 bits once for all slots.
+    ex_runs_.clear();
+    for (int64_t i = 0; i < ne; ++i)
+      if (const int32_t m = first[i + 1] - first[i]; m > 0) {
+        const Expert& e = experts_[l][static_cast<size_t>(i)];
+        ex_runs_.push_back({e.gate.data, e.up.data, e.down.data, first[i], m});
+      }
+    const cuda::ExpertShape shape{e0.gate.type, e0.down.type, n_embd_, nf, act};
+    const int n_runs = static_cast<int>(ex_runs_.size());
+    float* h = at(layout_.ex_h);
+    cuda::experts_gate_up(shape, ex_runs_.data(), n_runs, activations(at(layout_.ex_x), rows, n_embd_, layout_.ex_xq,
+                                                                      {e0.gate.type}),
+                          rows, h, stream_);
+    cuda::experts_down(shape, ex_runs_.data(), n_runs, activations(h, rows, nf, layout_.ex_hq, {e0.down.type}), rows,
+                       at(layout_.ex_out), stream_);
+  } else {
+    // A prompt: each expert's products on the tiles, its activations rounded with it.
+    for (int64_t i = 0; i < ne; ++i) {
+      const int64_t s0 = first[i], m = first[i + 1] - s0;
+      if (m == 0) continue;
+      const Expert& e = experts_[l][static_cast<size_t>(i)];
+      float* h = at(layout_.ex_h) + s0 * nf;
+      const cuda::Activations xa = activations(at(layout_.ex_x) + s0 * n_embd_, m, n_embd_,
+                                               layout_.ex_xq + gpu_q8_bytes(n_embd_, s0), {e.gate.type, e.up.type});
+      cuda::MatvecOut gate;  // act(gate x), then times up x in up's epilogue: the gated rule (model/ffn.hpp)
+      gate.kind = cuda::Epilogue::act;
+      gate.act = act;
+      gate.y = h;
+      cuda::matvec(e.gate, {}, xa, m, gate, stream_);
+      cuda::MatvecOut up;
+      up.kind = cuda::Epilogue::gate_mul;
+      up.y = h;
+      up.a = h;
+      up.a_stride = nf;
+      cuda::matvec(e.up, {}, xa, m, up, stream_);
+      const cuda::Activations ha = activations(h, m, nf, layout_.ex_hq + gpu_q8_bytes(nf, s0), {e.down.type});
+      cuda::MatvecOut down;
+      down.y = at(layout_.ex_out) + s0 * n_embd_;
+      cuda::matvec(e.down, {}, ha, m, down, stream_);
+    }
   }
   cuda::copy_to_host(ex_out_host_, at(layout_.ex_out), rb * static_cast<size_t>(rows), stream_);
   counters_.bytes_out += rb * static_cast<size_t>(rows);

@@ -118,6 +118,7 @@ class CudaDevice final : public Device {
   std::vector<std::vector<Expert>> experts_;
   std::vector<std::vector<int32_t>> expert_index_;
   std::vector<int32_t> expert_slots_;  // experts_begin: each expert's first slot, its filling place, the slots' tokens
+  std::vector<cuda::ExpertRun> ex_runs_;  // experts_begin: the chosen experts run together
   float* ex_x_host_ = nullptr;         // pinned: the slots' inputs (max_batch x n_used x n_embd)
   float* ex_out_host_ = nullptr;       // pinned: their outputs
   int64_t ex_rows_ = -1;               // experts_begin's slots until experts_end; -1: none

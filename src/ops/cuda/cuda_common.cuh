@@ -1,14 +1,18 @@
 // What the CUDA sources of ops/cuda/ share (device code, included by .cu files only): error
 // checks, launch geometry, the fixed-order warp and block reductions, and element access to the
-// GGUF block layouts the kernels read. Template tags are the GGUF type ids (DType): 0 F32,
-// 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0.
+// GGUF block layouts the kernels read. Kernels are templates on the weight type (DType) they
+// read; by_type turns a run-time type into that template argument.
 #pragma once
 #include <cstdint>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "core/error.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+#include "tensor/dtype.hpp"
 
 namespace ember::cuda::detail {
 
@@ -16,7 +20,7 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA {} failed: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));
 }
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
-// Counts a kernel launch (cuda::launches()); defined in cuda_ops.cu.
+// Counts a kernel launch (cuda::launches()); defined in runtime.cu.
 void count_launch();
 // After every launch: its error checked, the launch counted.
 inline void launched(const char* kernel) {
@@ -25,6 +29,31 @@ inline void launched(const char* kernel) {
 }
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 inline unsigned grid_of(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
+
+// The weight types the kernels read (supports()), and those multiplied in 8-bit integers (takes_q8).
+template <DType T>
+constexpr bool takes_q8_v = T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0;
+
+// f(std::integral_constant<DType, T>{}) for the weight type: every kernel's template argument
+// from a run-time type, the one switch over the types (check_type first).
+template <class F>
+void by_type(DType type, F&& f) {
+  switch (type) {
+    case DType::F32: f(std::integral_constant<DType, DType::F32>{}); break;
+    case DType::F16: f(std::integral_constant<DType, DType::F16>{}); break;
+    case DType::Q4_0: f(std::integral_constant<DType, DType::Q4_0>{}); break;
+    case DType::Q4_1: f(std::integral_constant<DType, DType::Q4_1>{}); break;
+    case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); break;
+    default: fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1)", dtype_name(type));
+  }
+}
+
+// A matrix of `type` with rows of `cols` values the kernels can read, or a named error.
+inline void check_type(DType type, int64_t cols) {
+  EMBER_CHECK(supports(type), "CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1)", dtype_name(type));
+  EMBER_CHECK(cols % info(type).block_size == 0, "CUDA: row length {} is not a multiple of {}'s block size", cols,
+              dtype_name(type));
+}
 
 constexpr int kWarp = 32;
 constexpr int kQK = 32;        // elements per Q8_0 / Q4_0 / Q4_1 block
@@ -37,48 +66,48 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
   return __half2float(__ushort_as_half(bits));
 }
 
-template <int T>
+template <DType T>
 struct BlockBytes {  // F32 and F16 have no blocks
   static constexpr int value = 0;
 };
 template <>
-struct BlockBytes<8> {
+struct BlockBytes<DType::Q8_0> {
   static constexpr int value = kQ8Bytes;
 };
 template <>
-struct BlockBytes<2> {
+struct BlockBytes<DType::Q4_0> {
   static constexpr int value = kQ4Bytes;
 };
 template <>
-struct BlockBytes<3> {
+struct BlockBytes<DType::Q4_1> {
   static constexpr int value = kQ41Bytes;
 };
 
 // Element j of a row of the given type.
-template <int T>
+template <DType T>
 __device__ __forceinline__ float element(const uint8_t* row, int64_t j);
 template <>
-__device__ __forceinline__ float element<0>(const uint8_t* row, int64_t j) {  // F32
+__device__ __forceinline__ float element<DType::F32>(const uint8_t* row, int64_t j) {  // F32
   return reinterpret_cast<const float*>(row)[j];
 }
 template <>
-__device__ __forceinline__ float element<1>(const uint8_t* row, int64_t j) {  // F16
+__device__ __forceinline__ float element<DType::F16>(const uint8_t* row, int64_t j) {  // F16
   return __half2float(reinterpret_cast<const __half*>(row)[j]);
 }
 template <>
-__device__ __forceinline__ float element<8>(const uint8_t* row, int64_t j) {  // Q8_0
+__device__ __forceinline__ float element<DType::Q8_0>(const uint8_t* row, int64_t j) {  // Q8_0
   const uint8_t* b = row + (j / kQK) * kQ8Bytes;
   return half_at(b) * static_cast<float>(static_cast<int8_t>(b[2 + j % kQK]));
 }
 template <>
-__device__ __forceinline__ float element<2>(const uint8_t* row, int64_t j) {  // Q4_0
+__device__ __forceinline__ float element<DType::Q4_0>(const uint8_t* row, int64_t j) {  // Q4_0
   const uint8_t* b = row + (j / kQK) * kQ4Bytes;
   const int jj = static_cast<int>(j % kQK);
   const int q = jj < 16 ? (b[2 + jj] & 0x0F) : (b[2 + jj - 16] >> 4);
   return half_at(b) * static_cast<float>(q - 8);
 }
 template <>
-__device__ __forceinline__ float element<3>(const uint8_t* row, int64_t j) {  // Q4_1
+__device__ __forceinline__ float element<DType::Q4_1>(const uint8_t* row, int64_t j) {  // Q4_1
   const uint8_t* b = row + (j / kQK) * kQ41Bytes;
   const int jj = static_cast<int>(j % kQK);
   const int q = jj < 16 ? (b[4 + jj] & 0x0F) : (b[4 + jj - 16] >> 4);
@@ -90,23 +119,23 @@ constexpr int kQ8_1Bytes = 36;  // BlockQ8_1 (tensor/quant.hpp): half d, half s,
 // The device's layout of a matrix of a block type (cuda_ops.hpp, pack_matrix): every row's codes
 // first (kCodeBytes a block, row after row), then every row's block factors (kFactorBytes a
 // block: fp16 d; Q4_1: d then m), so that codes are read in aligned 16-byte vectors.
-template <int T>
+template <DType T>
 struct Split;
 template <>
-struct Split<8> {  // Q8_0
+struct Split<DType::Q8_0> {  // Q8_0
   static constexpr int kCodeBytes = 32, kFactorBytes = 2;
 };
 template <>
-struct Split<2> {  // Q4_0
+struct Split<DType::Q4_0> {  // Q4_0
   static constexpr int kCodeBytes = 16, kFactorBytes = 2;
 };
 template <>
-struct Split<3> {  // Q4_1
+struct Split<DType::Q4_1> {  // Q4_1
   static constexpr int kCodeBytes = 16, kFactorBytes = 4;
 };
 
 // A matrix in the device's layout: row r's codes and factors.
-template <int T>
+template <DType T>
 struct SplitRows {
   const uint8_t* codes;
   const uint8_t* factors;
@@ -118,6 +147,37 @@ struct SplitRows {
     return factors + r * nb * Split<T>::kFactorBytes;
   }
 };
+
+// A block of 32 weights of a quantized row in registers.
+template <DType T>
+struct WBlock {
+  uint4 c[Split<T>::kCodeBytes / 16];
+  float d = 0.0f, m = 0.0f;
+};
+template <DType T>
+__device__ __forceinline__ void load_block(const SplitRows<T>& w, int64_t r, int64_t b, WBlock<T>& o) {
+  const uint4* c = reinterpret_cast<const uint4*>(w.row_codes(r)) + b * (Split<T>::kCodeBytes / 16);
+#pragma unroll
+  for (int i = 0; i < Split<T>::kCodeBytes / 16; ++i) o.c[i] = c[i];
+  const uint8_t* f = w.row_factors(r) + b * Split<T>::kFactorBytes;
+  o.d = half_at(f);
+  if constexpr (T == DType::Q4_1) o.m = half_at(f + 2);
+}
+
+// Eight consecutive values of a float or fp16 row from j on (16-byte aligned loads).
+__device__ __forceinline__ void load8(const float* row, int64_t j, float (&w)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(row + j)[0], b = reinterpret_cast<const float4*>(row + j)[1];
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __half* row, int64_t j, float (&w)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(row + j);
+  const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // the halves out of the words by value (no type punning)
+    w[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xffffu)));
+    w[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+  }
+}
 
 // Activations rounded to 8 bits on the device (quantize_q8): n_tokens rows of nb blocks, every
 // block's 32 codes first (token after token), then every block's (d, s) as two fp16 (d first), read

@@ -35,6 +35,10 @@
 //   ffn_merge:     the FFN block's end on the device: o = cpu + (the device's chunks added in
 //                  order) + down_b (each part optional, in that order, as the hybrid merges on the
 //                  host), then x += o, or o kept for a post-norm (the caller then norms and adds)
+//   experts_gate_up, experts_down: a mixture's experts on the device, several in one launch: each
+//                  expert's gate and up rows over its slots (h = up x * act(gate x), the gated
+//                  rule of model/ffn.hpp), then its down rows over its slots' h; the matvec's
+//                  warps and order of sums, so the same bits as three matvecs an expert
 //   relu, add:     elementwise
 #pragma once
 #include <cstddef>
@@ -169,6 +173,32 @@ void matvec(DType type, const void* W, int64_t cols, int64_t rows, Activations x
 void gather_matvec(DType type, const void* W, int64_t w_rows, int64_t cols, const int32_t* rows,
                    const int32_t* n_rows, int64_t max_rows, Activations x, int64_t n_tokens, float* y,
                    int64_t y_stride, void* stream);
+
+// A mixture's experts run together. The slots of every expert are rows of one activation matrix
+// (x: n_slots x n_embd; h: n_slots x n_ff; out: n_slots x n_embd), each expert's slots
+// consecutive: first .. first + n - 1. Its matrices are in pack_matrix's layout; the experts of
+// one call share their shape and types (gate's type equal to up's). A warp per row reads it once
+// for up to kMvTokens of the expert's slots, as matvec does: meant for experts with few slots
+// each (decode, small batches; an expert with a prompt's kGemmMinTokens slots is a matvec of its
+// own, on the tiles). kExpertsPerLaunch experts a launch.
+struct ExpertRun {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  const void* down = nullptr;
+  int32_t first = 0, n = 0;
+};
+struct ExpertShape {
+  DType gate_up = DType::F32, down = DType::F32;
+  int64_t n_embd = 0, n_ff = 0;
+  cpu::Activation act = cpu::Activation::silu;
+};
+constexpr int kExpertsPerLaunch = 32;
+// h[s][j] = dot(up row j, x[s]) * act(dot(gate row j, x[s])) for every slot s of every run.
+void experts_gate_up(const ExpertShape& shape, const ExpertRun* runs, int n_runs, Activations x, int64_t n_slots,
+                     float* h, void* stream);
+// out[s][j] = dot(down row j, h[s]) for every slot s of every run.
+void experts_down(const ExpertShape& shape, const ExpertRun* runs, int n_runs, Activations h, int64_t n_slots,
+                  float* out, void* stream);
 
 constexpr int kCompactSpan = 1024;  // positions a block of compact takes
 // fired_total (a device uint64, or null): totals[1] added to it (statistics across calls).

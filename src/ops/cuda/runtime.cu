@@ -1,0 +1,156 @@
+// The CUDA runtime behind cuda_ops.hpp's wrappers (no kernels): devices, memory, streams, events,
+// graphs, the launch counter, and the weight types and their device layout (pack_matrix).
+#include <atomic>
+#include <cstring>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_ops.hpp"
+
+namespace ember::cuda {
+
+using namespace detail;
+
+namespace {
+std::atomic<uint64_t> g_launches{0};
+}  // namespace
+
+void detail::count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
+
+
+bool available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device found";
+    return false;
+  }
+  return true;
+}
+
+std::string device_name() {
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  return p.name;
+}
+
+void* malloc_device(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  return p;
+}
+void free_device(void* p) { cudaFree(p); }
+void* malloc_host_pinned(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMallocHost(&p, bytes == 0 ? 1 : bytes), "cudaMallocHost");
+  return p;
+}
+void free_host_pinned(void* p) { cudaFreeHost(p); }
+void* stream_create() {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return s;
+}
+void stream_destroy(void* s) { cudaStreamDestroy(as_stream(s)); }
+void stream_sync(void* s) { check(cudaStreamSynchronize(as_stream(s)), "cudaStreamSynchronize"); }
+void copy_to_device(void* dst, const void* src, size_t bytes, void* s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(s)), "cudaMemcpyAsync (to device)");
+}
+void copy_to_host(void* dst, const void* src, size_t bytes, void* s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)), "cudaMemcpyAsync (to host)");
+}
+void copy_device(void* dst, const void* src, size_t bytes, void* s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(s)), "cudaMemcpyAsync (on device)");
+}
+void copy_to_device_sync(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (to device)");
+}
+void mem_info(size_t* free_bytes, size_t* total_bytes) {
+  check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+void copy_to_host_sync(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to host)");
+}
+
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  return e;
+}
+void event_destroy(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+void event_record(void* e, void* s) { check(cudaEventRecord(static_cast<cudaEvent_t>(e), as_stream(s)), "cudaEventRecord"); }
+void event_sync(void* e) { check(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize"); }
+void* timing_event_create() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreate(&e), "cudaEventCreate");
+  return e;
+}
+float event_elapsed_ms(void* a, void* b) {
+  float ms = 0.0f;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)), "cudaEventElapsedTime");
+  return ms;
+}
+
+uint64_t launches() { return g_launches.load(std::memory_order_relaxed); }
+
+
+#ifdef EMBER_CUDA_ON_CPU
+bool graphs_supported() { return false; }
+void capture_begin(void*) { fail("CUDA graphs: the HIP CPU runtime has none"); }
+void* capture_end(void*, size_t*) { fail("CUDA graphs: the HIP CPU runtime has none"); }
+void graph_launch(void*, void*) { fail("CUDA graphs: the HIP CPU runtime has none"); }
+void graph_destroy(void*) {}
+#else
+bool graphs_supported() { return true; }
+void capture_begin(void* s) {
+  check(cudaStreamBeginCapture(as_stream(s), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+}
+void* capture_end(void* s, size_t* nodes) {
+  cudaGraph_t g = nullptr;
+  check(cudaStreamEndCapture(as_stream(s), &g), "cudaStreamEndCapture");
+  size_t n = 0;
+  check(cudaGraphGetNodes(g, nullptr, &n), "cudaGraphGetNodes");
+  if (nodes) *nodes = n;
+  cudaGraphExec_t e = nullptr;
+  const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
+  cudaGraphDestroy(g);
+  check(r, "cudaGraphInstantiate");
+  return e;
+}
+void graph_launch(void* g, void* s) {
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), as_stream(s)), "cudaGraphLaunch");
+}
+void graph_destroy(void* g) {
+  if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+}
+#endif
+
+bool supports(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1;
+}
+
+bool takes_q8(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+
+void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* dst) {
+  check_type(type, cols);
+  const size_t rb = row_bytes(type, cols);
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  if (!takes_q8(type)) {
+    std::memcpy(d, s, rb * static_cast<size_t>(rows));
+    return;
+  }
+  // GGUF blocks: the factors (d; Q4_1: d, m) first, then the codes.
+  const size_t factor = type == DType::Q4_1 ? 4 : 2, code = type == DType::Q8_0 ? 32 : 16, block = factor + code;
+  const int64_t nb = cols / kQK;
+  uint8_t* codes = d;
+  uint8_t* factors = d + static_cast<size_t>(rows * nb) * code;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = s + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * block;
+      const size_t k = static_cast<size_t>(r * nb + b);
+      std::memcpy(factors + k * factor, blk, factor);
+      std::memcpy(codes + k * code, blk + factor, code);
+    }
+}
+
+}  // namespace ember::cuda

@@ -1,5 +1,5 @@
-// What the server's route files share (server.cpp, routes_openai.cpp, routes_ollama.cpp): the
-// answers every route gives alike.
+// What the server's route files share (server.cpp, drive.cpp, the routes_*.cpp): the answers
+// every route gives alike.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -10,8 +10,10 @@
 namespace ember::server {
 
 int64_t unix_now();
-void send_error(http::Response& res, const ApiError& e);  // OpenAI's error shape
-void send_ollama_error(http::Response& res, const ApiError& e);  // Ollama's: {"error": message}
+// An error response (with Retry-After for a busy or shutting-down server): OpenAI's shape, and
+// Ollama's {"error": message}.
+void send_error(http::Response& res, const ApiError& e);
+void send_ollama_error(http::Response& res, const ApiError& e);
 std::string sse(const std::string& data);                     // "data: ...\n\n"
 ApiError shutting_down_error();                               // 503 server_shutting_down
 ApiError cut_off_error(int64_t n_generated);                  // an answer cut off by shutdown

@@ -14,25 +14,18 @@ void Server::embeddings(const http::Request& req, http::Response& res, Embedding
   const auto arrived = std::chrono::steady_clock::now();
   ++n_requests_;
   const auto fail = api == EmbeddingApi::openai ? send_error : send_ollama_error;
-  if (draining_ || stopping_) {
-    set_retry_after(res, shutting_down_error());
-    return fail(res, shutting_down_error());
-  }
+  if (draining_ || stopping_) return fail(res, shutting_down_error());
   const int fd = req.fd;  // the request's connection: a client that hangs up is seen there
   auto parsed = parse_embedding_request(req.body, api, served_, tok_);
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(res, *e);
   const EmbeddingRequest& r = std::get<EmbeddingRequest>(parsed);
   // Any free sequence: an embedding reads every token, so no cached prefix helps.
   std::unique_ptr<SlotQueue::Ticket> ticket = queue_.enqueue([](size_t) { return size_t{0}; });
-  if (!ticket) {
-    set_retry_after(res, busy_error());
-    return fail(res, busy_error());
-  }
+  if (!ticket) return fail(res, busy_error());
   const auto gone = [&] { return http::peer_closed(fd); };
   const int slot = wait_for_sequence(*ticket, gone, std::chrono::milliseconds(250));
   if (slot < 0) {
     if (gone()) ++n_cancelled_;
-    set_retry_after(res, shutting_down_error());
     return fail(res, shutting_down_error());
   }
   Timer t;

@@ -14,6 +14,7 @@
 #include "server/routes_common.hpp"
 #include "server/server.hpp"
 #include "server/tool_calls.hpp"
+#include "server/wire.hpp"
 
 namespace ember::server {
 
@@ -23,7 +24,7 @@ std::string line(const json& j) { return dump(j) + "\n"; }
 
 // The prefix of a response's call ids (call_<prefix>_<n>): Ollama's calls carry none, but the
 // calls read back are named alike on both routes.
-std::string call_id_prefix() {
+std::string call_id_prefix_of_next() {
   static std::atomic<uint64_t> n{0};
   return fmt::format("ollama{}", n.fetch_add(1));
 }
@@ -38,13 +39,46 @@ ollama::Timings timings(const GenerateResult& r, std::chrono::steady_clock::time
   return t;
 }
 
+// Ollama's chat and generate: a JSON body, or NDJSON lines ending in one with "done": true.
+class OllamaWire final : public Wire {
+ public:
+  OllamaWire(const ServedModel& served, bool chat, std::chrono::steady_clock::time_point arrived)
+      : served_(served), chat_(chat), arrived_(arrived), prefix_(call_id_prefix_of_next()) {}
+
+  void error(http::Response& res, const ApiError& e) const override { send_ollama_error(res, e); }
+  std::string call_id_prefix() const override { return prefix_; }
+  void whole(http::Response& res, const std::vector<WholeChoice>& choices) const override {
+    const WholeChoice& c = choices.front();
+    res.set_content(dump(ollama::final_chunk(served_, chat_, c.out.content, c.result.finish,
+                                             timings(c.result, arrived_), &c.out.calls)),
+                    "application/json");
+  }
+
+  const char* stream_type() const override { return "application/x-ndjson"; }
+  bool waits_by_comments() const override { return false; }  // NDJSON has no comments
+  bool text(const Write& w, const std::string& piece) override { return w(line(ollama::chunk(served_, chat_, piece))); }
+  bool end(const Write& w, const GenerateResult& r, const std::string& rest,
+           const std::vector<ToolCall>& calls) override {
+    bool ok = rest.empty() || text(w, rest);
+    if (ok && !calls.empty()) ok = w(line(ollama::tool_calls_chunk(served_, calls)));
+    return ok && w(line(ollama::final_chunk(served_, chat_, "", r.finish, timings(r, arrived_))));
+  }
+  // An error line ends the stream: no "done": true.
+  std::string error_event(const ApiError& e) override { return line(json{{"error", e.message}}); }
+
+ private:
+  const ServedModel& served_;
+  const bool chat_;
+  const std::chrono::steady_clock::time_point arrived_;
+  const std::string prefix_;
+};
+
 }  // namespace
 
 void Server::ollama_completion(const http::Request& req, http::Response& res, bool chat) {
   const auto arrived = std::chrono::steady_clock::now();
   ++n_requests_;
   if (draining_ || stopping_) return send_ollama_error(res, shutting_down_error());
-  const int fd = req.fd;  // the request's connection: a client that hangs up is seen there
   auto parsed = parse_gated([&] { return ollama::parse_request(req.body, chat, served_); });
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_ollama_error(res, *e);
   const ollama::Request& oreq = std::get<ollama::Request>(parsed);
@@ -54,81 +88,8 @@ void Server::ollama_completion(const http::Request& req, http::Response& res, bo
   // num_predict -1 (Ollama's default) or -2: until the model ends it or the context is full.
   if (!oreq.completion.max_tokens) p.gen.max_tokens = served_.n_ctx - static_cast<int64_t>(p.prompt.size());
   if (auto e = ollama::apply_limits(oreq, p)) return send_ollama_error(res, *e);
-  auto prep = std::make_shared<const PreparedRequest>(std::move(p));
-  std::unique_ptr<SlotQueue::Ticket> ticket = admit(prep);
-  if (!ticket) return send_ollama_error(res, busy_error());
-
-  if (!oreq.completion.stream) {
-    const int slot = wait_for_sequence(*ticket, [&] { return http::peer_closed(fd); }, std::chrono::milliseconds(250));
-    if (slot < 0) {
-      if (http::peer_closed(fd)) ++n_cancelled_;
-      return send_ollama_error(res, shutting_down_error());
-    }
-    std::string text;
-    const auto done =
-        generate_text(slot, *prep, arrived, text, [](const TokenLogprobs&) {}, [&] { return http::peer_closed(fd); });
-    ticket.reset();
-    if (const auto* e = std::get_if<ApiError>(&done)) return send_ollama_error(res, *e);
-    const GenerateResult& r = std::get<GenerateResult>(done);
-    if (cut_by_shutdown(r)) return send_ollama_error(res, cut_off_error(r.n_generated));
-    ToolOutput out{text, {}};
-    if (prep->tools) out = parse_tool_output(prep->tool_format, *prep->tools, text, call_id_prefix());
-    res.set_content(dump(ollama::final_chunk(served_, chat, out.content, r.finish, timings(r, arrived), &out.calls)),
-                    "application/json");
-    return;
-  }
-
-  auto held = std::make_shared<std::unique_ptr<SlotQueue::Ticket>>(std::move(ticket));
-  res.set_chunked_content_provider(
-      "application/x-ndjson", [this, held, prep, chat, arrived, fd](size_t, http::DataSink& sink) {
-        if (!*held) return false;
-        auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
-        // Waiting: NDJSON has no comments, so the client's hang-up is found by its socket.
-        const int slot = wait_for_sequence(**held, [&] { return http::peer_closed(fd); }, std::chrono::milliseconds(500));
-        if (slot < 0) {
-          held->reset();
-          if (!(stopping_ || draining_)) {
-            ++n_cancelled_;
-            return false;
-          }
-          if (write(line(json{{"error", shutting_down_error().message}}))) sink.done();
-          return true;
-        }
-        try {
-          // With tools, text that may be a call waits (server/tool_calls.hpp); the end decides.
-          std::optional<HeldToolText> held_text;
-          if (prep->tools) held_text.emplace(prep->tool_format, *prep->tools);
-          const auto send_content = [&](const std::string& piece) {
-            return piece.empty() || write(line(ollama::chunk(served_, chat, piece)));
-          };
-          const GenerateResult r = generate(
-              slot, *prep, arrived,
-              [&](std::string_view piece) {
-                if (stopping_.load()) return false;
-                return send_content(held_text ? held_text->add(piece) : std::string(piece));
-              },
-              [](const TokenLogprobs&) {}, nullptr);
-          held->reset();
-          if (cut_by_shutdown(r)) {  // an error line ends the stream: no "done": true
-            if (write(line(json{{"error", cut_off_error(r.n_generated).message}}))) sink.done();
-            return true;
-          }
-          if (r.finish == FinishReason::cancelled) return false;
-          bool ok = true;
-          if (held_text) {  // the held-back text: calls, and what text is left
-            const HeldToolText::End end = held_text->finish(call_id_prefix());
-            ok = send_content(end.content);
-            if (ok && !end.calls.empty()) ok = write(line(ollama::tool_calls_chunk(served_, end.calls)));
-          }
-          if (ok) ok = write(line(ollama::final_chunk(served_, chat, "", r.finish, timings(r, arrived))));
-          if (ok) sink.done();
-          return ok;
-        } catch (const std::exception& e) {
-          held->reset();
-          if (write(line(json{{"error", failed(e).message}}))) sink.done();
-          return true;
-        }
-      });
+  drive(req, res, std::make_shared<OllamaWire>(served_, chat, arrived),
+        {std::make_shared<const PreparedRequest>(std::move(p))}, oreq.completion.stream, arrived);
 }
 
 void Server::install_ollama_routes() {

@@ -32,6 +32,7 @@ int64_t unix_now() {
 
 void send_error(http::Response& res, const ApiError& e) {
   res.status = e.status;
+  set_retry_after(res, e);
   res.set_content(error_body(e), "application/json");
 }
 
@@ -207,36 +208,6 @@ ApiError Server::failed(const std::exception& e) {
   log_warn("request failed: {}", e.what());
   if (const auto* r = dynamic_cast<const RequestFailed*>(&e)) return r->api;
   return ApiError{500, e.what(), "server_error", "", ""};
-}
-
-std::variant<GenerateResult, ApiError> Server::generate_text(int slot, const PreparedRequest& prep,
-                                                             std::chrono::steady_clock::time_point arrived, std::string& text,
-                                                             const LogprobCallback& logprobs,
-                                                             const std::function<bool()>& gone) {
-  try {
-    return generate(
-        slot, prep, arrived,
-        [&](std::string_view piece) {
-          text.append(piece);
-          return !stopping_.load();
-        },
-        logprobs, gone);
-  } catch (const std::exception& e) {
-    return failed(e);
-  }
-}
-
-int Server::wait_for_stream_sequence(std::unique_ptr<SlotQueue::Ticket>& held, http::DataSink& sink,
-                                     bool& provider_result) {
-  const auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
-  const int slot = wait_for_sequence(*held, [&] { return !write(": waiting for a free session\n\n"); },
-                                     std::chrono::milliseconds(500));
-  if (slot >= 0) return slot;
-  held.reset();
-  provider_result = stopping_ || draining_;
-  if (!provider_result) ++n_cancelled_;
-  else if (write(sse(error_body(shutting_down_error())))) sink.done();  // a whole response: its error
-  return -1;
 }
 
 bool Server::cut_by_shutdown(const GenerateResult& r) const {

@@ -5,8 +5,9 @@
 // one forward pass per step over every running sequence (each its own KV cache), on one pool of
 // `session.n_threads` threads. Requests wait for a sequence in FIFO order (SlotQueue); past the
 // queue they get 503. A request goes to the free sequence whose cache holds the longest prefix
-// of its prompt, and only the rest is evaluated (the prompt cache). Every API's route takes its
-// request through the same steps: prepare, admit, wait for a sequence, generate.
+// of its prompt, and only the rest is evaluated (the prompt cache). Every API's route parses and
+// prepares its request, then drive() takes it through the same steps (admit, wait for a
+// sequence, generate, end), writing in the API's wire format (server/wire.hpp).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -35,6 +36,8 @@ class DataSink;
 }
 
 namespace ember::server {
+
+class Wire;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -107,11 +110,17 @@ class Server {
   std::variant<GenerateResult, ApiError> generate_text(int slot, const PreparedRequest& prep,
                                                        std::chrono::steady_clock::time_point arrived, std::string& text,
                                                        const LogprobCallback& logprobs, const std::function<bool()>& gone);
-  // A server-sent-event stream's wait for its sequence: an SSE comment every half second finds a
-  // client that went away (a write to a closed connection fails). Returns the slot, or -1 with
-  // the ticket released and the stream ended as it must be (`provider_result`: the content
+  // A stream's wait for its sequence (drive.cpp): by the wire's comments or by watching its
+  // connection `fd`, either finds a client that went away. Returns the slot, or -1 with the
+  // ticket released and the stream ended as it must be (`provider_result`: the content
   // provider's return: false for a client that left, true after the shutdown's error event).
-  int wait_for_stream_sequence(std::unique_ptr<SlotQueue::Ticket>& held, http::DataSink& sink, bool& provider_result);
+  int wait_for_stream_sequence(std::unique_ptr<SlotQueue::Ticket>& held, http::DataSink& sink, Wire& wire, int fd,
+                               bool& provider_result);
+  // An admitted request's answer in `wire`'s format (drive.cpp, server/wire.hpp): the choices
+  // (completions' several prompts; one otherwise) whole, or the first as a stream.
+  void drive(const http::Request& req, http::Response& res, std::shared_ptr<Wire> wire,
+             std::vector<std::shared_ptr<const PreparedRequest>> choices, bool stream,
+             std::chrono::steady_clock::time_point arrived);
   // Whether a finished generation was cut off by shutdown.
   bool cut_by_shutdown(const GenerateResult& r) const;
   // An admitted request's failure (generate's RequestFailed, or any other error: 500), counted

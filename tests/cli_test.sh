@@ -380,18 +380,33 @@ curl -sf "localhost:$port/metrics" >"$tmp/metrics" 2>&1
 kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null
 contains "memory tier in /metrics" "$tmp/metrics" "^ember_expert_cache_misses_total\{model=\"[^\"]+\"\} [1-9][0-9]*"
 contains "memory tier bytes in /metrics" "$tmp/metrics" "^ember_expert_cache_read_bytes_total\{model=\"[^\"]+\"\} [1-9]"
-cg=/sys/fs/cgroup/memory
-if [ -w "$cg" ] && mkdir "$cg/ember-cli-$$" 2>/dev/null; then
-  echo $((420 << 20)) >"$cg/ember-cli-$$/memory.limit_in_bytes"
+# under_limit NAME MIB REF CMD...: CMD in a cgroup v1 memory limit of MIB after the page cache is
+# dropped (where cgroups are writable: root): it finds the limit, and its output equals REF's.
+under_limit() {
+  local name=$1 mib=$2 ref=$3 cg=/sys/fs/cgroup/memory/ember-cli-$$-$RANDOM; shift 3
+  if ! { [ -w /sys/fs/cgroup/memory ] && mkdir "$cg" 2>/dev/null; }; then
+    echo "cli: cgroup v1 memory controller not writable here: $name skipped"; return
+  fi
+  echo $((mib << 20)) >"$cg/memory.limit_in_bytes"
   sync; echo 1 >/proc/sys/vm/drop_caches 2>/dev/null || true
-  expect_ok "memory tier under a cgroup limit" bash -c 'echo $$ >"$1/cgroup.procs" && exec "${@:2}"' _ "$cg/ember-cli-$$" \
-    "$ember" generate -m "$tmp/tier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2
-  contains "memory tier: the cgroup's limit found" "$tmp/err" "memory tier: a budget of 420.0 MiB \(detected"
-  cmp -s "$tmp/tier0" "$tmp/out" && pass || fail "memory tier under a cgroup limit: greedy tokens differ"
-  rmdir "$cg/ember-cli-$$" 2>/dev/null || true
-else
-  echo "cli: cgroup v1 memory controller not writable here: the run under a memory limit skipped"
-fi
+  expect_ok "$name" bash -c 'echo $$ >"$1/cgroup.procs" && exec "${@:2}"' _ "$cg" "$@"
+  contains "$name: the cgroup's limit found" "$tmp/err" "memory tier: a budget of $mib.0 MiB \(detected"
+  cmp -s "$ref" "$tmp/out" && pass || fail "$name: greedy tokens differ from the unlimited run"
+  rmdir "$cg" 2>/dev/null || true
+}
+under_limit "memory tier under a cgroup limit" 420 "$tmp/tier0" "$ember" generate -m "$tmp/tier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2
+
+# A dense model with predictors larger than its budget: what does not fit stays in the file's map,
+# the rows each token needs are read before its kernels run; the same greedy tokens, never killed.
+expect_ok "synth relu predictors for the memory tier" "$ember" synth --preset 1.1b --n-layer 4 --n-vocab 2048 --act relu --sparsity 0.9 --powerinfer --type q4_0 -o "$tmp/dtier.gguf"
+"$ember" generate -m "$tmp/dtier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2 >"$tmp/dtier0" 2>/dev/null
+expect_ok "dense memory tier generate" "$ember" generate -m "$tmp/dtier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2 --mem-budget 150M
+contains "dense memory tier said" "$tmp/err" "memory tier: a budget of 150.0 MiB \(given\) holds the KV cache"
+[ -s "$tmp/dtier0" ] && cmp -s "$tmp/dtier0" "$tmp/out" && pass || fail "dense memory tier: greedy tokens differ from the unlimited run"
+expect_error "dense memory tier: too small a budget" "need [0-9.]+ MiB before any weight" "$ember" generate -m "$tmp/dtier.gguf" -p hi -n 2 --mem-budget 100M
+expect_ok "dense memory tier bench" "$ember" bench -m "$tmp/dtier.gguf" -p 0 -n 4 -r 1 -t 2 --mem-budget 150M
+contains "dense memory tier: bench counts" "$tmp/out" "^memory tier: [0-9.]+ MiB of weights resident; .* pages of FFN rows"
+under_limit "dense memory tier under a cgroup limit" 150 "$tmp/dtier0" "$ember" generate -m "$tmp/dtier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2
 
 echo "cli: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -46,6 +46,13 @@ void MappedFile::prefetch() const {
   if (data_) ::madvise(const_cast<uint8_t*>(data_), size_, MADV_WILLNEED);
 }
 
+void advise_random_reads(const void* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n + page - 1) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_RANDOM);
+}
+
 void release_mapped_pages(const void* p, size_t n) {
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;

@@ -29,5 +29,8 @@ class MappedFile {
 // mapped, and a page is read again from the page cache if anything touches it later. Only for
 // file-backed memory (anonymous memory would read back as zeros).
 void release_mapped_pages(const void* p, size_t n);
+// Reads of the pages around [p, p + n) of a file's map will come at random (MADV_RANDOM): a
+// fault reads its page, no readahead around it.
+void advise_random_reads(const void* p, size_t n);
 
 }  // namespace ember

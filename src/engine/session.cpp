@@ -24,7 +24,7 @@ RepackScope repack_scope_for(FfnMode mode, bool hybrid) {
 RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident, bool hybrid) {
   if ((mode == FfnMode::input || hybrid) && scope > RepackScope::output) model.file_layers = model.layers;
   if (hybrid && scope >= RepackScope::output) model.file_output = model.output;
-  return repack_for_dense_kernels(model, scope, resident);
+  return repack_for_dense_kernels(model, scope, resident, model.resident_weight_budget);
 }
 
 namespace {

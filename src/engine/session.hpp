@@ -143,6 +143,7 @@ RepackScope repack_scope_for(FfnMode mode, bool hybrid);
 // mode, and on the hybrid path, it first keeps the file's layout (Model::file_layers), from which
 // input sparsity builds its copies and a GPU copies the attention blocks it holds. Whatever
 // repacks a model for a session goes through here.
+// Where the model has a resident_weight_budget, the repacked and copied matrices stay within it.
 RepackStats repack_for_session(Model& model, FfnMode mode, RepackScope scope, ResidentWeights resident,
                                bool hybrid = false);
 

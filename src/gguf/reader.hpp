@@ -65,6 +65,11 @@ class Reader {
   // View of a named tensor; an invalid (empty) view when absent.
   TensorView view(const std::string& name) const;
   const uint8_t* data() const { return base_; }
+  // Whether p points into the file's bytes (a view still in the map, not copied out).
+  bool contains(const void* p) const {
+    const auto* b = static_cast<const uint8_t*>(p);
+    return base_ && b >= base_ && b < base_ + size_;
+  }
 
  private:
   void parse();

@@ -191,6 +191,10 @@ struct Model {
   // The memory tier (model/expert_cache.hpp): where the experts do not fit the memory budget, the
   // cache that holds the chosen ones and rebinds their views (null: every expert in place).
   std::shared_ptr<ExpertCache> expert_cache;
+  // Where a dense model does not fit its memory budget: the bytes of weights that may stay
+  // resident (repacked or copied out of the file); the others are read from the file's map as
+  // the sparse path needs their rows (0: no budget binds).
+  size_t resident_weight_budget = 0;
 
   // Bytes of weights read per generated token (every layer tensor plus the output matrix).
   size_t weight_bytes_per_token() const;

@@ -38,6 +38,7 @@ struct RepackStats {
   size_t copied_bytes = 0;
   size_t huge_page_bytes = 0;  // the process's memory in huge pages afterwards (0: none or unknown)
   size_t copy_skipped_bytes = 0;  // ResidentWeights::copy: left in the file for want of memory
+  size_t repack_skipped_bytes = 0;  // left in the file's layout: past a memory_budget
   int bundled_layers = 0;  // ResidentWeights::copy: FFN layers whose neurons' rows were bundled
   double seconds = 0;
 };
@@ -50,7 +51,10 @@ struct RepackStats {
 // row and its down row one after the other, and those views get a TensorView::stride. The
 // copies are made only if they fit, with the repacked matrices, in `memory_budget`
 // bytes (0: 90 % of the memory available now, core/huge_pages.hpp); otherwise they stay in the
-// file (copy_skipped_bytes), so a model larger than memory still runs from its map.
+// file (copy_skipped_bytes), so a model larger than memory still runs from its map. A given
+// memory_budget (Model::resident_weight_budget) bounds the repacked matrices as well: they take
+// at most three quarters of it, in order, the others keeping the file's layout
+// (repack_skipped_bytes).
 // Whether repack_for_dense_kernels repacks w where its scope names it (a fast kernel reads the
 // repacked layout at this SIMD level, and w's shape takes it). The expert cache asks it too.
 bool repack_pays(const TensorView& w);

@@ -78,10 +78,19 @@ SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOption
       down_nm_.back().view = L.ffn.down_t;
       continue;
     }
+    EMBER_CHECK(model.resident_weight_budget == 0,
+                "{} is larger than its memory budget and has no neuron-major down (ffn_down_t), whose copy would "
+                "take {:.1f} MiB more a layer: write it into the file once with `ember prepare` (or `ember "
+                "sparsify`), or give a larger --mem-budget",
+                model.file->path(), L.ffn.down.nbytes / 1048576.0);
     const DType t = cpu::neuron_major_dtype(L.ffn.down.type, opts.down_type, hp.n_embd, /*shared_scales=*/true);
     down_nm_.push_back(cpu::make_neuron_major(pool, L.ffn.down, t));
   }
   active_.resize(static_cast<size_t>(hp.n_ff));
+  if (model.resident_weight_budget > 0) {
+    map_reads_ = std::make_unique<MapReads>(*model.file);
+    map_ids_.resize(static_cast<size_t>(hp.n_ff));
+  }
   const int64_t batch = std::min(max_batch, kDenseBatch - 1);
   axpy_scratch_.resize(cpu::sparse_axpy_scratch_floats(hp.n_embd, batch, pool.size(), opts.split));
   stats_.neurons.assign(model.layers.size(), 0);
@@ -200,6 +209,7 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   const float thr = opts_.mode == FfnMode::threshold ? opts_.layer_thresholds[static_cast<size_t>(layer)]
                                                      : opts_.threshold;
   const int64_t n_ff = w.n_ff();
+  if (map_reads_ && n >= kDenseBatch) map_reads_->all({&w.gate, &w.up, &w.down, &down_nm_[layer].view});
   if (n >= kDenseBatch && opts_.mode == FfnMode::predictor) return run_predicted_dense(pool, layer, w, act, x, n, out, ws);
   if (n >= kDenseBatch) {
     if (thr == 0.0f) {  // exact: dropping act(gate) == 0 changes nothing
@@ -227,6 +237,7 @@ void SparseFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::A
   if (opts_.mode == FfnMode::predictor) return run_predicted(pool, layer, w, act, x, n, out, ws);
   // a = [n][n_ff]: the firing values (model/ffn.hpp), zero where inactive.
   float* a = ws.gate.data();
+  if (map_reads_) map_reads_->all({&w.firing_matrix()});
   cpu::matmul(pool, w.firing_matrix(), x, n, a, mm);
   ffn_firing_values(w, act, a, n, n_ff, n_ff, nullptr);
 
@@ -269,6 +280,7 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   // its own prediction names the neuron (the union is what is gathered): a batch computes
   // what its tokens would decode one by one.
   float* g = ws.gate.data();
+  if (map_reads_) map_reads_->rows({&w.firing_matrix()}, predicted_.data(), np);
   cpu::gather_matmul(pool, w.firing_matrix(), x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
   ffn_firing_values(w, act, g, n, np, np, predicted_.data());
   if (n > 1) {
@@ -333,7 +345,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   // they come from the same file type.
   if (w.gating != FfnGating::par || w.up_b.valid() || !w.gate.valid() ||
       cpu::r16_base(w.gate.type) != cpu::r16_base(w.up.type) ||
-      pool.size() > fused_threads_ ||
+      pool.size() > fused_threads_ || (map_reads_ && opts_.mode != FfnMode::predictor) ||
       (opts_.mode == FfnMode::predictor && pred_[static_cast<size_t>(layer)].fc1.rows() > w.gate.rows()))
     return false;
   const bool predicted = opts_.mode == FfnMode::predictor;
@@ -424,6 +436,23 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
         }
       }
     }
+    // Rows left in the file's map are read before a kernel faults on them, many at once: every
+    // candidate's gate row here, the firing ones' up and down rows below.
+    // Each thread's list: its candidates at list_of(t) (count in thread_counts_[3 t]), its firing
+    // share at list_of(t) + n_ff (count in thread_counts_[3 t + 2]).
+    const auto read_rows = [&](std::initializer_list<const TensorView*> ws, int64_t at, int count_at) {
+      if (ith == 0) {
+        int64_t nc = 0;
+        for (int t = 0; t < nth; ++t) {
+          const int64_t n = static_cast<int64_t>(thread_counts_[3 * t + count_at]);
+          std::copy(list_of(t) + at, list_of(t) + at + n, map_ids_.data() + nc);
+          nc += n;
+        }
+        map_reads_->rows(ws, map_ids_.data(), nc);
+      }
+      pool.barrier();
+    };
+    if (map_reads_) read_rows({&w.gate}, 0, 0);
     int64_t nf = 0;  // the firing neurons of the share, moved to its front, act(gate) in val
     if (predicted) {
       cpu::gather_matmul_rows(w.gate, xq, 1, share, ns, val, ns);
@@ -438,6 +467,11 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
     }
     // H = up * act(gate), then the down rows: thread 0 into out, the others into their partial
     // sums.
+    if (map_reads_) {
+      thread_counts_[3 * ith + 2] = static_cast<uint64_t>(nf);
+      pool.barrier();
+      read_rows({&w.up, &down_nm}, n_ff, 2);
+    }
     float* part = ith == 0 ? out : fused_partials_.data() + static_cast<size_t>(ith - 1) * partial_stride_;
     std::memset(part, 0, sizeof(float) * static_cast<size_t>(n_embd));
     cpu::sparse_up_down_rows(w.up, xq, down_nm, share, nf, val, hval, part,
@@ -464,6 +498,7 @@ void SparseFfn::up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cp
   const int64_t n_embd = down_nm.cols();
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
   if (na > 0) {
+    if (map_reads_) map_reads_->rows({&w.up, &down_nm}, active_.data(), na);
     // The active neurons' values (model/ffn.hpp): up gathered for them where the rule needs it.
     float* h = ws.up.data();
     if (ffn_needs_up(w)) cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, ws.mm_scratch.data());

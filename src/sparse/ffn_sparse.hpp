@@ -39,6 +39,7 @@
 #include "model/ffn.hpp"
 #include "model/workspace.hpp"
 #include "ops/cpu/sparse/sparse.hpp"
+#include "sparse/map_reads.hpp"
 #include "sparse/input_site.hpp"
 
 namespace ember {
@@ -120,9 +121,19 @@ class SparseFfn final : public FfnExecutor {
   // Whether one-token batches take the fused decode path (default on; off: the separate steps,
   // which give the same bits on one thread and the same values to rounding on more).
   void set_fused_decode(bool on) { fused_ = on; }
+  // Where the FFN rows are read from the file's map (a model larger than its memory budget):
+  // how many pages were brought in, and the time waited on them; null otherwise.
+  const MapReadStats* map_read_stats() const { return map_reads_ ? &map_reads_->stats() : nullptr; }
+  void reset_map_read_stats() {
+    if (map_reads_) map_reads_->reset_stats();
+  }
 
  private:
   const Model& model_;
+  // A model larger than its memory budget (Model::resident_weight_budget): every kernel's rows
+  // are made resident first, many reads at once (sparse/map_reads.hpp); null otherwise.
+  std::unique_ptr<MapReads> map_reads_;
+  std::vector<int32_t> map_ids_;  // the fused decode's candidates of all threads
   SparseFfnOptions opts_;
   std::vector<cpu::NeuronMajorMatrix> down_nm_;  // per layer
   std::vector<int32_t> active_;

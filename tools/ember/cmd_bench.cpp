@@ -54,7 +54,8 @@ Stats stats_of(std::vector<double> v) {
 
 void run_bench(const BenchFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
-  if (!model->expert_cache) model->file->prefetch();  // the memory tier reads only the experts chosen
+  // The memory tier reads only what each token needs (the experts chosen, the rows that fire).
+  if (!model->expert_cache && model->resident_weight_budget == 0) model->file->prefetch();
   SessionParams sp = f.engine.session_params(*model);
   sp.n_seq = f.seqs;
   sp.n_ctx = std::max<int64_t>(sp.n_ctx, int64_t{f.depth} + f.n_prompt + f.n_gen + 1);
@@ -92,6 +93,7 @@ void run_bench(const BenchFlags& f) {
     for (int s = 0; s < f.seqs; ++s) toks[static_cast<size_t>(s)] = prompt[static_cast<size_t>(s) % prompt.size()];
     if (HybridExecutor* hy = session.hybrid()) hy->reset_stats();  // its breakdown: of the last decode run
     if (model->expert_cache) model->expert_cache->reset_stats();
+    if (SparseFfn* sp = session.sparse_ffn()) sp->reset_map_read_stats();
     Timer t;
     for (int i = 0; i < f.n_gen; ++i) {
       for (int s = 0; s < f.seqs; ++s) items[static_cast<size_t>(s)] = {s, &toks[static_cast<size_t>(s)], 1};
@@ -213,6 +215,17 @@ void run_bench(const BenchFlags& f) {
                 static_cast<long long>(c->slots()), c->bytes() / 1048576.0, c->tier().budget / 1048576.0,
                 100 * st.hit_rate(), st.bytes_read / tokens / 1e6, 1e3 * st.read_seconds / tokens,
                 st.read_seconds > 0 ? st.bytes_read / st.read_seconds / 1e6 : 0.0);
+  }
+  if (const SparseFfn* sp = session.sparse_ffn(); sp && sp->map_read_stats() && !tg.empty()) {  // of the last decode run
+    const MapReadStats& st = *sp->map_read_stats();
+    const double tokens = static_cast<double>(f.n_gen) * f.seqs;
+    out["map_reads"] = {{"resident_weight_budget", model->resident_weight_budget},
+                        {"pages_per_token", st.pages / tokens}, {"read_seconds_per_token", st.seconds / tokens}};
+    std::printf("memory tier: %.1f MiB of weights resident; last decode run: %.0f pages of FFN rows made resident from "
+                "the file's map a token (%.1f MB; those the page cache held cost no read), %.1f ms a token waiting "
+                "on them\n",
+                model->resident_weight_budget / 1048576.0, st.pages / tokens, st.pages * 4096.0 / tokens / 1e6,
+                1e3 * st.seconds / tokens);
   }
   out["sparse_mode"] = f.engine.resolved_sparse_mode(*model);
   if (SparseFfn* sp = session.sparse_ffn()) {

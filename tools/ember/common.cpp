@@ -154,7 +154,7 @@ SessionParams EngineFlags::session_params(const Model& model) const {
 
 void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bool repack) {
   const size_t asked = parse_memory_budget(flags.mem_budget);
-  if (asked == 0 || !model_has_moe(model)) return;
+  if (asked == 0) return;
   const size_t budget = asked == SIZE_MAX ? detect_memory_budget() : asked;
   if (budget == 0) return;
   const Hparams& hp = model.hp;
@@ -163,6 +163,22 @@ void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bo
   Workspace ws;  // the session's working buffers, sized as it will size them (then freed)
   ws.init(model, std::max<int64_t>(flags.batch, 1), flags.ctx > 0 ? flags.ctx : 4096,
           flags.threads > 0 ? flags.threads : default_thread_count());
+  if (!model_has_moe(model)) {
+    // A dense model: what does not fit stays in the file's map (model.resident_weight_budget).
+    const size_t others = kv + ws.bytes() + kMemoryTierReserve;
+    if (model.file_bytes() + others <= budget) return;
+    EMBER_CHECK(budget > others, "a memory budget of {:.1f} MiB cannot run {}: the KV cache ({:.1f} MiB), the working "
+                "buffers ({:.1f} MiB) and {:.0f} MiB for the process need {:.1f} MiB before any weight: give a larger "
+                "--mem-budget, or a shorter context (-c) or batch (-b)",
+                budget / 1048576.0, model.file->path(), kv / 1048576.0, ws.bytes() / 1048576.0,
+                kMemoryTierReserve / 1048576.0, others / 1048576.0);
+    model.resident_weight_budget = budget - others;
+    log_info("memory tier: a budget of {:.1f} MiB ({}) holds the KV cache and working buffers ({:.1f} MiB) and {:.1f} "
+             "MiB of the {:.1f} MiB of weights; the rest is read from the file's map as each token needs it",
+             budget / 1048576.0, asked == SIZE_MAX ? "detected: the cgroup's limit or the memory available" : "given",
+             (kv + ws.bytes()) / 1048576.0, model.resident_weight_budget / 1048576.0, model.file_bytes() / 1048576.0);
+    return;
+  }
   const MemoryTier tier = plan_memory_tier(model, budget, kv, ws.bytes());
   if (!tier.needed) return;
   EMBER_CHECK(mode == FfnMode::dense, "the memory tier (its experts do not fit {:.1f} MiB) runs the dense mode only; "
@@ -204,7 +220,17 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
                                                                : std::string())
                                : std::string(),
              rp.seconds, rp.huge_page_bytes / 1048576.0);
-  if (rp.copy_skipped_bytes > 0)
+  if (model->resident_weight_budget > 0) {
+    // The FFN rows left in the map are read a few at a time, wherever the active neurons are:
+    // readahead around each would fetch rows no token asked for and push out those that are.
+    size_t random = 0;
+    for (const LayerWeights& l : model->layers)
+      for (const TensorView* w : {&l.ffn.gate, &l.ffn.up, &l.ffn.down, &l.ffn.down_t})
+        if (w->valid() && model->file->contains(w->data)) advise_random_reads(w->data, w->nbytes), random += w->nbytes;
+    log_info("memory tier: {:.1f} MiB repacked or copied, {:.1f} MiB kept in the file's layout, {:.1f} MiB of FFN rows "
+             "read at random from the map", (rp.bytes + rp.copied_bytes) / 1048576.0,
+             (rp.repack_skipped_bytes + rp.copy_skipped_bytes) / 1048576.0, random / 1048576.0);
+  } else if (rp.copy_skipped_bytes > 0)
     log_info("kept {:.1f} MiB of matrices in the file's map: with the repacked ones they need more than 90% of the "
              "memory available now ({:.1f} MiB)",
              rp.copy_skipped_bytes / 1048576.0, available_memory_bytes() / 1048576.0);

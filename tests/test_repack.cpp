@@ -292,5 +292,22 @@ TEST(Repack, CopiesStayInTheFileWhenMemoryIsShort) {
       repack_for_dense_kernels(*m2, RepackScope::attention_output, ResidentWeights::copy, size_t{1} << 40);
   EXPECT_GT(st2.copied_tensors, 0);
   EXPECT_EQ(st2.copy_skipped_bytes, 0u);
+  // A model larger than its memory budget (Model::resident_weight_budget): no copies, and the
+  // repacked matrices, in order, within three quarters of it; the others keep the file's layout.
+  auto m3 = load_model(path);
+  size_t attention = 0;
+  for (const LayerWeights& l : m3->layers) attention += l.wq.nbytes + l.wk.nbytes + l.wv.nbytes + l.wo.nbytes;
+  m3->resident_weight_budget = attention / 2;
+  const TensorView last_wo = m3->layers.back().wo;
+  const RepackStats st3 =
+      repack_for_dense_kernels(*m3, RepackScope::attention_output, ResidentWeights::copy, m3->resident_weight_budget);
+  EXPECT_EQ(st3.copied_tensors, 0);
+  if (cpu::r16_pays(DType::Q4_0)) {
+    EXPECT_GT(st3.tensors, 0);
+    EXPECT_LE(st3.bytes, m3->resident_weight_budget / 4 * 3);
+    EXPECT_GT(st3.repack_skipped_bytes, 0u);
+    EXPECT_EQ(m3->layers.back().wo.data, last_wo.data) << "the last layer's attention stays in the file";
+    EXPECT_EQ(m3->layers.back().wo.type, last_wo.type);
+  }
   std::filesystem::remove(path);
 }

@@ -162,12 +162,12 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
       plan.erase(std::remove_if(plan.begin(), plan.end(), [](const Planned& p) { return !p.repack; }), plan.end());
     }
   }
-  if (memory_budget > 0) {
+  if (model.resident_weight_budget > 0) {
     // A model larger than its budget: the repacked matrices, in the plan's order (attention
     // first, layer by layer), take at most three quarters of it; the rest stays in the file's map
     // and the page cache keeps what the sparse path reads (the last quarter).
     size_t kept = 0;
-    const size_t most = memory_budget / 4 * 3;
+    const size_t most = model.resident_weight_budget / 4 * 3;
     plan.erase(std::remove_if(plan.begin(), plan.end(),
                               [&](const Planned& p) {
                                 if (kept + p.w->nbytes > most) return st.repack_skipped_bytes += p.w->nbytes, true;

@@ -371,13 +371,17 @@ expect_error "memory tier: too small a budget" "need [0-9.]+ MiB: give --mem-bud
 expect_ok "memory tier bench" "$ember" bench -m "$tmp/tier.gguf" -p 0 -n 4 -r 1 -t 2 --mem-budget 420M
 contains "memory tier: bench counts" "$tmp/out" "^memory tier: [0-9]+ experts held .* MB read a token"
 # The server reports the memory tier's counts in /metrics.
+# served_metrics MODEL ARGS...: /metrics after one completion of `ember serve -m MODEL ARGS`, in $tmp/metrics.
 port=$((20000 + $$ % 20000))
-"$ember" serve -m "$tmp/tier.gguf" --mem-budget 420M -t 2 --port "$port" >"$tmp/serve.out" 2>"$tmp/serve.err" &
-serve_pid=$!
-for _ in $(seq 1 100); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
-curl -sf "localhost:$port/v1/completions" -H 'Content-Type: application/json' -d '{"prompt":"the cat","max_tokens":4}' >/dev/null 2>&1
-curl -sf "localhost:$port/metrics" >"$tmp/metrics" 2>&1
-kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null
+served_metrics() {
+  "$ember" serve -m "$@" -t 2 --port "$port" >"$tmp/serve.out" 2>"$tmp/serve.err" &
+  local pid=$!
+  for _ in $(seq 1 100); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -sf "localhost:$port/v1/completions" -H 'Content-Type: application/json' -d '{"prompt":"the cat","max_tokens":4}' >/dev/null 2>&1
+  curl -sf "localhost:$port/metrics" >"$tmp/metrics" 2>&1
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+}
+served_metrics "$tmp/tier.gguf" --mem-budget 420M
 contains "memory tier in /metrics" "$tmp/metrics" "^ember_expert_cache_misses_total\{model=\"[^\"]+\"\} [1-9][0-9]*"
 contains "memory tier bytes in /metrics" "$tmp/metrics" "^ember_expert_cache_read_bytes_total\{model=\"[^\"]+\"\} [1-9]"
 # under_limit NAME MIB REF CMD...: CMD in a cgroup v1 memory limit of MIB after the page cache is
@@ -406,6 +410,8 @@ contains "dense memory tier said" "$tmp/err" "memory tier: a budget of 150.0 MiB
 expect_error "dense memory tier: too small a budget" "need [0-9.]+ MiB before any weight" "$ember" generate -m "$tmp/dtier.gguf" -p hi -n 2 --mem-budget 100M
 expect_ok "dense memory tier bench" "$ember" bench -m "$tmp/dtier.gguf" -p 0 -n 4 -r 1 -t 2 --mem-budget 150M
 contains "dense memory tier: bench counts" "$tmp/out" "^memory tier: [0-9.]+ MiB of weights resident; .* pages of FFN rows"
+served_metrics "$tmp/dtier.gguf" --mem-budget 150M
+contains "dense memory tier in /metrics" "$tmp/metrics" "^ember_map_read_pages_total\{model=\"[^\"]+\"\} [1-9][0-9]*"
 under_limit "dense memory tier under a cgroup limit" 150 "$tmp/dtier0" "$ember" generate -m "$tmp/dtier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2
 
 echo "cli: $passes passed, $failures failed"

@@ -61,6 +61,11 @@ int64_t BatchEngine::kv_tokens() const {
   return kv_tokens_;
 }
 
+std::optional<MapReadStats> BatchEngine::map_read_stats() const {
+  std::lock_guard lk(mu_);
+  return map_read_stats_;
+}
+
 std::optional<ExpertCacheStats> BatchEngine::expert_stats() const {
   std::lock_guard lk(mu_);
   return expert_stats_;
@@ -252,6 +257,7 @@ void BatchEngine::step(std::vector<std::shared_ptr<Job>>& jobs) {
     step_rows_ += static_cast<uint64_t>(session_.max_batch() - budget);
     kv_tokens_ = cached;
     if (model_.expert_cache) expert_stats_ = model_.expert_cache->stats();
+    if (const SparseFfn* sp = session_.sparse_ffn(); sp && sp->map_read_stats()) map_read_stats_ = *sp->map_read_stats();
   }
 
   for (size_t i = 0; i < items.size(); ++i) {

@@ -28,6 +28,7 @@
 #include "engine/generator.hpp"
 #include "engine/session.hpp"
 #include "model/expert_cache.hpp"
+#include "sparse/map_reads.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace ember {
@@ -130,6 +131,9 @@ class BatchEngine {
   int64_t kv_tokens() const;
   // The memory tier's counts after the last step (model/expert_cache.hpp); nullopt without one.
   std::optional<ExpertCacheStats> expert_stats() const;
+  // A dense model's rows read from the file's map after the last step (sparse/map_reads.hpp);
+  // nullopt where the model fits its budget.
+  std::optional<MapReadStats> map_read_stats() const;
 
  private:
   void loop();
@@ -153,6 +157,7 @@ class BatchEngine {
   uint64_t steps_ = 0, step_rows_ = 0;
   int64_t kv_tokens_ = 0;
   std::optional<ExpertCacheStats> expert_stats_;
+  std::optional<MapReadStats> map_read_stats_;
   // step()'s lists, kept between steps (the engine thread's only).
   std::vector<Session::SeqEval> items_;
   std::vector<Job*> owners_;

@@ -110,6 +110,12 @@ std::string Metrics::prometheus(const MetricsGauges& g, const std::string& model
     one("ember_expert_cache_read_seconds_total", "counter", "Time the forward passes waited on those reads.",
         g.expert_read_seconds);
   }
+  if (g.map_reads) {
+    one("ember_map_read_pages_total", "counter",
+        "Pages of FFN rows the memory tier made resident from the file's map (a read where the page cache lacked them).",
+        static_cast<double>(g.map_read_pages));
+    one("ember_map_read_seconds_total", "counter", "Time the forward passes waited on those pages.", g.map_read_seconds);
+  }
   return out;
 }
 

@@ -25,6 +25,11 @@ struct MetricsGauges {
   bool expert_cache = false;
   uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;
   double expert_read_seconds = 0;
+  // A dense model larger than its budget (sparse/map_reads.hpp): the pages of FFN rows made
+  // resident from the file's map since load, and the time waited on them.
+  bool map_reads = false;
+  uint64_t map_read_pages = 0;
+  double map_read_seconds = 0;
 };
 
 class Metrics {

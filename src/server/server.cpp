@@ -132,7 +132,7 @@ Server::Server(const Model& model, std::string model_path, const ServerOptions& 
   }
   served_.n_ctx = engine_->n_ctx();
   served_.n_vocab = model_.hp.n_vocab;
-  served_.chat = std::make_shared<const ChatFormatter>(model_chat_formatter(*model_.file, tok_, opts_.chat_template_file));
+  served_.chat = std::make_shared<const ChatFormatter>(model_chat_formatter(*model_.file, chat_fallback_of(model_), tok_, opts_.chat_template_file));
   served_.chat_template = served_.chat->source();
   served_.created = unix_now();
   served_.grammar_vocab = std::make_shared<TokenGrammar>(tok_);

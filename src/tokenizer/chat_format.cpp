@@ -158,8 +158,9 @@ ChatFormatter chat_formatter_for(std::string source, const Tokenizer& tok, const
   return f;
 }
 
-ChatFormatter model_chat_formatter(const gguf::Reader& file, const Tokenizer& tok, const std::string& override_file) {
-  if (override_file.empty()) return chat_formatter_for(model_chat_template(file), tok, file.path());
+ChatFormatter model_chat_formatter(const gguf::Reader& file, const char* fallback_style, const Tokenizer& tok,
+                                   const std::string& override_file) {
+  if (override_file.empty()) return chat_formatter_for(model_chat_template(file, fallback_style), tok, file.path());
   std::ifstream in(override_file, std::ios::binary);
   EMBER_CHECK(in.good(), "cannot read the chat template file {}", override_file);
   // At most one byte past the bound (a device such as /dev/zero never ends).

@@ -67,9 +67,11 @@ class ChatFormatter {
 // The formatter of a template source for a tokenizer (which must outlive it): its BOS and EOS
 // texts, whether it adds them, and its marker of the client's text (set_text_marker). Logs a warning when the template falls back to its family style (`what` names it).
 ChatFormatter chat_formatter_for(std::string source, const Tokenizer& tok, const std::string& what);
-// The formatter of a model's own template (model_chat_template), or of a template file given
-// instead (`override_file`, non-empty: --chat-template-file).
-ChatFormatter model_chat_formatter(const gguf::Reader& file, const Tokenizer& tok, const std::string& override_file = "");
+// The formatter of a model's own template (model_chat_template with its architecture's
+// `fallback_style`), or of a template file given instead (`override_file`, non-empty:
+// --chat-template-file).
+ChatFormatter model_chat_formatter(const gguf::Reader& file, const char* fallback_style, const Tokenizer& tok,
+                                   const std::string& override_file = "");
 
 // The conversation as the template reads it: a list of {"role", "content", "tool_calls": [{"id",
 // "type": "function", "function": {"name", "arguments"}}], "tool_call_id", "name"}, arguments

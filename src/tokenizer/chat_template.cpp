@@ -216,11 +216,9 @@ std::string render_chat(const ChatTemplate& t, const std::vector<ChatMessage>& m
   return out;
 }
 
-std::string model_chat_template(const gguf::Reader& file) {
+std::string model_chat_template(const gguf::Reader& file, const char* fallback_style) {
   if (auto t = file.opt_string("tokenizer.chat_template"); t && !t->empty()) return *t;
-  const std::string arch = file.opt_string("general.architecture").value_or("");
-  if (arch == "gemma" || arch == "gemma2" || arch == "gemma3") return "gemma";
-  return "";
+  return fallback_style ? fallback_style : "";
 }
 
 std::string apply_chat_template(const std::string& template_source, const std::vector<ChatMessage>& messages,

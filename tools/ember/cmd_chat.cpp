@@ -76,7 +76,7 @@ bool read_message(LineReader& in, std::string& out) {
 void run_chat(ChatFlags& f) {
   auto model = load_model_logged(f.engine, nullptr);
   Tokenizer tok(*model->file);
-  const ChatFormatter format = model_chat_formatter(*model->file, tok, f.chat_template_file);
+  const ChatFormatter format = model_chat_formatter(*model->file, chat_fallback_of(*model), tok, f.chat_template_file);
   Session session(*model, f.engine.session_params(*model));
   GenerateParams gp;
   gp.sampling = f.sampling.resolve(*model);

@@ -46,7 +46,7 @@ void run_generate(GenerateFlags& f) {
     std::vector<ChatMessage> messages;
     if (!f.system.empty()) messages.push_back({"system", f.system});
     messages.push_back({"user", f.prompt});
-    text = model_chat_formatter(*model->file, tok, f.chat_template_file).render(messages, true);
+    text = model_chat_formatter(*model->file, chat_fallback_of(*model), tok, f.chat_template_file).render(messages, true);
   }
   std::vector<int32_t> prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
   EMBER_CHECK(!prompt.empty(), "the prompt is empty: give one with -p or -f");

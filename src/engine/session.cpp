@@ -56,7 +56,7 @@ Session::Session(const Model& model, const SessionParams& p) : model_(model), po
   }
   // Input sparsity and the hybrid (dense experts split by the plan) take a mixture's experts; the
   // other sparse modes do not yet.
-  if (p.sparse.mode != FfnMode::dense && p.sparse.mode != FfnMode::input) {
+  if (ffn_mode_gathers_rows(p.sparse.mode)) {
     const std::string why = model_moe_refusal(model, fmt::format("--sparse-mode {}", ffn_mode_name(p.sparse.mode)));
     EMBER_CHECK(why.empty(), "{}: {}", model.file->path(), why);
   }

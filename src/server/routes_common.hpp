@@ -17,6 +17,5 @@ void send_ollama_error(http::Response& res, const ApiError& e);
 std::string sse(const std::string& data);                     // "data: ...\n\n"
 ApiError shutting_down_error();                               // 503 server_shutting_down
 ApiError cut_off_error(int64_t n_generated);                  // an answer cut off by shutdown
-void set_retry_after(http::Response& res, const ApiError& e);  // for 503s: when to come back
 
 }  // namespace ember::server

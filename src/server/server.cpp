@@ -30,6 +30,14 @@ int64_t unix_now() {
   return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
 }
 
+namespace {
+// For 503s: when to come back.
+void set_retry_after(http::Response& res, const ApiError& e) {
+  if (e.code == "server_busy") res.set_header("Retry-After", "1");
+  if (e.code == "server_shutting_down") res.set_header("Retry-After", "5");
+}
+}  // namespace
+
 void send_error(http::Response& res, const ApiError& e) {
   res.status = e.status;
   set_retry_after(res, e);
@@ -52,11 +60,6 @@ ApiError shutting_down_error() {
 ApiError cut_off_error(int64_t n) {
   return {503, fmt::format("the server shut down before the answer was complete ({} tokens generated); retry", n),
           "server_error", "", "server_shutting_down"};
-}
-
-void set_retry_after(http::Response& res, const ApiError& e) {
-  if (e.code == "server_busy") res.set_header("Retry-After", "1");
-  if (e.code == "server_shutting_down") res.set_header("Retry-After", "5");
 }
 
 namespace {

@@ -52,7 +52,7 @@ double FfnSparsityStats::layer_sparsity(size_t l) const {
 
 SparseFfn::SparseFfn(const Model& model, ThreadPool& pool, const SparseFfnOptions& opts, int64_t max_batch)
     : model_(model), opts_(opts) {
-  EMBER_CHECK(opts.mode != FfnMode::dense && opts.mode != FfnMode::input,
+  EMBER_CHECK(ffn_mode_gathers_rows(opts.mode),
               "SparseFfn: mode {} is not a neuron-sparse FFN mode", ffn_mode_name(opts.mode));
   EMBER_CHECK(std::isfinite(opts.threshold) && opts.threshold >= 0.0f, "sparse threshold must be >= 0, got {}",
               opts.threshold);

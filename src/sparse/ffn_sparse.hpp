@@ -49,6 +49,9 @@ namespace ember {
 enum class FfnMode { dense, oracle, threshold, predictor, input };
 FfnMode parse_ffn_mode(const std::string& s);  // "dense" | "oracle" | "threshold" | "predictor" | "input"
 const char* ffn_mode_name(FfnMode m);
+// The neuron-sparse modes (SparseFfn): they read the rows of the neurons that fire, not whole
+// matrices.
+inline bool ffn_mode_gathers_rows(FfnMode m) { return m != FfnMode::dense && m != FfnMode::input; }
 
 // The copies' type where none is asked for (the CLI's `--sparse-down auto`): input mode's copies
 // hold their scale tables in 8 bits (compact: at a 50 % target on the 7B shape a decode token

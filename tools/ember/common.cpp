@@ -221,12 +221,14 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
                                : std::string(),
              rp.seconds, rp.huge_page_bytes / 1048576.0);
   if (model->resident_weight_budget > 0) {
-    // The FFN rows left in the map are read a few at a time, wherever the active neurons are:
-    // readahead around each would fetch rows no token asked for and push out those that are.
+    // A neuron-sparse mode reads the FFN rows left in the map a few at a time, wherever the
+    // active neurons are: readahead around each would fetch rows no token asked for and push out
+    // those that are. The dense kernels read whole matrices, which readahead serves.
     size_t random = 0;
-    for (const LayerWeights& l : model->layers)
-      for (const TensorView* w : {&l.ffn.gate, &l.ffn.up, &l.ffn.down, &l.ffn.down_t})
-        if (w->valid() && model->file->contains(w->data)) advise_random_reads(w->data, w->nbytes), random += w->nbytes;
+    if (ffn_mode_gathers_rows(mode))
+      for (const LayerWeights& l : model->layers)
+        for (const TensorView* w : {&l.ffn.gate, &l.ffn.up, &l.ffn.down, &l.ffn.down_t})
+          if (w->valid() && model->file->contains(w->data)) advise_random_reads(w->data, w->nbytes), random += w->nbytes;
     log_info("memory tier: {:.1f} MiB repacked or copied, {:.1f} MiB kept in the file's layout, {:.1f} MiB of FFN rows "
              "read at random from the map", (rp.bytes + rp.copied_bytes) / 1048576.0,
              (rp.repack_skipped_bytes + rp.copy_skipped_bytes) / 1048576.0, random / 1048576.0);

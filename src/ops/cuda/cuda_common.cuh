@@ -32,7 +32,12 @@ inline unsigned grid_of(int64_t n, int64_t per) { return static_cast<unsigned>((
 
 // The weight types the kernels read (supports()), and those multiplied in 8-bit integers (takes_q8).
 template <DType T>
-constexpr bool takes_q8_v = T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0;
+constexpr bool takes_q8_v = takes_q8(T);
+
+// The error for a weight type the kernels do not read.
+[[noreturn]] inline void refuse_type(DType type) {
+  fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1)", dtype_name(type));
+}
 
 // f(std::integral_constant<DType, T>{}) for the weight type: every kernel's template argument
 // from a run-time type, the one switch over the types (check_type first).
@@ -44,13 +49,13 @@ void by_type(DType type, F&& f) {
     case DType::Q4_0: f(std::integral_constant<DType, DType::Q4_0>{}); break;
     case DType::Q4_1: f(std::integral_constant<DType, DType::Q4_1>{}); break;
     case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); break;
-    default: fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1)", dtype_name(type));
+    default: refuse_type(type);
   }
 }
 
 // A matrix of `type` with rows of `cols` values the kernels can read, or a named error.
 inline void check_type(DType type, int64_t cols) {
-  EMBER_CHECK(supports(type), "CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1)", dtype_name(type));
+  if (!supports(type)) refuse_type(type);
   EMBER_CHECK(cols % info(type).block_size == 0, "CUDA: row length {} is not a multiple of {}'s block size", cols,
               dtype_name(type));
 }

@@ -91,10 +91,10 @@ void* capture_end(void* stream, size_t* nodes);
 void graph_launch(void* graph, void* stream);
 void graph_destroy(void* graph);
 
-// True for the weight types the kernels read.
-bool supports(DType t);
 // Q4_0, Q4_1, Q8_0: integer dot products (dp4a) with 8-bit activations; F32 and F16 take floats.
-bool takes_q8(DType t);
+constexpr bool takes_q8(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+// True for the weight types the kernels read.
+constexpr bool supports(DType t) { return takes_q8(t) || t == DType::F32 || t == DType::F16; }
 
 // The device layout of `rows` rows of `cols` values of `type` from GGUF rows at src (host memory,
 // row after row): block types split into codes and factors (see above), F32 and F16 copied.

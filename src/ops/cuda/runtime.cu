@@ -124,12 +124,6 @@ void graph_destroy(void* g) {
 }
 #endif
 
-bool supports(DType t) {
-  return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1;
-}
-
-bool takes_q8(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
-
 void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* dst) {
   check_type(type, cols);
   const size_t rb = row_bytes(type, cols);

@@ -426,3 +426,49 @@ TEST(Quant, Q2_KAndQ3_KErrors) {
   for (DType t : {DType::Q2_K, DType::Q3_K})
     for (float v : round_trip(t, zeros)) ASSERT_EQ(v, 0.f) << dtype_name(t);
 }
+
+// Every row of the type table (tensor/dtype.cpp) against the others: a type Ember computes with
+// converts both ways within the coarsest type's step (2^-2 of the block's largest value: Q2_K),
+// its dot products' activation type is one Ember quantizes to, its repacked form names it back
+// with the same block bytes and the same activations, and what `ember synth` writes is
+// declared by a llama_ftype no two types share.
+TEST(Quant, TypeTableRowsAgree) {
+  const auto x = random_floats(512, 9);
+  std::vector<int> file_types;
+  int supported = 0;
+  std::vector<DType> types = {DType::Q4_0_R16, DType::Q4_1_R16, DType::Q5_0_R16, DType::Q8_0_R16, DType::Q4_K_R16,
+                               DType::Q5_K_R16,  DType::Q6_K_R16, DType::Q4_0_NM,  DType::Q4_1_NM,  DType::Q4_0_NM8,
+                               DType::Q4_1_NM8};
+  for (uint32_t id = 0; id < 64; ++id)
+    if (dtype_info(id)) types.push_back(static_cast<DType>(id));
+  for (DType t : types) {
+    const bool own = static_cast<uint32_t>(t) >= 0x10000;
+    const DTypeInfo& i = info(t);
+    SCOPED_TRACE(std::string(i.name));
+    EXPECT_EQ(dtype_from_name(i.name), own ? std::nullopt : std::optional<DType>(t));
+    if (dtype_supported(t)) {
+      ++supported;
+      EXPECT_FALSE(own);
+      const auto y = round_trip(t, x);
+      for (size_t j = 0; j < x.size(); ++j)
+        EXPECT_LE(std::fabs(y[j] - x[j]), 0.25f * block_amax(x, j, static_cast<size_t>(i.block_size)) + 1e-6f) << j;
+      ASSERT_TRUE(i.dot.has_value());
+      EXPECT_TRUE(info(*i.dot).from_float != nullptr);
+    }
+    if (i.repacked) {
+      const DTypeInfo& r = info(*i.repacked);
+      EXPECT_EQ(r.base, std::optional<DType>(t));
+      EXPECT_EQ(r.block_size, i.block_size);
+      EXPECT_EQ(r.block_bytes, i.block_bytes);
+      EXPECT_EQ(r.dot, i.dot);
+    }
+    if (i.base) EXPECT_TRUE(own);
+    if (dtype_writable(t)) {
+      EXPECT_GE(i.file_type, 0);
+      EXPECT_EQ(std::count(file_types.begin(), file_types.end(), i.file_type), 0);
+      file_types.push_back(i.file_type);
+    }
+  }
+  EXPECT_EQ(supported, 13);  // F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K
+  EXPECT_EQ(file_types.size(), 13u);
+}

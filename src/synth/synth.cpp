@@ -1,6 +1,7 @@
 #include "synth/synth.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -124,34 +125,16 @@ double det_log(double x) {
   return r + 2.0 * sum;
 }
 
-uint32_t file_type_of(DType t) {  // llama.cpp's llama_ftype
-  switch (t) {
-    case DType::F32: return 0;
-    case DType::F16: return 1;
-    case DType::Q4_0: return 2;
-    case DType::Q4_1: return 3;
-    case DType::Q8_0: return 7;
-    case DType::Q5_0: return 8;
-    case DType::Q5_1: return 9;
-    case DType::Q2_K: return 10;
-    case DType::Q3_K: return 11;  // Q3_K_S's id
-    case DType::Q4_K: return 15;  // Q4_K_M's id; every weight is Q4_K here
-    case DType::Q5_K: return 17;
-    case DType::Q6_K: return 18;
-    case DType::BF16: return 32;
-    default: fail("synth: no llama file type for {}", dtype_name(t));
-  }
-}
-
-bool synth_type_ok(DType t) {
-  switch (t) {
-    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
-    case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
-    case DType::Q2_K: case DType::Q3_K:
-      return true;
-    default:
-      return false;
-  }
+// The types `--type` takes, by their rows in the type table: "f32, f16, q4_0, ...".
+std::string writable_types() {
+  std::string s;
+  for (uint32_t id = 0; id < 64; ++id)
+    if (dtype_info(id) && dtype_writable(static_cast<DType>(id))) {
+      std::string name(dtype_name(static_cast<DType>(id)));
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+      s += (s.empty() ? "" : ", ") + name;
+    }
+  return s;
 }
 
 std::vector<uint8_t> generate(const TensorSpec& t, uint64_t seed, ThreadPool& pool) {
@@ -509,8 +492,7 @@ void validate(const SynthOptions& o) {
   EMBER_CHECK(o.sliding_window >= 1 && o.swa_period >= 1, "synth: sliding window and its period must be positive");
   EMBER_CHECK(o.n_head % o.n_head_kv == 0, "synth: n_head_kv ({}) must divide n_head ({})", o.n_head_kv, o.n_head);
 
-  EMBER_CHECK(synth_type_ok(o.type), "synth: --type {} is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)",
-              dtype_name(o.type));
+  EMBER_CHECK(dtype_writable(o.type), "synth: --type {} is not supported ({})", dtype_name(o.type), writable_types());
   const int64_t bs = info(o.type).block_size;
   EMBER_CHECK(o.n_embd % bs == 0, "synth: type {} needs n_embd to be a multiple of its block size {}, got {}",
               dtype_name(o.type), bs, o.n_embd);
@@ -613,7 +595,7 @@ gguf::Writer synth_model(const SynthOptions& o, const SynthProgress& progress) {
   const ArchSynth& arch = arch_of(o);
   w.set("general.architecture", Value::str(a));
   w.set("general.name", Value::str(o.name));
-  w.set("general.file_type", Value::u32(file_type_of(o.type)));
+  w.set("general.file_type", Value::u32(static_cast<uint32_t>(info(o.type).file_type)));
   w.set("general.quantization_version", Value::u32(2));
   w.set(a + ".block_count", u32(o.n_layer));
   w.set(a + ".context_length", u32(arch.context_length ? arch.context_length(o) : o.n_ctx));

@@ -23,10 +23,24 @@ enum class DType : uint32_t {
   Q4_0_NM = 0x20002, Q4_1_NM = 0x20003, Q4_0_NM8 = 0x20012, Q4_1_NM8 = 0x20013,
 };
 
+// A row of conversions: nb blocks of a type to floats, and floats to nb blocks (tensor/quant.hpp).
+using BlocksToFloat = void (*)(const void* src, float* dst, int64_t nb);
+using BlocksFromFloat = void (*)(const float* src, void* dst, int64_t nb);
+
+// Everything Ember knows of a type, one row each (tensor/dtype.cpp, kTypes): its layout, and where
+// Ember computes with it, the activations its dot products take, its 16-row repacked form, the
+// file type of a file all of it, and its conversions. Ember's own in-memory layouts (ids from
+// 0x10000) name the file type they are made from.
 struct DTypeInfo {
   std::string_view name;
   int64_t block_size;   // elements per block
   size_t block_bytes;   // bytes per block
+  std::optional<DType> dot = std::nullopt;       // the quantized activations its dot products take (ops/cpu/matmul)
+  std::optional<DType> repacked = std::nullopt;  // its 16-row layout for the dense kernels (ops/cpu/r16)
+  std::optional<DType> base = std::nullopt;      // an in-memory layout's file type
+  int file_type = -1;                            // llama.cpp's llama_ftype of a file all of this type
+  BlocksToFloat to_float = nullptr;
+  BlocksFromFloat from_float = nullptr;
 };
 
 // Layout of a type id read from a file; nullopt for ids that no GGUF writer produces.
@@ -41,7 +55,9 @@ inline size_t row_bytes(DType t, int64_t n) {
   return static_cast<size_t>(n / i.block_size) * i.block_bytes;
 }
 
-// Whether Ember has kernels (dequantize, dot products) for the type.
+// Whether Ember has kernels (dequantize, dot products) for a file's type.
 bool dtype_supported(DType t);
+// The types of files Ember writes (`ember synth --type`): those with a file type and a quantizer.
+bool dtype_writable(DType t);
 
 }  // namespace ember

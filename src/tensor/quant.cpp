@@ -483,65 +483,64 @@ void quant_q5_k(const float* x, BlockQ5_K* b, int64_t nb) {
 
 void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
   check_multiple(type, n);
-  const int64_t nb = n / info(type).block_size;
-  switch (type) {
-    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
-    case DType::F16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
-      return;
-    }
-    case DType::BF16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
-      return;
-    }
-    case DType::Q4_0: dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb); return;
-    case DType::Q4_1: dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb); return;
-    case DType::Q8_0: dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb); return;
-    case DType::Q8_1: dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb); return;
-    case DType::Q5_0: dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb); return;
-    case DType::Q5_1: dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb); return;
-    case DType::Q2_K: dequant_q2_k(static_cast<const BlockQ2_K*>(src), dst, nb); return;
-    case DType::Q3_K: dequant_q3_k(static_cast<const BlockQ3_K*>(src), dst, nb); return;
-    case DType::Q4_K: dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb); return;
-    case DType::Q5_K: dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb); return;
-    case DType::Q6_K: dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); return;
-    case DType::Q8_K: dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb); return;
-    default: fail("dequantize: type {} is not supported", dtype_name(type));
-  }
+  const DTypeInfo& t = info(type);
+  EMBER_CHECK(t.to_float != nullptr, "dequantize: type {} is not supported", t.name);
+  t.to_float(src, dst, n / t.block_size);
 }
 
 void quantize_row(DType type, const float* src, void* dst, int64_t n) {
   check_multiple(type, n);
-  const int64_t nb = n / info(type).block_size;
-  switch (type) {
-    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
-    case DType::F16: {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
-      return;
-    }
-    case DType::BF16: {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
-      return;
-    }
-    case DType::Q4_0: quant_symmetric<8>(src, static_cast<BlockQ4_0*>(dst), nb); return;
-    case DType::Q4_1: quant_affine<15>(src, static_cast<BlockQ4_1*>(dst), nb); return;
-    case DType::Q8_0: quant_q8_0(src, static_cast<BlockQ8_0*>(dst), nb); return;
-    case DType::Q8_1: quant_q8_1(src, static_cast<BlockQ8_1*>(dst), nb); return;
-    case DType::Q5_0: quant_symmetric<16>(src, static_cast<BlockQ5_0*>(dst), nb); return;
-    case DType::Q5_1: quant_affine<31>(src, static_cast<BlockQ5_1*>(dst), nb); return;
-    case DType::Q2_K: quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb); return;
-    case DType::Q3_K: quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb); return;
-    case DType::Q4_K: quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); return;
-    case DType::Q5_K: quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb); return;
-    case DType::Q6_K: quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); return;
-    case DType::Q8_K: quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb); return;
-    default: fail("quantize: type {} is not supported", dtype_name(type));
-  }
+  const DTypeInfo& t = info(type);
+  EMBER_CHECK(t.from_float != nullptr, "quantize: type {} is not supported", t.name);
+  t.from_float(src, dst, n / t.block_size);
 }
+
+namespace blocks {
+
+void f32(const void* src, float* dst, int64_t nb) { std::memcpy(dst, src, static_cast<size_t>(nb) * sizeof(float)); }
+void f32(const float* src, void* dst, int64_t nb) { std::memcpy(dst, src, static_cast<size_t>(nb) * sizeof(float)); }
+void f16(const void* src, float* dst, int64_t nb) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < nb; ++i) dst[i] = fp16_to_fp32(h[i]);
+}
+void f16(const float* src, void* dst, int64_t nb) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < nb; ++i) h[i] = fp32_to_fp16(src[i]);
+}
+void bf16(const void* src, float* dst, int64_t nb) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < nb; ++i) dst[i] = bf16_to_fp32(h[i]);
+}
+void bf16(const float* src, void* dst, int64_t nb) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < nb; ++i) h[i] = fp32_to_bf16(src[i]);
+}
+void q4_0(const void* src, float* dst, int64_t nb) { dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb); }
+void q4_0(const float* src, void* dst, int64_t nb) { quant_symmetric<8>(src, static_cast<BlockQ4_0*>(dst), nb); }
+void q4_1(const void* src, float* dst, int64_t nb) { dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb); }
+void q4_1(const float* src, void* dst, int64_t nb) { quant_affine<15>(src, static_cast<BlockQ4_1*>(dst), nb); }
+void q5_0(const void* src, float* dst, int64_t nb) { dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb); }
+void q5_0(const float* src, void* dst, int64_t nb) { quant_symmetric<16>(src, static_cast<BlockQ5_0*>(dst), nb); }
+void q5_1(const void* src, float* dst, int64_t nb) { dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb); }
+void q5_1(const float* src, void* dst, int64_t nb) { quant_affine<31>(src, static_cast<BlockQ5_1*>(dst), nb); }
+void q8_0(const void* src, float* dst, int64_t nb) { dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb); }
+void q8_0(const float* src, void* dst, int64_t nb) { quant_q8_0(src, static_cast<BlockQ8_0*>(dst), nb); }
+void q8_1(const void* src, float* dst, int64_t nb) { dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb); }
+void q8_1(const float* src, void* dst, int64_t nb) { quant_q8_1(src, static_cast<BlockQ8_1*>(dst), nb); }
+void q2_k(const void* src, float* dst, int64_t nb) { dequant_q2_k(static_cast<const BlockQ2_K*>(src), dst, nb); }
+void q2_k(const float* src, void* dst, int64_t nb) { quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb); }
+void q3_k(const void* src, float* dst, int64_t nb) { dequant_q3_k(static_cast<const BlockQ3_K*>(src), dst, nb); }
+void q3_k(const float* src, void* dst, int64_t nb) { quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb); }
+void q4_k(const void* src, float* dst, int64_t nb) { dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb); }
+void q4_k(const float* src, void* dst, int64_t nb) { quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); }
+void q5_k(const void* src, float* dst, int64_t nb) { dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb); }
+void q5_k(const float* src, void* dst, int64_t nb) { quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb); }
+void q6_k(const void* src, float* dst, int64_t nb) { dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); }
+void q6_k(const float* src, void* dst, int64_t nb) { quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); }
+void q8_k(const void* src, float* dst, int64_t nb) { dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb); }
+void q8_k(const float* src, void* dst, int64_t nb) { quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb); }
+
+}  // namespace blocks
 
 bool row_finite(DType type, const void* src, int64_t n, std::vector<float>& scratch) {
   scratch.resize(static_cast<size_t>(n));

@@ -105,12 +105,46 @@ inline int q3_k_scale(const uint8_t* q, int j) {
   return (lo | hi << 4) - 32;
 }
 
-// Scalar reference conversions. dequantize_row supports every type in dtype_supported();
-// quantize_row supports F32, F16, BF16, Q8_0, Q8_1, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K and Q8_K. (The K-quant quantizers are simple min/max searches, not ggml's error-minimizing ones:
-// Ember quantizes weights only for tests and synthetic models; dequantization is bit-exact.)
+// Scalar reference conversions of a row of n values, by the type's row (DTypeInfo::to_float,
+// from_float): every type dtype_supported() takes, and the activation types Q8_1 and Q8_K. (The
+// K-quant quantizers are simple min/max searches, not ggml's error-minimizing ones: Ember quantizes weights only for tests and synthetic models; dequantization is bit-exact.)
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 void quantize_row(DType type, const float* src, void* dst, int64_t n);
+// Each type's conversions as its row in the type table holds them (DTypeInfo::to_float and
+// from_float, tensor/dtype.cpp): nb blocks to floats, and floats to nb blocks.
+namespace blocks {
+void f32(const void* src, float* dst, int64_t nb);
+void f32(const float* src, void* dst, int64_t nb);
+void f16(const void* src, float* dst, int64_t nb);
+void f16(const float* src, void* dst, int64_t nb);
+void bf16(const void* src, float* dst, int64_t nb);
+void bf16(const float* src, void* dst, int64_t nb);
+void q4_0(const void* src, float* dst, int64_t nb);
+void q4_0(const float* src, void* dst, int64_t nb);
+void q4_1(const void* src, float* dst, int64_t nb);
+void q4_1(const float* src, void* dst, int64_t nb);
+void q5_0(const void* src, float* dst, int64_t nb);
+void q5_0(const float* src, void* dst, int64_t nb);
+void q5_1(const void* src, float* dst, int64_t nb);
+void q5_1(const float* src, void* dst, int64_t nb);
+void q8_0(const void* src, float* dst, int64_t nb);
+void q8_0(const float* src, void* dst, int64_t nb);
+void q8_1(const void* src, float* dst, int64_t nb);
+void q8_1(const float* src, void* dst, int64_t nb);
+void q2_k(const void* src, float* dst, int64_t nb);
+void q2_k(const float* src, void* dst, int64_t nb);
+void q3_k(const void* src, float* dst, int64_t nb);
+void q3_k(const float* src, void* dst, int64_t nb);
+void q4_k(const void* src, float* dst, int64_t nb);
+void q4_k(const float* src, void* dst, int64_t nb);
+void q5_k(const void* src, float* dst, int64_t nb);
+void q5_k(const float* src, void* dst, int64_t nb);
+void q6_k(const void* src, float* dst, int64_t nb);
+void q6_k(const float* src, void* dst, int64_t nb);
+void q8_k(const void* src, float* dst, int64_t nb);
+void q8_k(const float* src, void* dst, int64_t nb);
+}  // namespace blocks
+
 // Whether every value of a row of n values (any type dequantize_row reads) is finite; `scratch`
 // holds its dequantized values.
 bool row_finite(DType type, const void* src, int64_t n, std::vector<float>& scratch);

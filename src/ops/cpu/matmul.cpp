@@ -18,19 +18,11 @@ namespace {
 using detail::GemmArgs;
 using detail::GemmFn;
 
-// The activation type each weight type's dot product takes.
+// The activation type each weight type's dot product takes (its row in the type table).
 DType activation_type(DType w) {
-  switch (w) {
-    case DType::F32: case DType::F16: case DType::BF16: return DType::F32;
-    case DType::Q8_0: case DType::Q4_0: case DType::Q4_0_R16: case DType::Q5_0_R16: case DType::Q8_0_R16:
-      return DType::Q8_0;
-    case DType::Q4_1: case DType::Q4_1_R16: return DType::Q8_1;
-    case DType::Q6_K: case DType::Q6_K_R16: case DType::Q4_K_R16: case DType::Q5_K_R16: return DType::Q8_K;
-    case DType::Q5_0: return DType::Q8_0;
-    case DType::Q5_1: return DType::Q8_1;
-    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: return DType::Q8_K;
-    default: fail("matmul: no kernel for weight type {}", dtype_name(w));
-  }
+  const std::optional<DType> a = info(w).dot;
+  EMBER_CHECK(a.has_value(), "matmul: no kernel for weight type {}", dtype_name(w));
+  return *a;
 }
 
 // The kernel for a weight type at the current SIMD level (gemm/gemm_table.hpp), and whether it takes

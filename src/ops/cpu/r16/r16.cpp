@@ -17,26 +17,31 @@ namespace {
 
 using RepackFn = void (*)(const void* src, int64_t rows, int64_t k, void* dst);
 
+// The repacked layouts' functions, by repacked type (the file type's row in the type table names its
+// repacked form, tensor/dtype.cpp).
 struct R16Format {
-  DType base, packed;
+  DType packed;
   RepackFn repack;
   RepackFn unpack;  // null: not unpackable
 };
 
 constexpr R16Format kFormats[] = {
-    {DType::Q4_0, DType::Q4_0_R16, &detail::repack_q4_0_r16, &detail::unpack_q4_0_r16},
-    {DType::Q4_1, DType::Q4_1_R16, &detail::repack_q4_1_r16, &detail::unpack_q4_1_r16},
-    {DType::Q5_0, DType::Q5_0_R16, &detail::repack_q5_0_r16, &detail::unpack_q5_0_r16},
-    {DType::Q8_0, DType::Q8_0_R16, &detail::repack_q8_0_r16, &detail::unpack_q8_0_r16},
-    {DType::Q4_K, DType::Q4_K_R16, &detail::repack_q4_k_r16, nullptr},
-    {DType::Q5_K, DType::Q5_K_R16, &detail::repack_q5_k_r16, nullptr},
-    {DType::Q6_K, DType::Q6_K_R16, &detail::repack_q6_k_r16, nullptr},
+    {DType::Q4_0_R16, &detail::repack_q4_0_r16, &detail::unpack_q4_0_r16},
+    {DType::Q4_1_R16, &detail::repack_q4_1_r16, &detail::unpack_q4_1_r16},
+    {DType::Q5_0_R16, &detail::repack_q5_0_r16, &detail::unpack_q5_0_r16},
+    {DType::Q8_0_R16, &detail::repack_q8_0_r16, &detail::unpack_q8_0_r16},
+    {DType::Q4_K_R16, &detail::repack_q4_k_r16, nullptr},
+    {DType::Q5_K_R16, &detail::repack_q5_k_r16, nullptr},
+    {DType::Q6_K_R16, &detail::repack_q6_k_r16, nullptr},
 };
 
-const R16Format* format_of(DType base) {
+// The format of file type t's repacked form, or null.
+const R16Format* format_of(DType t) {
+  const std::optional<DType> packed = info(t).repacked;
+  if (!packed) return nullptr;
   for (const R16Format& f : kFormats)
-    if (f.base == base) return &f;
-  return nullptr;
+    if (f.packed == *packed) return &f;
+  fail("{}'s repacked form {} has no repacking", dtype_name(t), dtype_name(*packed));
 }
 
 }  // namespace
@@ -51,19 +56,15 @@ bool r16_pays(DType t) {
 
 bool r16_fast() {
   for (const R16Format& f : kFormats)
-    if (r16_pays(f.base)) return true;
+    if (r16_pays(r16_base(f.packed))) return true;
   return false;
 }
 
-DType r16_type(DType t) {
-  const R16Format* f = format_of(t);
-  return f ? f->packed : t;
-}
+DType r16_type(DType t) { return info(t).repacked.value_or(t); }
 
 DType r16_base(DType t) {
-  for (const R16Format& f : kFormats)
-    if (f.packed == t) return f.base;
-  return t;
+  const std::optional<DType> base = info(t).base;
+  return base && info(*base).repacked == t ? *base : t;
 }
 
 void repack_r16(DType t, const void* src, int64_t rows, int64_t k, void* dst) {

@@ -1,6 +1,8 @@
 #include "tensor/dtype.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cctype>
 #include <string>
 
@@ -71,10 +73,21 @@ constexpr Entry kTypes[] = {
     {0x20013, {"Q4_1_NM8", 32, 16, {}, {}, DType::Q4_1}},
 };
 
+// The row of an id, by a direct index (the matmul path asks per call): file ids 0..63 and Ember's
+// own ids 0x10000 + c and 0x20000 + c (c < 64) map to one slot each.
 const DTypeInfo* find(uint32_t id) {
-  for (const auto& e : kTypes)
-    if (e.id == id) return &e.info;
-  return nullptr;
+  constexpr uint32_t kSlots = 64;
+  const auto slot = [](uint32_t i) -> uint32_t {
+    const uint32_t page = i >> 16, c = i & 0xFFFF;
+    return page < 3 && c < kSlots ? page * kSlots + c : UINT32_MAX;
+  };
+  static const auto index = [&] {
+    std::array<const DTypeInfo*, 3 * kSlots> t{};
+    for (const auto& e : kTypes) t.at(slot(e.id)) = &e.info;
+    return t;
+  }();
+  const uint32_t s = slot(id);
+  return s < index.size() ? index[s] : nullptr;
 }
 
 }  // namespace

@@ -11,8 +11,6 @@
 #include "model/moe.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
-#include "ops/cuda/cuda_blocks.hpp"
-#include "ops/cuda/cuda_ops.hpp"
 #include "sparse/predictor.hpp"
 
 namespace ember {
@@ -151,39 +149,13 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
   };
   a.layers.resize(m.layers.size());
   for (size_t l = 0; l < m.layers.size(); ++l) {
-    const PlanLayer& L = m.layers[l];
-    auto& s = a.layers[l];
-    s.n = static_cast<int64_t>(plan.layers[l].gpu_neurons.size());
-    if (s.n == 0) continue;
-    const uint64_t k = static_cast<uint64_t>(s.n);
-    s.gate = take(k * L.gate_row);
-    s.up = take(k * L.up_row);
-    s.down = take(k * L.down_row);
-    if (L.bias_row) s.up_b = take(k * L.bias_row);
-    s.rows = take(k * sizeof(int32_t));
+    const auto n = static_cast<int64_t>(plan.layers[l].gpu_neurons.size());
+    if (n > 0) a.layers[l] = lay_out_ffn_share(m.layers[l], n, take);
   }
-  if (gpu_needs_ffn_scratch(m, plan)) {  // gpu_ffn_scratch_bytes, in its order
-    const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-    a.x = take(b * m.n_embd * f);
-    a.out = take(b * m.n_embd * f);
-    a.act = take(b * m.n_ff * f);
-    a.h = take(b * m.n_ff * f);
-    a.active = take(m.n_ff * sizeof(int32_t));
-    a.pos = take((m.n_ff + 2) * sizeof(int32_t));  // positions, then the counters (CUDA)
-    a.partial = take(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
-    a.xq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
-    a.counts = take(gpu_ffn_counts_bytes(m));
-    if (m.predicted) {
-      a.px = take(b * m.n_embd * f);
-      a.hid = take(b * static_cast<uint64_t>(m.predictor_rank) * f);
-      a.mask = take(b * static_cast<uint64_t>(m.n_ff));  // the prediction per token
-      a.cand = take((m.n_ff + 2) * sizeof(int32_t));  // the share rows, then cuda::compact's totals
-      a.pxq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
-      a.hidq = take(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
-    }
-  }
+  if (gpu_needs_ffn_scratch(m, plan)) static_cast<FfnScratch&>(a) = lay_out_ffn_scratch(m, opts, take);
   a.ffn_total = off;
-  // The layout and the solvers' accounting are two spellings of one sum: they must agree.
+  // Laid out by the functions the solvers sum (sparse/placement.hpp): a plan made for other
+  // options or another model disagrees.
   EMBER_CHECK(a.ffn_total == gpu_ffn_bytes(m, opts, plan), "device: FFN arena layout ({} bytes) disagrees with the "
               "plan's accounting ({} bytes)", a.ffn_total, gpu_ffn_bytes(m, opts, plan));
   a.attn.resize(m.layers.size());
@@ -209,27 +181,10 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
   }
   EMBER_CHECK(a.attn_weights == planned, "device: attention arena layout ({} bytes) disagrees with the plan's "
               "accounting ({} bytes)", a.attn_weights, planned);
-  if (gpu_needs_attn_scratch(plan)) {  // gpu_attn_scratch_bytes, in its order
-    const uint64_t start = off, b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-    a.x_hidden = take(b * m.n_embd * f);
-    a.xn = take(b * m.n_embd * f);
-    a.o = take(b * m.n_embd * f);
-    a.q = take(b * m.q_dim * f);
-    a.k = take(b * m.kv_dim * f);
-    a.v = take(b * m.kv_dim * f);
-    a.att = take(b * m.q_dim * f);
-    a.scores = take(b * m.n_head * m.n_ctx * f);
-    const uint64_t rope = static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double);
-    a.rope = take(rope);
-    a.rope_local = take(rope);
-    a.aq = take(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch));
-    a.attn_partial =
-        take(static_cast<uint64_t>(cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head,
-                                                                  m.n_ctx)) * f);
-    a.positions = take(b * sizeof(int32_t));
+  if (gpu_needs_attn_scratch(plan)) {
+    const uint64_t start = off;
+    static_cast<AttnScratch&>(a) = lay_out_attn_scratch(m, opts, take);
     a.attn_scratch = off - start;
-    EMBER_CHECK(a.attn_scratch == gpu_attn_scratch_bytes(m, opts), "device: attention scratch layout ({} bytes) "
-                "disagrees with the plan's accounting ({} bytes)", a.attn_scratch, gpu_attn_scratch_bytes(m, opts));
   }
   a.pred.resize(m.layers.size());
   uint64_t planned_pred = 0;
@@ -271,13 +226,8 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
         planned_ex += m.layers[l].expert_bytes;
       }
     }
-    if (gpu_needs_expert_scratch(plan)) {  // gpu_expert_scratch_bytes, in its order
-      const uint64_t f = sizeof(float), slots = static_cast<uint64_t>(opts.max_batch * m.n_expert_used);
-      a.ex_x = take(slots * m.n_embd * f);
-      a.ex_xq = take(gpu_q8_bytes(m.n_embd, static_cast<int64_t>(slots)));
-      a.ex_h = take(slots * static_cast<uint64_t>(m.n_ff_expert) * f);
-      a.ex_hq = take(gpu_q8_bytes(m.n_ff_expert, static_cast<int64_t>(slots)));
-      a.ex_out = take(slots * m.n_embd * f);
+    if (gpu_needs_expert_scratch(plan)) {
+      static_cast<ExpertScratch&>(a) = lay_out_expert_scratch(m, opts, take);
       planned_ex += gpu_expert_scratch_bytes(m, opts);
     }
     a.experts_total = off - start;

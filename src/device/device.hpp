@@ -74,11 +74,8 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
 // uses the device (fc2's rows in the order of predictor_row_order), then the output head where
 // the plan puts it there. Each buffer is padded to kGpuAlign. The KV cache of the attention
 // layers comes on top (`kv`).
-struct DeviceArenaLayout {
-  struct Share {
-    int64_t n = 0;  // neurons
-    uint64_t gate = 0, up = 0, down = 0, up_b = 0, rows = 0;  // byte offsets
-  };
+struct DeviceArenaLayout : FfnScratch, AttnScratch, ExpertScratch {  // the scratch offsets (sparse/placement.hpp)
+  using Share = FfnShareLayout;
   struct Attention {
     bool on = false;
     std::vector<uint64_t> tensors;  // offsets, in the order of the two lists (0 for empty views)
@@ -94,20 +91,6 @@ struct DeviceArenaLayout {
   std::vector<Experts> experts;
   std::vector<Attention> attn;
   std::vector<Predictor> pred;
-  // FFN scratch offsets: input, partial output, firing values, neuron values, active rows,
-  // their positions (then the counters: active, fired), the down's partial sums, the input in 8
-  // bits, and per position the tokens that fired (a 64-bit count of all fired pairs first).
-  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0, xq = 0, counts = 0;
-  // Predictor scratch: input, hidden, the prediction per token ([max_batch][n_ff] bytes), rows
-  // (+ count), input and hidden rounded to 8 bits.
-  uint64_t px = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
-  // Attention scratch (when some layer's attention is here): the hidden state, the norm's
-  // output, the block's output (n_embd each), q, k, v, the attention's output, the scores
-  // ([max_batch][n_head][n_ctx]), the RoPE tables' inverse frequencies (doubles, global then
-  // local), the block's inputs rounded to 8 bits (aq), the attention's partial results over
-  // chunks of the context, and the positions of the rows' sequences (max_batch int32).
-  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0,
-           attn_partial = 0, positions = 0;
   uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
   uint64_t attn_scratch = 0;  // = gpu_attn_scratch_bytes when some layer's attention is here
@@ -116,10 +99,7 @@ struct DeviceArenaLayout {
   // max_batch rows.
   uint64_t out_norm = 0, out_norm_b = 0, out_w = 0, logits = 0;
   uint64_t output = 0;        // = gpu_output_bytes when the head is here
-  // A mixture's experts (last): each layer's experts' matrices, then the experts' scratch in
-  // gpu_expert_scratch_bytes' order: the slots' inputs and in 8 bits, their values and in 8 bits,
-  // their outputs.
-  uint64_t ex_x = 0, ex_xq = 0, ex_h = 0, ex_hq = 0, ex_out = 0;
+  // A mixture's experts (last): each layer's experts' matrices, then the experts' scratch.
   uint64_t experts_total = 0;  // = the experts' bytes of every layer plus their scratch where any
   uint64_t arena = 0;         // ffn_total + attn_weights + attn_scratch + predictors + output + experts_total
   uint64_t kv = 0;            // K and V of the attention layers, in the cache's type (KvCache::bytes_for)

@@ -33,38 +33,68 @@ int64_t Plan::n_gpu_experts() const {
 
 // ---- byte accounting ----------------------------------------------------------------------
 
-uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
-  if (n <= 0) return 0;
-  const uint64_t k = static_cast<uint64_t>(n);
-  return gpu_pad(k * L.gate_row) + gpu_pad(k * L.up_row) + gpu_pad(k * L.down_row) +
-         (L.bias_row ? gpu_pad(k * L.bias_row) : 0) + gpu_pad(k * sizeof(int32_t));
-}
-
 uint64_t gpu_ffn_counts_bytes(const PlanModel& m) {
   return sizeof(uint64_t) + static_cast<uint64_t>(m.n_ff) * sizeof(int32_t);
 }
 
-uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
+namespace {
+
+// The bytes a layout takes, each buffer padded as the arena pads it.
+template <class LayOut>
+uint64_t arena_bytes(const LayOut& lay_out) {
+  uint64_t off = 0;
+  lay_out([&](uint64_t bytes) {
+    const uint64_t at = off;
+    off += gpu_pad(bytes);
+    return at;
+  });
+  return off;
+}
+
+}  // namespace
+
+FfnShareLayout lay_out_ffn_share(const PlanLayer& L, int64_t n, const ArenaTake& take) {
+  FfnShareLayout s;
+  s.n = n;
+  const uint64_t k = static_cast<uint64_t>(n);
+  s.gate = take(k * L.gate_row);
+  s.up = take(k * L.up_row);
+  s.down = take(k * L.down_row);
+  if (L.bias_row) s.up_b = take(k * L.bias_row);
+  s.rows = take(k * sizeof(int32_t));
+  return s;
+}
+
+uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
+  if (n <= 0) return 0;
+  return arena_bytes([&](const ArenaTake& take) { lay_out_ffn_share(L, n, take); });
+}
+
+FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-  // x in, partial out (n_embd each), gate and up activations (n_ff each; the up buffer holds
-  // the predictor's scores first), the active neurons' rows (n_ff) and their positions in the
-  // share (n_ff, then two counters: active, fired).
-  // Then the down axpy's partial sums (cuda::sparse_axpy: kAxpyChunks rows of n_embd), x
-  // rounded to 8 bits for the quantized gate and up rows (gpu_q8_bytes), and the firing counts
-  // per position (gpu_ffn_counts_bytes).
-  uint64_t t = 2 * gpu_pad(b * m.n_embd * f) + 2 * gpu_pad(b * m.n_ff * f) + gpu_pad(m.n_ff * sizeof(int32_t)) +
-               gpu_pad((m.n_ff + 2) * sizeof(int32_t)) +
-               gpu_pad(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f) +
-               gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) + gpu_pad(gpu_ffn_counts_bytes(m));
-  // With predictors: their input (n_embd: the residual, where it is not the FFN input), hidden
-  // layer (rank), the prediction of the layer's neurons per token (max_batch x n_ff bytes) and
-  // the predicted share rows (n_ff, then their count and a spare: cuda::compact's totals), then
-  // the input and the hidden layer rounded to 8 bits.
-  if (m.predicted)
-    t += gpu_pad(b * m.n_embd * f) + gpu_pad(b * static_cast<uint64_t>(m.predictor_rank) * f) + gpu_pad(b * m.n_ff) +
-         gpu_pad((m.n_ff + 2) * sizeof(int32_t)) + gpu_pad(gpu_q8_bytes(m.n_embd, opts.max_batch)) +
-         gpu_pad(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
-  return t;
+  FfnScratch s;
+  s.x = take(b * m.n_embd * f);
+  s.out = take(b * m.n_embd * f);
+  s.act = take(b * m.n_ff * f);
+  s.h = take(b * m.n_ff * f);
+  s.active = take(m.n_ff * sizeof(int32_t));
+  s.pos = take((m.n_ff + 2) * sizeof(int32_t));
+  s.partial = take(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
+  s.xq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
+  s.counts = take(gpu_ffn_counts_bytes(m));
+  if (m.predicted) {
+    s.px = take(b * m.n_embd * f);
+    s.hid = take(b * static_cast<uint64_t>(m.predictor_rank) * f);
+    s.mask = take(b * static_cast<uint64_t>(m.n_ff));
+    s.cand = take((m.n_ff + 2) * sizeof(int32_t));
+    s.pxq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
+    s.hidq = take(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
+  }
+  return s;
+}
+
+uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
+  return arena_bytes([&](const ArenaTake& take) { lay_out_ffn_scratch(m, opts, take); });
 }
 
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
@@ -73,21 +103,29 @@ bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
   return false;
 }
 
-uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
+AttnScratch lay_out_attn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-  // The hidden state, the norm's output and the block's output; q, k, v, the attention's
-  // output, the scores of every head over the context; the RoPE tables (global, local) of
-  // head_dim / 2 inverse frequencies (doubles) each. device_arena_layout lays them out in this order.
-  // Then the block's inputs rounded to 8 bits for quantized matrices (n_embd or q_dim values),
-  // the attention's partial results over chunks of the context (cuda_blocks.hpp), and the
-  // positions of the rows' sequences (max_batch int32, read by the kernels on the device).
-  const uint64_t rope = gpu_pad(static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double));
-  const uint64_t partial = static_cast<uint64_t>(
-      cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head, m.n_ctx));
-  return 3 * gpu_pad(b * m.n_embd * f) + gpu_pad(b * m.q_dim * f) + 2 * gpu_pad(b * m.kv_dim * f) +
-         gpu_pad(b * m.q_dim * f) + gpu_pad(b * m.n_head * m.n_ctx * f) + 2 * rope +
-         gpu_pad(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch)) + gpu_pad(partial * f) +
-         gpu_pad(b * sizeof(int32_t));
+  const uint64_t rope = static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double);
+  AttnScratch s;
+  s.x_hidden = take(b * m.n_embd * f);
+  s.xn = take(b * m.n_embd * f);
+  s.o = take(b * m.n_embd * f);
+  s.q = take(b * m.q_dim * f);
+  s.k = take(b * m.kv_dim * f);
+  s.v = take(b * m.kv_dim * f);
+  s.att = take(b * m.q_dim * f);
+  s.scores = take(b * m.n_head * m.n_ctx * f);
+  s.rope = take(rope);
+  s.rope_local = take(rope);
+  s.aq = take(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch));
+  s.attn_partial = take(
+      static_cast<uint64_t>(cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head, m.n_ctx)) * f);
+  s.positions = take(b * sizeof(int32_t));
+  return s;
+}
+
+uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
+  return arena_bytes([&](const ArenaTake& take) { lay_out_attn_scratch(m, opts, take); });
 }
 
 bool gpu_needs_attn_scratch(const Plan& plan) {
@@ -97,12 +135,20 @@ bool gpu_needs_attn_scratch(const Plan& plan) {
   return false;
 }
 
-uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
+ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
   const uint64_t f = sizeof(float), slots = static_cast<uint64_t>(opts.max_batch * m.n_expert_used);
   const auto n_slots = static_cast<int64_t>(slots);
-  return gpu_pad(slots * m.n_embd * f) + gpu_pad(gpu_q8_bytes(m.n_embd, n_slots)) +
-         gpu_pad(slots * static_cast<uint64_t>(m.n_ff_expert) * f) + gpu_pad(gpu_q8_bytes(m.n_ff_expert, n_slots)) +
-         gpu_pad(slots * m.n_embd * f);
+  ExpertScratch s;
+  s.ex_x = take(slots * m.n_embd * f);
+  s.ex_xq = take(gpu_q8_bytes(m.n_embd, n_slots));
+  s.ex_h = take(slots * static_cast<uint64_t>(m.n_ff_expert) * f);
+  s.ex_hq = take(gpu_q8_bytes(m.n_ff_expert, n_slots));
+  s.ex_out = take(slots * m.n_embd * f);
+  return s;
+}
+
+uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
+  return arena_bytes([&](const ArenaTake& take) { lay_out_expert_scratch(m, opts, take); });
 }
 
 bool gpu_needs_expert_scratch(const Plan& plan) {

@@ -7,6 +7,7 @@
 // Every buffer the GPU holds is counted padded to kGpuAlign bytes (cudaMalloc's alignment).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -118,21 +119,60 @@ struct Plan {
 
 // ---- exact byte accounting (the one function) ---------------------------------------------
 
-// Bytes of one layer's FFN share on the GPU: n neurons' gate, up and down rows, their up bias
-// where the FFN has one, and their index list, each buffer padded; 0 when n == 0.
+// A device arena's parts, each buffer's offset given by `take(bytes)` in the order the layout
+// function lists them. The same function lays a device's arena out (device_arena_layout) and sums
+// it for the solvers (the *_bytes functions below), so the two cannot disagree.
+using ArenaTake = std::function<uint64_t(uint64_t bytes)>;
+
+// One layer's FFN share on the GPU: n neurons' gate, up and down rows, their up bias where the
+// FFN has one, and their index list (0..n-1).
+struct FfnShareLayout {
+  int64_t n = 0;  // neurons
+  uint64_t gate = 0, up = 0, down = 0, up_b = 0, rows = 0;
+};
+FfnShareLayout lay_out_ffn_share(const PlanLayer& L, int64_t n, const ArenaTake& take);
+// Its bytes, each buffer padded; 0 when n == 0.
 uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
-// Scratch of the FFN side (any layer with GPU neurons, or with its predictor there) and of the
-// attention side (any layer with attention on the GPU), for opts.max_batch tokens.
+// A device arena's scratch, one struct per side.
+// The FFN side (any layer with GPU neurons, or with its predictor there), for opts.max_batch
+// tokens: the input, the partial output (n_embd floats each), the gate's and up's values (n_ff
+// each; up's holds the predictor's scores first), the firing neurons' rows (n_ff int32), their
+// positions in the share (n_ff, then two counters: active, fired), the down axpy's partial sums
+// (cuda::sparse_axpy: kAxpyChunks rows of n_embd), the input in 8 bits (gpu_q8_bytes), the firing
+// counts (gpu_ffn_counts_bytes); with predictors, their input (n_embd: the residual, where it is
+// not the FFN input), hidden layer (rank), the prediction per token (max_batch x n_ff bytes), the
+// predicted share rows (n_ff, then their count and a spare: cuda::compact's totals), and the
+// input and the hidden layer in 8 bits.
+struct FfnScratch {
+  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0, xq = 0, counts = 0;
+  uint64_t px = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
+};
+FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the FFN scratch: some layer has GPU neurons or runs its predictor there.
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan);
+// The attention side (any layer with attention on the GPU, or the output head), for
+// opts.max_batch tokens: the hidden state, the norm's output, the block's output (n_embd floats
+// each), q, k, v, the attention's output, the scores ([max_batch][n_head][n_ctx]), the RoPE
+// tables' inverse frequencies (head_dim / 2 doubles, global then local), the block's inputs in 8
+// bits (n_embd or q_dim values), the attention's partial results over chunks of the context
+// (cuda_blocks.hpp), and the positions of the rows' sequences (max_batch int32).
+struct AttnScratch {
+  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0,
+           attn_partial = 0, positions = 0;
+};
+AttnScratch lay_out_attn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the attention scratch (the device holds hidden states): some layer's
 // attention is there, or the output head.
 bool gpu_needs_attn_scratch(const Plan& plan);
-// Scratch of the experts' side (any layer with experts on the GPU), for opts.max_batch tokens of
+// The experts' side (any layer with experts on the GPU), for opts.max_batch tokens of
 // n_expert_used slots (a token's row for each expert it chose): the slots' inputs (n_embd floats,
 // and in 8 bits), neuron values (n_ff_expert floats, and in 8 bits) and outputs (n_embd floats).
+struct ExpertScratch {
+  uint64_t ex_x = 0, ex_xq = 0, ex_h = 0, ex_hq = 0, ex_out = 0;
+};
+ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 bool gpu_needs_expert_scratch(const Plan& plan);
 // The output head on the device: its weights and the logits of max_batch rows.

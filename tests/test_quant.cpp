@@ -462,7 +462,9 @@ TEST(Quant, TypeTableRowsAgree) {
       EXPECT_EQ(r.block_bytes, i.block_bytes);
       EXPECT_EQ(r.dot, i.dot);
     }
-    if (i.base) EXPECT_TRUE(own);
+    if (i.base) {
+      EXPECT_TRUE(own);
+    }
     if (dtype_writable(t)) {
       EXPECT_GE(i.file_type, 0);
       EXPECT_EQ(std::count(file_types.begin(), file_types.end(), i.file_type), 0);

@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/huge_pages.hpp"
+#include "device/arena_load.hpp"
 #include "model/blocks.hpp"
 #include "model/ffn.hpp"
 #include "model/moe.hpp"
@@ -52,46 +53,29 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
   arena_ = AlignedBuffer<uint8_t>(layout_.arena);
   n_embd_ = pm.n_embd;
   max_batch_ = d.opts->max_batch;
-  uint8_t* base = arena_.data();
-  shares_.assign(model.layers.size(), {});
-  for (size_t l = 0; l < model.layers.size(); ++l) {
-    const auto& s = layout_.layers[l];
-    if (s.n == 0) continue;
-    const FfnWeights& w = model.layers[l].ffn;
-    const auto& ids = plan.layers[l].gpu_neurons;
-    FfnWeights& sh = shares_[l];
-    sh = share_weights(w, d.down_rows[l], base, s);
-    EMBER_CHECK((!sh.gate.valid() || sh.gate.row_size() == pm.layers[l].gate_row) &&
-                    sh.up.row_size() == pm.layers[l].up_row && sh.down_t.row_size() == pm.layers[l].down_row,
-                "device: layer {} row sizes differ from the plan's model (was the plan made for other weights?)", l);
-    auto* rows = reinterpret_cast<int32_t*>(base + s.rows);
-    for (int64_t i = 0; i < s.n; ++i) {
-      const int64_t j = ids[static_cast<size_t>(i)];
-      if (sh.gate.valid()) std::memcpy(base + s.gate + i * sh.gate.row_size(), w.gate.row(j), sh.gate.row_size());
-      std::memcpy(base + s.up + i * sh.up.row_size(), w.up.row(j), sh.up.row_size());
-      std::memcpy(base + s.down + i * sh.down_t.row_size(), d.down_rows[l].row(i), sh.down_t.row_size());
-      if (w.up_b.valid())
-        reinterpret_cast<float*>(base + s.up_b)[i] = reinterpret_cast<const float*>(w.up_b.data)[j];
-      rows[i] = static_cast<int32_t>(i);
+  // The arena written by the shared loader, in the CPU's layout (the same kernels).
+  struct Writer final : ArenaWriter {
+    uint8_t* base;
+    explicit Writer(uint8_t* b) : base(b) {}
+    bool file_layout() const override { return false; }
+    void rows(const TensorView& src, const int32_t* ids, int64_t n, uint64_t offset) override {
+      const size_t rb = src.row_size();
+      for (int64_t i = 0; i < n; ++i) std::memcpy(base + offset + i * rb, src.row(ids ? ids[i] : i), rb);
     }
-  }
-  // Predictors: fc1 as it is, fc2's rows in predictor_row_order.
-  fc1_.assign(model.layers.size(), {});
-  fc2_.assign(model.layers.size(), {});
+    void bytes(const void* src, size_t n, uint64_t offset) override { std::memcpy(base + offset, src, n); }
+    uint8_t* at(uint64_t offset) override { return base + offset; }
+  } writer(arena_.data());
+  ArenaViews views = load_arena(model, d, layout_, writer, "CPU stand-in");
+  shares_ = std::move(views.shares);
+  fc1_ = std::move(views.fc1);
+  fc2_ = std::move(views.fc2);
+  attn_ = std::move(views.attn);
+  out_ = views.out;
   int64_t max_rank = 0;
   for (size_t l = 0; l < model.layers.size(); ++l) {
-    const auto& P = layout_.pred[l];
-    if (!P.on) continue;
-    const FfnWeights& w = model.layers[l].ffn;
-    const std::vector<int32_t> order = predictor_row_order(plan, l, pm.n_ff);
-    fc1_[l] = matrix_view(w.fc1.type, base + P.fc1, w.fc1.rows(), w.fc1.cols());
-    fc2_[l] = matrix_view(w.fc2.type, base + P.fc2, w.fc2.rows(), w.fc2.cols());
-    for (int64_t r = 0; r < w.fc1.rows(); ++r)
-      std::memcpy(const_cast<uint8_t*>(fc1_[l].row(r)), w.fc1.row(r), w.fc1.row_size());
-    for (int64_t r = 0; r < w.fc2.rows(); ++r)
-      std::memcpy(const_cast<uint8_t*>(fc2_[l].row(r)), w.fc2.row(order[static_cast<size_t>(r)]), w.fc2.row_size());
-    max_rank = std::max(max_rank, w.fc1.rows());
-    pred_mm_bytes_ = std::max(pred_mm_bytes_, predictor_mm_scratch_bytes(w.fc1, w.fc2, max_batch_));
+    if (!layout_.pred[l].on) continue;
+    max_rank = std::max(max_rank, fc1_[l].rows());
+    pred_mm_bytes_ = std::max(pred_mm_bytes_, predictor_mm_scratch_bytes(fc1_[l], fc2_[l], max_batch_));
   }
   if (max_rank > 0) {
     pred_scratch_.resize(predictor_scratch_floats(max_rank, pm.n_ff, max_batch_));
@@ -100,41 +84,11 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     mask_ = AlignedBuffer<uint8_t>(static_cast<size_t>(max_batch_ * pm.n_ff));
     allowed_ = AlignedBuffer<uint8_t>(static_cast<size_t>(max_batch_ * pm.n_ff));
   }
-  // A tensor copied into the arena at `off` and its view there (an empty view stays empty);
-  // contiguous: attention matrices and the output head are never bundled.
-  auto placed = [&](const TensorView& from, uint64_t off) {
-    TensorView v = from;
-    if (!from.valid()) return v;
-    std::memcpy(base + off, from.data, from.nbytes);
-    v.stride = 0;
-    v.data = base + off;
-    return v;
-  };
-  // Attention layers: their tensors copied into the arena, a KV cache for them.
-  attn_.assign(model.layers.size(), {});
+  // A KV cache for the attention layers.
   kv_slot_.assign(model.layers.size(), -1);
   int64_t n_attn = 0;
-  for (size_t l = 0; l < model.layers.size(); ++l) {
-    const auto& at = layout_.attn[l];
-    if (!at.on) continue;
-    kv_slot_[l] = n_attn++;
-    const LayerWeights& W = model.layers[l];
-    LayerWeights& C = attn_[l];
-    auto src = W.attention_tensors();
-    auto dst = C.attention_tensors();
-    auto fsrc = W.ffn_block_tensors();
-    auto fdst = C.ffn_block_tensors();
-    size_t k = 0;
-    for (size_t i = 0; i < src.size(); ++i) *dst[i] = placed(*src[i], at.tensors[k++]);
-    for (size_t i = 0; i < fsrc.size(); ++i) *fdst[i] = placed(*fsrc[i], at.tensors[k++]);
-  }
-  // The output head: its tensors copied into the arena (the CPU's layout: the same kernels).
-  out_ = {};
-  if (plan.output_gpu) {
-    out_.norm = placed(model.output_norm, layout_.out_norm);
-    out_.norm_b = placed(model.output_norm_b, layout_.out_norm_b);
-    out_.output = placed(model.output, layout_.out_w);
-  }
+  for (size_t l = 0; l < model.layers.size(); ++l)
+    if (layout_.attn[l].on) kv_slot_[l] = n_attn++;
   n_batch_ = std::max<int64_t>(1, d.n_batch);
   kvs_.clear();
   kvs_.resize(n_attn > 0 ? static_cast<size_t>(pm.n_seq) : 0);
@@ -148,7 +102,7 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     ws_.init(model, n_batch_, pm.n_ctx, n_threads_);
     io_.resize(static_cast<size_t>(n_batch_ * n_embd_));
   }
-  // A mixture's experts: their matrices copied into the arena (the CPU's layout: the same kernels).
+  // A mixture's experts: the loader's copies, in a MoeWeights of the layer's shape (the host routes).
   moe_.assign(model.layers.size(), {});
   expert_ids_.assign(model.layers.size(), {});
   size_t most = 0;
@@ -161,15 +115,7 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
     to.n_used = from.n_used;
     to.norm_weights = from.norm_weights;
     to.experts.assign(from.experts.size(), {});
-    const auto& E = layout_.experts[l];
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const FfnWeights& w = from.experts[static_cast<size_t>(ids[i])];
-      FfnWeights& c = to.experts[static_cast<size_t>(ids[i])];
-      c = w;
-      c.gate = placed(w.gate, E.gate[i]);
-      c.up = placed(w.up, E.up[i]);
-      c.down = placed(w.down, E.down[i]);
-    }
+    for (size_t i = 0; i < ids.size(); ++i) to.experts[static_cast<size_t>(ids[i])] = views.experts[l][i];
     expert_ids_[l] = ids;
     most = std::max(most, ids.size());
   }

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "device/arena_load.hpp"
 #include "ops/cuda/cuda_blocks.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
@@ -77,14 +78,13 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   check_down_rows(model, d);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
-  const std::vector<TensorView>& down_rows = d.down_rows;
   model_ = &model;
   layout_ = device_arena_layout(model, pm, *d.opts, plan, d.kv_type);
   n_embd_ = pm.n_embd, n_ff_ = pm.n_ff, max_batch_ = d.opts->max_batch;
   types_.assign(model.layers.size(), {});
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const FfnWeights& w = model.layers[l].ffn;
-    if (layout_.layers[l].n > 0) types_[l].gate = w.gate.type, types_[l].up = w.up.type, types_[l].down = down_rows[l].type;
+    if (layout_.layers[l].n > 0) types_[l].gate = w.gate.type, types_[l].up = w.up.type, types_[l].down = d.down_rows[l].type;
     if (layout_.pred[l].on) {
       EMBER_CHECK(cuda::supports(w.fc1.type) && cuda::supports(w.fc2.type) &&
                       w.fc2.cols() % info(w.fc2.type).block_size == 0,
@@ -103,55 +103,58 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     *p = static_cast<float*>(cuda::malloc_host_pinned(io));
   positions_host_ = static_cast<int32_t*>(cuda::malloc_host_pinned(static_cast<size_t>(max_batch_) * sizeof(int32_t)));
   mask_host_ = static_cast<uint8_t*>(cuda::malloc_host_pinned(static_cast<size_t>(max_batch_ * n_ff_)));
-  // Each matrix goes up in the device's layout (cuda::pack_matrix): its rows gathered on the host,
-  // packed, one copy, on the device's own stream and waited for before the staging buffers are
-  // reused (a blocking copy from pageable memory is not ordered with a non-blocking stream).
-  std::vector<uint8_t> rows_buf, packed;
-  auto upload_rows = [&](const TensorView& src, const int32_t* ids, int64_t n, uint64_t offset) {
-    const size_t rb = src.row_size();
-    rows_buf.resize(rb * static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) std::memcpy(rows_buf.data() + i * rb, src.row(ids ? ids[i] : i), rb);
-    packed.resize(rows_buf.size());
-    cuda::pack_matrix(src.type, rows_buf.data(), n, src.cols(), packed.data());
-    cuda::copy_to_device(arena_ + offset, packed.data(), packed.size(), stream_);
-    cuda::stream_sync(stream_);
+  // The arena written by the shared loader. Each matrix goes up in the device's layout
+  // (cuda::pack_matrix): its rows gathered on the host, packed, one copy, on the device's own
+  // stream and waited for before the staging buffers are reused (a blocking copy from pageable
+  // memory is not ordered with a non-blocking stream).
+  struct Writer final : ArenaWriter {
+    uint8_t* arena;
+    void* stream;
+    std::vector<uint8_t> rows_buf, packed;
+    Writer(uint8_t* a, void* s) : arena(a), stream(s) {}
+    bool file_layout() const override { return true; }
+    void rows(const TensorView& src, const int32_t* ids, int64_t n, uint64_t offset) override {
+      const size_t rb = src.row_size();
+      rows_buf.resize(rb * static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) std::memcpy(rows_buf.data() + i * rb, src.row(ids ? ids[i] : i), rb);
+      packed.resize(rows_buf.size());
+      cuda::pack_matrix(src.type, rows_buf.data(), n, src.cols(), packed.data());
+      bytes(packed.data(), packed.size(), offset);
+    }
+    void bytes(const void* src, size_t n, uint64_t offset) override {
+      cuda::copy_to_device(arena + offset, src, n, stream);
+      cuda::stream_sync(stream);
+    }
+    uint8_t* at(uint64_t offset) override { return arena + offset; }
+  } writer(arena_, stream_);
+  // The kernels read the attention layers' vectors (norms, biases) and the output norm as F32.
+  auto f32 = [](const TensorView& t, size_t l) {
+    EMBER_CHECK(!t.valid() || t.type == DType::F32, "CUDA device: layer {}'s {} is {}, F32 expected", l, t.name,
+                dtype_name(t.type));
   };
   for (size_t l = 0; l < model.layers.size(); ++l) {
-    if (!layout_.pred[l].on) continue;
-    const FfnWeights& w = model.layers[l].ffn;
-    upload_rows(w.fc1, nullptr, w.fc1.rows(), layout_.pred[l].fc1);
-    const std::vector<int32_t> order = predictor_row_order(plan, l, pm.n_ff);
-    upload_rows(w.fc2, order.data(), w.fc2.rows(), layout_.pred[l].fc2);
+    if (!layout_.attn[l].on) continue;
+    const LayerWeights& F = model.file_layer(l);
+    for (const TensorView* t : F.attention_tensors())
+      if (t != &F.wq && t != &F.wk && t != &F.wv && t != &F.wo) f32(*t, l);
+    for (const TensorView* t : F.ffn_block_tensors()) f32(*t, l);
   }
-  for (size_t l = 0; l < model.layers.size(); ++l) {
-    const auto& s = layout_.layers[l];
-    if (s.n == 0) continue;
-    const int32_t* ids = plan.layers[l].gpu_neurons.data();
-    upload_rows(model.layers[l].ffn.gate, ids, s.n, s.gate);
-    upload_rows(model.layers[l].ffn.up, ids, s.n, s.up);
-    upload_rows(down_rows[l], nullptr, s.n, s.down);  // already in the share's order
-    std::vector<int32_t> rows(static_cast<size_t>(s.n));
-    for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-    cuda::copy_to_device(arena_ + s.rows, rows.data(), rows.size() * sizeof(int32_t), stream_);
-    cuda::stream_sync(stream_);
-  }
+  EMBER_CHECK(!plan.output_gpu || (model.output_norm.type == DType::F32 &&
+                                   (!model.output_norm_b.valid() || model.output_norm_b.type == DType::F32)),
+              "CUDA device: the output norm is {}, F32 expected", dtype_name(model.output_norm.type));
+  ArenaViews views = load_arena(model, d, layout_, writer, "CUDA");
   // A mixture's experts: the file's layout of their matrices (the CPU's may be repacked).
   experts_.assign(model.layers.size(), {});
   expert_index_.assign(model.layers.size(), {});
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const auto& ids = plan.layers[l].gpu_experts;
     if (ids.empty()) continue;
-    const MoeWeights& moe = model.file_layer(l).moe;
-    const auto& E = layout_.experts[l];
-    expert_index_[l].assign(static_cast<size_t>(moe.n_expert()), -1);
+    expert_index_[l].assign(static_cast<size_t>(model.layers[l].moe.n_expert()), -1);
     for (size_t i = 0; i < ids.size(); ++i) {
-      const FfnWeights& w = moe.experts[static_cast<size_t>(ids[i])];
-      upload_rows(w.gate, nullptr, w.gate.rows(), E.gate[i]);
-      upload_rows(w.up, nullptr, w.up.rows(), E.up[i]);
-      upload_rows(w.down, nullptr, w.down.rows(), E.down[i]);
-      experts_[l].push_back({{w.gate.type, arena_ + E.gate[i], w.gate.rows(), w.gate.cols()},
-                             {w.up.type, arena_ + E.up[i], w.up.rows(), w.up.cols()},
-                             {w.down.type, arena_ + E.down[i], w.down.rows(), w.down.cols()}});
+      const FfnWeights& w = views.experts[l][i];
+      experts_[l].push_back({{w.gate.type, w.gate.data, w.gate.rows(), w.gate.cols()},
+                             {w.up.type, w.up.data, w.up.rows(), w.up.cols()},
+                             {w.down.type, w.down.data, w.down.rows(), w.down.cols()}});
       expert_index_[l][static_cast<size_t>(ids[i])] = static_cast<int32_t>(i);
     }
   }
@@ -160,58 +163,20 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
     ex_x_host_ = static_cast<float*>(cuda::malloc_host_pinned(slots));
     ex_out_host_ = static_cast<float*>(cuda::malloc_host_pinned(slots));
   }
-  // A tensor uploaded into the arena at `off` (a matrix in the device's layout) and its view there
-  // (an empty view stays empty).
-  auto placed = [&](const TensorView& from, uint64_t off) {
-    TensorView v = from;
-    if (!from.valid()) return v;
-    EMBER_CHECK(from.contiguous(), "CUDA device: {} is not contiguous", from.name);
-    upload_rows(from, nullptr, from.rows(), off);
-    v.stride = 0;
-    v.data = arena_ + off;
-    return v;
-  };
-  // Attention layers: the file's layout of their tensors (the CPU's may be repacked for its own
-  // kernels), a slot in the KV cache after the arena, the RoPE tables.
+  // Attention layers: the loader's views, a slot in the KV cache after the arena, the RoPE tables.
   const Hparams& hp = model.hp;
   attn_.assign(model.layers.size(), {});
   int64_t n_attn = 0;
   for (size_t l = 0; l < model.layers.size(); ++l) {
-    const auto& at = layout_.attn[l];
-    if (!at.on) continue;
-    const LayerWeights& F = model.file_layer(l);
-    Attn& A = attn_[l];
-    A.slot = n_attn++;
-    // A copy of the layer's views pointing into the arena, in the layout's order (as CpuDevice).
-    auto src = F.attention_tensors();
-    auto dst = A.w.attention_tensors();
-    auto fsrc = F.ffn_block_tensors();
-    auto fdst = A.w.ffn_block_tensors();
-    size_t k = 0;
-    for (size_t i = 0; i < src.size(); ++i) {
-      const TensorView* from = src[i];
-      const bool matrix = from == &F.wq || from == &F.wk || from == &F.wv || from == &F.wo;
-      EMBER_CHECK(!from->valid() || matrix || from->type == DType::F32, "CUDA device: layer {}'s {} is {}, F32 "
-                  "expected", l, from->name, dtype_name(from->type));
-      *dst[i] = placed(*from, at.tensors[k++]);
-    }
-    for (size_t i = 0; i < fsrc.size(); ++i) {
-      EMBER_CHECK(!fsrc[i]->valid() || fsrc[i]->type == DType::F32, "CUDA device: layer {}'s {} is {}, F32 expected",
-                  l, fsrc[i]->name, dtype_name(fsrc[i]->type));
-      *fdst[i] = placed(*fsrc[i], at.tensors[k++]);
-    }
+    if (!layout_.attn[l].on) continue;
+    attn_[l].slot = n_attn++;
+    attn_[l].w = views.attn[l];
   }
   // The output head: its norm (F32) and the file's layout of its matrix.
-  out_ = {};
-  if (plan.output_gpu) {
-    EMBER_CHECK(model.output_norm.type == DType::F32 && (!model.output_norm_b.valid() || model.output_norm_b.type == DType::F32),
-                "CUDA device: the output norm is {}, F32 expected", dtype_name(model.output_norm.type));
-    out_.norm = placed(model.output_norm, layout_.out_norm);
-    out_.norm_b = placed(model.output_norm_b, layout_.out_norm_b);
-    out_.output = placed(model.output_in_file(), layout_.out_w);
+  out_ = views.out;
+  if (plan.output_gpu)
     logits_host_ = static_cast<float*>(
         cuda::malloc_host_pinned(static_cast<size_t>(max_batch_ * model.hp.n_vocab) * sizeof(float)));
-  }
   n_ctx_ = pm.n_ctx, n_attn_ = n_attn, n_seq_ = pm.n_seq, kv_layers_ = n_attn * pm.n_seq, kv_type_ = d.kv_type;
   kv_layer_bytes_ = KvCache::bytes_for(1, pm.n_ctx, pm.kv_dim, d.kv_type) / 2;
   EMBER_CHECK(2 * kv_layer_bytes_ * static_cast<uint64_t>(kv_layers_) == layout_.kv, "CUDA device: a KV cache of {} "

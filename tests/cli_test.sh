@@ -259,6 +259,9 @@ expect_ok "inspect plan" "$ember" inspect "$tmp/relu.plan.gguf"
 contains "plan file" "$tmp/out" "ember-plan"
 expect_ok "generate hybrid with plan" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --plan "$tmp/relu.plan.gguf"
 contains "hybrid log" "$tmp/err" "hybrid FFN"
+# A plan is for one kind of device (the scratch its kernels keep): one for CUDA is refused on the stand-in.
+expect_ok "plan for cuda" "$ember" plan -m "$tmp/relu.gguf" --vram-budget 64K --min-neurons 16 --hybrid-device cuda -o "$tmp/relu.cuda.plan.gguf"
+expect_error "cuda plan on the stand-in" "made for the cuda device" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --plan "$tmp/relu.cuda.plan.gguf" --hybrid-device cpu
 expect_ok "generate hybrid budget" "$ember" generate -m "$tmp/relu.gguf" -p "hello" -n 4 --temp 0 --vram-budget 64K
 expect_error "generate hybrid no profile" "profile" "$ember" generate -m "$tmp/tiny.gguf" -p "hello" -n 4 --vram-budget 64K
 # The hybrid serves several requests at once (a KV cache per sequence on the device): the session

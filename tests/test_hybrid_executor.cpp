@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "device/cpu/cpu_device.hpp"
+#include "device/cuda/cuda_scratch.hpp"
 #include "device/device.hpp"
 #include "engine/session.hpp"
 #include "gguf/writer.hpp"
@@ -324,7 +325,8 @@ TEST(HybridExecutor, DeviceHoldsExactlyThePlannedBytes) {
     dev.load(*model, what);
     EXPECT_EQ(dev.layout().ffn_total, gpu_ffn_bytes(pm, o, p));
     EXPECT_EQ(dev.layout().attn_weights, attn_bytes);
-    // The attention scratch by hand: hidden state, norm output, block output (n_embd each), q, k, v,
+    // The stand-in keeps no attention scratch in its arena (its workspace is its own); CUDA's by
+    // hand: hidden state, norm output, block output (n_embd each), q, k, v,
     // attention output, scores over the context, two RoPE tables of head_dim / 2 doubles, the
     // block's inputs rounded to 8 bits (4 Q8_1 blocks of 36 bytes per row of 128), the attention's
     // partial results (one chunk of the 64 positions per token and head: max, sum, 32 values),
@@ -337,15 +339,18 @@ TEST(HybridExecutor, DeviceHoldsExactlyThePlannedBytes) {
                                gpu_pad(b * static_cast<uint64_t>(model->hp.n_head) * 64 * 4) + 2 * gpu_pad(hd / 2 * 8) +
                                gpu_pad(b * 4 * 36) + gpu_pad(b * static_cast<uint64_t>(model->hp.n_head) * (hd + 2) * 4) +
                                gpu_pad(b * 4);
-    EXPECT_EQ(dev.layout().attn_scratch, attn_scratch);
+    EXPECT_EQ(dev.layout().attn_scratch, 0u);
+    PlanOptions on_cuda = o;
+    on_cuda.scratch = &cuda_scratch();
+    EXPECT_EQ(attn_layers == 0 && !p.output_gpu ? 0 : gpu_attn_scratch_bytes(pm, on_cuda), attn_scratch);
     // The head: the norm (128 floats), the matrix, the logits of max_batch rows.
     const uint64_t head = !p.output_gpu ? 0
                                         : gpu_pad(128 * 4) + gpu_pad(model->output.nbytes) +
                                               gpu_pad(b * static_cast<uint64_t>(model->hp.n_vocab) * 4);
     EXPECT_EQ(dev.layout().output, head);
-    EXPECT_EQ(dev.bytes(), gpu_ffn_bytes(pm, o, p) + attn_bytes + attn_scratch + head +
+    EXPECT_EQ(dev.stats().bytes, gpu_ffn_bytes(pm, o, p) + attn_bytes + head +
                                2 * static_cast<uint64_t>(attn_layers * 64 * model->hp.n_head_kv * model->hp.head_dim) * 2);
-    EXPECT_EQ(dev.bytes(), gpu_bytes(pm, o, p));
+    EXPECT_EQ(dev.stats().bytes, gpu_bytes(pm, o, p));
     // And its share computes what the CPU computes over the same neurons.
     for (size_t l = 0; l < 3; ++l) {
       const auto& ids = p.layers[l].gpu_neurons;
@@ -427,7 +432,7 @@ TEST(HybridExecutor, AttentionOnTheStandInChangesNoBit) {
         p.hybrid.plan.max_batch = max_batch;  // the device takes the 12-token prompt in chunks of this many
         Session s(*model, p);
         const Logits got = test_support::session_logits(s);  // 1 prompt pass + 6 decode passes
-        const CrossingStats c = s.hybrid()->device().crossings();
+        const CrossingStats c = s.hybrid()->device().stats().crossings;
         // Chunks of a pass (the prompt's, then one per decode token), each run of device layers
         // taking the hidden state in and out once a chunk; the head takes its rows in once a
         // chunk, but where the last run was one chunk it reads them where they are.
@@ -482,7 +487,7 @@ TEST(HybridExecutor, SeveralSequencesKeepTheirCachesOnTheDevice) {
         const PlanModel pm = plan_model_from(*model, std::vector<std::vector<float>>(3, std::vector<float>(288, 1.0f)),
                                              s.n_ctx(), DType::F16, false, cpu::NeuronMajorType::exact, 3);
         PlanOptions po = p.hybrid.plan;
-        EXPECT_EQ(s.hybrid()->device().bytes(), gpu_bytes(pm, po, plan));
+        EXPECT_EQ(s.hybrid()->device().stats().bytes, gpu_bytes(pm, po, plan));
         if (placement == 0) {
           first = got;
           continue;
@@ -574,7 +579,7 @@ TEST(HybridExecutor, PredictorsOnBothSidesEqualTheAllCpuPredictorMode) {
       EXPECT_LT(st.cpu_predicted, predicted);
       // The device's bytes are the plan's: the predictors of layers 0 and 2 and their scratch in.
       PlanModel pm = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, true);
-      EXPECT_EQ(s.hybrid()->device().bytes(), gpu_bytes(pm, p.hybrid.plan, plan));
+      EXPECT_EQ(s.hybrid()->device().stats().bytes, gpu_bytes(pm, p.hybrid.plan, plan));
       PlanModel without = plan_model_from(*model, plan_probabilities(*model, ""), 64, DType::F16, false);
       EXPECT_EQ(gpu_bytes(pm, p.hybrid.plan, plan) - gpu_bytes(without, p.hybrid.plan, plan),
                 pm.layers[0].predictor_bytes + pm.layers[2].predictor_bytes +
@@ -627,7 +632,7 @@ TEST(HybridExecutor, BudgetsOfTheRealProcess) {
     EXPECT_EQ(plan.vram_budget, device_plan_budget({MiB, MiB, 0}, 0, "cpu-standin"));
     EXPECT_LE(plan.gpu_bytes, plan.vram_budget);
     EXPECT_GT(plan.n_gpu_neurons(), 0);
-    EXPECT_EQ(s.hybrid()->device().bytes(), plan.gpu_bytes);
+    EXPECT_EQ(s.hybrid()->device().stats().bytes, plan.gpu_bytes);
   }
   // A budget larger than the device has free is refused, naming the free memory.
   p.hybrid.vram_auto = false;
@@ -701,7 +706,7 @@ TEST(HybridExecutor, DeviceCountsWhatADecodeTokenCrosses) {
     s.hybrid()->reset_stats();
     const int32_t next = 6;
     s.eval(&next, 1);
-    const DeviceCounters c = s.hybrid()->device().counters();
+    const DeviceCounters c = s.hybrid()->device().stats().counters;
     const uint64_t cpu_layers = all_on_device ? 0 : 3;
     EXPECT_EQ(c.launches, 0u);
     EXPECT_EQ(c.graphs, 0u);
@@ -709,7 +714,7 @@ TEST(HybridExecutor, DeviceCountsWhatADecodeTokenCrosses) {
     EXPECT_EQ(c.bytes_out, d * f + vocab * f + cpu_layers * d * f);
     EXPECT_EQ(c.host_waits, 3u);
     s.hybrid()->reset_stats();
-    EXPECT_EQ(s.hybrid()->device().counters().bytes_in, 0u);
+    EXPECT_EQ(s.hybrid()->device().stats().counters.bytes_in, 0u);
   }
   std::filesystem::remove(path);
 }

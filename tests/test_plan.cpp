@@ -13,6 +13,7 @@
 #include <random>
 
 #include "core/error.hpp"
+#include "device/cuda/cuda_scratch.hpp"
 #include "gguf/writer.hpp"
 #include "synth/synth.hpp"
 #include "support/errors.hpp"
@@ -258,6 +259,7 @@ TEST(Plan, IlpReachesBruteForceOptimum) {
 TEST(Plan, LayerSplitHandComputed) {
   PlanModel m = hand_model();
   PlanOptions o;
+  o.scratch = &cuda_scratch();  // the scratch CUDA's kernels keep; the common buffers below
   o.max_batch = 1;
   o.min_gpu_neurons = 1;
   // FFN share: 3 x pad(4 * 256) + pad(4 * 4) = 3072 + 256; layer = 1024 + 512 + 3328 = 4864.
@@ -272,6 +274,12 @@ TEST(Plan, LayerSplitHandComputed) {
   // 16 doubles -> 256 each, the inputs in 2 Q8_1 blocks -> 256, and the attention's partial
   // results, one chunk per head: 2 x (2 + 32) floats -> 512, the rows' positions -> 256.
   EXPECT_EQ(gpu_attn_scratch_bytes(m, o), 3584u);
+  // The common buffers alone (the stand-in's): x and out 2 x 256, act and h 2 x 256, active 256;
+  // no attention scratch.
+  PlanOptions common = o;
+  common.scratch = nullptr;
+  EXPECT_EQ(gpu_ffn_scratch_bytes(m, common), 1280u);
+  EXPECT_EQ(gpu_attn_scratch_bytes(m, common), 0u);
   DeviceDesc dev;
   // Scratch 18432 + 3584 = 22016 once, then 4864 per layer.
   const std::pair<uint64_t, int> cases[] = {{0, 0},      {26879, 0}, {26880, 1}, {31743, 1},
@@ -324,6 +332,7 @@ TEST(Plan, OutputHeadHandComputed) {
   m.output_bytes = 6400;
   m.output_weights_bytes = gpu_pad(64 * 4) + gpu_pad(6400);  // norm 256 + matrix 6400
   PlanOptions o;
+  o.scratch = &cuda_scratch();
   o.max_batch = 1;
   o.min_gpu_neurons = 1;
   // Weights 6656 and the logits of one row, 100 floats -> 512.
@@ -374,7 +383,10 @@ TEST(Plan, OutputHeadHandComputed) {
   ASSERT_TRUE(p.output_gpu);
   const std::string path = tmp_path("head.plan.gguf");
   write_plan(p, m, o, path);
-  EXPECT_TRUE(read_plan(path, m).output_gpu);
+  PlanOptions back = o;
+  EXPECT_TRUE(read_plan(path, m, &back).output_gpu);
+  // A session on a device of another scratch (the stand-in's common buffers) refuses it.
+  EXPECT_NE(test_support::error_of([&] { read_plan(path, m); }).find("made for the cuda device, this session runs the cpu device"), std::string::npos);
 }
 
 TEST(Plan, MinimumNeuronsAndSyncCost) {

@@ -136,6 +136,13 @@ uint64_t device_plan_budget(const DeviceMemory& mem, uint64_t requested, const s
 
 // ---- the arena ----------------------------------------------------------------------------------
 
+void check_scratch(const DeviceCaps& caps, const PlanOptions& opts) {
+  const char* keeps = caps.scratch ? caps.scratch->name() : "cpu";
+  EMBER_CHECK(opts.scratch == caps.scratch, "device {}: the plan's options count the scratch of '{}', the device keeps "
+              "'{}'; plan with the device's caps (PlanOptions::scratch = DeviceCaps::scratch)", caps.name,
+              opts.scratch_name(), keeps);
+}
+
 DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, const PlanOptions& opts,
                                       const Plan& plan, DType kv_type) {
   EMBER_CHECK(plan.layers.size() == m.layers.size() && m.layers.size() == model.layers.size(),

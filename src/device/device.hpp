@@ -57,6 +57,9 @@ struct DeviceCaps {
   // Of its FFN share rows and attention matrices (as the file stores them: Model::file_layer);
   // empty: every type.
   std::vector<DType> weight_types;
+  // The scratch its kernels keep beside the plan's weights (sparse/placement.hpp); null: the
+  // common buffers only. The planner counts it (PlanOptions::scratch) and load lays it out.
+  const DeviceScratch* scratch = nullptr;
 };
 DeviceCaps cpu_standin_caps();  // device/cpu/cpu_device.cpp
 DeviceCaps cuda_caps();  // what CudaDevice runs (device/cuda/cuda_caps.cpp, built without CUDA too, so it can be checked anywhere)
@@ -174,6 +177,9 @@ struct DeviceLoad {
 // (the merge adds down_b once).
 FfnWeights share_weights(const FfnWeights& w, const TensorView& down_rows, const uint8_t* base,
                          const DeviceArenaLayout::Share& s);
+// Checks that a plan's options count the scratch this device keeps (PlanOptions::scratch ==
+// DeviceCaps::scratch). Throws naming both.
+void check_scratch(const DeviceCaps& caps, const PlanOptions& opts);
 // Checks DeviceLoad::down_rows against the plan: one per layer, as many rows as the layer's
 // device neurons, of hybrid_device_down_type. Throws naming the layer.
 void check_down_rows(const Model& model, const DeviceLoad& what);
@@ -220,6 +226,16 @@ struct CrossingStats {
 // nothing; its waits are the caller's waits for its thread.
 struct DeviceCounters {
   uint64_t launches = 0, graphs = 0, graph_nodes = 0, host_waits = 0, bytes_in = 0, bytes_out = 0;
+};
+
+// What a device holds (its arena and KV cache, since load) and what it did since its last
+// reset_stats: the (token, neuron) pairs that fired there, the hidden state's crossings, and its
+// launches, graphs, waits and copies.
+struct DeviceStats {
+  uint64_t bytes = 0;
+  uint64_t fired = 0;
+  CrossingStats crossings;
+  DeviceCounters counters;
 };
 
 // The FFN block's merge, one rule for every device and the hybrid: o = cpu + dev + down_b, each
@@ -285,10 +301,7 @@ class Device {
   virtual void capture_begin(uint64_t key) { (void)key; }
 
   virtual DeviceMemory memory() const = 0;        // free and total now, the runtime's reserve
-  virtual uint64_t bytes() const = 0;             // device memory held (the arena)
-  virtual uint64_t fired() const = 0;             // (token, neuron) pairs that fired here so far
-  virtual CrossingStats crossings() const = 0;
-  virtual DeviceCounters counters() const = 0;
+  virtual DeviceStats stats() const = 0;
   virtual void reset_stats() = 0;
 };
 

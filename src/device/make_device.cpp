@@ -32,4 +32,14 @@ std::unique_ptr<Device> make_device(const std::string& kind, int standin_threads
   return std::make_unique<CpuDevice>(standin_threads, standin_vram);
 }
 
+DeviceCaps device_kind_caps(const std::string& kind) {
+  EMBER_CHECK(kind == "auto" || kind == "cuda" || kind == "cpu",
+              "unknown hybrid device '{}' (expected auto, cuda or cpu)", kind);
+  if (kind == "cuda") return cuda_caps();
+#ifdef EMBER_HAS_CUDA
+  if (kind == "auto" && cuda::available(nullptr)) return cuda_caps();
+#endif
+  return cpu_standin_caps();
+}
+
 }  // namespace ember

@@ -13,5 +13,8 @@ namespace ember {
 // Throws naming why when `kind` is unknown or "cuda" cannot be had. standin_threads and
 // standin_vram are the CPU stand-in's threads and the memory it reports (0: the host's available).
 std::unique_ptr<Device> make_device(const std::string& kind, int standin_threads, uint64_t standin_vram);
+// What the device of a kind runs and keeps, without making it (`ember plan`): "cuda" CUDA's caps
+// in any build, "cpu" the stand-in's, "auto" the kind make_device would pick here.
+DeviceCaps device_kind_caps(const std::string& kind);
 
 }  // namespace ember

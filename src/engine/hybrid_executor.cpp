@@ -35,6 +35,7 @@ void HybridExecutor::plan_for_device(const HybridOptions& opts, int64_t n_ctx) {
   const Model& model = model_;
   HybridOptions o = opts;
   o.plan.attention = opts.plan.attention && device_->caps().attention;
+  o.plan.scratch = device_->caps().scratch;
   // A mixture's experts go to the device where it runs them (their gating and types); else its
   // layers' attention may still go there (the host runs the mixture, whole, as the CPU's part).
   o.plan.experts = opts.plan.experts;
@@ -195,7 +196,7 @@ void HybridExecutor::log_placement(double seconds) const {
            "rest; ready in {:.2f} s",
            device_->name(), experts.empty() ? plan_.n_gpu_neurons() : plan_.n_gpu_experts(),
            experts.empty() ? "neurons" : "experts", used, plan_.layers.size(), attn,
-           plan_.output_gpu ? " and the output head" : "", device_->bytes() / 1048576.0, seconds);
+           plan_.output_gpu ? " and the output head" : "", device_->stats().bytes / 1048576.0, seconds);
   if (!experts.empty()) log_info("hybrid: experts on the device by layer: {}", experts);
   log_info("hybrid: a token reads {:.2f} MB on the CPU and {:.2f} MB on the device (the plan's cost model)",
            cpu_read / 1e6, gpu_read / 1e6);
@@ -206,7 +207,7 @@ std::string HybridExecutor::refusal(const Model& model) const {
 }
 
 HybridStats HybridExecutor::stats() const {
-  return {device_->fired(), cpu_fired_, device_calls_, cpu_predicted_, cpu_ffn_s_, wait_s_, device_block_s_,
+  return {device_->stats().fired, cpu_fired_, device_calls_, cpu_predicted_, cpu_ffn_s_, wait_s_, device_block_s_,
           cpu_layer_s_, device_expert_runs_, cpu_expert_runs_};
 }
 

@@ -6,8 +6,6 @@
 #include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "model/kv_cache.hpp"
-#include "ops/cuda/cuda_blocks.hpp"
-#include "ops/cuda/cuda_ops.hpp"
 
 namespace ember {
 
@@ -33,9 +31,6 @@ int64_t Plan::n_gpu_experts() const {
 
 // ---- byte accounting ----------------------------------------------------------------------
 
-uint64_t gpu_ffn_counts_bytes(const PlanModel& m) {
-  return sizeof(uint64_t) + static_cast<uint64_t>(m.n_ff) * sizeof(int32_t);
-}
 
 namespace {
 
@@ -70,7 +65,9 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
   return arena_bytes([&](const ArenaTake& take) { lay_out_ffn_share(L, n, take); });
 }
 
-FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
+const char* PlanOptions::scratch_name() const { return scratch ? scratch->name() : "cpu"; }
+
+FfnScratch common_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
   FfnScratch s;
   s.x = take(b * m.n_embd * f);
@@ -78,19 +75,12 @@ FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, cons
   s.act = take(b * m.n_ff * f);
   s.h = take(b * m.n_ff * f);
   s.active = take(m.n_ff * sizeof(int32_t));
-  s.pos = take((m.n_ff + 2) * sizeof(int32_t));
-  s.partial = take(static_cast<uint64_t>(cuda::kAxpyChunks) * m.n_embd * f);
-  s.xq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
-  s.counts = take(gpu_ffn_counts_bytes(m));
-  if (m.predicted) {
-    s.px = take(b * m.n_embd * f);
-    s.hid = take(b * static_cast<uint64_t>(m.predictor_rank) * f);
-    s.mask = take(b * static_cast<uint64_t>(m.n_ff));
-    s.cand = take((m.n_ff + 2) * sizeof(int32_t));
-    s.pxq = take(gpu_q8_bytes(m.n_embd, opts.max_batch));
-    s.hidq = take(gpu_q8_bytes(m.predictor_rank, opts.max_batch));
-  }
+  if (m.predicted) s.px = take(b * m.n_embd * f);
   return s;
+}
+
+FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
+  return opts.scratch ? opts.scratch->ffn(m, opts, take) : common_ffn_scratch(m, opts, take);
 }
 
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
@@ -104,24 +94,7 @@ bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
 }
 
 AttnScratch lay_out_attn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
-  const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
-  const uint64_t rope = static_cast<uint64_t>(m.q_dim / m.n_head / 2) * sizeof(double);
-  AttnScratch s;
-  s.x_hidden = take(b * m.n_embd * f);
-  s.xn = take(b * m.n_embd * f);
-  s.o = take(b * m.n_embd * f);
-  s.q = take(b * m.q_dim * f);
-  s.k = take(b * m.kv_dim * f);
-  s.v = take(b * m.kv_dim * f);
-  s.att = take(b * m.q_dim * f);
-  s.scores = take(b * m.n_head * m.n_ctx * f);
-  s.rope = take(rope);
-  s.rope_local = take(rope);
-  s.aq = take(gpu_q8_bytes(std::max(m.n_embd, m.q_dim), opts.max_batch));
-  s.attn_partial = take(
-      static_cast<uint64_t>(cuda::attention_partial_floats(opts.max_batch, m.n_head, m.q_dim / m.n_head, m.n_ctx)) * f);
-  s.positions = take(b * sizeof(int32_t));
-  return s;
+  return opts.scratch ? opts.scratch->attention(m, opts, take) : AttnScratch{};
 }
 
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
@@ -135,16 +108,16 @@ bool gpu_needs_attn_scratch(const Plan& plan) {
   return false;
 }
 
-ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
+ExpertScratch common_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
   const uint64_t f = sizeof(float), slots = static_cast<uint64_t>(opts.max_batch * m.n_expert_used);
-  const auto n_slots = static_cast<int64_t>(slots);
   ExpertScratch s;
   s.ex_x = take(slots * m.n_embd * f);
-  s.ex_xq = take(gpu_q8_bytes(m.n_embd, n_slots));
-  s.ex_h = take(slots * static_cast<uint64_t>(m.n_ff_expert) * f);
-  s.ex_hq = take(gpu_q8_bytes(m.n_ff_expert, n_slots));
   s.ex_out = take(slots * m.n_embd * f);
   return s;
+}
+
+ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
+  return opts.scratch ? opts.scratch->experts(m, opts, take) : common_expert_scratch(m, opts, take);
 }
 
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {

@@ -18,15 +18,7 @@ namespace ember {
 
 constexpr uint64_t kGpuAlign = 256;
 inline uint64_t gpu_pad(uint64_t n) { return (n + kGpuAlign - 1) / kGpuAlign * kGpuAlign; }
-// n_tokens rows of `cols` activations rounded to 8 bits in Q8_1 blocks of 32 (36 bytes each, the
-// last block of a row padded): what a GPU's quantized matvecs read (cuda::quantize_q8).
-inline uint64_t gpu_q8_bytes(int64_t cols, int64_t n_tokens) {
-  return static_cast<uint64_t>((cols + 31) / 32) * 36 * static_cast<uint64_t>(n_tokens);
-}
-struct PlanModel;
-// A GPU's firing counts of an FFN layer: a 64-bit total of the fired (token, neuron) pairs, then
-// an int32 per neuron (cuda::compact reads them).
-uint64_t gpu_ffn_counts_bytes(const PlanModel& m);
+class DeviceScratch;
 
 // One layer as the solvers see it: byte sizes on the GPU and firing probabilities.
 struct PlanLayer {
@@ -82,6 +74,10 @@ struct PlanOptions {
   // Whether the device runs a mixture's experts (DeviceCaps::experts): when not, no solver places
   // experts there and validation refuses a plan that does.
   bool experts = true;
+  // The scratch its kernels keep (DeviceCaps::scratch); null: the common buffers only.
+  const DeviceScratch* scratch = nullptr;
+  // Its name as plan files record it: the device kind's ("cpu": the common buffers, the stand-in's).
+  const char* scratch_name() const;
 };
 
 enum class PlanMethod { ilp, greedy, layer_split };
@@ -133,30 +129,27 @@ struct FfnShareLayout {
 FfnShareLayout lay_out_ffn_share(const PlanLayer& L, int64_t n, const ArenaTake& take);
 // Its bytes, each buffer padded; 0 when n == 0.
 uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
-// A device arena's scratch, one struct per side.
+// A device arena's scratch, one struct per side: each buffer's offset. Every kind of device keeps
+// the common buffers (common_*_scratch: the CPU stand-in's, whose kernels need no more); a kind
+// whose kernels need more lays out its sides itself (DeviceScratch; CUDA's in
+// device/cuda/cuda_scratch.cpp), and the lay_out_* functions follow PlanOptions::scratch.
+//
 // The FFN side (any layer with GPU neurons, or with its predictor there), for opts.max_batch
-// tokens: the input, the partial output (n_embd floats each), the gate's and up's values (n_ff
-// each; up's holds the predictor's scores first), the firing neurons' rows (n_ff int32), their
-// positions in the share (n_ff, then two counters: active, fired), the down axpy's partial sums
-// (cuda::sparse_axpy: kAxpyChunks rows of n_embd), the input in 8 bits (gpu_q8_bytes), the firing
-// counts (gpu_ffn_counts_bytes); with predictors, their input (n_embd: the residual, where it is
-// not the FFN input), hidden layer (rank), the prediction per token (max_batch x n_ff bytes), the
-// predicted share rows (n_ff, then their count and a spare: cuda::compact's totals), and the
-// input and the hidden layer in 8 bits.
+// tokens. Common: the input, the partial output (n_embd floats each), the gate's and up's values
+// (n_ff each; up's holds the predictor's scores first), the firing neurons' rows (n_ff int32);
+// with predictors their input (n_embd: the residual, where it is not the FFN input).
+// CUDA's further buffers are described where it lays them out.
 struct FfnScratch {
-  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, pos = 0, partial = 0, xq = 0, counts = 0;
-  uint64_t px = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
+  uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, px = 0;
+  uint64_t pos = 0, partial = 0, xq = 0, counts = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
 };
+FfnScratch common_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the FFN scratch: some layer has GPU neurons or runs its predictor there.
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan);
-// The attention side (any layer with attention on the GPU, or the output head), for
-// opts.max_batch tokens: the hidden state, the norm's output, the block's output (n_embd floats
-// each), q, k, v, the attention's output, the scores ([max_batch][n_head][n_ctx]), the RoPE
-// tables' inverse frequencies (head_dim / 2 doubles, global then local), the block's inputs in 8
-// bits (n_embd or q_dim values), the attention's partial results over chunks of the context
-// (cuda_blocks.hpp), and the positions of the rows' sequences (max_batch int32).
+// The attention side (any layer with attention on the GPU, or the output head). Common: none
+// (the stand-in runs attention in a workspace of its own).
 struct AttnScratch {
   uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0,
            attn_partial = 0, positions = 0;
@@ -167,14 +160,28 @@ uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // attention is there, or the output head.
 bool gpu_needs_attn_scratch(const Plan& plan);
 // The experts' side (any layer with experts on the GPU), for opts.max_batch tokens of
-// n_expert_used slots (a token's row for each expert it chose): the slots' inputs (n_embd floats,
-// and in 8 bits), neuron values (n_ff_expert floats, and in 8 bits) and outputs (n_embd floats).
+// n_expert_used slots (a token's row for each expert it chose). Common: the slots' inputs and
+// outputs (n_embd floats each).
 struct ExpertScratch {
-  uint64_t ex_x = 0, ex_xq = 0, ex_h = 0, ex_hq = 0, ex_out = 0;
+  uint64_t ex_x = 0, ex_out = 0;
+  uint64_t ex_xq = 0, ex_h = 0, ex_hq = 0;
 };
+ExpertScratch common_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 bool gpu_needs_expert_scratch(const Plan& plan);
+
+// A kind of device whose kernels keep more scratch than the common buffers: it lays out each
+// side whole (the common buffers among its own), for its arena and for the solvers' sums.
+class DeviceScratch {
+ public:
+  virtual ~DeviceScratch() = default;
+  virtual const char* name() const = 0;  // the device kind's (`--hybrid-device`), as plan files record it
+  virtual FfnScratch ffn(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
+  virtual AttnScratch attention(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
+  virtual ExpertScratch experts(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
+};
+
 // The output head on the device: its weights and the logits of max_batch rows.
 uint64_t gpu_output_bytes(const PlanModel& m, const PlanOptions& opts);
 // Everything layer l puts on the GPU (attention + KV when attn, predictor when it uses the GPU,

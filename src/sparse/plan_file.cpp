@@ -32,6 +32,7 @@ void write_plan(const Plan& plan, const PlanModel& m, const PlanOptions& opts, c
   w.set("ember.plan.group_size", Value::u64(static_cast<uint64_t>(opts.group_size)));
   w.set("ember.plan.min_gpu_neurons", Value::u64(static_cast<uint64_t>(opts.min_gpu_neurons)));
   w.set("ember.plan.max_batch", Value::u64(static_cast<uint64_t>(opts.max_batch)));
+  w.set("ember.plan.scratch", Value::str(opts.scratch_name()));
   w.set("ember.plan.predicted", Value::u64(m.predicted ? 1 : 0));
   w.set("ember.plan.output_gpu", Value::u64(plan.output_gpu ? 1 : 0));
   std::vector<int32_t> attn, counts, expert_counts;
@@ -85,7 +86,12 @@ Plan read_plan(const std::string& path, const PlanModel& m, PlanOptions* opts_ou
   EMBER_CHECK(predicted == m.predicted, "plan {} was made for an executor {} predictors, this session runs {} them; make "
               "a plan for this session (its memory and costs differ)", path, predicted ? "with" : "without",
               m.predicted ? "with" : "without");
-  PlanOptions opts;
+  // The session's options (what its device holds and keeps), the plan's own sizes.
+  PlanOptions opts = opts_out ? *opts_out : PlanOptions{};
+  const std::string scratch = r.opt_string("ember.plan.scratch").value_or("cuda");
+  EMBER_CHECK(scratch == opts.scratch_name(), "plan {} was made for the {} device, this session runs the {} device "
+              "(their scratch memory differs); make a plan with `ember plan --hybrid-device {}`", path, scratch,
+              opts.scratch_name(), opts.scratch_name());
   opts.group_size = r.get_int("ember.plan.group_size");
   opts.min_gpu_neurons = r.get_int("ember.plan.min_gpu_neurons");
   opts.max_batch = r.get_int("ember.plan.max_batch");

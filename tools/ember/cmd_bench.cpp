@@ -258,7 +258,7 @@ void run_bench(const BenchFlags& f) {
   if (HybridExecutor* hy = session.hybrid(); hy && !tg.empty()) {
     // Where a decode token's time went, over the last decode run (HybridStats).
     const HybridStats st = hy->stats();
-    const DeviceCounters dc = hy->device().counters();
+    const DeviceCounters dc = hy->device().stats().counters;
     // Per decode step (all sequences' tokens of a step together), as the device counted them.
     const double steps = static_cast<double>(f.n_gen), n = steps * f.seqs, ms = 1e3 / n;
     const uint64_t fired = st.device_fired + st.cpu_fired, runs = st.device_expert_runs + st.cpu_expert_runs;

@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "synth/synth.hpp"
 #include "model/kv_cache.hpp"
+#include "device/make_device.hpp"
 #include "sparse/plan.hpp"
 #include "sparse/predictor.hpp"
 
@@ -26,6 +27,7 @@ struct PlanFlags {
   int64_t ctx = 4096;
   int64_t parallel = 1;
   std::string kv_type = "f16";
+  std::string device = "auto";
   PlanOptions opts;
   bool verbose = false;
 };
@@ -70,6 +72,12 @@ void run_plan(const PlanFlags& f) {
   dev.cpu_bandwidth = f.cpu_gbps * 1e9;
   dev.pcie_bandwidth = f.pcie_gbps * 1e9;
   dev.sync_seconds = f.sync_us * 1e-6;
+  // The device the plan is for: what it holds, and the scratch its kernels keep.
+  PlanOptions opts = f.opts;
+  const DeviceCaps caps = device_kind_caps(f.device);
+  opts.attention = caps.attention;
+  opts.experts = caps.experts;
+  opts.scratch = caps.scratch;
 
   PlanModel m;
   std::string source;
@@ -105,7 +113,7 @@ void run_plan(const PlanFlags& f) {
     for (size_t j = 0; j < m.layers[l].p.size(); ++j) all.layers[l].gpu_neurons.push_back(static_cast<int32_t>(j));
     for (size_t e = 0; e < m.layers[l].expert_p.size(); ++e) all.layers[l].gpu_experts.push_back(static_cast<int32_t>(e));
   }
-  const uint64_t full = gpu_bytes(m, f.opts, all);
+  const uint64_t full = gpu_bytes(m, opts, all);
   log_info("plan: {} ({} layers, n_ff {}, context {}{}), profile: {}; budget {} MiB of {} MiB for everything", m.name,
            m.layers.size(), m.n_ff, m.n_ctx, m.n_seq > 1 ? fmt::format(" x {} sequences", m.n_seq) : "", source,
            mib(dev.vram_budget), mib(full));
@@ -113,7 +121,7 @@ void run_plan(const PlanFlags& f) {
   std::vector<Plan> plans;
   for (PlanMethod method : {PlanMethod::ilp, PlanMethod::greedy, PlanMethod::layer_split}) {
     log_info("plan: solving ({})...", plan_method_name(method));
-    plans.push_back(make_plan(method, m, dev, f.opts));
+    plans.push_back(make_plan(method, m, dev, opts));
   }
   const Plan& best = plans[static_cast<size_t>(chosen)];
   fmt::print("plan ({}):\n", plan_method_name(chosen));
@@ -132,7 +140,7 @@ void run_plan(const PlanFlags& f) {
   }
   fmt::print("(speeds are the cost model's predictions, not measurements)\n");
   if (!f.out_path.empty()) {
-    write_plan(best, m, f.opts, f.out_path);
+    write_plan(best, m, opts, f.out_path);
     log_info("plan: wrote {} ({}, {} MiB on the GPU)", f.out_path, plan_method_name(chosen), mib(best.gpu_bytes));
   }
 }
@@ -155,6 +163,11 @@ void add_plan(CLI::App& app) {
   cmd->add_option("--parallel", f->parallel,
                   "sequences at once the plan is for (`ember serve --parallel`): a KV cache each on the GPU")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--hybrid-device", f->device,
+                  "the device the plan is for (its memory and scratch): auto (CUDA if built and present), cuda, or cpu "
+                  "(the stand-in)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
   cmd->add_option("--kv-type", f->kv_type, "KV cache values the plan counts: f16 (the engine's default) or f32")
       ->check(CLI::IsMember({"f16", "f32"}))

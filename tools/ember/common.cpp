@@ -255,7 +255,7 @@ void log_ffn_sparsity(Session& session) {
     else
       log_info("hybrid FFN: {} fired (token, neuron) pairs, {:.1f}% on the device ({}), {:.1f}% on the CPU", all,
                all ? 100.0 * st.device_fired / all : 0.0, hy->device().name(), all ? 100.0 * st.cpu_fired / all : 0.0);
-    const CrossingStats c = hy->device().crossings();
+    const CrossingStats c = hy->device().stats().crossings;
     log_info("hybrid time: CPU FFN shares {:.3f} s, waiting for the device's shares {:.3f} s, device blocks and "
              "boundaries {:.3f} s, CPU layers {:.3f} s; {} hidden-state crossings, {:.1f} MiB moved",
              st.cpu_ffn_seconds, st.wait_seconds, st.device_block_seconds, st.cpu_layer_seconds,

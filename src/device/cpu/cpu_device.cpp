@@ -46,6 +46,7 @@ void CpuDevice::load(const Model& model, const DeviceLoad& d) {
   const std::string why = device_refusal(caps(), model, *d.plan);
   EMBER_CHECK(why.empty(), "device {}: {}", name(), why);
   check_down_rows(model, d);
+  check_scratch(caps(), *d.opts);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
   model_ = &model;

@@ -42,10 +42,7 @@ class CpuDevice final : public Device {
   void get_hidden(float* x, int64_t n) override;
   void output(int64_t n, float* logits) override;
   void sync() override {}
-  uint64_t bytes() const override { return layout_.total; }
-  uint64_t fired() const override { return fired_; }
-  CrossingStats crossings() const override { return crossings_; }
-  DeviceCounters counters() const override { return counters_; }
+  DeviceStats stats() const override { return {layout_.total, fired_, crossings_, counters_}; }
   void reset_stats() override { fired_ = 0, crossings_ = {}, counters_ = {}; }
   size_t kernel_scratch_bytes() const { return kernel_scratch_.size(); }
   const DeviceArenaLayout& layout() const { return layout_; }

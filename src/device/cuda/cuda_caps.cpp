@@ -1,4 +1,5 @@
 // What the CUDA device runs, known in every build (a plan is checked against it anywhere).
+#include "device/cuda/cuda_scratch.hpp"
 #include "device/device.hpp"
 
 namespace ember {
@@ -15,7 +16,8 @@ DeviceCaps cuda_caps() {
           .gatings = {FfnGating::par},
           .up_bias = false,
           .experts = true,
-          .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1}};
+          .weight_types = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1},
+          .scratch = &cuda_scratch()};
 }
 
 }  // namespace ember

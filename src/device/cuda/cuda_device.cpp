@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "device/arena_load.hpp"
+#include "device/cuda/cuda_scratch.hpp"
 #include "ops/cuda/cuda_blocks.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
@@ -76,6 +77,7 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   const std::string why = device_refusal(caps(), model, *d.plan);
   EMBER_CHECK(why.empty(), "CUDA device: {}", why);
   check_down_rows(model, d);
+  check_scratch(caps(), *d.opts);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
   model_ = &model;
@@ -261,18 +263,14 @@ void CudaDevice::sync() {
   host_copies_.clear();
 }
 
-uint64_t CudaDevice::fired() const {
-  if (!layout_.counts) return 0;
-  cuda::stream_sync(stream_);
-  uint64_t n = 0;
-  cuda::copy_to_host_sync(&n, arena_ + layout_.counts, sizeof(n));
-  return n;
-}
-
-DeviceCounters CudaDevice::counters() const {
-  DeviceCounters c = counters_;
-  c.launches = cuda::launches() - launches0_ - captured_launches_;
-  return c;
+DeviceStats CudaDevice::stats() const {
+  DeviceStats st{layout_.total, 0, crossings_, counters_};
+  st.counters.launches = cuda::launches() - launches0_ - captured_launches_;
+  if (layout_.counts) {  // the fired pairs' total, on the device
+    cuda::stream_sync(stream_);
+    cuda::copy_to_host_sync(&st.fired, arena_ + layout_.counts, sizeof(st.fired));
+  }
+  return st;
 }
 
 void CudaDevice::reset_stats() {

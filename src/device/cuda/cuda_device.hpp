@@ -23,7 +23,7 @@
 // Results for the host land in pinned buffers and are copied out at sync(), its one wait; a run
 // of layers with no host input in between (capture_begin's key) is captured as a CUDA graph the
 // first time and replayed after, its positions read on the device (EMBER_CUDA_GRAPHS=0: never;
-// the default where the runtime has graphs). counters() says what each token cost the host.
+// the default where the runtime has graphs). stats() says what each token cost the host.
 // What it runs is cuda_caps() (device/device.hpp); anything else is refused before a byte is
 // copied.
 #pragma once
@@ -60,10 +60,7 @@ class CudaDevice final : public Device {
   void output(int64_t n, float* logits) override;
   void sync() override;
   void capture_begin(uint64_t key) override;
-  uint64_t bytes() const override { return layout_.total; }
-  uint64_t fired() const override;
-  CrossingStats crossings() const override { return crossings_; }
-  DeviceCounters counters() const override;
+  DeviceStats stats() const override;
   void reset_stats() override;
   // Whether runs are captured as graphs (EMBER_CUDA_GRAPHS, default on where the runtime has them).
   bool graphs() const { return graphs_; }

@@ -136,11 +136,16 @@ uint64_t device_plan_budget(const DeviceMemory& mem, uint64_t requested, const s
 
 // ---- the arena ----------------------------------------------------------------------------------
 
-void check_scratch(const DeviceCaps& caps, const PlanOptions& opts) {
+DeviceArenaLayout load_layout(const DeviceCaps& caps, const Model& model, const DeviceLoad& d) {
+  EMBER_CHECK(d.pm && d.opts && d.plan, "device {}: load needs the plan, its model and options", caps.name);
+  const std::string why = device_refusal(caps, model, *d.plan);
+  EMBER_CHECK(why.empty(), "device {}: {}", caps.name, why);
+  check_down_rows(model, d);
   const char* keeps = caps.scratch ? caps.scratch->name() : "cpu";
-  EMBER_CHECK(opts.scratch == caps.scratch, "device {}: the plan's options count the scratch of '{}', the device keeps "
-              "'{}'; plan with the device's caps (PlanOptions::scratch = DeviceCaps::scratch)", caps.name,
-              opts.scratch_name(), keeps);
+  EMBER_CHECK(d.opts->scratch == caps.scratch, "device {}: the plan's options count the scratch of the {} device, it "
+              "keeps the {} device's; plan with its caps (PlanOptions::scratch = DeviceCaps::scratch)", caps.name,
+              d.opts->scratch_name(), keeps);
+  return device_arena_layout(model, *d.pm, *d.opts, *d.plan, d.kv_type);
 }
 
 DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, const PlanOptions& opts,

@@ -177,9 +177,11 @@ struct DeviceLoad {
 // (the merge adds down_b once).
 FfnWeights share_weights(const FfnWeights& w, const TensorView& down_rows, const uint8_t* base,
                          const DeviceArenaLayout::Share& s);
-// Checks that a plan's options count the scratch this device keeps (PlanOptions::scratch ==
-// DeviceCaps::scratch). Throws naming both.
-void check_scratch(const DeviceCaps& caps, const PlanOptions& opts);
+// What every Device::load starts with: checks that the plan, its model and options are given, that
+// a device of `caps` runs the plan (device_refusal), the down rows (check_down_rows) and that the
+// options count the scratch the device keeps (PlanOptions::scratch == DeviceCaps::scratch); then
+// the arena's layout (device_arena_layout). Throws naming the device.
+DeviceArenaLayout load_layout(const DeviceCaps& caps, const Model& model, const DeviceLoad& d);
 // Checks DeviceLoad::down_rows against the plan: one per layer, as many rows as the layer's
 // device neurons, of hybrid_device_down_type. Throws naming the layer.
 void check_down_rows(const Model& model, const DeviceLoad& what);

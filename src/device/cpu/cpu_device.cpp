@@ -42,15 +42,10 @@ CpuDevice::~CpuDevice() {
 }
 
 void CpuDevice::load(const Model& model, const DeviceLoad& d) {
-  EMBER_CHECK(d.pm && d.opts && d.plan, "device: load needs the plan, its model and options");
-  const std::string why = device_refusal(caps(), model, *d.plan);
-  EMBER_CHECK(why.empty(), "device {}: {}", name(), why);
-  check_down_rows(model, d);
-  check_scratch(caps(), *d.opts);
+  layout_ = load_layout(caps(), model, d);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
   model_ = &model;
-  layout_ = device_arena_layout(model, pm, *d.opts, plan, d.kv_type);
   arena_ = AlignedBuffer<uint8_t>(layout_.arena);
   n_embd_ = pm.n_embd;
   max_batch_ = d.opts->max_batch;

@@ -73,15 +73,10 @@ DeviceMemory CudaDevice::memory() const {
 
 void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   EMBER_CHECK(!arena_, "CUDA device: load called twice");
-  EMBER_CHECK(d.pm && d.opts && d.plan, "CUDA device: load needs the plan, its model and options");
-  const std::string why = device_refusal(caps(), model, *d.plan);
-  EMBER_CHECK(why.empty(), "CUDA device: {}", why);
-  check_down_rows(model, d);
-  check_scratch(caps(), *d.opts);
+  layout_ = load_layout(caps(), model, d);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
   model_ = &model;
-  layout_ = device_arena_layout(model, pm, *d.opts, plan, d.kv_type);
   n_embd_ = pm.n_embd, n_ff_ = pm.n_ff, max_batch_ = d.opts->max_batch;
   types_.assign(model.layers.size(), {});
   for (size_t l = 0; l < model.layers.size(); ++l) {

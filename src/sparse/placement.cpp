@@ -32,17 +32,21 @@ int64_t Plan::n_gpu_experts() const {
 // ---- byte accounting ----------------------------------------------------------------------
 
 
+ArenaTake arena_cursor(uint64_t& off) {
+  return [&off](uint64_t bytes) {
+    const uint64_t at = off;
+    off += gpu_pad(bytes);
+    return at;
+  };
+}
+
 namespace {
 
 // The bytes a layout takes, each buffer padded as the arena pads it.
 template <class LayOut>
 uint64_t arena_bytes(const LayOut& lay_out) {
   uint64_t off = 0;
-  lay_out([&](uint64_t bytes) {
-    const uint64_t at = off;
-    off += gpu_pad(bytes);
-    return at;
-  });
+  lay_out(arena_cursor(off));
   return off;
 }
 
@@ -67,7 +71,7 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n) {
 
 const char* PlanOptions::scratch_name() const { return scratch ? scratch->name() : "cpu"; }
 
-FfnScratch common_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
+FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
   const uint64_t b = static_cast<uint64_t>(opts.max_batch), f = sizeof(float);
   FfnScratch s;
   s.x = take(b * m.n_embd * f);
@@ -79,12 +83,11 @@ FfnScratch common_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const
   return s;
 }
 
-FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
-  return opts.scratch ? opts.scratch->ffn(m, opts, take) : common_ffn_scratch(m, opts, take);
-}
-
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
-  return arena_bytes([&](const ArenaTake& take) { lay_out_ffn_scratch(m, opts, take); });
+  return arena_bytes([&](const ArenaTake& take) {
+    lay_out_ffn_scratch(m, opts, take);
+    if (opts.scratch) opts.scratch->ffn(m, opts, take);
+  });
 }
 
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
@@ -93,12 +96,10 @@ bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
   return false;
 }
 
-AttnScratch lay_out_attn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
-  return opts.scratch ? opts.scratch->attention(m, opts, take) : AttnScratch{};
-}
-
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
-  return arena_bytes([&](const ArenaTake& take) { lay_out_attn_scratch(m, opts, take); });
+  return arena_bytes([&](const ArenaTake& take) {
+    if (opts.scratch) opts.scratch->attention(m, opts, take);
+  });
 }
 
 bool gpu_needs_attn_scratch(const Plan& plan) {
@@ -108,7 +109,7 @@ bool gpu_needs_attn_scratch(const Plan& plan) {
   return false;
 }
 
-ExpertScratch common_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
+ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
   const uint64_t f = sizeof(float), slots = static_cast<uint64_t>(opts.max_batch * m.n_expert_used);
   ExpertScratch s;
   s.ex_x = take(slots * m.n_embd * f);
@@ -116,12 +117,11 @@ ExpertScratch common_expert_scratch(const PlanModel& m, const PlanOptions& opts,
   return s;
 }
 
-ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
-  return opts.scratch ? opts.scratch->experts(m, opts, take) : common_expert_scratch(m, opts, take);
-}
-
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
-  return arena_bytes([&](const ArenaTake& take) { lay_out_expert_scratch(m, opts, take); });
+  return arena_bytes([&](const ArenaTake& take) {
+    lay_out_expert_scratch(m, opts, take);
+    if (opts.scratch) opts.scratch->experts(m, opts, take);
+  });
 }
 
 bool gpu_needs_expert_scratch(const Plan& plan) {

@@ -129,58 +129,52 @@ struct FfnShareLayout {
 FfnShareLayout lay_out_ffn_share(const PlanLayer& L, int64_t n, const ArenaTake& take);
 // Its bytes, each buffer padded; 0 when n == 0.
 uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
-// A device arena's scratch, one struct per side: each buffer's offset. Every kind of device keeps
-// the common buffers (common_*_scratch: the CPU stand-in's, whose kernels need no more); a kind
-// whose kernels need more lays out its sides itself (DeviceScratch; CUDA's in
-// device/cuda/cuda_scratch.cpp), and the lay_out_* functions follow PlanOptions::scratch.
+// A device arena's scratch, side by side (FFN, attention, experts): first the common buffers every
+// kind of device keeps (what the CPU stand-in's kernels use), then the buffers a kind's own
+// kernels keep besides (its DeviceScratch, PlanOptions::scratch; CUDA's in
+// device/cuda/cuda_scratch.hpp), which the kind lays out from where device_arena_layout says
+// they start. Both are counted here for the solvers.
 //
 // The FFN side (any layer with GPU neurons, or with its predictor there), for opts.max_batch
-// tokens. Common: the input, the partial output (n_embd floats each), the gate's and up's values
-// (n_ff each; up's holds the predictor's scores first), the firing neurons' rows (n_ff int32);
-// with predictors their input (n_embd: the residual, where it is not the FFN input).
-// CUDA's further buffers are described where it lays them out.
+// tokens: the input, the partial output (n_embd floats each), the gate's and up's values (n_ff
+// each; up's holds the predictor's scores first), the firing neurons' rows (n_ff int32); with
+// predictors their input (n_embd: the residual, where it is not the FFN input).
 struct FfnScratch {
   uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, px = 0;
-  uint64_t pos = 0, partial = 0, xq = 0, counts = 0, hid = 0, mask = 0, cand = 0, pxq = 0, hidq = 0;
 };
-FfnScratch common_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the FFN scratch: some layer has GPU neurons or runs its predictor there.
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan);
-// The attention side (any layer with attention on the GPU, or the output head). Common: none
+// The attention side (any layer with attention on the GPU, or the output head): no common buffer
 // (the stand-in runs attention in a workspace of its own).
-struct AttnScratch {
-  uint64_t x_hidden = 0, xn = 0, o = 0, q = 0, k = 0, v = 0, att = 0, scores = 0, rope = 0, rope_local = 0, aq = 0,
-           attn_partial = 0, positions = 0;
-};
-AttnScratch lay_out_attn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the attention scratch (the device holds hidden states): some layer's
 // attention is there, or the output head.
 bool gpu_needs_attn_scratch(const Plan& plan);
 // The experts' side (any layer with experts on the GPU), for opts.max_batch tokens of
-// n_expert_used slots (a token's row for each expert it chose). Common: the slots' inputs and
-// outputs (n_embd floats each).
+// n_expert_used slots (a token's row for each expert it chose): the slots' inputs and outputs
+// (n_embd floats each).
 struct ExpertScratch {
   uint64_t ex_x = 0, ex_out = 0;
-  uint64_t ex_xq = 0, ex_h = 0, ex_hq = 0;
 };
-ExpertScratch common_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 bool gpu_needs_expert_scratch(const Plan& plan);
 
-// A kind of device whose kernels keep more scratch than the common buffers: it lays out each
-// side whole (the common buffers among its own), for its arena and for the solvers' sums.
+// A kind of device whose kernels keep buffers besides the common ones: it gives each side's
+// buffers through `take`, in its own order (its device keeps their offsets).
 class DeviceScratch {
  public:
   virtual ~DeviceScratch() = default;
   virtual const char* name() const = 0;  // the device kind's (`--hybrid-device`), as plan files record it
-  virtual FfnScratch ffn(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
-  virtual AttnScratch attention(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
-  virtual ExpertScratch experts(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
+  virtual void ffn(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
+  virtual void attention(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
+  virtual void experts(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) const = 0;
 };
+// A take that hands out offsets from `off` on (advancing it by each buffer's padded bytes): how
+// an arena is laid out, and how a kind finds its own buffers from where they start.
+ArenaTake arena_cursor(uint64_t& off);
 
 // The output head on the device: its weights and the logits of max_batch rows.
 uint64_t gpu_output_bytes(const PlanModel& m, const PlanOptions& opts);

@@ -74,6 +74,7 @@ DeviceMemory CudaDevice::memory() const {
 void CudaDevice::load(const Model& model, const DeviceLoad& d) {
   EMBER_CHECK(!arena_, "CUDA device: load called twice");
   layout_ = load_layout(caps(), model, d);
+  own_ = cuda_scratch_layout(layout_, *d.pm, *d.opts, *d.plan);
   const PlanModel& pm = *d.pm;
   const Plan& plan = *d.plan;
   model_ = &model;
@@ -187,12 +188,12 @@ void CudaDevice::load(const Model& model, const DeviceLoad& d) {
       cuda::copy_to_device(arena_ + off, f.data(), f.size() * sizeof(double), stream_);
       cuda::stream_sync(stream_);
     };
-    table(model.rope ? &model.rope_for_context(pm.n_ctx) : nullptr, layout_.rope);
-    table(model.rope_local.get(), layout_.rope_local);
+    table(model.rope ? &model.rope_for_context(pm.n_ctx) : nullptr, own_.attn.rope);
+    table(model.rope_local.get(), own_.attn.rope_local);
   }
-  if (layout_.counts) {  // the fired pairs' total starts at 0
+  if (own_.ffn.counts) {  // the fired pairs' total starts at 0
     const uint64_t zero = 0;
-    cuda::copy_to_device(arena_ + layout_.counts, &zero, sizeof(zero), stream_);
+    cuda::copy_to_device(arena_ + own_.ffn.counts, &zero, sizeof(zero), stream_);
     cuda::stream_sync(stream_);
   }
   size_t free1 = 0;
@@ -261,9 +262,9 @@ void CudaDevice::sync() {
 DeviceStats CudaDevice::stats() const {
   DeviceStats st{layout_.total, 0, crossings_, counters_};
   st.counters.launches = cuda::launches() - launches0_ - captured_launches_;
-  if (layout_.counts) {  // the fired pairs' total, on the device
+  if (own_.ffn.counts) {  // the fired pairs' total, on the device
     cuda::stream_sync(stream_);
-    cuda::copy_to_host_sync(&st.fired, arena_ + layout_.counts, sizeof(st.fired));
+    cuda::copy_to_host_sync(&st.fired, arena_ + own_.ffn.counts, sizeof(st.fired));
   }
   return st;
 }
@@ -274,10 +275,10 @@ void CudaDevice::reset_stats() {
   counters_ = {};
   launches0_ = cuda::launches();
   captured_launches_ = 0;
-  if (layout_.counts) {
+  if (own_.ffn.counts) {
     const uint64_t zero = 0;
     cuda::stream_sync(stream_);
-    cuda::copy_to_device_sync(arena_ + layout_.counts, &zero, sizeof(zero));
+    cuda::copy_to_device_sync(arena_ + own_.ffn.counts, &zero, sizeof(zero));
   }
 }
 
@@ -327,11 +328,11 @@ void CudaDevice::experts_begin(int64_t layer, const float* x, int64_t n, const i
       }
     const cuda::ExpertShape shape{e0.gate.type, e0.down.type, n_embd_, nf, act};
     const int n_runs = static_cast<int>(ex_runs_.size());
-    float* h = at(layout_.ex_h);
-    cuda::experts_gate_up(shape, ex_runs_.data(), n_runs, activations(at(layout_.ex_x), rows, n_embd_, layout_.ex_xq,
+    float* h = at(own_.ex.ex_h);
+    cuda::experts_gate_up(shape, ex_runs_.data(), n_runs, activations(at(layout_.ex_x), rows, n_embd_, own_.ex.ex_xq,
                                                                       {e0.gate.type}),
                           rows, h, stream_);
-    cuda::experts_down(shape, ex_runs_.data(), n_runs, activations(h, rows, nf, layout_.ex_hq, {e0.down.type}), rows,
+    cuda::experts_down(shape, ex_runs_.data(), n_runs, activations(h, rows, nf, own_.ex.ex_hq, {e0.down.type}), rows,
                        at(layout_.ex_out), stream_);
   } else {
     // A prompt: each expert's products on the tiles, its activations rounded with it.
@@ -339,9 +340,9 @@ void CudaDevice::experts_begin(int64_t layer, const float* x, int64_t n, const i
       const int64_t s0 = first[i], m = first[i + 1] - s0;
       if (m == 0) continue;
       const Expert& e = experts_[l][static_cast<size_t>(i)];
-      float* h = at(layout_.ex_h) + s0 * nf;
+      float* h = at(own_.ex.ex_h) + s0 * nf;
       const cuda::Activations xa = activations(at(layout_.ex_x) + s0 * n_embd_, m, n_embd_,
-                                               layout_.ex_xq + gpu_q8_bytes(n_embd_, s0), {e.gate.type, e.up.type});
+                                               own_.ex.ex_xq + gpu_q8_bytes(n_embd_, s0), {e.gate.type, e.up.type});
       cuda::MatvecOut gate;  // act(gate x), then times up x in up's epilogue: the gated rule (model/ffn.hpp)
       gate.kind = cuda::Epilogue::act;
       gate.act = act;
@@ -353,7 +354,7 @@ void CudaDevice::experts_begin(int64_t layer, const float* x, int64_t n, const i
       up.a = h;
       up.a_stride = nf;
       cuda::matvec(e.up, {}, xa, m, up, stream_);
-      const cuda::Activations ha = activations(h, m, nf, layout_.ex_hq + gpu_q8_bytes(nf, s0), {e.down.type});
+      const cuda::Activations ha = activations(h, m, nf, own_.ex.ex_hq + gpu_q8_bytes(nf, s0), {e.down.type});
       cuda::MatvecOut down;
       down.y = at(layout_.ex_out) + s0 * n_embd_;
       cuda::matvec(e.down, {}, ha, m, down, stream_);
@@ -379,34 +380,34 @@ void CudaDevice::queue_share(size_t l, cuda::Activations xa, int64_t n, const Sh
                              void* event) {
   const auto& s = layout_.layers[l];
   const Share& t = types_[l];
-  auto* counts = reinterpret_cast<int32_t*>(arena_ + layout_.counts + sizeof(uint64_t));
-  auto* fired_total = reinterpret_cast<uint64_t*>(arena_ + layout_.counts);
+  auto* counts = reinterpret_cast<int32_t*>(arena_ + own_.ffn.counts + sizeof(uint64_t));
+  auto* fired_total = reinterpret_cast<uint64_t*>(arena_ + own_.ffn.counts);
   const int32_t* rows = nullptr;     // the share's rows to test: all k of them,
   const int32_t* n_rows = nullptr;   // or the predicted ones (their count on the device)
   if (rule.predict) {
     // The predictor over all the layer's neurons (fc2 in predictor_row_order), its selection test
     // in fc2's pass: the share's predicted positions as rows, the CPU's into the mask.
     const auto& P = layout_.pred[l];
-    auto* hid = at(layout_.hid);
-    auto* cand = reinterpret_cast<int32_t*>(arena_ + layout_.cand);
+    auto* hid = at(own_.ffn.hid);
+    auto* cand = reinterpret_cast<int32_t*>(arena_ + own_.ffn.cand);
     cuda::MatvecOut fc1;
     fc1.kind = cuda::Epilogue::relu;
     fc1.y = hid;
-    cuda::matvec({t.fc1, arena_ + P.fc1, t.rank, n_embd_}, {}, activations(px, n, n_embd_, layout_.pxq, {t.fc1}), n,
+    cuda::matvec({t.fc1, arena_ + P.fc1, t.rank, n_embd_}, {}, activations(px, n, n_embd_, own_.ffn.pxq, {t.fc1}), n,
                  fc1, stream_);
     cuda::MatvecOut fc2;
     fc2.kind = cuda::Epilogue::select;
     fc2.threshold = rule.predictor_threshold;
     fc2.counts = counts;
     fc2.k = s.n;
-    fc2.mask = arena_ + layout_.mask;  // per token: the share's positions, then the CPU's
+    fc2.mask = arena_ + own_.ffn.mask;  // per token: the share's positions, then the CPU's
     fc2.mask_stride = n_ff_;
-    cuda::matvec({t.fc2, arena_ + P.fc2, n_ff_, t.rank}, {}, activations(hid, n, t.rank, layout_.hidq, {t.fc2}), n,
+    cuda::matvec({t.fc2, arena_ + P.fc2, n_ff_, t.rank}, {}, activations(hid, n, t.rank, own_.ffn.hidq, {t.fc2}), n,
                  fc2, stream_);
     if (event) {
       if (n_ff_ > s.n) {
         const size_t mbytes = static_cast<size_t>(n * n_ff_);
-        cuda::copy_to_host(mask_host_, arena_ + layout_.mask, mbytes, stream_);
+        cuda::copy_to_host(mask_host_, arena_ + own_.ffn.mask, mbytes, stream_);
         counters_.bytes_out += mbytes;
       }
       predicted_layer_ = static_cast<int64_t>(l);
@@ -423,7 +424,7 @@ void CudaDevice::queue_share(size_t l, cuda::Activations xa, int64_t n, const Sh
   auto* a = at(layout_.act);
   auto* h = at(layout_.h);
   auto* active = reinterpret_cast<int32_t*>(arena_ + layout_.active);
-  auto* pos = reinterpret_cast<int32_t*>(arena_ + layout_.pos);
+  auto* pos = reinterpret_cast<int32_t*>(arena_ + own_.ffn.pos);
   int32_t* totals = pos + n_ff_;
   cuda::MatvecOut gate;
   gate.kind = cuda::Epilogue::fire;
@@ -433,7 +434,7 @@ void CudaDevice::queue_share(size_t l, cuda::Activations xa, int64_t n, const Sh
   gate.threshold = rule.threshold;
   gate.counts = counts;
   if (rule.predict && n > 1) {  // a batch: each row serves the tokens whose prediction names it
-    gate.allowed = arena_ + layout_.mask;
+    gate.allowed = arena_ + own_.ffn.mask;
     gate.allowed_stride = n_ff_;
   }
   cuda::matvec({t.gate, arena_ + s.gate, s.n, n_embd_}, {rows, n_rows, s.n}, xa, n, gate, stream_);
@@ -446,7 +447,7 @@ void CudaDevice::queue_share(size_t l, cuda::Activations xa, int64_t n, const Sh
   up.a_stride = s.n;
   up.pos = pos;
   cuda::matvec({t.up, arena_ + s.up, s.n, n_embd_}, {active, totals, s.n}, xa, n, up, stream_);
-  cuda::sparse_axpy_partial(t.down, arena_ + s.down, s.n, n_embd_, active, totals, h, s.n, n, at(layout_.partial),
+  cuda::sparse_axpy_partial(t.down, arena_ + s.down, s.n, n_embd_, active, totals, h, s.n, n, at(own_.ffn.partial),
                             stream_);
 }
 
@@ -469,7 +470,7 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
   if (rule.predict && rule.predictor_input == ShareRule::Input::hidden) {
     EMBER_CHECK(attn_[l].slot >= 0 && rule.hidden_row0 >= 0 && rule.hidden_row0 + n <= max_batch_,
                 "CUDA device: the predictor of layer {} reads a hidden state this device does not hold", layer);
-    px = at(layout_.x_hidden) + rule.hidden_row0 * n_embd_;
+    px = at(own_.attn.x_hidden) + rule.hidden_row0 * n_embd_;
   } else if (rule.predict && rule.predictor_input == ShareRule::Input::host) {
     EMBER_CHECK(layout_.px != 0, "CUDA device: no predictor input buffer in the arena");
     // The pinned output buffer is free until this layer's partial comes back: stage the input there.
@@ -479,11 +480,11 @@ void CudaDevice::ffn_begin(int64_t layer, const float* x, int64_t n, const Share
     px = at(layout_.px);
   }
   const cuda::Activations xa =
-      s.n > 0 ? activations(xd, n, n_embd_, layout_.xq, {t.gate, t.up}) : cuda::Activations{xd, nullptr};
+      s.n > 0 ? activations(xd, n, n_embd_, own_.ffn.xq, {t.gate, t.up}) : cuda::Activations{xd, nullptr};
   queue_share(l, xa, n, rule, px, rule.predict ? predicted_event_ : nullptr);
   if (s.n > 0) {
     float* out = at(layout_.out);
-    cuda::axpy_reduce(at(layout_.partial), n_embd_, n, out, stream_);
+    cuda::axpy_reduce(at(own_.ffn.partial), n_embd_, n, out, stream_);
     cuda::copy_to_host(out_host_, out, bytes, stream_);
     counters_.bytes_out += bytes;
   }
@@ -534,13 +535,13 @@ void CudaDevice::put_hidden(const float* x, int64_t n, std::span<const AttnSpan>
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
   // The pinned buffers are reused only after a wait (sync, or an FFN input's event).
   std::memcpy(hidden_host_, x, bytes);
-  if (queue()) cuda::copy_to_device(at(layout_.x_hidden), hidden_host_, bytes, stream_);
+  if (queue()) cuda::copy_to_device(at(own_.attn.x_hidden), hidden_host_, bytes, stream_);
   if (!spans.empty()) {
     check_attn_spans(spans, n, max_batch_, n_seq_, "cuda");
     spans_.assign(spans.begin(), spans.end());
     for (size_t k = 0; k < spans.size(); ++k) positions_host_[k] = static_cast<int32_t>(spans[k].pos0);
     if (queue())
-      cuda::copy_to_device(arena_ + layout_.positions, positions_host_, spans.size() * sizeof(int32_t), stream_);
+      cuda::copy_to_device(arena_ + own_.attn.positions, positions_host_, spans.size() * sizeof(int32_t), stream_);
     counters_.bytes_in += spans.size() * sizeof(int32_t);
   }
   ++crossings_.hidden_in;
@@ -552,7 +553,7 @@ void CudaDevice::get_hidden(float* x, int64_t n) {
   EMBER_CHECK(n >= 1 && n <= max_batch_ && layout_.attn_scratch > 0, "CUDA device: a hidden state of {} tokens", n);
   ++calls_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  to_host(hidden_out_host_, at(layout_.x_hidden), bytes, x);
+  to_host(hidden_out_host_, at(own_.attn.x_hidden), bytes, x);
   ++crossings_.hidden_out;
   crossings_.bytes += bytes;
 }
@@ -572,14 +573,14 @@ void CudaDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64
   const int64_t d = hp.n_embd, hd = hp.head_dim, nq = hp.n_head * hd, nkv = hp.n_head_kv * hd;
   const bool ln = hp.norm == NormKind::layer;
   void* s = stream_;
-  float *x = at(layout_.x_hidden), *xn = at(layout_.xn), *q = at(layout_.q), *k = at(layout_.k), *v = at(layout_.v),
-        *att = at(layout_.att), *o = at(layout_.o);
+  float *x = at(own_.attn.x_hidden), *xn = at(own_.attn.xn), *q = at(own_.attn.q), *k = at(own_.attn.k), *v = at(own_.attn.v),
+        *att = at(own_.attn.att), *o = at(own_.attn.o);
   // As model/blocks.cpp's attention_block, step by step: the norm (rounded to 8 bits in its pass
   // where a projection takes that), Q/K/V with their biases in the matvecs' pass.
   const bool q8 = cuda::takes_q8(W.wq.type) || cuda::takes_q8(W.wk.type) || cuda::takes_q8(W.wv.type);
   cuda::norm_rows(x, dev_floats(W.attn_norm), dev_floats(W.attn_norm_b), xn, n, d, hp.norm_eps, ln, s,
-                  q8 ? arena_ + layout_.aq : nullptr);
-  const cuda::Activations xa{xn, q8 ? arena_ + layout_.aq : nullptr};
+                  q8 ? arena_ + own_.attn.aq : nullptr);
+  const cuda::Activations xa{xn, q8 ? arena_ + own_.attn.aq : nullptr};
   for (auto [m, b, y] : {std::tuple{&W.wq, &W.bq, q}, std::tuple{&W.wk, &W.bk, k}, std::tuple{&W.wv, &W.bv, v}}) {
     cuda::MatvecOut mo;
     mo.y = y;
@@ -600,13 +601,13 @@ void CudaDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64
   args.f16 = f16;
   cuda::RopeArgs rope;
   if (rules.rope) {  // none: learned positions (OPT)
-    rope.inv_freq = reinterpret_cast<const double*>(arena_ + (rules.local_rope ? layout_.rope_local : layout_.rope));
+    rope.inv_freq = reinterpret_cast<const double*>(arena_ + (rules.local_rope ? own_.attn.rope_local : own_.attn.rope));
     const cpu::RopeConfig& rc = rules.rope->config();
     rope.n_rot = rc.n_rot;
     rope.attn_factor = rc.attn_factor;
     rope.neox = rc.layout == cpu::RopeLayout::neox;
   }
-  const auto* positions = reinterpret_cast<const int32_t*>(arena_ + layout_.positions);
+  const auto* positions = reinterpret_cast<const int32_t*>(arena_ + own_.attn.positions);
   for (size_t i = 0; i < spans.size(); ++i) {
     const AttnSpan& sp = spans[i];
     float *qs = q + sp.first * nq, *ks = k + sp.first * nkv, *vs = v + sp.first * nkv;
@@ -616,12 +617,12 @@ void CudaDevice::attention(int64_t layer, std::span<const AttnSpan> spans, int64
                 sp.pos0 + sp.n - 1, n_ctx_);
     cuda::rope_store(qs, ks, vs, sp.n, hp.n_head, hp.n_head_kv, hd, positions + i, rope, kc, vc, f16, s);
     const int64_t max_positions = mode_ == Mode::capture ? n_ctx_ : sp.pos0 + sp.n;
-    cuda::attention(args, qs, sp.n, positions + i, max_positions, kc, vc, att + sp.first * nq, at(layout_.scores),
-                    at(layout_.attn_partial), s);
+    cuda::attention(args, qs, sp.n, positions + i, max_positions, kc, vc, att + sp.first * nq, at(own_.attn.scores),
+                    at(own_.attn.attn_partial), s);
   }
   // The output projection: added to the residual in its pass (with a post-norm: kept, normed,
   // then added).
-  const cuda::Activations aa = activations(att, n, nq, layout_.aq, {W.wo.type});
+  const cuda::Activations aa = activations(att, n, nq, own_.attn.aq, {W.wo.type});
   cuda::MatvecOut mo;
   mo.bias = dev_floats(W.bo);
   if (W.attn_post_norm.valid()) {
@@ -654,11 +655,11 @@ void CudaDevice::ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule
   const Hparams& hp = model_->hp;
   const auto& s = layout_.layers[l];
   const Share& t = types_[l];
-  float* xn = at(layout_.xn);
+  float* xn = at(own_.attn.xn);
   // The norm, rounded to 8 bits in its pass where the share's gate or up takes that.
   const bool q8 = s.n > 0 && (cuda::takes_q8(t.gate) || cuda::takes_q8(t.up));
-  cuda::norm_rows(at(layout_.x_hidden), dev_floats(A.w.ffn.norm), dev_floats(A.w.ffn.norm_b), xn, n, n_embd_,
-                  hp.norm_eps, hp.norm == NormKind::layer, stream_, q8 ? arena_ + layout_.xq : nullptr);
+  cuda::norm_rows(at(own_.attn.x_hidden), dev_floats(A.w.ffn.norm), dev_floats(A.w.ffn.norm_b), xn, n, n_embd_,
+                  hp.norm_eps, hp.norm == NormKind::layer, stream_, q8 ? arena_ + own_.ffn.xq : nullptr);
   if (host_input) {
     cuda::copy_to_host(ffn_in_host_, xn, bytes, stream_);
     if (!rule.predict) cuda::event_record(input_event_, stream_);
@@ -667,11 +668,11 @@ void CudaDevice::ffn_block_begin(int64_t layer, int64_t n, const ShareRule& rule
   if (rule.predict && rule.predictor_input == ShareRule::Input::hidden) {
     EMBER_CHECK(rule.hidden_row0 >= 0 && rule.hidden_row0 + n <= max_batch_,
                 "CUDA device: the predictor of layer {} reads rows {}.. of its hidden state", layer, rule.hidden_row0);
-    px = at(layout_.x_hidden) + rule.hidden_row0 * n_embd_;
+    px = at(own_.attn.x_hidden) + rule.hidden_row0 * n_embd_;
   }
   EMBER_CHECK(!rule.predict || rule.predictor_input != ShareRule::Input::host, "CUDA device: layer {}'s predictor "
               "reads a host input while its attention is here", layer);
-  queue_share(l, {xn, q8 ? arena_ + layout_.xq : nullptr}, n, rule, px, host_input && rule.predict ? input_event_ : nullptr);
+  queue_share(l, {xn, q8 ? arena_ + own_.ffn.xq : nullptr}, n, rule, px, host_input && rule.predict ? input_event_ : nullptr);
 }
 
 const float* CudaDevice::ffn_host_input() {
@@ -688,7 +689,7 @@ void CudaDevice::ffn_block_end(int64_t layer, const float* cpu_out, int64_t n) {
   block_layer_ = -1;
   ++calls_;
   const size_t bytes = static_cast<size_t>(n * n_embd_) * sizeof(float);
-  float* o = at(layout_.o);
+  float* o = at(own_.attn.o);
   if (cpu_out) {
     // The pinned buffer's last copy ran before this layer's input event, which was waited for.
     std::memcpy(ffn_out_host_, cpu_out, bytes);
@@ -698,9 +699,9 @@ void CudaDevice::ffn_block_end(int64_t layer, const float* cpu_out, int64_t n) {
   if (cpu_out) cuda::copy_to_device(o, ffn_out_host_, bytes, stream_);
   const bool share = layout_.layers[static_cast<size_t>(layer)].n > 0;
   const bool post = A.w.ffn_post_norm.valid();
-  float* x = at(layout_.x_hidden);
+  float* x = at(own_.attn.x_hidden);
   // o = CPU + device + down bias (ffn_merge_partials' rule), then the residual.
-  cuda::ffn_merge(x, o, cpu_out ? o : nullptr, share ? at(layout_.partial) : nullptr, dev_floats(A.w.ffn.down_b),
+  cuda::ffn_merge(x, o, cpu_out ? o : nullptr, share ? at(own_.ffn.partial) : nullptr, dev_floats(A.w.ffn.down_b),
                   n_embd_, n, post, stream_);
   if (post) {
     cuda::norm_rows(o, dev_floats(A.w.ffn_post_norm), nullptr, o, n, n_embd_, model_->hp.norm_eps, false, stream_);
@@ -717,13 +718,13 @@ void CudaDevice::output(int64_t n, float* logits) {
   const size_t bytes = static_cast<size_t>(n * hp.n_vocab) * sizeof(float);
   float* dev_logits = at(layout_.logits);
   if (queue()) {
-    float* xn = at(layout_.xn);
+    float* xn = at(own_.attn.xn);
     const bool q8 = cuda::takes_q8(out_.output.type);
-    cuda::norm_rows(at(layout_.x_hidden), dev_floats(out_.norm), dev_floats(out_.norm_b), xn, n, n_embd_, hp.norm_eps,
-                    hp.norm == NormKind::layer, stream_, q8 ? arena_ + layout_.aq : nullptr);
+    cuda::norm_rows(at(own_.attn.x_hidden), dev_floats(out_.norm), dev_floats(out_.norm_b), xn, n, n_embd_, hp.norm_eps,
+                    hp.norm == NormKind::layer, stream_, q8 ? arena_ + own_.attn.aq : nullptr);
     cuda::MatvecOut mo;
     mo.y = dev_logits;
-    cuda::matvec(matrix(out_.output), {}, {xn, q8 ? arena_ + layout_.aq : nullptr}, n, mo, stream_);
+    cuda::matvec(matrix(out_.output), {}, {xn, q8 ? arena_ + own_.attn.aq : nullptr}, n, mo, stream_);
     if (hp.final_softcap > 0) cuda::softcap(dev_logits, n * hp.n_vocab, hp.final_softcap, stream_);
   }
   to_host(logits_host_, dev_logits, bytes, logits);

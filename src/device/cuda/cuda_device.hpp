@@ -30,6 +30,7 @@
 #include <initializer_list>
 #include <map>
 
+#include "device/cuda/cuda_scratch.hpp"
 #include "device/device.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
@@ -97,7 +98,7 @@ class CudaDevice final : public Device {
   // into the arena at xq first where one of them takes that (cuda::takes_q8).
   cuda::Activations activations(const float* x, int64_t n, int64_t cols, uint64_t xq, std::initializer_list<DType> types);
   // Queues layer l's predictor and share on x (its activations `xa`): the partial sums of the
-  // down into layout_.partial; the CPU's part of the prediction copied to the host before
+  // down into own_.ffn.partial; the CPU's part of the prediction copied to the host before
   // `event` (null: not copied) is recorded.
   void queue_share(size_t l, cuda::Activations xa, int64_t n, const ShareRule& rule, const float* px, void* event);
   cuda::Matrix matrix(const TensorView& t) const { return {t.type, t.data, t.rows(), t.cols()}; }
@@ -107,6 +108,7 @@ class CudaDevice final : public Device {
 
   const Model* model_ = nullptr;
   DeviceArenaLayout layout_;
+  CudaScratchLayout own_;  // the buffers of its kernels' own (cuda_scratch.hpp)
   // A mixture's experts here, per layer in gpu_experts' order (the file's layout, packed), and
   // each expert id's place among them (-1: not here).
   struct Expert {

@@ -160,11 +160,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     const auto n = static_cast<int64_t>(plan.layers[l].gpu_neurons.size());
     if (n > 0) a.layers[l] = lay_out_ffn_share(m.layers[l], n, take);
   }
-  if (gpu_needs_ffn_scratch(m, plan)) {
-    static_cast<FfnScratch&>(a) = lay_out_ffn_scratch(m, opts, take);
-    a.ffn_own = off;
-    if (opts.scratch) opts.scratch->ffn(m, opts, take);
-  }
+  if (gpu_needs_ffn_scratch(m, plan)) static_cast<FfnScratch&>(a) = lay_out_ffn_scratch(m, opts, take);
   a.ffn_total = off;
   // Laid out by the functions the solvers sum (sparse/placement.hpp): a plan made for other
   // options or another model disagrees.
@@ -195,8 +191,7 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
               "accounting ({} bytes)", a.attn_weights, planned);
   if (gpu_needs_attn_scratch(plan)) {
     const uint64_t start = off;
-    a.attn_own = off;
-    if (opts.scratch) opts.scratch->attention(m, opts, take);
+    static_cast<AttnScratch&>(a) = lay_out_attn_scratch(m, opts, take);
     a.attn_scratch = off - start;
   }
   a.pred.resize(m.layers.size());
@@ -241,8 +236,6 @@ DeviceArenaLayout device_arena_layout(const Model& model, const PlanModel& m, co
     }
     if (gpu_needs_expert_scratch(plan)) {
       static_cast<ExpertScratch&>(a) = lay_out_expert_scratch(m, opts, take);
-      a.experts_own = off;
-      if (opts.scratch) opts.scratch->experts(m, opts, take);
       planned_ex += gpu_expert_scratch_bytes(m, opts);
     }
     a.experts_total = off - start;

@@ -77,7 +77,7 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
 // uses the device (fc2's rows in the order of predictor_row_order), then the output head where
 // the plan puts it there. Each buffer is padded to kGpuAlign. The KV cache of the attention
 // layers comes on top (`kv`).
-struct DeviceArenaLayout : FfnScratch, ExpertScratch {  // the common scratch's offsets (sparse/placement.hpp)
+struct DeviceArenaLayout : FfnScratch, AttnScratch, ExpertScratch {  // the scratch offsets (sparse/placement.hpp)
   using Share = FfnShareLayout;
   struct Attention {
     bool on = false;
@@ -94,9 +94,6 @@ struct DeviceArenaLayout : FfnScratch, ExpertScratch {  // the common scratch's 
   std::vector<Experts> experts;
   std::vector<Attention> attn;
   std::vector<Predictor> pred;
-  // Where each side's buffers of the device kind's own (its DeviceScratch) begin: the kind lays
-  // them out from there (CUDA: cuda_scratch_layout).
-  uint64_t ffn_own = 0, attn_own = 0, experts_own = 0;
   uint64_t ffn_total = 0;   // = gpu_ffn_bytes(plan)
   uint64_t attn_weights = 0;  // = sum of the attention layers' PlanLayer::attn_bytes
   uint64_t attn_scratch = 0;  // = gpu_attn_scratch_bytes when some layer's attention is here

@@ -9,10 +9,17 @@
 #endif
 
 namespace ember {
+namespace {
 
-std::unique_ptr<Device> make_device(const std::string& kind, int standin_threads, uint64_t standin_vram) {
+void check_kind(const std::string& kind) {
   EMBER_CHECK(kind == "auto" || kind == "cuda" || kind == "cpu",
               "unknown hybrid device '{}' (expected auto, cuda or cpu)", kind);
+}
+
+}  // namespace
+
+std::unique_ptr<Device> make_device(const std::string& kind, int standin_threads, uint64_t standin_vram) {
+  check_kind(kind);
 #ifdef EMBER_HAS_CUDA
   if (kind != "cpu") {
     std::string why;
@@ -33,8 +40,7 @@ std::unique_ptr<Device> make_device(const std::string& kind, int standin_threads
 }
 
 DeviceCaps device_kind_caps(const std::string& kind) {
-  EMBER_CHECK(kind == "auto" || kind == "cuda" || kind == "cpu",
-              "unknown hybrid device '{}' (expected auto, cuda or cpu)", kind);
+  check_kind(kind);
   if (kind == "cuda") return cuda_caps();
 #ifdef EMBER_HAS_CUDA
   if (kind == "auto" && cuda::available(nullptr)) return cuda_caps();

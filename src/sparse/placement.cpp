@@ -31,7 +31,6 @@ int64_t Plan::n_gpu_experts() const {
 
 // ---- byte accounting ----------------------------------------------------------------------
 
-
 ArenaTake arena_cursor(uint64_t& off) {
   return [&off](uint64_t bytes) {
     const uint64_t at = off;
@@ -80,14 +79,13 @@ FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, cons
   s.h = take(b * m.n_ff * f);
   s.active = take(m.n_ff * sizeof(int32_t));
   if (m.predicted) s.px = take(b * m.n_embd * f);
+  s.ffn_own = take(0);
+  if (opts.scratch) opts.scratch->ffn(m, opts, take);
   return s;
 }
 
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
-  return arena_bytes([&](const ArenaTake& take) {
-    lay_out_ffn_scratch(m, opts, take);
-    if (opts.scratch) opts.scratch->ffn(m, opts, take);
-  });
+  return arena_bytes([&](const ArenaTake& take) { lay_out_ffn_scratch(m, opts, take); });
 }
 
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
@@ -96,10 +94,15 @@ bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan) {
   return false;
 }
 
+AttnScratch lay_out_attn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take) {
+  AttnScratch s;
+  s.attn_own = take(0);
+  if (opts.scratch) opts.scratch->attention(m, opts, take);
+  return s;
+}
+
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
-  return arena_bytes([&](const ArenaTake& take) {
-    if (opts.scratch) opts.scratch->attention(m, opts, take);
-  });
+  return arena_bytes([&](const ArenaTake& take) { lay_out_attn_scratch(m, opts, take); });
 }
 
 bool gpu_needs_attn_scratch(const Plan& plan) {
@@ -114,14 +117,13 @@ ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts
   ExpertScratch s;
   s.ex_x = take(slots * m.n_embd * f);
   s.ex_out = take(slots * m.n_embd * f);
+  s.experts_own = take(0);
+  if (opts.scratch) opts.scratch->experts(m, opts, take);
   return s;
 }
 
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts) {
-  return arena_bytes([&](const ArenaTake& take) {
-    lay_out_expert_scratch(m, opts, take);
-    if (opts.scratch) opts.scratch->experts(m, opts, take);
-  });
+  return arena_bytes([&](const ArenaTake& take) { lay_out_expert_scratch(m, opts, take); });
 }
 
 bool gpu_needs_expert_scratch(const Plan& plan) {

@@ -132,8 +132,9 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
 // A device arena's scratch, side by side (FFN, attention, experts): first the common buffers every
 // kind of device keeps (what the CPU stand-in's kernels use), then the buffers a kind's own
 // kernels keep besides (its DeviceScratch, PlanOptions::scratch; CUDA's in
-// device/cuda/cuda_scratch.hpp), which the kind lays out from where device_arena_layout says
-// they start. Both are counted here for the solvers.
+// device/cuda/cuda_scratch.hpp), from the offset each side records (`*_own`), where the kind
+// finds them again. The lay_out_* functions lay out both; the *_bytes ones sum them for the
+// solvers.
 //
 // The FFN side (any layer with GPU neurons, or with its predictor there), for opts.max_batch
 // tokens: the input, the partial output (n_embd floats each), the gate's and up's values (n_ff
@@ -141,6 +142,7 @@ uint64_t gpu_ffn_share_bytes(const PlanLayer& L, int64_t n);
 // predictors their input (n_embd: the residual, where it is not the FFN input).
 struct FfnScratch {
   uint64_t x = 0, out = 0, act = 0, h = 0, active = 0, px = 0;
+  uint64_t ffn_own = 0;  // where the device kind's own FFN buffers begin
 };
 FfnScratch lay_out_ffn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
@@ -148,6 +150,10 @@ uint64_t gpu_ffn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 bool gpu_needs_ffn_scratch(const PlanModel& m, const Plan& plan);
 // The attention side (any layer with attention on the GPU, or the output head): no common buffer
 // (the stand-in runs attention in a workspace of its own).
+struct AttnScratch {
+  uint64_t attn_own = 0;  // where the device kind's own attention buffers begin
+};
+AttnScratch lay_out_attn_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_attn_scratch_bytes(const PlanModel& m, const PlanOptions& opts);
 // Whether a plan needs the attention scratch (the device holds hidden states): some layer's
 // attention is there, or the output head.
@@ -157,6 +163,7 @@ bool gpu_needs_attn_scratch(const Plan& plan);
 // (n_embd floats each).
 struct ExpertScratch {
   uint64_t ex_x = 0, ex_out = 0;
+  uint64_t experts_own = 0;  // where the device kind's own experts' buffers begin
 };
 ExpertScratch lay_out_expert_scratch(const PlanModel& m, const PlanOptions& opts, const ArenaTake& take);
 uint64_t gpu_expert_scratch_bytes(const PlanModel& m, const PlanOptions& opts);

@@ -416,6 +416,33 @@ contains "dense memory tier: bench counts" "$tmp/out" "^memory tier: [0-9.]+ MiB
 served_metrics "$tmp/dtier.gguf" --mem-budget 150M
 contains "dense memory tier in /metrics" "$tmp/metrics" "^ember_map_read_pages_total\{model=\"[^\"]+\"\} [1-9][0-9]*"
 under_limit "dense memory tier under a cgroup limit" 150 "$tmp/dtier0" "$ember" generate -m "$tmp/dtier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2
+# Neuron bundles (`ember prepare --bundle`): each neuron's gate, up and down rows in one row of
+# blk.N.ffn_bundle; every mode computes the logits of the unbundled prepared file, bit for bit,
+# read from memory, from the map, or under a budget.
+expect_ok "profile for bundles" "$ember" profile -m "$tmp/dtier.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 256 --sparsity 0.5 -o "$tmp/dtier.prof.gguf" -t 2
+expect_ok "prepare unbundled" "$ember" prepare -m "$tmp/dtier.gguf" --profile "$tmp/dtier.prof.gguf" --sparsity 0.5 -o "$tmp/dtier.p.gguf"
+expect_ok "prepare --bundle" "$ember" prepare -m "$tmp/dtier.gguf" --profile "$tmp/dtier.prof.gguf" --sparsity 0.5 --bundle -o "$tmp/dtier.b.gguf"
+contains "prepare says it bundled" "$tmp/err" "bundled by neuron with gate and up"
+for mode in dense predictor threshold; do
+  for where in "" "--mmap" "--mem-budget 150M"; do
+    for f in p b; do
+      "$ember" perplexity -m "$tmp/dtier.$f.gguf" -f "$tmp/text.txt" -c 64 --chunks 2 -t 2 --sparse-mode $mode $where --save-logits "$tmp/bundle.$f.lp" >/dev/null 2>&1
+    done
+    [ -s "$tmp/bundle.p.lp" ] && cmp -s "$tmp/bundle.p.lp" "$tmp/bundle.b.lp" && pass || fail "bundled file ($mode $where): logits differ from the unbundled file's"
+    rm -f "$tmp/bundle.p.lp" "$tmp/bundle.b.lp"
+  done
+done
+# A budget that leaves room past the repacked matrices keeps what every token reads and the
+# hottest neurons resident; the bundled file under it still gives the unbundled file's logits.
+expect_ok "bundled file keeps hot neurons" "$ember" perplexity -m "$tmp/dtier.b.gguf" -f "$tmp/text.txt" -c 64 --chunks 2 -t 2 --mem-budget 180M --save-logits "$tmp/bundle.b.lp"
+contains "hot neurons kept" "$tmp/err" "memory tier: kept resident [0-9.]+ MiB that every token reads and the rows of the [1-9][0-9]* hottest of [0-9]+ neurons \([0-9.]+ MiB, [0-9.]+% of the profile's firings\)"
+"$ember" perplexity -m "$tmp/dtier.p.gguf" -f "$tmp/text.txt" -c 64 --chunks 2 -t 2 --save-logits "$tmp/bundle.p.lp" >/dev/null 2>&1
+[ -s "$tmp/bundle.p.lp" ] && cmp -s "$tmp/bundle.p.lp" "$tmp/bundle.b.lp" && pass || fail "bundled file with hot neurons kept: logits differ from the unbundled file's"
+expect_ok "bundled file bench under a budget" "$ember" bench -m "$tmp/dtier.b.gguf" -p 0 -n 4 -r 1 -t 2 --mem-budget 180M
+contains "bench says the share kept" "$tmp/out" "^memory tier: [0-9.]+ MiB of weights resident; last decode run: [0-9.]+% of the neuron rows asked for kept resident"
+"$ember" generate -m "$tmp/dtier.b.gguf" -p "the cat sat" -n 16 --temp 0 -t 2 >"$tmp/bundle.gen0" 2>/dev/null
+under_limit "bundled file under a cgroup limit" 180 "$tmp/bundle.gen0" "$ember" generate -m "$tmp/dtier.b.gguf" -p "the cat sat" -n 16 --temp 0 -t 2
+expect_error "prepare --bundle of mixed types" "a bundle is one tensor of one type; pass --down-type [a-z0-9_]+ if down may take the gate" "$ember" prepare -m "$tmp/relu.gguf" --profile "$tmp/relu.profile.gguf" --bundle --down-type f16 -o "$tmp/x.gguf"
 
 echo "cli: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/aligned_buffer.hpp"
+#include "core/mmap_file.hpp"
 
 using namespace ember;
 
@@ -77,4 +78,25 @@ TEST(HugePages, ALargeBufferGetsHugePagesWhereTheKernelOffersThem) {
   // At least one of the eight (the kernel may fall back to small pages where memory is
   // fragmented, but not for all of them on a machine with free memory).
   EXPECT_GE(anon_huge_page_bytes(), before + kHugePageBytes);
+}
+
+// A file's map made the process's own where it is kept resident (model/hot_rows.hpp): the whole
+// pages around the range, the file's bytes unchanged, the map still read-only and the file on
+// disk untouched.
+TEST(MappedFile, PrivatePagesKeepTheFilesBytes) {
+  const std::string path = ::testing::TempDir() + "ember_private_pages.bin";
+  std::string bytes(5 * 4096 + 100, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 3);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  {
+    MappedFile f(path);
+    const size_t page = 4096;
+    EXPECT_EQ(make_pages_private(f.data() + page + 10, 2 * page), 3 * page);  // pages 1, 2 and 3
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), bytes);
+    read_pages_ahead(f.data(), f.size());
+    EXPECT_EQ(make_pages_private(f.data(), 0), 0u);
+  }
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), bytes);
+  std::remove(path.c_str());
 }

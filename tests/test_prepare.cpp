@@ -245,6 +245,56 @@ TEST_P(Prepare, SameLogitsDenseAndOracle) {
   for (const auto& f : {src, prof, pred, po.output, again.output}) std::filesystem::remove(f);
 }
 
+// --bundle: each gated layer's gate, up and down_t rows in one row of blk.N.ffn_bundle (padded to
+// whole pages where that wastes at most a quarter), bound as strided views: the logits of the
+// unbundled prepared file, bit for bit, in every mode; each neuron's profile frequency kept, hot
+// first. An FFN without a gate (OPT) is refused by name.
+TEST_P(Prepare, BundledRowsGiveTheUnbundledLogits) {
+  const auto [arch, type] = GetParam();
+  const std::string tag = fmt::format("{}_{}_bundle", arch, dtype_name(type));
+  const SynthOptions so = model_options(arch, type);
+  const std::string src = p(tag + ".gguf");
+  synth_write(so, src);
+  PrepareOptions po;
+  po.model = src;
+  po.profile = write_profile(so.n_layer, so.n_ff, tag + ".profile.gguf");
+  po.predictor = write_predictor(so.n_layer, so.n_embd, so.n_ff, 32, tag + ".pred.gguf");
+  po.n_threads = 2;
+  po.output = p(tag + ".plain.gguf");
+  prepare_sparse_model(po);
+  PrepareOptions pb = po;
+  pb.bundle = true;
+  pb.output = p(tag + ".bundled.gguf");
+  if (arch == "opt") {
+    EXPECT_NE(error_of([&] { prepare_sparse_model(pb); }).find("no separate ffn_gate and ffn_up"), std::string::npos);
+  } else {
+    EXPECT_TRUE(prepare_sparse_model(pb).bundle);
+    auto plain = load_model(po.output), bundled = load_model(pb.output);
+    const auto& F = bundled->layers[0].ffn;
+    const size_t row = row_bytes(type, so.n_embd);
+    EXPECT_GE(F.up.row_stride(), 3 * row);
+    EXPECT_EQ(F.up.data, F.gate.data + row);
+    EXPECT_EQ(F.down_t.data, F.up.data + row);
+    EXPECT_EQ(0, std::memcmp(F.down_t.row(5), plain->layers[0].ffn.down_t.row(5), row));
+    for (FfnMode mode : {FfnMode::dense, FfnMode::oracle, FfnMode::predictor})
+      EXPECT_EQ(logits(*bundled, mode), logits(*plain, mode)) << "mode " << static_cast<int>(mode);
+    ASSERT_EQ(static_cast<int64_t>(bundled->neuron_freq.size()), so.n_layer * so.n_ff);
+    for (int64_t il = 0; il < so.n_layer; ++il)
+      for (int64_t i = 1; i < so.n_ff; ++i)
+        EXPECT_LE(bundled->neuron_freq[il * so.n_ff + i], bundled->neuron_freq[il * so.n_ff + i - 1]);
+    // Preparing the bundled file again keeps it bundled.
+    PrepareOptions again = pb;
+    again.model = pb.output;
+    again.predictor.clear();
+    again.bundle = false;
+    again.output = p(tag + ".again.gguf");
+    EXPECT_TRUE(prepare_sparse_model(again).bundle);
+    EXPECT_EQ(logits(*load_model(again.output), FfnMode::dense).size(), logits(*plain, FfnMode::dense).size());
+    std::filesystem::remove(again.output);
+  }
+  for (const auto& f : {src, po.profile, po.predictor, po.output, pb.output}) std::filesystem::remove(f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, Prepare,
                          ::testing::Values(std::make_tuple(std::string("llama"), DType::F32),
                                            std::make_tuple(std::string("bamboo"), DType::F32),

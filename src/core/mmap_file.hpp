@@ -29,6 +29,14 @@ class MappedFile {
 // mapped, and a page is read again from the page cache if anything touches it later. Only for
 // file-backed memory (anonymous memory would read back as zeros).
 void release_mapped_pages(const void* p, size_t n);
+// Makes the pages around [p, p + n) of a file's private map the process's own: read from the file
+// (ahead, in large reads), then copied on write with the same bytes. Under a memory limit the
+// kernel reclaims a file's pages from the page cache, but a private copy only to swap: these stay
+// resident, at the same addresses. Returns the bytes of those pages.
+size_t make_pages_private(const void* p, size_t n);
+// Starts reading the pages around [p, p + n) of a file's map into the page cache (MADV_WILLNEED:
+// one read for the range, whatever the map's advice) without waiting for them.
+void read_pages_ahead(const void* p, size_t n);
 // Reads of the pages around [p, p + n) of a file's map will come at random (MADV_RANDOM): a
 // fault reads its page, no readahead around it.
 void advise_random_reads(const void* p, size_t n);

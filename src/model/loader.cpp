@@ -156,8 +156,59 @@ void bind_attention(const TensorBinder& b, const Hparams& hp, const LayerNames& 
   if (biases == AttnBiases::all) L.bo = b.norm(name("attn_output", "bias"), d);
 }
 
+namespace {
+
+// A layer whose FFN rows are bundled by neuron (`ember prepare --bundle`): blk.il.ffn_bundle, a
+// byte tensor (I8, ne = [stride, n_ff]) whose row j is neuron j's gate row, up row and
+// neuron-major down row, each n_embd values of the file's kFfnBundleTypeKey, then padding.
+void bind_ffn_bundle(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f) {
+  const int64_t d = hp.n_embd;
+  const std::string path = b.path(), bn = name("ffn_bundle");
+  for (const char* part : {"ffn_gate", "ffn_up", "ffn_down", "ffn_down_t"})
+    EMBER_CHECK(!b.optional(name(part)).valid(), "{}: layer {} has both {} and {}: a bundle holds the layer's gate, "
+                "up and down rows, so no other may be given", path, name.il, bn, name(part));
+  const std::optional<std::string> type_name = b.reader().opt_string(kFfnBundleTypeKey);
+  const std::optional<DType> t = type_name ? dtype_from_name(*type_name) : std::nullopt;
+  EMBER_CHECK(t && dtype_supported(*t) && d % info(*t).block_size == 0,
+              "{}: {} needs {} to name a weight type whose blocks divide n_embd {} (it says '{}')", path, bn,
+              kFfnBundleTypeKey, d, type_name.value_or(""));
+  const TensorView raw = b.optional(bn);
+  const size_t row = row_bytes(*t, d);
+  EMBER_CHECK(raw.type == DType::I8 && raw.n_dims == 2 && raw.ne[1] == hp.n_ff &&
+                  static_cast<size_t>(raw.ne[0]) >= kFfnBundleParts * row,
+              "{}: {} is {} [{}, {}]; a bundle is I8 [stride >= {} (the three {} rows of n_embd {}), n_ff {}]", path,
+              bn, dtype_name(raw.type), raw.ne[0], raw.ne[1], kFfnBundleParts * row, dtype_name(*t), d, hp.n_ff);
+  const auto part = [&](int k, const char* what) {
+    TensorView v;
+    v.name = fmt::format("{}[{}]", bn, what);
+    v.type = *t;
+    v.n_dims = 2;
+    v.ne[0] = d;
+    v.ne[1] = hp.n_ff;
+    v.data = raw.data + static_cast<size_t>(k) * row;
+    v.stride = static_cast<size_t>(raw.ne[0]);
+    v.nbytes = static_cast<size_t>(hp.n_ff) * row;
+    std::vector<float> buf;
+    for (int64_t r : {int64_t{0}, hp.n_ff - 1})
+      EMBER_CHECK(row_finite(*t, v.row(r), d, buf), "{}: {} holds a value that is not finite (NaN or infinity) in row "
+                  "{} of {}; the file is corrupt", path, v.name, r, hp.n_ff);
+    return v;
+  };
+  f.gate = part(0, "gate");
+  f.up = part(1, "up");
+  f.down_t = part(2, "down_t");
+}
+
+}  // namespace
+
 void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f, FfnGating gating) {
   f.norm = b.norm(name("ffn_norm"), hp.n_embd);
+  f.gating = gating;
+  if (b.optional(name("ffn_bundle")).valid()) {
+    bind_ffn_bundle(b, hp, name, f);
+    bind_ffn_predictor(b, hp, name, f);
+    return;
+  }
   f.gate = b.matrix(name("ffn_gate"), hp.n_embd, hp.n_ff);
   f.up = b.matrix(name("ffn_up"), hp.n_embd, hp.n_ff);
   f.gating = gating;
@@ -206,6 +257,12 @@ void bind_ffn_down_and_predictor(const TensorBinder& b, const Hparams& hp, const
               path, il, name("ffn_down"), name("ffn_down_t"));
   if (has_down) f.down = b.matrix(name("ffn_down"), hp.n_ff, hp.n_embd);
   if (has_down_t) f.down_t = b.matrix(name("ffn_down_t"), hp.n_embd, hp.n_ff);
+  bind_ffn_predictor(b, hp, name, f);
+}
+
+void bind_ffn_predictor(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f) {
+  const int64_t il = name.il;
+  const std::string path = b.path();
   const TensorView fc1 = b.optional(name("fc1")), fc2 = b.optional(name("fc2"));
   EMBER_CHECK(fc1.valid() == fc2.valid(), "{}: layer {} has {} but not {}; a predictor needs both", path, il,
               fc1.valid() ? name("fc1") : name("fc2"), fc1.valid() ? name("fc2") : name("fc1"));
@@ -235,6 +292,15 @@ void read_sparse_metadata(Model& m) {
     for (float v : t)
       EMBER_CHECK(std::isfinite(v) && v >= 0.0f, "{}: ember.sparse.thresholds holds {} (must be finite, >= 0)", r.path(), v);
     m.gate_thresholds = std::move(t);
+  }
+  if (r.has(kNeuronFreqKey)) {
+    std::vector<float> f = r.get_float_array(kNeuronFreqKey);
+    EMBER_CHECK(static_cast<int64_t>(f.size()) == m.hp.n_layer * m.hp.n_ff,
+                "{}: {} has {} values, the model's {} layers of {} neurons need {}", r.path(), kNeuronFreqKey, f.size(),
+                m.hp.n_layer, m.hp.n_ff, m.hp.n_layer * m.hp.n_ff);
+    for (float v : f)
+      EMBER_CHECK(std::isfinite(v) && v >= 0.0f, "{}: {} holds {} (must be finite, >= 0)", r.path(), kNeuronFreqKey, v);
+    m.neuron_freq = std::move(f);
   }
   if (r.has("ember.input_sparsity.thresholds")) {
     const std::vector<float> t = r.get_float_array("ember.input_sparsity.thresholds");

@@ -34,6 +34,7 @@ class TensorBinder {
   TensorView norm(const std::string& name, int64_t n) const;
   TensorView optional(const std::string& name) const { return r_.view(name); }
   const std::string& path() const { return r_.path(); }
+  const gguf::Reader& reader() const { return r_; }
 
  private:
   TensorView require(const std::string& name) const;
@@ -69,7 +70,9 @@ enum class AttnBiases { none, qkv, all };
 void bind_attention(const TensorBinder& b, const Hparams& hp, const LayerNames& name, LayerWeights& L, AttnBiases biases);
 
 // The layer's gated FFN (SwiGLU, GeGLU, ReLU llama, Bamboo): blk.il.ffn_norm, ffn_gate, ffn_up,
-// the down projection and predictor (bind_ffn_down_and_predictor), with `gating`.
+// the down projection and predictor (bind_ffn_down_and_predictor), with `gating`; or, in a file
+// bundled by neuron (`ember prepare --bundle`, kFfnBundleParts), blk.il.ffn_bundle bound as the
+// three strided views gate, up and down_t, and the predictor.
 void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f, FfnGating gating);
 
 // The layer's mixture-of-experts FFN (Mixtral, Qwen3-MoE; model/moe.hpp): blk.il.ffn_norm, the
@@ -85,6 +88,8 @@ void bind_embeddings(const TensorBinder& b, Model& m);
 // one of them; plus the optional predictor blk.il.fc1.weight (ne = [n_embd, rank]) and
 // blk.il.fc2.weight (ne = [rank, n_ff]), both or neither.
 void bind_ffn_down_and_predictor(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f);
+// The optional predictor alone (both of fc1 and fc2, or neither).
+void bind_ffn_predictor(const TensorBinder& b, const Hparams& hp, const LayerNames& name, FfnWeights& f);
 // Sparse-ready metadata: powerinfer.sparse_threshold (f32) and ember.sparse.thresholds (f32
 // array [n_layer]) into Model::predictor_threshold / gate_thresholds.
 void read_sparse_metadata(Model& m);

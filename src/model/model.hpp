@@ -61,6 +61,15 @@ struct Hparams {
 enum class FfnGating { par, sym, none };
 const char* ffn_gating_name(FfnGating g);
 
+// A layer bundled by neuron (`ember prepare --bundle`): one byte tensor blk.N.ffn_bundle (I8, ne =
+// [stride, n_ff]), row j = neuron j's gate row, up row and neuron-major down row of the type the
+// file's kFfnBundleTypeKey names, then padding; bound as three views with the bundle's stride.
+constexpr int64_t kFfnBundleParts = 3;
+constexpr const char* kFfnBundleTypeKey = "ember.sparse.bundle_type";
+// Each neuron's firing frequency in the profile a prepared file was ordered by (F32 array
+// [n_layer * n_ff], each layer's hot first; Model::neuron_freq).
+constexpr const char* kNeuronFreqKey = "ember.sparse.neuron_freq";
+
 // The FFN of one layer. Neurons are the unit of placement: neuron j is row j of gate and up
 // (ne[0] = n_embd) and column j of down (ne[0] = n_ff), or row j of the neuron-major down_t.
 struct FfnWeights {
@@ -187,6 +196,14 @@ struct Model {
   // head copies it); empty otherwise (then `output` is the file's layout).
   TensorView file_output;
   const TensorView& output_in_file() const { return file_output.valid() ? file_output : output; }
+
+  // Each neuron's firing frequency in the profile a prepared file was ordered by (kNeuronFreqKey):
+  // entry l * n_ff + i for layer l's neuron i; empty where the file has none.
+  std::vector<float> neuron_freq;
+  // Per layer, how many of its first neurons have their FFN rows kept resident out of the file's
+  // map (model/hot_rows.hpp: a model larger than its memory budget); empty: none.
+  std::vector<int64_t> hot_neurons;
+  int64_t hot_neurons_of(size_t layer) const { return layer < hot_neurons.size() ? hot_neurons[layer] : 0; }
 
   // The memory tier (model/expert_cache.hpp): where the experts do not fit the memory budget, the
   // cache that holds the chosen ones and rebinds their views (null: every expert in place).

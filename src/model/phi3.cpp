@@ -51,7 +51,7 @@ void load_phi3(Model& m) {
   bind_layers(m, [&](LayerWeights& L, const LayerNames& name) {
     L.attn_norm = b.norm(name("attn_norm"), hp.n_embd);
     bind_attention(b, hp, name, L, AttnBiases::none);
-    if (b.optional(name("ffn_gate")).valid()) {
+    if (b.optional(name("ffn_gate")).valid() || b.optional(name("ffn_bundle")).valid()) {
       bind_gated_ffn(b, hp, name, L.ffn, FfnGating::par);
       return;
     }

@@ -38,25 +38,50 @@ void on_cores(int64_t units, int64_t per_thread, const F& part) {
 // repack_r16 on the machine's cores: 16-row groups are independent and keep their place, so
 // each thread repacks a contiguous range of them (the K-quant layouts cost real arithmetic, and
 // the first touch of the file's and the buffer's pages is spread too).
+// A matrix whose rows are interleaved with others' (a bundle, TensorView::stride) is gathered a
+// group at a time into contiguous rows first.
 void repack_parallel(const TensorView& w, uint8_t* dst) {
   const int64_t groups = w.rows() / cpu::kR16Rows;
-  const size_t group_bytes = w.row_stride() * static_cast<size_t>(cpu::kR16Rows);
+  const size_t group_bytes = w.row_size() * static_cast<size_t>(cpu::kR16Rows);
   on_cores(groups, 8, [&](int64_t i, int64_t nth) {
     const int64_t g0 = groups * i / nth, g1 = groups * (i + 1) / nth;
-    if (g1 > g0)
-      cpu::repack_r16(w.type, w.data + static_cast<size_t>(g0) * group_bytes, (g1 - g0) * cpu::kR16Rows, w.cols(),
+    if (g1 <= g0) return;
+    if (w.contiguous()) {
+      cpu::repack_r16(w.type, w.row(g0 * cpu::kR16Rows), (g1 - g0) * cpu::kR16Rows, w.cols(),
                       dst + static_cast<size_t>(g0) * group_bytes);
+      return;
+    }
+    std::vector<uint8_t> rows(group_bytes);
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t r = 0; r < cpu::kR16Rows; ++r)
+        std::memcpy(rows.data() + static_cast<size_t>(r) * w.row_size(), w.row(g * cpu::kR16Rows + r), w.row_size());
+      cpu::repack_r16(w.type, rows.data(), cpu::kR16Rows, w.cols(), dst + static_cast<size_t>(g) * group_bytes);
+    }
   });
 }
 
-// A plain copy, split the same way in pieces of at least 1 MiB.
+// A plain copy into contiguous rows, split the same way in pieces of at least 1 MiB.
 void copy_parallel(const TensorView& w, uint8_t* dst) {
+  if (!w.contiguous()) {
+    const int64_t rows = w.rows();
+    on_cores(static_cast<int64_t>(w.nbytes >> 20), 1, [&](int64_t i, int64_t nth) {
+      for (int64_t r = rows * i / nth; r < rows * (i + 1) / nth; ++r)
+        std::memcpy(dst + static_cast<size_t>(r) * w.row_size(), w.row(r), w.row_size());
+    });
+    return;
+  }
   const size_t n = w.nbytes;
   on_cores(static_cast<int64_t>(n >> 20), 1, [&](int64_t i, int64_t nth) {
     const size_t b0 = n * static_cast<size_t>(i) / static_cast<size_t>(nth);
     const size_t b1 = n * static_cast<size_t>(i + 1) / static_cast<size_t>(nth);
     std::memcpy(dst + b0, w.data + b0, b1 - b0);
   });
+}
+
+// Gives a matrix's pages in the file's map back once it has been copied out. Rows interleaved
+// with other matrices' (a bundle in the file) share their pages, which those may still read.
+void release_copied(const TensorView& w) {
+  if (w.contiguous()) release_mapped_pages(w.data, w.nbytes);
 }
 
 // What goes into the model's buffer: matrices to repack, and (ResidentWeights::copy) the other
@@ -181,7 +206,7 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
   for (LayerWeights& l : model.layers) {
     const auto copied = [&](const TensorView& w) -> Planned* {
       for (Planned& p : plan)
-        if (p.w == &w && !p.repack && w.contiguous() && w.rows() == l.ffn.up.rows()) return &p;
+        if (p.w == &w && !p.repack && w.rows() == l.ffn.up.rows()) return &p;
       return nullptr;
     };
     Planned* up = copied(l.ffn.up);
@@ -222,8 +247,9 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
       ++st.copied_tensors;
       st.copied_bytes += w.nbytes;
     }
-    release_mapped_pages(w.data, w.nbytes);
+    release_copied(w);
     w.data = dst;
+    w.stride = 0;
   }
   for (const Bundle& b : bundles) {
     copy_bundle(b, buf.data() + b.at);
@@ -233,7 +259,7 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
       const size_t row = w.row_size();
       ++st.copied_tensors;
       st.copied_bytes += w.nbytes;
-      release_mapped_pages(w.data, w.nbytes);
+      release_copied(w);
       w.data = buf.data() + b.at + offset;
       w.stride = b.stride;
       offset += row;

@@ -115,6 +115,11 @@ std::string Metrics::prometheus(const MetricsGauges& g, const std::string& model
         "Pages of FFN rows the memory tier made resident from the file's map (a read where the page cache lacked them).",
         static_cast<double>(g.map_read_pages));
     one("ember_map_read_seconds_total", "counter", "Time the forward passes waited on those pages.", g.map_read_seconds);
+    one("ember_map_read_rows_total", "counter", "Neurons whose FFN rows the sparse path asked for.",
+        static_cast<double>(g.map_read_rows));
+    one("ember_map_read_kept_rows_total", "counter",
+        "Of those, neurons whose rows the memory tier keeps resident (no read): the hit rate's numerator.",
+        static_cast<double>(g.map_read_kept_rows));
   }
   return out;
 }

@@ -29,6 +29,7 @@ struct MetricsGauges {
   // resident from the file's map since load, and the time waited on them.
   bool map_reads = false;
   uint64_t map_read_pages = 0;
+  uint64_t map_read_rows = 0, map_read_kept_rows = 0;  // neurons asked for; of those, kept resident
   double map_read_seconds = 0;
 };
 

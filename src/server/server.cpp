@@ -371,6 +371,7 @@ void Server::install_routes() {
     if (const auto mr = engine_->map_read_stats()) {
       g.map_reads = true;
       g.map_read_pages = mr->pages, g.map_read_seconds = mr->seconds;
+      g.map_read_rows = mr->rows, g.map_read_kept_rows = mr->kept_rows;
     }
     res.set_content(metrics_.prometheus(g, served_.id), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -280,7 +280,7 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   // its own prediction names the neuron (the union is what is gathered): a batch computes
   // what its tokens would decode one by one.
   float* g = ws.gate.data();
-  if (map_reads_) map_reads_->rows({&w.firing_matrix()}, predicted_.data(), np);
+  if (map_reads_) map_reads_->rows({&w.firing_matrix()}, predicted_.data(), np, model_.hot_neurons_of(static_cast<size_t>(layer)));
   cpu::gather_matmul(pool, w.firing_matrix(), x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
   ffn_firing_values(w, act, g, n, np, np, predicted_.data());
   if (n > 1) {
@@ -448,7 +448,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
           std::copy(list_of(t) + at, list_of(t) + at + n, map_ids_.data() + nc);
           nc += n;
         }
-        map_reads_->rows(ws, map_ids_.data(), nc);
+        map_reads_->rows(ws, map_ids_.data(), nc, model_.hot_neurons_of(static_cast<size_t>(layer)));
       }
       pool.barrier();
     };
@@ -498,7 +498,7 @@ void SparseFfn::up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cp
   const int64_t n_embd = down_nm.cols();
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
   if (na > 0) {
-    if (map_reads_) map_reads_->rows({&w.up, &down_nm}, active_.data(), na);
+    if (map_reads_) map_reads_->rows({&w.up, &down_nm}, active_.data(), na, model_.hot_neurons_of(static_cast<size_t>(layer)));
     // The active neurons' values (model/ffn.hpp): up gathered for them where the rule needs it.
     float* h = ws.up.data();
     if (ffn_needs_up(w)) cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, ws.mm_scratch.data());

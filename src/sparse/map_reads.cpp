@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/mmap_file.hpp"
 #include "core/timer.hpp"
 
 namespace ember {
@@ -17,13 +18,18 @@ uintptr_t page_size() {
 
 MapReads::MapReads(const gguf::Reader& file) : file_(file), io_(kThreads) {}
 
-void MapReads::rows(std::initializer_list<const TensorView*> ws, const int32_t* ids, int64_t n) {
+void MapReads::rows(std::initializer_list<const TensorView*> ws, const int32_t* ids, int64_t n, int64_t kept) {
   const uintptr_t page = page_size();
   pages_.clear();
+  int64_t n_kept = 0;
+  for (int64_t i = 0; i < n; ++i) n_kept += ids[i] < kept ? 1 : 0;
+  stats_.rows += static_cast<uint64_t>(n);
+  stats_.kept_rows += static_cast<uint64_t>(n_kept);
   for (const TensorView* w : ws) {
     if (!w->valid() || !file_.contains(w->data)) continue;
     const size_t size = w->row_size();
     for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < kept) continue;
       const auto p = reinterpret_cast<uintptr_t>(w->row(ids[i]));
       for (uintptr_t q = p / page * page; q < p + size; q += page) pages_.push_back(q);
     }
@@ -37,7 +43,7 @@ void MapReads::all(std::initializer_list<const TensorView*> ws) {
   for (const TensorView* w : ws) {
     if (!w->valid() || !file_.contains(w->data)) continue;
     const auto p = reinterpret_cast<uintptr_t>(w->data);
-    for (uintptr_t q = p / page * page; q < p + w->nbytes; q += page) pages_.push_back(q);
+    for (uintptr_t q = p / page * page; q < p + w->span_bytes(); q += page) pages_.push_back(q);
   }
   touch();
 }
@@ -47,14 +53,26 @@ void MapReads::touch() {
   Timer t;
   std::sort(pages_.begin(), pages_.end());
   pages_.erase(std::unique(pages_.begin(), pages_.end()), pages_.end());
-  const int64_t n = static_cast<int64_t>(pages_.size());
+  const uintptr_t page = page_size();
+  runs_.clear();
+  for (uintptr_t p : pages_) {
+    if (!runs_.empty() && runs_.back().second == p) runs_.back().second += page;
+    else runs_.push_back({p, p + page});
+  }
+  const int64_t n = static_cast<int64_t>(runs_.size());
   io_.run([&](int ith, int nth) {
+    // Every run of this thread asked of the disk first (reads in flight at once), then waited for.
+    for (int64_t i = ith; i < n; i += nth)
+      read_pages_ahead(reinterpret_cast<const void*>(runs_[i].first), runs_[i].second - runs_[i].first);
     uint8_t sum = 0;
-    for (int64_t i = ith; i < n; i += nth) sum ^= *reinterpret_cast<const volatile uint8_t*>(pages_[i]);
+    for (int64_t i = ith; i < n; i += nth)
+      for (uintptr_t p = runs_[i].first; p < runs_[i].second; p += page_size())
+        sum ^= *reinterpret_cast<const volatile uint8_t*>(p);
     (void)sum;
   });
   ++stats_.calls;
-  stats_.pages += static_cast<uint64_t>(n);
+  stats_.pages += static_cast<uint64_t>(pages_.size());
+  stats_.runs += static_cast<uint64_t>(n);
   stats_.seconds += t.seconds();
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "core/error.hpp"
@@ -15,6 +16,7 @@
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
+#include "ops/cpu/sparse/sparse.hpp"
 #include "sparse/reorder.hpp"
 
 namespace ember {
@@ -54,6 +56,32 @@ DType pick_down_t_type(const std::string& choice, DType down, int64_t n_embd, co
   return *t;
 }
 
+// Bytes from one neuron's bundle to the next, for rows of `row` bytes: whole pages where that
+// wastes at most a quarter (each neuron's rows then begin a page, so its gate row is one page
+// read and its up and down rows one or two more), else the rows back to back.
+size_t bundle_stride(size_t row) {
+  constexpr size_t kPage = 4096;
+  const size_t bytes = static_cast<size_t>(kFfnBundleParts) * row;
+  const size_t paged = (bytes + kPage - 1) / kPage * kPage;
+  return (paged - bytes) * 4 <= bytes ? paged : bytes;
+}
+
+// Whether every layer's FFN can be bundled by neuron: gated, with separate gate and up of one type,
+// and a neuron-major down of that type too (a bundle is one tensor of one type).
+void check_bundle(const Model& m, DType down_t_type, const std::string& path) {
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const FfnWeights& f = m.layers[l].ffn;
+    EMBER_CHECK(f.gated() && f.gate.valid() && f.gate.contiguous() && f.up.contiguous() && f.gate.rows() == f.up.rows(),
+                "prepare --bundle: {} layer {} has no separate ffn_gate and ffn_up (a bundle holds a gated FFN's gate, "
+                "up and down rows)", path, l);
+    EMBER_CHECK(f.gate.type == f.up.type && f.gate.type == down_t_type && !f.up_b.valid() && !f.down_b.valid(),
+                "prepare --bundle: {} layer {} has ffn_gate {}, ffn_up {} and a neuron-major down of {}{}: a bundle is "
+                "one tensor of one type; pass --down-type {} if down may take the gate's type, or prepare without "
+                "--bundle", path, l, dtype_name(f.gate.type), dtype_name(f.up.type), dtype_name(down_t_type),
+                f.up_b.valid() || f.down_b.valid() ? " and biases" : "", dtype_name(f.gate.type));
+  }
+}
+
 }  // namespace
 
 float threshold_from_quantiles(const float* q, float s) {
@@ -68,7 +96,8 @@ namespace {
 
 // The profile's order of each layer's neurons, hot first (perms), its mean hot share and, with
 // --sparsity, each layer's threshold from its gate quantiles (into sum).
-std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t L, int64_t n_ff, PrepareSummary& sum) {
+std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t L, int64_t n_ff, PrepareSummary& sum,
+                                                std::vector<float>& freq) {
   gguf::Reader prof(o.profile);
   const std::string parch = prof.opt_string("general.architecture").value_or("");
   EMBER_CHECK(parch == "ember-profile", "{}: not a profile (general.architecture '{}', expected 'ember-profile'); make one "
@@ -78,7 +107,10 @@ std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t
   EMBER_CHECK(p_layers == L && p_ff == n_ff,
               "{}: the profile is of a model with {} layers and n_ff {}, but {} has {} layers and n_ff {}: a profile of "
               "another model? Profile this model with `ember profile`", o.profile, p_layers, p_ff, o.model, L, n_ff);
+  const double n_tokens = static_cast<double>(std::max<int64_t>(prof.opt_int("ember.profile.n_tokens").value_or(1), 1));
   std::vector<std::vector<int32_t>> perms(static_cast<size_t>(L));
+  freq.clear();
+  freq.reserve(static_cast<size_t>(L * n_ff));
   std::vector<float> thresholds;
   double hot_share = 0.0;
   for (int64_t il = 0; il < L; ++il) {
@@ -91,6 +123,7 @@ std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t
       EMBER_CHECK(std::isfinite(counts[j]) && counts[j] >= 0, "{}: '{}' holds {} (counts must be finite, >= 0)",
                   o.profile, cn, counts[j]);
     perms[il] = hot_first_permutation(counts, n_ff);
+    for (int64_t i = 0; i < n_ff; ++i) freq.push_back(static_cast<float>(counts[perms[il][i]] / n_tokens));
     double total = 0, top = 0;
     for (int64_t i = 0; i < n_ff; ++i) {
       total += counts[perms[il][i]];
@@ -151,7 +184,8 @@ std::unique_ptr<gguf::Reader> open_predictor(const PrepareOptions& o, const Mode
 // architecture has a key for it, the predictor's input, the thresholds and the permutation.
 void write_metadata(gguf::Writer& w, const Model& m, const PrepareOptions& o, const gguf::Reader* pred,
                     float pred_threshold, const std::vector<std::vector<int32_t>>& perms,
-                    const std::vector<float>& thresholds) {
+                    const std::vector<float>& thresholds, const std::vector<float>& freq,
+                    std::optional<DType> bundle_type) {
   const gguf::Reader& mr = *m.file;
   const Hparams& hp = m.hp;
   const int64_t L = hp.n_layer, n_ff = hp.n_ff;
@@ -176,6 +210,8 @@ void write_metadata(gguf::Writer& w, const Model& m, const PrepareOptions& o, co
   flat.reserve(static_cast<size_t>(L * n_ff));
   for (const auto& p : perms) flat.insert(flat.end(), p.begin(), p.end());
   w.set("ember.sparse.permutation", gguf::Value::ints(flat));
+  w.set(kNeuronFreqKey, gguf::Value::floats(freq));
+  if (bundle_type) w.set(kFfnBundleTypeKey, gguf::Value::str(std::string(dtype_name(*bundle_type))));
   w.set("ember.sparse.profile", gguf::Value::str(std::filesystem::path(o.profile).filename().string()));
 
 }
@@ -203,8 +239,23 @@ void add_tensors(gguf::Writer& w, const Model& m, const gguf::Reader* pred, cons
     std::vector<int64_t> ne = shape_of(t);
     DType type = t.type;
     gguf::Writer::Producer make;
-    if (rest == "ffn_gate.weight" || rest == "ffn_up.weight" || rest == "ffn_up.bias" || rest == "ffn_gate.bias" ||
-        rest == "ffn_down_t.weight") {
+    const bool bundled_part = rest == "ffn_gate.weight" || rest == "ffn_up.weight" || rest == "ffn_down.weight" ||
+                              rest == "ffn_down_t.weight";
+    if (sum.bundle && bundled_part) {
+      if (rest != "ffn_gate.weight") continue;  // in the bundle, written where the gate was
+      name = fmt::format("blk.{}.ffn_bundle.weight", il);
+      const size_t stride = bundle_stride(row_bytes(down_t_type, d));
+      ne = {static_cast<int64_t>(stride), n_ff};
+      type = DType::I8;
+      const TensorView gate = v, up = mr.view(fmt::format("blk.{}.ffn_up.weight", il));
+      const TensorView down = mr.view(fmt::format("blk.{}.{}.weight", il, from_down ? "ffn_down" : "ffn_down_t"));
+      make = [&pool, gate, up, down, perm, from_down, down_t_type, stride] {
+        cpu::NeuronMajorMatrix nm;
+        if (from_down) nm = cpu::make_neuron_major(pool, down, down_t_type);
+        return permute_bundle({gate, up, from_down ? nm.view : down}, *perm, stride);
+      };
+    } else if (rest == "ffn_gate.weight" || rest == "ffn_up.weight" || rest == "ffn_up.bias" ||
+               rest == "ffn_gate.bias" || rest == "ffn_down_t.weight" || rest == "ffn_bundle.weight") {
       make = [v, perm] { return permute_rows(v, *perm); };
     } else if (rest == "ffn_down.weight") {
       if (!from_down) continue;  // the model's own down_t (permuted) replaces it
@@ -256,20 +307,27 @@ PrepareSummary prepare_sparse_model(const PrepareOptions& o, const PrepareProgre
   PrepareSummary sum;
   sum.n_layer = L;
   sum.n_ff = n_ff;
-  const std::vector<std::vector<int32_t>> perms = profile_order(o, L, n_ff, sum);
+  std::vector<float> freq;
+  const std::vector<std::vector<int32_t>> perms = profile_order(o, L, n_ff, sum, freq);
   float pred_threshold = 0.0f;
   const std::unique_ptr<gguf::Reader> pred = open_predictor(o, *model, sum, &pred_threshold);
   const bool from_down = !model->layers[0].ffn.down_t.valid();
   sum.down_t_from_down = from_down;
   sum.down_t_type = from_down ? pick_down_t_type(o.down_type, model->layers[0].ffn.down.type, d, o.model)
                               : model->layers[0].ffn.down_t.type;
-  if (sum.down_t_type != DType::F16 && sum.down_t_type != DType::Q4_0)
+  // A bundled input stays bundled (its ffn_bundle rows are permuted as one tensor).
+  const bool in_bundled = !model->layers[0].ffn.up.contiguous();
+  if (o.bundle && !in_bundled) check_bundle(*model, sum.down_t_type, o.model);
+  sum.bundle = o.bundle || in_bundled;
+  if (!sum.bundle && sum.down_t_type != DType::F16 && sum.down_t_type != DType::Q4_0)
     log_warn("prepare: ffn_down_t is {}; PowerInfer's CPU kernels read it only as F16 or Q4_0 (Ember runs any)",
              dtype_name(sum.down_t_type));
 
-  gguf::Writer w(model->file->alignment());
+  // Bundles that begin pages need tensors that begin pages.
+  gguf::Writer w(sum.bundle ? std::max<size_t>(model->file->alignment(), 4096) : model->file->alignment());
   w.set_powerinfer_magic(true);
-  write_metadata(w, *model, o, pred.get(), pred_threshold, perms, sum.thresholds);
+  write_metadata(w, *model, o, pred.get(), pred_threshold, perms, sum.thresholds, freq,
+                 sum.bundle ? std::optional<DType>(sum.down_t_type) : std::nullopt);
   const int n_threads = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(n_threads);  // the lazy producers' (they run in w.write)
   add_tensors(w, *model, pred.get(), perms, sum, pool, progress);

@@ -9,6 +9,10 @@
 //     powerinfer.sparse_threshold embedded;
 //   * with a target sparsity and a profile that has gate quantiles, the calibrated per-layer
 //     thresholds ember.sparse.thresholds and ember.sparse.target;
+//   * with --bundle, each layer's gate, up and down_t rows bundled by neuron into
+//     blk.N.ffn_bundle.weight (Ember's layout, not PowerInfer's; model/loader.hpp binds it);
+//   * each neuron's firing frequency in the profile, in the new order, as ember.sparse.neuron_freq
+//     (F32 array [n_layer * n_ff]: what a memory budget keeps resident first);
 //   * the permutations as ember.sparse.permutation (I32 array [n_layer * n_ff]: entry
 //     il * n_ff + i is the original index of layer il's neuron i), so that per-neuron data of the
 //     original model (a profile, a plan) can be mapped onto the prepared one;
@@ -31,12 +35,17 @@ struct PrepareOptions {
   // F16), or a type name (f32, f16, q8_0, q4_0, ...).
   std::string down_type = "same";
   int n_threads = 0;          // 0: all hardware threads
+  // Each layer's gate, up and neuron-major down rows bundled by neuron into one tensor,
+  // blk.N.ffn_bundle.weight (ne = [3 n_embd, n_ff]): a neuron's rows are one read from the file
+  // (a model larger than its memory budget). Ember's layout; PowerInfer does not read it.
+  bool bundle = false;
 };
 
 struct PrepareSummary {
   int64_t n_layer = 0, n_ff = 0;
   DType down_t_type = DType::F32;
   bool down_t_from_down = false;   // converted from ffn_down (false: the model's own down_t, permuted)
+  bool bundle = false;             // the FFN rows bundled by neuron (blk.N.ffn_bundle)
   int64_t predictor_rank = 0;      // 0: no predictor in the output
   std::vector<float> thresholds;   // empty unless --sparsity
   double hot_share = 0.0;          // fraction of all profile counts in each layer's first 10% of neurons (mean)

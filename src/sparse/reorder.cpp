@@ -45,6 +45,26 @@ std::vector<uint8_t> permute_rows(const TensorView& t, const std::vector<int32_t
   return out;
 }
 
+std::vector<uint8_t> permute_bundle(const std::vector<TensorView>& parts, const std::vector<int32_t>& perm,
+                                    size_t stride) {
+  size_t bytes = 0;
+  for (const TensorView& t : parts) {
+    EMBER_CHECK(t.n_dims == 2 && is_permutation(perm, t.rows()), "reorder: permutation of {} entries does not fit '{}' "
+                "({} rows)", perm.size(), t.name, t.rows());
+    bytes += t.row_size();
+  }
+  EMBER_CHECK(bytes <= stride, "reorder: a bundle of {} bytes does not fit a stride of {}", bytes, stride);
+  std::vector<uint8_t> out(stride * perm.size(), 0);
+  for (size_t i = 0; i < perm.size(); ++i) {
+    uint8_t* row = out.data() + i * stride;
+    for (const TensorView& t : parts) {
+      std::memcpy(row, t.row(perm[i]), t.row_size());
+      row += t.row_size();
+    }
+  }
+  return out;
+}
+
 std::vector<uint8_t> neuron_major_permuted(ThreadPool& pool, const TensorView& down, DType type,
                                            const std::vector<int32_t>& perm) {
   const cpu::NeuronMajorMatrix nm = cpu::make_neuron_major(pool, down, type);

@@ -27,6 +27,12 @@ bool is_permutation(const std::vector<int32_t>& perm, int64_t n);
 // 1-D tensor the "rows" are its elements (F32 only).
 std::vector<uint8_t> permute_rows(const TensorView& t, const std::vector<int32_t>& perm);
 
+// A bundle of matrices with a row per neuron (`ember prepare --bundle`): row i of the result, of
+// `stride` bytes, is row perm[i] of each of `parts` in turn (rows copied as bytes; every part has
+// perm.size() rows), then zeros.
+std::vector<uint8_t> permute_bundle(const std::vector<TensorView>& parts, const std::vector<int32_t>& perm,
+                                    size_t stride);
+
 // The neuron-major form of an input-major down projection (ne = [n_ff, n_embd], as in GGUF) in
 // `type`, its rows in the order perm: row i = column perm[i] of down. Quantized types are
 // requantized along the other axis (n_embd must be a multiple of the block size).

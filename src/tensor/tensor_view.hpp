@@ -31,6 +31,11 @@ struct TensorView {
   size_t row_size() const { return row_bytes(type, ne[0]); }
   bool contiguous() const { return stride == 0 || stride == row_bytes(type, ne[0]); }
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_stride(); }
+  // Bytes from data to the end of the last row: the address range the rows lie in (nbytes where
+  // they are contiguous; with other matrices' rows between them where interleaved).
+  size_t span_bytes() const {
+    return rows() > 0 ? static_cast<size_t>(rows() - 1) * row_stride() + row_size() : 0;
+  }
   bool valid() const { return data != nullptr; }
 };
 

@@ -219,13 +219,15 @@ void run_bench(const BenchFlags& f) {
   if (const SparseFfn* sp = session.sparse_ffn(); sp && sp->map_read_stats() && !tg.empty()) {  // of the last decode run
     const MapReadStats& st = *sp->map_read_stats();
     const double tokens = static_cast<double>(f.n_gen) * f.seqs;
+    const double kept = st.rows ? static_cast<double>(st.kept_rows) / static_cast<double>(st.rows) : 0.0;
     out["map_reads"] = {{"resident_weight_budget", model->resident_weight_budget},
-                        {"pages_per_token", st.pages / tokens}, {"read_seconds_per_token", st.seconds / tokens}};
-    std::printf("memory tier: %.1f MiB of weights resident; last decode run: %.0f pages of FFN rows made resident from "
-                "the file's map a token (%.1f MB; those the page cache held cost no read), %.1f ms a token waiting "
-                "on them\n",
-                model->resident_weight_budget / 1048576.0, st.pages / tokens, st.pages * 4096.0 / tokens / 1e6,
-                1e3 * st.seconds / tokens);
+                        {"rows_kept_resident", kept}, {"pages_per_token", st.pages / tokens},
+                        {"runs_per_token", st.runs / tokens}, {"read_seconds_per_token", st.seconds / tokens}};
+    std::printf("memory tier: %.1f MiB of weights resident; last decode run: %.1f%% of the neuron rows asked for kept "
+                "resident, %.0f pages of FFN rows made resident from the file's map a token (%.1f MB in %.0f runs; "
+                "those the page cache held cost no read), %.1f ms a token waiting on them\n",
+                model->resident_weight_budget / 1048576.0, 100 * kept, st.pages / tokens,
+                st.pages * 4096.0 / tokens / 1e6, st.runs / tokens, 1e3 * st.seconds / tokens);
   }
   out["sparse_mode"] = f.engine.resolved_sparse_mode(*model);
   if (SparseFfn* sp = session.sparse_ffn()) {

@@ -25,6 +25,9 @@ void add_prepare(CLI::App& app) {
       ->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--down-type", o->down_type, "type of ffn_down_t: same (down's), f32, f16, q8_0, q4_0, ...")
       ->capture_default_str();
+  cmd->add_flag("--bundle", o->bundle,
+                "bundle each neuron's gate, up and down rows into one row of blk.N.ffn_bundle (one read a neuron for a "
+                "model larger than memory; Ember's layout, which PowerInfer does not read)");
   cmd->add_option("-o,--output", o->output, "output GGUF file")->required();
   cmd->add_option("-t,--threads", o->n_threads, "threads (0 = all cores)")->capture_default_str();
   cmd->callback([o] {
@@ -35,9 +38,10 @@ void add_prepare(CLI::App& app) {
       std::fflush(stderr);
     });
     fmt::print(stderr, "{}prepare: wrote {} ({:.1f} MiB) in {:.1f} s: {} layers x {} neurons reordered hot first (the "
-               "hottest 10% hold {:.1f}% of the profile's firings), ffn_down_t {} ({}), predictor {}, thresholds {}\n",
+               "hottest 10% hold {:.1f}% of the profile's firings), ffn_down_t {} ({}){}, predictor {}, thresholds {}\n",
                tty ? "\n" : "", o->output, s.bytes / 1048576.0, timer.seconds(), s.n_layer, s.n_ff, 100.0 * s.hot_share,
                dtype_name(s.down_t_type), s.down_t_from_down ? "from ffn_down" : "the model's own, permuted",
+               s.bundle ? ", bundled by neuron with gate and up" : "",
                s.predictor_rank > 0 ? fmt::format("rank {}", s.predictor_rank) : std::string("none"),
                s.thresholds.empty() ? std::string("none") : fmt::format("for sparsity {}", o->sparsity));
   });

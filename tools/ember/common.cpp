@@ -16,6 +16,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "model/expert_cache.hpp"
+#include "model/hot_rows.hpp"
 #include "model/kv_cache.hpp"
 #include "model/workspace.hpp"
 #include "sparse/input_allocation.hpp"
@@ -174,9 +175,13 @@ void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bo
                 kMemoryTierReserve / 1048576.0, others / 1048576.0);
     model.resident_weight_budget = budget - others;
     log_info("memory tier: a budget of {:.1f} MiB ({}) holds the KV cache and working buffers ({:.1f} MiB) and {:.1f} "
-             "MiB of the {:.1f} MiB of weights; the rest is read from the file's map as each token needs it",
+             "MiB of the {:.1f} MiB of weights; the rest is read from the file's map as each token needs it{}",
              budget / 1048576.0, asked == SIZE_MAX ? "detected: the cgroup's limit or the memory available" : "given",
-             (kv + ws.bytes()) / 1048576.0, model.resident_weight_budget / 1048576.0, model.file_bytes() / 1048576.0);
+             (kv + ws.bytes()) / 1048576.0, model.resident_weight_budget / 1048576.0, model.file_bytes() / 1048576.0,
+             flags.batch > 64 ? fmt::format(" (the buffers of a {}-token batch take {:.1f} MiB: -b 64 leaves most of "
+                                            "them to weights, faster decode for slower prompts)",
+                                            flags.batch, ws.bytes() / 1048576.0)
+                              : std::string());
     return;
   }
   const MemoryTier tier = plan_memory_tier(model, budget, kv, ws.bytes());
@@ -228,10 +233,25 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     if (ffn_mode_gathers_rows(mode))
       for (const LayerWeights& l : model->layers)
         for (const TensorView* w : {&l.ffn.gate, &l.ffn.up, &l.ffn.down, &l.ffn.down_t})
-          if (w->valid() && model->file->contains(w->data)) advise_random_reads(w->data, w->nbytes), random += w->nbytes;
+          if (w->valid() && model->file->contains(w->data))
+            advise_random_reads(w->data, w->span_bytes()), random += w->nbytes;
     log_info("memory tier: {:.1f} MiB repacked or copied, {:.1f} MiB kept in the file's layout, {:.1f} MiB of FFN rows "
              "read at random from the map", (rp.bytes + rp.copied_bytes) / 1048576.0,
              (rp.repack_skipped_bytes + rp.copy_skipped_bytes) / 1048576.0, random / 1048576.0);
+    // What the repacking left of the budget, but for a share the page cache keeps for the rows
+    // each token reads, holds what every token reads and the hottest neurons (model/hot_rows.hpp).
+    const size_t taken = rp.bytes + rp.copied_bytes;
+    const size_t left = model->resident_weight_budget > taken ? model->resident_weight_budget - taken : 0;
+    const size_t page_cache = std::max(model->resident_weight_budget / 16, size_t{8} << 20);
+    if (left > page_cache) {
+      const HotRows h = keep_hot_rows(*model, left - page_cache);
+      log_info("memory tier: kept resident {:.1f} MiB that every token reads and the rows of the {} hottest of {} "
+               "neurons ({:.1f} MiB{}) in {:.2f} s", h.every_token_bytes / 1048576.0, h.neurons, h.all_neurons,
+               h.neuron_bytes / 1048576.0,
+               h.firing_share >= 0 ? fmt::format(", {:.1f}% of the profile's firings", 100 * h.firing_share)
+                                   : std::string(", no profile frequencies in the file: an equal count a layer"),
+               h.seconds);
+    }
   } else if (rp.copy_skipped_bytes > 0)
     log_info("kept {:.1f} MiB of matrices in the file's map: with the repacked ones they need more than 90% of the "
              "memory available now ({:.1f} MiB)",

@@ -71,6 +71,8 @@ void free_zeroed(void* p, size_t bytes) {
 
 size_t available_memory_bytes() { return proc_kb("/proc/meminfo", "MemAvailable:"); }
 
+size_t anon_rss_bytes() { return proc_kb("/proc/self/status", "RssAnon:"); }
+
 size_t anon_huge_page_bytes() { return proc_kb("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 }  // namespace ember

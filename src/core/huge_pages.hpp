@@ -30,6 +30,10 @@ void free_zeroed(void* p, size_t bytes);
 // plus reclaimable caches), 0 where unknown.
 size_t available_memory_bytes();
 
+// Bytes of this process's anonymous memory resident now (RssAnon of /proc/self/status), 0 where
+// unknown.
+size_t anon_rss_bytes();
+
 // Bytes of this process's anonymous memory currently in transparent huge pages
 // (AnonHugePages of /proc/self/smaps_rollup), 0 where unknown.
 size_t anon_huge_page_bytes();

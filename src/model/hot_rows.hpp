@@ -12,6 +12,7 @@
 // where they lie: the same bytes at the same addresses, so the same tokens. The cold neurons'
 // rows are read as the predictor names them (sparse/map_reads.hpp), which skips the kept ones.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -26,6 +27,13 @@ struct HotRows {
   double firing_share = -1.0;    // of the profile's firings the kept neurons hold (-1: no frequencies)
   double seconds = 0.0;
 };
+
+// Of a memory budget, what stays free of repacked and kept weights: the page cache the rows each
+// token reads pass through (a layer's share at a time) and buffers made after loading; at most a
+// quarter of a small budget.
+inline size_t page_cache_slack(size_t budget) {
+  return std::min(std::max(budget / 32, size_t{48} << 20), budget / 4);
+}
 
 // Keeps at most `bytes` resident as above and sets model.hot_neurons.
 HotRows keep_hot_rows(Model& model, size_t bytes);

@@ -13,6 +13,7 @@
 #include "core/huge_pages.hpp"
 #include "core/mmap_file.hpp"
 #include "core/timer.hpp"
+#include "model/hot_rows.hpp"
 #include "ops/cpu/r16/r16.hpp"
 
 namespace ember {
@@ -189,10 +190,11 @@ RepackStats repack_for_dense_kernels(Model& model, RepackScope scope, ResidentWe
   }
   if (model.resident_weight_budget > 0) {
     // A model larger than its budget: the repacked matrices, in the plan's order (attention
-    // first, layer by layer), take at most three quarters of it; the rest stays in the file's map
-    // and the page cache keeps what the sparse path reads (the last quarter).
+    // first, layer by layer), take what it holds but for the page cache's slack; the rest stays
+    // in the file's map, and what the budget then leaves keeps the hot rows (model/hot_rows.hpp).
     size_t kept = 0;
-    const size_t most = model.resident_weight_budget / 4 * 3;
+    const size_t slack = page_cache_slack(model.resident_weight_budget);
+    const size_t most = model.resident_weight_budget > slack ? model.resident_weight_budget - slack : 0;
     plan.erase(std::remove_if(plan.begin(), plan.end(),
                               [&](const Planned& p) {
                                 if (kept + p.w->nbytes > most) return st.repack_skipped_bytes += p.w->nbytes, true;

@@ -53,8 +53,8 @@ struct RepackStats {
 // bytes (0: 90 % of the memory available now, core/huge_pages.hpp); otherwise they stay in the
 // file (copy_skipped_bytes), so a model larger than memory still runs from its map. A model with
 // a Model::resident_weight_budget (larger than its memory budget) bounds the repacked matrices as
-// well: they take at most three quarters of it, in order, the others keeping the file's layout
-// (repack_skipped_bytes).
+// well: they take it but for the page cache's slack (page_cache_slack, model/hot_rows.hpp), in
+// order, the others keeping the file's layout (repack_skipped_bytes).
 // Whether repack_for_dense_kernels repacks w where its scope names it (a fast kernel reads the
 // repacked layout at this SIMD level, and w's shape takes it). The expert cache asks it too.
 bool repack_pays(const TensorView& w);

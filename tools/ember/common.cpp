@@ -153,12 +153,14 @@ SessionParams EngineFlags::session_params(const Model& model) const {
   return p;
 }
 
-void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bool repack) {
+DenseMemoryTier attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bool repack) {
   const size_t asked = parse_memory_budget(flags.mem_budget);
-  if (asked == 0) return;
+  if (asked == 0) return {};
   const size_t budget = asked == SIZE_MAX ? detect_memory_budget() : asked;
-  if (budget == 0) return;
+  if (budget == 0) return {};
   const Hparams& hp = model.hp;
+  const size_t process = anon_rss_bytes();  // before the working buffers below are sized
+  log_debug("memory tier: the process holds {:.1f} MiB of anonymous memory before the weights", process / 1048576.0);
   const size_t kv = KvCache::bytes_for(hp.n_layer, flags.ctx > 0 ? flags.ctx : 4096, hp.n_head_kv * hp.head_dim,
                                        flags.kv_type == "f32" ? DType::F32 : DType::F16);
   Workspace ws;  // the session's working buffers, sized as it will size them (then freed)
@@ -166,13 +168,14 @@ void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bo
           flags.threads > 0 ? flags.threads : default_thread_count());
   if (!model_has_moe(model)) {
     // A dense model: what does not fit stays in the file's map (model.resident_weight_budget).
-    const size_t others = kv + ws.bytes() + kMemoryTierReserve;
-    if (model.file_bytes() + others <= budget) return;
+    // The process as it stands (the file's metadata, code) and what it makes later.
+    const size_t others = kv + ws.bytes() + process + kMemoryTierReserve;
+    if (model.file_bytes() + others <= budget) return {};
     EMBER_CHECK(budget > others, "a memory budget of {:.1f} MiB cannot run {}: the KV cache ({:.1f} MiB), the working "
                 "buffers ({:.1f} MiB) and {:.0f} MiB for the process need {:.1f} MiB before any weight: give a larger "
                 "--mem-budget, or a shorter context (-c) or batch (-b)",
                 budget / 1048576.0, model.file->path(), kv / 1048576.0, ws.bytes() / 1048576.0,
-                kMemoryTierReserve / 1048576.0, others / 1048576.0);
+                (process + kMemoryTierReserve) / 1048576.0, others / 1048576.0);
     model.resident_weight_budget = budget - others;
     log_info("memory tier: a budget of {:.1f} MiB ({}) holds the KV cache and working buffers ({:.1f} MiB) and {:.1f} "
              "MiB of the {:.1f} MiB of weights; the rest is read from the file's map as each token needs it{}",
@@ -182,10 +185,10 @@ void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bo
                                             "them to weights, faster decode for slower prompts)",
                                             flags.batch, ws.bytes() / 1048576.0)
                               : std::string());
-    return;
+    return {budget, kv + ws.bytes()};
   }
   const MemoryTier tier = plan_memory_tier(model, budget, kv, ws.bytes());
-  if (!tier.needed) return;
+  if (!tier.needed) return {};
   EMBER_CHECK(mode == FfnMode::dense, "the memory tier (its experts do not fit {:.1f} MiB) runs the dense mode only; "
               "pass --sparse-mode dense (or a larger --mem-budget)", budget / 1048576.0);
   model.expert_cache = std::make_shared<ExpertCache>(model, tier, repack);
@@ -194,6 +197,7 @@ void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bo
            budget / 1048576.0, asked == SIZE_MAX ? "detected: the cgroup's limit or the memory available" : "given",
            tier.resident / 1048576.0, tier.slots, tier.experts, tier.slots * tier.slot_bytes / 1048576.0,
            tier.expert_bytes / 1048576.0, model.expert_cache->direct_io() ? " (O_DIRECT)" : "");
+  return {};
 }
 
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds, RepackScope max_scope) {
@@ -211,7 +215,7 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     log_info("{} has activation predictors (`ember sparsify`, `ember prepare`, or --predictor): running "
              "--sparse-mode predictor (pass --sparse-mode dense for the dense model)", flags.model_path);
   const RepackScope scope = flags.no_repack ? RepackScope::none : std::min(max_scope, ffn_scope);
-  attach_memory_tier(flags, *model, mode, scope == RepackScope::all);
+  const DenseMemoryTier dense_tier = attach_memory_tier(flags, *model, mode, scope == RepackScope::all);
   const RepackStats rp =
       repack_for_session(*model, mode, scope, flags.mmap ? ResidentWeights::in_file : ResidentWeights::copy, hybrid);
   if (rp.tensors > 0 || rp.copied_tensors > 0)
@@ -238,13 +242,13 @@ std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_
     log_info("memory tier: {:.1f} MiB repacked or copied, {:.1f} MiB kept in the file's layout, {:.1f} MiB of FFN rows "
              "read at random from the map", (rp.bytes + rp.copied_bytes) / 1048576.0,
              (rp.repack_skipped_bytes + rp.copy_skipped_bytes) / 1048576.0, random / 1048576.0);
-    // What the repacking left of the budget, but for a share the page cache keeps for the rows
-    // each token reads, holds what every token reads and the hottest neurons (model/hot_rows.hpp).
-    const size_t taken = rp.bytes + rp.copied_bytes;
-    const size_t left = model->resident_weight_budget > taken ? model->resident_weight_budget - taken : 0;
-    const size_t page_cache = std::max(model->resident_weight_budget / 16, size_t{8} << 20);
-    if (left > page_cache) {
-      const HotRows h = keep_hot_rows(*model, left - page_cache);
+    // What the budget leaves, measured: the process's anonymous memory now (the repacked
+    // matrices among it) and the session's to come, and a share for the page cache (the rows each
+    // token reads pass through it) and buffers made later. The rest holds what every token reads
+    // and the hottest neurons (model/hot_rows.hpp).
+    const size_t need = anon_rss_bytes() + dense_tier.session_bytes + page_cache_slack(dense_tier.budget);
+    if (dense_tier.budget > need) {
+      const HotRows h = keep_hot_rows(*model, dense_tier.budget - need);
       log_info("memory tier: kept resident {:.1f} MiB that every token reads and the rows of the {} hottest of {} "
                "neurons ({:.1f} MiB{}) in {:.2f} s", h.every_token_bytes / 1048576.0, h.neurons, h.all_neurons,
                h.neuron_bytes / 1048576.0,

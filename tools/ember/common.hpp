@@ -68,7 +68,12 @@ struct SamplingFlags {
 // The memory tier (model/expert_cache.hpp) for a mixture whose experts do not fit --mem-budget:
 // attaches the expert cache before anything is repacked (the cache repacks its experts itself
 // where `repack`); refuses the sparse modes. Nothing for a dense model or one that fits.
-void attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bool repack);
+// Where a dense model does not fit: the budget, and the bytes its session will take besides the
+// weights (KV cache and working buffers); zeros where no budget binds a dense model.
+struct DenseMemoryTier {
+  size_t budget = 0, session_bytes = 0;
+};
+DenseMemoryTier attach_memory_tier(const EngineFlags& flags, Model& model, FfnMode mode, bool repack);
 std::unique_ptr<Model> load_model_logged(const EngineFlags& flags, double* load_seconds,
                                          RepackScope max_scope = RepackScope::all);
 

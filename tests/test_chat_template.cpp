@@ -196,8 +196,11 @@ TEST(ChatTemplate, ModelWithoutTemplateGetsItsArchitecturesStyle) {
   EXPECT_EQ(model_chat_template(r, gemma), "gemma");
   EXPECT_EQ(apply_chat_template(model_chat_template(r, gemma), one, true),
             "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
-  for (const Architecture& a : architectures())
-    if (std::string(a.name) != "gemma3") EXPECT_EQ(a.chat_fallback, nullptr) << a.name;
+  for (const Architecture& a : architectures()) {
+    if (std::string(a.name) != "gemma3") {
+      EXPECT_EQ(a.chat_fallback, nullptr) << a.name;
+    }
+  }
   EXPECT_EQ(model_chat_template(file_with("llama", ""), nullptr), "");
   EXPECT_EQ(model_chat_template(file_with("gemma3", kSmolLM2Template), gemma), kSmolLM2Template);
   fs::remove_all(dir);

@@ -106,6 +106,11 @@ Value read_value(Cursor& c, ValueType type, int depth, const std::string& key, u
              c.label(), key, n, kMaxArrayElements, kMaxMetadataValues);
       budget -= n;
       v.elem_type = static_cast<ValueType>(et);
+      if (is_packed_scalar(v.elem_type)) {  // checked one by one, kept packed (Value::s)
+        v.s.reserve(n * packed_size(v.elem_type));
+        for (uint64_t k = 0; k < n; ++k) pack_scalar(v.s, read_value(c, v.elem_type, depth + 1, key, budget));
+        break;
+      }
       v.arr.reserve(n);
       for (uint64_t k = 0; k < n; ++k) v.arr.push_back(read_value(c, v.elem_type, depth + 1, key, budget));
       break;
@@ -316,7 +321,7 @@ std::vector<std::string> Reader::get_string_array(const std::string& key) const 
   const Value& v = require_array(*this, key);
   if (v.elem_type != ValueType::STRING) fail("{}: metadata '{}' should be an array of strings", path_, key);
   std::vector<std::string> out;
-  out.reserve(v.arr.size());
+  out.reserve(v.length());
   for (const auto& e : v.arr) out.push_back(e.s);
   return out;
 }
@@ -324,8 +329,9 @@ std::vector<std::string> Reader::get_string_array(const std::string& key) const 
 std::vector<float> Reader::get_float_array(const std::string& key) const {
   const Value& v = require_array(*this, key);
   std::vector<float> out;
-  out.reserve(v.arr.size());
-  for (const auto& e : v.arr) {
+  out.reserve(v.length());
+  for (size_t k = 0; k < v.length(); ++k) {
+    const Value e = v.at(k);
     if (is_float(e.type)) out.push_back(static_cast<float>(e.f));
     else if (is_integer(e.type)) out.push_back(static_cast<float>(e.i));
     else fail("{}: metadata '{}' should be an array of numbers", path_, key);
@@ -336,8 +342,9 @@ std::vector<float> Reader::get_float_array(const std::string& key) const {
 std::vector<int64_t> Reader::get_int_array(const std::string& key) const {
   const Value& v = require_array(*this, key);
   std::vector<int64_t> out;
-  out.reserve(v.arr.size());
-  for (const auto& e : v.arr) {
+  out.reserve(v.length());
+  for (size_t k = 0; k < v.length(); ++k) {
+    const Value e = v.at(k);
     if (!is_integer(e.type) && e.type != ValueType::BOOL) fail("{}: metadata '{}' should be an array of integers", path_, key);
     out.push_back(e.i);
   }

@@ -14,6 +14,12 @@ enum class ValueType : uint32_t {
 const char* value_type_name(ValueType t);
 bool is_integer(ValueType t);
 bool is_float(ValueType t);
+// Whether an array of t keeps its elements packed (numbers and bools), and the bytes of one.
+bool is_packed_scalar(ValueType t);
+size_t packed_size(ValueType t);
+struct Value;
+// Appends scalar e's bytes, as a file stores them, to an array's packed elements.
+void pack_scalar(std::string& packed, const Value& e);
 
 struct Value {
   ValueType type = ValueType::U32;
@@ -21,9 +27,16 @@ struct Value {
   // unchanged), floats in `f`, bools in `i`.
   int64_t i = 0;
   double f = 0;
+  // Strings; and for an array of scalars (numbers, bools) read from a file or made by floats() /
+  // ints(), its elements packed as the file stores them (a long array costs its bytes, not a
+  // Value each: a prepared 7B file's per-neuron arrays are 458,752 entries).
   std::string s;
   ValueType elem_type = ValueType::U8;  // for arrays
-  std::vector<Value> arr;
+  std::vector<Value> arr;               // elements of other arrays (and of arrays built with array())
+
+  // An array's length and its element k, wherever they are kept.
+  size_t length() const;
+  Value at(size_t k) const;
 
   uint64_t u() const { return static_cast<uint64_t>(i); }
 

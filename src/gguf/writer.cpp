@@ -38,8 +38,9 @@ void put_value(std::vector<uint8_t>& out, const Value& v) {
     case ValueType::STRING: put_string(out, v.s); break;
     case ValueType::ARRAY:
       put<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
-      put<uint64_t>(out, v.arr.size());
-      for (const auto& e : v.arr) {
+      put<uint64_t>(out, v.length());
+      for (size_t k = 0; k < v.length(); ++k) {
+        const Value e = v.at(k);
         if (e.type != v.elem_type) fail("GGUF writer: array element of type {} in an array of {}",
                                         value_type_name(e.type), value_type_name(v.elem_type));
         put_value(out, e);

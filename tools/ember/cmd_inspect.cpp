@@ -61,8 +61,8 @@ json value_json(const gguf::Value& v, size_t max_items) {
     case ValueType::U64: return v.u();
     case ValueType::ARRAY: {
       json a = json::array();
-      size_t n = max_items ? std::min(max_items, v.arr.size()) : v.arr.size();
-      for (size_t k = 0; k < n; ++k) a.push_back(value_json(v.arr[k], max_items));
+      size_t n = max_items ? std::min(max_items, v.length()) : v.length();
+      for (size_t k = 0; k < n; ++k) a.push_back(value_json(v.at(k), max_items));
       return a;
     }
     default: return v.i;
@@ -105,8 +105,8 @@ void run_inspect(const std::string& path, bool as_json, size_t max_items) {
       json e = {{"key", key}, {"type", gguf::value_type_name(v.type)}};
       if (v.type == gguf::ValueType::ARRAY) {
         e["elem_type"] = gguf::value_type_name(v.elem_type);
-        e["length"] = v.arr.size();
-        e["truncated"] = max_items != 0 && v.arr.size() > max_items;
+        e["length"] = v.length();
+        e["truncated"] = max_items != 0 && v.length() > max_items;
       }
       e["value"] = value_json(v, max_items);
       kvs.push_back(std::move(e));

@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "engine/session.hpp"
+#include "gguf/copy.hpp"
 #include "gguf/reader.hpp"
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
@@ -282,6 +283,19 @@ TEST_P(Prepare, BundledRowsGiveTheUnbundledLogits) {
     for (int64_t il = 0; il < so.n_layer; ++il)
       for (int64_t i = 1; i < so.n_ff; ++i)
         EXPECT_LE(bundled->neuron_freq[il * so.n_ff + i], bundled->neuron_freq[il * so.n_ff + i - 1]);
+    // A bundle whose type the file does not name is refused by name.
+    {
+      gguf::Reader br(pb.output);
+      gguf::Writer nw(br.alignment());
+      for (const std::string& k : br.keys())
+        if (k != kFfnBundleTypeKey) nw.set(k, br.metadata().at(k));
+      for (const gguf::TensorInfo& t : br.tensors()) gguf::add_tensor_copy(nw, br, t);
+      const std::string bad = p(tag + ".notype.gguf");
+      nw.write(bad);
+      EXPECT_NE(error_of([&] { load_model(bad); }).find("needs ember.sparse.bundle_type to name a weight type"),
+                std::string::npos);
+      std::filesystem::remove(bad);
+    }
     // Preparing the bundled file again keeps it bundled.
     PrepareOptions again = pb;
     again.model = pb.output;

@@ -86,9 +86,7 @@ void read_pages_ahead(const void* p, size_t n) {
 }
 
 void advise_random_reads(const void* p, size_t n) {
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n + page - 1) / page * page;
+  const auto [begin, end] = pages_around(p, n);
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_RANDOM);
 }
 

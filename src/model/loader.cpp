@@ -76,16 +76,24 @@ TensorView TensorBinder::require(const std::string& name) const {
   return t;
 }
 
+namespace {
+// A cheap look at what a corrupt file holds: the first and last rows of t finite (all of it would
+// read the whole file at load).
+void check_end_rows_finite(const std::string& path, const TensorView& t) {
+  std::vector<float> buf;
+  for (int64_t row : {int64_t{0}, t.rows() - 1})
+    EMBER_CHECK(row_finite(t.type, t.row(row), t.cols(), buf), "{}: tensor '{}' holds a value that is not finite (NaN or "
+                "infinity) in row {} of {}; the file is corrupt", path, t.name, row, t.rows());
+}
+}  // namespace
+
 TensorView TensorBinder::matrix(const std::string& name, int64_t in, int64_t out) const {
   TensorView t = require(name);
   EMBER_CHECK(t.ne[0] == in && t.rows() == out && t.ne[2] == 1 && t.ne[3] == 1,
               "{}: tensor '{}' has shape [{}, {}], expected [{}, {}]", r_.path(), name, t.ne[0], t.ne[1], in, out);
   EMBER_CHECK(dtype_supported(t.type), "{}: tensor '{}' has type {}, which Ember cannot compute with yet", r_.path(),
               name, dtype_name(t.type));
-  std::vector<float> buf;
-  for (int64_t row : {int64_t{0}, t.rows() - 1})
-    EMBER_CHECK(row_finite(t.type, t.row(row), t.cols(), buf), "{}: tensor '{}' holds a value that is not finite (NaN or "
-                "infinity) in row {} of {}; the file is corrupt", r_.path(), name, row, t.rows());
+  check_end_rows_finite(r_.path(), t);
   return t;
 }
 
@@ -188,10 +196,7 @@ void bind_ffn_bundle(const TensorBinder& b, const Hparams& hp, const LayerNames&
     v.data = raw.data + static_cast<size_t>(k) * row;
     v.stride = static_cast<size_t>(raw.ne[0]);
     v.nbytes = static_cast<size_t>(hp.n_ff) * row;
-    std::vector<float> buf;
-    for (int64_t r : {int64_t{0}, hp.n_ff - 1})
-      EMBER_CHECK(row_finite(*t, v.row(r), d, buf), "{}: {} holds a value that is not finite (NaN or infinity) in row "
-                  "{} of {}; the file is corrupt", path, v.name, r, hp.n_ff);
+    check_end_rows_finite(path, v);
     return v;
   };
   f.gate = part(0, "gate");
@@ -211,7 +216,6 @@ void bind_gated_ffn(const TensorBinder& b, const Hparams& hp, const LayerNames& 
   }
   f.gate = b.matrix(name("ffn_gate"), hp.n_embd, hp.n_ff);
   f.up = b.matrix(name("ffn_up"), hp.n_embd, hp.n_ff);
-  f.gating = gating;
   bind_ffn_down_and_predictor(b, hp, name, f);
 }
 

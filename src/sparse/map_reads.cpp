@@ -66,7 +66,7 @@ void MapReads::touch() {
       read_pages_ahead(reinterpret_cast<const void*>(runs_[i].first), runs_[i].second - runs_[i].first);
     uint8_t sum = 0;
     for (int64_t i = ith; i < n; i += nth)
-      for (uintptr_t p = runs_[i].first; p < runs_[i].second; p += page_size())
+      for (uintptr_t p = runs_[i].first; p < runs_[i].second; p += page)
         sum ^= *reinterpret_cast<const volatile uint8_t*>(p);
     (void)sum;
   });

@@ -420,9 +420,14 @@ under_limit "dense memory tier under a cgroup limit" 150 "$tmp/dtier0" "$ember" 
 # blk.N.ffn_bundle; every mode computes the logits of the unbundled prepared file, bit for bit,
 # read from memory, from the map, or under a budget.
 expect_ok "profile for bundles" "$ember" profile -m "$tmp/dtier.gguf" -f "$tmp/text.txt" -c 64 --max-tokens 256 --sparsity 0.5 -o "$tmp/dtier.prof.gguf" -t 2
+contains "profile orders neurons that fire together" "$tmp/err" "ordered in bands of 256 by firing together \(256 tokens' firing"
 expect_ok "prepare unbundled" "$ember" prepare -m "$tmp/dtier.gguf" --profile "$tmp/dtier.prof.gguf" --sparsity 0.5 -o "$tmp/dtier.p.gguf"
 expect_ok "prepare --bundle" "$ember" prepare -m "$tmp/dtier.gguf" --profile "$tmp/dtier.prof.gguf" --sparsity 0.5 --bundle -o "$tmp/dtier.b.gguf"
 contains "prepare says it bundled" "$tmp/err" "bundled by neuron with gate and up"
+contains "prepare lays out the profile's clusters" "$tmp/err" "in bands of 256 neurons that fire together"
+expect_ok "prepare --no-cluster" "$ember" prepare -m "$tmp/dtier.gguf" --profile "$tmp/dtier.prof.gguf" --bundle --no-cluster -o "$tmp/dtier.nc.gguf"
+if grep -q "fire together" "$tmp/err"; then fail "prepare --no-cluster still clustered"; else pass; fi
+rm -f "$tmp/dtier.nc.gguf"
 for mode in dense predictor threshold; do
   for where in "" "--mmap" "--mem-budget 150M"; do
     for f in p b; do

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include <fmt/format.h>
@@ -41,8 +42,10 @@ std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
   return b;
 }
 
-// A profile in the agreed format: integer counts 0..9 (many ties) and increasing quantiles.
-std::string write_profile(int64_t n_layer, int64_t n_ff, const std::string& name, bool quantiles = true) {
+// A profile in the agreed format: integer counts 0..9 (many ties) and increasing quantiles; with
+// `orders`, each layer's clustered order (any permutation: a layer's given one).
+std::string write_profile(int64_t n_layer, int64_t n_ff, const std::string& name, bool quantiles = true,
+                          const std::vector<std::vector<int32_t>>& orders = {}) {
   gguf::Writer w;
   w.set("general.architecture", gguf::Value::str("ember-profile"));
   w.set("ember.profile.n_layer", gguf::Value::u64(static_cast<uint64_t>(n_layer)));
@@ -58,6 +61,11 @@ std::string write_profile(int64_t n_layer, int64_t n_ff, const std::string& name
       std::vector<float> q(1001);
       for (int k = 0; k < 1001; ++k) q[k] = 0.01f * static_cast<float>(k) * static_cast<float>(il + 1);
       w.add_tensor(fmt::format("blk.{}.ffn_gate_quantiles", il), DType::F32, {1001}, f32_bytes(q));
+    }
+    if (!orders.empty()) {
+      std::vector<uint8_t> b(static_cast<size_t>(n_ff) * 4);
+      std::memcpy(b.data(), orders[static_cast<size_t>(il)].data(), b.size());
+      w.add_tensor(fmt::format("blk.{}.ffn_cluster_order", il), DType::I32, {n_ff}, std::move(b));
     }
   }
   const std::string path = p(name);
@@ -318,6 +326,56 @@ INSTANTIATE_TEST_SUITE_P(Models, Prepare,
                          [](const auto& info) {
                            return fmt::format("{}_{}", std::get<0>(info.param), dtype_name(std::get<1>(info.param)));
                          });
+
+// A profile's clustered orders (sparse/cofire.hpp) are the prepared file's layout: its permutations,
+// its frequencies in that order, the same logits; --no-cluster keeps strict hot-first order; an
+// order that is not a permutation is refused naming its tensor.
+TEST(Prepare, NeuronsLaidOutInTheProfilesClusteredOrder) {
+  const SynthOptions so = model_options("llama", DType::F32);
+  const std::string src = p("cluster.gguf");
+  synth_write(so, src);
+  std::vector<std::vector<int32_t>> orders(static_cast<size_t>(so.n_layer));
+  std::mt19937 rng(9);
+  for (auto& o : orders) {
+    o.resize(static_cast<size_t>(so.n_ff));
+    std::iota(o.begin(), o.end(), 0);
+    std::shuffle(o.begin(), o.end(), rng);
+  }
+  PrepareOptions po;
+  po.model = src;
+  po.profile = write_profile(so.n_layer, so.n_ff, "cluster.profile.gguf", true, orders);
+  po.bundle = true;
+  po.n_threads = 2;
+  po.output = p("cluster.prepared.gguf");
+  EXPECT_TRUE(prepare_sparse_model(po).clustered);
+  auto orig = load_model(src), prep = load_model(po.output);
+  const auto flat = prep->file->get_int_array("ember.sparse.permutation");
+  gguf::Reader pr(po.profile);
+  for (int64_t il = 0; il < so.n_layer; ++il) {
+    EXPECT_TRUE(std::equal(orders[il].begin(), orders[il].end(), flat.begin() + il * so.n_ff));
+    const float* c = reinterpret_cast<const float*>(pr.view(fmt::format("blk.{}.ffn_act_count", il)).data);
+    for (int64_t i = 0; i < so.n_ff; ++i)
+      EXPECT_FLOAT_EQ(prep->neuron_freq[il * so.n_ff + i], c[orders[il][i]] / 100.0f);
+  }
+  EXPECT_LT(rel(logits(*prep, FfnMode::dense), logits(*orig, FfnMode::dense)), 1e-5);
+
+  PrepareOptions plain = po;
+  plain.cluster = false;
+  plain.output = p("cluster.plain.gguf");
+  EXPECT_FALSE(prepare_sparse_model(plain).clustered);
+  const auto hf = load_model(plain.output)->file->get_int_array("ember.sparse.permutation");
+  const float* c0 = reinterpret_cast<const float*>(pr.view("blk.0.ffn_act_count").data);
+  const std::vector<int32_t> want = hot_first_permutation(c0, so.n_ff);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), hf.begin()));
+
+  orders[1][3] = orders[1][4];
+  PrepareOptions bad = po;
+  bad.profile = write_profile(so.n_layer, so.n_ff, "cluster.bad.gguf", true, orders);
+  bad.output = p("cluster.bad.prepared.gguf");
+  EXPECT_NE(error_of([&] { prepare_sparse_model(bad); }).find("blk.1.ffn_cluster_order is not an order"),
+            std::string::npos);
+  for (const auto& f : {src, po.profile, po.output, plain.output, bad.profile}) std::filesystem::remove(f);
+}
 
 // A llama GGUF from llama.cpp's converter (SmolLM2, any SwiGLU llama) has no
 // llama.ffn_activation: SiLU for a plain GGUF, while PowerInfer's reading, which Ember follows,

@@ -85,6 +85,11 @@ void read_pages_ahead(const void* p, size_t n) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
 }
 
+void pages_are_cold(const void* p, size_t n) {
+  const auto [begin, end] = pages_around(p, n);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_COLD);
+}
+
 void advise_random_reads(const void* p, size_t n) {
   const auto [begin, end] = pages_around(p, n);
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_RANDOM);

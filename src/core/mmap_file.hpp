@@ -37,6 +37,10 @@ size_t make_pages_private(const void* p, size_t n);
 // Starts reading the pages around [p, p + n) of a file's map into the page cache (MADV_WILLNEED:
 // one read for the range, whatever the map's advice) without waiting for them.
 void read_pages_ahead(const void* p, size_t n);
+// The pages around [p, p + n) of a file's map were read and will not be again soon (MADV_COLD):
+// the kernel reclaims them before pages read later, which a page read twice (a fault, then a
+// kernel's reads) would otherwise outlive.
+void pages_are_cold(const void* p, size_t n);
 // Reads of the pages around [p, p + n) of a file's map will come at random (MADV_RANDOM): a
 // fault reads its page, no readahead around it.
 void advise_random_reads(const void* p, size_t n);

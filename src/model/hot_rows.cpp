@@ -77,7 +77,7 @@ HotRows keep_hot_rows(Model& model, size_t bytes) {
     if (static_cast<int64_t>(model.neuron_freq.size()) == L * n_ff) {
       std::vector<std::pair<float, int32_t>> all;  // (frequency, layer), the most frequent first
       all.reserve(static_cast<size_t>(L * n_ff));
-      double total = 0, kept = 0;
+      double total = 0;
       for (int64_t l = 0; l < L; ++l)
         for (int64_t i = 0; i < n_ff; ++i) {
           const float f = model.neuron_freq[static_cast<size_t>(l * n_ff + i)];
@@ -85,12 +85,16 @@ HotRows keep_hot_rows(Model& model, size_t bytes) {
           if (cost[l] > 0) all.push_back({f, static_cast<int32_t>(l)});
         }
       std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-      for (const auto& [f, l] : all) {
+      for (const auto& [f, l] : all) {  // a layer's count of its hottest
         if (cost[l] > left) break;
         left -= cost[l];
         ++k[l];
-        kept += f;
       }
+      // What the prefixes kept hold (a file's bands of neurons that fire together are hot first
+      // only band by band, so a prefix is not exactly the hottest).
+      double kept = 0;
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t i = 0; i < k[l]; ++i) kept += model.neuron_freq[static_cast<size_t>(l * n_ff + i)];
       h.firing_share = total > 0 ? kept / total : 0.0;
     } else {
       const int64_t each = std::min<int64_t>(n_ff, static_cast<int64_t>(left / per_rank));

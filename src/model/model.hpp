@@ -94,6 +94,13 @@ struct FfnWeights {
   const TensorView& firing_matrix() const { return gated() ? gate : up; }
   // Whether the down projection exists only neuron-major (down_t, PowerInfer's files).
   bool down_neuron_major_only() const { return !down.valid(); }
+  // Whether each neuron's gate, up and down_t rows lie side by side in one row of a bundle
+  // (kFfnBundleParts): reading one neuron's pages reads all three.
+  bool rows_bundled() const {
+    return gate.valid() && up.valid() && down_t.valid() && up.stride != 0 && gate.stride == up.stride &&
+           down_t.stride == up.stride && up.data == gate.data + gate.row_size() &&
+           down_t.data == up.data + up.row_size();
+  }
 };
 
 // A mixture-of-experts FFN (Mixtral, Qwen3-MoE): a router picks, per token, the n_used experts

@@ -17,24 +17,25 @@ void LayerSamples::add_token(const float* x_row, const int32_t* ids, const float
   ++n;
 }
 
+TokenSpread::TokenSpread(int64_t total, int64_t max_tokens) : total_(total), kept_(std::min(total, max_tokens)) {
+  EMBER_CHECK(total >= 1 && max_tokens >= 1, "recording needs tokens to keep (total {}, at most {})", total, max_tokens);
+}
+
 FfnSampleRecorder::FfnSampleRecorder(int64_t n_layer, int64_t n_embd, int64_t n_ff, int64_t total, int64_t max_tokens)
-    : layers_(static_cast<size_t>(n_layer)), total_(total), kept_(std::min(total, max_tokens)), ids_(n_ff),
-      masses_(n_ff) {
-  EMBER_CHECK(total >= 1 && max_tokens >= 1, "sample recording needs tokens to keep (total {}, at most {})", total,
-              max_tokens);
+    : layers_(static_cast<size_t>(n_layer)), spread_(total, max_tokens), ids_(n_ff), masses_(n_ff) {
   for (LayerSamples& s : layers_) {
     s.n_embd = n_embd, s.n_ff = n_ff;
-    s.x.reserve(static_cast<size_t>(kept_ * n_embd));
-    s.offsets.reserve(static_cast<size_t>(kept_ + 1));
+    s.x.reserve(static_cast<size_t>(spread_.kept() * n_embd));
+    s.offsets.reserve(static_cast<size_t>(spread_.kept() + 1));
   }
 }
 
 void FfnSampleRecorder::record(int64_t layer, const float* x, const float* a, const float* h, int64_t n,
                                float threshold) {
   LayerSamples& s = layers_[static_cast<size_t>(layer)];
-  if (layer == 0) batch_start_ = seen_, seen_ += n;
+  spread_.batch(layer, n);
   for (int64_t t = 0; t < n; ++t) {
-    if (!keep(batch_start_ + t)) continue;
+    if (!spread_.keep(t)) continue;
     const float* at = a + t * s.n_ff;
     const float* ht = h + t * s.n_ff;
     int64_t c = 0;

@@ -19,9 +19,28 @@ struct LayerSamples {
   void add_token(const float* x_row, const int32_t* ids, const float* masses, int64_t count);
 };
 
-// Keeps an even spread of at most max_tokens of the first `total` tokens through the FFN (token i
-// is kept when floor(i * kept / total) steps). The forward pass calls record() for each layer of
-// each batch, layer 0 first, with the batch's FFN input x, firing values a and values h
+// Which tokens a recorder keeps: an even spread of at most max_tokens of the first `total` tokens
+// through the FFN (token i is kept when floor(i * kept / total) steps). batch(layer, n) is called
+// for each layer of each batch of n tokens, layer 0 first; keep(t) then says whether the batch's
+// token t is kept.
+class TokenSpread {
+ public:
+  TokenSpread(int64_t total, int64_t max_tokens);
+  void batch(int64_t layer, int64_t n) {
+    if (layer == 0) batch_start_ = seen_, seen_ += n;
+  }
+  bool keep(int64_t t) const {
+    const int64_t i = batch_start_ + t;
+    return i < total_ && (i * kept_ / total_) != ((i + 1) * kept_ / total_);
+  }
+  int64_t kept() const { return kept_; }
+
+ private:
+  int64_t total_, kept_, seen_ = 0, batch_start_ = 0;
+};
+
+// Keeps the tokens of a TokenSpread. The forward pass calls record() for each layer of each
+// batch, layer 0 first, with the batch's FFN input x, firing values a and values h
 // (model/ffn.hpp); a neuron fires by ffn_fires at the layer's threshold, and its mass is |h|.
 class FfnSampleRecorder {
  public:
@@ -32,9 +51,8 @@ class FfnSampleRecorder {
   int64_t kept() const { return layers_.empty() ? 0 : layers_[0].n; }
 
  private:
-  bool keep(int64_t i) const { return i < total_ && (i * kept_ / total_) != ((i + 1) * kept_ / total_); }
   std::vector<LayerSamples> layers_;
-  int64_t total_, kept_, seen_ = 0, batch_start_ = 0;
+  TokenSpread spread_;
   std::vector<int32_t> ids_;
   std::vector<float> masses_;
 };

@@ -280,7 +280,12 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   // its own prediction names the neuron (the union is what is gathered): a batch computes
   // what its tokens would decode one by one.
   float* g = ws.gate.data();
-  if (map_reads_) map_reads_->rows({&w.firing_matrix()}, predicted_.data(), np, model_.hot_neurons_of(static_cast<size_t>(layer)));
+  const bool whole = map_reads_ && read_whole_bundles(layer, w, down_nm_[layer].view);
+  if (whole)
+    map_reads_->rows({&w.gate, &w.up, &down_nm_[layer].view}, predicted_.data(), np,
+                     model_.hot_neurons_of(static_cast<size_t>(layer)));
+  else if (map_reads_)
+    map_reads_->rows({&w.firing_matrix()}, predicted_.data(), np, model_.hot_neurons_of(static_cast<size_t>(layer)));
   cpu::gather_matmul(pool, w.firing_matrix(), x, n, predicted_.data(), np, g, np, ws.mm_scratch.data());
   ffn_firing_values(w, act, g, n, np, np, predicted_.data());
   if (n > 1) {
@@ -295,7 +300,7 @@ void SparseFfn::run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights&
   stats_.neurons[layer] += static_cast<uint64_t>(n * down_nm_[layer].view.rows());
   stats_.active[layer] += n_active_tokens;
   stats_.predicted[layer] += static_cast<uint64_t>(n * np);
-  up_down(pool, layer, w, act, x, n, g, np, na, out, ws);
+  up_down(pool, layer, w, act, x, n, g, np, na, out, ws, !whole);
 }
 
 void SparseFfn::run_predicted_dense(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
@@ -337,6 +342,12 @@ std::string SparseFfn::refusal(const Model&) const {
   return {};
 }
 
+bool SparseFfn::read_whole_bundles(int64_t layer, const FfnWeights& w, const TensorView& down_nm) const {
+  const size_t l = static_cast<size_t>(layer);
+  return opts_.mode == FfnMode::predictor && w.rows_bundled() && down_nm.data == w.down_t.data &&
+         2 * stats_.active[l] >= stats_.predicted[l];
+}
+
 bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act,
                                  const float* x, float* out, Workspace& ws) {
   // The par rule of model/ffn.hpp (h = act(gate) * up, no up bias) computed inline by the fused
@@ -368,6 +379,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
   float* hidden = pred_scratch_.data();
   float* score = hidden + (rank + 15) / 16 * 16;
   const auto list_of = [&](int t) { return fused_ids_.data() + static_cast<size_t>(2 * n_ff) * static_cast<size_t>(t); };
+  const bool whole = map_reads_ && read_whole_bundles(layer, w, down_nm);
   pool.run([&](int ith, int nth) {
     int32_t* own = list_of(ith);  // step 1's finds
     float* val = fused_vals_.data() + static_cast<size_t>(2 * n_ff) * static_cast<size_t>(ith);
@@ -452,7 +464,10 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
       }
       pool.barrier();
     };
-    if (map_reads_) read_rows({&w.gate}, 0, 0);
+    if (map_reads_) {
+      if (whole) read_rows({&w.gate, &w.up, &down_nm}, 0, 0);
+      else read_rows({&w.gate}, 0, 0);
+    }
     int64_t nf = 0;  // the firing neurons of the share, moved to its front, act(gate) in val
     if (predicted) {
       cpu::gather_matmul_rows(w.gate, xq, 1, share, ns, val, ns);
@@ -467,7 +482,7 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
     }
     // H = up * act(gate), then the down rows: thread 0 into out, the others into their partial
     // sums.
-    if (map_reads_) {
+    if (map_reads_ && !whole) {
       thread_counts_[3 * ith + 2] = static_cast<uint64_t>(nf);
       pool.barrier();
       read_rows({&w.up, &down_nm}, n_ff, 2);
@@ -493,12 +508,14 @@ bool SparseFfn::run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeigh
 }
 
 void SparseFfn::up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
-                        int64_t n, const float* g, int64_t g_stride, int64_t na, float* out, Workspace& ws) {
+                        int64_t n, const float* g, int64_t g_stride, int64_t na, float* out, Workspace& ws,
+                        bool read_rows) {
   const TensorView& down_nm = down_nm_[layer].view;
   const int64_t n_embd = down_nm.cols();
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(n * n_embd));
   if (na > 0) {
-    if (map_reads_) map_reads_->rows({&w.up, &down_nm}, active_.data(), na, model_.hot_neurons_of(static_cast<size_t>(layer)));
+    if (map_reads_ && read_rows)
+      map_reads_->rows({&w.up, &down_nm}, active_.data(), na, model_.hot_neurons_of(static_cast<size_t>(layer)));
     // The active neurons' values (model/ffn.hpp): up gathered for them where the rule needs it.
     float* h = ws.up.data();
     if (ffn_needs_up(w)) cpu::gather_matmul(pool, w.up, x, n, active_.data(), na, h, na, ws.mm_scratch.data());

@@ -170,6 +170,12 @@ class SparseFfn final : public FfnExecutor {
   // Which neurons fire does not depend on the thread count; the output does only through the
   // grouping of the down sum. Returns false where it does not apply.
   static constexpr int64_t kNeuronBlock = 64;
+  // Whether a decode token of a layer read from the file's map reads each predicted neuron's
+  // whole bundle at once (its gate, up and down rows: neighbouring pages, one read where the
+  // neurons that fire together lie together) rather than the gate rows, then the firing ones' up
+  // and down rows in a second wave: in predictor mode where the layer is bundled and, so far, at
+  // least half of its predicted neurons fired (a loose predictor would read pages it does not use).
+  bool read_whole_bundles(int64_t layer, const FfnWeights& w, const TensorView& down_nm) const;
   static constexpr int64_t kDealChunk = 8;  // the sparse kernels' row group
   bool run_decode_fused(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                         float* out, Workspace& ws);
@@ -196,9 +202,10 @@ class SparseFfn final : public FfnExecutor {
   void run_predicted(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x,
                      int64_t n, float* out, Workspace& ws);
   // up for active_[0..na), times the activated gate g[t * g_stride + i], then down into out.
-  // (Bamboo: times act(up); an FFN without a gate: H = g), plus down's bias.
+  // (Bamboo: times act(up); an FFN without a gate: H = g), plus down's bias. read_rows: ask the
+  // file's map for the rows first (false: the caller read them with the gate's).
   void up_down(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::Activation act, const float* x, int64_t n,
-               const float* g, int64_t g_stride, int64_t na, float* out, Workspace& ws);
+               const float* g, int64_t g_stride, int64_t na, float* out, Workspace& ws, bool read_rows = true);
   FfnSparsityStats stats_;
 };
 

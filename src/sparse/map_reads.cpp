@@ -49,6 +49,11 @@ void MapReads::all(std::initializer_list<const TensorView*> ws) {
 }
 
 void MapReads::touch() {
+  // The last call's pages have been read by their kernels (a layer reads its rows before they
+  // run, and its next read, or the next layer's, comes after): cold again, so that the page cache
+  // reclaims them before the pages asked for now (a page faulted in, then read by a kernel, would
+  // otherwise outlive newer ones; at a budget's margin the layer's own rows went first).
+  for (const auto& [b, e] : runs_) pages_are_cold(reinterpret_cast<const void*>(b), e - b);
   if (pages_.empty()) return;
   Timer t;
   std::sort(pages_.begin(), pages_.end());

@@ -17,12 +17,11 @@
 #include "gguf/writer.hpp"
 #include "model/model.hpp"
 #include "ops/cpu/sparse/sparse.hpp"
+#include "sparse/profile.hpp"
 #include "sparse/reorder.hpp"
 
 namespace ember {
 namespace {
-
-constexpr int64_t kQuantiles = 1001;
 
 // "blk.<il>.<rest>" -> il and rest; -1 for tensors outside the layers.
 int64_t layer_of(const std::string& name, std::string& rest) {
@@ -94,7 +93,8 @@ float threshold_from_quantiles(const float* q, float s) {
 
 namespace {
 
-// The profile's order of each layer's neurons, hot first (perms), its mean hot share and, with
+// The profile's order of each layer's neurons, hot first (perms; its clustered order where it has
+// one and o.cluster), its mean hot share and, with
 // --sparsity, each layer's threshold from its gate quantiles (into sum).
 std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t L, int64_t n_ff, PrepareSummary& sum,
                                                 std::vector<float>& freq) {
@@ -122,7 +122,8 @@ std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t
     for (int64_t j = 0; j < n_ff; ++j)
       EMBER_CHECK(std::isfinite(counts[j]) && counts[j] >= 0, "{}: '{}' holds {} (counts must be finite, >= 0)",
                   o.profile, cn, counts[j]);
-    perms[il] = hot_first_permutation(counts, n_ff);
+    sum.clustered = o.cluster && prof.find_tensor("blk.0.ffn_cluster_order");
+    perms[il] = sum.clustered ? read_cluster_order(prof, o.profile, il, n_ff) : hot_first_permutation(counts, n_ff);
     for (int64_t i = 0; i < n_ff; ++i) freq.push_back(static_cast<float>(counts[perms[il][i]] / n_tokens));
     double total = 0, top = 0;
     for (int64_t i = 0; i < n_ff; ++i) {

@@ -1,7 +1,9 @@
 // `ember prepare`: writes a sparse-ready model (docs/sparse_formats.md, "Sparse-ready model") in
 // PowerInfer's layout, so that PowerInfer and Ember both run it:
 //   * every layer's neurons reordered hot first by the profile's counts (reorder.hpp): rows of
-//     ffn_gate / ffn_up (and ffn_up.bias), rows of the predictor's fc2;
+//     ffn_gate / ffn_up (and ffn_up.bias), rows of the predictor's fc2; where the profile has
+//     clustered orders (sparse/cofire.hpp), in those: hot first band by band, neurons that fire
+//     together neighbours within a band;
 //   * the down projection stored neuron-major as blk.N.ffn_down_t.weight (ne = [n_embd, n_ff]),
 //     in place of ffn_down (PowerInfer loads no ffn_down from a PWRI file); OPT's ffn_down.bias
 //     becomes ffn_down_t.bias as PowerInfer's converter names it;
@@ -39,6 +41,9 @@ struct PrepareOptions {
   // blk.N.ffn_bundle.weight (ne = [3 n_embd, n_ff]): a neuron's rows are one read from the file
   // (a model larger than its memory budget). Ember's layout; PowerInfer does not read it.
   bool bundle = false;
+  // Lay the neurons out in the profile's clustered orders where it has them (false: strictly
+  // hot first).
+  bool cluster = true;
 };
 
 struct PrepareSummary {
@@ -46,6 +51,7 @@ struct PrepareSummary {
   DType down_t_type = DType::F32;
   bool down_t_from_down = false;   // converted from ffn_down (false: the model's own down_t, permuted)
   bool bundle = false;             // the FFN rows bundled by neuron (blk.N.ffn_bundle)
+  bool clustered = false;          // in the profile's clustered orders
   int64_t predictor_rank = 0;      // 0: no predictor in the output
   std::vector<float> thresholds;   // empty unless --sparsity
   double hot_share = 0.0;          // fraction of all profile counts in each layer's first 10% of neurons (mean)

@@ -15,6 +15,7 @@
 #include "model/blocks.hpp"
 #include "ops/cpu/activation.hpp"
 #include "ops/cpu/matmul.hpp"
+#include "sparse/reorder.hpp"
 #include "sparse/threshold.hpp"
 
 namespace ember {
@@ -128,7 +129,7 @@ void ProfileFfn::set_count_thresholds(std::vector<float> t) {
 }
 
 void ProfileFfn::steps(ThreadPool& pool, size_t l, int64_t first, const FfnWeights& w, cpu::Activation act,
-                       const float* x, int64_t n, float* out, Workspace& ws) {
+                       const float* x, int64_t n, float* out, Workspace& ws, FiringRecord* firing) {
   // The dense FFN in its steps (model/ffn.hpp), the firing values recorded on the way.
   const int64_t n_ff = w.n_ff();
   const float* a = ffn_firing_all(pool, w, act, x, n, ws);
@@ -138,6 +139,7 @@ void ProfileFfn::steps(ThreadPool& pool, size_t l, int64_t first, const FfnWeigh
     uint64_t* c = counts_[l].data() + first;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < n_ff; ++j) c[j] += ffn_fires(a[i * n_ff + j], t);
+    if (firing) firing->record(static_cast<int64_t>(l), a, n, t);
   }
   const float* h = ffn_values_all(pool, w, act, x, n, ws);
   if (record_hist_) inputs_[l][static_cast<int>(InputSite::ffn_hidden)].add(h, n * n_ff);
@@ -153,7 +155,7 @@ void ProfileFfn::run(ThreadPool& pool, int64_t layer, const FfnWeights& w, cpu::
     if (layer == 0) tokens_recorded_ += static_cast<uint64_t>(n);
   }
   if (!thresholds_.empty() && layer == 0) tokens_counted_ += static_cast<uint64_t>(n);
-  steps(pool, l, 0, w, act, x, n, out, ws);
+  steps(pool, l, 0, w, act, x, n, out, ws, firing_);
 }
 
 void ProfileFfn::run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe, cpu::Activation act, const float* x,
@@ -170,7 +172,7 @@ void ProfileFfn::run_moe(ThreadPool& pool, int64_t layer, const MoeWeights& moe,
   moe_ffn_each(pool, moe, x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {
     const FfnWeights& w = moe.experts[static_cast<size_t>(e)];
     if (counting) experts_[l][static_cast<size_t>(e)] += static_cast<uint64_t>(m);
-    steps(pool, l, e * w.n_ff(), w, act, rows, m, o, ws);
+    steps(pool, l, e * w.n_ff(), w, act, rows, m, o, ws, nullptr);
   });
 }
 
@@ -228,6 +230,12 @@ void write_profile(const Profile& p, const std::string& path) {
     w.add_tensor(fmt::format("blk.{}.ffn_gate_quantiles", l), DType::F32, {kQuantiles}, bytes(p.quantiles[l]));
     if (p.n_expert > 0)
       w.add_tensor(fmt::format("blk.{}.ffn_expert_count", l), DType::F32, {p.n_expert}, bytes(p.expert_counts[l]));
+    if (!p.cluster_orders.empty()) {
+      const std::vector<int32_t>& o = p.cluster_orders[static_cast<size_t>(l)];
+      std::vector<uint8_t> b(o.size() * sizeof(int32_t));
+      std::memcpy(b.data(), o.data(), b.size());
+      w.add_tensor(fmt::format("blk.{}.ffn_cluster_order", l), DType::I32, {p.n_ff}, std::move(b));
+    }
     if (p.has_input_tables()) {
       w.add_tensor(fmt::format("blk.{}.input_quantiles", l), DType::F32, {kQuantiles, kInputSites},
                    bytes(p.input_quantiles[l]));
@@ -236,6 +244,19 @@ void write_profile(const Profile& p, const std::string& path) {
     }
   }
   w.write(path);
+}
+
+std::vector<int32_t> read_cluster_order(const gguf::Reader& r, const std::string& path, int64_t layer, int64_t n_ff) {
+  const std::string name = fmt::format("blk.{}.ffn_cluster_order", layer);
+  const gguf::TensorInfo* ti = r.find_tensor(name);
+  EMBER_CHECK(ti, "'{}' has no tensor {} (layer 0 has one)", path, name);
+  const TensorView v = r.view(*ti);
+  EMBER_CHECK(v.type == DType::I32 && v.n_elements() == n_ff, "'{}': {} must be I32 with {} entries", path, name, n_ff);
+  const int32_t* o = reinterpret_cast<const int32_t*>(v.data);
+  std::vector<int32_t> order(o, o + n_ff);
+  EMBER_CHECK(is_permutation(order, n_ff), "'{}': {} is not an order of the layer's {} neurons (each once)", path, name,
+              n_ff);
+  return order;
 }
 
 Profile read_profile(const std::string& path) {
@@ -272,6 +293,9 @@ Profile read_profile(const std::string& path) {
     p.counts.push_back(read(fmt::format("blk.{}.ffn_act_count", l), p.n_ff));
     p.quantiles.push_back(read(fmt::format("blk.{}.ffn_gate_quantiles", l), kQuantiles));
     if (p.n_expert > 0) p.expert_counts.push_back(read(fmt::format("blk.{}.ffn_expert_count", l), p.n_expert));
+  }
+  if (r.find_tensor("blk.0.ffn_cluster_order")) {  // the clustered orders (absent from older profiles)
+    for (int64_t l = 0; l < p.n_layer; ++l) p.cluster_orders.push_back(read_cluster_order(r, path, l, p.n_ff));
   }
   if (r.find_tensor("blk.0.input_quantiles")) {  // the input tables (absent from profiles made before them)
     for (int64_t l = 0; l < p.n_layer; ++l) {

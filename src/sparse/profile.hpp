@@ -15,7 +15,10 @@
 // the quantiles first, so the corpus is run twice (pass 1: histograms, pass 2: counts).
 //
 // The pass that counts can also record predictor training samples (sparse/ffn_samples.hpp), firing
-// as counted, so that profiling and sampling take one run over the corpus.
+// as counted, so that profiling and sampling take one run over the corpus; and, for a dense
+// model, which neurons fired for an even spread of its tokens (sparse/cofire.hpp), from which
+// each layer's clustered order comes: neurons that fire together, neighbours in the file that
+// `ember prepare` writes.
 //
 // A mixture-of-experts layer counts each expert's routings (the tokens that chose it) and the
 // firing of the neurons inside the experts that ran: neuron j of expert e is the layer's neuron
@@ -38,10 +41,14 @@
 #include "core/thread_pool.hpp"
 #include "model/ffn.hpp"
 #include "model/workspace.hpp"
+#include "sparse/cofire.hpp"
 #include "sparse/ffn_samples.hpp"
 #include "sparse/input_site.hpp"
 
 namespace ember {
+namespace gguf {
+class Reader;
+}
 
 // Counts of |x| in bins of the float bit pattern (see above).
 class AbsHistogram {
@@ -87,6 +94,8 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   void set_count_thresholds(std::vector<float> t);
   // Records predictor training samples in the pass that counts (null: none), firing as counted.
   void set_sample_recorder(FfnSampleRecorder* rec) { samples_ = rec; }
+  // Records which neurons fired (dense layers) in the pass that counts (null: not).
+  void set_firing_record(FiringRecord* rec) { firing_ = rec; }
 
   const AbsHistogram& histogram(int64_t layer) const { return hist_[static_cast<size_t>(layer)]; }
   const AbsHistogram& input_histogram(int64_t layer, int site) const {
@@ -102,7 +111,7 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   // The dense FFN's steps over n rows, recording the firing values, their counts (into the
   // layer's neurons from `first` on) and the neuron values; the FFN input is the caller's.
   void steps(ThreadPool& pool, size_t layer, int64_t first, const FfnWeights& w, cpu::Activation act, const float* x,
-             int64_t n, float* out, Workspace& ws);
+             int64_t n, float* out, Workspace& ws, FiringRecord* firing);
 
   std::vector<AbsHistogram> hist_;
   std::vector<std::array<AbsHistogram, kInputSites>> inputs_;
@@ -110,6 +119,7 @@ class ProfileFfn final : public FfnExecutor, public ProjectionExecutor {
   std::vector<float> thresholds_;
   bool record_hist_ = true;
   FfnSampleRecorder* samples_ = nullptr;
+  FiringRecord* firing_ = nullptr;
   uint64_t tokens_counted_ = 0;  // tokens of layer 0 counted
   uint64_t tokens_recorded_ = 0;
 };
@@ -122,6 +132,9 @@ struct ProfileOptions {
   // Per-layer mode: the first pass only (the firing and input quantiles, what input sparsity
   // reads), no firing counts (they stay 0): half the time.
   bool quantiles_only = false;
+  // Tokens whose firing the clustered orders come from (a dense model's counting pass; 0: no
+  // orders).
+  int64_t cluster_tokens = kCofireTokens;
 };
 
 // Quantiles of the firing values' magnitudes per layer in a profile.
@@ -145,6 +158,9 @@ struct Profile {
   std::vector<std::vector<float>> input_quantiles, input_energy;
   bool has_input_tables() const { return !input_quantiles.empty(); }
   std::vector<std::vector<float>> expert_counts;  // [layer][n_expert]: tokens routed to each expert
+  // Per layer, the neurons hot first with those that fire together neighbours (sparse/cofire.hpp;
+  // empty where the profile has none: a mixture, or a profile made before them).
+  std::vector<std::vector<int32_t>> cluster_orders;
   // The neurons a token runs in a layer: n_ff, or n_expert_used experts' neurons.
   double neurons_per_token() const {
     return n_expert > 0 ? static_cast<double>(n_ff) / static_cast<double>(n_expert) * static_cast<double>(n_expert_used)
@@ -159,6 +175,9 @@ std::vector<std::vector<float>> profile_routing_shares(const Profile& p, const M
 
 void write_profile(const Profile& p, const std::string& path);
 Profile read_profile(const std::string& path);
+// Layer `layer`'s clustered order from a profile open in r (read from `path`, for messages),
+// checked: I32, each of the n_ff neurons once.
+std::vector<int32_t> read_cluster_order(const gguf::Reader& r, const std::string& path, int64_t layer, int64_t n_ff);
 
 // The power-law summary of one layer: the fraction of neurons (hottest first) that covers
 // `coverage` of all firings; and the layer's sparsity (fraction of token-neurons not firing).

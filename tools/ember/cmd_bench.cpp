@@ -225,9 +225,10 @@ void run_bench(const BenchFlags& f) {
                         {"runs_per_token", st.runs / tokens}, {"read_seconds_per_token", st.seconds / tokens}};
     std::printf("memory tier: %.1f MiB of weights resident; last decode run: %.1f%% of the neuron rows asked for kept "
                 "resident, %.0f pages of FFN rows made resident from the file's map a token (%.1f MB in %.0f runs; "
-                "those the page cache held cost no read), %.1f ms a token waiting on them\n",
+                "those the page cache held cost no read), %.1f ms a token waiting on them (%.0f MB/s)\n",
                 model->resident_weight_budget / 1048576.0, 100 * kept, st.pages / tokens,
-                st.pages * 4096.0 / tokens / 1e6, st.runs / tokens, 1e3 * st.seconds / tokens);
+                st.pages * 4096.0 / tokens / 1e6, st.runs / tokens, 1e3 * st.seconds / tokens,
+                st.seconds > 0 ? st.pages * 4096.0 / st.seconds / 1e6 : 0.0);
   }
   out["sparse_mode"] = f.engine.resolved_sparse_mode(*model);
   if (SparseFfn* sp = session.sparse_ffn()) {

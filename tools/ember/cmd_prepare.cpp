@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "core/timer.hpp"
+#include "sparse/cofire.hpp"
 #include "sparse/prepare.hpp"
 
 namespace ember::cli {
@@ -28,6 +29,10 @@ void add_prepare(CLI::App& app) {
   cmd->add_flag("--bundle", o->bundle,
                 "bundle each neuron's gate, up and down rows into one row of blk.N.ffn_bundle (one read a neuron for a "
                 "model larger than memory; Ember's layout, which PowerInfer does not read)");
+  cmd->add_flag("!--no-cluster", o->cluster,
+                "lay each layer's neurons out strictly hot first (by default, where the profile has them, in its "
+                "clustered orders: hot first band by band, neurons that fire for the same tokens neighbours, so a "
+                "model read from its file reads them together)");
   cmd->add_option("-o,--output", o->output, "output GGUF file")->required();
   cmd->add_option("-t,--threads", o->n_threads, "threads (0 = all cores)")->capture_default_str();
   cmd->callback([o] {
@@ -37,9 +42,11 @@ void add_prepare(CLI::App& app) {
       fmt::print(stderr, "{}prepare: layer {}/{}{}", tty ? "\r" : "", done, total, tty ? "" : "\n");
       std::fflush(stderr);
     });
-    fmt::print(stderr, "{}prepare: wrote {} ({:.1f} MiB) in {:.1f} s: {} layers x {} neurons reordered hot first (the "
+    fmt::print(stderr, "{}prepare: wrote {} ({:.1f} MiB) in {:.1f} s: {} layers x {} neurons reordered hot first{} (the "
                "hottest 10% hold {:.1f}% of the profile's firings), ffn_down_t {} ({}){}, predictor {}, thresholds {}\n",
-               tty ? "\n" : "", o->output, s.bytes / 1048576.0, timer.seconds(), s.n_layer, s.n_ff, 100.0 * s.hot_share,
+               tty ? "\n" : "", o->output, s.bytes / 1048576.0, timer.seconds(), s.n_layer, s.n_ff,
+               s.clustered ? fmt::format(", in bands of {} neurons that fire together", kCofireBand) : "",
+               100.0 * s.hot_share,
                dtype_name(s.down_t_type), s.down_t_from_down ? "from ffn_down" : "the model's own, permuted",
                s.bundle ? ", bundled by neuron with gate and up" : "",
                s.predictor_rank > 0 ? fmt::format("rank {}", s.predictor_rank) : std::string("none"),

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/mmap_file.hpp"
 #include "core/timer.hpp"
@@ -25,14 +26,18 @@ void MapReads::rows(std::initializer_list<const TensorView*> ws, const int32_t* 
   for (int64_t i = 0; i < n; ++i) n_kept += ids[i] < kept ? 1 : 0;
   stats_.rows += static_cast<uint64_t>(n);
   stats_.kept_rows += static_cast<uint64_t>(n_kept);
+  next_cold_.clear();
   for (const TensorView* w : ws) {
     if (!w->valid() || !file_.contains(w->data)) continue;
     const size_t size = w->row_size();
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (ids[i] < kept) continue;
       const auto p = reinterpret_cast<uintptr_t>(w->row(ids[i]));
       for (uintptr_t q = p / page * page; q < p + size; q += page) pages_.push_back(q);
+      lo = std::min(lo, p), hi = std::max(hi, p + size);
     }
+    if (hi > lo) next_cold_.push_back({lo, hi});
   }
   touch();
 }
@@ -40,6 +45,7 @@ void MapReads::rows(std::initializer_list<const TensorView*> ws, const int32_t* 
 void MapReads::all(std::initializer_list<const TensorView*> ws) {
   const uintptr_t page = page_size();
   pages_.clear();
+  next_cold_.clear();  // whole matrices, their kept rows among them: left as they are
   for (const TensorView* w : ws) {
     if (!w->valid() || !file_.contains(w->data)) continue;
     const auto p = reinterpret_cast<uintptr_t>(w->data);
@@ -52,8 +58,10 @@ void MapReads::touch() {
   // The last call's pages have been read by their kernels (a layer reads its rows before they
   // run, and its next read, or the next layer's, comes after): cold again, so that the page cache
   // reclaims them before the pages asked for now (a page faulted in, then read by a kernel, would
-  // otherwise outlive newer ones; at a budget's margin the layer's own rows went first).
-  for (const auto& [b, e] : runs_) pages_are_cold(reinterpret_cast<const void*>(b), e - b);
+  // otherwise outlive newer ones; at a budget's margin the layer's own rows went first). One call
+  // a matrix, over the span from its first row read to its last: rows past the kept ones only.
+  for (const auto& [b, e] : cold_) pages_are_cold(reinterpret_cast<const void*>(b), e - b);
+  cold_.swap(next_cold_);
   if (pages_.empty()) return;
   Timer t;
   std::sort(pages_.begin(), pages_.end());

@@ -53,6 +53,9 @@ class MapReads {
   ThreadPool io_;
   std::vector<uintptr_t> pages_;
   std::vector<std::pair<uintptr_t, uintptr_t>> runs_;  // [first page, end) of consecutive pages
+  // Per matrix of the last call (cold_) and of this one (next_cold_): the span of its rows read,
+  // advised cold when the next call comes.
+  std::vector<std::pair<uintptr_t, uintptr_t>> cold_, next_cold_;
   MapReadStats stats_;
 };
 

@@ -39,6 +39,14 @@ void MapReads::rows(std::initializer_list<const TensorView*> ws, const int32_t* 
     }
     if (hi > lo) next_cold_.push_back({lo, hi});
   }
+  // A bundle's three views span the same rows: one span for them.
+  std::sort(next_cold_.begin(), next_cold_.end());
+  size_t m = 0;
+  for (const auto& x : next_cold_) {
+    if (m > 0 && x.first <= next_cold_[m - 1].second) next_cold_[m - 1].second = std::max(next_cold_[m - 1].second, x.second);
+    else next_cold_[m++] = x;
+  }
+  next_cold_.resize(m);
   touch();
 }
 

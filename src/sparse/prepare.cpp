@@ -113,6 +113,7 @@ std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t
   freq.reserve(static_cast<size_t>(L * n_ff));
   std::vector<float> thresholds;
   double hot_share = 0.0;
+  sum.clustered = o.cluster && prof.find_tensor("blk.0.ffn_cluster_order");
   for (int64_t il = 0; il < L; ++il) {
     const std::string cn = fmt::format("blk.{}.ffn_act_count", il);
     const TensorView c = prof.view(cn);
@@ -122,7 +123,6 @@ std::vector<std::vector<int32_t>> profile_order(const PrepareOptions& o, int64_t
     for (int64_t j = 0; j < n_ff; ++j)
       EMBER_CHECK(std::isfinite(counts[j]) && counts[j] >= 0, "{}: '{}' holds {} (counts must be finite, >= 0)",
                   o.profile, cn, counts[j]);
-    sum.clustered = o.cluster && prof.find_tensor("blk.0.ffn_cluster_order");
     perms[il] = sum.clustered ? read_cluster_order(prof, o.profile, il, n_ff) : hot_first_permutation(counts, n_ff);
     for (int64_t i = 0; i < n_ff; ++i) freq.push_back(static_cast<float>(counts[perms[il][i]] / n_tokens));
     double total = 0, top = 0;

@@ -1,5 +1,7 @@
 #include "core/cpu_features.hpp"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +58,13 @@ const CpuFeatures& cpu_features() {
     f.avx512_vnni = __builtin_cpu_supports("avx512vnni");
     f.avx_vnni = __builtin_cpu_supports("avxvnni");
     f.intel = __builtin_cpu_is("intel");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+      const int base = static_cast<int>((eax >> 8) & 0xF);
+      f.family = base == 0xF ? base + static_cast<int>((eax >> 20) & 0xFF) : base;
+    }
+    f.stream_prefetch = f.intel || (__builtin_cpu_is("amd") && f.family >= 26);
+    if (const char* env = std::getenv("EMBER_PREFETCH")) f.stream_prefetch = std::strcmp(env, "0") != 0;
     return f;
   }();
   return features;

@@ -10,6 +10,12 @@ struct CpuFeatures {
   bool avx512_vnni = false;
   bool avx_vnni = false;  // vpdpbusd on 256-bit registers without AVX-512 (Intel Alder Lake and later)
   bool intel = false;     // the vendor, where kernels tune for it (the sparse kernels' prefetch hint)
+  int family = 0;         // the CPU family (base + extended): AMD Zen 3 and 4 are 25, Zen 5 is 26
+  // Whether the dense kernels' weight streams read faster with software prefetch ahead of them
+  // than with the hardware prefetchers alone: Intel (Sapphire Rapids: 1.1B Q4_0 decode 1.23x)
+  // and AMD from Zen 5 (the Q4_K decode 1.28x), not Zen 3 / 4, where the K-quant kernels
+  // measured slower with it. EMBER_PREFETCH=0|1 overrides it.
+  bool stream_prefetch = false;
 };
 
 // avx_vnni is AVX2 with vpdpbusd on 256 bits: only 8-bit dot products have kernels of their own

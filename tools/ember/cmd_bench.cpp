@@ -137,11 +137,14 @@ void run_bench(const BenchFlags& f) {
   out["weight_bytes_per_token"] = bytes_per_token;
   out["threads"] = session.n_threads();
   out["kernels"] = simd_level_name(simd_level());
+  out["weight_prefetch"] = cpu_features().stream_prefetch;
   out["repetitions"] = f.reps;
   out["kv_type"] = f.engine.kv_type;
   out["depth"] = f.depth;
   out["seqs"] = f.seqs;
-  std::printf("kernels: %s%s\n", simd_level_name(simd_level()), std::getenv("EMBER_SIMD") ? " (set by EMBER_SIMD)" : "");
+  std::printf("kernels: %s%s, weight streams %sprefetched%s\n", simd_level_name(simd_level()),
+              std::getenv("EMBER_SIMD") ? " (set by EMBER_SIMD)" : "", cpu_features().stream_prefetch ? "" : "not ",
+              std::getenv("EMBER_PREFETCH") ? " (set by EMBER_PREFETCH)" : "");
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
   auto row = [&](const char* name, int n, const std::vector<double>& v) {

@@ -93,12 +93,9 @@ inline __m256i scaled_nibble_dots(__m256i acc, const __m256i* lo, const __m256i*
   return acc;
 }
 
-// Software prefetch as the AVX-512 kernels do it (r16_avx512.hpp): on Intel, 3 KB ahead.
+// Software prefetch as the AVX-512 kernels do it (r16_avx512.hpp): 3 KB ahead, where it pays.
 constexpr size_t kR16PrefetchAhead256 = 3072;
-inline bool r16_prefetch_avx2() {
-  static const bool on = cpu_features().intel;
-  return on;
-}
+inline bool r16_prefetch_avx2() { return cpu_features().stream_prefetch; }
 
 // Group g of a.w against tokens t0 .. t0 + T - 1, as r16_tile (r16_avx512.hpp), by 8-row halves:
 // block(p, x, b, h, acc) adds block b of rows 8h .. 8h + 7 to acc[t]. A tile of several tokens
@@ -112,7 +109,7 @@ inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& blo
   const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
   const Act* x[T];
   for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
-  const bool prefetch = r16_prefetch_avx2();
+  const bool prefetch = r16_prefetch_avx2() && t0 == 0;  // later tiles find the group in cache
   const auto at = [&](int64_t b, bool fetch) {
     const uint8_t* p = wg + b * kGroupBytes;
     if (fetch)

@@ -20,15 +20,14 @@ inline __m512i bcast4(const int8_t* p) {
 }
 
 // Software prefetch of the weight stream, kR16PrefetchAhead bytes ahead of the reads (into L2),
-// where it pays: on Intel Xeon (the 2026-11-24 box) the hardware prefetchers alone held a
-// core's stream to about 12.5 GB/s with both cores reading, and decode of the 1.1B Q4_0 synth
-// went 43.6 -> 53.4 tok/s with it (2.5 to 3.5 KB ahead measured alike, 4 KB and more a little
-// slower); on AMD Zen 4 the K-quant kernels measured slower with software prefetches, so none.
+// where it pays (CpuFeatures::stream_prefetch): on Intel Xeon (the 2026-11-24 box) the hardware
+// prefetchers alone held a core's stream to about 12.5 GB/s with both cores reading, and decode
+// of the 1.1B Q4_0 synth went 43.6 -> 53.4 tok/s with it (2.5 to 3.5 KB ahead measured alike, 4
+// KB and more a little slower); on AMD Zen 5 the K-quants' streams, with twice Q4_0's operations a
+// byte, fell behind without it (1.1B Q4_K decode 57.7 -> 73.7 tok/s; 1.5 to 3 KB ahead alike).
+// Only a group's first tile of tokens prefetches: the tiles after it find the group in cache.
 constexpr size_t kR16PrefetchAhead = 3072;
-inline bool r16_prefetch() {
-  static const bool on = cpu_features().intel;
-  return on;
-}
+inline bool r16_prefetch() { return cpu_features().stream_prefetch; }
 
 // Group g of a.w against tokens t0 .. t0 + T - 1 (activation rows of type Act, one Act per
 // block of kBlock elements): block(p, x, b, acc) adds block b (at p, kGroupBytes bytes per
@@ -43,7 +42,7 @@ inline void r16_tile(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
     x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
     acc[t] = _mm512_setzero_ps();
   }
-  const bool prefetch = r16_prefetch();
+  const bool prefetch = r16_prefetch() && t0 == 0;  // later tiles find the group in cache
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = wg + b * kGroupBytes;
     if (prefetch)

@@ -39,14 +39,19 @@ def run_ember(ember, model, threads, pp, tg, reps, extra=()):
 
 
 def run_llama(llama_bench, model, threads, pp, tg, reps, extra=()):
+    """{test: samples}, or None where the peer cannot run the file (its error goes to stderr)"""
     res = {}
     for name, p, n in ((f"pp{pp}", pp, 0), (f"tg{tg}", 0, tg)):
         if (p or n) == 0:
             continue
-        out = subprocess.run([llama_bench, "-m", model, "-t", str(threads), "-p", str(p), "-n", str(n),
-                              "-r", str(reps), "-o", "json", *extra], capture_output=True, text=True, check=True).stdout
-        rows = json.loads(out)
-        res[name] = rows[0]["samples_ts"]
+        run = subprocess.run([llama_bench, "-m", model, "-t", str(threads), "-p", str(p), "-n", str(n),
+                              "-r", str(reps), "-o", "json", *extra], capture_output=True, text=True)
+        if run.returncode != 0:
+            why = (run.stderr.strip().splitlines() or ["no message"])[-1]
+            print(f"{llama_bench} cannot run {model} (exit {run.returncode}: {why}); its columns stay empty",
+                  file=sys.stderr)
+            return None
+        res[name] = json.loads(run.stdout)[0]["samples_ts"]
     return res
 
 
@@ -90,8 +95,11 @@ def main():
         for r in range(a.rounds):
             got = {}
             for name, path, args in peers:
-                got[name] = {k: statistics.median(v) for k, v in
-                             run_llama(path, model, a.threads, a.pp, a.tg, a.reps, args).items()}
+                if r > 0 and rounds[0][name] is None:
+                    got[name] = None
+                    continue
+                res = run_llama(path, model, a.threads, a.pp, a.tg, a.reps, args)
+                got[name] = None if res is None else {k: statistics.median(v) for k, v in res.items()}
             got["Ember"] = {k: statistics.median(v) for k, v in
                             run_ember(a.ember, ember_model, a.threads, a.pp, a.tg, a.reps, a.ember_args.split()).items()}
             rounds.append(got)
@@ -101,6 +109,9 @@ def main():
             label = model.split("/")[-1] + (f" (Ember: {ember_model.split('/')[-1]})" if ember_model != model else "")
             row = f"| {label} | {test} | {ember:.2f} |"
             for name, _, _ in peers:
+                if rounds[0][name] is None:
+                    row += " | |"
+                    continue
                 peer = statistics.median(g[name][test] for g in rounds)
                 row += f" {peer:.2f} | {spread([g['Ember'][test] / g[name][test] for g in rounds])} |"
             print(row, flush=True)

@@ -14,6 +14,7 @@
 
 #include "ops/cpu/activation_impl.hpp"
 #include "ops/cpu/attention/attention.hpp"
+#include "ops/cpu/attention/kv_prefetch.hpp"
 
 namespace ember::cpu::detail {
 namespace {
@@ -44,6 +45,7 @@ void attend_scores(const float* q, const E* k, int64_t stride, int64_t n, int64_
   for (; j + 4 <= n; j += 4) {
     const E* k0 = k + j * stride;
     __m256 acc[4];
+    for (int i = 0; i < 4; ++i) prefetch_kv_ahead(k, stride, j + i, n, hd);
     const __m256 q0 = _mm256_loadu_ps(q);
     for (int i = 0; i < 4; ++i) acc[i] = _mm256_mul_ps(q0, load8(k0 + i * stride));
     for (int64_t c = 8; c < hd; c += 8) {
@@ -101,6 +103,7 @@ void weighted_block(const float* p, const E* v, int64_t stride, int64_t n, float
   for (int64_t j = 0; j < n; ++j) {
     const __m256 pj = _mm256_set1_ps(p[j]);
     const E* vj = v + j * stride;
+    prefetch_kv_ahead(v, stride, j, n, 8 * R);
     for (int c = 0; c < R; ++c) acc[c] = _mm256_fmadd_ps(pj, load8(vj + 8 * c), acc[c]);
   }
   for (int c = 0; c < R; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);

@@ -15,6 +15,7 @@
 
 #include "ops/cpu/activation_impl.hpp"
 #include "ops/cpu/attention/attention.hpp"
+#include "ops/cpu/attention/kv_prefetch.hpp"
 
 // GCC 12 warns that _mm256_undefined_pd() (inside the lane extracts of _mm512_reduce_add_ps) "may
 // be used uninitialized" once these loops are unrolled; it is undefined by design.
@@ -68,6 +69,7 @@ void scores_regs(const float* q, const E* k, int64_t stride, int64_t n, int64_t 
   for (; j + 4 <= n; j += 4) {
     const E* k0 = k + j * stride;
     __m512 acc[4];
+    for (int i = 0; i < 4; ++i) prefetch_kv_ahead(k, stride, j + i, n, hd);
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) acc[i] = _mm512_mul_ps(qv[0], load(m[0], k0 + i * stride));
 #pragma GCC unroll 16
@@ -95,6 +97,7 @@ void weighted_sum_regs(const float* p, const E* v, int64_t stride, int64_t n, in
   for (int64_t j = 0; j < n; ++j) {
     const __m512 pj = _mm512_set1_ps(p[j]);
     const E* vj = v + j * stride;
+    prefetch_kv_ahead(v, stride, j, n, hd);
 #pragma GCC unroll 16
     for (int c = 0; c < R; ++c) acc[c] = _mm512_fmadd_ps(pj, load(m[c], vj + 16 * c), acc[c]);
   }
@@ -124,6 +127,7 @@ void attend_scores(const float* q, const E* k, int64_t stride, int64_t n, int64_
   if (hd <= 16 * kMaxRegs) return scores_at<kMaxRegs>(q, k, stride, n, hd, scale, scores);
   for (int64_t j = 0; j < n; ++j) {
     const E* kj = k + j * stride;
+    prefetch_kv_ahead(k, stride, j, n, hd);
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), load(lane_mask(16), kj));  // hd > 256: full chunk
     for (int64_t c = 16; c < hd; c += 16) {
       const __mmask16 m = lane_mask(hd - c);
@@ -219,6 +223,7 @@ void group_scores_regs(const float* q, const E* k, int64_t stride, int64_t n, in
   int64_t j = 0;
   for (; j + P <= n; j += P) {
     __m512 acc[S];  // acc[i * G + g]: position j + i, head g
+    for (int i = 0; i < P; ++i) prefetch_kv_ahead(k, stride, j + i, n, hd);
 #pragma GCC unroll 4
     for (int i = 0; i < P; ++i) {
       const E* kj = k + (j + i) * stride;
@@ -259,6 +264,7 @@ void group_scores_any(const float* q, const E* k, int64_t stride, int64_t n, int
                       int64_t j0 = 0) {
   for (int64_t j = j0; j < n; ++j) {
     const E* kj = k + j * stride;
+    prefetch_kv_ahead(k, stride, j, n, hd);
     __m512 acc[G];
     const __m512 k0 = load(lane_mask(hd), kj);
     for (int g = 0; g < G; ++g) acc[g] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(hd), q + g * hd), k0);
@@ -286,6 +292,7 @@ void group_scores_wide(const float* q, const E* k, int64_t stride, int64_t n, in
   for (; j + P <= n; j += P) {
     const E* kj = k + j * stride;
     __m512 acc[S], kc[P];  // acc[i * G + g]: position j + i, head g
+    for (int i = 0; i < P; ++i) prefetch_kv_ahead(k, stride, j + i, n, hd);
 #pragma GCC unroll 4
     for (int i = 0; i < P; ++i) kc[i] = load(lane_mask(16), kj + i * stride);
 #pragma GCC unroll 4
@@ -327,6 +334,7 @@ void group_weighted_block(const float* p, const E* v, int64_t stride, int64_t n,
   }
   for (int64_t j = 0; j < n; ++j) {
     __m512 vc[R];
+    prefetch_kv_ahead(v, stride, j, n, std::min<int64_t>(hd_left, 16 * R));
 #pragma GCC unroll 4
     for (int c = 0; c < R; ++c) vc[c] = load(m[c], v + j * stride + 16 * c);
 #pragma GCC unroll 4

@@ -96,13 +96,16 @@ TEST(Attention, FirstPositionReturnsValue) {
 // (runs of the whole group) as on three (runs of two heads where the group is four) and on
 // sixteen (one head at a time), so results never depend on the thread count.
 TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
+  test_support::SimdGuard guard;
   struct Case {
     int64_t n_head, n_kv, n_ctx;
   };
   // 37 positions: grouped on one thread, one head at a time on three; 1500 (split into chunks):
   // the chunks go to the threads, and the result must not depend on how. Head sizes: 72 (the
   // query read from memory), 64 and 40 (held in registers, scores four or two positions at a
-  // time, 37 leaving a tail).
+  // time, 37 leaving a tail). Every level with a grouped kernel (AVX2: two to four heads, two or four
+  // positions at a time, the queries from L1).
+  for (SimdLevel level : test_support::simd_levels())
   for (int64_t hd : {72, 64, 40})
   for (Case c : {Case{8, 2, 37}, Case{9, 3, 37}, Case{9, 3, 1500}, Case{8, 2, 1500}})
   for (bool f16 : {false, true}) {
@@ -119,6 +122,7 @@ TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
     // 1 thread: runs of the whole group (4 or 3 heads); 3: runs of 2 where the group is 4; 16:
     // one head at a time.
     std::vector<float> one(q.size()), other(q.size());
+    set_simd_level(level);
     for (int threads : {1, 3, 16}) {
       ThreadPool pool(threads);
       std::vector<float> scratch(cpu::attention_scratch_floats(n_ctx, c.n_head, hd, threads));
@@ -126,7 +130,8 @@ TEST(Attention, GroupedAndSingleHeadKernelsAgreeBitForBit) {
                      scratch.data());
       if (threads == 1) continue;
       for (size_t i = 0; i < q.size(); ++i)
-        ASSERT_EQ(one[i], other[i]) << i << " f16 " << f16 << " ctx " << n_ctx << " hd " << hd << " threads " << threads;
+        ASSERT_EQ(one[i], other[i]) << i << " f16 " << f16 << " ctx " << n_ctx << " hd " << hd << " threads " << threads
+                                    << " " << simd_level_name(level);
     }
   }
 }

@@ -18,9 +18,12 @@ void attend_one_avx512(const AttentionShape& s, const float* qh, const void* k, 
 // one after the other; scores: heads * n floats; stat: two per head).
 void attend_group_avx512(const AttentionShape& s, int heads, const float* q, const void* k, const void* v,
                          int64_t kv_stride, int64_t n, float* out, float* scores, float* stat);
-// attention/attention_avx2.cpp: the one-head kernel on AVX2 + FMA + F16C, for head sizes a multiple of 8.
+// attention/attention_avx2.cpp: the one-head and grouped kernels on AVX2 + FMA + F16C, for head
+// sizes a multiple of 8.
 void attend_one_avx2(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
                      int64_t n, float* outh, float* scores, float* stat);
+void attend_group_avx2(const AttentionShape& s, int heads, const float* q, const void* k, const void* v,
+                       int64_t kv_stride, int64_t n, float* out, float* scores, float* stat);
 }  // namespace detail
 namespace {
 
@@ -47,7 +50,13 @@ int64_t first_visible(const AttentionShape& s, int64_t pos) {
   return s.window > 0 && pos - s.window + 1 > 0 ? pos - s.window + 1 : 0;
 }
 
-// Heads the AVX-512 kernel takes together: the largest of 4, 3, 2 that divides the group.
+// Whether this level has a grouped kernel for the shape (AVX-512; AVX2 for head sizes a multiple
+// of 8, as its one-head kernel).
+bool grouped_kernel(const AttentionShape& s) {
+  return simd_level() == SimdLevel::avx512 || (vector_level() == SimdLevel::avx2 && s.head_dim % 8 == 0);
+}
+
+// Heads the grouped kernels take together: the largest of 4, 3, 2 that divides the group.
 int group_heads(int64_t group) {
   for (int g = detail::kGroupHeads; g > 1; --g)
     if (group % g == 0) return g;
@@ -55,7 +64,7 @@ int group_heads(int64_t group) {
 }
 
 // One token's consecutive heads [h, h + heads) of one KV head (heads: 1, or up to kGroupHeads
-// on AVX-512): softmax(q.K^T * scale) V over positions [first, first + n). scratch: the scores
+// where grouped_kernel): softmax(q.K^T * scale) V over positions [first, first + n). scratch: the scores
 // (heads * n) and a converted row (head_dim). stat: per head the largest score and the sum of
 // the exponentials, or null.
 void attend_heads(const AttentionShape& s, const float* qh, int heads, int64_t first, int64_t n, const void* k,
@@ -68,8 +77,10 @@ void attend_heads(const AttentionShape& s, const float* qh, int heads, int64_t f
     if (heads > 1) return detail::attend_group_avx512(s, heads, qh, kb, vb, kv_stride, n, outh, scores, stat);
     return detail::attend_one_avx512(s, qh, kb, vb, kv_stride, n, outh, scores, stat);
   }
-  if (vector_level() == SimdLevel::avx2 && hd % 8 == 0)
+  if (vector_level() == SimdLevel::avx2 && hd % 8 == 0) {
+    if (heads > 1) return detail::attend_group_avx2(s, heads, qh, kb, vb, kv_stride, n, outh, scores, stat);
     return detail::attend_one_avx2(s, qh, kb, vb, kv_stride, n, outh, scores, stat);
+  }
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {
     float sc = dot_f32(qh, cache_row(s, k, first + j, kv_stride, kv_head, row), hd) * s.scale;
@@ -128,7 +139,7 @@ void attention(ThreadPool& pool, const AttentionShape& s, const float* q, int64_
   if (chunks > 1) {
     // Each item: one token's run of heads over one chunk of its visible positions, into
     // partials (normalized output and per head max and sum); then the chunks merged per head.
-    const int heads = simd_level() == SimdLevel::avx512 ? group_heads(group) : 1;
+    const int heads = grouped_kernel(s) ? group_heads(group) : 1;
     const int64_t runs = s.n_head / heads;
     const size_t per_thread = split_thread_floats(hd);
     float* part = scratch + static_cast<size_t>(pool.size()) * per_thread;
@@ -184,7 +195,7 @@ void attention(ThreadPool& pool, const AttentionShape& s, const float* q, int64_
   // V row once for G; one head at a time, each head's item reads them again). The kernels give
   // the same bits, so the choice changes only the time.
   int heads = 1;
-  if (simd_level() == SimdLevel::avx512)
+  if (grouped_kernel(s))
     for (int g = detail::kGroupHeads; g > 1; --g)
       if (group % g == 0 && n_tokens * s.n_head / g >= pool.size()) {
         heads = g;

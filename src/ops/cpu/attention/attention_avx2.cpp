@@ -127,7 +127,123 @@ void attend_weighted_sum(const float* p, const E* v, int64_t stride, int64_t n, 
 
 #include "ops/cpu/attention/attend_head.hpp"
 
+// G (2 to 4) heads that share their K and V rows (grouped-query attention), as the AVX-512 file's
+// grouped kernel: each K and V chunk loaded (and converted from F16) once for the G heads. With
+// 16 registers the query chunks come from L1 (the columns in the outer loop) and P positions go
+// at a time, P = 4 for two heads and 2 for three or four (G x P sums, P K chunks and a query
+// chunk). Every score's chain (a multiply, then multiply-adds over the chunks in order) and its
+// hsum4 tree, and every output's chain over the positions, are the one-head kernel's: the same
+// bits.
+template <int G, class E>
+void group_scores(const float* q, const E* k, int64_t stride, int64_t n, int64_t hd, float scale, float* scores) {
+  constexpr int P = G == 2 ? 4 : 2, S = G * P;
+  const __m128 vscale = _mm_set1_ps(scale);
+  const __m256 z = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + P <= n; j += P) {
+    const E* kj = k + j * stride;
+    __m256 acc[S], kc[P];  // acc[i * G + g]: position j + i, head g
+    for (int i = 0; i < P; ++i) prefetch_kv_ahead(k, stride, j + i, n, hd);
+#pragma GCC unroll 4
+    for (int i = 0; i < P; ++i) kc[i] = load8(kj + i * stride);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m256 qg = _mm256_loadu_ps(q + g * hd);
+#pragma GCC unroll 4
+      for (int i = 0; i < P; ++i) acc[i * G + g] = _mm256_mul_ps(qg, kc[i]);
+    }
+    for (int64_t c = 8; c < hd; c += 8) {
+#pragma GCC unroll 4
+      for (int i = 0; i < P; ++i) kc[i] = load8(kj + i * stride + c);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m256 qg = _mm256_loadu_ps(q + g * hd + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < P; ++i) acc[i * G + g] = _mm256_fmadd_ps(qg, kc[i], acc[i * G + g]);
+      }
+    }
+    alignas(16) float sc[(S + 3) / 4 * 4];
+#pragma GCC unroll 4
+    for (int f = 0; f < S; f += 4)  // four sums a tree (zeros past S): each sum's own tree as hsum1's
+      _mm_store_ps(sc + f, _mm_mul_ps(hsum4(acc[f], f + 1 < S ? acc[f + 1] : z, f + 2 < S ? acc[f + 2] : z,
+                                            f + 3 < S ? acc[f + 3] : z),
+                                      vscale));
+    for (int i = 0; i < P; ++i)
+      for (int g = 0; g < G; ++g) scores[g * n + j + i] = sc[i * G + g];
+  }
+  for (; j < n; ++j)
+    for (int g = 0; g < G; ++g) {
+      const E* kj = k + j * stride;
+      const float* qg = q + g * hd;
+      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qg), load8(kj));
+      for (int64_t c = 8; c < hd; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + c), load8(kj + c), acc);
+      scores[g * n + j] = hsum1(acc) * scale;
+    }
+}
+
+// Columns [0, 8 R) of the G heads' outputs (head g's at out + g hd; p: head g's weights at p + g n),
+// each value chunk loaded once for the G heads.
+template <int G, int R, class E>
+void group_weighted_block(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+  __m256 acc[G][R];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int c = 0; c < R; ++c) acc[g][c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const E* vj = v + j * stride;
+    prefetch_kv_ahead(v, stride, j, n, 8 * R);
+    __m256 vc[R];
+#pragma GCC unroll 4
+    for (int c = 0; c < R; ++c) vc[c] = load8(vj + 8 * c);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m256 pg = _mm256_set1_ps(p[g * n + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < R; ++c) acc[g][c] = _mm256_fmadd_ps(pg, vc[c], acc[g][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int c = 0; c < R; ++c) _mm256_storeu_ps(out + g * hd + 8 * c, acc[g][c]);
+}
+
+// All hd columns, as many chunks a pass over the positions as 16 registers hold (G R sums, R value
+// chunks and a weight): 4 for two heads, 3 for three, 2 for four.
+template <int G, class E>
+void group_weighted_sum(const float* p, const E* v, int64_t stride, int64_t n, int64_t hd, float* out) {
+  constexpr int R = G == 2 ? 4 : G == 3 ? 3 : 2;
+  for (int64_t c0 = 0; c0 < hd; c0 += 8 * R) {
+    switch (std::min<int64_t>(R, (hd - c0) / 8)) {
+      case 1: group_weighted_block<G, 1>(p, v + c0, stride, n, hd, out + c0); break;
+      case 2: group_weighted_block<G, 2>(p, v + c0, stride, n, hd, out + c0); break;
+      case 3: group_weighted_block<G, 3>(p, v + c0, stride, n, hd, out + c0); break;
+      default: group_weighted_block<G, R>(p, v + c0, stride, n, hd, out + c0);
+    }
+  }
+}
+
+template <int G, class E>
+void attend_group(const AttentionShape& s, const float* q, const E* k, const E* v, int64_t stride, int64_t n,
+                  float* out, float* scores, float* stat) {
+  group_scores<G>(q, k, stride, n, s.head_dim, s.scale, scores);
+  for (int g = 0; g < G; ++g) attend_softmax(s.softcap, n, scores + g * n, stat ? stat + 2 * g : nullptr);
+  group_weighted_sum<G>(scores, v, stride, n, s.head_dim, out);
+}
+
 }  // namespace
+
+void attend_group_avx2(const AttentionShape& s, int heads, const float* q, const void* k, const void* v,
+                       int64_t kv_stride, int64_t n, float* out, float* scores, float* stat) {
+  with_cache_type(s, k, v, [&](auto kt, auto vt) {
+    switch (heads) {
+      case 2: attend_group<2>(s, q, kt, vt, kv_stride, n, out, scores, stat); break;
+      case 3: attend_group<3>(s, q, kt, vt, kv_stride, n, out, scores, stat); break;
+      default: attend_group<4>(s, q, kt, vt, kv_stride, n, out, scores, stat); break;
+    }
+  });
+}
 
 void attend_one_avx2(const AttentionShape& s, const float* qh, const void* k, const void* v, int64_t kv_stride,
                      int64_t n, float* outh, float* scores, float* stat) {

@@ -52,6 +52,10 @@ python3 -c "import json; d=json.load(open('$tmp/bench.json')); assert len(d['rea
 contains "bench prints the decode's share of the bandwidth" "$tmp/out" "of the measured read bandwidth \(median of 2 repetitions"
 expect_ok "bench with an unknown EMBER_SIMD" env EMBER_SIMD=avx9 "$ember" bench -m "$tmp/tiny.gguf" -p 4 -n 2 -r 1
 contains "an unknown EMBER_SIMD is named, not ignored" "$tmp/err" "EMBER_SIMD=avx9 is not a SIMD level"
+expect_ok "bench with the weight streams' prefetch forced off" env EMBER_PREFETCH=0 "$ember" bench -m "$tmp/tiny.gguf" -p 4 -n 2 -r 1
+contains "bench says the prefetch was forced" "$tmp/out" "weight streams not prefetched \(set by EMBER_PREFETCH\)"
+expect_ok "bench with an EMBER_PREFETCH that is neither 0 nor 1" env EMBER_PREFETCH=yes "$ember" bench -m "$tmp/tiny.gguf" -p 4 -n 2 -r 1
+contains "a bad EMBER_PREFETCH is named, not ignored" "$tmp/err" "EMBER_PREFETCH=yes is neither 0 nor 1"
 expect_ok "bench at a depth, F32 cache" "$ember" bench -m "$tmp/tiny.gguf" -p 8 -n 4 -d 20 --kv-type f32 -r 1 --json "$tmp/bench_d.json"
 python3 -c "import json; d=json.load(open('$tmp/bench_d.json')); assert d['tg4@d20']['median'] > 0 and d['depth'] == 20 and d['kv_type'] == 'f32'" \
   && pass || fail "bench -d 20 JSON lacks tg4@d20 / depth / kv_type"

@@ -64,7 +64,12 @@ const CpuFeatures& cpu_features() {
       f.family = base == 0xF ? base + static_cast<int>((eax >> 20) & 0xFF) : base;
     }
     f.stream_prefetch = f.intel || (__builtin_cpu_is("amd") && f.family >= 26);
-    if (const char* env = std::getenv("EMBER_PREFETCH")) f.stream_prefetch = std::strcmp(env, "0") != 0;
+    if (const char* env = std::getenv("EMBER_PREFETCH")) {
+      f.stream_prefetch_forced = std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0;
+      if (f.stream_prefetch_forced) f.stream_prefetch = env[0] == '1';
+      else log_warn("EMBER_PREFETCH={} is neither 0 nor 1: the weight streams are {}prefetched, as this CPU decides",
+                    env, f.stream_prefetch ? "" : "not ");
+    }
     return f;
   }();
   return features;

@@ -16,6 +16,7 @@ struct CpuFeatures {
   // and AMD from Zen 5 (the Q4_K decode 1.28x), not Zen 3 / 4, where the K-quant kernels
   // measured slower with it. EMBER_PREFETCH=0|1 overrides it.
   bool stream_prefetch = false;
+  bool stream_prefetch_forced = false;  // by EMBER_PREFETCH
 };
 
 // avx_vnni is AVX2 with vpdpbusd on 256 bits: only 8-bit dot products have kernels of their own

@@ -144,7 +144,7 @@ void run_bench(const BenchFlags& f) {
   out["seqs"] = f.seqs;
   std::printf("kernels: %s%s, weight streams %sprefetched%s\n", simd_level_name(simd_level()),
               std::getenv("EMBER_SIMD") ? " (set by EMBER_SIMD)" : "", cpu_features().stream_prefetch ? "" : "not ",
-              std::getenv("EMBER_PREFETCH") ? " (set by EMBER_PREFETCH)" : "");
+              cpu_features().stream_prefetch_forced ? " (set by EMBER_PREFETCH)" : "");
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
   auto row = [&](const char* name, int n, const std::vector<double>& v) {

@@ -10,6 +10,7 @@
 #include "ops/cpu/gemm/gemm_table.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/nm4/nm4.hpp"
+#include "ops/cpu/prefetch.hpp"
 #include "ops/cpu/sparse/sparse_impl.hpp"
 #include "ops/cpu/vec.hpp"
 #include "tensor/quant.hpp"
@@ -48,9 +49,6 @@ int64_t slice_unit(DType t) {
 // Active rows are scattered, so the hardware prefetchers cannot see the next one coming: ask
 // for it a couple of rows ahead (the cost of a row is one DRAM latency otherwise).
 constexpr int64_t kPrefetchRows = 2;
-inline void prefetch_bytes(const uint8_t* p, size_t n) {
-  for (size_t b = 0; b < n; b += 64) __builtin_prefetch(p + b);
-}
 
 // Whether the AVX-512 one-token kernels over 4-bit rows (sparse/sparse_avx512.cpp) take activations
 // that prepare_activations() laid out with row stride x_stride for a matrix of k columns.
@@ -89,9 +87,9 @@ void gather_matmul_rows(const TensorView& W, const void* xq, int64_t n_tokens, c
     gather(W.row(0), stride, active, n_active, W.cols(), static_cast<const uint8_t*>(xp), Y);
     return;
   }
-  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(W.row(active[i]), W.row_size());
+  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_lines(W.row(active[i]), W.row_size());
   for (int64_t i = 0; i < n_active;) {
-    if (i + kPrefetchRows < n_active) prefetch_bytes(W.row(active[i + kPrefetchRows]), W.row_size());
+    if (i + kPrefetchRows < n_active) prefetch_lines(W.row(active[i + kPrefetchRows]), W.row_size());
     // A run of consecutive rows is one call of the dense row kernel (its register tiles span
     // several rows when the run is long).
     int64_t e = i + 1;
@@ -143,9 +141,9 @@ void sparse_axpy_rows(const TensorView& D, const int32_t* active, int64_t n_acti
       return;
     }
   }
-  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_bytes(D.row(active[i]) + offset, slice_bytes);
+  for (int64_t i = 0; i < std::min(n_active, kPrefetchRows); ++i) prefetch_lines(D.row(active[i]) + offset, slice_bytes);
   for (int64_t i = 0; i < n_active; ++i) {
-    if (i + kPrefetchRows < n_active) prefetch_bytes(D.row(active[i + kPrefetchRows]) + offset, slice_bytes);
+    if (i + kPrefetchRows < n_active) prefetch_lines(D.row(active[i + kPrefetchRows]) + offset, slice_bytes);
     const uint8_t* src = D.row(active[i]) + offset;
     if (n_tokens == 1 && k.axpy) {
       const float h = H[i];

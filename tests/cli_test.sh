@@ -377,6 +377,12 @@ contains "memory tier said" "$tmp/err" "memory tier: a budget of 420.0 MiB \(giv
 expect_error "memory tier: too small a budget" "need [0-9.]+ MiB: give --mem-budget" "$ember" generate -m "$tmp/tier.gguf" -p hi -n 2 --mem-budget 100M
 expect_ok "memory tier bench" "$ember" bench -m "$tmp/tier.gguf" -p 0 -n 4 -r 1 -t 2 --mem-budget 420M
 contains "memory tier: bench counts" "$tmp/out" "^memory tier: [0-9]+ experts held .* MB read a token"
+# Read-ahead always on: the same greedy tokens; bench scores the guesses; a mode it does not know is refused.
+expect_ok "memory tier read-ahead" "$ember" generate -m "$tmp/tier.gguf" -p "the cat sat" -n 16 --temp 0 -t 2 --mem-budget 420M --read-ahead always
+[ -s "$tmp/tier0" ] && cmp -s "$tmp/tier0" "$tmp/out" && pass || fail "memory tier read-ahead: greedy tokens differ from the unlimited run"
+expect_ok "memory tier read-ahead bench" "$ember" bench -m "$tmp/tier.gguf" -p 0 -n 8 -r 1 -t 2 --mem-budget 420M --read-ahead always
+contains "memory tier: read-ahead counted" "$tmp/out" "^memory tier: .* experts a token read ahead, [0-9]+% of them then chosen; the next layer's router guessed [0-9]+%"
+expect_error "memory tier: unknown read-ahead mode" "--read-ahead: .*not in" "$ember" generate -m "$tmp/tier.gguf" -p hi -n 2 --read-ahead sometimes
 # The server reports the memory tier's counts in /metrics.
 # served_metrics MODEL ARGS...: /metrics after one completion of `ember serve -m MODEL ARGS`, in $tmp/metrics.
 port=$((20000 + $$ % 20000))

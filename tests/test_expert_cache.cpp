@@ -78,8 +78,45 @@ TEST(ExpertCache, ItsModelComputesTheUnlimitedModelsLogitsBitForBit) {
     const ExpertCacheStats& st = cached->expert_cache->stats();
     EXPECT_GT(st.misses, 0u);
     const FfnWeights& e = cached->layers[0].moe.experts[0];
-    EXPECT_EQ(st.bytes_read, st.misses * (e.gate.nbytes + e.up.nbytes + e.down.nbytes));
+    EXPECT_EQ(st.bytes_read, (st.misses + st.read_ahead) * (e.gate.nbytes + e.up.nbytes + e.down.nbytes));
     EXPECT_EQ(cached->expert_cache->slots(), 3);
+  }
+}
+
+// Read-ahead: the next layer's guessed experts read while a layer computes change which experts
+// are resident, never the logits: every mode computes the unlimited model's bits. Every decode
+// step but the last layer's guesses (always), the guesses are scored, and what was read ahead
+// is counted in the bytes read.
+TEST(ExpertCache, ReadAheadChangesResidencyNotLogits) {
+  const SynthOptions o = moe_options(DType::Q4_K);
+  auto plain = load_kept(o, "plain_ahead.gguf");
+  repack_for_dense_kernels(*plain, RepackScope::all);
+  SessionParams p = test_support::session_params(2, 64, 64);
+  Session a(*plain, p);
+  const Logits want = test_support::session_logits(a);
+  for (ReadAhead mode : {ReadAhead::always, ReadAhead::automatic, ReadAhead::off}) {
+    auto cached = load_kept(o, "cached_ahead.gguf");
+    // 5 slots: one layer's 2 experts (decode) and room for the next layer's 2 beside them
+    cached->expert_cache = std::make_shared<ExpertCache>(*cached, tier_with_slots(*cached, 5), true, mode);
+    repack_for_dense_kernels(*cached, RepackScope::all);
+    Session b(*cached, p);
+    EXPECT_EQ(test_support::session_logits(b), want) << static_cast<int>(mode);
+    const ExpertCacheStats& st = cached->expert_cache->stats();
+    const FfnWeights& e = cached->layers[0].moe.experts[0];
+    EXPECT_EQ(st.bytes_read, (st.misses + st.read_ahead) * (e.gate.nbytes + e.up.nbytes + e.down.nbytes));
+    EXPECT_LE(st.read_ahead_used, st.read_ahead);
+    EXPECT_LE(st.guesses_chosen, st.guesses);
+    if (mode == ReadAhead::off) {
+      EXPECT_EQ(st.guesses, 0u);
+      EXPECT_EQ(st.read_ahead, 0u);
+    } else {
+      EXPECT_GT(st.guesses, 0u);  // two guesses of 2 experts a decode token (layers 1 and 2)
+      EXPECT_EQ(st.guesses % 2, 0u);
+    }
+    if (mode == ReadAhead::always) {
+      EXPECT_GT(st.read_ahead, 0u);
+      EXPECT_GT(st.read_ahead_used, 0u);
+    }
   }
 }
 

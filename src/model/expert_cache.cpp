@@ -14,7 +14,10 @@
 #include "core/error.hpp"
 #include "core/huge_pages.hpp"
 #include "core/timer.hpp"
+#include "model/blocks.hpp"
+#include "model/moe.hpp"
 #include "model/repack.hpp"
+#include "ops/cpu/matmul.hpp"
 #include "ops/cpu/r16/r16.hpp"
 
 namespace ember {
@@ -125,8 +128,8 @@ MemoryTier plan_memory_tier(const Model& model, size_t budget, size_t kv_bytes, 
   return t;
 }
 
-ExpertCache::ExpertCache(Model& model, const MemoryTier& tier, bool repack)
-    : model_(model), tier_(tier), repack_(repack), io_(static_cast<int>(kIoDepth)) {
+ExpertCache::ExpertCache(Model& model, const MemoryTier& tier, bool repack, ReadAhead read_ahead)
+    : model_(model), tier_(tier), repack_(repack), io_(static_cast<int>(kIoDepth)), read_ahead_(read_ahead) {
   EMBER_CHECK(tier.slots >= tier.min_slots && tier.slot_bytes > 0, "expert cache: {} slots for layers of {} experts",
               tier.slots, tier.min_slots);
   const std::string& path = model.file->path();
@@ -174,9 +177,33 @@ ExpertCache::ExpertCache(Model& model, const MemoryTier& tier, bool repack)
               region_sizes_[1], region_sizes_[2]);
   slot_owner_.assign(static_cast<size_t>(tier.slots), nullptr);
   for (int t = 0; t < io_.size(); ++t) scratch_.emplace_back(widest, AlignedBuffer<uint8_t>::Untouched{});
+  // The read-ahead's router buffers, for the widest router.
+  int64_t n_embd = 0, n_expert = 0;
+  size_t mm = 0;
+  for (const MoeWeights* m : layer_of_)
+    if (m) {
+      n_embd = std::max(n_embd, m->router.cols());
+      n_expert = std::max(n_expert, m->n_expert());
+      mm = std::max(mm, cpu::matmul_scratch_bytes(m->router.type, m->router.cols(), 1));
+      EMBER_CHECK(m->n_used > 0 && m->n_used <= m->n_expert(), "expert cache: a layer choosing {} of {} experts",
+                  m->n_used, m->n_expert());
+    }
+  ahead_x_ = AlignedBuffer<float>(static_cast<size_t>(n_embd));
+  ahead_logits_ = AlignedBuffer<float>(static_cast<size_t>(n_expert));
+  ahead_scratch_ = AlignedBuffer<uint8_t>(std::max<size_t>(mm, 64));
+  ahead_ids_.resize(static_cast<size_t>(n_expert));
+  ahead_order_.resize(static_cast<size_t>(n_expert));
+  ahead_weights_.resize(static_cast<size_t>(n_expert));
+  guess_.resize(layer_of_.size());
+  guess_made_.assign(layer_of_.size(), 0.0);
+  guess_chosen_.assign(layer_of_.size(), 0.0);
 }
 
 ExpertCache::~ExpertCache() {
+  try {
+    reader_.wait();
+  } catch (const std::exception&) {  // a failed read-ahead: its slots are unbound below
+  }
   for (Expert* x : slot_owner_)
     if (x) unbind(*x);
   for (size_t l = 0; l < layer_of_.size(); ++l)
@@ -188,6 +215,7 @@ void ExpertCache::unbind(Expert& x) {
   const auto m = matrices(*x.weights);
   for (size_t i = 0; i < 3; ++i) *m[i] = x.file[i];
   x.slot = -1;
+  x.ahead_at = 0;
 }
 
 std::string ExpertCache::read(const Expert& x, size_t i) {
@@ -230,13 +258,86 @@ uint8_t* ExpertCache::region_of(int32_t slot, size_t i) const {
   return p;
 }
 
-void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t count) {
+size_t ExpertCache::layer_index(const MoeWeights& moe) const {
   size_t l = 0;
   while (l < layer_of_.size() && layer_of_[l] != &moe) ++l;
   EMBER_CHECK(l < layer_of_.size(), "expert cache: a mixture that is not one of the model's layers");
+  return l;
+}
+
+int32_t ExpertCache::take_slot(Expert& x) {
+  int32_t best = -1;
+  for (size_t s = 0; s < slot_owner_.size(); ++s) {
+    const Expert* o = slot_owner_[s];
+    if (!o) {
+      best = static_cast<int32_t>(s);
+      break;
+    }
+    if (o->last == clock_ || o->ahead_at == clock_) continue;
+    const Expert* b = best < 0 ? nullptr : slot_owner_[static_cast<size_t>(best)];
+    if (!b || o->uses < b->uses || (o->uses == b->uses && o->last < b->last)) best = static_cast<int32_t>(s);
+  }
+  if (best < 0) return -1;
+  if (Expert* o = slot_owner_[static_cast<size_t>(best)]) unbind(*o);
+  slot_owner_[static_cast<size_t>(best)] = &x;
+  x.slot = best;  // taken (read by the caller)
+  return best;
+}
+
+void ExpertCache::read_all(const std::vector<Expert*>& xs) {
+  // kIoDepth threads each read a matrix and then repack it (or bind it where it landed), so that
+  // one thread's repacking runs while the others wait on the disk.
+  const size_t jobs = xs.size() * 3;
+  errors_.assign(jobs, std::string());
+  io_.parallel_for(static_cast<int64_t>(jobs), 1, [&](int64_t j0, int64_t j1, int ith) {
+    for (auto j = static_cast<size_t>(j0); j < static_cast<size_t>(j1); ++j) {
+      errors_[j] = read(*xs[j / 3], j % 3);
+      if (errors_[j].empty()) bind(*xs[j / 3], j % 3, scratch_[static_cast<size_t>(ith)].data());
+    }
+  });
+}
+
+void ExpertCache::release(const std::vector<Expert*>& xs) {
+  for (const std::string& e : errors_)
+    if (!e.empty()) {  // free every slot of these reads, their views back to the file
+      for (Expert* x : xs) slot_owner_[static_cast<size_t>(x->slot)] = nullptr, unbind(*x);
+      fail("{}", e);
+    }
+}
+
+void ExpertCache::finish_read_ahead() {
+  if (ahead_.empty()) return;
+  Timer timer;
+  reader_.wait();
+  stats_.read_seconds += timer.seconds();  // what the forward pass waited for
+  try {
+    release(ahead_);
+  } catch (const Error&) {  // a guess that could not be read: the call that needs it reads it (and says why)
+  }
+  ahead_.clear();
+}
+
+namespace {
+void decay_into(double& mean, double sample) { mean = mean > 0 ? 0.9 * mean + 0.1 * sample : sample; }
+}  // namespace
+
+void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t count) {
+  if (window_start_ >= 0) decay_into(window_, now_seconds() - window_start_), window_start_ = -1;
+  finish_read_ahead();
+  const size_t l = layer_index(moe);
   std::vector<Expert>& xs = experts_[l];
   ++clock_;
   ++stats_.calls;
+  if (!guess_[l].empty()) {  // the read-ahead's guess for this call, scored
+    int64_t chosen = 0;
+    for (int32_t g : guess_[l]) chosen += std::find(ids, ids + count, g) != ids + count ? 1 : 0;
+    constexpr double kDecay = 0.97;  // about the last 30 tokens
+    guess_made_[l] = kDecay * guess_made_[l] + static_cast<double>(guess_[l].size());
+    guess_chosen_[l] = kDecay * guess_chosen_[l] + static_cast<double>(chosen);
+    stats_.guesses += guess_[l].size();
+    stats_.guesses_chosen += static_cast<uint64_t>(chosen);
+    guess_[l].clear();
+  }
   std::vector<Expert*>& missing = missing_;  // kept between calls: no allocation a token
   missing.clear();
   for (int64_t i = 0; i < count; ++i) {
@@ -246,6 +347,7 @@ void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t coun
     if (x.last == clock_) continue;  // named twice in this call
     x.last = clock_;
     ++x.uses;
+    if (x.ahead_at) ++stats_.read_ahead_used, x.ahead_at = 0;
     if (x.slot >= 0) {
       ++stats_.hits;
     } else {
@@ -256,43 +358,54 @@ void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t coun
   if (missing.empty()) return;
   // Slots for the missing: free ones first, then those of the experts used least (the least
   // recently used among equals), never one this call asked for.
-  for (size_t k = 0; k < missing.size(); ++k) {
-    int32_t best = -1;
-    for (size_t s = 0; s < slot_owner_.size(); ++s) {
-      const Expert* o = slot_owner_[s];
-      if (!o) {
-        best = static_cast<int32_t>(s);
-        break;
-      }
-      if (o->last == clock_) continue;
-      const Expert* b = best < 0 ? nullptr : slot_owner_[static_cast<size_t>(best)];
-      if (!b || o->uses < b->uses || (o->uses == b->uses && o->last < b->last)) best = static_cast<int32_t>(s);
-    }
-    EMBER_CHECK(best >= 0, "expert cache: {} slots cannot hold the {} experts one call needs", slot_owner_.size(),
-                missing.size());
-    if (Expert* o = slot_owner_[static_cast<size_t>(best)]) unbind(*o);
-    slot_owner_[static_cast<size_t>(best)] = missing[k];
-    missing[k]->slot = best;  // taken (read below)
-  }
+  for (Expert* x : missing)
+    EMBER_CHECK(take_slot(*x) >= 0, "expert cache: {} slots cannot hold the {} experts one call needs",
+                slot_owner_.size(), missing.size());
   Timer timer;
-  // kIoDepth threads each read a matrix and then repack it (or bind it where it landed), so that
-  // one thread's repacking runs while the others wait on the disk.
-  const size_t jobs = missing.size() * 3;
-  errors_.assign(jobs, std::string());
-  io_.parallel_for(static_cast<int64_t>(jobs), 1, [&](int64_t j0, int64_t j1, int ith) {
-    for (auto j = static_cast<size_t>(j0); j < static_cast<size_t>(j1); ++j) {
-      errors_[j] = read(*missing[j / 3], j % 3);
-      if (errors_[j].empty()) bind(*missing[j / 3], j % 3, scratch_[static_cast<size_t>(ith)].data());
-    }
-  });
-  for (size_t j = 0; j < jobs; ++j)
-    if (!errors_[j].empty()) {  // free every slot of this call's reads, their views back to the file
-      for (Expert* x : missing) slot_owner_[static_cast<size_t>(x->slot)] = nullptr, unbind(*x);
-      fail("{}", errors_[j]);
-    }
-  stats_.read_seconds += timer.seconds();
+  read_all(missing);
+  release(missing);
+  const double seconds = timer.seconds();
+  stats_.read_seconds += seconds;
+  decay_into(expert_read_, seconds / static_cast<double>(missing.size()));
   for (const Expert* x : missing)
     for (const TensorView& f : x->file) stats_.bytes_read += f.nbytes;
+}
+
+void ExpertCache::read_ahead(ThreadPool& pool, const MoeWeights& moe, const float* residual) {
+  if (read_ahead_ == ReadAhead::off) return;
+  finish_read_ahead();
+  size_t next = layer_index(moe) + 1;
+  while (next < layer_of_.size() && !layer_of_[next]) ++next;
+  if (next == layer_of_.size()) return;  // the last mixture layer: the next token's first is not known yet
+  const MoeWeights& m = *layer_of_[next];
+  const LayerWeights& L = model_.layers[next];
+  apply_norm(model_, L.ffn.norm, L.ffn.norm_b, residual, ahead_x_.data(), 1);
+  cpu::matmul(pool, m.router, ahead_x_.data(), 1, ahead_logits_.data(), ahead_scratch_.data());
+  moe_route(m, ahead_logits_.data(), 1, ahead_ids_.data(), ahead_weights_.data(), ahead_order_.data());
+  guess_[next].assign(ahead_ids_.begin(), ahead_ids_.begin() + m.n_used);
+  window_start_ = now_seconds();
+  std::vector<Expert>& xs = experts_[next];
+  if (read_ahead_ == ReadAhead::automatic) {  // where it pays (the top of expert_cache.hpp), after 8 tokens' scores
+    int64_t missing = 0;
+    for (int32_t g : guess_[next]) missing += xs[static_cast<size_t>(g)].slot < 0 ? 1 : 0;
+    if (missing == 0 || guess_made_[next] < 8.0 * static_cast<double>(m.n_used) || window_ <= 0 || expert_read_ <= 0)
+      return;
+    const double p = guess_chosen_[next] / guess_made_[next];
+    const double r = std::max(1.0, expert_read_ * static_cast<double>(missing) / window_);
+    if (p < r * (1 - p)) return;
+  }
+  for (int64_t i = 0; i < m.n_used; ++i) {
+    Expert& x = xs[static_cast<size_t>(ahead_ids_[static_cast<size_t>(i)])];
+    if (x.slot >= 0) continue;
+    if (take_slot(x) < 0) break;  // every slot is this layer's or read ahead
+    x.ahead_at = clock_;
+    ahead_.push_back(&x);
+  }
+  if (ahead_.empty()) return;
+  stats_.read_ahead += ahead_.size();
+  for (const Expert* x : ahead_)
+    for (const TensorView& f : x->file) stats_.bytes_read += f.nbytes;
+  reader_.start([this] { read_all(ahead_); });
 }
 
 }  // namespace ember

@@ -8,9 +8,21 @@
 // budget, so the same tokens bit for bit. Eviction keeps the experts used most (uses counted
 // since load; ties: the least recently used goes), never one the current call needs.
 //
-// moe_ffn (model/moe.cpp) calls ensure() after routing, through Workspace::experts; the cache
-// rebinds the views of the Model it was made for (Model::expert_cache owns it), so one model with
-// a cache serves one session at a time, as the engine runs it.
+// Read-ahead (decode): once a layer's experts are resident, the next mixture layer's router,
+// given this layer's residual stream normed with that layer's FFN norm, guesses its experts (the
+// residual stream changes little from one layer to the next), and the missing ones are read on a
+// background thread while this layer computes; that layer's ensure() waits for them first. A wrong
+// guess costs a slot and a read, never a token: what runs is always what the router chose. In
+// `automatic` mode the guesses are always made and scored against the router's choice (a
+// decaying count per layer: the share p chosen), and a layer's m missing guesses are read only
+// where that pays: a right one saves at most the window a layer computes in (w, measured from
+// read_ahead() to the next ensure()), shared by the m, a wrong one costs a whole read (t, the
+// measured time of an expert read when chosen) and a slot; so p / (1 - p) >= r with
+// r = max(1, t m / w), p >= 1/2 at the least.
+//
+// moe_ffn (model/moe.cpp) calls ensure() after routing, then read_ahead(); the cache rebinds the
+// views of the Model it was made for (Model::expert_cache owns it), so one model with a cache
+// serves one session at a time, as the engine runs it.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -19,16 +31,23 @@
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
+#include "core/background_job.hpp"
 #include "core/thread_pool.hpp"
 #include "model/model.hpp"
 
 namespace ember {
+
+// When read-ahead reads (above): never, where the guesses pay, or always (tests, measurements).
+enum class ReadAhead { off, automatic, always };
 
 struct ExpertCacheStats {
   uint64_t calls = 0;         // ensure() calls (one per mixture layer and forward pass)
   uint64_t hits = 0, misses = 0;  // experts asked for that were, and were not, resident
   uint64_t bytes_read = 0;    // from the file
   double read_seconds = 0;    // waiting on those reads (and their repacking)
+  uint64_t read_ahead = 0;    // experts read ahead of their layer (in bytes_read; asked for, they are hits)
+  uint64_t read_ahead_used = 0;  // of those, chosen by their layer's router when it ran
+  uint64_t guesses = 0, guesses_chosen = 0;  // every guess scored (read or not), and those chosen
   double hit_rate() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 1.0; }
 };
 
@@ -65,7 +84,7 @@ class ExpertCache {
   // `slots` slots of tier.slot_bytes in anonymous memory; `repack`: each expert matrix that
   // repack_for_dense_kernels would repack (RepackScope::all) is repacked into its slot. The
   // experts' views keep pointing into the file's map until they are first read.
-  ExpertCache(Model& model, const MemoryTier& tier, bool repack);
+  ExpertCache(Model& model, const MemoryTier& tier, bool repack, ReadAhead read_ahead = ReadAhead::automatic);
   ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
@@ -73,6 +92,11 @@ class ExpertCache {
   // Makes every expert named in ids[0..count) of `moe` (a layer of the model) resident, reading
   // the missing ones on its own reading threads (io_); they stay so until the next call.
   void ensure(const MoeWeights& moe, const int32_t* ids, int64_t count);
+  // After ensure() for `moe`'s layer (one token): guesses the next mixture layer's experts from
+  // `residual` (this layer's FFN input before its norm) and starts reading the missing ones in
+  // the background, never evicting one the last ensure() asked for. Routes on `pool`.
+  void read_ahead(ThreadPool& pool, const MoeWeights& moe, const float* residual);
+  ReadAhead read_ahead_mode() const { return read_ahead_; }
 
   int64_t slots() const { return static_cast<int64_t>(slot_owner_.size()); }
   size_t bytes() const { return memory_.size(); }
@@ -88,6 +112,7 @@ class ExpertCache {
     std::array<uint64_t, 3> offset{};        // their bytes' offsets in the file
     int32_t slot = -1;
     uint64_t uses = 0, last = 0;             // calls that asked for it; the last one
+    uint64_t ahead_at = 0;                   // the call after which it was read ahead; 0: asked for since
   };
   // Reads matrix i (gate, up, down) of expert x into its region of x's slot: the whole file
   // pages around it. Returns what went wrong (empty: nothing). On an I/O thread.
@@ -97,6 +122,16 @@ class ExpertCache {
   void bind(Expert& x, size_t i, uint8_t* scratch);
   uint8_t* region_of(int32_t slot, size_t i) const;
   void unbind(Expert& x);
+  size_t layer_index(const MoeWeights& moe) const;
+  // A slot for x: a free one, else that of the expert used least (the least recently used among
+  // equals) that the current call neither asked for nor read ahead; -1 where there is none.
+  int32_t take_slot(Expert& x);
+  // Reads and binds the experts' matrices on the reading threads; errors_[j] per matrix.
+  void read_all(const std::vector<Expert*>& xs);
+  // Frees the slots of xs (their views back to the file), then throws where `fail`.
+  void release(const std::vector<Expert*>& xs);
+  // Waits for the read-ahead under way, accounts for it, and frees what it failed to read.
+  void finish_read_ahead();
 
   Model& model_;
   MemoryTier tier_;
@@ -115,6 +150,21 @@ class ExpertCache {
   std::vector<std::string> errors_;            // per matrix read
   uint64_t clock_ = 0;
   ExpertCacheStats stats_;
+  // Read-ahead: per layer the last guess (until its layer runs) and its decaying score; the
+  // guessed experts under way, the router's input and outputs, the thread.
+  ReadAhead read_ahead_ = ReadAhead::automatic;
+  std::vector<std::vector<int32_t>> guess_;
+  std::vector<double> guess_made_, guess_chosen_;
+  // Decaying means of the window between read_ahead() and the next ensure() (w above) and of an
+  // expert's read when chosen (t); the window's start.
+  double window_ = 0, expert_read_ = 0;
+  double window_start_ = -1;
+  std::vector<Expert*> ahead_;
+  AlignedBuffer<float> ahead_x_, ahead_logits_;
+  AlignedBuffer<uint8_t> ahead_scratch_;
+  std::vector<int32_t> ahead_ids_, ahead_order_;
+  std::vector<float> ahead_weights_;
+  BackgroundJob reader_;  // last: joined before the members its jobs use go
 };
 
 }  // namespace ember

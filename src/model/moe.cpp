@@ -347,7 +347,10 @@ void moe_ffn(ThreadPool& pool, const MoeWeights& moe, cpu::Activation act, const
   route(pool, moe, x, n, ws);
   // The memory tier: a token's chosen experts resident before their types are compared (the
   // cache repacks what it reads); a prompt's are made resident group by group (moe_prompt).
-  if (n == 1 && moe.cache) moe.cache->ensure(moe, ws.moe_ids.data(), moe.n_used);
+  if (n == 1 && moe.cache) {
+    moe.cache->ensure(moe, ws.moe_ids.data(), moe.n_used);
+    if (ws.ffn_residual) moe.cache->read_ahead(pool, moe, ws.ffn_residual);  // the next layer's, while this one runs
+  }
   if (n == 1 && !grouped && fused_decode(moe, ws.moe_ids.data(), ws)) return moe_decode(pool, moe, act, x, out, ws, in);
   if (n > 1 && !grouped && moe_prompt(pool, moe, act, x, n, out, ws, in)) return;
   grouped_loop(moe, in.experts_x ? in.experts_x : x, n, out, ws, [&](int64_t e, const float* rows, int64_t m, float* o) {

@@ -212,12 +212,26 @@ void run_bench(const BenchFlags& f) {
     const double tokens = static_cast<double>(f.n_gen) * f.seqs;
     out["expert_cache"] = {{"slots", c->slots()}, {"bytes", c->bytes()}, {"hit_rate", st.hit_rate()},
                            {"bytes_read_per_token", st.bytes_read / tokens},
-                           {"read_seconds_per_token", st.read_seconds / tokens}, {"direct_io", c->direct_io()}};
+                           {"read_seconds_per_token", st.read_seconds / tokens}, {"direct_io", c->direct_io()},
+                           {"read_ahead_per_token", st.read_ahead / tokens},
+                           {"guesses_chosen", st.guesses ? static_cast<double>(st.guesses_chosen) / st.guesses : 0.0},
+                           {"read_ahead_used", st.read_ahead ? static_cast<double>(st.read_ahead_used) / st.read_ahead : 0.0}};
     std::printf("memory tier: %lld experts held (%.1f MiB of a %.1f MiB budget); last decode run: %.1f%% of the "
-                "chosen experts held, %.1f MB read a token, %.1f ms a token waiting on reads (%.0f MB/s)\n",
+                "chosen experts held, %.1f MB read a token, %.1f ms a token waiting on reads",
                 static_cast<long long>(c->slots()), c->bytes() / 1048576.0, c->tier().budget / 1048576.0,
-                100 * st.hit_rate(), st.bytes_read / tokens / 1e6, 1e3 * st.read_seconds / tokens,
-                st.read_seconds > 0 ? st.bytes_read / st.read_seconds / 1e6 : 0.0);
+                100 * st.hit_rate(), st.bytes_read / tokens / 1e6, 1e3 * st.read_seconds / tokens);
+    if (st.read_ahead > 0)
+      std::printf("; %.1f experts a token read ahead, %.0f%% of them then chosen", st.read_ahead / tokens,
+                  100.0 * st.read_ahead_used / st.read_ahead);
+    else
+      std::printf(" (%.0f MB/s)", st.read_seconds > 0 ? st.bytes_read / st.read_seconds / 1e6 : 0.0);
+    if (st.guesses > 0)
+      std::printf("; the next layer's router guessed %.0f%% of the experts chosen%s",
+                  100.0 * st.guesses_chosen / st.guesses,
+                  c->read_ahead_mode() == ReadAhead::automatic && st.read_ahead == 0
+                      ? " (too few for reading them ahead to pay: none read)"
+                      : "");
+    std::printf("\n");
   }
   if (const SparseFfn* sp = session.sparse_ffn(); sp && sp->map_read_stats() && !tg.empty()) {  // of the last decode run
     const MapReadStats& st = *sp->map_read_stats();

@@ -38,6 +38,7 @@ struct EngineFlags {
   bool no_repack = false;  // keep every matrix in the file's layout (model/repack.hpp)
   bool mmap = false;  // keep the matrices that are not repacked in the file's map (ResidentWeights::in_file)
   std::string mem_budget = "auto";  // the memory tier (model/expert_cache.hpp): auto, off, or a size
+  std::string read_ahead = "auto";  // the memory tier's read-ahead of experts: auto, always, off
 
   void add_to(CLI::App* app, bool model_required = true);
   std::string input_allocation = "greedy";  // input mode: how --sparsity is spread (sparse/input_allocation.hpp)

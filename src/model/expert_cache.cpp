@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -24,6 +25,8 @@ namespace ember {
 namespace {
 
 constexpr size_t kPage = 4096;
+// read_all's mark of a matrix it skipped because its expert's read-ahead was cancelled.
+const std::string kCancelled = "cancelled";
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 // The first page boundary at or after p (O_DIRECT reads into page-aligned memory).
 uint8_t* aligned_page(uint8_t* p) {
@@ -200,9 +203,10 @@ ExpertCache::ExpertCache(Model& model, const MemoryTier& tier, bool repack, Read
 }
 
 ExpertCache::~ExpertCache() {
+  for (uint8_t& c : ahead_cancel_) std::atomic_ref<uint8_t>(c).store(1, std::memory_order_relaxed);  // not started
   try {
     reader_.wait();
-  } catch (const std::exception&) {  // a failed read-ahead: its slots are unbound below
+  } catch (const std::exception&) {  // its slots are unbound below
   }
   for (Expert* x : slot_owner_)
     if (x) unbind(*x);
@@ -284,13 +288,18 @@ int32_t ExpertCache::take_slot(Expert& x) {
   return best;
 }
 
-void ExpertCache::read_all(const std::vector<Expert*>& xs) {
+void ExpertCache::read_all(const std::vector<Expert*>& xs, const uint8_t* cancel) {
   // kIoDepth threads each read a matrix and then repack it (or bind it where it landed), so that
-  // one thread's repacking runs while the others wait on the disk.
+  // one thread's repacking runs while the others wait on the disk. A read-ahead's experts are
+  // taken in the order of the guess, and those cancelled meanwhile are skipped.
   const size_t jobs = xs.size() * 3;
   errors_.assign(jobs, std::string());
   io_.parallel_for(static_cast<int64_t>(jobs), 1, [&](int64_t j0, int64_t j1, int ith) {
     for (auto j = static_cast<size_t>(j0); j < static_cast<size_t>(j1); ++j) {
+      if (cancel && std::atomic_ref<const uint8_t>(cancel[j / 3]).load(std::memory_order_relaxed)) {
+        errors_[j] = kCancelled;
+        continue;
+      }
       errors_[j] = read(*xs[j / 3], j % 3);
       if (errors_[j].empty()) bind(*xs[j / 3], j % 3, scratch_[static_cast<size_t>(ith)].data());
     }
@@ -305,14 +314,33 @@ void ExpertCache::release(const std::vector<Expert*>& xs) {
     }
 }
 
-void ExpertCache::finish_read_ahead() {
+void ExpertCache::finish_read_ahead(const int32_t* ids, int64_t count) {
   if (ahead_.empty()) return;
+  // The guesses the router did not choose: not read if not started.
+  for (size_t a = 0; a < ahead_.size(); ++a) {
+    const int32_t id = static_cast<int32_t>(ahead_[a] - experts_[ahead_layer_].data());
+    if (std::find(ids, ids + count, id) == ids + count)
+      std::atomic_ref<uint8_t>(ahead_cancel_[a]).store(1, std::memory_order_relaxed);
+  }
   Timer timer;
-  reader_.wait();
-  stats_.read_seconds += timer.seconds();  // what the forward pass waited for
+  bool thrown = false;
   try {
-    release(ahead_);
-  } catch (const Error&) {  // a guess that could not be read: the call that needs it reads it (and says why)
+    reader_.wait();
+  } catch (const std::exception&) {  // as a failed read: the call that needs the expert reads it again
+    thrown = true;
+  }
+  stats_.read_seconds += timer.seconds();  // what the forward pass waited for
+  for (size_t a = 0; a < ahead_.size(); ++a) {
+    Expert& x = *ahead_[a];
+    bool read = !thrown && errors_.size() == 3 * ahead_.size();
+    for (size_t i = 0; i < 3; ++i) read = read && errors_[3 * a + i].empty();
+    if (read) {
+      for (const TensorView& f : x.file) stats_.bytes_read += f.nbytes;
+      ++stats_.read_ahead;
+    } else {  // cancelled, or a read that failed (the call that needs it reads it again, and says why)
+      slot_owner_[static_cast<size_t>(x.slot)] = nullptr;
+      unbind(x);
+    }
   }
   ahead_.clear();
 }
@@ -323,8 +351,8 @@ void decay_into(double& mean, double sample) { mean = mean > 0 ? 0.9 * mean + 0.
 
 void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t count) {
   if (window_start_ >= 0) decay_into(window_, now_seconds() - window_start_), window_start_ = -1;
-  finish_read_ahead();
   const size_t l = layer_index(moe);
+  finish_read_ahead(ids, l == ahead_layer_ ? count : 0);  // (another layer's call: a pass cut short)
   std::vector<Expert>& xs = experts_[l];
   ++clock_;
   ++stats_.calls;
@@ -373,7 +401,7 @@ void ExpertCache::ensure(const MoeWeights& moe, const int32_t* ids, int64_t coun
 
 void ExpertCache::read_ahead(ThreadPool& pool, const MoeWeights& moe, const float* residual) {
   if (read_ahead_ == ReadAhead::off) return;
-  finish_read_ahead();
+  finish_read_ahead(nullptr, 0);
   size_t next = layer_index(moe) + 1;
   while (next < layer_of_.size() && !layer_of_[next]) ++next;
   if (next == layer_of_.size()) return;  // the last mixture layer: the next token's first is not known yet
@@ -402,10 +430,9 @@ void ExpertCache::read_ahead(ThreadPool& pool, const MoeWeights& moe, const floa
     ahead_.push_back(&x);
   }
   if (ahead_.empty()) return;
-  stats_.read_ahead += ahead_.size();
-  for (const Expert* x : ahead_)
-    for (const TensorView& f : x->file) stats_.bytes_read += f.nbytes;
-  reader_.start([this] { read_all(ahead_); });
+  ahead_layer_ = next;
+  ahead_cancel_.assign(ahead_.size(), 0);
+  reader_.start([this] { read_all(ahead_, ahead_cancel_.data()); });
 }
 
 }  // namespace ember

@@ -45,7 +45,8 @@ struct ExpertCacheStats {
   uint64_t hits = 0, misses = 0;  // experts asked for that were, and were not, resident
   uint64_t bytes_read = 0;    // from the file
   double read_seconds = 0;    // waiting on those reads (and their repacking)
-  uint64_t read_ahead = 0;    // experts read ahead of their layer (in bytes_read; asked for, they are hits)
+  uint64_t read_ahead = 0;    // experts read ahead of their layer (in bytes_read; asked for, they are hits;
+                              // a guess cancelled before its read began is not counted)
   uint64_t read_ahead_used = 0;  // of those, chosen by their layer's router when it ran
   uint64_t guesses = 0, guesses_chosen = 0;  // every guess scored (read or not), and those chosen
   double hit_rate() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 1.0; }
@@ -126,12 +127,14 @@ class ExpertCache {
   // A slot for x: a free one, else that of the expert used least (the least recently used among
   // equals) that the current call neither asked for nor read ahead; -1 where there is none.
   int32_t take_slot(Expert& x);
-  // Reads and binds the experts' matrices on the reading threads; errors_[j] per matrix.
-  void read_all(const std::vector<Expert*>& xs);
-  // Frees the slots of xs (their views back to the file), then throws where `fail`.
+  // Reads and binds the experts' matrices on the reading threads; errors_[j] per matrix (j / 3:
+  // the expert); an expert whose cancel[] byte is set when its turn comes is skipped.
+  void read_all(const std::vector<Expert*>& xs, const uint8_t* cancel = nullptr);
+  // Where a read failed: frees the slots of xs (their views back to the file) and throws.
   void release(const std::vector<Expert*>& xs);
-  // Waits for the read-ahead under way, accounts for it, and frees what it failed to read.
-  void finish_read_ahead();
+  // The read-ahead under way: its guesses not among ids[0..count) cancelled, then waited for;
+  // what it read counted, the slots of what it did not freed.
+  void finish_read_ahead(const int32_t* ids, int64_t count);
 
   Model& model_;
   MemoryTier tier_;
@@ -160,6 +163,8 @@ class ExpertCache {
   double window_ = 0, expert_read_ = 0;
   double window_start_ = -1;
   std::vector<Expert*> ahead_;
+  size_t ahead_layer_ = 0;
+  std::vector<uint8_t> ahead_cancel_;  // per expert of ahead_: set (atomically) once not wanted
   AlignedBuffer<float> ahead_x_, ahead_logits_;
   AlignedBuffer<uint8_t> ahead_scratch_;
   std::vector<int32_t> ahead_ids_, ahead_order_;

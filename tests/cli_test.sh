@@ -397,6 +397,7 @@ served_metrics() {
 served_metrics "$tmp/tier.gguf" --mem-budget 420M
 contains "memory tier in /metrics" "$tmp/metrics" "^ember_expert_cache_misses_total\{model=\"[^\"]+\"\} [1-9][0-9]*"
 contains "memory tier bytes in /metrics" "$tmp/metrics" "^ember_expert_cache_read_bytes_total\{model=\"[^\"]+\"\} [1-9]"
+contains "memory tier read-ahead in /metrics" "$tmp/metrics" "^ember_expert_cache_read_ahead_total\{model=\"[^\"]+\"\} [0-9]"
 # under_limit NAME MIB REF CMD...: CMD in a cgroup v1 memory limit of MIB after the page cache is
 # dropped (where cgroups are writable: root): it finds the limit, and its output equals REF's.
 under_limit() {

@@ -109,6 +109,11 @@ std::string Metrics::prometheus(const MetricsGauges& g, const std::string& model
         static_cast<double>(g.expert_bytes_read));
     one("ember_expert_cache_read_seconds_total", "counter", "Time the forward passes waited on those reads.",
         g.expert_read_seconds);
+    one("ember_expert_cache_read_ahead_total", "counter",
+        "Experts the memory tier read ahead of their layer, as the next layer's router guessed them.",
+        static_cast<double>(g.expert_read_ahead));
+    one("ember_expert_cache_read_ahead_used_total", "counter", "Of those, the experts their layer's router then chose.",
+        static_cast<double>(g.expert_read_ahead_used));
   }
   if (g.map_reads) {
     one("ember_map_read_pages_total", "counter",

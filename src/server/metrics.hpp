@@ -25,6 +25,7 @@ struct MetricsGauges {
   bool expert_cache = false;
   uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;
   double expert_read_seconds = 0;
+  uint64_t expert_read_ahead = 0, expert_read_ahead_used = 0;  // read ahead; of those, then chosen
   // A dense model larger than its budget (sparse/map_reads.hpp): the pages of FFN rows made
   // resident from the file's map since load, and the time waited on them.
   bool map_reads = false;

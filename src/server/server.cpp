@@ -367,6 +367,7 @@ void Server::install_routes() {
       g.expert_cache = true;
       g.expert_hits = ex->hits, g.expert_misses = ex->misses, g.expert_bytes_read = ex->bytes_read;
       g.expert_read_seconds = ex->read_seconds;
+      g.expert_read_ahead = ex->read_ahead, g.expert_read_ahead_used = ex->read_ahead_used;
     }
     if (const auto mr = engine_->map_read_stats()) {
       g.map_reads = true;

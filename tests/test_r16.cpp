@@ -13,6 +13,7 @@
 #include "core/thread_pool.hpp"
 #include "ops/cpu/matmul.hpp"
 #include "ops/cpu/r16/r16.hpp"
+#include "ops/cpu/r16/r16_kernels.hpp"
 #include "support/random_acts.hpp"
 #include "support/simd_levels.hpp"
 #include "tensor/fp16.hpp"
@@ -103,6 +104,24 @@ TEST(R16, Q4RepackRoundTripsAndKeepsSize) {
       EXPECT_EQ(p.packed_view.row(16), p.packed.data() + 16 * stride);
       EXPECT_EQ(std::memcmp(p.packed.data() + 16 * stride + 2, p.plain.data() + 17 * stride, 2), 0);
     }
+}
+
+// The Q4_K repacking takes a group's 16 rows at once on vectors: the same bytes as row by row, on
+// random bytes (every bit of the 6-bit scales and mins, every nibble) and on quantized rows.
+TEST(R16, Q4KRepackOfSixteenRowsEqualsRowByRow) {
+  std::mt19937 rng(11);
+  for (const Shape& s : kShapesK) {
+    const size_t n = row_bytes(DType::Q4_K, s.k) * static_cast<size_t>(s.rows);
+    std::vector<uint8_t> bytes(n), fast(n, 0xAA), rows(n, 0x55);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    cpu::detail::repack_q4_k_r16(bytes.data(), s.rows, s.k, fast.data());
+    cpu::detail::repack_q4_k_r16_rows(bytes.data(), s.rows, s.k, rows.data());
+    EXPECT_EQ(fast, rows) << s.rows << " x " << s.k;
+    Packed p = random_matrix(DType::Q4_K, s.rows, s.k, 5);
+    std::vector<uint8_t> by_rows(p.plain.size());
+    cpu::detail::repack_q4_k_r16_rows(p.plain.data(), s.rows, s.k, by_rows.data());
+    EXPECT_EQ(std::memcmp(by_rows.data(), p.packed.data(), by_rows.size()), 0) << s.rows << " x " << s.k;
+  }
 }
 
 TEST(R16, RejectsShapesItCannotHold) {

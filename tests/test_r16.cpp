@@ -106,22 +106,30 @@ TEST(R16, Q4RepackRoundTripsAndKeepsSize) {
     }
 }
 
-// The Q4_K repacking takes a group's 16 rows at once on vectors: the same bytes as row by row, on
-// random bytes (every bit of the 6-bit scales and mins, every nibble) and on quantized rows.
-TEST(R16, Q4KRepackOfSixteenRowsEqualsRowByRow) {
+// The Q4_K and Q6_K repacking take a group's 16 rows at once on vectors: the same bytes as row by
+// row, on random bytes (every bit of the scales and mins, every nibble) and on quantized rows.
+TEST(R16, KRepackOfSixteenRowsEqualsRowByRow) {
+  using Repack = void (*)(const void*, int64_t, int64_t, void*);
+  const struct {
+    DType type;
+    Repack fast, rows;
+  } kinds[] = {{DType::Q4_K, &cpu::detail::repack_q4_k_r16, &cpu::detail::repack_q4_k_r16_rows},
+               {DType::Q6_K, &cpu::detail::repack_q6_k_r16, &cpu::detail::repack_q6_k_r16_rows}};
   std::mt19937 rng(11);
-  for (const Shape& s : kShapesK) {
-    const size_t n = row_bytes(DType::Q4_K, s.k) * static_cast<size_t>(s.rows);
-    std::vector<uint8_t> bytes(n), fast(n, 0xAA), rows(n, 0x55);
-    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
-    cpu::detail::repack_q4_k_r16(bytes.data(), s.rows, s.k, fast.data());
-    cpu::detail::repack_q4_k_r16_rows(bytes.data(), s.rows, s.k, rows.data());
-    EXPECT_EQ(fast, rows) << s.rows << " x " << s.k;
-    Packed p = random_matrix(DType::Q4_K, s.rows, s.k, 5);
-    std::vector<uint8_t> by_rows(p.plain.size());
-    cpu::detail::repack_q4_k_r16_rows(p.plain.data(), s.rows, s.k, by_rows.data());
-    EXPECT_EQ(std::memcmp(by_rows.data(), p.packed.data(), by_rows.size()), 0) << s.rows << " x " << s.k;
-  }
+  for (const auto& kind : kinds)
+    for (const Shape& s : kShapesK) {
+      const size_t n = row_bytes(kind.type, s.k) * static_cast<size_t>(s.rows);
+      std::vector<uint8_t> bytes(n), fast(n, 0xAA), rows(n, 0x55);
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+      kind.fast(bytes.data(), s.rows, s.k, fast.data());
+      kind.rows(bytes.data(), s.rows, s.k, rows.data());
+      EXPECT_EQ(fast, rows) << dtype_name(kind.type) << " " << s.rows << " x " << s.k;
+      Packed p = random_matrix(kind.type, s.rows, s.k, 5);
+      std::vector<uint8_t> by_rows(p.plain.size());
+      kind.rows(p.plain.data(), s.rows, s.k, by_rows.data());
+      EXPECT_EQ(std::memcmp(by_rows.data(), p.packed.data(), by_rows.size()), 0)
+          << dtype_name(kind.type) << " " << s.rows << " x " << s.k;
+    }
 }
 
 TEST(R16, RejectsShapesItCannotHold) {

@@ -1,4 +1,6 @@
 // Q6_K_R16 (layout in r16/r16.hpp): repacking and the scalar reference kernel.
+#include <emmintrin.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -30,11 +32,70 @@ void q6_values(const BlockQ6_K& b, uint8_t w[kQK_K]) {
   }
 }
 
+// q6_values on 128-bit vectors (SSE2): 16 elements of each of the four quarters of a half at a time.
+void q6_values_sse2(const BlockQ6_K& b, uint8_t w[kQK_K]) {
+  const __m128i m4 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(0x03);
+  for (int half = 0; half < 2; ++half)
+    for (int l0 = 0; l0 < 32; l0 += 16) {
+      const uint8_t* ql = b.ql + 64 * half + l0;
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 32));
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qh + 32 * half + l0));
+      // bits 2s, 2s + 1 of each qh byte, moved to bits 4, 5 (16-bit shifts; the masks keep each byte's own)
+      const auto top = [&](int s) { return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2 * s), m3), 4); };
+      uint8_t* o = w + 128 * half + l0;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_or_si128(_mm_and_si128(a, m4), top(0)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm_or_si128(_mm_and_si128(c, m4), top(1)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 64), _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m4), top(2)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 96), _mm_or_si128(_mm_and_si128(_mm_srli_epi16(c, 4), m4), top(3)));
+    }
+}
+
+// A group's super-block, 16 rows at once on 128-bit vectors (SSE2), the same bytes as the row by
+// row code (tests/test_r16.cpp compares the two): per four rows and sub-block j, the rows' 16
+// values as four 4-byte words (c = 0..3: elements 4c + i) transposed so that vector c holds word c
+// of the four rows, whose bytes then combine as the layout says (low nibbles of words 0 and 1, of
+// words 2 and 3, and the four words' top 2 bits) into 16 contiguous bytes of each region.
+void repack_q6_k_block(const BlockQ6_K* first, int64_t row_stride, uint8_t* o) {
+  alignas(16) uint8_t v[kR16Rows][kQK_K];
+  for (int r = 0; r < kR16Rows; ++r) {
+    const BlockQ6_K& blk = first[r * row_stride];
+    q6_values_sse2(blk, v[r]);
+    std::memcpy(o + 2 * r, &blk.d, 2);
+    for (int j = 0; j < 16; ++j) o[kScalesAt + 16 * j + r] = static_cast<uint8_t>(blk.scales[j]);
+  }
+  const __m128i m4 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(0x03);
+  const auto shl = [](__m128i x, int n) { return _mm_slli_epi16(x, n); };  // bits stay in their bytes
+  const auto hi2 = [&](__m128i x) { return _mm_and_si128(_mm_srli_epi16(x, 4), m3); };
+  for (int q = 0; q < kR16Rows / 4; ++q)
+    for (int j = 0; j < 16; ++j) {
+      __m128i x[4];
+      for (int i = 0; i < 4; ++i) x[i] = _mm_load_si128(reinterpret_cast<const __m128i*>(v[4 * q + i] + 16 * j));
+      const __m128i t0 = _mm_unpacklo_epi32(x[0], x[1]), t1 = _mm_unpacklo_epi32(x[2], x[3]);
+      const __m128i t2 = _mm_unpackhi_epi32(x[0], x[1]), t3 = _mm_unpackhi_epi32(x[2], x[3]);
+      const __m128i w0 = _mm_unpacklo_epi64(t0, t1), w1 = _mm_unpackhi_epi64(t0, t1);
+      const __m128i w2 = _mm_unpacklo_epi64(t2, t3), w3 = _mm_unpackhi_epi64(t2, t3);
+      uint8_t* sb = o + kSubBlocksAt + kSubBlockBytes * j + 16 * q;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(sb), _mm_or_si128(_mm_and_si128(w0, m4), shl(_mm_and_si128(w1, m4), 4)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(sb + 64),
+                       _mm_or_si128(_mm_and_si128(w2, m4), shl(_mm_and_si128(w3, m4), 4)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(sb + 128),
+                       _mm_or_si128(_mm_or_si128(hi2(w0), shl(hi2(w1), 2)), _mm_or_si128(shl(hi2(w2), 4), shl(hi2(w3), 6))));
+    }
+}
+
 }  // namespace
 
 namespace detail {
 
 void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
+  const auto* in = static_cast<const BlockQ6_K*>(src);
+  for_each_k_group_block("Q6_K_R16", rows, k, [&](int64_t g, int64_t b, int64_t nb) {
+    repack_q6_k_block(in + g * kR16Rows * nb + b, nb, static_cast<uint8_t*>(dst) + (g * nb + b) * kGroupBlockBytes);
+  });
+}
+
+void repack_q6_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst) {
   const auto* in = static_cast<const BlockQ6_K*>(src);
   for_each_k_group_block("Q6_K_R16", rows, k, [&](int64_t g, int64_t b, int64_t nb) {
     uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * kGroupBlockBytes;

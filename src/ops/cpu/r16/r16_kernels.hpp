@@ -31,6 +31,7 @@ constexpr size_t r16_q4k_sub_block_bytes(bool qh) { return qh ? 320 : 256; }
 
 // rows x k Q6_K (rows a multiple of 16, k of 256) into Q6_K_R16 (repack_r16 dispatches here).
 void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
+void repack_q6_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst);  // row by row: the reference
 // The same for Q4_K into Q4_K_R16 and Q5_K into Q5_K_R16.
 void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 // The same bytes row by row, as the Q5_K repacking runs (the reference for the 16-row code).

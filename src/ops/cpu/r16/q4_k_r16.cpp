@@ -1,12 +1,11 @@
 // Q4_K_R16 and Q5_K_R16 (layout in r16/r16.hpp): repacking and the scalar reference kernels.
-#include <emmintrin.h>
-
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "core/error.hpp"
 #include "ops/cpu/r16/r16_kernels.hpp"
+#include "ops/cpu/r16/words_sse2.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -90,11 +89,8 @@ void repack_q4_k_block(const BlockQ4_K* first, int64_t row_stride, uint8_t* o) {
         d[i] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m4), _mm_and_si128(hi, f0));
       }
       for (int odd = 0; odd < 2; ++odd) {
-        const __m128i* v = odd ? d : e;
-        const __m128i t0 = _mm_unpacklo_epi32(v[0], v[1]), t1 = _mm_unpacklo_epi32(v[2], v[3]);
-        const __m128i t2 = _mm_unpackhi_epi32(v[0], v[1]), t3 = _mm_unpackhi_epi32(v[2], v[3]);
-        const __m128i w[4] = {_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1), _mm_unpacklo_epi64(t2, t3),
-                              _mm_unpackhi_epi64(t2, t3)};  // w[c]: word c of the four rows
+        __m128i w[4];  // w[c]: word c of the four rows
+        detail::transpose_words4(odd ? d : e, w);
         uint8_t* sb = o + P::kSubBlocksAt + P::kSubBlockBytes * (2 * n + odd) + 16 * q;
         for (int c = 0; c < 4; ++c) _mm_storeu_si128(reinterpret_cast<__m128i*>(sb + 64 * c), w[c]);
       }

@@ -1,11 +1,10 @@
 // Q6_K_R16 (layout in r16/r16.hpp): repacking and the scalar reference kernel.
-#include <emmintrin.h>
-
 #include <cmath>
 #include <cstring>
 
 #include "core/error.hpp"
 #include "ops/cpu/r16/r16_kernels.hpp"
+#include "ops/cpu/r16/words_sse2.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -71,10 +70,9 @@ void repack_q6_k_block(const BlockQ6_K* first, int64_t row_stride, uint8_t* o) {
     for (int j = 0; j < 16; ++j) {
       __m128i x[4];
       for (int i = 0; i < 4; ++i) x[i] = _mm_load_si128(reinterpret_cast<const __m128i*>(v[4 * q + i] + 16 * j));
-      const __m128i t0 = _mm_unpacklo_epi32(x[0], x[1]), t1 = _mm_unpacklo_epi32(x[2], x[3]);
-      const __m128i t2 = _mm_unpackhi_epi32(x[0], x[1]), t3 = _mm_unpackhi_epi32(x[2], x[3]);
-      const __m128i w0 = _mm_unpacklo_epi64(t0, t1), w1 = _mm_unpackhi_epi64(t0, t1);
-      const __m128i w2 = _mm_unpacklo_epi64(t2, t3), w3 = _mm_unpackhi_epi64(t2, t3);
+      __m128i w[4];
+      detail::transpose_words4(x, w);
+      const __m128i w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
       uint8_t* sb = o + kSubBlocksAt + kSubBlockBytes * j + 16 * q;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(sb), _mm_or_si128(_mm_and_si128(w0, m4), shl(_mm_and_si128(w1, m4), 4)));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(sb + 64),

@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "ops/cpu/r16/r16_kernels.hpp"
+#include "ops/cpu/r16/words_sse2.hpp"
 #include "tensor/fp16.hpp"
 #include "tensor/quant.hpp"
 
@@ -27,14 +28,25 @@ void for_each_block(int64_t rows, int64_t k, const F& f) {
 
 }  // namespace
 
+// Four rows at a time on 128-bit vectors (SSE2): each row's 32 values offset by 128, its 4-byte
+// words transposed with the other three rows' so that word c of rows 4q .. 4q + 3 is one store.
 void repack_q8_0_r16(const void* src, int64_t rows, int64_t k, void* dst) {
   const auto* in = static_cast<const BlockQ8_0*>(src);
   auto* out = static_cast<uint8_t*>(dst);
   for_each_block(rows, k, [&](int64_t plain, size_t group, int r) {
     std::memcpy(out + group + 2 * r, &in[plain].d, 2);
-    for (int c = 0; c < 8; ++c)
-      for (int j = 0; j < 4; ++j)
-        out[group + kQsAt + 64 * c + 4 * r + j] = static_cast<uint8_t>(in[plain].qs[4 * c + j] ^ 0x80);
+    if (r % 4 != 3) return;  // the four rows' values once the fourth is reached
+    const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
+    const int64_t nb = k / kQK;
+    for (int half = 0; half < 2; ++half) {
+      __m128i x[4], w[4];
+      for (int i = 0; i < 4; ++i)
+        x[i] = _mm_xor_si128(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(in[plain - (3 - i) * nb].qs + 16 * half)), flip);
+      transpose_words4(x, w);
+      for (int c = 0; c < 4; ++c)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + group + kQsAt + 64 * (4 * half + c) + 4 * (r - 3)), w[c]);
+    }
   });
 }
 

@@ -382,7 +382,7 @@ expect_ok "memory tier read-ahead" "$ember" generate -m "$tmp/tier.gguf" -p "the
 [ -s "$tmp/tier0" ] && cmp -s "$tmp/tier0" "$tmp/out" && pass || fail "memory tier read-ahead: greedy tokens differ from the unlimited run"
 expect_ok "memory tier read-ahead bench" "$ember" bench -m "$tmp/tier.gguf" -p 0 -n 8 -r 1 -t 2 --mem-budget 420M --read-ahead always
 contains "memory tier: read-ahead counted" "$tmp/out" "^memory tier: .* experts a token read ahead, [0-9]+% of them then chosen; the next layer's router guessed [0-9]+%"
-expect_error "memory tier: unknown read-ahead mode" "read-ahead: sometimes not in" "$ember" generate -m "$tmp/tier.gguf" -p hi -n 2 --read-ahead sometimes
+expect_error "memory tier: unknown read-ahead mode" "unknown read-ahead mode 'sometimes' \(expected off, auto or always\)" "$ember" generate -m "$tmp/tier.gguf" -p hi -n 2 --read-ahead sometimes
 # The server reports the memory tier's counts in /metrics.
 # served_metrics MODEL ARGS...: /metrics after one completion of `ember serve -m MODEL ARGS`, in $tmp/metrics.
 port=$((20000 + $$ % 20000))

@@ -34,11 +34,6 @@ void BackgroundJob::wait() {
   if (e) std::rethrow_exception(e);
 }
 
-bool BackgroundJob::busy() const {
-  std::lock_guard lock(mu_);
-  return pending_;
-}
-
 void BackgroundJob::main() {
   std::unique_lock lock(mu_);
   for (;;) {

@@ -19,12 +19,11 @@ class BackgroundJob {
 
   void start(std::function<void()> job);
   void wait();
-  bool busy() const;
 
  private:
   void main();
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;
   std::exception_ptr error_;

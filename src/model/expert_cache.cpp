@@ -12,6 +12,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/huge_pages.hpp"
 #include "core/timer.hpp"
@@ -62,7 +63,12 @@ size_t read_limit(const std::string& path) {
   }
 }
 
+constexpr EnumName<ReadAhead> kReadAheadNames[] = {
+    {ReadAhead::off, "off"}, {ReadAhead::automatic, "auto"}, {ReadAhead::always, "always"}};
+
 }  // namespace
+
+ReadAhead parse_read_ahead(const std::string& s) { return parse_enum(kReadAheadNames, s, "read-ahead mode"); }
 
 size_t detect_memory_budget() {
   size_t limit = 0;

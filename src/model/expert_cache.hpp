@@ -39,6 +39,7 @@ namespace ember {
 
 // When read-ahead reads (above): never, where the guesses pay, or always (tests, measurements).
 enum class ReadAhead { off, automatic, always };
+ReadAhead parse_read_ahead(const std::string& s);  // "off" | "auto" | "always"
 
 struct ExpertCacheStats {
   uint64_t calls = 0;         // ensure() calls (one per mixture layer and forward pass)

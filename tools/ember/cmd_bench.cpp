@@ -229,7 +229,7 @@ void run_bench(const BenchFlags& f) {
       std::printf("; the next layer's router guessed %.0f%% of the experts chosen%s",
                   100.0 * st.guesses_chosen / st.guesses,
                   c->read_ahead_mode() == ReadAhead::automatic && st.read_ahead == 0
-                      ? " (too few for reading them ahead to pay: none read)"
+                      ? " (auto: none read ahead, where it would not pay)"
                       : "");
     std::printf("\n");
   }

@@ -106,7 +106,14 @@ void EngineFlags::add_to(CLI::App* app, bool model_required) {
                   "under a --mem-budget that holds only some experts, whether the next layer's experts are read while "
                   "this layer computes, as its router guesses them from the current hidden state: auto (while the "
                   "guesses are mostly right), always, or off (each read when chosen)")
-      ->check(CLI::IsMember({"auto", "always", "off"}))
+      ->check([](const std::string& s) {
+        try {
+          parse_read_ahead(s);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      })
       ->capture_default_str();
   app->add_flag("--mmap", mmap,
                 "use the matrices that are not repacked in place in the file's memory map (by default they are copied "
@@ -197,10 +204,7 @@ DenseMemoryTier attach_memory_tier(const EngineFlags& flags, Model& model, FfnMo
   if (!tier.needed) return {};
   EMBER_CHECK(mode == FfnMode::dense, "the memory tier (its experts do not fit {:.1f} MiB) runs the dense mode only; "
               "pass --sparse-mode dense (or a larger --mem-budget)", budget / 1048576.0);
-  const ReadAhead ahead = flags.read_ahead == "off"      ? ReadAhead::off
-                          : flags.read_ahead == "always" ? ReadAhead::always
-                                                         : ReadAhead::automatic;
-  model.expert_cache = std::make_shared<ExpertCache>(model, tier, repack, ahead);
+  model.expert_cache = std::make_shared<ExpertCache>(model, tier, repack, parse_read_ahead(flags.read_ahead));
   log_info("memory tier: a budget of {:.1f} MiB ({}) holds the resident part ({:.1f} MiB with the KV cache) and {} of "
            "the {} experts ({:.1f} of {:.1f} MiB); the others are read from the file when chosen{}",
            budget / 1048576.0, asked == SIZE_MAX ? "detected: the cgroup's limit or the memory available" : "given",

@@ -86,6 +86,17 @@ const struct {
     {"Q5_0", DType::Q5_0}, {"Q5_1", DType::Q5_1}, {"Q2_K", DType::Q2_K}, {"Q3_K", DType::Q3_K},
     {"Q4_K", DType::Q4_K}, {"Q5_K", DType::Q5_K}, {"Q6_K", DType::Q6_K}};
 
+void BM_Repack(benchmark::State& state, DType t, int64_t rows, int64_t k) {
+  Weights w = make_weights(t, rows, k);
+  AlignedBuffer<uint8_t> packed(w.view.nbytes);
+  for (auto _ : state) {
+    cpu::repack_r16(t, w.view.data, rows, k, packed.data());
+    benchmark::DoNotOptimize(packed.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.view.nbytes));
+}
+
 const int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
 
 int register_all() {
@@ -109,6 +120,14 @@ int register_all() {
               ->UseRealTime();
         }
       }
+  // Repacking into the 16-row layouts (one thread): what the loader and the memory tier pay for
+  // each matrix; 768 x 2048 is an expert's matrix of the Qwen3-MoE shapes.
+  for (const auto& t : kTypes)
+    for (const auto& s : {std::pair<int64_t, int64_t>{768, 2048}, std::pair<int64_t, int64_t>{2048, 5632}}) {
+      if (!cpu::r16_fast() || cpu::r16_type(t.type) == t.type) continue;
+      const std::string name = std::string("Repack/") + t.name + "/" + std::to_string(s.first) + "x" + std::to_string(s.second);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Repack, t.type, s.first, s.second)->Unit(benchmark::kMicrosecond)->UseRealTime();
+    }
   // A predictor's two layers at the 1.1B shape (rank 64): fc1 [2048 -> 64], fc2 [64 -> 5632].
   for (DType t : {DType::Q8_0, DType::Q4_0})
     for (const auto& s : {std::pair<int64_t, int64_t>{64, 2048}, std::pair<int64_t, int64_t>{5632, 64}})

@@ -106,7 +106,7 @@ TEST(R16, Q4RepackRoundTripsAndKeepsSize) {
     }
 }
 
-// The Q4_K and Q6_K repacking take a group's 16 rows at once on vectors: the same bytes as row by
+// The Q4_K, Q5_K and Q6_K repackings take a group's 16 rows at once on vectors: the same bytes as row by
 // row, on random bytes (every bit of the scales and mins, every nibble) and on quantized rows.
 TEST(R16, KRepackOfSixteenRowsEqualsRowByRow) {
   using Repack = void (*)(const void*, int64_t, int64_t, void*);
@@ -114,6 +114,7 @@ TEST(R16, KRepackOfSixteenRowsEqualsRowByRow) {
     DType type;
     Repack fast, rows;
   } kinds[] = {{DType::Q4_K, &cpu::detail::repack_q4_k_r16, &cpu::detail::repack_q4_k_r16_rows},
+               {DType::Q5_K, &cpu::detail::repack_q5_k_r16, &cpu::detail::repack_q5_k_r16_rows},
                {DType::Q6_K, &cpu::detail::repack_q6_k_r16, &cpu::detail::repack_q6_k_r16_rows}};
   std::mt19937 rng(11);
   for (const auto& kind : kinds)

@@ -39,9 +39,30 @@ void k_values(const B& b, uint8_t w[kQK_K]) {
     }
 }
 
-// A Q4_K group's super-block, 16 rows at once on 128-bit vectors (SSE2, every x86-64): the same
-// bytes as the row-by-row code below (tests/test_r16.cpp compares the two), in about a sixth of
-// the time; it is what the memory tier pays for each expert it reads.
+// Q5_K's fifth bits of one row into the words of its sub-blocks (at o + j kSubBlockBytes, j = 0..7):
+// byte i of sub-block j's word has at bit r16_qh_bit(c, s) = 2c + s the fifth bit of element
+// 32j + 16s + 4c + i, which is bit j of qh[16s + 4c + i]. So with a (s = 0) and b (s = 1) the
+// two halves of qh and every byte's bit j at bit 0, a | b << 1 holds each (c, i)'s two bits in byte
+// 4c + i, and the four 32-bit words c shifted by 2c and or-ed are the word.
+void fifth_bits(const uint8_t qh[32], uint8_t* o) {
+  using P = Places<BlockQ5_K>;
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16));
+  const __m128i one = _mm_set1_epi8(1);
+  for (int j = 0; j < 8; ++j) {
+    const __m128i sa = _mm_and_si128(_mm_srl_epi16(a, _mm_cvtsi32_si128(j)), one);
+    const __m128i sb = _mm_and_si128(_mm_srl_epi16(b, _mm_cvtsi32_si128(j)), one);
+    __m128i v = _mm_or_si128(sa, _mm_slli_epi16(sb, 1));                    // 2 bits a byte
+    v = _mm_or_si128(v, _mm_slli_epi32(_mm_srli_si128(v, 4), 2));        // words 0, 2: c and c + 1
+    v = _mm_or_si128(v, _mm_slli_epi32(_mm_srli_si128(v, 8), 4));        // word 0: all four
+    const int32_t w = _mm_cvtsi128_si32(v);
+    std::memcpy(o + P::kSubBlockBytes * j, &w, 4);
+  }
+}
+
+// A Q4_K / Q5_K group's super-block, 16 rows at once on 128-bit vectors (SSE2, every x86-64): the
+// same bytes as the row-by-row code below (tests/test_r16.cpp compares the two), Q4_K in about a
+// sixth of the time; it is what the memory tier pays for each expert it reads.
 // Scales: the 16 rows' 12 bytes as planes (s[p]: byte p of each row), then per sub-block j the low
 // byte (sc & 15) | (m & 15) << 4 and the 4 high bits (sc >> 4) | (m >> 4) << 2 from kquant_scale_min's
 // rule: j < 4: sc, m the low 6 bits of s[j], s[j + 4]; j >= 4: the nibbles of s[j + 4] and the top 2
@@ -49,11 +70,14 @@ void k_values(const B& b, uint8_t w[kQK_K]) {
 // Nibbles: per row and 32-byte run n of qs (lo: bytes 0-15, hi: 16-31), sub-block 2n's 16 bytes
 // (lo & 15) | (hi & 15) << 4 and 2n + 1's (lo >> 4) | (hi & 0xf0); 4-byte word c of a row goes to
 // chunk c of its sub-block, so four rows' words are transposed 4 x 4 and stored 16 bytes at a time.
-void repack_q4_k_block(const BlockQ4_K* first, int64_t row_stride, uint8_t* o) {
-  using P = Places<BlockQ4_K>;
+// Q5_K's fifth bits (fifth_bits below) per row.
+template <class B>
+void repack_k_block(const B* first, int64_t row_stride, uint8_t* o) {
+  using P = Places<B>;
   alignas(16) uint8_t planes[12][16];
   for (int r = 0; r < kR16Rows; ++r) {
-    const BlockQ4_K& blk = first[r * row_stride];
+    const B& blk = first[r * row_stride];
+    if constexpr (P::kQh) fifth_bits(blk.qh, o + P::kQhAt + 4 * r);
     std::memcpy(o + 2 * r, &blk.d, 2);
     std::memcpy(o + 32 + 2 * r, &blk.dmin, 2);
     for (int p = 0; p < 12; ++p) planes[p][r] = blk.scales[p];
@@ -103,9 +127,7 @@ void repack(const char* name, const void* src, int64_t rows, int64_t k, void* ds
   const auto* in = static_cast<const B*>(src);
   detail::for_each_k_group_block(name, rows, k, [&](int64_t g, int64_t b, int64_t nb) {
     uint8_t* o = static_cast<uint8_t*>(dst) + (g * nb + b) * P::kGroupBlockBytes;
-    if constexpr (!P::kQh) {
-      if (!rows_one_by_one) return repack_q4_k_block(in + g * kR16Rows * nb + b, nb, o);
-    }
+    if (!rows_one_by_one) return repack_k_block(in + g * kR16Rows * nb + b, nb, o);
     std::memset(o + P::kHiAt, 0, 64);
     if constexpr (P::kQh)
       for (int j = 0; j < 8; ++j) std::memset(o + P::kQhAt + P::kSubBlockBytes * j, 0, 64);
@@ -198,6 +220,9 @@ void repack_q4_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst) {
 }
 void repack_q5_k_r16(const void* src, int64_t rows, int64_t k, void* dst) {
   repack<BlockQ5_K>("Q5_K_R16", src, rows, k, dst);
+}
+void repack_q5_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst) {
+  repack<BlockQ5_K>("Q5_K_R16", src, rows, k, dst, true);
 }
 void gemm_q4_k_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ4_K>(a); }
 void gemm_q5_k_r16_scalar(const GemmArgs& a) { gemm_scalar<BlockQ5_K>(a); }

@@ -32,12 +32,14 @@ void check_shape(int64_t rows, int64_t k) {
 }
 
 // A Q5_0 block's 32 fifth bits (bit e: element e) as the R16 layout stores them (r16_qh_bit):
-// element 16 s + 4c + i at bit r16_qh_bit(c, s) of byte i.
+// element 16 s + 4c + i at bit r16_qh_bit(c, s) of byte i. A chunk's 4 bits x go to bit 0 of
+// bytes 0..3 at once: x * 0x00204081 puts bit i at 8i (copies at i, i + 7, i + 14, i + 21, disjoint
+// ranges, so no carries), and the mask keeps those.
 uint32_t qh_to_r16(uint32_t qh) {
   uint32_t out = 0;
   for (int s = 0; s < 2; ++s)
     for (int c = 0; c < 4; ++c)
-      for (int i = 0; i < 4; ++i) out |= ((qh >> (16 * s + 4 * c + i)) & 1u) << (8 * i + detail::r16_qh_bit(c, s));
+      out |= (((qh >> (16 * s + 4 * c)) & 15u) * 0x00204081u & 0x01010101u) << detail::r16_qh_bit(c, s);
   return out;
 }
 uint32_t qh_from_r16(uint32_t v) {

@@ -34,9 +34,10 @@ void repack_q6_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
 void repack_q6_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst);  // row by row: the reference
 // The same for Q4_K into Q4_K_R16 and Q5_K into Q5_K_R16.
 void repack_q4_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
-// The same bytes row by row, as the Q5_K repacking runs (the reference for the 16-row code).
-void repack_q4_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst);
 void repack_q5_k_r16(const void* src, int64_t rows, int64_t k, void* dst);
+// The same bytes row by row (the references for the 16-row code).
+void repack_q4_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst);
+void repack_q5_k_r16_rows(const void* src, int64_t rows, int64_t k, void* dst);
 // Q4_0, Q4_1 and Q5_0 into their 16-row types and back (q4_q5_r16.cpp).
 void repack_q4_0_r16(const void* src, int64_t rows, int64_t k, void* dst);
 void repack_q4_1_r16(const void* src, int64_t rows, int64_t k, void* dst);

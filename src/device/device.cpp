@@ -18,15 +18,20 @@ namespace ember {
 // ---- capabilities -----------------------------------------------------------------------------
 
 namespace {
-// Whether a device of caps reads matrices of type t, and the types it reads, for messages.
-bool caps_read(const DeviceCaps& caps, DType t) {
-  return caps.weight_types.empty() ||
-         std::find(caps.weight_types.begin(), caps.weight_types.end(), t) != caps.weight_types.end();
+// Whether a device reads matrices of type t given the types it lists (empty: every type), and
+// those types, for messages.
+bool types_read(const std::vector<DType>& types, DType t) {
+  return types.empty() || std::find(types.begin(), types.end(), t) != types.end();
 }
-std::string caps_types(const DeviceCaps& caps) {
+std::string types_named(const std::vector<DType>& types) {
   std::string known;
-  for (DType k : caps.weight_types) known += (known.empty() ? "" : ", ") + std::string(dtype_name(k));
+  for (DType k : types) known += (known.empty() ? "" : ", ") + std::string(dtype_name(k));
   return known;
+}
+bool caps_read(const DeviceCaps& caps, DType t) { return types_read(caps.weight_types, t); }
+std::string caps_types(const DeviceCaps& caps) { return types_named(caps.weight_types); }
+const std::vector<DType>& down_types(const DeviceCaps& caps) {
+  return caps.down_row_types.empty() ? caps.weight_types : caps.down_row_types;
 }
 }  // namespace
 
@@ -35,32 +40,11 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
     return fmt::format("the plan has {} layers, the model {}", plan.layers.size(), model.layers.size());
   auto known_types = [&] { return caps_types(caps); };
   auto reads = [&](DType t) { return caps_read(caps, t); };
-  if (plan.output_gpu) {
-    if (!caps.attention)
-      return fmt::format("the plan puts the output head on the {} device, which holds no hidden state; plan without "
-                         "it", caps.name);
-    const TensorView& w = model.output_in_file();
-    if (!reads(w.type))
-      return fmt::format("the output matrix {} is {}; the {} device reads {}", w.name, dtype_name(w.type), caps.name,
-                         known_types());
-  }
+  if (plan.output_gpu)
+    if (std::string why = output_refusal(caps, model); !why.empty()) return why;
   for (size_t l = 0; l < model.layers.size(); ++l) {
-    if (plan.layers[l].attn_gpu) {
-      if (!caps.attention)
-        return fmt::format("the plan puts layer {}'s attention on the {} device, which runs FFN shares only; plan "
-                           "without attention on the GPU", l, caps.name);
-      if (model.hp.parallel_residual && !caps.parallel_residual)
-        return fmt::format("layer {}'s attention feeds a parallel residual ({}), which the {} device's attention "
-                           "blocks do not run; plan without attention on the GPU", l, model.hp.arch, caps.name);
-      if (caps.max_head_dim > 0 && model.hp.head_dim > caps.max_head_dim)
-        return fmt::format("layer {}'s attention heads have {} values; the {} device's hold at most {}", l,
-                           model.hp.head_dim, caps.name, caps.max_head_dim);
-      const LayerWeights& F = model.file_layer(l);
-      for (const TensorView* t : {&F.wq, &F.wk, &F.wv, &F.wo})
-        if (!reads(t->type))
-          return fmt::format("layer {}'s attention matrix {} is {}; the {} device reads {}", l, t->name,
-                             dtype_name(t->type), caps.name, known_types());
-    }
+    if (plan.layers[l].attn_gpu)
+      if (std::string why = attention_refusal(caps, model, l); !why.empty()) return why;
     if (!plan.layers[l].gpu_experts.empty())
       if (std::string why = experts_refusal(caps, model, l); !why.empty()) return why;
     if (plan.layers[l].gpu_neurons.empty()) continue;
@@ -75,10 +59,39 @@ std::string device_refusal(const DeviceCaps& caps, const Model& model, const Pla
         return fmt::format("layer {} has {} FFN rows; the {} device reads {}", l, dtype_name(t->type), caps.name,
                            known_types());
     const DType down = hybrid_device_down_type(w, model.hp.n_embd);
-    if (!reads(down))
+    if (!types_read(down_types(caps), down))
       return fmt::format("layer {}'s neuron-major down rows are {}; the {} device reads {}", l, dtype_name(down),
-                         caps.name, known_types());
+                         caps.name, types_named(down_types(caps)));
   }
+  return {};
+}
+
+std::string attention_refusal(const DeviceCaps& caps, const Model& model, size_t l) {
+  if (!caps.attention)
+    return fmt::format("the plan puts layer {}'s attention on the {} device, which runs FFN shares only; plan "
+                       "without attention on the GPU", l, caps.name);
+  if (model.hp.parallel_residual && !caps.parallel_residual)
+    return fmt::format("layer {}'s attention feeds a parallel residual ({}), which the {} device's attention "
+                       "blocks do not run; plan without attention on the GPU", l, model.hp.arch, caps.name);
+  if (caps.max_head_dim > 0 && model.hp.head_dim > caps.max_head_dim)
+    return fmt::format("layer {}'s attention heads have {} values; the {} device's hold at most {}", l,
+                       model.hp.head_dim, caps.name, caps.max_head_dim);
+  const LayerWeights& F = model.file_layer(l);
+  for (const TensorView* t : {&F.wq, &F.wk, &F.wv, &F.wo})
+    if (!caps_read(caps, t->type))
+      return fmt::format("layer {}'s attention matrix {} is {}; the {} device reads {}", l, t->name,
+                         dtype_name(t->type), caps.name, caps_types(caps));
+  return {};
+}
+
+std::string output_refusal(const DeviceCaps& caps, const Model& model) {
+  if (!caps.attention)
+    return fmt::format("the plan puts the output head on the {} device, which holds no hidden state; plan without "
+                       "it", caps.name);
+  const TensorView& w = model.output_in_file();
+  if (!caps_read(caps, w.type))
+    return fmt::format("the output matrix {} is {}; the {} device reads {}", w.name, dtype_name(w.type), caps.name,
+                       caps_types(caps));
   return {};
 }
 

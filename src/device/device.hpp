@@ -57,6 +57,8 @@ struct DeviceCaps {
   // Of its FFN share rows and attention matrices (as the file stores them: Model::file_layer);
   // empty: every type.
   std::vector<DType> weight_types;
+  // Of its neuron-major down rows (hybrid_device_down_type); empty: those of weight_types.
+  std::vector<DType> down_row_types;
   // The scratch its kernels keep beside the plan's weights (sparse/placement.hpp); null: the
   // common buffers only. The planner counts it (PlanOptions::scratch) and load lays it out.
   const DeviceScratch* scratch = nullptr;
@@ -215,6 +217,10 @@ uint64_t ffn_share_partial(ThreadPool& pool, const FfnWeights& share, const int3
 
 // Why a device of `caps` cannot hold layer l's experts the plan gives it, or empty.
 std::string experts_refusal(const DeviceCaps& caps, const Model& model, size_t l);
+// The same for layer l's attention block (its kind, head size and matrix types), and the output
+// head (the hidden state it needs, its matrix's type).
+std::string attention_refusal(const DeviceCaps& caps, const Model& model, size_t l);
+std::string output_refusal(const DeviceCaps& caps, const Model& model);
 
 // Bytes that crossed between the host and a device's hidden state (the hybrid's boundaries).
 struct CrossingStats {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tensor/dtype.hpp"
+#include "tensor/kquant_scales.hpp"
 
 namespace ember {
 
@@ -84,18 +85,6 @@ static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(Block
 static_assert(sizeof(BlockQ8_1) == 36 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 
-// Scale and min (6 bits each) of sub-block j < 8 of a Q4_K / Q5_K super-block, as ggml packs
-// them: j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 plus
-// the top 2 bits of bytes j - 4 (scale) and j (min).
-inline void kquant_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
 
 // Signed scale (-32..31) of sub-block j < 16 of a Q3_K super-block: its low 4 bits are the low
 // (j < 8) or high (j >= 8) nibble of byte j % 8, its top 2 bits bits 2 * (j / 4) of byte 8 + j % 4.

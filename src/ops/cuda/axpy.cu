@@ -320,6 +320,9 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
                          const int32_t* n_active, const float* h, int64_t h_stride, int64_t n_tokens, float* partial,
                          void* stream) {
   check_type(type, cols);
+  // A neuron's row here is a column of the down: a Q4_K down is held as Q8_0 rows for it
+  // (hybrid_device_down_type), so the axpy takes the 32-value block types only.
+  EMBER_CHECK(type != DType::Q4_K, "CUDA sparse_axpy: neuron-major rows of Q4_K are not read (the down's copy is Q8_0)");
   EMBER_CHECK(cols % 8 == 0, "CUDA sparse_axpy: rows of {} values (a multiple of 8)", cols);
   if (cols == 0 || n_tokens == 0) return;
   const int64_t n_chunks = axpy_chunks(n_tokens);
@@ -328,24 +331,26 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
   const bool tiles = n_tokens >= kAxpyTilesMin && takes_q8(type) && tile_math() == TileMath::mma;
   by_type(type, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
-    if constexpr (takes_q8_v<T>) {
-      if (tiles) {  // a long prompt on tensor cores: each row read once per 64 tokens
-        const dim3 grid(grid_of(cols, kAtCols), grid_of(n_tokens, kAtTokens));
-        axpy_tiles_kernel<T><<<grid, kAtThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, n_tokens,
-                                                         partial);
+    if constexpr (T != DType::Q4_K) {  // refused above
+      if constexpr (takes_q8_v<T>) {
+        if (tiles) {  // a long prompt on tensor cores: each row read once per 64 tokens
+          const dim3 grid(grid_of(cols, kAtCols), grid_of(n_tokens, kAtTokens));
+          axpy_tiles_kernel<T><<<grid, kAtThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, n_tokens,
+                                                           partial);
+          return;
+        }
+      }
+      if (n_tokens >= kAxpyBatchMin) {  // a prompt: each row read once per kAxpyTok tokens
+        const dim3 grid(grid_of(cols / 8, kAxpyThreads), static_cast<unsigned>(n_chunks),
+                        grid_of(n_tokens, kAxpyTok));
+        axpy_tokens_kernel<T><<<grid, kAxpyThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, n_tokens,
+                                                             partial);
         return;
       }
+      const dim3 grid(grid_of(cols / kAxpyCols<T>, kAxpyThreads), static_cast<unsigned>(n_chunks),
+                      static_cast<unsigned>(n_tokens));
+      axpy_kernel<T><<<grid, kAxpyThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, partial);
     }
-    if (n_tokens >= kAxpyBatchMin) {  // a prompt: each row read once per kAxpyTok tokens
-      const dim3 grid(grid_of(cols / 8, kAxpyThreads), static_cast<unsigned>(n_chunks),
-                      grid_of(n_tokens, kAxpyTok));
-      axpy_tokens_kernel<T><<<grid, kAxpyThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, n_tokens,
-                                                           partial);
-      return;
-    }
-    const dim3 grid(grid_of(cols / kAxpyCols<T>, kAxpyThreads), static_cast<unsigned>(n_chunks),
-                    static_cast<unsigned>(n_tokens));
-    axpy_kernel<T><<<grid, kAxpyThreads, 0, s>>>(d, n_rows, cols, active, n_active, h, h_stride, partial);
   });
   launched("sparse_axpy kernel");
 }

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 #include "tensor/dtype.hpp"
+#include "tensor/kquant_scales.hpp"
 
 namespace ember::cuda::detail {
 
@@ -36,7 +37,7 @@ constexpr bool takes_q8_v = takes_q8(T);
 
 // The error for a weight type the kernels do not read.
 [[noreturn]] inline void refuse_type(DType type) {
-  fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1)", dtype_name(type));
+  fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K)", dtype_name(type));
 }
 
 // f(std::integral_constant<DType, T>{}) for the weight type: every kernel's template argument
@@ -49,6 +50,7 @@ void by_type(DType type, F&& f) {
     case DType::Q4_0: f(std::integral_constant<DType, DType::Q4_0>{}); break;
     case DType::Q4_1: f(std::integral_constant<DType, DType::Q4_1>{}); break;
     case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); break;
+    case DType::Q4_K: f(std::integral_constant<DType, DType::Q4_K>{}); break;
     default: refuse_type(type);
   }
 }
@@ -123,7 +125,10 @@ constexpr int kQ8_1Bytes = 36;  // BlockQ8_1 (tensor/quant.hpp): half d, half s,
 
 // The device's layout of a matrix of a block type (cuda_ops.hpp, pack_matrix): every row's codes
 // first (kCodeBytes a block, row after row), then every row's block factors (kFactorBytes a
-// block: fp16 d; Q4_1: d then m), so that codes are read in aligned 16-byte vectors.
+// block: fp16 d; Q4_1: d then m; Q4_K: a super-block's 16 bytes, d, dmin and the 12 bytes of
+// 6-bit scales and mins as GGUF holds them, 2 a block of 32 on average), so that codes are read in
+// aligned 16-byte vectors. Q4_K's codes are each sub-block's 32 nibbles in Q4_1's order (byte i:
+// elements i and 16 + i).
 template <DType T>
 struct Split;
 template <>
@@ -138,6 +143,11 @@ template <>
 struct Split<DType::Q4_1> {  // Q4_1
   static constexpr int kCodeBytes = 16, kFactorBytes = 4;
 };
+template <>
+struct Split<DType::Q4_K> {  // Q4_K: 16 factor bytes a super-block of 8 blocks
+  static constexpr int kCodeBytes = 16, kFactorBytes = 2;
+};
+constexpr int kQKK = 256;  // elements per K-quant super-block
 
 // A matrix in the device's layout: row r's codes and factors.
 template <DType T>
@@ -164,9 +174,19 @@ __device__ __forceinline__ void load_block(const SplitRows<T>& w, int64_t r, int
   const uint4* c = reinterpret_cast<const uint4*>(w.row_codes(r)) + b * (Split<T>::kCodeBytes / 16);
 #pragma unroll
   for (int i = 0; i < Split<T>::kCodeBytes / 16; ++i) o.c[i] = c[i];
-  const uint8_t* f = w.row_factors(r) + b * Split<T>::kFactorBytes;
-  o.d = half_at(f);
-  if constexpr (T == DType::Q4_1) o.m = half_at(f + 2);
+  if constexpr (T == DType::Q4_K) {
+    // Sub-block j = b % 8 of super-block b / 8: x = d sc q - dmin m with 6-bit sc and m
+    // (tensor/kquant_scales.hpp), so Q4_1's factors are d sc and -dmin m (exact in float).
+    const uint8_t* f = w.row_factors(r) + (b / 8) * 16;
+    uint8_t sc, m;
+    kquant_scale_min(f + 4, static_cast<int>(b % 8), sc, m);
+    o.d = half_at(f) * static_cast<float>(sc);
+    o.m = -(half_at(f + 2) * static_cast<float>(m));
+  } else {
+    const uint8_t* f = w.row_factors(r) + b * Split<T>::kFactorBytes;
+    o.d = half_at(f);
+    if constexpr (T == DType::Q4_1) o.m = half_at(f + 2);
+  }
 }
 
 // Eight consecutive values of a float or fp16 row from j on (16-byte aligned loads).

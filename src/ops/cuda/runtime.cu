@@ -133,10 +133,30 @@ void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* 
     std::memcpy(d, s, rb * static_cast<size_t>(rows));
     return;
   }
-  // GGUF blocks: the factors (d; Q4_1: d, m) first, then the codes.
-  const size_t factor = type == DType::Q4_1 ? 4 : 2, code = type == DType::Q8_0 ? 32 : 16, block = factor + code;
   const int64_t nb = cols / kQK;
   uint8_t* codes = d;
+  if (type == DType::Q4_K) {
+    // A super-block's first 16 bytes (d, dmin, scales) are its factors; each 32-byte run of qs
+    // holds sub-block 2n in its low nibbles and 2n + 1 in its high ones, element t of a sub-block
+    // at byte t of the run, which Q4_1's order puts in byte t % 16's low (t < 16) or high nibble.
+    uint8_t* factors = d + static_cast<size_t>(rows * nb) * 16;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t sb = 0; sb < cols / kQKK; ++sb) {
+        const uint8_t* blk = s + static_cast<size_t>(r) * rb + static_cast<size_t>(sb) * 144;
+        std::memcpy(factors + static_cast<size_t>(r * (nb / 8) + sb) * 16, blk, 16);
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t* run = blk + 16 + 32 * (j / 2);
+          uint8_t* c = codes + static_cast<size_t>(r * nb + 8 * sb + j) * 16;
+          for (int i = 0; i < 16; ++i) {
+            const int lo = (run[i] >> (4 * (j % 2))) & 15, hi = (run[16 + i] >> (4 * (j % 2))) & 15;
+            c[i] = static_cast<uint8_t>(lo | hi << 4);
+          }
+        }
+      }
+    return;
+  }
+  // GGUF blocks: the factors (d; Q4_1: d, m) first, then the codes.
+  const size_t factor = type == DType::Q4_1 ? 4 : 2, code = type == DType::Q8_0 ? 32 : 16, block = factor + code;
   uint8_t* factors = d + static_cast<size_t>(rows * nb) * code;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < nb; ++b) {

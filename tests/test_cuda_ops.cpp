@@ -95,7 +95,8 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   return v;
 }
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::Q8_0, DType::Q4_0,
+                        DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 // The types a neuron's row of the sparse down takes (a Q4_K down's neuron-major copy is Q8_0).
 const DType kAxpyTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1};
 // Whether `type` holds rows of `cols` values (Q4_K: whole super-blocks of 256).
@@ -107,20 +108,32 @@ bool fits(DType type, int64_t cols) { return cols % info(type).block_size == 0; 
 #ifdef EMBER_HAS_CUDA
 // One block's share of a row's dot product as the CUDA kernels define it for quantized rows
 // against Q8_1 activations (the CPU's quantize_row): d_w d_x sum(q_w q_x) over the block's integer
-// codes (Q4_0: q_w - 8), plus m_w s_x for Q4_1 and for Q4_K's sub-block j (d_w = d sc, m_w = -dmin
-// m, from the GGUF super-block at w); in double. `mag` receives its magnitude.
+// codes (Q4_0: q_w - 8), plus m_w s_x for Q4_1, Q4_K and Q5_K (for block j of a K-quant
+// super-block at w: d_w = d sc, m_w = -dmin m), Q6_K's halves each with their scale d sc; in
+// double. `mag` receives its magnitude.
 static double q8_block_dot(DType type, const uint8_t* w, const BlockQ8_1& x, double* mag, int j = 0) {
   const double dx = fp16_to_fp32(x.d);
   int64_t isum = 0;
   double dw = 0, extra = 0;
-  if (type == DType::Q4_K) {
-    const auto& b = *reinterpret_cast<const BlockQ4_K*>(w);
+  if (type == DType::Q4_K || type == DType::Q5_K) {
+    const auto& b4 = *reinterpret_cast<const BlockQ4_K*>(w);
+    const auto& b5 = *reinterpret_cast<const BlockQ5_K*>(w);
     uint8_t sc, m;
-    kquant_scale_min(b.scales, j, sc, m);
-    dw = static_cast<double>(fp16_to_fp32(b.d)) * sc;
-    const uint8_t* run = b.qs + 32 * (j / 2);
-    for (int i = 0; i < 32; ++i) isum += ((run[i] >> (4 * (j % 2))) & 15) * x.qs[i];
-    extra = -static_cast<double>(fp16_to_fp32(b.dmin)) * m * fp16_to_fp32(x.s);
+    kquant_scale_min(type == DType::Q4_K ? b4.scales : b5.scales, j, sc, m);
+    dw = static_cast<double>(fp16_to_fp32(type == DType::Q4_K ? b4.d : b5.d)) * sc;
+    for (int i = 0; i < 32; ++i)
+      isum += (type == DType::Q4_K ? q4_k_code(b4, 32 * j + i) : q5_k_code(b5, 32 * j + i)) * x.qs[i];
+    extra = -static_cast<double>(fp16_to_fp32(type == DType::Q4_K ? b4.dmin : b5.dmin)) * m * fp16_to_fp32(x.s);
+  } else if (type == DType::Q6_K) {
+    const auto& b = *reinterpret_cast<const BlockQ6_K*>(w);
+    int64_t half[2] = {0, 0};
+    for (int i = 0; i < 32; ++i) half[i / 16] += q6_k_code(b, 32 * j + i) * x.qs[i];
+    const double d = fp16_to_fp32(b.d);
+    const double v = dx * (d * b.scales[2 * j] * static_cast<double>(half[0]) +
+                           d * b.scales[2 * j + 1] * static_cast<double>(half[1]));
+    *mag += std::fabs(dx * d * b.scales[2 * j] * static_cast<double>(half[0])) +
+            std::fabs(dx * d * b.scales[2 * j + 1] * static_cast<double>(half[1]));
+    return v;
   } else if (type == DType::Q8_0) {
     const auto& b = *reinterpret_cast<const BlockQ8_0*>(w);
     dw = fp16_to_fp32(b.d);
@@ -177,11 +190,11 @@ static double device_dot(const Weights& w, DType type, int64_t r, int64_t cols, 
                          const std::vector<BlockQ8_1>& xq, int64_t t, double* mag) {
   double ref = 0;
   *mag = 0;
-  if (type == DType::Q4_K) {
-    const size_t rb = row_bytes(type, cols);
+  if (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K) {
+    const size_t rb = row_bytes(type, cols), sb = row_bytes(type, 256);
     for (int64_t b = 0; b < cols / 32; ++b)
-      ref += q8_block_dot(type, w.bytes.data() + r * rb + (b / 8) * sizeof(BlockQ4_K),
-                          xq[static_cast<size_t>(t * cols / 32 + b)], mag, static_cast<int>(b % 8));
+      ref += q8_block_dot(type, w.bytes.data() + r * rb + (b / 8) * sb, xq[static_cast<size_t>(t * cols / 32 + b)],
+                          mag, static_cast<int>(b % 8));
   } else if (cuda::takes_q8(type)) {
     const size_t rb = row_bytes(type, cols), bb = rb / static_cast<size_t>(cols / 32);
     for (int64_t b = 0; b < cols / 32; ++b)
@@ -392,7 +405,7 @@ TEST(CudaOps, PromptTilesOnTensorCoresEqualDp4a) {
   std::mt19937 rng(7);
   void* stream = cuda::stream_create();
   const cuda::TileMath before = cuda::tile_math();
-  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K}) {
+  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     for (auto [rows, cols, nt] : {std::tuple<int64_t, int64_t, int64_t>{64, 128, 64}, {131, 288, 70}, {17, 64, 16},
                                   {200, 1024, 33}, {90, 96, 130}, {70, 256, 65}}) {
       if (!fits(type, cols)) continue;
@@ -999,7 +1012,7 @@ static void expect_cuda_hybrid_equals_standin(DType type, bool predictors) {
   o.act = FfnActivation::relu;
   o.sparsity = 0.8f;
   o.powerinfer = predictors;  // predictors: F16 in an F32 file, Q4_0 in a Q4_0 file
-  o.n_embd = 256, o.n_ff = type == DType::Q4_K ? 768 : 704, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 6, o.n_threads = 2;
+  o.n_embd = 256, o.n_ff = type == DType::Q4_K || type == DType::Q6_K ? 768 : 704, o.n_layer = 3, o.n_head = 4, o.n_head_kv = 2, o.seed = 6, o.n_threads = 2;
   const auto dir = std::filesystem::temp_directory_path() / "ember-test-cuda";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / ((predictors ? "pred-" : "relu-") + std::string(dtype_name(type)) + ".gguf")).string();
@@ -1014,7 +1027,7 @@ static void expect_cuda_hybrid_equals_standin(DType type, bool predictors) {
     return test_support::session_logits(s);
   }();
   // About half the FFN on the device (a Q4_0 model is 7 times smaller than an F32 one).
-  p.hybrid.vram_budget = type == DType::Q4_0 || type == DType::Q4_K ? 3 << 18 : 3 << 20;
+  p.hybrid.vram_budget = type == DType::F32 ? 3 << 20 : 3 << 18;
   p.hybrid.vram_reserve = 0;  // the same plan on both devices: no context taken out of the budget
   p.hybrid.cache = false;
   p.hybrid.method = PlanMethod::greedy;
@@ -1033,11 +1046,11 @@ static void expect_cuda_hybrid_equals_standin(DType type, bool predictors) {
   // Both devices round activations to the same 8 bits for quantized rows and multiply them in
   // integers: only the order of float sums differs. (Before the GPU rounded them so, a Q4_0 model
   // differed by 3e-2.) The all-CPU oracle holds a Q4_0 down as its shared-scale copy, the
-  // hybrid's devices as Q8_0 rows (rounded a second time): 3e-2 apart. Q4_K rows: the CPU rounds
-  // their activations in blocks of 256 (Q8_K), the device in blocks of 32 (as for every 8-bit
-  // type there), so the two sides of the split differ by that rounding, 3.1e-2 here (the kernels
-  // themselves are checked to their float rounding by MatvecAndGatherMatchReference).
-  const double apart = type == DType::Q4_K ? 6e-2 : 1e-4;
+  // hybrid's devices as Q8_0 rows (rounded a second time): 3e-2 apart. K-quant rows: the CPU
+  // rounds their activations in blocks of 256 (Q8_K), the device in blocks of 32 (as for every
+  // 8-bit type there), so the two sides of the split differ by that rounding, 3.1e-2 for Q4_K here
+  // (the kernels themselves are checked to their float rounding by MatvecAndGatherMatchReference).
+  const double apart = type == DType::Q4_K || type == DType::Q6_K ? 6e-2 : 1e-4;
   EXPECT_LT(test_support::max_rel_diff(r.cpu, r.gpu), apart);
   EXPECT_LT(test_support::max_rel_diff(all_cpu, r.gpu), type == DType::Q4_0 ? 3e-2 : apart);
   std::filesystem::remove(path);
@@ -1047,7 +1060,7 @@ static void expect_cuda_hybrid_equals_standin(DType type, bool predictors) {
 TEST(CudaOps, HybridCudaEqualsCpuStandIn) {
   SKIP_WITHOUT_GPU();
 #ifdef EMBER_HAS_CUDA
-  for (DType type : {DType::F32, DType::Q4_0, DType::Q4_K}) expect_cuda_hybrid_equals_standin(type, false);
+  for (DType type : {DType::F32, DType::Q4_0, DType::Q4_K, DType::Q6_K}) expect_cuda_hybrid_equals_standin(type, false);
 #endif
 }
 

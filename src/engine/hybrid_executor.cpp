@@ -36,8 +36,7 @@ void HybridExecutor::plan_for_device(const HybridOptions& opts, int64_t n_ctx) {
   HybridOptions o = opts;
   o.plan.attention = opts.plan.attention && device_->caps().attention;
   // Attention blocks and the output head go to the device where it reads every layer's (their
-  // matrices' types: a Q4_K_M file's Q6_K V and head keep them on the CPU for a device without
-  // Q6_K); the FFN shares may still go there.
+  // kind, head size and matrices' types); else the FFN shares may still go there.
   if (o.plan.attention && !opts.given && opts.plan_path.empty()) {
     std::string why = output_refusal(device_->caps(), model);
     for (size_t l = 0; l < model.layers.size() && why.empty(); ++l) why = attention_refusal(device_->caps(), model, l);

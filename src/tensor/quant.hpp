@@ -73,6 +73,20 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];  // 8-bit sub-block scales
   uint16_t d;                 // fp16 super-block scale
 };
+// Element e (< 256) of a Q4_K super-block as its 4-bit code: the nibble of qs' 32-byte run e / 64
+// (low for the first 32 of the run, high for the next) at byte e % 32; of a Q5_K one as its 5-bit
+// code (0..31): that nibble, and bit e / 32 of qh[e % 32] its fifth bit. Q6_K's as its signed code q - 32 (-32..31): dequant_q6_k's rule, with
+// the scale scales[e / 16].
+inline int q4_k_code(const BlockQ4_K& b, int e) { return (b.qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2))) & 15; }
+inline int q5_k_code(const BlockQ5_K& b, int e) {
+  const int l = e % 32, j = e / 32;
+  return ((b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15) | ((b.qh[l] >> j) & 1) << 4;
+}
+inline int q6_k_code(const BlockQ6_K& b, int e) {
+  const int n = e / 128, quarter = e % 128 / 32, l = e % 32;
+  const int lo = (b.ql[64 * n + l + 32 * (quarter % 2)] >> (4 * (quarter / 2))) & 15;
+  return (lo | ((b.qh[32 * n + l] >> (2 * quarter)) & 3) << 4) - 32;
+}
 struct BlockQ8_K {   // activations against K-quants
   float d;
   int8_t qs[kQK_K];

@@ -94,7 +94,7 @@ __device__ __forceinline__ void axpy_cols8(const uint8_t* D, int64_t n_rows, int
     const int64_t b = j0 / kQK;
     const int sub = static_cast<int>((j0 % kQK) / 8);  // which 8 of the block's 32
     const uint8_t* codes = sr.row_codes(r) + b * Split<T>::kCodeBytes;
-    const uint8_t* f = sr.row_factors(r) + b * Split<T>::kFactorBytes;
+    const uint8_t* f = sr.row_factors(r) + b * Split<T>::kGroupBytes;
     d = half_at(f);
     if constexpr (T == DType::Q4_1) m = half_at(f + 2);
     if constexpr (T == DType::Q8_0) {
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kAtThreads) axpy_tiles_kernel(const uint8_t* D
       float d[2] = {0.0f, 0.0f}, m[2] = {0.0f, 0.0f};
       if (k < na)
         for (int b = 0; b < nblk; ++b) {
-          const uint8_t* f = sr.row_factors(active[k]) + (nb0 + b) * Split<T>::kFactorBytes;
+          const uint8_t* f = sr.row_factors(active[k]) + (nb0 + b) * Split<T>::kGroupBytes;
           d[b] = half_at(f);
           if constexpr (T == DType::Q4_1) m[b] = half_at(f + 2);
         }
@@ -320,9 +320,10 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
                          const int32_t* n_active, const float* h, int64_t h_stride, int64_t n_tokens, float* partial,
                          void* stream) {
   check_type(type, cols);
-  // A neuron's row here is a column of the down: a Q4_K down is held as Q8_0 rows for it
+  // A neuron's row here is a column of the down: a K-quant down is held as Q8_0 rows for it
   // (hybrid_device_down_type), so the axpy takes the 32-value block types only.
-  EMBER_CHECK(type != DType::Q4_K, "CUDA sparse_axpy: neuron-major rows of Q4_K are not read (the down's copy is Q8_0)");
+  EMBER_CHECK(!is_kquant(type), "CUDA sparse_axpy: neuron-major rows of {} are not read (the down's copy is Q8_0)",
+              dtype_name(type));
   EMBER_CHECK(cols % 8 == 0, "CUDA sparse_axpy: rows of {} values (a multiple of 8)", cols);
   if (cols == 0 || n_tokens == 0) return;
   const int64_t n_chunks = axpy_chunks(n_tokens);
@@ -331,7 +332,7 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
   const bool tiles = n_tokens >= kAxpyTilesMin && takes_q8(type) && tile_math() == TileMath::mma;
   by_type(type, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
-    if constexpr (T != DType::Q4_K) {  // refused above
+    if constexpr (!is_kquant(T)) {  // refused above
       if constexpr (takes_q8_v<T>) {
         if (tiles) {  // a long prompt on tensor cores: each row read once per 64 tokens
           const dim3 grid(grid_of(cols, kAtCols), grid_of(n_tokens, kAtTokens));

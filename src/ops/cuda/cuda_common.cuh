@@ -37,7 +37,7 @@ constexpr bool takes_q8_v = takes_q8(T);
 
 // The error for a weight type the kernels do not read.
 [[noreturn]] inline void refuse_type(DType type) {
-  fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K)", dtype_name(type));
+  fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)", dtype_name(type));
 }
 
 // f(std::integral_constant<DType, T>{}) for the weight type: every kernel's template argument
@@ -51,6 +51,8 @@ void by_type(DType type, F&& f) {
     case DType::Q4_1: f(std::integral_constant<DType, DType::Q4_1>{}); break;
     case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); break;
     case DType::Q4_K: f(std::integral_constant<DType, DType::Q4_K>{}); break;
+    case DType::Q5_K: f(std::integral_constant<DType, DType::Q5_K>{}); break;
+    case DType::Q6_K: f(std::integral_constant<DType, DType::Q6_K>{}); break;
     default: refuse_type(type);
   }
 }
@@ -124,30 +126,48 @@ __device__ __forceinline__ float element<DType::Q4_1>(const uint8_t* row, int64_
 constexpr int kQ8_1Bytes = 36;  // BlockQ8_1 (tensor/quant.hpp): half d, half s, 32 int8
 
 // The device's layout of a matrix of a block type (cuda_ops.hpp, pack_matrix): every row's codes
-// first (kCodeBytes a block, row after row), then every row's block factors (kFactorBytes a
-// block: fp16 d; Q4_1: d then m; Q4_K: a super-block's 16 bytes, d, dmin and the 12 bytes of
-// 6-bit scales and mins as GGUF holds them, 2 a block of 32 on average), so that codes are read in
-// aligned 16-byte vectors. Q4_K's codes are each sub-block's 32 nibbles in Q4_1's order (byte i:
-// elements i and 16 + i).
+// first (kCodeBytes a block of 32, row after row), then every row's factors (kGroupBytes for each
+// kGroup blocks: fp16 d; Q4_1: d then m; the K-quants a super-block's as GGUF holds them: Q4_K and
+// Q5_K d, dmin and the 12 bytes of 6-bit scales and mins, Q6_K the 16 int8 scales then d). The same
+// bytes as the file's. Codes: Q8_0's 32 bytes; Q4_0, Q4_1 and Q4_K's 16 bytes of nibbles in Q4_1's
+// order (byte i: elements i and 16 + i); Q5_K's those nibbles then a 32-bit word of fifth bits
+// (bit e: element e's); Q6_K's nibbles then 8 bytes of high 2-bit pairs (element e's at bits 2 (e %
+// 4) of byte e / 4). kWide: the block's codes in registers are 32 bytes (Q8_0's form, the 5- and
+// 6-bit codes unpacked to bytes), else 16 bytes of nibbles.
 template <DType T>
 struct Split;
 template <>
 struct Split<DType::Q8_0> {  // Q8_0
-  static constexpr int kCodeBytes = 32, kFactorBytes = 2;
+  static constexpr int kCodeBytes = 32, kGroup = 1, kGroupBytes = 2;
+  static constexpr bool kWide = true;
 };
 template <>
 struct Split<DType::Q4_0> {  // Q4_0
-  static constexpr int kCodeBytes = 16, kFactorBytes = 2;
+  static constexpr int kCodeBytes = 16, kGroup = 1, kGroupBytes = 2;
+  static constexpr bool kWide = false;
 };
 template <>
 struct Split<DType::Q4_1> {  // Q4_1
-  static constexpr int kCodeBytes = 16, kFactorBytes = 4;
+  static constexpr int kCodeBytes = 16, kGroup = 1, kGroupBytes = 4;
+  static constexpr bool kWide = false;
 };
 template <>
-struct Split<DType::Q4_K> {  // Q4_K: 16 factor bytes a super-block of 8 blocks
-  static constexpr int kCodeBytes = 16, kFactorBytes = 2;
+struct Split<DType::Q4_K> {  // Q4_K
+  static constexpr int kCodeBytes = 16, kGroup = 8, kGroupBytes = 16;
+  static constexpr bool kWide = false;
+};
+template <>
+struct Split<DType::Q5_K> {  // Q5_K
+  static constexpr int kCodeBytes = 20, kGroup = 8, kGroupBytes = 16;
+  static constexpr bool kWide = true;
+};
+template <>
+struct Split<DType::Q6_K> {  // Q6_K
+  static constexpr int kCodeBytes = 24, kGroup = 8, kGroupBytes = 18;
+  static constexpr bool kWide = true;
 };
 constexpr int kQKK = 256;  // elements per K-quant super-block
+constexpr bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 
 // A matrix in the device's layout: row r's codes and factors.
 template <DType T>
@@ -159,31 +179,66 @@ struct SplitRows {
       : codes(w), factors(w + rows * (cols / kQK) * Split<T>::kCodeBytes), nb(cols / kQK) {}
   __device__ __forceinline__ const uint8_t* row_codes(int64_t r) const { return codes + r * nb * Split<T>::kCodeBytes; }
   __device__ __forceinline__ const uint8_t* row_factors(int64_t r) const {
-    return factors + r * nb * Split<T>::kFactorBytes;
+    return factors + r * (nb / Split<T>::kGroup) * Split<T>::kGroupBytes;
+  }
+  // The factors of block b of row r (its group's).
+  __device__ __forceinline__ const uint8_t* block_factors(int64_t r, int64_t b) const {
+    return row_factors(r) + (b / Split<T>::kGroup) * Split<T>::kGroupBytes;
   }
 };
 
-// A block of 32 weights of a quantized row in registers.
+// A block of 32 weights of a quantized row in registers: codes (kWide: 32 signed bytes, else 16
+// bytes of nibbles) and the factors of block_term (matvec.cuh): d and m (Q6_K: the scales of its
+// two halves).
 template <DType T>
 struct WBlock {
-  uint4 c[Split<T>::kCodeBytes / 16];
+  uint4 c[Split<T>::kWide ? 2 : 1];
   float d = 0.0f, m = 0.0f;
 };
+// Four bits x (bit i: byte i's) spread to bit 0 of each byte of a word.
+__device__ __forceinline__ unsigned spread_bits4(unsigned x) { return (x & 15u) * 0x00204081u & 0x01010101u; }
 template <DType T>
 __device__ __forceinline__ void load_block(const SplitRows<T>& w, int64_t r, int64_t b, WBlock<T>& o) {
-  const uint4* c = reinterpret_cast<const uint4*>(w.row_codes(r)) + b * (Split<T>::kCodeBytes / 16);
+  const uint8_t* f = w.block_factors(r, b);
+  if constexpr (T == DType::Q5_K || T == DType::Q6_K) {
+    // 4-byte loads (a block's codes start 4-byte aligned); the 5- or 6-bit codes as bytes.
+    const unsigned* c = reinterpret_cast<const unsigned*>(w.row_codes(r) + b * Split<T>::kCodeBytes);
+    unsigned v[8];
 #pragma unroll
-  for (int i = 0; i < Split<T>::kCodeBytes / 16; ++i) o.c[i] = c[i];
-  if constexpr (T == DType::Q4_K) {
-    // Sub-block j = b % 8 of super-block b / 8: x = d sc q - dmin m with 6-bit sc and m
-    // (tensor/kquant_scales.hpp), so Q4_1's factors are d sc and -dmin m (exact in float).
-    const uint8_t* f = w.row_factors(r) + (b / 8) * 16;
+    for (int k = 0; k < 4; ++k) v[k] = c[k] & 0x0F0F0F0Fu, v[k + 4] = (c[k] >> 4) & 0x0F0F0F0Fu;
+    if constexpr (T == DType::Q5_K) {
+      const unsigned qh = c[4];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] |= spread_bits4(qh >> (4 * k)) << 4;
+    } else {
+      const unsigned hb[2] = {c[4], c[5]};  // the 2-bit pairs of elements 0-15, 16-31
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const unsigned x = (hb[k / 4] >> (8 * (k % 4))) & 0xFFu;
+        const unsigned hi = (x & 3u) | ((x >> 2) & 3u) << 8 | ((x >> 4) & 3u) << 16 | ((x >> 6) & 3u) << 24;
+        // q - 32 in each byte: (q + 0x60) ^ 0x80, no borrow across bytes for q < 64.
+        v[k] = ((v[k] | hi << 4) + 0x60606060u) ^ 0x80808080u;
+      }
+    }
+    o.c[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    o.c[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  } else {
+    const uint4* c = reinterpret_cast<const uint4*>(w.row_codes(r)) + b * (Split<T>::kCodeBytes / 16);
+#pragma unroll
+    for (int i = 0; i < Split<T>::kCodeBytes / 16; ++i) o.c[i] = c[i];
+  }
+  if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    // Sub-block j = b % 8: x = d sc q - dmin m with 6-bit sc and m (tensor/kquant_scales.hpp), so
+    // Q4_1's factors d sc and -dmin m (exact in float).
     uint8_t sc, m;
     kquant_scale_min(f + 4, static_cast<int>(b % 8), sc, m);
     o.d = half_at(f) * static_cast<float>(sc);
     o.m = -(half_at(f + 2) * static_cast<float>(m));
+  } else if constexpr (T == DType::Q6_K) {  // x = d sc (q - 32), a scale for each 16 elements
+    const int j = static_cast<int>(b % 8);
+    o.d = half_at(f + 16) * static_cast<float>(static_cast<int8_t>(f[2 * j]));
+    o.m = half_at(f + 16) * static_cast<float>(static_cast<int8_t>(f[2 * j + 1]));
   } else {
-    const uint8_t* f = w.row_factors(r) + b * Split<T>::kFactorBytes;
     o.d = half_at(f);
     if constexpr (T == DType::Q4_1) o.m = half_at(f + 2);
   }

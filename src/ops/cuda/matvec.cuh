@@ -11,21 +11,34 @@ namespace ember::cuda::detail {
 constexpr int kMvWarps = 4;   // rows a block computes, a warp each
 constexpr int kMvUnroll = 4;  // blocks of 32 weights a lane loads before it uses the first
 
-// d_w d_x sum(q_w q_x) over one block (Q4_0: q_w - 8, taken off as 8 sum(q_x); Q4_1: plus m_w s_x)
-// against x's codes (32 bytes) and (d, s).
+// A block's term of a (row, token) product from the integer sums of its codes' products with the
+// token's codes (isum; Q6_K: isum over the first 16, isum_b over the last), the block's factors
+// (WBlock: d, m) and the token's (d, s) and code sum (xsum): Q8_0 d_w d_x isum; Q4_0 d_w d_x (isum -
+// 8 xsum); Q4_1, Q4_K, Q5_K d_w d_x isum + m_w s_x; Q6_K d_x (d_a isum + d_b isum_b). The matvec
+// (block_dot) and the prompt tiles both write their terms here: the same float operations.
+template <DType T>
+__device__ __forceinline__ float block_term(int isum, int isum_b, float dw, float mw, uint32_t ds, int xsum) {
+  if constexpr (T == DType::Q8_0) return dw * half_lo(ds) * static_cast<float>(isum);
+  else if constexpr (T == DType::Q4_0) return dw * half_lo(ds) * static_cast<float>(isum - 8 * xsum);
+  else if constexpr (T == DType::Q6_K) return half_lo(ds) * (dw * static_cast<float>(isum) + mw * static_cast<float>(isum_b));
+  else return dw * half_lo(ds) * static_cast<float>(isum) + mw * half_hi(ds);
+}
+
+// One block's term against x's codes (32 bytes) and (d, s).
 template <DType T>
 __device__ __forceinline__ float block_dot(const WBlock<T>& w, const uint8_t* xc, uint32_t xds) {
   const int4 x0 = reinterpret_cast<const int4*>(xc)[0], x1 = reinterpret_cast<const int4*>(xc)[1];
   const int u[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-  const float dx = half_lo(xds);
-  int isum = 0;
-  if constexpr (T == DType::Q8_0) {
+  int isum = 0, isum_b = 0, xsum = 0;
+  if constexpr (Split<T>::kWide) {
     const int v[8] = {static_cast<int>(w.c[0].x), static_cast<int>(w.c[0].y), static_cast<int>(w.c[0].z),
                       static_cast<int>(w.c[0].w), static_cast<int>(w.c[1].x), static_cast<int>(w.c[1].y),
                       static_cast<int>(w.c[1].z), static_cast<int>(w.c[1].w)};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) isum = __dp4a(v[i], u[i], isum);
-    return w.d * dx * static_cast<float>(isum);
+    for (int i = 0; i < 8; ++i) {
+      if (T == DType::Q6_K && i >= 4) isum_b = __dp4a(v[i], u[i], isum_b);
+      else isum = __dp4a(v[i], u[i], isum);
+    }
   } else {
     const int v[4] = {static_cast<int>(w.c[0].x), static_cast<int>(w.c[0].y), static_cast<int>(w.c[0].z),
                       static_cast<int>(w.c[0].w)};
@@ -35,14 +48,11 @@ __device__ __forceinline__ float block_dot(const WBlock<T>& w, const uint8_t* xc
       isum = __dp4a((v[i] >> 4) & 0x0F0F0F0F, u[i + 4], isum);  // and of 16 + 4i ..
     }
     if constexpr (T == DType::Q4_0) {
-      int xsum = 0;
 #pragma unroll
       for (int i = 0; i < 8; ++i) xsum = __dp4a(0x01010101, u[i], xsum);
-      return w.d * dx * static_cast<float>(isum - 8 * xsum);
-    } else {
-      return w.d * dx * static_cast<float>(isum) + w.m * half_hi(xds);
     }
   }
+  return block_term<T>(isum, isum_b, w.d, w.m, xds, xsum);
 }
 
 // A lane's share of row r's dots with tokens t0 .. t0 + ng - 1 into acc: blocks lane, lane + 32,

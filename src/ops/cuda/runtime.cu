@@ -5,6 +5,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.hpp"
+#include "tensor/quant.hpp"
 
 namespace ember::cuda {
 
@@ -135,21 +136,31 @@ void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* 
   }
   const int64_t nb = cols / kQK;
   uint8_t* codes = d;
-  if (type == DType::Q4_K) {
-    // A super-block's first 16 bytes (d, dmin, scales) are its factors; each 32-byte run of qs
-    // holds sub-block 2n in its low nibbles and 2n + 1 in its high ones, element t of a sub-block
-    // at byte t of the run, which Q4_1's order puts in byte t % 16's low (t < 16) or high nibble.
-    uint8_t* factors = d + static_cast<size_t>(rows * nb) * 16;
+  if (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K) {
+    // Per super-block: its factors (Q4_K, Q5_K: its first 16 bytes, d, dmin and the scales; Q6_K:
+    // its last 18, the scales then d) after every row's codes, and each block of 32's codes
+    // (cuda_common.cuh's Split) from the elements' codes (tensor/quant.hpp's rules).
+    const size_t code = type == DType::Q4_K ? 16 : type == DType::Q5_K ? 20 : 24;
+    const size_t group = type == DType::Q6_K ? 18 : 16, from = type == DType::Q6_K ? 192 : 0;
+    const size_t sb_bytes = row_bytes(type, kQKK);
+    const auto element = [&](const uint8_t* blk, int e) {  // the code, 0..15 / 0..31 / 0..63
+      if (type == DType::Q4_K) return q4_k_code(*reinterpret_cast<const BlockQ4_K*>(blk), e);
+      if (type == DType::Q5_K) return q5_k_code(*reinterpret_cast<const BlockQ5_K*>(blk), e);
+      return q6_k_code(*reinterpret_cast<const BlockQ6_K*>(blk), e) + 32;
+    };
+    uint8_t* factors = d + static_cast<size_t>(rows * nb) * code;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t sb = 0; sb < cols / kQKK; ++sb) {
-        const uint8_t* blk = s + static_cast<size_t>(r) * rb + static_cast<size_t>(sb) * 144;
-        std::memcpy(factors + static_cast<size_t>(r * (nb / 8) + sb) * 16, blk, 16);
+        const uint8_t* blk = s + static_cast<size_t>(r) * rb + static_cast<size_t>(sb) * sb_bytes;
+        std::memcpy(factors + static_cast<size_t>(r * (nb / 8) + sb) * group, blk + from, group);
         for (int j = 0; j < 8; ++j) {
-          const uint8_t* run = blk + 16 + 32 * (j / 2);
-          uint8_t* c = codes + static_cast<size_t>(r * nb + 8 * sb + j) * 16;
-          for (int i = 0; i < 16; ++i) {
-            const int lo = (run[i] >> (4 * (j % 2))) & 15, hi = (run[16 + i] >> (4 * (j % 2))) & 15;
-            c[i] = static_cast<uint8_t>(lo | hi << 4);
+          uint8_t* c = codes + static_cast<size_t>(r * nb + 8 * sb + j) * code;
+          std::memset(c, 0, code);
+          for (int t = 0; t < 32; ++t) {
+            const int q = element(blk, 32 * j + t);
+            c[t % 16] |= static_cast<uint8_t>((q & 15) << (t < 16 ? 0 : 4));
+            if (type == DType::Q5_K) c[16 + t / 8] |= static_cast<uint8_t>((q >> 4) << (t % 8));
+            if (type == DType::Q6_K) c[16 + t / 4] |= static_cast<uint8_t>((q >> 4) << (2 * (t % 4)));
           }
         }
       }

@@ -110,15 +110,6 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_f_kernel(MvArgs a) {
 }
 
 
-// The term a block adds to output (row, token) of a tile, from the integer sum of its codes'
-// products, as block_dot writes it: the same float operations whatever computed isum.
-template <DType T>
-__device__ __forceinline__ float tile_term(int isum, float dw, float mw, uint32_t ds, int xsum) {
-  if constexpr (T == DType::Q8_0) return dw * half_lo(ds) * static_cast<float>(isum);
-  else if constexpr (T == DType::Q4_0) return dw * half_lo(ds) * static_cast<float>(isum - 8 * xsum);
-  else return dw * half_lo(ds) * static_cast<float>(isum) + mw * half_hi(ds);
-}
-
 template <DType T, bool kMma>
 __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
   __shared__ int sw[kGmRows][kGmBlocks][9];  // codes as 8 words (+1: fewer bank conflicts)
@@ -153,7 +144,7 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
     if (row_ok && b < w.nb) {
       WBlock<T> blk;
       load_block<T>(w, lr, b, blk);
-      if constexpr (T == DType::Q8_0) {
+      if constexpr (Split<T>::kWide) {
         const unsigned v[8] = {blk.c[0].x, blk.c[0].y, blk.c[0].z, blk.c[0].w, blk.c[1].x, blk.c[1].y, blk.c[1].z, blk.c[1].w};
 #pragma unroll
         for (int q = 0; q < 8; ++q) sw[ls][lb][q] = static_cast<int>(v[q]);
@@ -204,12 +195,18 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
         for (int p = 0; p < kGmSub; ++p) {
           const int tb = mt + 8 * p;
           const int bf[2] = {sx[tb + g][kb][q4], sx[tb + g][kb][q4 + 4]};
-          int c[4] = {0, 0, 0, 0};
-          mma_s8_16x8x32(af, bf, c);
+          int c[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
+          if constexpr (T == DType::Q6_K) {  // each half's sum alone: the other half's codes zeroed
+            const int a0[4] = {af[0], af[1], 0, 0}, a1[4] = {0, 0, af[2], af[3]};
+            mma_s8_16x8x32(a0, bf, c);
+            mma_s8_16x8x32(a1, bf, cb);
+          } else {
+            mma_s8_16x8x32(af, bf, c);
+          }
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int rr = mr + g + 8 * (e / 2), tt = tb + 2 * q4 + e % 2;
-            acc[p][e] += tile_term<T>(c[e], swd[rr][kb], swm[rr][kb], sxds[tt][kb], sxsum[tt][kb]);
+            acc[p][e] += block_term<T>(c[e], cb[e], swd[rr][kb], swm[rr][kb], sxds[tt][kb], sxsum[tt][kb]);
           }
         }
       } else {
@@ -219,10 +216,13 @@ __global__ void __launch_bounds__(kGmThreads) matmul_tiles_kernel(MvArgs a) {
 #pragma unroll
           for (int q = 0; q < kGmSub; ++q) {
             const int tt = tc + q * (kGmTokens / kGmSub);
-            int isum = 0;
+            int isum = 0, isum_b = 0;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) isum = __dp4a(sw[rr][kb][e], sx[tt][kb][e], isum);
-            acc[p][q] += tile_term<T>(isum, swd[rr][kb], swm[rr][kb], sxds[tt][kb], sxsum[tt][kb]);
+            for (int e = 0; e < 8; ++e) {
+              if (T == DType::Q6_K && e >= 4) isum_b = __dp4a(sw[rr][kb][e], sx[tt][kb][e], isum_b);
+              else isum = __dp4a(sw[rr][kb][e], sx[tt][kb][e], isum);
+            }
+            acc[p][q] += block_term<T>(isum, isum_b, swd[rr][kb], swm[rr][kb], sxds[tt][kb], sxsum[tt][kb]);
           }
         }
       }

@@ -232,19 +232,19 @@ TEST(FfnContract, RefusedPairsSayWhy) {
       p.layers[2].attn_gpu = true;
       EXPECT_EQ(device_refusal(cuda_caps(), *m, p), "");  // and its attention blocks
       // An attention matrix the CUDA kernels do not read (in the file's layout: what CUDA copies).
-      m->layers[2].wk.type = DType::Q5_0;
+      m->layers[2].wk.type = DType::Q3_K;
       const std::string attn_why = device_refusal(cuda_caps(), *m, p);
       EXPECT_NE(attn_why.find("layer 2's attention matrix"), std::string::npos) << attn_why;
-      EXPECT_NE(attn_why.find("Q5_0"), std::string::npos) << attn_why;
+      EXPECT_NE(attn_why.find("Q3_K"), std::string::npos) << attn_why;
       // The hybrid asks the same of every layer before it plans (no attention there if one fails).
       EXPECT_EQ(attention_refusal(cuda_caps(), *m, 2), attn_why);
       EXPECT_EQ(attention_refusal(cuda_caps(), *m, 1), "");
       EXPECT_EQ(attention_refusal(cpu_standin_caps(), *m, 2), "");
       EXPECT_EQ(output_refusal(cuda_caps(), *m), "");
       const TensorView head = m->output, file_head = m->file_output;
-      m->output.type = m->file_output.type = DType::Q5_1;
+      m->output.type = m->file_output.type = DType::Q2_K;
       const std::string head_why = output_refusal(cuda_caps(), *m);
-      EXPECT_NE(head_why.find("is Q5_1; the cuda device reads F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K"),
+      EXPECT_NE(head_why.find("is Q2_K; the cuda device reads F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"),
                 std::string::npos)
           << head_why;
       m->output = head, m->file_output = file_head;
@@ -266,8 +266,8 @@ TEST(FfnContract, RefusedPairsSayWhy) {
       m->layers[0].ffn = keep;
       m->layers[0].ffn.up.type = DType::Q4_K;
       EXPECT_EQ(device_refusal(cuda_caps(), *m, p), "");
-      m->layers[0].ffn.up.type = DType::Q5_0;
-      EXPECT_NE(device_refusal(cuda_caps(), *m, p).find("layer 0 has Q5_0 FFN rows"), std::string::npos);
+      m->layers[0].ffn.up.type = DType::Q3_K;
+      EXPECT_NE(device_refusal(cuda_caps(), *m, p).find("layer 0 has Q3_K FFN rows"), std::string::npos);
       EXPECT_EQ(device_refusal(cpu_standin_caps(), *m, p), "");
       m->layers[0].ffn = keep;
     }

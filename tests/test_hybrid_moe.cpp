@@ -195,9 +195,9 @@ TEST(HybridMoe, RefusesWhatCannotBeSplit) {
             std::string::npos) << device_refusal(none, *model, plan);
   {
     Model& k = *model;
-    for (FfnWeights& e : k.layers[0].moe.experts) e.gate.type = e.up.type = e.down.type = DType::Q5_0;
+    for (FfnWeights& e : k.layers[0].moe.experts) e.gate.type = e.up.type = e.down.type = DType::Q3_K;
     const std::string why = device_refusal(cuda_caps(), k, plan);
-    EXPECT_NE(why.find("layer 0's experts have Q5_0 matrices; the cuda device reads"), std::string::npos) << why;
+    EXPECT_NE(why.find("layer 0's experts have Q3_K matrices; the cuda device reads"), std::string::npos) << why;
     for (FfnWeights& e : k.layers[0].moe.experts) e.gate.type = e.up.type = e.down.type = DType::Q4_0;
   }
   // An expert the layer does not have.

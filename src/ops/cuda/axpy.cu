@@ -320,9 +320,7 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
                          const int32_t* n_active, const float* h, int64_t h_stride, int64_t n_tokens, float* partial,
                          void* stream) {
   check_type(type, cols);
-  // A neuron's row here is a column of the down: a K-quant down is held as Q8_0 rows for it
-  // (hybrid_device_down_type), so the axpy takes the 32-value block types only.
-  EMBER_CHECK(!is_kquant(type), "CUDA sparse_axpy: neuron-major rows of {} are not read (the down's copy is Q8_0)",
+  EMBER_CHECK(axpy_reads(type), "CUDA sparse_axpy: neuron-major rows of {} are not read (the down's copy is Q8_0)",
               dtype_name(type));
   EMBER_CHECK(cols % 8 == 0, "CUDA sparse_axpy: rows of {} values (a multiple of 8)", cols);
   if (cols == 0 || n_tokens == 0) return;
@@ -332,7 +330,7 @@ void sparse_axpy_partial(DType type, const void* D, int64_t n_rows, int64_t cols
   const bool tiles = n_tokens >= kAxpyTilesMin && takes_q8(type) && tile_math() == TileMath::mma;
   by_type(type, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
-    if constexpr (!is_kquant(T)) {  // refused above
+    if constexpr (axpy_reads(T)) {  // others refused above
       if constexpr (takes_q8_v<T>) {
         if (tiles) {  // a long prompt on tensor cores: each row read once per 64 tokens
           const dim3 grid(grid_of(cols, kAtCols), grid_of(n_tokens, kAtTokens));

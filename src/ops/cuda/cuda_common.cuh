@@ -37,7 +37,8 @@ constexpr bool takes_q8_v = takes_q8(T);
 
 // The error for a weight type the kernels do not read.
 [[noreturn]] inline void refuse_type(DType type) {
-  fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)", dtype_name(type));
+  fail("CUDA kernels do not read {} weights (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+       dtype_name(type));
 }
 
 // f(std::integral_constant<DType, T>{}) for the weight type: every kernel's template argument
@@ -50,6 +51,8 @@ void by_type(DType type, F&& f) {
     case DType::Q4_0: f(std::integral_constant<DType, DType::Q4_0>{}); break;
     case DType::Q4_1: f(std::integral_constant<DType, DType::Q4_1>{}); break;
     case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); break;
+    case DType::Q5_0: f(std::integral_constant<DType, DType::Q5_0>{}); break;
+    case DType::Q5_1: f(std::integral_constant<DType, DType::Q5_1>{}); break;
     case DType::Q4_K: f(std::integral_constant<DType, DType::Q4_K>{}); break;
     case DType::Q5_K: f(std::integral_constant<DType, DType::Q5_K>{}); break;
     case DType::Q6_K: f(std::integral_constant<DType, DType::Q6_K>{}); break;
@@ -126,48 +129,43 @@ __device__ __forceinline__ float element<DType::Q4_1>(const uint8_t* row, int64_
 constexpr int kQ8_1Bytes = 36;  // BlockQ8_1 (tensor/quant.hpp): half d, half s, 32 int8
 
 // The device's layout of a matrix of a block type (cuda_ops.hpp, pack_matrix): every row's codes
-// first (kCodeBytes a block of 32, row after row), then every row's factors (kGroupBytes for each
-// kGroup blocks: fp16 d; Q4_1: d then m; the K-quants a super-block's as GGUF holds them: Q4_K and
-// Q5_K d, dmin and the 12 bytes of 6-bit scales and mins, Q6_K the 16 int8 scales then d). The same
-// bytes as the file's. Codes: Q8_0's 32 bytes; Q4_0, Q4_1 and Q4_K's 16 bytes of nibbles in Q4_1's
-// order (byte i: elements i and 16 + i); Q5_K's those nibbles then a 32-bit word of fifth bits
-// (bit e: element e's); Q6_K's nibbles then 8 bytes of high 2-bit pairs (element e's at bits 2 (e %
-// 4) of byte e / 4). kWide: the block's codes in registers are 32 bytes (Q8_0's form, the 5- and
-// 6-bit codes unpacked to bytes), else 16 bytes of nibbles.
+// first (code_bytes a block of 32, row after row), then every row's factors (group_bytes for each
+// group of blocks: fp16 d; Q4_1, Q5_1: d then m; the K-quants a super-block's as GGUF holds them:
+// Q4_K and Q5_K d, dmin and the 12 bytes of 6-bit scales and mins, Q6_K the 16 int8 scales then
+// d). The same bytes as the file's. Codes: Q8_0's 32 bytes; Q4_0, Q4_1 and Q4_K's 16 bytes of
+// nibbles in Q4_1's order (byte i: elements i and 16 + i); Q5_0, Q5_1 and Q5_K's those nibbles then
+// a 32-bit word of fifth bits (bit e: element e's); Q6_K's nibbles then 8 bytes of high 2-bit
+// pairs (element e's at bits 2 (e % 4) of byte e / 4). wide: the block's codes in registers are 32
+// bytes (Q8_0's form, the 5- and 6-bit codes unpacked to bytes), else 16 bytes of nibbles.
+struct SplitShape {
+  int code_bytes, group, group_bytes;
+  bool wide;
+};
+constexpr SplitShape split_shape(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {32, 1, 2, true};
+    case DType::Q4_0: return {16, 1, 2, false};
+    case DType::Q4_1: return {16, 1, 4, false};
+    case DType::Q5_0: return {20, 1, 2, true};
+    case DType::Q5_1: return {20, 1, 4, true};
+    case DType::Q4_K: return {16, 8, 16, false};
+    case DType::Q5_K: return {20, 8, 16, true};
+    case DType::Q6_K: return {24, 8, 18, true};
+    default: return {0, 1, 0, false};  // F32, F16: no blocks
+  }
+}
 template <DType T>
-struct Split;
-template <>
-struct Split<DType::Q8_0> {  // Q8_0
-  static constexpr int kCodeBytes = 32, kGroup = 1, kGroupBytes = 2;
-  static constexpr bool kWide = true;
-};
-template <>
-struct Split<DType::Q4_0> {  // Q4_0
-  static constexpr int kCodeBytes = 16, kGroup = 1, kGroupBytes = 2;
-  static constexpr bool kWide = false;
-};
-template <>
-struct Split<DType::Q4_1> {  // Q4_1
-  static constexpr int kCodeBytes = 16, kGroup = 1, kGroupBytes = 4;
-  static constexpr bool kWide = false;
-};
-template <>
-struct Split<DType::Q4_K> {  // Q4_K
-  static constexpr int kCodeBytes = 16, kGroup = 8, kGroupBytes = 16;
-  static constexpr bool kWide = false;
-};
-template <>
-struct Split<DType::Q5_K> {  // Q5_K
-  static constexpr int kCodeBytes = 20, kGroup = 8, kGroupBytes = 16;
-  static constexpr bool kWide = true;
-};
-template <>
-struct Split<DType::Q6_K> {  // Q6_K
-  static constexpr int kCodeBytes = 24, kGroup = 8, kGroupBytes = 18;
-  static constexpr bool kWide = true;
+struct Split {
+  static constexpr int kCodeBytes = split_shape(T).code_bytes, kGroup = split_shape(T).group,
+                       kGroupBytes = split_shape(T).group_bytes;
+  static constexpr bool kWide = split_shape(T).wide;
 };
 constexpr int kQKK = 256;  // elements per K-quant super-block
-constexpr bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+// The types whose rows the sparse axpy reads (a neuron's row of the down; others' downs are held
+// as Q8_0 rows: hybrid_device_down_type).
+constexpr bool axpy_reads(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1;
+}
 
 // A matrix in the device's layout: row r's codes and factors.
 template <DType T>
@@ -200,16 +198,21 @@ __device__ __forceinline__ unsigned spread_bits4(unsigned x) { return (x & 15u) 
 template <DType T>
 __device__ __forceinline__ void load_block(const SplitRows<T>& w, int64_t r, int64_t b, WBlock<T>& o) {
   const uint8_t* f = w.block_factors(r, b);
-  if constexpr (T == DType::Q5_K || T == DType::Q6_K) {
+  constexpr bool kFifth = T == DType::Q5_0 || T == DType::Q5_1 || T == DType::Q5_K;
+  if constexpr (kFifth || T == DType::Q6_K) {
     // 4-byte loads (a block's codes start 4-byte aligned); the 5- or 6-bit codes as bytes.
     const unsigned* c = reinterpret_cast<const unsigned*>(w.row_codes(r) + b * Split<T>::kCodeBytes);
     unsigned v[8];
 #pragma unroll
     for (int k = 0; k < 4; ++k) v[k] = c[k] & 0x0F0F0F0Fu, v[k + 4] = (c[k] >> 4) & 0x0F0F0F0Fu;
-    if constexpr (T == DType::Q5_K) {
+    if constexpr (kFifth) {
       const unsigned qh = c[4];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] |= spread_bits4(qh >> (4 * k)) << 4;
+      for (int k = 0; k < 8; ++k) {
+        v[k] |= spread_bits4(qh >> (4 * k)) << 4;
+        // Q5_0: q - 16 in each byte, (q + 0x70) ^ 0x80 (no borrow across bytes for q < 32).
+        if constexpr (T == DType::Q5_0) v[k] = (v[k] + 0x70707070u) ^ 0x80808080u;
+      }
     } else {
       const unsigned hb[2] = {c[4], c[5]};  // the 2-bit pairs of elements 0-15, 16-31
 #pragma unroll
@@ -240,7 +243,7 @@ __device__ __forceinline__ void load_block(const SplitRows<T>& w, int64_t r, int
     o.m = half_at(f + 16) * static_cast<float>(static_cast<int8_t>(f[2 * j + 1]));
   } else {
     o.d = half_at(f);
-    if constexpr (T == DType::Q4_1) o.m = half_at(f + 2);
+    if constexpr (T == DType::Q4_1 || T == DType::Q5_1) o.m = half_at(f + 2);
   }
 }
 

@@ -2,7 +2,7 @@
 // This header has no CUDA includes, so plain C++ files can call it: pointers are device
 // pointers unless named host_*, `stream` is a cudaStream_t passed as void*.
 //
-// Weights: F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K matrices. A block type is held on the device in the
+// Weights: F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matrices. A block type is held on the device in the
 // split layout of pack_matrix (every row's codes, then every row's block factors: the same bytes
 // as GGUF's rows, with codes in aligned 16-byte vectors); F32 and F16 as they are. Activations of
 // quantized rows are rounded to 8 bits first (quantize_q8: the CPU's Q8_1 values, in a split
@@ -91,13 +91,13 @@ void* capture_end(void* stream, size_t* nodes);
 void graph_launch(void* graph, void* stream);
 void graph_destroy(void* graph);
 
-// Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: integer dot products (dp4a) with 8-bit
-// activations; F32 and F16 take floats. A K-quant's block of 32 is multiplied against the same
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: integer dot products (dp4a)
+// with 8-bit activations; F32 and F16 take floats. A K-quant's block of 32 is multiplied against the same
 // 32-value activation blocks with its factors from the super-block: Q4_K and Q5_K as Q4_1 (d sc and
 // -dmin m), Q6_K as Q8_0 with a scale for each half (d sc).
 constexpr bool takes_q8(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q5_K ||
-         t == DType::Q6_K;
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0 ||
+         t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
 }
 // True for the weight types the kernels read.
 constexpr bool supports(DType t) { return takes_q8(t) || t == DType::F32 || t == DType::F16; }

@@ -13,12 +13,13 @@ constexpr int kMvUnroll = 4;  // blocks of 32 weights a lane loads before it use
 
 // A block's term of a (row, token) product from the integer sums of its codes' products with the
 // token's codes (isum; Q6_K: isum over the first 16, isum_b over the last), the block's factors
-// (WBlock: d, m) and the token's (d, s) and code sum (xsum): Q8_0 d_w d_x isum; Q4_0 d_w d_x (isum -
-// 8 xsum); Q4_1, Q4_K, Q5_K d_w d_x isum + m_w s_x; Q6_K d_x (d_a isum + d_b isum_b). The matvec
-// (block_dot) and the prompt tiles both write their terms here: the same float operations.
+// (WBlock: d, m) and the token's (d, s) and code sum (xsum): Q8_0 and Q5_0 (its codes q - 16) d_w
+// d_x isum; Q4_0 d_w d_x (isum - 8 xsum); Q4_1, Q5_1, Q4_K, Q5_K d_w d_x isum + m_w s_x; Q6_K d_x
+// (d_a isum + d_b isum_b). The matvec (block_dot) and the prompt tiles both write their terms here:
+// the same float operations.
 template <DType T>
 __device__ __forceinline__ float block_term(int isum, int isum_b, float dw, float mw, uint32_t ds, int xsum) {
-  if constexpr (T == DType::Q8_0) return dw * half_lo(ds) * static_cast<float>(isum);
+  if constexpr (T == DType::Q8_0 || T == DType::Q5_0) return dw * half_lo(ds) * static_cast<float>(isum);
   else if constexpr (T == DType::Q4_0) return dw * half_lo(ds) * static_cast<float>(isum - 8 * xsum);
   else if constexpr (T == DType::Q6_K) return half_lo(ds) * (dw * static_cast<float>(isum) + mw * static_cast<float>(isum_b));
   else return dw * half_lo(ds) * static_cast<float>(isum) + mw * half_hi(ds);

@@ -140,8 +140,8 @@ void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* 
     // Per super-block: its factors (Q4_K, Q5_K: its first 16 bytes, d, dmin and the scales; Q6_K:
     // its last 18, the scales then d) after every row's codes, and each block of 32's codes
     // (cuda_common.cuh's Split) from the elements' codes (tensor/quant.hpp's rules).
-    const size_t code = type == DType::Q4_K ? 16 : type == DType::Q5_K ? 20 : 24;
-    const size_t group = type == DType::Q6_K ? 18 : 16, from = type == DType::Q6_K ? 192 : 0;
+    const size_t code = split_shape(type).code_bytes, group = split_shape(type).group_bytes;
+    const size_t from = type == DType::Q6_K ? 192 : 0;
     const size_t sb_bytes = row_bytes(type, kQKK);
     const auto element = [&](const uint8_t* blk, int e) {  // the code, 0..15 / 0..31 / 0..63
       if (type == DType::Q4_K) return q4_k_code(*reinterpret_cast<const BlockQ4_K*>(blk), e);
@@ -166,15 +166,23 @@ void pack_matrix(DType type, const void* src, int64_t rows, int64_t cols, void* 
       }
     return;
   }
-  // GGUF blocks: the factors (d; Q4_1: d, m) first, then the codes.
-  const size_t factor = type == DType::Q4_1 ? 4 : 2, code = type == DType::Q8_0 ? 32 : 16, block = factor + code;
+  // GGUF blocks of 32: the factors (d; Q4_1, Q5_1: d, m) first, then the codes; Q5_0 and Q5_1's
+  // codes are the fifth bits' word then the nibbles (already in Q4_1's order), which the device
+  // keeps the other way round.
+  const size_t factor = split_shape(type).group_bytes, code = split_shape(type).code_bytes, block = factor + code;
+  const bool fifth = type == DType::Q5_0 || type == DType::Q5_1;
   uint8_t* factors = d + static_cast<size_t>(rows * nb) * code;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = s + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * block;
-      const size_t k = static_cast<size_t>(r * nb + b);
-      std::memcpy(factors + k * factor, blk, factor);
-      std::memcpy(codes + k * code, blk + factor, code);
+      uint8_t* c = codes + static_cast<size_t>(r * nb + b) * code;
+      std::memcpy(factors + static_cast<size_t>(r * nb + b) * factor, blk, factor);
+      if (!fifth) {
+        std::memcpy(c, blk + factor, code);
+        continue;
+      }
+      std::memcpy(c, blk + factor + 4, 16);
+      std::memcpy(c + 16, blk + factor, 4);
     }
 }
 

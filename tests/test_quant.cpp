@@ -102,6 +102,41 @@ TEST(Quant, Q6_KRelativeError) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_LE(std::fabs(y[i] - x[i]), block_amax(x, i, 16) / 16.f + 1e-6f) << i;
 }
 
+// The element codes the CUDA device's layout and its tests read (q4_k_code, q5_k_code,
+// q6_k_code) are the ones dequantization uses: on random blocks every element's value is d sc
+// code - dmin m (Q4_K, Q5_K) or d sc code (Q6_K, scale of its 16), exactly.
+TEST(Quant, KQuantElementCodesMatchDequantization) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(4 * kQK_K), y(x.size());
+  for (auto& v : x) v = nd(rng);
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    std::vector<uint8_t> q(row_bytes(t, static_cast<int64_t>(x.size())));
+    quantize_row(t, x.data(), q.data(), static_cast<int64_t>(x.size()));
+    dequantize_row(t, q.data(), y.data(), static_cast<int64_t>(x.size()));
+    const size_t sb = row_bytes(t, kQK_K);
+    for (size_t b = 0; b < x.size() / kQK_K; ++b)
+      for (int e = 0; e < kQK_K; ++e) {
+        const uint8_t* blk = q.data() + b * sb;
+        float want = 0.0f;
+        if (t == DType::Q6_K) {
+          const auto& k = *reinterpret_cast<const BlockQ6_K*>(blk);
+          want = fp16_to_fp32(k.d) * static_cast<float>(k.scales[e / 16]) * static_cast<float>(q6_k_code(k, e));
+        } else {
+          const auto& k4 = *reinterpret_cast<const BlockQ4_K*>(blk);
+          const auto& k5 = *reinterpret_cast<const BlockQ5_K*>(blk);
+          const bool five = t == DType::Q5_K;
+          uint8_t sc, m;
+          kquant_scale_min(five ? k5.scales : k4.scales, e / 32, sc, m);
+          const int code = five ? q5_k_code(k5, e) : q4_k_code(k4, e);
+          want = fp16_to_fp32(five ? k5.d : k4.d) * static_cast<float>(sc) * static_cast<float>(code) -
+                 fp16_to_fp32(five ? k5.dmin : k4.dmin) * static_cast<float>(m);
+        }
+        ASSERT_NEAR(y[b * kQK_K + e], want, 1e-6f * (std::fabs(want) + 1.0f)) << dtype_name(t) << " element " << e;
+      }
+  }
+}
+
 TEST(Quant, Q8_1AndQ8_KSums) {
   const auto x = random_floats(512, 6);
   std::vector<BlockQ8_1> b1(512 / 32);

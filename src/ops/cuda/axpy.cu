@@ -94,7 +94,7 @@ __device__ __forceinline__ void axpy_cols8(const uint8_t* D, int64_t n_rows, int
     const int64_t b = j0 / kQK;
     const int sub = static_cast<int>((j0 % kQK) / 8);  // which 8 of the block's 32
     const uint8_t* codes = sr.row_codes(r) + b * Split<T>::kCodeBytes;
-    const uint8_t* f = sr.row_factors(r) + b * Split<T>::kGroupBytes;
+    const uint8_t* f = sr.block_factors(r, b);
     d = half_at(f);
     if constexpr (T == DType::Q4_1) m = half_at(f + 2);
     if constexpr (T == DType::Q8_0) {
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kAtThreads) axpy_tiles_kernel(const uint8_t* D
       float d[2] = {0.0f, 0.0f}, m[2] = {0.0f, 0.0f};
       if (k < na)
         for (int b = 0; b < nblk; ++b) {
-          const uint8_t* f = sr.row_factors(active[k]) + (nb0 + b) * Split<T>::kGroupBytes;
+          const uint8_t* f = sr.block_factors(active[k], nb0 + b);
           d[b] = half_at(f);
           if constexpr (T == DType::Q4_1) m[b] = half_at(f + 2);
         }

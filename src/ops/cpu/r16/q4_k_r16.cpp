@@ -22,21 +22,12 @@ struct Places {
   static constexpr size_t kSubBlocksAt = kQh ? 256 + 64 : 256, kSubBlockBytes = kQh ? 320 : 256;
 };
 
-// The 256 elements of a Q4_K / Q5_K super-block (5 bits for Q5_K): each 32 bytes of qs hold two
-// sub-blocks, the low nibbles the first; Q5_K's bit 4 of element 32j + l is bit j of qh[l].
+// The 256 elements' codes of a Q4_K / Q5_K super-block (5 bits for Q5_K: tensor/quant.hpp's rules).
 template <class B>
 void k_values(const B& b, uint8_t w[kQK_K]) {
-  for (int n = 0; n < 4; ++n)
-    for (int l = 0; l < 32; ++l) {
-      const uint8_t byte = b.qs[32 * n + l];
-      int lo = byte & 15, hi = byte >> 4;
-      if constexpr (Places<B>::kQh) {
-        lo |= ((b.qh[l] >> (2 * n)) & 1) << 4;
-        hi |= ((b.qh[l] >> (2 * n + 1)) & 1) << 4;
-      }
-      w[64 * n + l] = static_cast<uint8_t>(lo);
-      w[64 * n + 32 + l] = static_cast<uint8_t>(hi);
-    }
+  for (int e = 0; e < kQK_K; ++e)
+    w[e] = static_cast<uint8_t>(Places<B>::kQh ? q5_k_code(reinterpret_cast<const BlockQ5_K&>(b), e)
+                                               : q4_k_code(reinterpret_cast<const BlockQ4_K&>(b), e));
 }
 
 // Q5_K's fifth bits of one row into the words of its sub-blocks (at o + j kSubBlockBytes, j = 0..7):

@@ -78,7 +78,7 @@ std::vector<Shape> shapes(DType t) {
   return is_k(t) ? std::vector<Shape>(std::begin(kShapesK), std::end(kShapesK))
                           : std::vector<Shape>(std::begin(kShapes), std::end(kShapes));
 }
-const int64_t kTokens[] = {1, 2, 3, 4, 5, 7, 67};
+const int64_t kTokens[] = {1, 2, 3, 4, 5, 7, 12, 67};
 
 }  // namespace
 

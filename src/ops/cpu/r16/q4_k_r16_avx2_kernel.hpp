@@ -53,6 +53,10 @@ struct Kernel {
   // the power of two back out, which changes no rounding.
   static constexpr bool kHighInPlace = kDots32 && !kQh;
   static constexpr int kTotalScale = kHighInPlace ? 16 : 1;
+  // Tiles of eight tokens where they pay (Matmul512/*_R16/2048x2048, one thread, Zen 5): AVX2
+  // Q4_K 1.10x, Q5_K 1.15x, AVX-VNNI Q5_K 1.19x; not AVX-VNNI's Q4_K, whose in-place high nibbles
+  // take a vpmulld a token and sub-block (0.82x).
+  static constexpr bool kTile8 = !kHighInPlace;
 
   static void prepare_group(const GemmArgs& a, int64_t g) { prepare_k_scale_tables(a, g, kGroupBlockBytes); }
 

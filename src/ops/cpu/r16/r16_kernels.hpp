@@ -79,13 +79,18 @@ void gemm_q5_k_r16_avxvnni(const GemmArgs& a);
 void gemm_q5_k_r16_avx512(const GemmArgs& a);
 
 // Runs K::tile<T>(a, group, first token) over every 16-row group and the tokens in tiles of
-// four (then one tile of the 1..3 left); a kernel with K::prepare_group(a, group) has it called
-// first for each group, on the same thread as the group's tiles (for what they all share).
+// eight where the kernel says they pay (K::kTile8: the weights' unpacking shared by twice the
+// tokens, against the sums' registers), then of four, then one tile of the 1..3 left; a kernel
+// with K::prepare_group(a, group) has it called first for each group, on the same thread as the
+// group's tiles (for what they all share). A token's sums do not depend on its tile.
 template <class K>
 void run_r16_tiles(const GemmArgs& a) {
   for (int64_t g = 0; g < a.nrows / kR16Rows; ++g) {
     if constexpr (requires { K::prepare_group(a, g); }) K::prepare_group(a, g);
     int64_t t = 0;
+    if constexpr (requires { K::kTile8; })
+      if constexpr (K::kTile8)
+        for (; t + 8 <= a.ntok; t += 8) K::template tile<8>(a, g, t);
     for (; t + 4 <= a.ntok; t += 4) K::template tile<4>(a, g, t);
     switch (a.ntok - t) {
       case 3: K::template tile<3>(a, g, t); break;

@@ -4,7 +4,8 @@
 // weights of 8 rows; each chunk's low and high nibbles meet their 4 activation bytes broadcast
 // (scaled_nibble_dots: on AVX2 vpmaddubsw, the pair sums added in 16 bits, at most 8 x 2 x 15 x
 // 127 = 30480 for four chunks, Q5_K: 4 x 2 x 31 x 127 = 31496 for two, and widened by vpmaddwd
-// against the 6-bit sub-block scale; on AVX-VNNI vpdpbusd, then times the scale); the mins times
+// against the 6-bit sub-block scale; on AVX-VNNI vpdpbusd, then times the scale, except Q4_K's
+// tiles of several tokens, which take AVX2's arithmetic: kVnni); the mins times
 // the activation's sub-block sums, and once per super-block the floats, in the order of the
 // scalar reference. The scales and mins come unpacked from r16/k_scale_table.hpp, spread to the
 // half's lanes by one vpshufb each. Include it inside an anonymous namespace of
@@ -48,15 +49,23 @@ template <bool kQh>
 struct Kernel {
   static constexpr size_t kGroupBlockBytes = r16_q4k_block_bytes(kQh), kSubBlocksAt = r16_q4k_sub_blocks_at(kQh),
                           kSubBlockBytes = r16_q4k_sub_block_bytes(kQh);
-  // On AVX-VNNI Q4_K's high nibbles are used where they lie, as 16 x their value (no shift), as
-  // in the AVX-512 kernel: total holds kTotalScale x the integer sum, and the float scale takes
-  // the power of two back out, which changes no rounding.
-  static constexpr bool kHighInPlace = kDots32 && !kQh;
-  static constexpr int kTotalScale = kHighInPlace ? 16 : 1;
-  // Tiles of eight tokens where they pay (Matmul512/*_R16/2048x2048, one thread, Zen 5): AVX2
-  // Q4_K 1.10x, Q5_K 1.15x, AVX-VNNI Q5_K 1.19x; not AVX-VNNI's Q4_K, whose in-place high nibbles
-  // take a vpmulld a token and sub-block (0.82x).
-  static constexpr bool kTile8 = !kHighInPlace;
+  // The arithmetic of a tile of T tokens: vpdpbusd on AVX-VNNI, except for Q4_K's tiles of
+  // several tokens, which take AVX2's vpmaddubsw (they need a vpmulld a token and sub-block to
+  // scale vpdpbusd's 32-bit sums, where vpmaddwd scales AVX2's 16-bit ones as it widens them:
+  // Matmul512/Q4_K_R16/5632x2048 at AVX-VNNI 1.08x on Zen 5, one thread; the 1.1B synth's pp256
+  // 1.09-1.12x).
+  template <int T>
+  static constexpr bool kVnni = kDots32 && (T == 1 || kQh);
+  // A single token's Q4_K on AVX-VNNI uses its high nibbles where they lie, as 16 x their value
+  // (no shift), as in the AVX-512 kernel: total holds kTotalScale x the integer sum, and the float
+  // scale takes the power of two back out, which changes no rounding.
+  template <int T>
+  static constexpr bool kHighInPlace = kVnni<T> && !kQh;
+  template <int T>
+  static constexpr int kTotalScale = kHighInPlace<T> ? 16 : 1;
+  // Tiles of eight tokens (Matmul512/*_R16/2048x2048, one thread, Zen 5): AVX2 Q4_K 1.10x, Q5_K
+  // 1.15x, AVX-VNNI Q5_K 1.19x.
+  static constexpr bool kTile8 = true;
 
   static void prepare_group(const GemmArgs& a, int64_t g) { prepare_k_scale_tables(a, g, kGroupBlockBytes); }
 
@@ -65,7 +74,7 @@ struct Kernel {
   // scales otherwise spill (Matmul512 Q4_K 1.04-1.06x); a single token's product (decode) and the
   // AVX-VNNI kernels measured 3-8 % slower that way, so they sum each sub-block's mins in the loop.
   template <int T>
-  static constexpr bool kMinsAfter = T > 1 && !kDots32;
+  static constexpr bool kMinsAfter = T > 1 && !kVnni<T>;
 
   // The mins of block b's half h summed after its sub-blocks: sub-blocks 2i and 2i + 1's mins in the
   // 16-bit halves of a lane against the activation's two sub-block sums (each at most 32 x 127),
@@ -104,7 +113,7 @@ struct Kernel {
       for (int j = 0; j < 8; ++j) {
         // The scale in both 16-bit halves of its lane, as vpmaddwd takes it (exact: at most 2 x 31496 x
         // 63); alone for vpdpbusd's 32-bit sums.
-        const __m256i sc = spread16(tab + 32 * j, kDots32 ? spread.wide[h] : spread.pair[h]);
+        const __m256i sc = spread16(tab + 32 * j, kVnni<T> ? spread.wide[h] : spread.pair[h]);
         [[maybe_unused]] __m256i m2;
         if constexpr (!kMinsAfter<T>) m2 = spread16(tab + 32 * j + 16, spread.pair[h]);
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;
@@ -114,12 +123,12 @@ struct Kernel {
         for (int c = 0; c < 4; ++c) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
           wl[c] = _mm256_and_si256(v, m4);
-          wh[c] = kHighInPlace ? _mm256_andnot_si256(m4, v) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          wh[c] = kHighInPlace<T> ? _mm256_andnot_si256(m4, v) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
           if constexpr (kQh) add_fifth_bits256(H, c, wl[c], wh[c]);
         }
         for (int t = 0; t < T; ++t) {
           const int8_t* xq = x[t][b].qs + 32 * j;
-          if constexpr (kHighInPlace) {
+          if constexpr (kHighInPlace<T>) {
             __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
             for (int c = 0; c < 4; ++c) {
               slo = dots32(slo, wl[c], xq + 4 * c);
@@ -128,7 +137,7 @@ struct Kernel {
             // 16 x the sub-block's dot product (|16 x 8 x 61440 x 63| < 2^31 over the super-block).
             total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(_mm256_add_epi32(_mm256_slli_epi32(slo, 4), shi), sc));
           } else {
-            total[t] = scaled_nibble_dots<kQh ? 2 : 4>(total[t], wl, wh, xq, sc, sc);
+            total[t] = scaled_nibble_dots<kQh ? 2 : 4, kVnni<T>>(total[t], wl, wh, xq, sc, sc);
           }
           // m in both 16-bit halves against the sub-block's two 16-element sums (one 4-byte broadcast).
           if constexpr (!kMinsAfter<T>)
@@ -136,7 +145,7 @@ struct Kernel {
         }
       }
       if constexpr (kMinsAfter<T>) sum_mins<T>(tab, spread, h, x, b, mins);
-      const __m256 dw = _mm256_mul_ps(half_ph(p, h), _mm256_set1_ps(1.0f / kTotalScale)), dm = half_ph(p + 32, h);
+      const __m256 dw = _mm256_mul_ps(half_ph(p, h), _mm256_set1_ps(1.0f / kTotalScale<T>)), dm = half_ph(p + 32, h);
       for (int t = 0; t < T; ++t) {
         const __m256 dx = _mm256_set1_ps(x[t][b].d);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t]);

@@ -47,20 +47,20 @@ inline __m256i dots32([[maybe_unused]] __m256i s, [[maybe_unused]] __m256i w, [[
 // One chunk c of a block's nibbles: lo (unsigned bytes) against activation bytes 4c .. 4c + 3
 // broadcast to every lane, hi against 16 + 4c .. 16 + 4c + 3, added to s: on AVX2 as 16-bit
 // vpmaddubsw pair sums (the caller keeps the chunks summed into one s within int16: n x 2 x 2 x
-// (largest weight) x 127 <= 32767), on AVX-VNNI as 32-bit lane sums (dots32).
+// (largest weight) x 127 <= 32767), on AVX-VNNI as 32-bit lane sums (dots32). kVnni: which of
+// the two (an AVX-VNNI kernel may take the AVX2 arithmetic where that is faster).
+template <bool kVnni = kDots32>
 inline __m256i chunk_dots(__m256i s, __m256i lo, __m256i hi, const int8_t* xq, int c) {
-  if constexpr (kDots32) return dots32(dots32(s, lo, xq + 4 * c), hi, xq + 16 + 4 * c);
+  if constexpr (kVnni) return dots32(dots32(s, lo, xq + 4 * c), hi, xq + 16 + 4 * c);
   s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo, bcast4_256(xq + 4 * c)));
   return _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, bcast4_256(xq + 16 + 4 * c)));
 }
 // chunk_dots' sums s as 32-bit lane sums times the lane's scale (sc: the scale, < 2^15; sc2: the
 // same in both 16-bit halves of the lane, which vpmaddwd multiplies by while it widens).
+template <bool kVnni = kDots32>
 inline __m256i scaled_lane_sums([[maybe_unused]] __m256i s, [[maybe_unused]] __m256i sc, [[maybe_unused]] __m256i sc2) {
-#ifdef __AVXVNNI__
-  return _mm256_mullo_epi32(s, sc);
-#else
-  return _mm256_madd_epi16(s, sc2);
-#endif
+  if constexpr (kVnni) return _mm256_mullo_epi32(s, sc);
+  else return _mm256_madd_epi16(s, sc2);
 }
 
 // acc plus the 32-bit lane dot products of all four chunks (chunk_dots), kPerSum chunks to a
@@ -81,14 +81,14 @@ inline __m256i nibble_dots(__m256i acc, const __m256i* lo, const __m256i* hi, co
 
 // acc plus the four chunks' lane dot products times the lane's scale (scaled_lane_sums), kPerSum
 // chunks to a 16-bit sum on AVX2.
-template <int kPerSum>
+template <int kPerSum, bool kVnni = kDots32>
 inline __m256i scaled_nibble_dots(__m256i acc, const __m256i* lo, const __m256i* hi, const int8_t* xq, __m256i sc,
                                   __m256i sc2) {
-  constexpr int kStep = kDots32 ? 4 : kPerSum;
+  constexpr int kStep = kVnni ? 4 : kPerSum;
   for (int c0 = 0; c0 < 4; c0 += kStep) {
     __m256i s = _mm256_setzero_si256();
-    for (int c = c0; c < c0 + kStep; ++c) s = chunk_dots(s, lo[c], hi[c], xq, c);
-    acc = _mm256_add_epi32(acc, scaled_lane_sums(s, sc, sc2));
+    for (int c = c0; c < c0 + kStep; ++c) s = chunk_dots<kVnni>(s, lo[c], hi[c], xq, c);
+    acc = _mm256_add_epi32(acc, scaled_lane_sums<kVnni>(s, sc, sc2));
   }
   return acc;
 }

@@ -70,9 +70,9 @@ struct Kernel {
   static void prepare_group(const GemmArgs& a, int64_t g) { prepare_k_scale_tables(a, g, kGroupBlockBytes); }
 
   // Where the mins are summed: after the sub-blocks (kMinsAfter), which frees the T registers of
-  // their sums inside the loop, pays for AVX2's tiles of several tokens, whose 16-bit sums and
-  // scales otherwise spill (Matmul512 Q4_K 1.04-1.06x); a single token's product (decode) and the
-  // AVX-VNNI kernels measured 3-8 % slower that way, so they sum each sub-block's mins in the loop.
+  // their sums inside the loop, pays for tiles of several tokens in AVX2's arithmetic, whose 16-bit
+  // sums and scales otherwise spill (Matmul512 Q4_K 1.04-1.06x); a single token's product (decode)
+  // and vpdpbusd's tiles measured 3-8 % slower that way, so they sum each sub-block's mins in the loop.
   template <int T>
   static constexpr bool kMinsAfter = T > 1 && !kVnni<T>;
 

@@ -104,13 +104,14 @@ struct Kernel {
     uint8_t* const tables = scale_tables(a.k / kQK_K);
     const bool unpack = k_scale_tables_inline(a);
     r16_tile_avx2<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
-                                                                        int64_t b, int h, __m256(&acc)[T]) {
+                                                                        int64_t b, int h, __m256(&acc)[T], const R16Fetch& fetch) {
       // The frame visits a block's half 0 before its half 1.
       uint8_t* const tab = tables + kKScaleTableBytes * b;
       if (unpack && h == 0) k_scale_table(p, tab);
       __m256i total[T], mins[T];
       for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
+        fetch.share<8>(j);
         // The scale in both 16-bit halves of its lane, as vpmaddwd takes it (exact: at most 2 x 31496 x
         // 63); alone for vpdpbusd's 32-bit sums.
         const __m256i sc = spread16(tab + 32 * j, kVnni<T> ? spread.wide[h] : spread.pair[h]);

@@ -63,11 +63,12 @@ struct Kernel {
     uint8_t* const tables = scale_tables(a.k / kQK_K);
     const bool unpack = k_scale_tables_inline(a);
     r16_tile<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
-                                                                   int64_t b, __m512(&acc)[T]) {
+                                                                   int64_t b, __m512(&acc)[T], const R16Fetch& fetch) {
       uint8_t* const tab = tables + kKScaleTableBytes * b;
       if (unpack) k_scale_table(p, tab);
       __m512i total[T], mins[T];
       for (int t = 0; t < T; ++t) total[t] = mins[t] = _mm512_setzero_si512();
+      fetch.all();  // spread over the sub-blocks, as at AVX2, measured 0.94-0.98x here (Zen 5)
       for (int j = 0; j < 8; ++j) {
         const __m512i sc = spread16(tab + 32 * j, spread.wide), m2 = spread16(tab + 32 * j + 16, spread.pair);
         const uint8_t* q = p + kSubBlocksAt + kSubBlockBytes * j;

@@ -20,7 +20,8 @@ struct Kernel {
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b, int h,
-                                                                  __m256(&acc)[T]) {
+                                                                  __m256(&acc)[T], const R16Fetch& fetch) {
+      fetch.all();
       const __m256 dw = half_ph(p, h);
       [[maybe_unused]] __m256 mw;
       if constexpr (kHasMin) mw = half_ph(p + 32, h);

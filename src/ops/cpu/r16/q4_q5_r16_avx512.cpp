@@ -26,7 +26,8 @@ struct Kernel {
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     r16_tile<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b,
-                                                              __m512(&acc)[T]) {
+                                                              __m512(&acc)[T], const R16Fetch& fetch) {
+      fetch.all();
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
       [[maybe_unused]] __m512 mw;
       if constexpr (kHasMin) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));

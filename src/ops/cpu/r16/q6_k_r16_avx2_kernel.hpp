@@ -20,10 +20,11 @@ struct Kernel {
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     r16_tile_avx2<BlockQ8_K, kQK_K, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const BlockQ8_K* const* x,
-                                                                        int64_t b, int h, __m256(&acc)[T]) {
+                                                                        int64_t b, int h, __m256(&acc)[T], const R16Fetch& fetch) {
       __m256i total[T];
       for (int t = 0; t < T; ++t) total[t] = _mm256_setzero_si256();
       for (int j = 0; j < 16; ++j) {
+        fetch.share<16>(j);
         const __m256i sc = _mm256_cvtepi8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kScalesAt + 16 * j + 8 * h)));
         // The signed scale in both 16-bit halves of its lane: vpmaddwd with the 16-bit pair sums

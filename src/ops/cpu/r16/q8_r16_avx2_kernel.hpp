@@ -23,7 +23,8 @@ struct Q8Kernel {
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
     r16_tile_avx2<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b, int h,
-                                                                  __m256(&acc)[T]) {
+                                                                  __m256(&acc)[T], const R16Fetch& fetch) {
+      fetch.all();
       const __m256 dw = half_ph(p, h);
       const uint8_t* q = p + kQsAt + 32 * h;
       const auto stored = [&](int c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c)); };

@@ -22,7 +22,8 @@ struct Q8Kernel {
   template <int T>
   static void tile(const GemmArgs& a, int64_t g, int64_t t0) {
     r16_tile<R16Act, 32, kGroupBlockBytes, T>(a, g, t0, [&](const uint8_t* p, const R16Act* const* x, int64_t b,
-                                                           __m512(&acc)[T]) {
+                                                           __m512(&acc)[T], const R16Fetch& fetch) {
+      fetch.all();
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
       __m512i w[8];
       for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(p + kQsAt + 64 * c);

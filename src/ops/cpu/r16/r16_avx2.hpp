@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/cpu_features.hpp"
+#include "ops/cpu/r16/r16_fetch.hpp"
 #include "ops/cpu/r16/r16_kernels.hpp"
 
 namespace ember::cpu::detail {
@@ -93,39 +93,31 @@ inline __m256i scaled_nibble_dots(__m256i acc, const __m256i* lo, const __m256i*
   return acc;
 }
 
-// Software prefetch as the AVX-512 kernels do it (r16_avx512.hpp): 3 KB ahead, where it pays.
-constexpr size_t kR16PrefetchAhead256 = 3072;
-inline bool r16_prefetch_avx2() { return cpu_features().stream_prefetch; }
-
 // Group g of a.w against tokens t0 .. t0 + T - 1, as r16_tile (r16_avx512.hpp), by 8-row halves:
-// block(p, x, b, h, acc) adds block b of rows 8h .. 8h + 7 to acc[t]. A tile of several tokens
-// runs the halves in turn, so its sums take T registers, not 2T, which is what lets four tokens'
-// working values fit AVX2's 16 registers (the second half reads the group's blocks again, from
-// cache: prompts 1.15x); one token (decode, bound by memory) runs both halves of each block, so
-// the group's bytes stream past once (halves in turn cost decode 13 %).
+// block(p, x, b, h, acc, fetch) adds block b of rows 8h .. 8h + 7 to acc[t] and prefetches the
+// lines `fetch` names. A tile of several tokens runs the halves in turn, so its sums take T
+// registers, not 2T, which is what lets four tokens' working values fit AVX2's 16 registers (the
+// second half reads the group's blocks again, from cache: prompts 1.15x); its half 0 fetches the
+// whole block ahead. One token (decode, bound by memory) runs both halves of each block, so the
+// group's bytes stream past once (halves in turn cost decode 13 %), each half fetching half the
+// block's lines ahead.
 template <class Act, int64_t kBlock, size_t kGroupBytes, int T, class F>
 inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
+  constexpr size_t kAll = kR16FetchBytes<kGroupBytes>, kHalf = kR16FetchHalf<kGroupBytes>;
   const int64_t nb = a.k / kBlock;
   const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
   const Act* x[T];
   for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
-  const bool prefetch = r16_prefetch_avx2() && t0 == 0;  // later tiles find the group in cache
-  const auto at = [&](int64_t b, bool fetch) {
-    const uint8_t* p = wg + b * kGroupBytes;
-    if (fetch)
-      for (size_t o = 0; o < kGroupBytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + kR16PrefetchAhead256 + o), _MM_HINT_T1);
-    return p;
-  };
+  const bool prefetch = r16_prefetch() && t0 == 0;  // later tiles find the group in cache
   const auto store = [&](int h, const __m256* acc) {
     for (int t = 0; t < T; ++t) _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows + 8 * h, acc[t]);
   };
   if constexpr (T == 1) {
     __m256 lo[1] = {_mm256_setzero_ps()}, hi[1] = {_mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* p = at(b, prefetch);
-      block(p, x, b, 0, lo);
-      block(p, x, b, 1, hi);
+      const uint8_t* p = wg + b * kGroupBytes;
+      block(p, x, b, 0, lo, r16_fetch(prefetch, p, 0, kHalf));
+      block(p, x, b, 1, hi, r16_fetch(prefetch, p, kHalf, kAll));
     }
     store(0, lo);
     store(1, hi);
@@ -133,7 +125,10 @@ inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& blo
     for (int h = 0; h < 2; ++h) {
       __m256 acc[T];
       for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) block(at(b, prefetch && h == 0), x, b, h, acc);
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = wg + b * kGroupBytes;
+        block(p, x, b, h, acc, r16_fetch(prefetch && h == 0, p, 0, kAll));
+      }
       store(h, acc);
     }
   }

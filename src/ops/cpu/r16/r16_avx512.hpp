@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/cpu_features.hpp"
+#include "ops/cpu/r16/r16_fetch.hpp"
 #include "ops/cpu/r16/r16_kernels.hpp"
 
 namespace ember::cpu::detail {
@@ -19,19 +19,10 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Software prefetch of the weight stream, kR16PrefetchAhead bytes ahead of the reads (into L2),
-// where it pays (CpuFeatures::stream_prefetch): on Intel Xeon (the 2026-11-24 box) the hardware
-// prefetchers alone held a core's stream to about 12.5 GB/s with both cores reading, and decode
-// of the 1.1B Q4_0 synth went 43.6 -> 53.4 tok/s with it (2.5 to 3.5 KB ahead measured alike, 4
-// KB and more a little slower); on AMD Zen 5 the K-quants' streams, with twice Q4_0's operations a
-// byte, fell behind without it (1.1B Q4_K decode 57.7 -> 73.7 tok/s; 1.5 to 3 KB ahead alike).
-// Only a group's first tile of tokens prefetches: the tiles after it find the group in cache.
-constexpr size_t kR16PrefetchAhead = 3072;
-inline bool r16_prefetch() { return cpu_features().stream_prefetch; }
-
 // Group g of a.w against tokens t0 .. t0 + T - 1 (activation rows of type Act, one Act per
-// block of kBlock elements): block(p, x, b, acc) adds block b (at p, kGroupBytes bytes per
-// block) of the 16 rows into acc[t] (lane r: row 16 g + r); the sums are stored to a.y.
+// block of kBlock elements): block(p, x, b, acc, fetch) adds block b (at p, kGroupBytes bytes per
+// block) of the 16 rows into acc[t] (lane r: row 16 g + r) and prefetches the lines `fetch` names
+// (the block's, kR16PrefetchAhead on: r16/r16_fetch.hpp); the sums are stored to a.y.
 template <class Act, int64_t kBlock, size_t kGroupBytes, int T, class F>
 inline void r16_tile(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
   const int64_t nb = a.k / kBlock;
@@ -45,10 +36,7 @@ inline void r16_tile(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
   const bool prefetch = r16_prefetch() && t0 == 0;  // later tiles find the group in cache
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = wg + b * kGroupBytes;
-    if (prefetch)
-      for (size_t o = 0; o < kGroupBytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + kR16PrefetchAhead + o), _MM_HINT_T1);
-    block(p, x, b, acc);
+    block(p, x, b, acc, r16_fetch(prefetch, p, 0, kR16FetchBytes<kGroupBytes>));
   }
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows, acc[t]);
 }

@@ -27,7 +27,7 @@ inline bool r16_prefetch() { return cpu_features().stream_prefetch; }
 // or spread over the kernel's steps, share i of kShares at step i (share<kShares>(i)). A K-quant's
 // long block (Q4_K 36 lines, Q6_K 53) fetched in one burst at its start held its loop back (in
 // cache, one thread, Zen 5: Matvec Q4_K 1.07-1.12x and Q6_K 1.09-1.16x at AVX2 spread; the 1.1B
-// Q4_K synth's decode 1.11-1.22x: docs/benchmarks.md).
+// Q4_K synth's decode 1.15x where memory is slow, level where it is fast: docs/benchmarks.md).
 struct R16Fetch {
   const uint8_t* from = nullptr;
   size_t bytes = 0;  // a multiple of 64

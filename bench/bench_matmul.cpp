@@ -27,6 +27,10 @@ using bench::Weights;
 
 namespace {
 
+// A batch of at most this many tokens reads its weights from memory as decode does (an expert's
+// share of a prompt: a few tokens each).
+constexpr int64_t kFewTokens = 8;
+
 void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_t n, bool repacked) {
   // Decode reads weights from memory, not cache: cycle through copies totalling >= 256 MiB
   // (8x a 32 MiB L3).
@@ -40,7 +44,7 @@ void BM_Matmul(benchmark::State& state, DType t, int64_t rows, int64_t k, int64_
   }
   // EMBER_BENCH_HOT=1 keeps one copy (in cache): the kernel's compute speed rather than memory's.
   const bool hot = std::getenv("EMBER_BENCH_HOT") != nullptr;
-  const size_t copies = n == 1 && !hot ? std::max<size_t>(1, bench::memory_span() / w.view.nbytes + 1) : 1;
+  const size_t copies = n <= kFewTokens && !hot ? std::max<size_t>(1, bench::memory_span() / w.view.nbytes + 1) : 1;
   AlignedBuffer<uint8_t> pool_bytes(w.view.nbytes * copies);
   for (size_t c = 0; c < copies; ++c) std::memcpy(pool_bytes.data() + c * w.view.nbytes, w.view.data, w.view.nbytes);
   TensorView view = w.view;
@@ -119,6 +123,18 @@ int register_all() {
               ->Unit(n == 1 ? benchmark::kMicrosecond : benchmark::kMillisecond)
               ->UseRealTime();
         }
+      }
+  // An expert's matrices of the Qwen3-MoE shape (768 x 2048 gate / up, 2048 x 768 down) over the
+  // few tokens a prompt routes to each expert, from memory: Experts/TYPE_R16/ROWSxK/TOKENS.
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    for (const auto& s : {std::pair<int64_t, int64_t>{768, 2048}, std::pair<int64_t, int64_t>{2048, 768}})
+      for (int64_t n : {1, 2, 3, 4, 5, 6, 8}) {
+        if (!cpu::r16_fast() || cpu::r16_type(t) == t) continue;
+        const std::string name = std::string("Experts/") + std::string(dtype_name(t)) + "_R16/" + std::to_string(s.first) +
+                                 "x" + std::to_string(s.second) + "/" + std::to_string(n);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t, s.first, s.second, n, true)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
       }
   // Repacking into the 16-row layouts (one thread): what the loader and the memory tier pay for
   // each matrix; 768 x 2048 is an expert's matrix of the Qwen3-MoE shapes.

@@ -162,7 +162,9 @@ TEST(Moe, GroupedPromptEqualsTheGroupedLoop) {
     int64_t n_embd, n_ff;
   };
   for (const Case c : {Case{DType::F32, 96, 160}, Case{DType::Q4_0, 96, 160}, Case{DType::Q4_1, 256, 512},
-                       Case{DType::Q8_0, 96, 160}, Case{DType::Q4_K, 256, 512}, Case{DType::Q6_K, 256, 512}}) {
+                       Case{DType::Q8_0, 96, 160}, Case{DType::Q4_K, 256, 512}, Case{DType::Q6_K, 256, 512},
+                       // the downs in blocks of 256 (one thread) and 128 (two) columns, the last gate / up block part full
+                       Case{DType::Q4_0, 1024, 320}}) {
     for (int64_t used : {2, 8}) {
       for (RepackScope scope : {RepackScope::all, RepackScope::none}) {
         SCOPED_TRACE(std::string(dtype_name(c.type)) + " top " + std::to_string(used) +

@@ -25,8 +25,9 @@ namespace ember {
 // (n x n_expert, overwritten with the probabilities); `order` holds n_expert ints of scratch.
 void moe_route(const MoeWeights& moe, float* logits, int64_t n, int32_t* ids, float* weights, int32_t* order);
 
-// A prompt's experts run over blocks of this many neurons (gate, up) or output columns (down).
-constexpr int64_t kMoeRowBlock = 64;
+// A prompt's experts run over blocks of up to this many neurons (gate, up) and output columns
+// (down), moe_block's choice; a thread's tile of results holds a block's columns for a token block.
+constexpr int64_t kMoeBlockMax = 256;
 
 // out (n x n_embd) = the mixture's output for x (n x n_embd), in the buffers Workspace::init sized.
 // One token (decode) runs its chosen experts fused: every gate and up in one dispatch on one

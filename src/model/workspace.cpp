@@ -70,7 +70,7 @@ void Workspace::init(const Model& model, int64_t batch, int64_t ctx, int n_threa
     moe_values.resize(static_cast<size_t>(std::max<int64_t>(slots, n_used) * n_ff));
     moe_slot_x.resize(slot_x + 64);
     moe_slot_h.resize(slot_h + 64);
-    moe_tile.resize(static_cast<size_t>(n_threads * cpu::kMatmulTokenBlock * kMoeRowBlock));
+    moe_tile.resize(static_cast<size_t>(n_threads * cpu::kMatmulTokenBlock * kMoeBlockMax));
     moe_up.resize(used * static_cast<size_t>(n_ff));
     moe_each_out.resize(used * d);
     moe_each_scratch.resize(each);

@@ -48,6 +48,12 @@ std::atomic<int> g_level{-1};
 
 }  // namespace
 
+const char* prefetch_summary(const CpuFeatures& f) {
+  if (f.stream_prefetch && f.tile_prefetch) return "prefetched";
+  if (!f.stream_prefetch && !f.tile_prefetch) return "not prefetched";
+  return f.tile_prefetch ? "prefetched in prompts' tiles, not in decode" : "prefetched in decode, not in prompts' tiles";
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = [] {
     CpuFeatures f;
@@ -63,12 +69,14 @@ const CpuFeatures& cpu_features() {
       const int base = static_cast<int>((eax >> 8) & 0xF);
       f.family = base == 0xF ? base + static_cast<int>((eax >> 20) & 0xFF) : base;
     }
-    f.stream_prefetch = f.intel || (__builtin_cpu_is("amd") && f.family >= 26);
+    const bool amd = __builtin_cpu_is("amd");
+    f.stream_prefetch = f.intel || (amd && f.family >= 26);
+    f.tile_prefetch = f.intel || (amd && f.family >= 25);
     if (const char* env = std::getenv("EMBER_PREFETCH")) {
       f.stream_prefetch_forced = std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0;
-      if (f.stream_prefetch_forced) f.stream_prefetch = env[0] == '1';
-      else log_warn("EMBER_PREFETCH={} is neither 0 nor 1: the weight streams are {}prefetched, as this CPU decides",
-                    env, f.stream_prefetch ? "" : "not ");
+      if (f.stream_prefetch_forced) f.stream_prefetch = f.tile_prefetch = env[0] == '1';
+      else log_warn("EMBER_PREFETCH={} is neither 0 nor 1: the weight streams are {}, as this CPU decides", env,
+                    prefetch_summary(f));
     }
     return f;
   }();

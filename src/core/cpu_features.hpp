@@ -12,10 +12,13 @@ struct CpuFeatures {
   bool intel = false;     // the vendor, where kernels tune for it (the sparse kernels' prefetch hint)
   int family = 0;         // the CPU family (base + extended): AMD Zen 3 and 4 are 25, Zen 5 is 26
   // Whether the dense kernels' weight streams read faster with software prefetch ahead of them
-  // than with the hardware prefetchers alone: Intel (Sapphire Rapids: 1.1B Q4_0 decode 1.23x)
-  // and AMD from Zen 5 (the Q4_K decode 1.28x), not Zen 3 / 4, where the K-quant kernels
-  // measured slower with it. EMBER_PREFETCH=0|1 overrides it.
+  // than with the hardware prefetchers alone. One token (decode): Intel (Sapphire Rapids: 1.1B
+  // Q4_0 decode 1.23x) and AMD from Zen 5 (the Q4_K decode 1.28x), not Zen 4, where decode
+  // measured 0.80-0.86x with it. Tiles of several tokens (prompts, a mixture's experts), which
+  // fetch the next row group while they compute this one: also AMD Zen 3 / 4 (family 25; Zen 4:
+  // the Qwen3-MoE prompt 1.19-1.25x, dense prompts level to 1.04x). EMBER_PREFETCH=0|1 sets both.
   bool stream_prefetch = false;
+  bool tile_prefetch = false;
   bool stream_prefetch_forced = false;  // by EMBER_PREFETCH
 };
 
@@ -25,6 +28,9 @@ enum class SimdLevel { scalar = 0, avx2 = 1, avx_vnni = 2, avx512 = 3 };
 constexpr int kSimdLevels = 4;
 
 const CpuFeatures& cpu_features();
+// The weight streams' software prefetch in words: "prefetched", "not prefetched" or
+// "prefetched in prompts' tiles, not in decode".
+const char* prefetch_summary(const CpuFeatures& f);
 // The best level this CPU supports, capped by EMBER_SIMD=scalar|avx2|avx_vnni|avx512 when set.
 SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);

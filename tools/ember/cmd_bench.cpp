@@ -138,12 +138,13 @@ void run_bench(const BenchFlags& f) {
   out["threads"] = session.n_threads();
   out["kernels"] = simd_level_name(simd_level());
   out["weight_prefetch"] = cpu_features().stream_prefetch;
+  out["tile_prefetch"] = cpu_features().tile_prefetch;
   out["repetitions"] = f.reps;
   out["kv_type"] = f.engine.kv_type;
   out["depth"] = f.depth;
   out["seqs"] = f.seqs;
-  std::printf("kernels: %s%s, weight streams %sprefetched%s\n", simd_level_name(simd_level()),
-              std::getenv("EMBER_SIMD") ? " (set by EMBER_SIMD)" : "", cpu_features().stream_prefetch ? "" : "not ",
+  std::printf("kernels: %s%s, weight streams %s%s\n", simd_level_name(simd_level()),
+              std::getenv("EMBER_SIMD") ? " (set by EMBER_SIMD)" : "", prefetch_summary(cpu_features()),
               cpu_features().stream_prefetch_forced ? " (set by EMBER_PREFETCH)" : "");
   std::printf("| model | threads | test | tokens/s (median) | min | max | stddev |\n");
   std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");

@@ -108,7 +108,7 @@ inline void r16_tile_avx2(const GemmArgs& a, int64_t g, int64_t t0, const F& blo
   const uint8_t* wg = a.w + g * kR16Rows * a.w_stride;
   const Act* x[T];
   for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
-  const bool prefetch = r16_prefetch() && t0 == 0;  // later tiles find the group in cache
+  const bool prefetch = r16_prefetch<T>() && t0 == 0;  // later tiles find the group in cache
   const auto store = [&](int h, const __m256* acc) {
     for (int t = 0; t < T; ++t) _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + g * kR16Rows + 8 * h, acc[t]);
   };

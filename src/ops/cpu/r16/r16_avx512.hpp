@@ -33,7 +33,7 @@ inline void r16_tile(const GemmArgs& a, int64_t g, int64_t t0, const F& block) {
     x[t] = reinterpret_cast<const Act*>(a.x + (t0 + t) * a.x_stride);
     acc[t] = _mm512_setzero_ps();
   }
-  const bool prefetch = r16_prefetch() && t0 == 0;  // later tiles find the group in cache
+  const bool prefetch = r16_prefetch<T>() && t0 == 0;  // later tiles find the group in cache
   constexpr size_t kAll = kR16FetchBytes<kGroupBytes>;
   // A tile of several tokens computes a group for longer than the group takes to arrive: the
   // first tile fetches the next group's blocks as it goes (the call's first group also its own,

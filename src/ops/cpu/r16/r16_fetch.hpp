@@ -1,6 +1,7 @@
 // The weight stream's software prefetch for the 16-row repacked kernels' frames (r16/r16_avx2.hpp,
 // r16/r16_avx512.hpp): what a call of a kernel's block function fetches, kR16PrefetchAhead bytes
-// ahead of its reads, where it pays (CpuFeatures::stream_prefetch). Inside an anonymous namespace:
+// ahead of its reads, where it pays (CpuFeatures::stream_prefetch for one token, tile_prefetch for
+// tiles of several). Inside an anonymous namespace:
 // each translation unit keeps its own copy, compiled for its own target.
 #pragma once
 #include <immintrin.h>
@@ -21,7 +22,10 @@ namespace {
 // to 3 KB ahead alike). Only a group's first tile of tokens prefetches: the tiles after it find
 // the group in cache.
 constexpr size_t kR16PrefetchAhead = 3072;
-inline bool r16_prefetch() { return cpu_features().stream_prefetch; }
+template <int T>
+inline bool r16_prefetch() {
+  return T > 1 ? cpu_features().tile_prefetch : cpu_features().stream_prefetch;
+}
 
 // The lines [from, from + bytes) a call fetches (none where `from` is null): all at once (all()),
 // or spread over the kernel's steps, share i of kShares at step i (share<kShares>(i)). A K-quant's

@@ -16,7 +16,7 @@ struct CpuFeatures {
   // Q4_0 decode 1.23x) and AMD from Zen 5 (the Q4_K decode 1.28x), not Zen 4, where decode
   // measured 0.80-0.86x with it. Tiles of several tokens (prompts, a mixture's experts), which
   // fetch the next row group while they compute this one: also AMD Zen 3 / 4 (family 25; Zen 4:
-  // the Qwen3-MoE prompt 1.19-1.25x, dense prompts level to 1.04x). EMBER_PREFETCH=0|1 sets both.
+  // the mixtures' prompts 1.14-1.28x, dense prompts 0.97-1.09x). EMBER_PREFETCH=0|1 sets both.
   bool stream_prefetch = false;
   bool tile_prefetch = false;
   bool stream_prefetch_forced = false;  // by EMBER_PREFETCH
